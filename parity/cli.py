@@ -1,0 +1,246 @@
+"""The ``parity`` command line: a thin click layer over the library.
+
+Nothing here imports an ML framework; every framework runs in a worker process.
+Exit codes: 0 all as expected, 1 a path failed or errored unexpectedly, 2 usage or input error.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+
+import click
+
+from parity.errors import ParityError
+
+PRECISION_CHOICES = ("fp32",)
+DEVICE_CHOICES = ("cpu",)
+
+
+def _fail(message: str, code: int = 2):
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def _handle_errors(func):
+    """Library errors become one line on stderr and exit code 2; never a traceback."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except ParityError as error:
+            _fail(str(error))
+        except KeyboardInterrupt:
+            _fail("interrupted", 130)
+
+    return wrapper
+
+
+def _progress(message: str) -> None:
+    click.echo(f"  {message}", err=True)
+
+
+def workspace_option(func):
+    return click.option("--workspace", "-w", type=click.Path(file_okay=False), default=None,
+                        help="Folder with models/ and golden/ (default: the current folder, else the built-in zoo).")(func)
+
+
+def model_option(func):
+    return click.option("--model", "-m", "models", multiple=True, help="Model name (repeatable; default: all).")(func)
+
+
+def check_options(func):
+    """Options shared by `check` and `run`."""
+    from parity.env import default_threads
+
+    decorators = [
+        workspace_option,
+        model_option,
+        click.option("--path", "-p", "patterns", multiple=True, help="Glob on the path id, e.g. 'torch/*' (repeatable)."),
+        click.option("--device", type=click.Choice(DEVICE_CHOICES), default="cpu", show_default=True),
+        click.option("--precision", type=click.Choice(PRECISION_CHOICES), default="fp32", show_default=True),
+        click.option("--json", "json_file", type=click.Path(dir_okay=False), default=None, help="Write the result JSON here."),
+        click.option("--threads", type=click.IntRange(1), default=default_threads(), show_default=True,
+                     help="Intra-op threads, the same for every framework and runtime."),
+        click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=300.0, show_default=True,
+                     help="Seconds one export or check may take before it is killed and called an error."),
+        click.option("--no-cache", is_flag=True, help="Export again instead of using the export cache."),
+    ]
+    for decorator in reversed(decorators):
+        func = decorator(func)
+    return func
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="parity")
+def cli():
+    """parity: prove that model conversion paths compute the same thing, then time them.
+
+    \b
+    Example:
+        parity run --model mlp --json r.json
+    """
+
+
+def _check_or_run(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, workspace, timing):
+    from parity import orchestrate
+    from parity.report import json_report, terminal
+    from parity.workspace import Workspace
+
+    ws = Workspace(workspace)
+    names = ws.select(models)
+    options = orchestrate.Options(threads=threads, patterns=patterns, precision=precision, device=device,
+                                  timeout_s=timeout_s, use_cache=not no_cache, timing=timing)
+    report = orchestrate.check(ws, names, options, progress=_progress)
+    click.echo(terminal.render(report))
+    if json_file:
+        json_report.write(report, json_file)
+        click.echo(f"wrote {json_file}", err=True)
+    sys.exit(orchestrate.exit_code(report))
+
+
+@cli.command()
+@check_options
+@_handle_errors
+def check(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, workspace):
+    """Verify goldens and check every path: outputs, gradients, metrics, determinism.
+
+    \b
+    Example:
+        parity check --model mlp --path 'torch*' --json check.json
+    """
+    _check_or_run(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, workspace, None)
+
+
+@cli.command()
+@check_options
+@click.option("--budget", "budget_s", type=click.FloatRange(0.05), default=1.0, show_default=True,
+              help="Seconds of timed runs per passing path (after warm-up, at least 10 runs).")
+@_handle_errors
+def run(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, workspace, budget_s):
+    """The main job: check every path, then time the ones that passed (the gate).
+
+    \b
+    Example:
+        parity run --model mlp --json r.json
+    """
+    _check_or_run(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, workspace,
+                  {"budget_s": budget_s})
+
+
+@cli.command()
+@model_option
+@workspace_option
+@_handle_errors
+def paths(models, workspace):
+    """List every path and, for each one not available here, why.
+
+    \b
+    Example:
+        parity paths --model cnn
+    """
+    from parity import paths as path_registry
+    from parity.workspace import Workspace
+
+    frameworks = None
+    if models:
+        ws = Workspace(workspace)
+        frameworks = set()
+        for name in ws.select(models):
+            frameworks.update(ws.load_spec(name).frameworks)
+    for path in path_registry.select(frameworks=frameworks):
+        steps = " -> ".join(s.name for s in path.exports) or "native"
+        reason = path_registry.unavailable_reason(path)
+        status = "available" if reason is None else f"skip: {reason}"
+        click.echo(f"{path.id:<20} {path.device:<4} {path.precision:<5} {steps:<22} {status}")
+
+
+@cli.command()
+@click.option("--threads", type=click.IntRange(1), default=None, help="Thread count to record (default: all cores).")
+def env(threads):
+    """Print the environment manifest (versions, CPU, GPU, threads, flags) as JSON.
+
+    \b
+    Example:
+        parity env > env.json
+    """
+    from parity.env import default_threads, environment
+
+    click.echo(json.dumps(environment(threads or default_threads()), indent=2))
+
+
+@cli.group()
+def golden():
+    """Build or verify golden data (golden/<model>/).
+
+    \b
+    Example:
+        parity golden verify
+    """
+
+
+@golden.command("build")
+@model_option
+@workspace_option
+@click.option("--threads", type=click.IntRange(1), default=None, help="Intra-op threads for training and references.")
+@_handle_errors
+def golden_build(models, workspace, threads):
+    """Train weights, run every framework in float64, prove they agree, write golden data.
+
+    \b
+    Example:
+        parity golden build --model mlp
+    """
+    from parity import golden as golden_lib
+    from parity.cache import cache_root
+    from parity.env import default_threads
+    from parity.worker import TaskFailed, WorkerPool
+    from parity.workspace import Workspace
+
+    ws = Workspace(workspace)
+    failures = 0
+    with WorkerPool(threads or default_threads(), cache_root() / "logs", timeout_s=1800) as pool:
+        for name in ws.select(models):
+            try:
+                manifest = golden_lib.build(ws, ws.load_spec(name), pool, progress=_progress)
+            except (ParityError, TaskFailed) as error:
+                failures += 1
+                click.echo(f"{name}: golden build failed: {error}", err=True)
+                continue
+            m = manifest["metrics"]
+            click.echo(f"{name}: wrote {ws.golden_dir(name)} | cross-framework fp64 max abs "
+                       f"{manifest['cross_framework_fp64_max_abs']:.3g} (gradients "
+                       f"{manifest['cross_framework_fp64_grad_max_abs']:.3g}) | eval accuracy {m['accuracy']:.4f}, "
+                       f"macro-F1 {m['macro_f1']:.4f}")
+    if failures:
+        sys.exit(2)
+
+
+@golden.command("verify")
+@model_option
+@workspace_option
+@_handle_errors
+def golden_verify(models, workspace):
+    """Check every golden file's sha256 against its manifest (exit 2 naming a corrupted file).
+
+    \b
+    Example:
+        parity golden verify --model mlp
+    """
+    from parity import golden as golden_lib
+    from parity.workspace import Workspace
+
+    ws = Workspace(workspace)
+    for name in ws.select(models):
+        manifest = golden_lib.verify(ws.golden_dir(name))
+        click.echo(f"{name}: ok ({len(manifest['files'])} files, built with parity {manifest['versions'].get('parity')})")
+
+
+def main():
+    cli(prog_name="parity")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""Error statistics and closeness verdicts (NumPy only; knows nothing about frameworks)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from parity.spec import Tolerance
+
+_TINY = 1e-30
+
+
+def error_stats(actual: np.ndarray, golden: np.ndarray, tol: Tolerance) -> dict:
+    """Statistics of ``actual`` against ``golden`` (float64 arithmetic).
+
+    ``tol_units`` is the worst element's error in units of its allowance
+    ``atol + rtol * |golden|``; ``ok`` is ``tol_units <= 1`` with every element finite
+    (numpy.allclose semantics). Non-finite elements make ``ok`` false and are counted.
+    """
+    actual = np.asarray(actual)
+    golden = np.asarray(golden, dtype=np.float64)
+    if actual.shape != golden.shape:
+        return {"ok": False, "reason": f"shape {tuple(actual.shape)} != golden {tuple(golden.shape)}"}
+    a = actual.astype(np.float64)
+    nonfinite = int(np.size(a) - np.count_nonzero(np.isfinite(a)))
+    if nonfinite:
+        return {"ok": False, "nonfinite": nonfinite, "size": int(a.size),
+                "reason": f"{nonfinite} of {a.size} elements are NaN or Inf"}
+    diff = np.abs(a - golden)
+    allowance = tol.atol + tol.rtol * np.abs(golden)
+    g_flat, a_flat = golden.ravel(), a.ravel()
+    norms = np.linalg.norm(g_flat) * np.linalg.norm(a_flat)
+    cosine = float(np.dot(g_flat, a_flat) / norms) if norms > 0 else float(np.array_equal(g_flat, a_flat))
+    tol_units = float(np.max(diff / allowance)) if diff.size else 0.0
+    return {
+        "max_abs": float(diff.max()) if diff.size else 0.0,
+        "max_rel": float(np.max(diff / np.maximum(np.abs(golden), _TINY))) if diff.size else 0.0,
+        "mean_abs": float(diff.mean()) if diff.size else 0.0,
+        "cosine": cosine,
+        "tol_units": tol_units,
+        "ok": bool(tol_units <= 1.0),
+    }
+
+
+def compare_named(actual: dict, golden: dict, tolerance_for) -> dict:
+    """``error_stats`` for every golden name; a name missing from ``actual`` is not ok."""
+    result = {}
+    for name, golden_value in golden.items():
+        if name not in actual:
+            result[name] = {"ok": False, "reason": "missing"}
+        else:
+            result[name] = error_stats(actual[name], golden_value, tolerance_for(name))
+    return result
+
+
+def first_failure(stats: dict) -> tuple[str, dict] | None:
+    """The worst failing entry (NaN first, then the largest tol_units), or None if all ok."""
+    failing = [(name, s) for name, s in stats.items() if not s["ok"]]
+    if not failing:
+        return None
+    return max(failing, key=lambda item: (("tol_units" not in item[1]), item[1].get("tol_units", 0.0)))
+
+
+def describe(kind: str, name: str, stats: dict) -> str:
+    """One line for a failing output or gradient, naming it and how far off it is."""
+    if "reason" in stats:
+        return f"{kind} {name}: {stats['reason']}"
+    return f"{kind} {name}: max_abs {stats['max_abs']:.3g} is {stats['tol_units']:.3g}x the tolerance"
+
+
+def bitwise_equal(first: dict, second: dict) -> tuple[bool, float]:
+    """Whether two runs' outputs are bitwise identical, and their largest difference."""
+    worst = 0.0
+    identical = True
+    for name, value in first.items():
+        other = second[name]
+        if value.shape != other.shape or value.tobytes() != other.tobytes():
+            identical = False
+            if value.shape == other.shape:
+                with np.errstate(invalid="ignore"):
+                    worst = max(worst, float(np.nanmax(np.abs(value.astype(np.float64) - other.astype(np.float64)))))
+            else:
+                worst = float("inf")
+    return identical, worst

@@ -1,0 +1,73 @@
+"""The environment manifest: versions, CPU, GPU, threads and flags, read without importing frameworks."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+
+PACKAGES = ("parity", "numpy", "click", "torch", "onnx", "onnxscript", "onnxruntime", "onnxruntime-gpu",
+            "tensorflow", "tensorflow-cpu", "keras", "tf2onnx", "jax", "jaxlib", "jax2onnx", "tensorrt",
+            "scikit-learn", "protobuf", "ml_dtypes")
+# environment variables that change numerics or threading
+FLAG_VARIABLES = ("TF_ENABLE_ONEDNN_OPTS", "TF_DETERMINISTIC_OPS", "XLA_FLAGS", "OMP_NUM_THREADS",
+                  "NVIDIA_TF32_OVERRIDE", "CUBLAS_WORKSPACE_CONFIG", "JAX_ENABLE_X64", "PARITY_CACHE_DIR")
+
+
+def package_versions() -> dict[str, str | None]:
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return {k: v for k, v in versions.items() if v is not None}
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def gpu_info() -> dict | None:
+    """GPU name and driver from nvidia-smi, or None where there is no NVIDIA GPU."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if not out:
+        return None
+    name, _, driver = out.splitlines()[0].partition(",")
+    return {"name": name.strip(), "driver": driver.strip()}
+
+
+def default_threads() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
+
+def environment(threads: int, seed: int = 0) -> dict:
+    """The manifest every result carries."""
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "packages": package_versions(),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "gpu": gpu_info(),
+        "threads": threads,
+        "flags": {name: os.environ[name] for name in FLAG_VARIABLES if name in os.environ},
+        "seeds": {"training": seed},
+        "executable": sys.executable,
+    }

@@ -1,0 +1,40 @@
+"""Typed errors. The CLI turns each into one clear line and an exit code."""
+
+
+class ParityError(Exception):
+    """Base class: an error the user can act on (exit code 2 at the CLI)."""
+
+
+class GoldenError(ParityError):
+    """Golden data missing, malformed or corrupted (checksum mismatch)."""
+
+
+class SpecError(ParityError):
+    """A model spec that cannot be loaded or is inconsistent."""
+
+
+class UsageError(ParityError):
+    """Unknown model, path pattern matching nothing, bad option."""
+
+
+class ExportError(ParityError):
+    """An exporter or converter failed; the message is the converter's own reason."""
+
+
+class WeightsMismatch(ParityError):
+    """Weights whose names or shapes do not match a framework's definition."""
+
+    def __init__(self, framework, missing=(), unexpected=(), misshaped=()):
+        self.missing, self.unexpected, self.misshaped = list(missing), list(unexpected), list(misshaped)
+        parts = []
+        if self.missing:
+            parts.append(f"missing {self.missing}")
+        if self.unexpected:
+            parts.append(f"unexpected {self.unexpected}")
+        if self.misshaped:
+            parts.append("mis-shaped " + ", ".join(f"{n} (weights {w}, {framework} {f})" for n, w, f in self.misshaped))
+        super().__init__(f"weights do not match the {framework} definition: " + "; ".join(parts))
+
+
+class NotDifferentiable(ParityError):
+    """Gradients were asked of a path that cannot differentiate."""

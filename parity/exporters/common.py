@@ -1,0 +1,87 @@
+"""Shared helpers for exporters: the job description, unsupported-op detection, metadata."""
+
+from __future__ import annotations
+
+import logging
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from parity.errors import ExportError
+
+ONNX_FILE = "model.onnx"
+
+
+@dataclass
+class ExportJob:
+    """What an exporter gets: the spec, canonical weights, the previous artifact (if any)."""
+
+    spec: object
+    weights: dict[str, np.ndarray]
+    batch_size: int
+    opset: int
+    out_dir: Path
+    parent_dir: Path | None = None
+    parent_meta: dict | None = None
+
+
+def onnx_meta(spec, input_name: str, output_names: list[str], input_layout: str) -> dict:
+    return {"format": "onnx", "file": ONNX_FILE, "input_name": input_name, "output_names": output_names,
+            "input_layout": input_layout, "canonical_layout": spec.input.layout}
+
+
+def check_onnx_ops(model, converter: str, converter_log: str = "") -> None:
+    """Raise ``ExportError`` if the converter left ops that are not standard ONNX.
+
+    Some converters (tf2onnx) log unsupported ops and still return a model; such a model is
+    not a conversion, so parity treats it as a failed export with the op names.
+    """
+    import onnx
+
+    unknown = sorted({
+        node.op_type for node in model.graph.node
+        if not onnx.defs.has(node.op_type, node.domain or "")
+    })
+    if unknown:
+        detail = f" ({converter_log.strip().splitlines()[-1]})" if converter_log.strip() else ""
+        raise ExportError(f"{converter} could not convert op(s) {', '.join(unknown)}{detail}")
+
+
+def save_onnx(model, out_dir: Path) -> Path:
+    import onnx
+
+    path = Path(out_dir) / ONNX_FILE
+    onnx.save_model(model, str(path))
+    onnx.checker.check_model(str(path))
+    return path
+
+
+@contextmanager
+def capture_logs(logger_name: str):
+    """Collect a library's ERROR log lines (converters report unsupported ops there)."""
+    lines: list[str] = []
+
+    class _Collect(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    handler = _Collect(level=logging.ERROR)
+    logger = logging.getLogger(logger_name)
+    logger.addHandler(handler)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)
+
+
+def failed_tf_ops(log_lines: list[str]) -> list[str]:
+    """Op types that tf2onnx says it failed to convert, from its log lines."""
+    ops = set()
+    for line in log_lines:
+        ops.update(re.findall(r'^op: "([^"]+)"', line, flags=re.MULTILINE))
+        for counter in re.findall(r"Unsupported ops: Counter\((\{.*?\})\)", line):
+            ops.update(re.findall(r"'([^']+)'", counter))
+    return sorted(ops)

@@ -1,0 +1,59 @@
+"""TensorFlow -> ONNX with tf2onnx: from the Keras source, or from a SavedModel (jax2tf's)."""
+
+from __future__ import annotations
+
+from parity import layouts
+from parity.errors import ExportError
+from parity.exporters.common import ExportJob, capture_logs, check_onnx_ops, failed_tf_ops, onnx_meta, save_onnx
+
+
+def _convert(function, input_signature, opset: int, out_dir):
+    import tf2onnx
+
+    with capture_logs("tf2onnx") as log_lines:
+        try:
+            model, _ = tf2onnx.convert.from_function(function, input_signature=input_signature, opset=opset)
+        except Exception as error:
+            ops = failed_tf_ops(log_lines)
+            where = f" op(s) {', '.join(ops)}" if ops else ""
+            raise ExportError(f"tf2onnx could not convert{where}: {type(error).__name__}: {error}") from None
+    ops = failed_tf_ops(log_lines)
+    check_onnx_ops(model, "tf2onnx", f"unsupported TensorFlow ops: {', '.join(ops)}" if ops else "")
+    save_onnx(model, out_dir)
+    return model
+
+
+def _signature(tf, spec, batch_size: int, layout: str):
+    shape = (batch_size, *spec.input.shape)
+    if layout == "nhwc":
+        shape = tuple(shape[i] for i in (0, 2, 3, 1))
+    return [tf.TensorSpec(shape, tf.float32, name=spec.input.name)]
+
+
+def _onnx_names(model, spec, layout: str) -> dict:
+    return onnx_meta(spec, model.graph.input[0].name, [o.name for o in model.graph.output], layout)
+
+
+def export_keras(job: ExportJob) -> dict:
+    """The Keras source model, traced under tf.function, converted by tf2onnx."""
+    import tensorflow as tf
+
+    from parity.sources.tf import build_model, outputs_in_order
+
+    spec = job.spec
+    keras_model = build_model(spec, job.weights, "float32")
+    layout = layouts.activation_layout("tf", spec.input.layout)
+    function = tf.function(lambda x: outputs_in_order(spec, keras_model(x, training=False)))
+    model = _convert(function, _signature(tf, spec, job.batch_size, layout), job.opset, job.out_dir)
+    return _onnx_names(model, spec, layout)
+
+
+def export_saved_model(job: ExportJob) -> dict:
+    """A SavedModel made by an earlier stage (jax2tf), converted by tf2onnx."""
+    import tensorflow as tf
+
+    spec = job.spec
+    layout = job.parent_meta["input_layout"]
+    loaded = tf.saved_model.load(str(job.parent_dir))
+    model = _convert(loaded.forward, _signature(tf, spec, job.batch_size, layout), job.opset, job.out_dir)
+    return _onnx_names(model, spec, layout)

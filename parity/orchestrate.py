@@ -1,0 +1,202 @@
+"""The orchestrator: verify goldens, export (cached), check every path, time the passing ones.
+
+It imports no ML framework: every export and check runs in a worker process of its group.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+from parity import __version__, golden, paths
+from parity.cache import ExportCache, cache_root, content_key, sha256_file
+from parity.env import environment
+from parity.errors import SpecError, UsageError
+from parity.worker import TaskFailed, WorkerPool
+
+RESULT_SCHEMA = "parity.result/1"
+
+
+@dataclass
+class Options:
+    """What to check and how. ``timing`` None means check only (no timing)."""
+
+    threads: int
+    patterns: tuple[str, ...] = ()
+    precision: str = "fp32"
+    device: str = "cpu"
+    timeout_s: float = 300.0
+    use_cache: bool = True
+    timing: dict | None = None
+    weight_perturbation: dict = field(default_factory=dict)  # (model, path) -> {param: delta}
+
+
+def _result_skeleton(model: str, path: paths.PathDef) -> dict:
+    return {"model": model, "path": path.id, "stages": path.stages, "device": path.device, "precision": path.precision,
+            "verdict": None, "reason": None, "expected": False, "outputs": None, "gradients": None, "metrics": None,
+            "deterministic": None, "timing": None}
+
+
+def _package_version(name: str) -> str | None:
+    dist = paths.INSTALL_NAMES.get(name, name)
+    for candidate in (dist, name, "tensorflow"):
+        try:
+            return metadata.version(candidate)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+class Run:
+    """One check or run over models and paths (see ``check``)."""
+
+    def __init__(self, workspace, options: Options, progress=lambda message: None):
+        self.workspace = workspace
+        self.options = options
+        self.progress = progress
+        self.results: list[dict] = []
+        self.model_errors: list[dict] = []
+        self._scratch = None if options.use_cache else tempfile.mkdtemp(prefix="parity-nocache-")
+        self.cache = ExportCache(Path(self._scratch) if self._scratch else cache_root())
+        self.exports: dict[str, dict] = {}  # chain key -> {"dir", "meta"} or {"error"}
+        self.specs: dict = {}
+
+    def _plan(self, model_names):
+        plan = []
+        matched = False
+        for name in model_names:
+            try:
+                spec = self.workspace.load_spec(name)
+            except SpecError as error:
+                self.model_errors.append({"model": name, "reason": str(error)})
+                continue
+            manifest = golden.verify(self.workspace.golden_dir(name))
+            self.specs[name] = spec
+            selected = paths.select(self.options.patterns, spec.frameworks, self.options.device, self.options.precision)
+            matched = matched or bool(selected)
+            for path in selected:
+                plan.append((spec, manifest, path))
+        if self.options.patterns and not matched and not self.model_errors:
+            raise UsageError(f"--path {', '.join(self.options.patterns)} matches no path of the selected models")
+        return plan
+
+    def _chain_key(self, spec, manifest, path: paths.PathDef, depth: int) -> str:
+        steps = [{"name": s.name, "target": s.target, "versions": {p: _package_version(p) for p in s.packages}}
+                 for s in path.exports[: depth + 1]]
+        return content_key({
+            "parity": __version__, "model": spec.name, "source": path.source,
+            "model_file_sha256": sha256_file(Path(spec.source_file)),
+            "weights_sha256": manifest["files"]["weights.npz"]["sha256"],
+            "steps": steps, "opset": spec.opset, "batch_size": spec.batch_size, "precision": path.precision,
+        })
+
+    def _export(self, pool, spec, manifest, path, depth) -> dict:
+        key = self._chain_key(spec, manifest, path, depth)
+        if key in self.exports:
+            return self.exports[key]
+        parent = self.exports[self._chain_key(spec, manifest, path, depth - 1)] if depth else None
+        if parent is not None and "error" in parent:
+            return parent
+        step = path.exports[depth]
+        hit = self.cache.lookup(key)
+        if hit is not None:
+            entry = {"dir": str(hit[0]), "meta": hit[1], "cached": True}
+        else:
+            self.progress(f"{spec.name}: export {'/'.join(path.stages[: depth + 2])} ({step.name})")
+            staging = self.cache.staging_dir()
+            try:
+                meta = pool.call(step.group, "parity.tasks:export_step", workspace=str(self.workspace.root),
+                                 model=spec.name, target=step.target, golden_dir=str(self.workspace.golden_dir(spec.name)),
+                                 opset=spec.opset, out_dir=str(staging), parent_dir=parent and parent["dir"],
+                                 parent_meta=parent and parent["meta"])
+            except TaskFailed as error:
+                shutil.rmtree(staging, ignore_errors=True)
+                entry = {"error": f"{step.name}: {error}"}
+            else:
+                entry = {"dir": str(self.cache.commit(key, staging, meta)), "meta": meta, "cached": False}
+        self.exports[key] = entry
+        return entry
+
+    def execute(self, model_names) -> dict:
+        plan = self._plan(model_names)
+        pending = []
+        for spec, manifest, path in plan:
+            result = _result_skeleton(spec.name, path)
+            self.results.append(result)
+            reason = paths.unavailable_reason(path)
+            if reason:
+                result.update(verdict="skip", reason=reason)
+            else:
+                pending.append((spec, manifest, path, result))
+        try:
+            with WorkerPool(self.options.threads, self.cache.root / "logs", self.options.timeout_s) as pool:
+                # exports, shallow first and grouped by worker so each framework starts once per depth
+                for depth in range(max((len(p.exports) for _, _, p, _ in pending), default=0)):
+                    todo = [item for item in pending if len(item[2].exports) > depth]
+                    for spec, manifest, path, _ in sorted(todo, key=lambda item: item[2].exports[depth].group):
+                        self._export(pool, spec, manifest, path, depth)
+                order = sorted(pending, key=lambda item: item[2].runtime.group)
+                for spec, manifest, path, result in order:
+                    self._check(pool, spec, manifest, path, result)
+        finally:
+            if self._scratch:
+                shutil.rmtree(self._scratch, ignore_errors=True)
+        for result in self.results:
+            _apply_expectation(self.specs[result["model"]], result)
+        return {"schema": RESULT_SCHEMA, "env": environment(self.options.threads), "results": self.results,
+                "model_errors": self.model_errors}
+
+    def _check(self, pool, spec, manifest, path, result) -> None:
+        artifact = None
+        if path.exports:
+            artifact = self._export(pool, spec, manifest, path, len(path.exports) - 1)
+            if "error" in artifact:
+                result.update(verdict="error", reason=artifact["error"])
+                return
+            result["export"] = {"cached": artifact["cached"], "export_s": artifact["meta"].get("export_s")}
+        self.progress(f"{spec.name}: check {path.id}")
+        try:
+            outcome = pool.call(
+                path.runtime.group, "parity.tasks:check_path", workspace=str(self.workspace.root), model=spec.name,
+                path_id=path.id, golden_dir=str(self.workspace.golden_dir(spec.name)), precision=path.precision,
+                threads=self.options.threads, artifact_dir=artifact and artifact["dir"],
+                artifact_meta=artifact and artifact["meta"],
+                export_s=0.0 if artifact is None or artifact["cached"] else artifact["meta"].get("export_s", 0.0),
+                timing=self.options.timing,
+                weight_perturbation=self.options.weight_perturbation.get((spec.name, path.id)),
+            )
+        except TaskFailed as error:
+            result.update(verdict="error", reason=f"{path.runtime.name}: {error}")
+            return
+        result.update(outcome)
+
+
+def _apply_expectation(spec, result: dict) -> None:
+    """Mark declared expected errors; an expected error that passes is an unexpected pass."""
+    declared = spec.expected_error(result["path"])
+    if declared is None:
+        return
+    result["expected_reason"] = declared
+    if result["verdict"] == "error":
+        result["expected"] = True
+    elif result["verdict"] == "pass":
+        result["unexpected_pass"] = True
+
+
+def is_unexpected(result: dict) -> bool:
+    return (result["verdict"] in ("fail", "error") and not result.get("expected")) or bool(result.get("unexpected_pass"))
+
+
+def exit_code(report: dict) -> int:
+    """0 when everything is as expected, 1 when any path (or model) ended unexpectedly."""
+    if report["model_errors"] or any(is_unexpected(r) for r in report["results"]):
+        return 1
+    return 0
+
+
+def check(workspace, model_names, options: Options, progress=lambda message: None) -> dict:
+    """Verify goldens, export, check every selected path; time passing paths when ``options.timing``."""
+    return Run(workspace, options, progress).execute(model_names)

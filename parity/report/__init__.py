@@ -1,0 +1,1 @@
+"""Reports: the terminal table and the JSON document."""

@@ -1,0 +1,1 @@
+"""Runtimes: each implements the ``Runner`` contract of ``parity.runtimes.base``."""

@@ -1,0 +1,65 @@
+"""The Runner contract every source and runtime implements."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from parity.errors import NotDifferentiable, ParityError
+
+
+class ShapeMismatch(ParityError):
+    """An input whose shape or dtype does not match the model's input spec."""
+
+
+class Runner:
+    """Runs one model on a batch in canonical layout and returns named outputs.
+
+    Subclasses implement ``run_impl``; differentiable ones set ``differentiable = True`` and
+    implement ``gradients_impl``; those that can report intermediate layers implement
+    ``taps_impl``. The public methods check the feed first.
+    """
+
+    differentiable = False
+
+    def __init__(self, spec, batch_size: int, dtype: str = "float32"):
+        self.spec = spec
+        self.dtype = dtype
+        self.expected_shape = (batch_size, *spec.input.shape)
+
+    def check_feed(self, x: np.ndarray) -> np.ndarray:
+        if tuple(x.shape) != self.expected_shape:
+            raise ShapeMismatch(
+                f"input {self.spec.input.name!r} has shape {tuple(x.shape)}, the model takes {self.expected_shape}"
+            )
+        return np.ascontiguousarray(x, dtype=self.dtype)
+
+    def run(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        """Outputs by name for input batch ``x`` (canonical layout)."""
+        outputs = self.run_impl(self.check_feed(x))
+        return dict(zip(self.spec.outputs, outputs))
+
+    def taps(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        """Intermediate layer outputs by tap name, in canonical layout."""
+        return self.taps_impl(self.check_feed(x))
+
+    def gradients(self, x: np.ndarray, labels: np.ndarray) -> dict[str, np.ndarray]:
+        """Gradients of mean cross-entropy(logits, labels) w.r.t. every trainable parameter
+        (canonical names and layout) and the input (``input:<name>``)."""
+        if not self.differentiable:
+            raise NotDifferentiable(f"{type(self).__name__} cannot differentiate")
+        return self.gradients_impl(self.check_feed(x), np.asarray(labels, dtype=np.int64))
+
+    def run_impl(self, x: np.ndarray) -> tuple[np.ndarray, ...]:
+        raise NotImplementedError
+
+    def taps_impl(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        raise NotImplementedError(f"{type(self).__name__} does not report taps")
+
+    def gradients_impl(self, x: np.ndarray, labels: np.ndarray) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+
+def as_tuple(outputs) -> tuple:
+    if isinstance(outputs, (list, tuple)):
+        return tuple(outputs)
+    return (outputs,)

@@ -1,0 +1,22 @@
+"""ONNX Runtime (CPU execution provider)."""
+
+from __future__ import annotations
+
+from parity.runtimes.onnx_common import OnnxRunner
+
+
+class OrtRunner(OnnxRunner):
+    """``ort``: an ONNX Runtime InferenceSession with aligned intra-op threads."""
+
+    def __init__(self, spec, artifact_dir, meta, batch_size, threads):
+        super().__init__(spec, artifact_dir, meta, batch_size, threads)
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3
+        self.session = ort.InferenceSession(self.model_path, options, providers=["CPUExecutionProvider"])
+
+    def run_impl(self, x):
+        return tuple(self.session.run(self.output_names, self.feed(x)))

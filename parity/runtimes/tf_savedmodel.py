@@ -1,0 +1,48 @@
+"""TensorFlow running a SavedModel made by an exporter (jax2tf), with gradients."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from parity import layouts
+from parity.runtimes.base import Runner
+
+
+class SavedModelRunner(Runner):
+    """``tf`` as a runtime: ``tf.saved_model.load`` then the saved ``forward`` function."""
+
+    differentiable = True
+
+    def __init__(self, spec, artifact_dir: Path, meta: dict, batch_size: int, threads: int):
+        super().__init__(spec, batch_size, "float32")
+        import tensorflow as tf
+
+        self.tf = tf
+        self.loaded = tf.saved_model.load(str(artifact_dir))
+        self.variables = dict(zip(meta["param_names"], self.loaded.param_list))
+        self.layout = meta["input_layout"]
+
+    def _to_tf(self, x):
+        return self.tf.constant(layouts.to_layout(x, self.spec.input.layout, self.layout))
+
+    def run_impl(self, x):
+        return tuple(t.numpy() for t in self.loaded.forward(self._to_tf(x)))
+
+    def gradients_impl(self, x, labels):
+        tf = self.tf
+        spec = self.spec
+        trainable = [self.variables[name] for name in spec.trainable_params]
+        x_t = self._to_tf(x)
+        with tf.GradientTape() as tape:
+            tape.watch(x_t)
+            logits = self.loaded.forward(x_t)[0]
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+        grads = tape.gradient(loss, [*trainable, x_t])
+        result = {
+            name: np.zeros(tuple(v.shape), np.float32) if g is None else tf.convert_to_tensor(g).numpy()
+            for name, v, g in zip(spec.trainable_params, trainable, grads)
+        }
+        result[spec.input_grad_name] = layouts.from_layout(grads[-1].numpy(), spec.input.layout, self.layout)
+        return result

@@ -1,0 +1,116 @@
+"""JAX source: the spec's pure function ``jax_apply(params, x, tap)`` under ``jax.jit``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from parity import layouts
+from parity.errors import WeightsMismatch
+from parity.runtimes.base import Runner, as_tuple
+
+
+class _ReadRecorder(Mapping):
+    """Records which parameter names the definition reads, to report missing and unused ones."""
+
+    def __init__(self, params):
+        self.params, self.read, self.missing = params, set(), []
+
+    def __getitem__(self, name):
+        if name not in self.params:
+            self.missing.append(name)
+            raise KeyError(name)
+        self.read.add(name)
+        return self.params[name]
+
+    def __iter__(self):
+        return iter(self.params)
+
+    def __len__(self):
+        return len(self.params)
+
+
+def enable_x64_if_needed(dtype: str) -> None:
+    import jax
+
+    if dtype == "float64":
+        jax.config.update("jax_enable_x64", True)
+
+
+def check_definition(spec, params, batch_size: int) -> None:
+    """Trace the definition once and raise ``WeightsMismatch`` for missing / unused / mis-shaped names."""
+    import jax
+
+    x = jax.ShapeDtypeStruct((batch_size, *spec.input.shape), next(iter(params.values())).dtype)
+    recorder = None
+
+    def traced(p, x):
+        nonlocal recorder
+        recorder = _ReadRecorder(p)
+        return spec.jax_apply(recorder, x, None)
+
+    try:
+        jax.eval_shape(traced, dict(params), x)
+    except KeyError:
+        raise WeightsMismatch("jax", missing=recorder.missing) from None
+    except TypeError as error:  # shape errors from jnp ops
+        raise WeightsMismatch("jax", misshaped=[("(see trace)", "?", str(error).splitlines()[0])]) from None
+    unused = [name for name in params if name not in recorder.read]
+    if unused:
+        raise WeightsMismatch("jax", unexpected=unused)
+
+
+def make_loss(spec):
+    import jax
+    import jax.numpy as jnp
+
+    def loss(params, x, labels):
+        logits = as_tuple(spec.jax_apply(params, x, None))[0]
+        log_probs = jax.nn.log_softmax(logits, axis=-1)
+        return -jnp.mean(jnp.take_along_axis(log_probs, labels[:, None], axis=-1))
+
+    return loss
+
+
+class JaxSource(Runner):
+    """The native ``jax`` path: ``jax.jit`` on the CPU."""
+
+    differentiable = True
+
+    def __init__(self, spec, weights, batch_size: int, dtype: str = "float32"):
+        super().__init__(spec, batch_size, dtype)
+        enable_x64_if_needed(dtype)
+        import jax
+        import jax.numpy as jnp
+
+        layouts.check_weights(spec.params, weights)
+        self.jax = jax
+        self.params = {name: jnp.asarray(np.asarray(weights[name], dtype=dtype)) for name in spec.params}
+        check_definition(spec, self.params, batch_size)
+        self._forward = jax.jit(lambda p, x: as_tuple(spec.jax_apply(p, x, None)))
+
+    def run_impl(self, x):
+        return tuple(np.asarray(t) for t in self._forward(self.params, x))
+
+    def taps_impl(self, x):
+        spec = self.spec
+
+        def collect(p, x):
+            taps = {}
+            spec.jax_apply(p, x, taps.__setitem__)
+            return taps
+
+        taps = self.jax.jit(collect)(self.params, x)
+        return {name: np.asarray(taps[name]) for name in spec.taps}
+
+    def gradients_impl(self, x, labels):
+        spec = self.spec
+        trainable = {name: self.params[name] for name in spec.trainable_params}
+        frozen = {name: v for name, v in self.params.items() if name not in trainable}
+        loss = make_loss(spec)
+        grad_fn = self.jax.jit(self.jax.grad(lambda t, x: loss({**frozen, **t}, x, labels), argnums=(0, 1)))
+        param_grads, input_grad = grad_fn(trainable, x)
+        result = {name: np.asarray(g) for name, g in param_grads.items()}
+        result[spec.input_grad_name] = np.asarray(input_grad)
+        return result

@@ -1,0 +1,86 @@
+"""TensorFlow source: the spec's Keras model under ``tf.function``, loaded with canonical weights."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from parity import layouts
+from parity.runtimes.base import Runner, as_tuple
+
+
+def build_model(spec, weights: dict[str, np.ndarray] | None, dtype: str = "float32"):
+    """The spec's Keras model in ``dtype`` holding ``weights`` (canonical) if given."""
+    import keras
+
+    keras.utils.set_random_seed(spec.training.seed)
+    model = spec.keras_model(dtype)
+    variables = {v.path: v for v in model.weights}
+    layouts.check_names_and_shapes("tf", spec.params, {k: tuple(v.shape) for k, v in variables.items()})
+    if weights is not None:
+        for name, param in spec.params.items():
+            value = layouts.param_to_framework("tf", param.kind, np.asarray(weights[name], dtype=dtype))
+            variables[name].assign(value)
+    return model
+
+
+def outputs_in_order(spec, outputs) -> tuple:
+    if isinstance(outputs, dict):
+        return tuple(outputs[name] for name in spec.outputs)
+    return as_tuple(outputs)
+
+
+class KerasSource(Runner):
+    """The native ``tf`` path: a Keras model called under ``tf.function``."""
+
+    differentiable = True
+
+    def __init__(self, spec, weights, batch_size: int, dtype: str = "float32"):
+        super().__init__(spec, batch_size, dtype)
+        import tensorflow as tf
+
+        self.tf = tf
+        self.model = build_model(spec, weights, dtype)
+        self.layout = layouts.activation_layout("tf", spec.input.layout)
+        model = self.model
+        self._forward = tf.function(lambda x: outputs_in_order(spec, model(x, training=False)))
+
+    def _to_tf(self, x):
+        return self.tf.constant(layouts.to_layout(x, self.spec.input.layout, self.layout))
+
+    def run_impl(self, x):
+        return tuple(t.numpy() for t in self._forward(self._to_tf(x)))
+
+    def taps_impl(self, x):
+        import keras
+
+        tap_model = keras.Model(self.model.inputs, [self.model.get_layer(t).output for t in self.spec.taps])
+        values = as_tuple(tap_model(self._to_tf(x), training=False))
+        return {
+            name: layouts.from_layout(v.numpy(), self.spec.input.layout, self.layout)
+            for name, v in zip(self.spec.taps, values)
+        }
+
+    def gradients_impl(self, x, labels):
+        tf = self.tf
+        spec = self.spec
+        variables = {v.path: v for v in self.model.weights}
+        trainable = [variables[name] for name in spec.trainable_params]
+        x_t = self._to_tf(x)
+        with tf.GradientTape() as tape:
+            tape.watch(x_t)
+            logits = outputs_in_order(spec, self.model(x_t, training=False))[0]
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+        grads = tape.gradient(loss, [*trainable, x_t])
+        result = {}
+        for name, g in zip(spec.trainable_params, grads):
+            result[name] = _dense_gradient(tf, g, variables[name])
+            result[name] = layouts.param_from_framework("tf", spec.params[name].kind, result[name])
+        result[spec.input_grad_name] = layouts.from_layout(grads[-1].numpy(), spec.input.layout, self.layout)
+        return result
+
+
+def _dense_gradient(tf, gradient, variable) -> np.ndarray:
+    """A missing gradient (the variable does not affect the loss) is zero, not an error."""
+    if gradient is None:
+        return np.zeros(tuple(variable.shape), dtype=variable.dtype)
+    return tf.convert_to_tensor(gradient).numpy()

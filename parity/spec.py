@@ -1,0 +1,185 @@
+"""ModelSpec: everything parity knows about a reference model, declared as data.
+
+A model file in a workspace's ``models/`` folder defines ``SPEC = ModelSpec(...)``. The file
+must import no ML framework at module level: the framework builders (``torch_module``,
+``keras_model``, ``jax_apply``) import their framework inside the function, and only worker
+processes call them.
+
+Canonical conventions (framework-neutral, what golden data is stored in):
+
+* parameter names are ``layer/variable`` (Keras variable paths), e.g. ``dense1/kernel``;
+* dense kernels are ``(in, out)``, conv kernels ``OIHW``; BatchNorm uses ``gamma``, ``beta``,
+  ``moving_mean``, ``moving_variance``;
+* image inputs are ``NCHW``; every framework converts at its edge (see ``parity.layouts``);
+* tap names are the names of top-level layers (Keras layer, torch submodule), reported by
+  the JAX definition through its ``tap(name, value)`` callback.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+PRECISIONS = ("fp32", "fp16", "bf16", "tf32")
+PARAM_KINDS = ("dense_kernel", "conv_kernel", "vector", "tensor")
+INPUT_LAYOUTS = ("flat", "tokens", "nchw")
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Closeness test ``|actual - golden| <= atol + rtol * |golden|`` (numpy.allclose semantics)."""
+
+    atol: float
+    rtol: float
+
+    def to_json(self) -> dict:
+        return {"atol": self.atol, "rtol": self.rtol}
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    """A default tolerance and per-name overrides (an output name or a parameter name)."""
+
+    default: Tolerance
+    overrides: dict[str, Tolerance] = field(default_factory=dict)
+
+    def for_name(self, name: str) -> Tolerance:
+        return self.overrides.get(name, self.default)
+
+    def to_json(self) -> dict:
+        return {"default": self.default.to_json(), "overrides": {k: v.to_json() for k, v in self.overrides.items()}}
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """The model input: name, per-sample shape in canonical layout, dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    layout: str = "flat"
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        if self.layout not in INPUT_LAYOUTS:
+            raise ValueError(f"input layout {self.layout!r} is not one of {INPUT_LAYOUTS}")
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One weight tensor in canonical layout. ``trainable=False`` for BatchNorm statistics."""
+
+    shape: tuple[int, ...]
+    kind: str = "tensor"
+    trainable: bool = True
+
+    def __post_init__(self):
+        if self.kind not in PARAM_KINDS:
+            raise ValueError(f"parameter kind {self.kind!r} is not one of {PARAM_KINDS}")
+
+
+@dataclass(frozen=True)
+class Training:
+    """How the weights are made: seeded init of the torch definition, then Adam on the train split."""
+
+    epochs: int = 20
+    lr: float = 1e-2
+    batch_size: int = 64
+    weight_decay: float = 0.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class MetricRules:
+    """Metric parity rules, per precision.
+
+    ``min_argmax_agreement``: the fraction of eval samples whose argmax must equal the golden
+    argmax (1.0 at fp32 by default). ``min_fraction``: each metric must reach this fraction of
+    its float64 golden value (MLPerf style, for reduced precision).
+    """
+
+    min_argmax_agreement: dict[str, float] = field(default_factory=lambda: {"fp32": 1.0, "tf32": 0.99, "fp16": 0.99, "bf16": 0.98})
+    min_fraction: dict[str, float] = field(default_factory=lambda: {"fp32": 1.0, "tf32": 0.99, "fp16": 0.99, "bf16": 0.99})
+    top_k: int = 3
+
+
+@dataclass
+class ModelSpec:
+    """A reference model, written once per framework, with everything needed to check it.
+
+    Arguments:
+        name: model name (the file name in ``models/`` without ``.py``).
+        description: one line.
+        input: the single model input (``InputSpec``).
+        outputs: output names, in the order the definitions return them.
+        num_classes: classifier width, for metrics.
+        params: canonical parameter names -> ``ParamSpec``, in network order.
+        taps: named layer boundaries in network order (used for drift diagnosis).
+        tolerances: precision -> ``Tolerances`` for outputs (per-output overrides).
+        grad_tolerances: precision -> ``Tolerances`` for gradients (per-parameter overrides;
+            the input gradient is named ``input:<input name>``).
+        training: how the weights are made (``Training``).
+        torch_module: ``() -> torch.nn.Module``; ``forward(x)`` returns the outputs.
+        keras_model: ``(dtype: str) -> keras.Model`` (functional; taps are layer names).
+        jax_apply: ``(params, x, tap) -> tuple of outputs``; ``tap(name, value)`` may be None.
+        expected_errors: path glob -> reason. A path ending in ``error`` there is expected
+            (like pytest's xfail); if it passes, that is reported as an unexpected pass.
+        require_determinism: fail a path whose two runs are not bitwise identical.
+        batch_size: the static batch every path is exported and run with.
+        opset: ONNX opset for every exporter.
+        metric_rules: ``MetricRules``.
+    """
+
+    name: str
+    description: str
+    input: InputSpec
+    outputs: tuple[str, ...]
+    num_classes: int
+    params: dict[str, ParamSpec]
+    taps: tuple[str, ...]
+    tolerances: dict[str, Tolerances]
+    grad_tolerances: dict[str, Tolerances]
+    training: Training = Training()
+    torch_module: Callable[[], Any] | None = None
+    keras_model: Callable[[str], Any] | None = None
+    jax_apply: Callable[..., Any] | None = None
+    expected_errors: dict[str, str] = field(default_factory=dict)
+    require_determinism: bool = False
+    batch_size: int = 64
+    opset: int = 18
+    metric_rules: MetricRules = MetricRules()
+    source_file: str | None = None
+
+    @property
+    def frameworks(self) -> tuple[str, ...]:
+        """Source frameworks this model is written in, in a fixed order."""
+        builders = {"torch": self.torch_module, "tf": self.keras_model, "jax": self.jax_apply}
+        return tuple(name for name, builder in builders.items() if builder is not None)
+
+    @property
+    def trainable_params(self) -> list[str]:
+        return [name for name, p in self.params.items() if p.trainable]
+
+    @property
+    def input_grad_name(self) -> str:
+        return f"input:{self.input.name}"
+
+    def expected_error(self, path_id: str) -> str | None:
+        """The declared reason if ``path_id`` is expected to end in error, else None."""
+        for pattern, reason in self.expected_errors.items():
+            if fnmatch.fnmatchcase(path_id, pattern):
+                return reason
+        return None
+
+    def validate(self) -> None:
+        if not self.outputs:
+            raise ValueError("a model needs at least one output")
+        for precision in list(self.tolerances) + list(self.grad_tolerances):
+            if precision not in PRECISIONS:
+                raise ValueError(f"unknown precision {precision!r} in tolerances; known: {PRECISIONS}")
+        if "fp32" not in self.tolerances or "fp32" not in self.grad_tolerances:
+            raise ValueError("tolerances and grad_tolerances need an 'fp32' entry")
+        if len(set(self.taps)) != len(self.taps):
+            raise ValueError("tap names must be unique")
+        if not self.frameworks:
+            raise ValueError("define at least one of torch_module, keras_model, jax_apply")

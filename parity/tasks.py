@@ -1,0 +1,176 @@
+"""Tasks that run inside worker processes (they import frameworks; the orchestrator does not)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from parity import compare, golden, metrics, paths
+from parity.bench import peak_rss_mb, time_call
+from parity.exporters.common import ExportJob
+from parity.workspace import Workspace
+
+NATIVE_SOURCES = {"torch": "parity.sources.torch:TorchSource", "tf": "parity.sources.tf:KerasSource",
+                  "jax": "parity.sources.jax:JaxSource"}
+
+
+def run_batched(runner, x: np.ndarray, batch_size: int) -> dict[str, np.ndarray]:
+    """Run a static-batch runner over any number of samples (the last batch zero-padded)."""
+    n = len(x)
+    chunks = []
+    for start in range(0, n, batch_size):
+        block = x[start:start + batch_size]
+        if len(block) < batch_size:
+            block = np.concatenate([block, np.zeros((batch_size - len(block), *x.shape[1:]), x.dtype)])
+        chunks.append(runner.run(block))
+    return {name: np.concatenate([c[name] for c in chunks])[:n] for name in chunks[0]}
+
+
+def train_weights(workspace: str, model: str, train_file: str, eval_file: str, out_file: str) -> dict:
+    """Seeded, deterministic training of the torch definition; canonical float32 weights to ``out_file``."""
+    import torch
+
+    from parity.sources.torch import build_module, canonical_state
+
+    spec = Workspace(workspace).load_spec(model)
+    cfg = spec.training
+    torch.manual_seed(cfg.seed)
+    torch.use_deterministic_algorithms(True)
+    module = build_module(spec, None, "float32").train()
+    with np.load(train_file, allow_pickle=False) as data:
+        x = torch.from_numpy(data["x"].astype(np.float32))
+        y = torch.from_numpy(data["y"])
+    optimizer = torch.optim.Adam(module.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    order = torch.Generator().manual_seed(cfg.seed)
+    for _ in range(cfg.epochs):
+        for batch in torch.randperm(len(x), generator=order).split(cfg.batch_size):
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(module(x[batch]), y[batch])
+            loss.backward()
+            optimizer.step()
+    module.eval()
+    weights = canonical_state(spec, module)
+    with open(out_file, "wb") as f:
+        np.savez(f, **weights)
+    with torch.no_grad():
+        train_accuracy = float((module(x).argmax(-1) == y).float().mean())
+    return {"final_loss": float(loss), "train_accuracy": train_accuracy}
+
+
+def _source(framework: str, spec, weights, dtype: str):
+    return paths.load_target(NATIVE_SOURCES[framework])(spec, weights, spec.batch_size, dtype)
+
+
+def fp64_reference(workspace: str, model: str, framework: str, scratch: str, out_file: str) -> None:
+    """Outputs, taps, eval logits and gradients of one framework's definition in float64."""
+    spec = Workspace(workspace).load_spec(model)
+    scratch = Path(scratch)
+    weights = golden.load_arrays(scratch, "weights.npz")
+    inputs = golden.load_arrays(scratch, "inputs.npz")
+    eval_x = golden.load_arrays(scratch, "eval.npz")["x"].astype(np.float64)
+    x = inputs["x"].astype(np.float64)
+    source = _source(framework, spec, {k: v.astype(np.float64) for k, v in weights.items()}, "float64")
+    arrays = dict(source.run(x))
+    arrays.update({f"tap/{name}": v for name, v in source.taps(x).items()})
+    arrays["eval/logits"] = run_batched(source, eval_x, spec.batch_size)[spec.outputs[0]]
+    arrays.update({f"grad/{name}": v for name, v in source.gradients(x, inputs["labels"]).items()})
+    for key, value in arrays.items():
+        if value.dtype != np.float64:
+            raise TypeError(f"{framework} returned {value.dtype} for {key} in a float64 run")
+    with open(out_file, "wb") as f:
+        np.savez(f, **arrays)
+
+
+def export_step(workspace: str, model: str, target: str, golden_dir: str, opset: int, out_dir: str,
+                parent_dir: str | None, parent_meta: dict | None) -> dict:
+    """Run one exporter into ``out_dir``; return its metadata plus the export time."""
+    spec = Workspace(workspace).load_spec(model)
+    started = time.perf_counter()
+    job = ExportJob(spec=spec, weights=golden.load_arrays(Path(golden_dir), "weights.npz"), batch_size=spec.batch_size,
+                    opset=opset, out_dir=Path(out_dir), parent_dir=Path(parent_dir) if parent_dir else None,
+                    parent_meta=parent_meta)
+    meta = paths.load_target(target)(job)
+    meta["export_s"] = time.perf_counter() - started
+    return meta
+
+
+def check_path(workspace: str, model: str, path_id: str, golden_dir: str, precision: str, threads: int,
+               artifact_dir: str | None = None, artifact_meta: dict | None = None, export_s: float = 0.0,
+               timing: dict | None = None, weight_perturbation: dict | None = None) -> dict:
+    """Outputs, determinism, metrics and gradients of one path against golden; then timing if it passed.
+
+    ``weight_perturbation`` ({name: delta}) adds to canonical weights before a native source is
+    built: a deliberate drift, used to prove that the gate holds.
+    """
+    spec = Workspace(workspace).load_spec(model)
+    path = paths.by_id(path_id)
+    golden_dir = Path(golden_dir)
+    manifest = golden.verify(golden_dir)
+    inputs = golden.load_arrays(golden_dir, "inputs.npz")
+    eval_data = golden.load_arrays(golden_dir, "eval.npz")
+    reference = golden.load_arrays(golden_dir, "reference.npz")
+    golden_grads = golden.load_arrays(golden_dir, "gradients.npz")
+    tolerances = spec.tolerances[precision]
+    x = inputs["x"]
+
+    started = time.perf_counter()
+    runner_class = paths.load_target(path.runtime.target)
+    if artifact_dir is None:
+        weights = golden.load_arrays(golden_dir, "weights.npz")
+        for name, delta in (weight_perturbation or {}).items():
+            weights[name] = weights[name] + np.asarray(delta, dtype=weights[name].dtype)
+        runner = runner_class(spec, weights, spec.batch_size, "float32")
+    else:
+        runner = runner_class(spec, Path(artifact_dir), artifact_meta, spec.batch_size, threads)
+    outputs = runner.run(x)
+    first_result_s = export_s + time.perf_counter() - started
+
+    result = {"outputs": compare.compare_named(outputs, {n: reference[n] for n in spec.outputs}, tolerances.for_name)}
+    deterministic, nondeterminism = compare.bitwise_equal(outputs, runner.run(x))
+    result["deterministic"] = deterministic
+    result["determinism_max_diff"] = nondeterminism
+    eval_logits = run_batched(runner, eval_data["x"], spec.batch_size)[spec.outputs[0]]
+    result["metrics"] = metrics.check_metrics(eval_logits, eval_data["y"], reference["eval/logits"], manifest["metrics"],
+                                              spec.metric_rules, precision, spec.num_classes)
+    result["gradients"] = None
+    result["time_to_first_gradient_s"] = None
+    if path.differentiable:
+        grad_started = time.perf_counter()
+        grads = runner.gradients(x, inputs["labels"])
+        result["time_to_first_gradient_s"] = time.perf_counter() - grad_started
+        result["gradients"] = compare.compare_named(grads, golden_grads, spec.grad_tolerances[precision].for_name)
+    result["verdict"], result["reason"] = _verdict(spec, result)
+    result["timing"] = None
+    if result["verdict"] == "pass" and timing is not None:
+        stats = time_call(lambda: runner.run(x), spec.batch_size, **timing)
+        stats["first_result_s"] = first_result_s
+        stats["peak_rss_mb"] = peak_rss_mb()
+        result["timing"] = stats
+    result["first_result_s"] = first_result_s
+    return result
+
+
+def _verdict(spec, result: dict) -> tuple[str, str | None]:
+    """fail with the most useful reason first: outputs, gradients, metrics, determinism."""
+    worst = compare.first_failure(result["outputs"])
+    if worst:
+        return "fail", compare.describe("output", *worst)
+    if result["gradients"] is not None:
+        failing = [name for name, s in result["gradients"].items() if not s["ok"]]
+        if failing:
+            name, stats = compare.first_failure(result["gradients"])
+            listed = ", ".join(failing[:6]) + (f" (+{len(failing) - 6} more)" if len(failing) > 6 else "")
+            return "fail", f"gradients differ for {listed}; worst {compare.describe('gradient', name, stats)}"
+    m = result["metrics"]
+    if not m["ok"]:
+        bad = [f"{k} {v['value']:.4f} vs golden {v['golden']:.4f}" for k, v in m.items() if isinstance(v, dict) and not v["ok"]]
+        if not m["argmax_agreement_ok"]:
+            bad.append(f"argmax agreement {m['argmax_agreement']:.4f}")
+        return "fail", "metric " + "; ".join(bad)
+    if spec.require_determinism and not result["deterministic"]:
+        return "fail", f"two runs differ (max {result['determinism_max_diff']:.3g}) and the spec requires determinism"
+    return "pass", None
+
+
