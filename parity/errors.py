@@ -33,7 +33,8 @@ class WeightsMismatch(ParityError):
             parts.append(f"unexpected {self.unexpected}")
         if self.misshaped:
             parts.append("mis-shaped " + ", ".join(f"{n} (weights {w}, {framework} {f})" for n, w, f in self.misshaped))
-        super().__init__(f"weights do not match the {framework} definition: " + "; ".join(parts))
+        what = "the model spec" if framework == "spec" else f"the {framework} definition"
+        super().__init__(f"weights do not match {what}: " + "; ".join(parts))
 
 
 class NotDifferentiable(ParityError):

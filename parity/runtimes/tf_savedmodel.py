@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
 from parity import layouts
 from parity.runtimes.base import Runner
+from parity.sources.tf import dense_gradient
 
 
 class SavedModelRunner(Runner):
@@ -40,9 +39,6 @@ class SavedModelRunner(Runner):
             logits = self.loaded.forward(x_t)[0]
             loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
         grads = tape.gradient(loss, [*trainable, x_t])
-        result = {
-            name: np.zeros(tuple(v.shape), np.float32) if g is None else tf.convert_to_tensor(g).numpy()
-            for name, v, g in zip(spec.trainable_params, trainable, grads)
-        }
-        result[spec.input_grad_name] = layouts.from_layout(grads[-1].numpy(), spec.input.layout, self.layout)
+        result = {name: dense_gradient(tf, g, v) for name, v, g in zip(spec.trainable_params, trainable, grads)}
+        result[spec.input_grad_name] = layouts.from_layout(dense_gradient(tf, grads[-1], x_t), spec.input.layout, self.layout)
         return result

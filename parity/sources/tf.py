@@ -17,6 +17,7 @@ def build_model(spec, weights: dict[str, np.ndarray] | None, dtype: str = "float
     variables = {v.path: v for v in model.weights}
     layouts.check_names_and_shapes("tf", spec.params, {k: tuple(v.shape) for k, v in variables.items()})
     if weights is not None:
+        layouts.check_weights(spec.params, weights)
         for name, param in spec.params.items():
             value = layouts.param_to_framework("tf", param.kind, np.asarray(weights[name], dtype=dtype))
             variables[name].assign(value)
@@ -71,16 +72,16 @@ class KerasSource(Runner):
             logits = outputs_in_order(spec, self.model(x_t, training=False))[0]
             loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
         grads = tape.gradient(loss, [*trainable, x_t])
-        result = {}
-        for name, g in zip(spec.trainable_params, grads):
-            result[name] = _dense_gradient(tf, g, variables[name])
-            result[name] = layouts.param_from_framework("tf", spec.params[name].kind, result[name])
-        result[spec.input_grad_name] = layouts.from_layout(grads[-1].numpy(), spec.input.layout, self.layout)
+        result = {
+            name: layouts.param_from_framework("tf", spec.params[name].kind, dense_gradient(tf, g, variables[name]))
+            for name, g in zip(spec.trainable_params, grads)
+        }
+        result[spec.input_grad_name] = layouts.from_layout(dense_gradient(tf, grads[-1], x_t), spec.input.layout, self.layout)
         return result
 
 
-def _dense_gradient(tf, gradient, variable) -> np.ndarray:
-    """A missing gradient (the variable does not affect the loss) is zero, not an error."""
+def dense_gradient(tf, gradient, like) -> np.ndarray:
+    """A gradient as an array; a missing one (``like`` does not affect the loss) is zero, not an error."""
     if gradient is None:
-        return np.zeros(tuple(variable.shape), dtype=variable.dtype)
+        return np.zeros(tuple(like.shape), dtype=tf.as_dtype(like.dtype).as_numpy_dtype)
     return tf.convert_to_tensor(gradient).numpy()

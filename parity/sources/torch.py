@@ -24,6 +24,7 @@ def build_module(spec, weights: dict[str, np.ndarray] | None, dtype: str = "floa
     found = {by_torch_name.get(key, key): tuple(value.shape) for key, value in state.items()}
     layouts.check_names_and_shapes("torch", spec.params, found)
     if weights is not None:
+        layouts.check_weights(spec.params, weights)
         new_state = {
             layouts.torch_param_name(name): torch.from_numpy(
                 layouts.param_to_framework("torch", spec.params[name].kind, np.asarray(weights[name], dtype=dtype))

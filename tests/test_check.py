@@ -1,0 +1,119 @@
+"""End-to-end checks with real torch, TensorFlow, JAX, exporters and ONNX Runtime (mlp only)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from parity import orchestrate
+from parity.workspace import Workspace
+from tests.conftest import mlp_variant
+
+
+def run_check(root, patterns, timing=None, **options):
+    ws = Workspace(root)
+    opts = orchestrate.Options(threads=1, patterns=tuple(patterns), timing=timing, **options)
+    report = orchestrate.check(ws, ["mlp"], opts)
+    return report, {r["path"]: r for r in report["results"]}
+
+
+def test_gate_times_passing_paths_only(workspace_copy):
+    """A weight perturbed on purpose in one path fails that path, which is then not timed."""
+    root = workspace_copy()
+    delta = np.zeros((64, 64), np.float32)
+    delta[3, 5] = 0.05
+    report, results = run_check(
+        root, ["torch", "torch/onnx/ort", "jax"], timing={"budget_s": 0.05},
+        weight_perturbation={("mlp", "jax"): {"dense1/kernel": delta}},
+    )
+    assert results["jax"]["verdict"] == "fail"
+    assert results["jax"]["timing"] is None
+    assert "output logits" in results["jax"]["reason"]
+    assert not results["jax"]["outputs"]["logits"]["ok"]
+    for path in ("torch", "torch/onnx/ort"):
+        assert results[path]["verdict"] == "pass", results[path]["reason"]
+        timing = results[path]["timing"]
+        assert timing["runs"] >= 10 and timing["median_ms"] > 0
+        assert timing["ci95_ms"][0] <= timing["median_ms"] <= timing["ci95_ms"][1]
+    assert orchestrate.exit_code(report) == 1
+
+
+def test_every_builtin_mlp_path_checks_with_statistics(workspace_copy):
+    root = workspace_copy()
+    report, results = run_check(root, ["torch*", "tf", "jax/onnx/ort"])
+    assert set(results) == {"torch", "torch/onnx/ort", "torch/onnx/onnxref", "tf", "jax/onnx/ort"}
+    for result in results.values():
+        assert result["verdict"] == "pass", (result["path"], result["reason"])
+        stats = result["outputs"]["logits"]
+        assert 0 < stats["max_abs"] < 1e-4 and stats["cosine"] > 0.999999 and stats["tol_units"] <= 1
+        assert result["metrics"]["argmax_agreement"] == 1.0
+        assert result["metrics"]["accuracy"]["value"] == result["metrics"]["accuracy"]["golden"]
+        assert result["timing"] is None  # check never times
+    assert results["torch"]["gradients"]["dense1/kernel"]["ok"]
+    assert results["torch/onnx/ort"]["gradients"] is None
+    assert report["env"]["threads"] == 1
+    # a second run uses the export cache
+    _, again = run_check(root, ["torch/onnx/ort"])
+    assert again["torch/onnx/ort"]["export"]["cached"] is True
+
+
+def test_worker_crash_becomes_error_and_others_go_on(workspace_copy):
+    source = mlp_variant({"    import jax\n\n    tap = tap": "    import os\n\n    os._exit(3)\n    tap = tap"})
+    root = workspace_copy(source)
+    report, results = run_check(root, ["jax", "torch"])
+    assert results["jax"]["verdict"] == "error"
+    assert "died" in results["jax"]["reason"] and "exit code 3" in results["jax"]["reason"]
+    assert results["torch"]["verdict"] == "pass"
+
+
+def test_hang_is_killed_after_timeout(workspace_copy):
+    source = mlp_variant({"    import jax\n\n    tap = tap": "    import time\n\n    time.sleep(600)\n    tap = tap"})
+    root = workspace_copy(source)
+    report, results = run_check(root, ["jax", "torch"], timeout_s=10)
+    assert results["jax"]["verdict"] == "error" and "timed out" in results["jax"]["reason"]
+    assert results["torch"]["verdict"] == "pass"
+
+
+def test_expected_errors_and_unexpected_pass(workspace_copy):
+    source = mlp_variant({"    jax_apply=jax_apply,\n)": (
+        "    jax_apply=jax_apply,\n"
+        "    expected_errors={'jax/tf/onnx/*': 'XlaCallModule', 'torch/onnx/ort': 'declared broken'},\n)")})
+    root = workspace_copy(source)
+    report, results = run_check(root, ["jax/tf/onnx/ort", "torch/onnx/ort"])
+    xerror = results["jax/tf/onnx/ort"]
+    assert xerror["verdict"] == "error" and xerror["expected"] is True
+    assert "XlaCallModule" in xerror["reason"]
+    assert results["torch/onnx/ort"]["verdict"] == "pass" and results["torch/onnx/ort"]["unexpected_pass"]
+    assert orchestrate.exit_code(report) == 1
+    _, only_expected = run_check(root, ["jax/tf/onnx/ort"])
+    assert orchestrate.exit_code({"results": list(only_expected.values()), "model_errors": []}) == 0
+
+
+def test_unexpected_export_error_is_reported_with_converter_reason(workspace_copy):
+    root = workspace_copy()
+    report, results = run_check(root, ["jax/tf/onnx/ort"])
+    result = results["jax/tf/onnx/ort"]
+    assert result["verdict"] == "error" and not result["expected"]
+    assert "XlaCallModule" in result["reason"]
+    assert orchestrate.exit_code(report) == 1
+
+
+def test_nan_output_fails_naming_the_output(workspace_copy):
+    source = mlp_variant({"    return dense(\"logits\", h)": "    return dense(\"logits\", h) * jax.numpy.nan"})
+    root = workspace_copy(source)
+    _, results = run_check(root, ["jax"])
+    assert results["jax"]["verdict"] == "fail"
+    assert "logits" in results["jax"]["reason"] and "NaN" in results["jax"]["reason"]
+    assert results["jax"]["timing"] is None
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_missing_framework_is_skip(workspace_copy, monkeypatch, framework):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == framework else real(name, *a))
+    root = workspace_copy()
+    _, results = run_check(root, [framework])
+    assert results[framework]["verdict"] == "skip"
+    assert framework in results[framework]["reason"] and "not installed" in results[framework]["reason"]

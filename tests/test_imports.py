@@ -1,0 +1,30 @@
+"""`import parity` and every `--help` must not import an ML framework (run in a fresh interpreter)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+FRAMEWORKS = ("torch", "tensorflow", "jax", "tensorrt", "onnxruntime", "keras")
+HELPS = [[], ["run"], ["check"], ["paths"], ["env"], ["golden"], ["golden", "build"], ["golden", "verify"]]
+
+PROBE = """
+import json, sys
+from click.testing import CliRunner
+import parity
+from parity.cli import cli
+args = json.loads(sys.argv[1])
+if args is not None:
+    result = CliRunner().invoke(cli, args + ["--help"])
+    assert result.exit_code == 0, result.output
+print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in %r)))
+""" % (FRAMEWORKS,)
+
+
+@pytest.mark.parametrize("args", [None, *HELPS], ids=lambda a: "import" if a is None else " ".join(a) or "parity")
+def test_no_framework_imported(args):
+    out = subprocess.run([sys.executable, "-c", PROBE, json.dumps(args)], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == []

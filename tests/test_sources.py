@@ -1,0 +1,64 @@
+"""Each framework's definition is loaded by canonical name; mismatches are listed, not crashed on."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from parity import golden
+from parity.errors import WeightsMismatch
+from parity.sources.jax import JaxSource
+from parity.sources.tf import KerasSource
+from parity.sources.torch import TorchSource
+from parity.workspace import Workspace
+from tests.conftest import REPO, mlp_variant
+
+SOURCES = {"torch": TorchSource, "tf": KerasSource, "jax": JaxSource}
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    ws = Workspace(REPO)
+    return ws.load_spec("mlp"), golden.load_arrays(ws.golden_dir("mlp"), "weights.npz")
+
+
+@pytest.mark.parametrize("framework", SOURCES)
+def test_weights_with_missing_and_unexpected_names(mlp, framework):
+    spec, weights = mlp
+    broken = dict(weights)
+    del broken["dense2/bias"]
+    broken["extra/kernel"] = np.zeros((2, 2), np.float32)
+    with pytest.raises(WeightsMismatch) as info:
+        SOURCES[framework](spec, broken, spec.batch_size)
+    assert "dense2/bias" in str(info.value) and "extra/kernel" in str(info.value)
+
+
+@pytest.mark.parametrize("framework,replace", [
+    ("torch", {"self.dense2 = nn.Linear(HIDDEN[0], HIDDEN[1])": "self.dense2 = nn.Linear(HIDDEN[0], 33)",
+               "self.logits = nn.Linear(HIDDEN[1], CLASSES)": "self.logits = nn.Linear(33, CLASSES)"}),
+    ("tf", {'layers.Dense(HIDDEN[1], name="dense2"': 'layers.Dense(33, name="dense2"'}),
+])
+def test_definition_with_misshaped_layer(mlp, workspace_copy, framework, replace):
+    spec, weights = mlp
+    variant = Workspace(workspace_copy(mlp_variant(replace))).load_spec("mlp")
+    with pytest.raises(WeightsMismatch) as info:
+        SOURCES[framework](variant, weights, spec.batch_size)
+    assert "mis-shaped" in str(info.value) and "dense2/kernel" in str(info.value)
+
+
+def test_jax_definition_reading_an_unknown_name(mlp, workspace_copy):
+    spec, weights = mlp
+    variant = Workspace(workspace_copy(mlp_variant({'params[f"{name}/bias"]': 'params[f"{name}/offset"]'}))).load_spec("mlp")
+    with pytest.raises(WeightsMismatch) as info:
+        JaxSource(variant, weights, spec.batch_size)
+    assert "dense1/offset" in str(info.value)
+
+
+@pytest.mark.parametrize("framework", SOURCES)
+def test_wrong_input_shape_is_a_clear_error(mlp, framework):
+    from parity.runtimes.base import ShapeMismatch
+
+    spec, weights = mlp
+    source = SOURCES[framework](spec, weights, spec.batch_size)
+    with pytest.raises(ShapeMismatch, match=r"has shape \(64, 65\), the model takes \(64, 64\)"):
+        source.run(np.zeros((64, 65), np.float32))
