@@ -74,10 +74,12 @@ def test_hang_is_killed_after_timeout(workspace_copy):
     assert results["torch"]["verdict"] == "pass"
 
 
+EXPECTED_LINE = '    expected_errors={"jax/tf/onnx/*": "jax2tf serialises through XlaCallModule, which tf2onnx cannot convert"},\n'
+
+
 def test_expected_errors_and_unexpected_pass(workspace_copy):
-    source = mlp_variant({"    jax_apply=jax_apply,\n)": (
-        "    jax_apply=jax_apply,\n"
-        "    expected_errors={'jax/tf/onnx/*': 'XlaCallModule', 'torch/onnx/ort': 'declared broken'},\n)")})
+    source = mlp_variant({EXPECTED_LINE: (
+        "    expected_errors={'jax/tf/onnx/*': 'XlaCallModule', 'torch/onnx/ort': 'declared broken'},\n")})
     root = workspace_copy(source)
     report, results = run_check(root, ["jax/tf/onnx/ort", "torch/onnx/ort"])
     xerror = results["jax/tf/onnx/ort"]
@@ -89,13 +91,22 @@ def test_expected_errors_and_unexpected_pass(workspace_copy):
     assert orchestrate.exit_code({"results": list(only_expected.values()), "model_errors": []}) == 0
 
 
-def test_unexpected_export_error_is_reported_with_converter_reason(workspace_copy):
-    root = workspace_copy()
+def test_undeclared_export_error_is_unexpected_with_converter_reason(workspace_copy):
+    root = workspace_copy(mlp_variant({EXPECTED_LINE: ""}))
     report, results = run_check(root, ["jax/tf/onnx/ort"])
     result = results["jax/tf/onnx/ort"]
     assert result["verdict"] == "error" and not result["expected"]
     assert "XlaCallModule" in result["reason"]
     assert orchestrate.exit_code(report) == 1
+
+
+def test_unsupported_tf_op_names_the_op(workspace_copy):
+    """Keras 3 gelu lowers to Erfc, which tf2onnx 1.17 leaves unconverted: an error naming Erfc."""
+    source = mlp_variant({'h = layers.ReLU(name="relu1", dtype=dtype)(': 'h = layers.Activation("gelu", name="relu1", dtype=dtype)('})
+    root = workspace_copy(source)
+    _, results = run_check(root, ["tf/onnx/ort"])
+    assert results["tf/onnx/ort"]["verdict"] == "error"
+    assert "Erfc" in results["tf/onnx/ort"]["reason"] and "tf2onnx" in results["tf/onnx/ort"]["reason"]
 
 
 def test_nan_output_fails_naming_the_output(workspace_copy):

@@ -62,3 +62,19 @@ def test_wrong_input_shape_is_a_clear_error(mlp, framework):
     source = SOURCES[framework](spec, weights, spec.batch_size)
     with pytest.raises(ShapeMismatch, match=r"has shape \(64, 65\), the model takes \(64, 64\)"):
         source.run(np.zeros((64, 65), np.float32))
+
+
+def test_onnx_runtime_runs_an_export_but_cannot_differentiate(mlp, tmp_path):
+    from parity.errors import NotDifferentiable
+    from parity.exporters import jax_onnx
+    from parity.exporters.common import ExportJob
+    from parity.runtimes.ort import OrtRunner
+
+    spec, weights = mlp
+    meta = jax_onnx.export(ExportJob(spec, weights, spec.batch_size, spec.opset, tmp_path))
+    runner = OrtRunner(spec, tmp_path, meta, spec.batch_size, threads=1)
+    x = golden.load_arrays(Workspace(REPO).golden_dir("mlp"), "inputs.npz")["x"]
+    expected = JaxSource(spec, weights, spec.batch_size).run(x)["logits"]
+    np.testing.assert_allclose(runner.run(x)["logits"], expected, atol=1e-5)
+    with pytest.raises(NotDifferentiable, match="OrtRunner cannot differentiate"):
+        runner.gradients(x, np.zeros(64, np.int64))
