@@ -114,7 +114,8 @@ class Run:
                                  parent_meta=parent and parent["meta"])
             except TaskFailed as error:
                 shutil.rmtree(staging, ignore_errors=True)
-                entry = {"error": f"{step.name}: {error}"}
+                reason = str(error)
+                entry = {"error": reason if reason.startswith(step.name) else f"{step.name}: {reason}"}
             else:
                 entry = {"dir": str(self.cache.commit(key, staging, meta)), "meta": meta, "cached": False}
         self.exports[key] = entry
