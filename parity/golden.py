@@ -126,14 +126,11 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
 
         eval_y = load_arrays(scratch, "eval.npz")["y"]
         golden_metrics = task_metrics(reference["eval/logits"], eval_y, spec.num_classes, spec.metric_rules.top_k)
-        staging = Path(tempfile.mkdtemp(prefix=f".{spec.name}.staging-", dir=target_dir.parent))
-        for name in FILES:
-            shutil.copyfile(scratch / name, staging / name)
         manifest = {
             "schema": SCHEMA,
             "model": spec.name,
             "description": spec.description,
-            "files": {name: {"sha256": sha256_file(staging / name), "arrays": _describe_arrays(staging / name)} for name in FILES},
+            "files": {name: {"sha256": sha256_file(scratch / name), "arrays": _describe_arrays(scratch / name)} for name in FILES},
             "reference_framework": spec.frameworks[0],
             "frameworks": list(spec.frameworks),
             "cross_framework_fp64_max_abs": agreement["outputs"],
@@ -149,8 +146,15 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
             "versions": {"parity": __version__, **package_versions()},
             "build_seconds": round(time.perf_counter() - started, 1),
         }
-        write_json_atomic(staging / MANIFEST, manifest)
-    _swap_into_place(staging, target_dir)
+        write_json_atomic(scratch / MANIFEST, manifest)
+        staging = Path(tempfile.mkdtemp(prefix=f".{spec.name}.staging-", dir=target_dir.parent))
+        try:
+            for name in (*FILES, MANIFEST):
+                shutil.copyfile(scratch / name, staging / name)
+            _swap_into_place(staging, target_dir)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
     return manifest
 
 

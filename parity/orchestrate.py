@@ -41,8 +41,8 @@ def _result_skeleton(model: str, path: paths.PathDef) -> dict:
 
 
 def _package_version(name: str) -> str | None:
-    dist = paths.INSTALL_NAMES.get(name, name)
-    for candidate in (dist, name, "tensorflow"):
+    """Installed version of an import name (``tensorflow`` may come as ``tensorflow-cpu``)."""
+    for candidate in dict.fromkeys((paths.INSTALL_NAMES.get(name, name), name)):
         try:
             return metadata.version(candidate)
         except metadata.PackageNotFoundError:
