@@ -6,7 +6,7 @@ from pathlib import Path
 
 from parity import layouts
 from parity.runtimes.base import Runner
-from parity.sources.tf import dense_gradient
+from parity.sources.tf import tape_gradients
 
 
 class SavedModelRunner(Runner):
@@ -30,15 +30,5 @@ class SavedModelRunner(Runner):
         return tuple(t.numpy() for t in self.loaded.forward(self._to_tf(x)))
 
     def gradients_impl(self, x, labels):
-        tf = self.tf
-        spec = self.spec
-        trainable = [self.variables[name] for name in spec.trainable_params]
-        x_t = self._to_tf(x)
-        with tf.GradientTape() as tape:
-            tape.watch(x_t)
-            logits = self.loaded.forward(x_t)[0]
-            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
-        grads = tape.gradient(loss, [*trainable, x_t])
-        result = {name: dense_gradient(tf, g, v) for name, v, g in zip(spec.trainable_params, trainable, grads)}
-        result[spec.input_grad_name] = layouts.from_layout(dense_gradient(tf, grads[-1], x_t), spec.input.layout, self.layout)
-        return result
+        return tape_gradients(self.tf, self.spec, self.loaded.forward, self.variables, self._to_tf(x), labels,
+                              self.layout, param_layout="spec")

@@ -62,22 +62,29 @@ class KerasSource(Runner):
         }
 
     def gradients_impl(self, x, labels):
-        tf = self.tf
-        spec = self.spec
         variables = {v.path: v for v in self.model.weights}
-        trainable = [variables[name] for name in spec.trainable_params]
-        x_t = self._to_tf(x)
-        with tf.GradientTape() as tape:
-            tape.watch(x_t)
-            logits = outputs_in_order(spec, self.model(x_t, training=False))[0]
-            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
-        grads = tape.gradient(loss, [*trainable, x_t])
-        result = {
-            name: layouts.param_from_framework("tf", spec.params[name].kind, dense_gradient(tf, g, variables[name]))
-            for name, g in zip(spec.trainable_params, grads)
-        }
-        result[spec.input_grad_name] = layouts.from_layout(dense_gradient(tf, grads[-1], x_t), spec.input.layout, self.layout)
-        return result
+        return tape_gradients(self.tf, self.spec, lambda x_t: self.model(x_t, training=False), variables,
+                              self._to_tf(x), labels, self.layout, param_layout="tf")
+
+
+def tape_gradients(tf, spec, forward, variables: dict, x_t, labels, input_layout: str, param_layout: str) -> dict:
+    """Gradients of mean cross-entropy w.r.t. trainable ``variables`` (by canonical name) and the input.
+
+    ``param_layout`` is the layout the variables are stored in (``"tf"`` for Keras, ``"spec"``
+    for canonical); results come back in canonical layout.
+    """
+    trainable = [variables[name] for name in spec.trainable_params]
+    with tf.GradientTape() as tape:
+        tape.watch(x_t)
+        logits = outputs_in_order(spec, forward(x_t))[0]
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+    grads = tape.gradient(loss, [*trainable, x_t])
+    result = {
+        name: layouts.param_from_framework(param_layout, spec.params[name].kind, dense_gradient(tf, g, variable))
+        for name, variable, g in zip(spec.trainable_params, trainable, grads)
+    }
+    result[spec.input_grad_name] = layouts.from_layout(dense_gradient(tf, grads[-1], x_t), spec.input.layout, input_layout)
+    return result
 
 
 def dense_gradient(tf, gradient, like) -> np.ndarray:
