@@ -1,4 +1,13 @@
-"""Export cache keyed by content hash; every write is atomic (build in a temp dir, then rename)."""
+"""Export cache keyed by content hash, verified on every lookup and safe to share between runs.
+
+An entry is ``exports/<key>/`` with the exporter's files and ``meta.json`` (written last), which
+records the sha256 of every file and is sealed by a digest. A lookup re-hashes the files: a
+corrupted or truncated entry is reported, exported again and replaced, never reused. Runs that
+share a cache take a lock per entry, so each export runs once; a replacement is exchanged in
+atomically, so an entry is never deleted before its successor is in place. A converter's own
+failure is cached too, keyed the same way, so an expected conversion error is not redone on
+every run.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +15,15 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
+from parity import manifest as manifest_lib
+from parity.safefs import owned_tempdir, replace_dir, sha256_file, sweep, write_json_atomic
+
 META_FILE = "meta.json"
+ENTRY_SCHEMA = "parity.cache-entry/1"
+STAGING_PREFIX = ".staging-"
 
 
 def cache_root() -> Path:
@@ -20,61 +34,105 @@ def cache_root() -> Path:
     return Path(base) / "parity"
 
 
+def lock_path(name: str) -> Path:
+    """A lock file under the cache for ``name`` (any string: hashed into the file name)."""
+    locks = cache_root() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    return locks / f"{hashlib.sha256(name.encode()).hexdigest()[:32]}.lock"
+
+
 def content_key(parts: dict) -> str:
     """sha256 of the canonical JSON of ``parts`` (weights hash, model source, exporter versions, opset, options)."""
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+@dataclass
+class Entry:
+    """A verified cache entry: an artifact (``dir`` and the exporter's ``meta``) or a cached ``error``."""
+
+    dir: Path
+    meta: dict | None = None
+    error: str | None = None
+
+
+def _file_hashes(folder: Path) -> dict[str, str]:
+    return {
+        path.relative_to(folder).as_posix(): sha256_file(path)
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and path.name != META_FILE
+    }
 
 
 class ExportCache:
-    """Artifacts under ``root/exports/<key>/`` with a ``meta.json`` written last."""
+    """Artifacts under ``root/exports/<key>/``; ``notice`` hears about entries that had to be discarded."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, notice=lambda message: None):
         self.root = Path(root)
+        self.exports = self.root / "exports"
+        self.notice = notice
 
-    def lookup(self, key: str) -> tuple[Path, dict] | None:
-        entry = self.root / "exports" / key
-        try:
-            return entry, json.loads((entry / META_FILE).read_text())
-        except (OSError, ValueError):
+    def sweep(self) -> list[Path]:
+        """Remove staging folders of runs that were killed."""
+        return sweep(self.exports, rf"^{STAGING_PREFIX}")
+
+    def lock(self, key: str, timeout_s: float):
+        """The per-entry lock: hold it from lookup to commit, so concurrent runs export once."""
+        from filelock import FileLock
+
+        self.exports.mkdir(parents=True, exist_ok=True)
+        return FileLock(str(self.exports / f"{key}.lock"), timeout=timeout_s)
+
+    def lookup(self, key: str) -> Entry | None:
+        """The entry for ``key`` if it exists and verifies; a damaged entry is reported and ignored."""
+        entry = self.exports / key
+        if not entry.exists():
             return None
+        problem = self._verify(entry)
+        if problem is None:
+            record = json.loads((entry / META_FILE).read_text())
+            return Entry(entry, meta=record.get("artifact"), error=record.get("error"))
+        self.notice(f"cache entry {entry} is damaged ({problem}); exporting again")
+        return None
+
+    def _verify(self, entry: Path) -> str | None:
+        try:
+            record = json.loads((entry / META_FILE).read_text())
+        except (OSError, ValueError, RecursionError) as error:
+            return f"{META_FILE} unreadable: {type(error).__name__}"
+        if not isinstance(record, dict) or record.get("schema") != ENTRY_SCHEMA or not isinstance(record.get("files"), dict):
+            return f"{META_FILE} is not a {ENTRY_SCHEMA} record"
+        if record.get("digest") != manifest_lib.canonical_digest(record):
+            return f"{META_FILE} digest mismatch"
+        try:
+            actual = _file_hashes(entry)
+        except OSError as error:
+            return f"unreadable file: {error}"
+        for name in sorted(set(record["files"]) | set(actual)):
+            if name not in actual:
+                return f"{name} missing"
+            if name not in record["files"]:
+                return f"{name} not recorded"
+            if actual[name] != record["files"][name]:
+                return f"{name} sha256 mismatch"
+        return None
 
     def staging_dir(self) -> Path:
-        (self.root / "exports").mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=".staging-", dir=self.root / "exports"))
+        return owned_tempdir(self.exports, STAGING_PREFIX)
 
-    def commit(self, key: str, staging: Path, meta: dict) -> Path:
-        """Write meta into ``staging`` and rename it into place (a concurrent winner is kept)."""
-        write_json_atomic(staging / META_FILE, meta)
-        entry = self.root / "exports" / key
-        if entry.exists():
-            shutil.rmtree(entry)
+    def commit(self, key: str, staging: Path, meta: dict) -> Entry:
+        """Record ``staging``'s files and exchange it into place (hold ``lock(key)``)."""
+        record = {"schema": ENTRY_SCHEMA, "files": _file_hashes(staging), "artifact": meta}
+        return self._publish(key, staging, record)
+
+    def commit_error(self, key: str, reason: str) -> Entry:
+        """Cache a converter's failure under ``key`` (hold ``lock(key)``)."""
+        return self._publish(key, self.staging_dir(), {"schema": ENTRY_SCHEMA, "files": {}, "error": reason})
+
+    def _publish(self, key: str, staging: Path, record: dict) -> Entry:
+        entry = self.exports / key
         try:
-            os.rename(staging, entry)
-        except OSError:
+            write_json_atomic(staging / META_FILE, manifest_lib.seal(record))
+            replace_dir(staging, entry)
+        finally:
             shutil.rmtree(staging, ignore_errors=True)
-        return entry
-
-
-def write_json_atomic(path: Path, data) -> None:
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        return Entry(entry, meta=record.get("artifact"), error=record.get("error"))

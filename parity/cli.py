@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from parity.errors import ParityError
+from parity.errors import ParityError, UsageError
 
 PRECISION_CHOICES = ("fp32",)
 DEVICE_CHOICES = ("cpu",)
@@ -67,6 +67,7 @@ def check_options(func):
         click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=300.0, show_default=True,
                      help="Seconds one export or check may take before it is killed and called an error."),
         click.option("--no-cache", is_flag=True, help="Export again instead of using the export cache."),
+        click.option("--verbose", "-v", is_flag=True, help="Print every path's full reason, expected errors and skips too."),
     ]
     for decorator in reversed(decorators):
         func = decorator(func)
@@ -84,19 +85,34 @@ def cli():
     """
 
 
-def _check_or_run(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, workspace, timing):
-    from parity import orchestrate
-    from parity.report import json_report, terminal
+def _workspace(workspace):
     from parity.workspace import Workspace
 
     ws = Workspace(workspace)
+    if ws.fallback_note:
+        click.echo(f"note: {ws.fallback_note}", err=True)
+    return ws
+
+
+def _check_or_run(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, verbose, workspace,
+                  timing):
+    from parity import orchestrate
+    from parity.report import json_report, terminal
+    from parity.safefs import check_writable
+
+    if json_file:
+        check_writable(json_file, "--json")
+    ws = _workspace(workspace)
     names = ws.select(models)
     options = orchestrate.Options(threads=threads, patterns=patterns, precision=precision, device=device,
                                   timeout_s=timeout_s, use_cache=not no_cache, timing=timing)
     report = orchestrate.check(ws, names, options, progress=_progress)
-    click.echo(terminal.render(report))
+    click.echo(terminal.render(report, timed=timing is not None, verbose=verbose))
     if json_file:
-        json_report.write(report, json_file)
+        try:
+            json_report.write(report, json_file)
+        except OSError as error:
+            _fail(f"--json {json_file} could not be written after the run: {error.strerror or error}")
         click.echo(f"wrote {json_file}", err=True)
     sys.exit(orchestrate.exit_code(report))
 
@@ -104,14 +120,14 @@ def _check_or_run(models, patterns, device, precision, json_file, threads, timeo
 @cli.command()
 @check_options
 @_handle_errors
-def check(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, workspace):
+def check(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, verbose, workspace):
     """Verify goldens and check every path: outputs, gradients, metrics, determinism.
 
     \b
     Example:
         parity check --model mlp --path 'torch*' --json check.json
     """
-    _check_or_run(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, workspace, None)
+    _check_or_run(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, verbose, workspace, None)
 
 
 @cli.command()
@@ -119,14 +135,14 @@ def check(models, patterns, device, precision, json_file, threads, timeout_s, no
 @click.option("--budget", "budget_s", type=click.FloatRange(0.05), default=1.0, show_default=True,
               help="Seconds of timed runs per passing path (after warm-up, at least 10 runs).")
 @_handle_errors
-def run(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, workspace, budget_s):
+def run(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, verbose, workspace, budget_s):
     """The main job: check every path, then time the ones that passed (the gate).
 
     \b
     Example:
         parity run --model mlp --json r.json
     """
-    _check_or_run(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, workspace,
+    _check_or_run(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, verbose, workspace,
                   {"budget_s": budget_s})
 
 
@@ -142,19 +158,21 @@ def paths(models, workspace):
         parity paths --model cnn
     """
     from parity import paths as path_registry
-    from parity.workspace import Workspace
+    from parity.report.terminal import render_paths
 
     frameworks = None
     if models:
-        ws = Workspace(workspace)
+        ws = _workspace(workspace)
         frameworks = set()
         for name in ws.select(models):
             frameworks.update(ws.load_spec(name).frameworks)
+    rows = []
     for path in path_registry.select(frameworks=frameworks):
-        steps = " -> ".join(s.name for s in path.exports) or "native"
         reason = path_registry.unavailable_reason(path)
-        status = "available" if reason is None else f"skip: {reason}"
-        click.echo(f"{path.id:<20} {path.device:<4} {path.precision:<5} {steps:<22} {status}")
+        rows.append({"id": path.id, "device": path.device, "precision": path.precision,
+                     "steps": " -> ".join(s.name for s in path.exports) or "native",
+                     "status": "available" if reason is None else f"skip: {reason}"})
+    click.echo(render_paths(rows))
 
 
 @cli.command()
@@ -197,9 +215,11 @@ def golden_build(models, workspace, threads):
     from parity.cache import cache_root
     from parity.env import default_threads
     from parity.worker import TaskFailed, WorkerPool
-    from parity.workspace import Workspace
 
-    ws = Workspace(workspace)
+    ws = _workspace(workspace)
+    if ws.is_fallback:
+        raise UsageError(f"golden build writes only into a workspace you name: run it in a folder with models/, "
+                         f"or pass --workspace {ws.root} to rebuild the built-in zoo")
     failures = 0
     with WorkerPool(threads or default_threads(), cache_root() / "logs", timeout_s=1800) as pool:
         for name in ws.select(models):
@@ -230,12 +250,20 @@ def golden_verify(models, workspace):
         parity golden verify --model mlp
     """
     from parity import golden as golden_lib
-    from parity.workspace import Workspace
 
-    ws = Workspace(workspace)
+    ws = _workspace(workspace)
+    failures = 0
     for name in ws.select(models):
-        manifest = golden_lib.verify(ws.golden_dir(name))
-        click.echo(f"{name}: ok ({len(manifest['files'])} files, built with parity {manifest['versions'].get('parity')})")
+        try:
+            manifest = golden_lib.verify(ws.golden_dir(name), ws.load_spec(name))
+        except ParityError as error:
+            failures += 1
+            click.echo(f"{name}: FAILED {error}")
+            continue
+        click.echo(f"{name}: ok ({len(manifest['files'])} files and the manifest verified, built with parity "
+                   f"{manifest['versions']['parity']})")
+    if failures:
+        _fail(f"{failures} model(s) failed verification")
 
 
 def main():

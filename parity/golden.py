@@ -10,71 +10,164 @@ versions, cross-framework agreement, golden metrics). Arrays are ``.npz`` read w
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from parity import __version__
-from parity.cache import sha256_file, write_json_atomic
+from parity import __version__, manifest as manifest_lib
 from parity.errors import GoldenError, ParityError
+from parity.safefs import owned_tempdir, replace_dir, sha256_file, sweep, write_json_atomic
 
-SCHEMA = "parity.golden/1"
+SCHEMA = manifest_lib.SCHEMA
 FILES = ("weights.npz", "inputs.npz", "eval.npz", "reference.npz", "gradients.npz")
 MANIFEST = "manifest.json"
 FP64_AGREEMENT = 1e-9
+# scratch folders of golden builds in golden/: .<model>.build-<owner>-<random> (and older names)
+SCRATCH_PATTERN = r"^\.[^/]+\.(build|staging|old)-"
 
 
+@dataclass
+class Golden:
+    """Verified golden data of one model: the manifest and every array, checked against it."""
 
-def _read_manifest(golden_dir: Path) -> dict:
-    path = golden_dir / MANIFEST
-    if not path.is_file():
-        raise GoldenError(f"{path}: golden manifest missing; build it with `parity golden build --model {golden_dir.name}`")
-    try:
-        manifest = json.loads(path.read_text())
-    except ValueError as error:
-        raise GoldenError(f"{path}: malformed manifest ({error}); rebuild with `parity golden build --model {golden_dir.name}`") from None
-    if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA or not isinstance(manifest.get("files"), dict):
-        raise GoldenError(f"{path}: malformed manifest (expected schema {SCHEMA!r} with a 'files' table)")
-    return manifest
+    dir: Path
+    manifest: dict
+    arrays: dict[str, dict[str, np.ndarray]]
+
+    @property
+    def metrics(self) -> dict:
+        return self.manifest["metrics"]
 
 
-def verify(golden_dir: Path) -> dict:
-    """Check every golden file against ``manifest.json``; return the manifest.
+def _rebuild(golden_dir: Path) -> str:
+    return f"rebuild deliberately with `parity golden build --model {golden_dir.name}`"
 
-    Raises ``GoldenError`` naming the file (and both hashes on a mismatch). Never rebuilds.
+
+def load(golden_dir: Path, spec=None) -> Golden:
+    """Verify and load ``golden/<model>/``; raise ``GoldenError`` naming the file (and array) on any problem.
+
+    Checked, in order: the manifest (schema and digest), every file's sha256, every array's name,
+    shape and dtype against the manifest, finite values in every floating array, the golden
+    metrics against the reference eval logits, and (given ``spec``) the arrays against the model
+    spec. Never rebuilds.
     """
     golden_dir = Path(golden_dir)
-    manifest = _read_manifest(golden_dir)
+    manifest = manifest_lib.read(golden_dir / MANIFEST)
     for name in FILES:
-        entry = manifest["files"].get(name)
         path = golden_dir / name
-        if not isinstance(entry, dict) or "sha256" not in entry:
-            raise GoldenError(f"{golden_dir / MANIFEST}: malformed manifest, no sha256 for {name}")
-        if not path.is_file():
-            raise GoldenError(f"{path}: golden file missing (listed in the manifest)")
-        actual = sha256_file(path)
-        if actual != entry["sha256"]:
+        expected = manifest["files"][name]["sha256"]
+        try:
+            actual = sha256_file(path)
+        except FileNotFoundError:
+            raise GoldenError(f"{path}: golden file missing (listed in the manifest)") from None
+        except OSError as error:
+            raise GoldenError(f"{path}: unreadable golden file ({error.strerror or error})") from None
+        if actual != expected:
             raise GoldenError(
-                f"{path}: sha256 mismatch: manifest {entry['sha256']}, file {actual}. The golden data changed "
-                f"after it was built; parity will not use it. Restore the file, or rebuild deliberately with "
-                f"`parity golden build --model {golden_dir.name}`"
+                f"{path}: sha256 mismatch: manifest {expected}, file {actual}. The golden data changed after it "
+                f"was built; parity will not use it. Restore the file, or {_rebuild(golden_dir)}"
             )
-    return manifest
+    arrays = {name: _checked_arrays(golden_dir / name, manifest["files"][name]["arrays"]) for name in FILES}
+    golden = Golden(golden_dir, manifest, arrays)
+    _check_metrics(golden)
+    if spec is not None:
+        _check_against_spec(golden, spec)
+    return golden
+
+
+def verify(golden_dir: Path, spec=None) -> dict:
+    """``load`` and return the verified manifest."""
+    return load(golden_dir, spec).manifest
+
+
+def _checked_arrays(path: Path, described: dict) -> dict[str, np.ndarray]:
+    arrays = load_arrays(path.parent, path.name)
+    if set(arrays) != set(described):
+        missing, extra = sorted(set(described) - set(arrays)), sorted(set(arrays) - set(described))
+        raise GoldenError(f"{path}: arrays do not match the manifest (missing {missing}, not listed {extra})")
+    for key, array in arrays.items():
+        expected = described[key]
+        if list(array.shape) != expected["shape"] or str(array.dtype) != expected["dtype"]:
+            raise GoldenError(f"{path}: array {key!r} is {array.dtype}{list(array.shape)}, the manifest says "
+                              f"{expected['dtype']}{expected['shape']}")
+        if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
+            bad = int(array.size - np.count_nonzero(np.isfinite(array)))
+            raise GoldenError(f"{path}: array {key!r} has {bad} NaN or Inf value(s); golden data must be finite")
+    return arrays
+
+
+def _check_metrics(golden: Golden) -> None:
+    """The golden metrics in the manifest must be what the verified eval logits give."""
+    from parity.metrics import task_metrics
+
+    reference, eval_data = golden.arrays["reference.npz"], golden.arrays["eval.npz"]
+    logits, labels = reference.get("eval/logits"), eval_data.get("y")
+    if logits is None or labels is None or logits.ndim != 2 or labels.shape != logits.shape[:1]:
+        raise GoldenError(f"{golden.dir / 'reference.npz'}: no eval/logits matching eval.npz y")
+    top_k = next((int(k[3:-9]) for k in golden.metrics if k.startswith("top")), None)
+    if top_k is None or not 1 <= top_k <= logits.shape[1]:
+        raise GoldenError(f"{golden.dir / MANIFEST}: golden metrics name no valid top-k accuracy")
+    recomputed = task_metrics(logits, labels, logits.shape[1], top_k)
+    for name, value in recomputed.items():
+        if golden.metrics.get(name) != value:
+            raise GoldenError(f"{golden.dir / MANIFEST}: golden metric {name} is {golden.metrics.get(name)!r}, but the "
+                              f"verified eval logits give {value!r}; {_rebuild(golden.dir)}")
+
+
+def _check_against_spec(golden: Golden, spec) -> None:
+    """Golden arrays must fit the model as its spec declares it now (a spec edited since the build)."""
+    arrays = golden.arrays
+    problems = []
+
+    def expect(file: str, key: str, shape: tuple | None = None, dtype: str | None = None):
+        array = arrays[file].get(key)
+        if array is None:
+            problems.append(f"{file} has no {key!r}")
+        elif shape is not None and tuple(array.shape) != tuple(shape):
+            problems.append(f"{file} {key!r} has shape {list(array.shape)}, the spec needs {list(shape)}")
+        elif dtype is not None and str(array.dtype) != dtype and not (dtype == "integer" and array.dtype.kind in "iu"):
+            problems.append(f"{file} {key!r} is {array.dtype}, golden data needs {dtype}")
+
+    for name, param in spec.params.items():
+        expect("weights.npz", name, param.shape, "float32")
+    extra = sorted(set(arrays["weights.npz"]) - set(spec.params))
+    if extra:
+        problems.append(f"weights.npz has parameters the spec does not declare: {extra}")
+    batch = (spec.batch_size, *spec.input.shape)
+    n_eval = len(arrays["eval.npz"].get("y", ()))
+    expect("inputs.npz", "x", batch, spec.input.dtype)
+    expect("inputs.npz", "labels", (spec.batch_size,), "integer")
+    expect("eval.npz", "x", (n_eval, *spec.input.shape), spec.input.dtype)
+    expect("eval.npz", "y", (n_eval,), "integer")
+    expect("reference.npz", "eval/logits", (n_eval, spec.num_classes), "float64")
+    for key in spec.outputs:
+        expect("reference.npz", key, None, "float64")
+    for key in (f"tap/{t}" for t in spec.taps):
+        expect("reference.npz", key, None, "float64")
+    for name in spec.trainable_params:
+        expect("gradients.npz", name, spec.params[name].shape, "float64")
+    expect("gradients.npz", spec.input_grad_name, batch, "float64")
+    for key, array in arrays["reference.npz"].items():
+        if key != "eval/logits" and array.shape[:1] != (spec.batch_size,):
+            problems.append(f"reference.npz {key!r} has shape {list(array.shape)}, not a batch of {spec.batch_size}")
+    if f"top{spec.metric_rules.top_k}_accuracy" not in golden.metrics:
+        problems.append(f"the manifest has no top{spec.metric_rules.top_k}_accuracy (the spec's top_k)")
+    if problems:
+        raise GoldenError(f"{golden.dir}: golden data does not match the model spec ({spec.source_file}): "
+                          f"{'; '.join(problems[:4])}{' ...' if len(problems) > 4 else ''}; {_rebuild(golden.dir)}")
 
 
 def load_arrays(golden_dir: Path, name: str) -> dict[str, np.ndarray]:
-    """One golden ``.npz`` as a dict (``allow_pickle=False``)."""
+    """One ``.npz`` as a dict (``allow_pickle=False``), unchecked: golden arrays go through ``load``."""
     path = Path(golden_dir) / name
     try:
         with np.load(path, allow_pickle=False) as data:
             return {key: data[key] for key in data.files}
-    except (OSError, ValueError) as error:
-        raise GoldenError(f"{path}: unreadable golden file ({error})") from None
+    except Exception as error:  # noqa: BLE001 - zipfile, numpy and OS errors alike: the file is unusable
+        raise GoldenError(f"{path}: unreadable golden file ({type(error).__name__}: {error})") from None
 
 
 def _describe_arrays(path: Path) -> dict:
@@ -93,14 +186,18 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
     ``pool`` is a ``WorkerPool``: training and each framework run in their own processes.
     Raises ``ParityError`` (nothing written) when the definitions disagree beyond ``FP64_AGREEMENT``.
     """
+    from filelock import FileLock
+
+    from parity.cache import lock_path
     from parity.data import DATASET, SPLIT_SEED, digits_split
     from parity.env import package_versions
 
     target_dir = workspace.golden_dir(spec.name)
     target_dir.parent.mkdir(parents=True, exist_ok=True)
+    sweep(target_dir.parent, SCRATCH_PATTERN)
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix=f".{spec.name}.build-", dir=target_dir.parent) as scratch:
-        scratch = Path(scratch)
+    scratch = owned_tempdir(target_dir.parent, f".{spec.name}.build-")
+    try:
         split = digits_split(spec.input.shape)
         _save_npz(scratch / "train.npz", {"x": split.train_x, "y": split.train_y})
         _save_npz(scratch / "eval.npz", {"x": split.eval_x.astype(np.float32), "y": split.eval_y})
@@ -126,7 +223,7 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
 
         eval_y = load_arrays(scratch, "eval.npz")["y"]
         golden_metrics = task_metrics(reference["eval/logits"], eval_y, spec.num_classes, spec.metric_rules.top_k)
-        manifest = {
+        manifest = manifest_lib.seal({
             "schema": SCHEMA,
             "model": spec.name,
             "description": spec.description,
@@ -145,28 +242,19 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
             "batch_size": spec.batch_size,
             "versions": {"parity": __version__, **package_versions()},
             "build_seconds": round(time.perf_counter() - started, 1),
-        }
-        write_json_atomic(scratch / MANIFEST, manifest)
-        staging = Path(tempfile.mkdtemp(prefix=f".{spec.name}.staging-", dir=target_dir.parent))
-        try:
-            for name in (*FILES, MANIFEST):
-                shutil.copyfile(scratch / name, staging / name)
-            _swap_into_place(staging, target_dir)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
+        })
+        final = scratch / spec.name  # named like its target: the manifest names its folder
+        final.mkdir()
+        for name in FILES:
+            shutil.copyfile(scratch / name, final / name)
+        write_json_atomic(final / MANIFEST, manifest)
+        load(final, spec)  # what is about to be published reads back and verifies
+        # one build at a time replaces a model's golden folder; readers never see it missing
+        with FileLock(str(lock_path(f"golden-{target_dir.resolve()}"))):
+            replace_dir(final, target_dir)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return manifest
-
-
-def _swap_into_place(staging: Path, target_dir: Path) -> None:
-    os.chmod(staging, 0o755)
-    old = None
-    if target_dir.exists():
-        old = target_dir.parent / f".{target_dir.name}.old-{os.getpid()}"
-        os.rename(target_dir, old)
-    os.rename(staging, target_dir)
-    if old is not None:
-        shutil.rmtree(old)
 
 
 def _cross_framework_agreement(spec, references: dict[str, dict]) -> dict:

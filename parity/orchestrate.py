@@ -12,10 +12,13 @@ from importlib import metadata
 from pathlib import Path
 
 from parity import __version__, golden, paths
-from parity.cache import ExportCache, cache_root, content_key, sha256_file
+from parity.cache import ExportCache, cache_root, content_key
 from parity.env import environment
 from parity.errors import SpecError, UsageError
+from parity.safefs import owned_tempdir, sha256_file, sweep
 from parity.worker import TaskFailed, WorkerPool
+
+NOCACHE_PREFIX = "parity-nocache-"
 
 RESULT_SCHEMA = "parity.result/1"
 
@@ -59,9 +62,13 @@ class Run:
         self.progress = progress
         self.results: list[dict] = []
         self.model_errors: list[dict] = []
-        self._scratch = None if options.use_cache else tempfile.mkdtemp(prefix="parity-nocache-")
-        self.cache = ExportCache(Path(self._scratch) if self._scratch else cache_root())
-        self.exports: dict[str, dict] = {}  # chain key -> {"dir", "meta"} or {"error"}
+        # what killed runs left behind: --no-cache scratch, cache staging, golden build scratch
+        sweep(tempfile.gettempdir(), rf"^{NOCACHE_PREFIX}")
+        sweep(workspace.root / "golden", golden.SCRATCH_PATTERN)
+        ExportCache(cache_root()).sweep()
+        self._scratch = None if options.use_cache else owned_tempdir(tempfile.gettempdir(), NOCACHE_PREFIX)
+        self.cache = ExportCache(self._scratch or cache_root(), notice=progress)
+        self.exports: dict[str, dict] = {}  # chain key -> {"dir", "meta", "cached"} or {"error", "cached"}
         self.specs: dict = {}
 
     def _plan(self, model_names):
@@ -73,7 +80,7 @@ class Run:
             except SpecError as error:
                 self.model_errors.append({"model": name, "reason": str(error)})
                 continue
-            manifest = golden.verify(self.workspace.golden_dir(name))
+            manifest = golden.verify(self.workspace.golden_dir(name), spec)
             self.specs[name] = spec
             selected = paths.select(self.options.patterns, spec.frameworks, self.options.device, self.options.precision)
             matched = matched or bool(selected)
@@ -101,25 +108,35 @@ class Run:
         if parent is not None and "error" in parent:
             return parent
         step = path.exports[depth]
-        hit = self.cache.lookup(key)
-        if hit is not None:
-            entry = {"dir": str(hit[0]), "meta": hit[1], "cached": True}
-        else:
-            self.progress(f"{spec.name}: export {'/'.join(path.stages[: depth + 2])} ({step.name})")
-            staging = self.cache.staging_dir()
-            try:
-                meta = pool.call(step.group, "parity.tasks:export_step", workspace=str(self.workspace.root),
-                                 model=spec.name, target=step.target, golden_dir=str(self.workspace.golden_dir(spec.name)),
-                                 opset=spec.opset, out_dir=str(staging), parent_dir=parent and parent["dir"],
-                                 parent_meta=parent and parent["meta"])
-            except TaskFailed as error:
-                shutil.rmtree(staging, ignore_errors=True)
-                reason = str(error)
-                entry = {"error": reason if reason.startswith(step.name) else f"{step.name}: {reason}"}
-            else:
-                entry = {"dir": str(self.cache.commit(key, staging, meta)), "meta": meta, "cached": False}
+        lock = self.cache.lock(key, timeout_s=self.options.timeout_s + 60)
+        try:
+            with lock:
+                entry = self._export_locked(pool, spec, path, depth, key, step, parent)
+        except TimeoutError:
+            entry = {"error": f"{step.name}: cache entry {key} stayed locked by another run for {lock.timeout:g} s",
+                     "cached": False}
         self.exports[key] = entry
         return entry
+
+    def _export_locked(self, pool, spec, path, depth, key, step, parent) -> dict:
+        hit = self.cache.lookup(key)
+        if hit is not None:
+            return {"error": hit.error, "cached": True} if hit.error else {"dir": str(hit.dir), "meta": hit.meta, "cached": True}
+        self.progress(f"{spec.name}: export {'/'.join(path.stages[: depth + 2])} ({step.name})")
+        staging = self.cache.staging_dir()
+        try:
+            meta = pool.call(step.group, "parity.tasks:export_step", workspace=str(self.workspace.root),
+                             model=spec.name, target=step.target, golden_dir=str(self.workspace.golden_dir(spec.name)),
+                             opset=spec.opset, out_dir=str(staging), parent_dir=parent and parent["dir"],
+                             parent_meta=parent and parent["meta"])
+        except TaskFailed as error:
+            shutil.rmtree(staging, ignore_errors=True)
+            reason = str(error)
+            reason = reason if reason.startswith(step.name) else f"{step.name}: {reason}"
+            if error.kind == "raised":  # the converter's own verdict on this input: the same next time
+                self.cache.commit_error(key, reason)
+            return {"error": reason, "cached": False}
+        return {"dir": str(self.cache.commit(key, staging, meta).dir), "meta": meta, "cached": False}
 
     def execute(self, model_names) -> dict:
         plan = self._plan(model_names)
@@ -133,7 +150,7 @@ class Run:
             else:
                 pending.append((spec, manifest, path, result))
         try:
-            with WorkerPool(self.options.threads, self.cache.root / "logs", self.options.timeout_s) as pool:
+            with WorkerPool(self.options.threads, cache_root() / "logs", self.options.timeout_s) as pool:
                 # exports, shallow first and grouped by worker so each framework starts once per depth
                 for depth in range(max((len(p.exports) for _, _, p, _ in pending), default=0)):
                     todo = [item for item in pending if len(item[2].exports) > depth]
@@ -192,7 +209,12 @@ def is_unexpected(result: dict) -> bool:
 
 
 def exit_code(report: dict) -> int:
-    """0 when everything is as expected, 1 when any path (or model) ended unexpectedly."""
+    """0 when everything is as expected, 1 when any path (or model) ended unexpectedly.
+
+    2 when no model could be loaded at all: nothing ran, so it is an input error.
+    """
+    if report["model_errors"] and not report["results"]:
+        return 2
     if report["model_errors"] or any(is_unexpected(r) for r in report["results"]):
         return 1
     return 0

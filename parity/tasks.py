@@ -87,8 +87,9 @@ def export_step(workspace: str, model: str, target: str, golden_dir: str, opset:
                 parent_dir: str | None, parent_meta: dict | None) -> dict:
     """Run one exporter into ``out_dir``; return its metadata plus the export time."""
     spec = Workspace(workspace).load_spec(model)
+    weights = golden.load(Path(golden_dir), spec).arrays["weights.npz"]
     started = time.perf_counter()
-    job = ExportJob(spec=spec, weights=golden.load_arrays(Path(golden_dir), "weights.npz"), batch_size=spec.batch_size,
+    job = ExportJob(spec=spec, weights=weights, batch_size=spec.batch_size,
                     opset=opset, out_dir=Path(out_dir), parent_dir=Path(parent_dir) if parent_dir else None,
                     parent_meta=parent_meta)
     meta = paths.load_target(target)(job)
@@ -107,18 +108,16 @@ def check_path(workspace: str, model: str, path_id: str, golden_dir: str, precis
     spec = Workspace(workspace).load_spec(model)
     path = paths.by_id(path_id)
     golden_dir = Path(golden_dir)
-    manifest = golden.verify(golden_dir)
-    inputs = golden.load_arrays(golden_dir, "inputs.npz")
-    eval_data = golden.load_arrays(golden_dir, "eval.npz")
-    reference = golden.load_arrays(golden_dir, "reference.npz")
-    golden_grads = golden.load_arrays(golden_dir, "gradients.npz")
+    verified = golden.load(golden_dir, spec)
+    inputs, eval_data = verified.arrays["inputs.npz"], verified.arrays["eval.npz"]
+    reference, golden_grads = verified.arrays["reference.npz"], verified.arrays["gradients.npz"]
     tolerances = spec.tolerances[precision]
     x = inputs["x"]
 
     started = time.perf_counter()
     runner_class = paths.load_target(path.runtime.target)
     if artifact_dir is None:
-        weights = golden.load_arrays(golden_dir, "weights.npz")
+        weights = dict(verified.arrays["weights.npz"])
         for name, delta in (weight_perturbation or {}).items():
             weights[name] = weights[name] + np.asarray(delta, dtype=weights[name].dtype)
         runner = runner_class(spec, weights, spec.batch_size, "float32")
@@ -132,7 +131,7 @@ def check_path(workspace: str, model: str, path_id: str, golden_dir: str, precis
     result["deterministic"] = deterministic
     result["determinism_max_diff"] = nondeterminism
     eval_logits = run_batched(runner, eval_data["x"], spec.batch_size)[spec.outputs[0]]
-    result["metrics"] = metrics.check_metrics(eval_logits, eval_data["y"], reference["eval/logits"], manifest["metrics"],
+    result["metrics"] = metrics.check_metrics(eval_logits, eval_data["y"], reference["eval/logits"], verified.metrics,
                                               spec.metric_rules, precision, spec.num_classes)
     result["gradients"] = None
     result["time_to_first_gradient_s"] = None

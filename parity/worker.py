@@ -2,21 +2,61 @@
 
 TensorFlow, PyTorch and JAX never share a process, their thread pools never compete while
 timing (only one worker is alive at a time), and a crash or hang in one task becomes that
-task's error instead of the run's end. Worker output (framework logs) goes to a log file.
+task's error instead of the run's end. A worker dies with its parent (parent-death signal on
+Linux, a watchdog on the parent's pid elsewhere), so a killed run leaves no process behind and
+nothing writes after it. Worker output (framework logs) goes to one log folder per run under
+the cache, kept when a task of the run failed and removed otherwise; old ones are pruned.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
+import signal
+import sys
+import threading
+import time
 import traceback
 from pathlib import Path
 
 from parity.errors import ParityError
+from parity.safefs import owned_tempdir, owner_alive
+
+# worker log folders kept for failed runs: at most this many, none older than this
+KEEP_LOG_RUNS = 20
+KEEP_LOG_DAYS = 14
+LOG_PREFIX = "run-"
 
 
 class TaskFailed(Exception):
-    """A task raised, crashed its worker, or ran past its timeout; the message is the reason."""
+    """A task raised, crashed its worker, or ran past its timeout; the message is the reason.
+
+    ``kind`` says which: ``raised`` (the task's own exception: deterministic, may be cached),
+    ``startup`` (the worker's framework failed to import), ``died`` or ``timeout``.
+    """
+
+    def __init__(self, message: str, kind: str = "raised"):
+        super().__init__(message)
+        self.kind = kind
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Make sure this worker ends when the process that started it ends, however it ends."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+        os._exit(1)
+
+    def watchdog():
+        while os.getppid() == parent_pid:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watchdog, name="parent-watchdog", daemon=True).start()
 
 
 def _align_threads(group: str, threads: int) -> None:
@@ -53,7 +93,8 @@ def reason_of(error: BaseException) -> str:
     return text if len(text) <= 600 else text[:597] + "..."
 
 
-def _main(conn, group: str, threads: int, log_path: str) -> None:
+def _main(conn, group: str, threads: int, log_path: str, parent_pid: int) -> None:
+    _die_with_parent(parent_pid)
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
@@ -74,7 +115,7 @@ def _main(conn, group: str, threads: int, log_path: str) -> None:
             break
         target, kwargs = message
         if startup_error:
-            conn.send(("error", startup_error))
+            conn.send(("startup", startup_error))
             continue
         try:
             conn.send(("ok", load_target(target)(**kwargs)))
@@ -92,7 +133,8 @@ class Worker:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"worker-{group}.log"
         self.conn, child = context.Pipe()
-        self.process = context.Process(target=_main, args=(child, group, threads, str(self.log_path)), daemon=True)
+        self.process = context.Process(target=_main, args=(child, group, threads, str(self.log_path), os.getpid()),
+                                       daemon=True)
         self.process.start()
         child.close()
 
@@ -100,16 +142,17 @@ class Worker:
         self.conn.send((target, kwargs))
         if not self.conn.poll(timeout_s):
             self.kill()
-            raise TaskFailed(f"timed out after {timeout_s:g} s (worker {self.group} killed)")
+            raise TaskFailed(f"timed out after {timeout_s:g} s (worker {self.group} killed; log {self.log_path})",
+                             "timeout")
         try:
             status, payload = self.conn.recv()
         except (EOFError, ConnectionError):
             self.process.join(5)
             raise TaskFailed(
-                f"worker process {self.group} died (exit code {self.process.exitcode}); see {self.log_path}"
+                f"worker process {self.group} died (exit code {self.process.exitcode}); see {self.log_path}", "died"
             ) from None
-        if status == "error":
-            raise TaskFailed(payload)
+        if status != "ok":
+            raise TaskFailed(payload, "raised" if status == "error" else status)
         return payload
 
     @property
@@ -133,10 +176,17 @@ class Worker:
 
 
 class WorkerPool:
-    """At most one live worker: switching groups closes the previous one, so nothing competes."""
+    """At most one live worker: switching groups closes the previous one, so nothing competes.
 
-    def __init__(self, threads: int, log_dir: Path, timeout_s: float):
-        self.threads, self.log_dir, self.timeout_s = threads, Path(log_dir), timeout_s
+    Logs go to ``logs_root/run-<owner>-<random>/worker-<group>.log``: kept if any task failed
+    (messages point there), removed after a clean run.
+    """
+
+    def __init__(self, threads: int, logs_root: Path, timeout_s: float):
+        self.threads, self.timeout_s = threads, timeout_s
+        prune_logs(Path(logs_root))
+        self.log_dir = owned_tempdir(logs_root, LOG_PREFIX)
+        self.failed = False
         self.current: Worker | None = None
 
     def call(self, group: str, task: str, timeout_s: float | None = None, **kwargs):
@@ -148,6 +198,7 @@ class WorkerPool:
         try:
             return self.current.call(task, kwargs, timeout_s or self.timeout_s)
         except TaskFailed:
+            self.failed = True
             if not self.current.alive:
                 self.current = None
             raise
@@ -156,9 +207,24 @@ class WorkerPool:
         if self.current is not None:
             self.current.close()
             self.current = None
+        if not self.failed:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
+
+
+def prune_logs(logs_root: Path) -> None:
+    """Remove log folders of finished runs beyond the newest ``KEEP_LOG_RUNS`` or older than ``KEEP_LOG_DAYS``."""
+    try:
+        finished = [p for p in logs_root.iterdir() if p.name.startswith(LOG_PREFIX) and owner_alive(p.name) is not True]
+    except OSError:
+        return
+    finished.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    cutoff = time.time() - KEEP_LOG_DAYS * 86400
+    for index, folder in enumerate(finished):
+        if index >= KEEP_LOG_RUNS or folder.stat().st_mtime < cutoff:
+            shutil.rmtree(folder, ignore_errors=True)

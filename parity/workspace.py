@@ -12,18 +12,22 @@ from parity.errors import SpecError, UsageError
 BUILTIN_ROOT = Path(__file__).resolve().parent.parent
 
 
-def resolve_root(workspace: str | None) -> Path:
-    """``--workspace`` if given; else the current folder if it has ``models/``; else the built-in zoo."""
+def resolve_root(workspace: str | None) -> tuple[Path, bool]:
+    """``--workspace`` if given; else the current folder if it has ``models/``; else the built-in zoo.
+
+    Returns the root and whether it is the built-in zoo reached by that fallback (never silent:
+    ``Workspace.fallback_note`` says so).
+    """
     if workspace:
         root = Path(workspace).resolve()
         if not (root / "models").is_dir():
             raise UsageError(f"workspace {root} has no models/ folder")
-        return root
+        return root, False
     here = Path(os.getcwd())
     if (here / "models").is_dir():
-        return here
+        return here, False
     if (BUILTIN_ROOT / "models").is_dir():
-        return BUILTIN_ROOT
+        return BUILTIN_ROOT, True
     raise UsageError(f"no models/ folder in {here}; pass --workspace DIR")
 
 
@@ -31,8 +35,16 @@ class Workspace:
     """Finds model files and golden folders; loads specs by importing model files."""
 
     def __init__(self, root: str | Path | None = None):
-        self.root = resolve_root(str(root) if root else None)
+        self.root, self.is_fallback = resolve_root(str(root) if root else None)
         self.models_dir = self.root / "models"
+
+    @property
+    def fallback_note(self) -> str | None:
+        """A line to show when the built-in zoo is used because the current folder is no workspace."""
+        if not self.is_fallback:
+            return None
+        return (f"no models/ in {os.getcwd()}: using the built-in zoo at {self.root} "
+                f"(pass --workspace DIR to choose a workspace)")
 
     def model_names(self) -> list[str]:
         return sorted(p.stem for p in self.models_dir.glob("*.py") if not p.stem.startswith("_"))
@@ -72,8 +84,11 @@ class Workspace:
             if spec.name != name:
                 raise SpecError(f"SPEC.name is {spec.name!r}, the file is {name}.py")
             spec.validate()
-        except Exception as error:
+        except (Exception, SystemExit) as error:  # a model file that exits at import is that model's error
             sys.modules.pop(module_name, None)
-            raise SpecError(f"model {name!r} ({path}) cannot be loaded: {type(error).__name__}: {error}") from None
+            detail = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+            detail = " ".join(detail.split())
+            detail = detail if len(detail) <= 400 else detail[:397] + "..."
+            raise SpecError(f"model {name!r} ({path}) cannot be loaded: {detail}") from None
         spec.source_file = str(path)
         return spec

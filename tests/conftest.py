@@ -48,3 +48,40 @@ def mlp_variant(replace: dict[str, str]) -> str:
         assert old in source, old
         source = source.replace(old, new)
     return source
+
+
+def reseal(golden_dir: Path, file: str | None = None, arrays: dict | None = None, edit=None) -> None:
+    """Rewrite golden data *consistently*: new arrays in ``file``, manifest edited by ``edit(manifest)``,
+    every sha256 and the digest recomputed. Proves a check that does not rely on checksums alone."""
+    import json
+
+    import numpy as np
+
+    from parity.manifest import seal
+    from parity.safefs import sha256_file
+
+    manifest_path = golden_dir / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    if file is not None:
+        with open(golden_dir / file, "wb") as f:
+            np.savez(f, **arrays)
+        manifest["files"][file] = {
+            "sha256": sha256_file(golden_dir / file),
+            "arrays": {k: {"shape": list(np.shape(v)), "dtype": str(np.asarray(v).dtype)} for k, v in arrays.items()},
+        }
+    if edit is not None:
+        edit(manifest)
+    manifest_path.write_text(json.dumps(seal(manifest), indent=2))
+
+
+def dead_owner_tag() -> str:
+    """The owner tag of a process that has exited (what a killed run leaves in folder names)."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.2)"])
+    start = round(psutil.Process(child.pid).create_time() * 100)
+    child.wait()
+    return f"{child.pid}-{start}"

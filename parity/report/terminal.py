@@ -1,10 +1,43 @@
-"""The terminal table: one row per path, then a one-line summary per model."""
+"""The terminal report: a results table, a legend, full reasons, and a one-line summary per model.
+
+Everything is plain text (no colour, ASCII rules) so that it can be pasted into an issue as is.
+Tables are laid out by ``rich`` at a fixed width, so piped output never wraps differently.
+"""
 
 from __future__ import annotations
 
+import io
+import textwrap
 from collections import defaultdict
 
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
 VERDICT_LABELS = {"pass": "pass", "fail": "FAIL", "error": "ERROR", "skip": "skip"}
+UNEXPECTED = ("FAIL", "ERROR", "XPASS")  # their full reasons are always listed
+WIDTH = 200  # the tables' width: generous, so that rows never wrap
+SHORT_REASON = 60  # characters of a reason shown in the table
+WRAP = 100  # width of the wrapped full reasons
+# One rule of ASCII dashes under the header, nothing else: survives any terminal, pipe or issue tracker.
+PLAIN = box.Box("    \n    \n -- \n    \n    \n    \n    \n    \n", ascii=True)
+
+LEGEND = [
+    ("tol×", "the worst output element's error in units of its tolerance atol + rtol·|golden|"),
+    ("", "(numpy.allclose semantics): at most 1 passes"),
+    ("max_abs", "the largest absolute output error"),
+    ("grads", "ok N: all N gradients (every trainable parameter and the input) within tolerance;"),
+    ("", "K bad: K of them out of tolerance; -: the path cannot differentiate (e.g. ONNX)"),
+    ("acc", "accuracy on the labelled eval split"),
+    ("agree", "fraction of eval samples whose argmax equals the golden argmax"),
+    ("det", "yes: two runs are bitwise identical"),
+]
+TIMING_LEGEND = [("median ms", "median time per batch; passing paths only (the gate)")]
+VERDICT_LEGEND = [
+    ("verdict", "pass | FAIL: out of tolerance | ERROR: export or run failed | skip: not available here"),
+    ("", "xerror: an error the spec declares as expected | XPASS: a declared error passed, update the spec"),
+]
 
 
 def _label(result: dict) -> str:
@@ -33,11 +66,15 @@ def _gradients(result: dict) -> str:
     return f"ok {len(grads)}" if not bad else f"{bad} bad"
 
 
-def _metric(result: dict) -> str:
+def _metrics(result: dict) -> tuple[str, str]:
     m = result.get("metrics")
     if not m:
-        return "-"
-    return f"{m['accuracy']['value']:.4f} {m['argmax_agreement']:.3f}"
+        return "-", "-"
+    return f"{m['accuracy']['value']:.4f}", f"{m['argmax_agreement']:.3f}"
+
+
+def _determinism(result: dict) -> str:
+    return "-" if result.get("deterministic") is None else ("yes" if result["deterministic"] else "no")
 
 
 def _timing(result: dict) -> str:
@@ -46,34 +83,99 @@ def _timing(result: dict) -> str:
 
 
 def _reason(result: dict) -> str:
+    """The full reason, with what the spec declared for expected errors and unexpected passes."""
     reason = result.get("reason") or ""
     if result.get("unexpected_pass"):
-        reason = f"declared as expected error ({result['expected_reason']}) but passed: update the spec"
-    elif result.get("expected"):
-        reason = f"expected: {reason}"
-    return reason if len(reason) <= 110 else reason[:107] + "..."
+        return f"declared as expected error ({result['expected_reason']}) but passed: update the spec"
+    if result.get("expected"):
+        return f"expected: {reason}"
+    return reason
 
 
-def render(report: dict) -> str:
-    """The table as text (no colour, safe to paste into an issue)."""
-    header = ("model", "path", "verdict", "tol×", "max_abs", "grads", "acc agree", "det", "median ms", "reason")
-    rows = []
-    for r in report["results"]:
-        tol_units, max_abs = _worst(r.get("outputs"))
-        det = "-" if r.get("deterministic") is None else ("yes" if r["deterministic"] else "no")
-        rows.append((r["model"], r["path"], _label(r), tol_units, max_abs, _gradients(r), _metric(r), det,
-                     _timing(r), _reason(r)))
-    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header) - 1)]
+def _short(reason: str, ref: int | None) -> str:
+    """The reason on one line, cut to SHORT_REASON characters; ``[ref]`` points to the Reasons block."""
+    line = " ".join(reason.split())
+    tag = f" [{ref}]" if ref else ""
+    if len(line) + len(tag) > SHORT_REASON:
+        line = line[: SHORT_REASON - len(tag) - 1].rstrip() + "…"
+    return line + tag
+
+
+def _table(columns: list[tuple[str, str]], rows: list[tuple]) -> str:
+    """Plain text: a header, an ASCII rule, and rows; no colour, no trailing spaces."""
+    table = Table(box=PLAIN, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
+    for name, justify in columns:
+        table.add_column(name, justify=justify, no_wrap=True)
+    for row in rows:
+        table.add_row(*(Text(str(cell)) for cell in row))  # Text: no markup parsing of "[...]"
+    console = Console(file=io.StringIO(), width=WIDTH, color_system=None, force_terminal=False,
+                      markup=False, highlight=False, emoji=False)
+    console.print(table)
+    return "\n".join(line.rstrip() for line in console.file.getvalue().splitlines())
+
+
+def _legend(entries: list[tuple[str, str]]) -> list[str]:
+    key_width = max(len(key) for key, _ in entries)
+    return [f"  {key:<{key_width}}  {text}".rstrip() for key, text in entries]
+
+
+def _wrapped(ref: int, result: dict, reason: str) -> list[str]:
+    """``[ref] model path (verdict): reason``, wrapped and indented; the reason's own line breaks are kept."""
+    first = f"  [{ref}] {result['model']} {result['path']} ({_label(result)}): "
+    indent = " " * (len(str(ref)) + 5)
     lines = []
-    for row in [header, *rows]:
-        lines.append("  ".join(str(cell).ljust(w) for cell, w in zip(row[:-1], widths)) + "  " + str(row[-1]))
-    lines.insert(1, "  ".join("-" * w for w in widths) + "  ------")
-    lines.append("")
-    lines.extend(summary_lines(report))
-    return "\n".join(lines)
+    for paragraph in reason.splitlines():
+        lines += textwrap.wrap(paragraph, WRAP, initial_indent=indent if lines else first, subsequent_indent=indent,
+                               break_long_words=False, break_on_hyphens=False)
+    return lines
+
+
+def render(report: dict, timed: bool, verbose: bool = False) -> str:
+    """The whole terminal report as text; ``timed`` adds the median ms column (``parity run``).
+
+    The Reasons block lists in full every FAIL, ERROR and XPASS reason, and with ``verbose``
+    also those of xerror and skip rows.
+    """
+    results = report["results"]
+    if not results:
+        return "\n".join(summary_lines(report))
+    listed = UNEXPECTED + (("xerror", "skip") if verbose else ())
+    columns = [("model", "left"), ("path", "left"), ("verdict", "left"), ("tol×", "right"), ("max_abs", "right"),
+               ("grads", "left"), ("acc", "right"), ("agree", "right"), ("det", "left")]
+    columns += [("median ms", "right")] * timed + [("reason", "left")]
+    rows, reasons, hidden = [], [], 0
+    for r in results:
+        reason = _reason(r)
+        ref = None
+        if reason.strip() and _label(r) in listed:
+            reasons.append((r, reason))
+            ref = len(reasons)
+        short = _short(reason, ref)
+        hidden += ref is None and short.endswith("…")
+        tol_units, max_abs = _worst(r.get("outputs"))
+        acc, agree = _metrics(r)
+        row = [r["model"], r["path"], _label(r), tol_units, max_abs, _gradients(r), acc, agree, _determinism(r)]
+        rows.append(row + [_timing(r)] * timed + [short])
+    lines = [_table(columns, rows), ""]
+    lines += _legend(LEGEND + TIMING_LEGEND * timed + VERDICT_LEGEND)
+    if hidden:
+        lines.append("  (…: reason shortened; --verbose lists xerror and skip reasons in full; --json has all)")
+    if reasons:
+        lines += ["", "Reasons"]
+        for ref, (r, reason) in enumerate(reasons, 1):
+            lines += _wrapped(ref, r, reason)
+    return "\n".join(lines + ["", *summary_lines(report)])
+
+
+def render_paths(rows: list[dict]) -> str:
+    """The ``parity paths`` table; each row has id, device, precision, steps and status."""
+    columns = [("path", "left"), ("device", "left"), ("precision", "left"), ("export chain", "left"),
+               ("status", "left")]
+    return _table(columns, [(r["id"], r["device"], r["precision"], r["steps"], r["status"]) for r in rows])
 
 
 def summary_lines(report: dict) -> list[str]:
+    """One line per model (verdict counts, checks within tolerance), then each model error in full."""
     by_model = defaultdict(list)
     for r in report["results"]:
         by_model[r["model"]].append(r)
