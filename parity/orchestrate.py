@@ -172,7 +172,7 @@ class Run:
         if path.exports:
             artifact = self._export(pool, spec, manifest, path, len(path.exports) - 1)
             if "error" in artifact:
-                result.update(verdict="error", reason=artifact["error"])
+                result.update(verdict="error", reason=artifact["error"], export={"cached": artifact["cached"]})
                 return
             result["export"] = {"cached": artifact["cached"], "export_s": artifact["meta"].get("export_s")}
         self.progress(f"{spec.name}: check {path.id}")

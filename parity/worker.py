@@ -219,12 +219,19 @@ class WorkerPool:
 
 def prune_logs(logs_root: Path) -> None:
     """Remove log folders of finished runs beyond the newest ``KEEP_LOG_RUNS`` or older than ``KEEP_LOG_DAYS``."""
+
+    def modified(folder: Path) -> float:
+        try:
+            return folder.stat().st_mtime
+        except OSError:
+            return 0.0
+
     try:
         finished = [p for p in logs_root.iterdir() if p.name.startswith(LOG_PREFIX) and owner_alive(p.name) is not True]
     except OSError:
         return
-    finished.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    finished.sort(key=modified, reverse=True)
     cutoff = time.time() - KEEP_LOG_DAYS * 86400
     for index, folder in enumerate(finished):
-        if index >= KEEP_LOG_RUNS or folder.stat().st_mtime < cutoff:
+        if index >= KEEP_LOG_RUNS or modified(folder) < cutoff:
             shutil.rmtree(folder, ignore_errors=True)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -60,10 +63,12 @@ def test_every_builtin_mlp_path_checks_with_statistics(workspace_copy):
 def test_worker_crash_becomes_error_and_others_go_on(workspace_copy):
     source = mlp_variant({"    import jax\n\n    tap = tap": "    import os\n\n    os._exit(3)\n    tap = tap"})
     root = workspace_copy(source)
-    report, results = run_check(root, ["jax", "torch"])
+    report, results = run_check(root, ["jax", "torch"], use_cache=False)
     assert results["jax"]["verdict"] == "error"
     assert "died" in results["jax"]["reason"] and "exit code 3" in results["jax"]["reason"]
     assert results["torch"]["verdict"] == "pass"
+    log = Path(re.search(r"see (\S+\.log)", results["jax"]["reason"])[1])
+    assert log.is_file()  # kept for the failed run, also with --no-cache
 
 
 def test_hang_is_killed_after_timeout(workspace_copy):

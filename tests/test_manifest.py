@@ -8,6 +8,7 @@ traceback and never a silent exit 0.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 
@@ -22,7 +23,8 @@ from parity.cli import cli
 from parity.errors import GoldenError
 from tests.conftest import REPO, reseal
 
-FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ = settings(max_examples=int(os.environ.get("PARITY_FUZZ_EXAMPLES", 300)), deadline=None, database=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def invoke(*args):

@@ -1,0 +1,84 @@
+"""The export cache: damaged entries are rebuilt, converter errors are cached, concurrent runs export once."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from parity import orchestrate
+from parity.cache import ExportCache
+from parity.workspace import Workspace
+
+
+@pytest.fixture
+def private_cache(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("PARITY_CACHE_DIR", str(cache))
+    return cache
+
+
+def run_check(root, path_id, **options):
+    notices = []
+    report = orchestrate.check(Workspace(root), ["mlp"], orchestrate.Options(threads=1, patterns=(path_id,), **options),
+                               progress=notices.append)
+    return report["results"][0], notices
+
+
+def test_truncated_export_is_detected_discarded_and_rebuilt(workspace_copy, private_cache):
+    """A truncated model.onnx in a finished entry was once reused forever (InvalidProtobuf on every run)."""
+    root = workspace_copy()
+    first, _ = run_check(root, "torch/onnx/ort")
+    assert first["verdict"] == "pass" and first["export"]["cached"] is False
+    [model_file] = (private_cache / "exports").glob("*/model.onnx")
+    model_file.write_bytes(model_file.read_bytes()[:1000])
+    second, notices = run_check(root, "torch/onnx/ort")
+    assert second["verdict"] == "pass", second["reason"]
+    assert second["export"]["cached"] is False
+    assert any("is damaged (model.onnx sha256 mismatch); exporting again" in n for n in notices), notices
+    third, notices = run_check(root, "torch/onnx/ort")
+    assert third["export"]["cached"] is True and not any("damaged" in n for n in notices)
+
+
+def test_commit_replaces_an_entry_without_deleting_it_first(tmp_path):
+    cache = ExportCache(tmp_path)
+    for content in ("old", "new"):
+        staging = cache.staging_dir()
+        (staging / "model.onnx").write_text(content)
+        entry = cache.commit("k", staging, {"format": "onnx"})
+        assert not staging.exists()
+    assert (entry.dir / "model.onnx").read_text() == "new"
+    assert cache.lookup("k").meta == {"format": "onnx"}
+    error = cache.commit_error("e", "tf2onnx could not convert op(s) Erfc")
+    assert cache.lookup("e").error == error.error and not list((tmp_path / "exports").glob(".staging-*"))
+
+
+def test_converter_error_is_cached(workspace_copy, private_cache):
+    """An expected converter failure is not redone on every run."""
+    from tests.conftest import mlp_variant
+
+    source = mlp_variant({'h = layers.ReLU(name="relu1", dtype=dtype)(': 'h = layers.Activation("gelu", name="relu1", dtype=dtype)('})
+    root = workspace_copy(source)
+    first, _ = run_check(root, "tf/onnx/ort")
+    second, notices = run_check(root, "tf/onnx/ort")
+    assert first["verdict"] == second["verdict"] == "error"
+    assert second["reason"] == first["reason"] and "Erfc" in second["reason"]
+    assert first["export"]["cached"] is False and second["export"]["cached"] is True
+    assert not any("export" in n for n in notices)
+    again, _ = run_check(root, "tf/onnx/ort", use_cache=False)
+    assert again["export"]["cached"] is False and "Erfc" in again["reason"]
+
+
+def test_concurrent_runs_sharing_a_cache_export_once(workspace_copy, private_cache):
+    root = workspace_copy()
+    command = [sys.executable, "-m", "parity.cli", "check", "--workspace", str(root), "--path", "torch/onnx/ort",
+               "--threads", "1"]
+    env = {**os.environ, "PARITY_CACHE_DIR": str(private_cache)}
+    runs = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [run.communicate(timeout=600) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], outputs
+    exports = sum(err.count("export torch/onnx (torch.onnx)") for _, err in outputs)
+    assert exports == 1, outputs
+    assert len(list((private_cache / "exports").glob("*/meta.json"))) == 1
