@@ -63,6 +63,26 @@ def _file_hashes(folder: Path) -> dict[str, str]:
     }
 
 
+def _problem(entry: Path, record) -> str | None:
+    """What is wrong with an entry (its record, then every file's sha256), or None."""
+    if not isinstance(record, dict) or record.get("schema") != ENTRY_SCHEMA or not isinstance(record.get("files"), dict):
+        return f"{META_FILE} is not a {ENTRY_SCHEMA} record"
+    if record.get("digest") != manifest_lib.canonical_digest(record):
+        return f"{META_FILE} digest mismatch"
+    try:
+        actual = _file_hashes(entry)
+    except OSError as error:
+        return f"unreadable file: {error}"
+    for name in sorted(set(record["files"]) | set(actual)):
+        if name not in actual:
+            return f"{name} missing"
+        if name not in record["files"]:
+            return f"{name} not recorded"
+        if actual[name] != record["files"][name]:
+            return f"{name} sha256 mismatch"
+    return None
+
+
 class ExportCache:
     """Artifacts under ``root/exports/<key>/``; ``notice`` hears about entries that had to be discarded."""
 
@@ -87,34 +107,21 @@ class ExportCache:
         entry = self.exports / key
         if not entry.exists():
             return None
-        problem = self._verify(entry)
+        record, problem = self._verified_record(entry)
         if problem is None:
-            record = json.loads((entry / META_FILE).read_text())
             return Entry(entry, meta=record.get("artifact"), error=record.get("error"))
         self.notice(f"cache entry {entry} is damaged ({problem}); exporting again")
         return None
 
-    def _verify(self, entry: Path) -> str | None:
+    @staticmethod
+    def _verified_record(entry: Path) -> tuple[dict | None, str | None]:
+        """The entry's ``meta.json`` record once it and every file's sha256 check out, or what is wrong."""
         try:
             record = json.loads((entry / META_FILE).read_text())
         except (OSError, ValueError, RecursionError) as error:
-            return f"{META_FILE} unreadable: {type(error).__name__}"
-        if not isinstance(record, dict) or record.get("schema") != ENTRY_SCHEMA or not isinstance(record.get("files"), dict):
-            return f"{META_FILE} is not a {ENTRY_SCHEMA} record"
-        if record.get("digest") != manifest_lib.canonical_digest(record):
-            return f"{META_FILE} digest mismatch"
-        try:
-            actual = _file_hashes(entry)
-        except OSError as error:
-            return f"unreadable file: {error}"
-        for name in sorted(set(record["files"]) | set(actual)):
-            if name not in actual:
-                return f"{name} missing"
-            if name not in record["files"]:
-                return f"{name} not recorded"
-            if actual[name] != record["files"][name]:
-                return f"{name} sha256 mismatch"
-        return None
+            return None, f"{META_FILE} unreadable: {type(error).__name__}"
+        problem = _problem(entry, record)
+        return (record, None) if problem is None else (None, problem)
 
     def staging_dir(self) -> Path:
         return owned_tempdir(self.exports, STAGING_PREFIX)

@@ -1,6 +1,12 @@
 """Typed errors. The CLI turns each into one clear line and an exit code."""
 
 
+def one_line(text, limit: int) -> str:
+    """``text`` with its whitespace collapsed to single spaces, cut to ``limit`` characters."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class ParityError(Exception):
     """Base class: an error the user can act on (exit code 2 at the CLI)."""
 

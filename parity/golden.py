@@ -42,10 +42,6 @@ class Golden:
         return self.manifest["metrics"]
 
 
-def _rebuild(golden_dir: Path) -> str:
-    return f"rebuild deliberately with `parity golden build --model {golden_dir.name}`"
-
-
 def load(golden_dir: Path, spec=None) -> Golden:
     """Verify and load ``golden/<model>/``; raise ``GoldenError`` naming the file (and array) on any problem.
 
@@ -68,7 +64,7 @@ def load(golden_dir: Path, spec=None) -> Golden:
         if actual != expected:
             raise GoldenError(
                 f"{path}: sha256 mismatch: manifest {expected}, file {actual}. The golden data changed after it "
-                f"was built; parity will not use it. Restore the file, or {_rebuild(golden_dir)}"
+                f"was built; parity will not use it. Restore the file, or {manifest_lib.rebuild_hint(golden_dir.name)}"
             )
     arrays = {name: _checked_arrays(golden_dir / name, manifest["files"][name]["arrays"]) for name in FILES}
     golden = Golden(golden_dir, manifest, arrays)
@@ -114,7 +110,7 @@ def _check_metrics(golden: Golden) -> None:
     for name, value in recomputed.items():
         if golden.metrics.get(name) != value:
             raise GoldenError(f"{golden.dir / MANIFEST}: golden metric {name} is {golden.metrics.get(name)!r}, but the "
-                              f"verified eval logits give {value!r}; {_rebuild(golden.dir)}")
+                              f"verified eval logits give {value!r}; {manifest_lib.rebuild_hint(golden.dir.name)}")
 
 
 def _check_against_spec(golden: Golden, spec) -> None:
@@ -157,7 +153,7 @@ def _check_against_spec(golden: Golden, spec) -> None:
         problems.append(f"the manifest has no top{spec.metric_rules.top_k}_accuracy (the spec's top_k)")
     if problems:
         raise GoldenError(f"{golden.dir}: golden data does not match the model spec ({spec.source_file}): "
-                          f"{'; '.join(problems[:4])}{' ...' if len(problems) > 4 else ''}; {_rebuild(golden.dir)}")
+                          f"{'; '.join(problems[:4])}{' ...' if len(problems) > 4 else ''}; {manifest_lib.rebuild_hint(golden.dir.name)}")
 
 
 def load_arrays(golden_dir: Path, name: str) -> dict[str, np.ndarray]:

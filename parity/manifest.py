@@ -16,7 +16,7 @@ import math
 from importlib import resources
 from pathlib import Path
 
-from parity.errors import GoldenError
+from parity.errors import GoldenError, one_line
 
 SCHEMA = "parity.golden/2"
 MAX_BYTES = 16 << 20
@@ -58,12 +58,7 @@ def _field(error) -> str:
     return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in error.absolute_path).lstrip(".") or "(top level)"
 
 
-def _short(text: str, limit: int = 160) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _rebuild_hint(model: str) -> str:
+def rebuild_hint(model: str) -> str:
     return f"rebuild deliberately with `parity golden build --model {model}`"
 
 
@@ -81,30 +76,30 @@ def read(path: Path) -> dict:
     except GoldenError:
         raise
     except UnicodeDecodeError as error:
-        raise GoldenError(f"{path}: malformed manifest (not UTF-8 at byte {error.start}); {_rebuild_hint(model)}") from None
+        raise GoldenError(f"{path}: malformed manifest (not UTF-8 at byte {error.start}); {rebuild_hint(model)}") from None
     except RecursionError:
-        raise GoldenError(f"{path}: malformed manifest (nested too deeply); {_rebuild_hint(model)}") from None
+        raise GoldenError(f"{path}: malformed manifest (nested too deeply); {rebuild_hint(model)}") from None
     except (OSError, ValueError) as error:
-        raise GoldenError(f"{path}: malformed manifest ({_short(error)}); {_rebuild_hint(model)}") from None
+        raise GoldenError(f"{path}: malformed manifest ({one_line(error, 160)}); {rebuild_hint(model)}") from None
     if not isinstance(manifest, dict):
         raise GoldenError(f"{path}: malformed manifest (a JSON object expected, got {type(manifest).__name__})")
     if manifest.get("schema") != SCHEMA:
         found = manifest.get("schema")
-        found = _short(repr(found), 60) if found is not None else "none"
-        raise GoldenError(f"{path}: manifest schema is {found}, this parity reads {SCHEMA!r}; {_rebuild_hint(model)}")
+        found = one_line(repr(found), 60) if found is not None else "none"
+        raise GoldenError(f"{path}: manifest schema is {found}, this parity reads {SCHEMA!r}; {rebuild_hint(model)}")
     try:
         from jsonschema.exceptions import best_match
 
         error = best_match(_validator().iter_errors(manifest))
         if error is not None:
-            raise GoldenError(f"{path}: invalid manifest field {_field(error)}: {_short(error.message)}")
+            raise GoldenError(f"{path}: invalid manifest field {_field(error)}: {one_line(error.message, 160)}")
         digest = canonical_digest(manifest)
     except RecursionError:
-        raise GoldenError(f"{path}: malformed manifest (nested too deeply); {_rebuild_hint(model)}") from None
+        raise GoldenError(f"{path}: malformed manifest (nested too deeply); {rebuild_hint(model)}") from None
     if digest != manifest["digest"]:
         raise GoldenError(
             f"{path}: manifest digest mismatch: recorded {manifest['digest']}, content {digest}. The manifest was "
-            f"edited after it was built; parity will not use it. Restore it, or {_rebuild_hint(model)}"
+            f"edited after it was built; parity will not use it. Restore it, or {rebuild_hint(model)}"
         )
     if manifest["model"] != model:
         raise GoldenError(f"{path}: manifest is for model {manifest['model']!r}, the folder is {model!r}")

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from parity.errors import SpecError, UsageError
+from parity.errors import SpecError, UsageError, one_line
 
 BUILTIN_ROOT = Path(__file__).resolve().parent.parent
 
@@ -87,8 +87,6 @@ class Workspace:
         except (Exception, SystemExit) as error:  # a model file that exits at import is that model's error
             sys.modules.pop(module_name, None)
             detail = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-            detail = " ".join(detail.split())
-            detail = detail if len(detail) <= 400 else detail[:397] + "..."
-            raise SpecError(f"model {name!r} ({path}) cannot be loaded: {detail}") from None
+            raise SpecError(f"model {name!r} ({path}) cannot be loaded: {one_line(detail, 400)}") from None
         spec.source_file = str(path)
         return spec
