@@ -1,6 +1,6 @@
 """mlp: a two-hidden-layer perceptron on the flattened 8x8 digits (64 features, 10 classes)."""
 
-from parity.spec import InputSpec, ModelSpec, ParamSpec, Tolerance, Tolerances, Training
+from parity.spec import InputSpec, Layer, ModelSpec, ParamSpec, Tolerance, Tolerances, Training
 
 HIDDEN = (64, 32)
 CLASSES = 10
@@ -67,6 +67,11 @@ SPEC = ModelSpec(
         "logits/bias": ParamSpec((CLASSES,), "vector"),
     },
     taps=("dense1", "relu1", "dense2", "relu2", "logits"),
+    layers={
+        "dense1": Layer("dense"), "relu1": Layer("activation", {"form": "relu"}),
+        "dense2": Layer("dense"), "relu2": Layer("activation", {"form": "relu"}),
+        "logits": Layer("dense"),
+    },
     tolerances={"fp32": Tolerances(Tolerance(atol=1e-5, rtol=1e-5))},
     grad_tolerances={"fp32": Tolerances(Tolerance(atol=1e-6, rtol=1e-4))},
     training=Training(epochs=30, lr=3e-3, batch_size=64, seed=0),

@@ -12,7 +12,7 @@ float64 it is off by up to 5e-9 and the float64 cross-framework gate (1e-9) refu
 
 import math
 
-from parity.spec import InputSpec, ModelSpec, ParamSpec, Tolerance, Tolerances, Training
+from parity.spec import InputSpec, Layer, ModelSpec, ParamSpec, Tolerance, Tolerances, Training
 
 TOKENS, FEATURES = 8, 8
 D_MODEL, HEADS, MLP = 32, 2, 64
@@ -166,6 +166,21 @@ def jax_apply(params, x, tap=None):
     return dense("logits", h)
 
 
+def _block_layers(i):
+    previous = f"block{i - 1}_res2" if i else "pos"
+    b = f"block{i}_"
+    return {
+        b + "norm1": Layer("layer_norm", {"eps": EPSILON}),
+        b + "attn": Layer("attention", {"heads": HEADS, "scale": SCALE}),
+        b + "res1": Layer("add", inputs=(previous, b + "attn")),
+        b + "norm2": Layer("layer_norm", {"eps": EPSILON}),
+        b + "mlp_in": Layer("dense"),
+        b + "gelu": Layer("activation", {"form": "gelu_erf"}),
+        b + "mlp_out": Layer("dense"),
+        b + "res2": Layer("add", inputs=(b + "res1", b + "mlp_out")),
+    }
+
+
 def _dense(name, n_in, n_out):
     return {f"{name}/kernel": ParamSpec((n_in, n_out), "dense_kernel"), f"{name}/bias": ParamSpec((n_out,), "vector")}
 
@@ -197,6 +212,14 @@ SPEC = ModelSpec(
     },
     taps=("embed", "pos", *(f"block{i}_{t}" for i in range(BLOCKS) for t in BLOCK_TAPS),
           "final_norm", "pool", "logits"),
+    layers={
+        "embed": Layer("dense"),
+        "pos": Layer("position"),
+        **{k: v for i in range(BLOCKS) for k, v in _block_layers(i).items()},
+        "final_norm": Layer("layer_norm", {"eps": EPSILON}),
+        "pool": Layer("mean", {"axis": 1}),
+        "logits": Layer("dense"),
+    },
     tolerances={"fp32": Tolerances(Tolerance(atol=1e-5, rtol=1e-5))},
     grad_tolerances={"fp32": Tolerances(Tolerance(atol=1e-6, rtol=1e-4))},
     training=Training(epochs=30, lr=3e-3, batch_size=64, seed=0),

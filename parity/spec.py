@@ -24,6 +24,8 @@ from typing import Any, Callable
 PRECISIONS = ("fp32", "fp16", "bf16", "tf32")
 PARAM_KINDS = ("dense_kernel", "conv_kernel", "vector", "tensor")
 INPUT_LAYOUTS = ("flat", "tokens", "nchw")
+LAYER_KINDS = ("dense", "conv", "batch_norm", "layer_norm", "activation", "pool", "flatten", "attention", "dropout",
+               "add", "position", "mean")
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,35 @@ class ParamSpec:
 
 
 @dataclass(frozen=True)
+class Layer:
+    """What one tap computes, typed, so a diagnosis can recompute it in NumPy and test known variants.
+
+    ``kind`` is one of ``LAYER_KINDS``; ``attrs`` its declared form (the modules in
+    ``parity.diagnose.layers`` document each kind's attributes and variants). ``inputs`` are the
+    taps feeding it (``"input"`` is the model input; default: the previous tap, or the model
+    input for the first one); ``params`` is the prefix of its weights (default: the tap name).
+    Activations are in canonical layout (``NCHW`` images). Examples::
+
+        Layer("conv", {"stride": 2, "padding": "same"})   # 'same' splits padding as TF/XLA do
+        Layer("layer_norm", {"eps": 1e-5})
+        Layer("activation", {"form": "gelu_erf"})
+        Layer("add", inputs=("pos", "block0_attn"))
+    """
+
+    kind: str
+    attrs: dict = field(default_factory=dict)
+    inputs: tuple[str, ...] = ()
+    params: str | None = None
+
+    def __post_init__(self):
+        if self.kind not in LAYER_KINDS:
+            raise ValueError(f"layer kind {self.kind!r} is not one of {LAYER_KINDS}")
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "attrs": dict(self.attrs), "inputs": list(self.inputs), "params": self.params}
+
+
+@dataclass(frozen=True)
 class Training:
     """How the weights are made: seeded init of the torch definition, then Adam on the train split."""
 
@@ -115,6 +146,8 @@ class ModelSpec:
         num_classes: classifier width, for metrics.
         params: canonical parameter names -> ``ParamSpec``, in network order.
         taps: named layer boundaries in network order (used for drift diagnosis).
+        layers: tap name -> ``Layer``: what the tap computes, so a diagnosis can test causes
+            (a tap without one is still compared, but no cause is tested for it).
         tolerances: precision -> ``Tolerances`` for outputs (per-output overrides).
         grad_tolerances: precision -> ``Tolerances`` for gradients (per-parameter overrides;
             the input gradient is named ``input:<input name>``).
@@ -139,6 +172,7 @@ class ModelSpec:
     taps: tuple[str, ...]
     tolerances: dict[str, Tolerances]
     grad_tolerances: dict[str, Tolerances]
+    layers: dict[str, Layer] = field(default_factory=dict)
     training: Training = Training()
     torch_module: Callable[[], Any] | None = None
     keras_model: Callable[[str], Any] | None = None
@@ -164,6 +198,14 @@ class ModelSpec:
     def input_grad_name(self) -> str:
         return f"input:{self.input.name}"
 
+    def layer_inputs(self, tap: str) -> tuple[str, ...]:
+        """The taps (or ``"input"``) that feed ``tap``: declared, else the previous tap."""
+        declared = self.layers.get(tap)
+        if declared is not None and declared.inputs:
+            return declared.inputs
+        index = self.taps.index(tap)
+        return (self.taps[index - 1],) if index else ("input",)
+
     def expected_error(self, path_id: str) -> str | None:
         """The declared reason if ``path_id`` is expected to end in error, else None."""
         for pattern, reason in self.expected_errors.items():
@@ -181,5 +223,11 @@ class ModelSpec:
             raise ValueError("tolerances and grad_tolerances need an 'fp32' entry")
         if len(set(self.taps)) != len(self.taps):
             raise ValueError("tap names must be unique")
+        for tap, layer in self.layers.items():
+            if tap not in self.taps:
+                raise ValueError(f"layers names {tap!r}, which is not a tap")
+            unknown = [name for name in layer.inputs if name != "input" and name not in self.taps]
+            if unknown:
+                raise ValueError(f"layer {tap!r} reads {', '.join(unknown)}, which are not taps")
         if not self.frameworks:
             raise ValueError("define at least one of torch_module, keras_model, jax_apply")
