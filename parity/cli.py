@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from pathlib import Path
 
 import click
 
@@ -68,6 +69,8 @@ def check_options(func):
                      help="Seconds one export or check may take before it is killed and called an error."),
         click.option("--no-cache", is_flag=True, help="Export again instead of using the export cache."),
         click.option("--verbose", "-v", is_flag=True, help="Print every path's full reason, expected errors and skips too."),
+        click.option("--report", "report_dir", type=click.Path(file_okay=False), default=None,
+                     help="Write a self-contained HTML report (index.html) into this folder."),
     ]
     for decorator in reversed(decorators):
         func = decorator(func)
@@ -95,39 +98,53 @@ def _workspace(workspace):
 
 
 def _check_or_run(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, verbose, workspace,
-                  timing):
+                  report_dir, timing, diagnose="failing"):
     from parity import orchestrate
-    from parity.report import json_report, terminal
+    from parity.report import diagnosis, json_report, terminal
     from parity.safefs import check_writable
 
     if json_file:
         check_writable(json_file, "--json")
+    if report_dir:
+        check_writable(str(Path(report_dir) / "index.html"), "--report")
     ws = _workspace(workspace)
     names = ws.select(models)
     options = orchestrate.Options(threads=threads, patterns=patterns, precision=precision, device=device,
-                                  timeout_s=timeout_s, use_cache=not no_cache, timing=timing)
+                                  timeout_s=timeout_s, use_cache=not no_cache, timing=timing, diagnose=diagnose)
     report = orchestrate.check(ws, names, options, progress=_progress)
     click.echo(terminal.render(report, timed=timing is not None, verbose=verbose))
+    diagnosed = diagnosis.render_all(report)
+    if diagnosed:
+        click.echo("\n" + diagnosed)
     if json_file:
-        try:
-            json_report.write(report, json_file)
-        except OSError as error:
-            _fail(f"--json {json_file} could not be written after the run: {error.strerror or error}")
-        click.echo(f"wrote {json_file}", err=True)
+        _write_after_run("--json", json_file, lambda: json_report.write(report, json_file))
+    if report_dir:
+        from parity.report import html
+
+        _write_after_run("--report", report_dir, lambda: html.write(report, report_dir))
     sys.exit(orchestrate.exit_code(report))
+
+
+def _write_after_run(option: str, target: str, write) -> None:
+    try:
+        written = write()
+    except OSError as error:
+        _fail(f"{option} {target} could not be written after the run: {error.strerror or error}")
+    click.echo(f"wrote {written or target}", err=True)
 
 
 @cli.command()
 @check_options
 @_handle_errors
-def check(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, verbose, workspace):
-    """Verify goldens and check every path: outputs, gradients, metrics, determinism.
+def check(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, verbose, workspace, report_dir):
+    """Verify goldens and check every path: outputs, gradients, metrics, determinism; diagnose failing paths.
 
     \b
     Example:
         parity check --model mlp --path 'torch*' --json check.json
     """
-    _check_or_run(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, verbose, workspace, None)
+    _check_or_run(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, verbose, workspace,
+                  report_dir, None)
 
 
 @cli.command()
@@ -135,15 +152,35 @@ def check(models, patterns, device, precision, json_file, threads, timeout_s, no
 @click.option("--budget", "budget_s", type=click.FloatRange(0.05), default=1.0, show_default=True,
               help="Seconds of timed runs per passing path (after warm-up, at least 10 runs).")
 @_handle_errors
-def run(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, verbose, workspace, budget_s):
-    """The main job: check every path, then time the ones that passed (the gate).
+def run(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, verbose, workspace, report_dir,
+        budget_s):
+    """The main job: check every path, time the ones that passed (the gate), diagnose the ones that failed.
 
     \b
     Example:
-        parity run --model mlp --json r.json
+        parity run --model mlp --json r.json --report report/
     """
     _check_or_run(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, verbose, workspace,
-                  {"budget_s": budget_s})
+                  report_dir, {"budget_s": budget_s})
+
+
+@cli.command()
+@check_options
+@_handle_errors
+def diagnose(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, verbose, workspace,
+             report_dir):
+    """Layer-by-layer drift of the selected paths (default: every failing path).
+
+    Per tap in network order: error statistics against the golden, the first divergent tap, a cause
+    tested by recomputing that layer with known variants, and the link of the chain (definition,
+    converter, runtime) where the drift enters.
+
+    \b
+    Example:
+        parity diagnose --model transformer --path torch/onnx/ort --report report/
+    """
+    _check_or_run(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, verbose, workspace,
+                  report_dir, None, diagnose="all" if patterns else "failing")
 
 
 @cli.command()

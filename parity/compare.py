@@ -30,13 +30,16 @@ def error_stats(actual: np.ndarray, golden: np.ndarray, tol: Tolerance) -> dict:
     g_flat, a_flat = golden.ravel(), a.ravel()
     norms = np.linalg.norm(g_flat) * np.linalg.norm(a_flat)
     cosine = float(np.dot(g_flat, a_flat) / norms) if norms > 0 else float(np.array_equal(g_flat, a_flat))
-    tol_units = float(np.max(diff / allowance)) if diff.size else 0.0
+    ratio = diff / allowance
+    tol_units = float(np.max(ratio)) if diff.size else 0.0
     return {
         "max_abs": float(diff.max()) if diff.size else 0.0,
         "max_rel": float(np.max(diff / np.maximum(np.abs(golden), _TINY))) if diff.size else 0.0,
         "mean_abs": float(diff.mean()) if diff.size else 0.0,
         "cosine": cosine,
         "tol_units": tol_units,
+        "n_bad": int(np.count_nonzero(ratio > 1.0)),
+        "size": int(diff.size),
         "ok": bool(tol_units <= 1.0),
     }
 
@@ -61,10 +64,11 @@ def first_failure(stats: dict) -> tuple[str, dict] | None:
 
 
 def describe(kind: str, name: str, stats: dict) -> str:
-    """One line for a failing output or gradient, naming it and how far off it is."""
+    """One line for a failing output or gradient: how far off it is and how many elements are out."""
     if "reason" in stats:
         return f"{kind} {name}: {stats['reason']}"
-    return f"{kind} {name}: max_abs {stats['max_abs']:.3g} is {stats['tol_units']:.3g}x the tolerance"
+    return (f"{kind} {name}: max_abs {stats['max_abs']:.3g} is {stats['tol_units']:.3g}x the tolerance, "
+            f"{stats['n_bad']} of {stats['size']} elements out")
 
 
 def bitwise_equal(first: dict, second: dict) -> tuple[bool, float]:

@@ -34,13 +34,14 @@ class Options:
     timeout_s: float = 300.0
     use_cache: bool = True
     timing: dict | None = None
+    diagnose: str | None = "failing"  # diagnose layer by layer: "failing" paths, "all" selected paths, or None
     weight_perturbation: dict = field(default_factory=dict)  # (model, path) -> {param: delta}
 
 
 def _result_skeleton(model: str, path: paths.PathDef) -> dict:
     return {"model": model, "path": path.id, "stages": path.stages, "device": path.device, "precision": path.precision,
             "verdict": None, "reason": None, "expected": False, "outputs": None, "gradients": None, "metrics": None,
-            "deterministic": None, "timing": None}
+            "deterministic": None, "timing": None, "diagnosis": None}
 
 
 def _package_version(name: str) -> str | None:
@@ -159,6 +160,9 @@ class Run:
                 order = sorted(pending, key=lambda item: item[2].runtime.group)
                 for spec, manifest, path, result in order:
                     self._check(pool, spec, manifest, path, result)
+                if self.options.diagnose:
+                    for spec, manifest, path, result in pending:
+                        self._diagnose(pool, spec, manifest, path, result)
         finally:
             if self._scratch:
                 shutil.rmtree(self._scratch, ignore_errors=True)
@@ -190,6 +194,18 @@ class Run:
             result.update(verdict="error", reason=f"{path.runtime.name}: {error}")
             return
         result.update(outcome)
+
+
+    def _diagnose(self, pool, spec, manifest, path, result) -> None:
+        from parity.diagnose import chain
+
+        if result["verdict"] == "error":
+            if self.options.diagnose == "all":
+                result["diagnosis"] = {"model": spec.name, "path": path.id, "error": f"nothing to diagnose: the path ended in error ({result['reason']})"}
+            return
+        if self.options.diagnose == "all" or (result["verdict"] == "fail" and spec.expected_error(path.id) is None):
+            self.progress(f"{spec.name}: diagnose {path.id}")
+            result["diagnosis"] = chain.diagnose(self, pool, spec, manifest, path)
 
 
 def _apply_expectation(spec, result: dict) -> None:

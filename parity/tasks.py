@@ -131,6 +131,8 @@ def check_path(workspace: str, model: str, path_id: str, golden_dir: str, precis
     result["deterministic"] = deterministic
     result["determinism_max_diff"] = nondeterminism
     eval_logits = run_batched(runner, eval_data["x"], spec.batch_size)[spec.outputs[0]]
+    result["eval_outputs"] = compare.compare_named({spec.outputs[0]: eval_logits},
+                                                   {spec.outputs[0]: reference["eval/logits"]}, tolerances.for_name)
     result["metrics"] = metrics.check_metrics(eval_logits, eval_data["y"], reference["eval/logits"], verified.metrics,
                                               spec.metric_rules, precision, spec.num_classes)
     result["gradients"] = None
@@ -152,24 +154,27 @@ def check_path(workspace: str, model: str, path_id: str, golden_dir: str, precis
 
 
 def _verdict(spec, result: dict) -> tuple[str, str | None]:
-    """fail with the most useful reason first: outputs, gradients, metrics, determinism."""
+    """fail naming every failing category (outputs, eval-split outputs, gradients, metrics, determinism)."""
+    failures = []
     worst = compare.first_failure(result["outputs"])
     if worst:
-        return "fail", compare.describe("output", *worst)
+        failures.append(compare.describe("output", *worst))
+    worst = compare.first_failure(result.get("eval_outputs") or {})
+    if worst:
+        failures.append(compare.describe("output on the eval split", *worst))
     if result["gradients"] is not None:
         failing = [name for name, s in result["gradients"].items() if not s["ok"]]
         if failing:
             name, stats = compare.first_failure(result["gradients"])
             listed = ", ".join(failing[:6]) + (f" (+{len(failing) - 6} more)" if len(failing) > 6 else "")
-            return "fail", f"gradients differ for {listed}; worst {compare.describe('gradient', name, stats)}"
+            failures.append(f"gradients differ for {len(failing)} of {len(result['gradients'])} ({listed}); "
+                            f"worst {compare.describe('gradient', name, stats)}")
     m = result["metrics"]
     if not m["ok"]:
         bad = [f"{k} {v['value']:.4f} vs golden {v['golden']:.4f}" for k, v in m.items() if isinstance(v, dict) and not v["ok"]]
         if not m["argmax_agreement_ok"]:
             bad.append(f"argmax agreement {m['argmax_agreement']:.4f}")
-        return "fail", "metric " + "; ".join(bad)
+        failures.append("metric " + "; ".join(bad))
     if spec.require_determinism and not result["deterministic"]:
-        return "fail", f"two runs differ (max {result['determinism_max_diff']:.3g}) and the spec requires determinism"
-    return "pass", None
-
-
+        failures.append(f"two runs differ (max {result['determinism_max_diff']:.3g}) and the spec requires determinism")
+    return ("fail", "; ".join(failures)) if failures else ("pass", None)

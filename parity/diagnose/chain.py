@@ -1,0 +1,151 @@
+"""Diagnose one path: taps against the golden, the first divergent tap, a tested cause, and the chain link
+where the drift enters (definition -> export -> runtime). Runs in the orchestrator: NumPy only; every
+framework runs in a worker through ``parity.diagnose.collect``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from parity import compare, golden, paths
+from parity.diagnose import drift, patterns
+from parity.worker import TaskFailed
+
+COLLECT = "parity.diagnose.collect:collect"
+
+
+def _collect(run, pool, spec, path, artifact, precision: str, runtime_link: bool = False) -> dict:
+    return pool.call(path.runtime.group, COLLECT, workspace=str(run.workspace.root), model=spec.name, path_id=path.id,
+                     golden_dir=str(run.workspace.golden_dir(spec.name)), precision=precision,
+                     threads=run.options.threads, artifact_dir=artifact and artifact["dir"],
+                     artifact_meta=artifact and artifact["meta"], runtime_link=runtime_link)
+
+
+def diagnose(run, pool, spec, manifest, path: paths.PathDef, artifact: dict | None = None) -> dict:
+    """The diagnosis of ``path`` (a dict for the result JSON), or ``{"error": why}`` when nothing can be diagnosed.
+
+    ``artifact`` overrides the path's exported artifact (``{"dir", "meta"}``), e.g. a graph
+    edited on purpose; by default the run's (cached) export is used.
+    """
+    if path.exports and artifact is None:
+        artifact = run._export(pool, spec, manifest, path, len(path.exports) - 1)
+        if "error" in artifact:
+            return {"model": spec.name, "path": path.id,
+                    "error": f"nothing to diagnose: the export failed ({artifact['error']})"}
+    try:
+        observed = _collect(run, pool, spec, path, artifact, path.precision,
+                            runtime_link=path.runtime.name in ("ort", "onnxref"))
+        source = _collect(run, pool, spec, paths.by_id(path.source), None, path.precision) if path.exports else observed
+    except TaskFailed as error:
+        return {"model": spec.name, "path": path.id, "error": f"nothing to diagnose: the path did not run ({error})"}
+    arrays = golden.load(run.workspace.golden_dir(spec.name), spec).arrays
+    return analyse(spec, path, arrays, observed, source)
+
+
+def analyse(spec, path, arrays: dict, observed: dict, source: dict) -> dict:
+    """Everything a diagnosis says, from the collected arrays (see ``diagnose``)."""
+    reference = arrays["reference.npz"]
+    golden_taps = {t: reference[f"tap/{t}"] for t in spec.taps}
+    tolerances = spec.tolerances[path.precision]
+    rows = drift.tap_rows(spec, golden_taps, observed["taps"], observed["located"], tolerances.for_name)
+    first = drift.first_divergent(rows)
+    notes = []
+    if not spec.taps:
+        notes.append("the model declares no taps: only outputs and gradients are compared")
+    if first is None and any(not s["ok"] for s in _output_stats(spec, observed, reference, tolerances).values()):
+        notes.append("the outputs differ but no tap does: the drift is after the last compared tap or in a tap "
+                     "that could not be compared")
+    cause_test = _test_cause(spec, first, arrays, observed, golden_taps, tolerances) if first else None
+    cause = None
+    if cause_test and cause_test.get("cause"):
+        cause = {"tap": first, **cause_test["cause"]}
+    grad_stats = None
+    if observed["gradients"] is not None:
+        grad_stats = compare.compare_named(observed["gradients"], arrays["gradients.npz"],
+                                           spec.grad_tolerances[path.precision].for_name)
+    output = spec.outputs[0]
+    return {
+        "model": spec.name, "path": path.id, "tolerance": tolerances.default.to_json(), "taps": rows,
+        "first_divergent_tap": first, "cause": cause, "cause_test": cause_test,
+        "gradients": drift.gradient_layers(spec, grad_stats, first),
+        "links": _links(spec, path, rows, observed, source, golden_taps, tolerances),
+        "patterns": patterns.output_patterns(observed["outputs"][output], reference[output], tolerances.for_name(output)),
+        "notes": notes,
+    }
+
+
+def _output_stats(spec, observed, reference, tolerances) -> dict:
+    return compare.compare_named(observed["outputs"], {n: reference[n] for n in spec.outputs}, tolerances.for_name)
+
+
+def _test_cause(spec, tap: str, arrays: dict, observed: dict, golden_taps: dict, tolerances) -> dict | None:
+    """Recompute the first divergent layer from its input (the path's own, else the golden) with each variant."""
+    from parity.diagnose.cause import test_layer
+
+    layer = spec.layers.get(tap)
+    if layer is None:
+        return {"tap": tap, "kind": None, "cause": None,
+                "explanation": f"{tap} has no layer type in the spec, so no cause can be tested"}
+    if tap not in observed["taps"]:
+        return {"tap": tap, "kind": layer.kind, "cause": None, "explanation": f"{tap} has no value on this path"}
+    inputs, provenance = [], []
+    for name in spec.layer_inputs(tap):
+        if name == drift.INPUT:
+            inputs.append(arrays["inputs.npz"]["x"].astype(np.float64))
+            provenance.append("the model input")
+        elif name in observed["taps"]:
+            inputs.append(np.asarray(observed["taps"][name], dtype=np.float64))
+            provenance.append(f"{name} as this path computed it")
+        else:
+            inputs.append(golden_taps[name])
+            provenance.append(f"{name} from the golden")
+    weights = {k: v.astype(np.float64) for k, v in arrays["weights.npz"].items()}
+    result = test_layer(layer, inputs, weights, np.asarray(observed["taps"][tap], dtype=np.float64),
+                        tolerances.for_name(tap), prefix=layer.params or tap)
+    return {"tap": tap, "inputs": provenance, **result}
+
+
+def _links(spec, path, rows, observed, source, golden_taps, tolerances) -> dict:
+    """Which link of definition -> export -> runtime the drift enters at."""
+    checks = []
+    if path.exports:
+        source_rows = drift.tap_rows(spec, golden_taps, source["taps"], source["located"], tolerances.for_name)
+    else:
+        source_rows = rows
+    source_first = drift.first_divergent([dict(r) for r in source_rows])
+    checks.append({"link": "definition", "compared": f"{path.source} vs golden",
+                   "ok": source_first is None and drift.worst_units(source_rows) <= 1.0,
+                   "first_divergent_tap": source_first, "worst_tol_units": drift.worst_units(source_rows)})
+    if path.exports:
+        export_rows = drift.tap_rows(spec, source["taps"], observed["taps"], observed["located"], tolerances.for_name)
+        export_first = drift.first_divergent(export_rows)
+        checks.append({"link": "converter", "compared": f"{'/'.join(path.stages[:-1])} ({path.runtime.name}) vs "
+                                                          f"{path.source} on the same inputs",
+                       "ok": export_first is None and drift.worst_units(export_rows) <= 1.0,
+                       "first_divergent_tap": export_first, "worst_tol_units": drift.worst_units(export_rows)})
+    runtime = observed.get("runtime_compare")
+    if runtime is not None:
+        node = runtime.get("first_divergent")
+        worst = max((n["tol_units"] for n in runtime["nodes"]), default=0.0)
+        checks.append({"link": "runtime", "compared": "ort vs onnxref on every intermediate tensor of the same file",
+                       "ok": node is None, "first_divergent_node": node, "worst_tol_units": worst})
+    by_link = {c["link"]: c for c in checks}
+    if not by_link["definition"]["ok"]:
+        enters = "definition"
+        why = (f"{path.source} itself departs from the golden (first at {source_first}): every path of this source "
+               f"inherits it")
+    elif "runtime" in by_link and not by_link["runtime"]["ok"]:
+        enters = "runtime"
+        node = by_link["runtime"]["first_divergent_node"]
+        why = (f"ONNX Runtime and the reference evaluator disagree on the same file, first at node {node['node']} "
+               f"({node['op_type']}, {node['tol_units']:.3g}x the tolerance)")
+    elif "converter" in by_link and not by_link["converter"]["ok"]:
+        enters = "converter"
+        why = (f"{path.source} matches the golden but the exported model departs from it "
+               f"(first at {by_link['converter']['first_divergent_tap']})")
+        if "runtime" in by_link:
+            why += "; both runtimes agree on the exported file"
+    else:
+        enters = None
+        why = "no link departs on the taps"
+    return {"enters_at": enters, "explanation": why, "checks": checks}

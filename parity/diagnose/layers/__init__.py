@@ -1,0 +1,58 @@
+"""NumPy re-implementations of the layer kinds a ``parity.spec.Layer`` can declare.
+
+Each module (one per kind, named like the kind) is a small specification:
+
+* ``KIND``: the kind name;
+* ``forward(inputs, weights, attrs)``: the declared form, in float64, canonical layout (NCHW
+  images, OIHW conv kernels, ``(in, out)`` dense kernels, ``(batch, tokens, features)`` tokens);
+* ``variants(attrs)``: the known alternative forms (porting and conversion bugs), excluding
+  the declared one, each a ``Variant``.
+
+``weights`` are the layer's own weights keyed by the suffix after its prefix
+(``logits/kernel`` arrives as ``kernel``). A variant's ``compute`` also receives the observed
+activation, so stochastic variants (dropout) can align with its mask; the others ignore it. A
+variant that cannot apply to the inputs at hand (or would equal the declared form there)
+raises ``NotApplicable``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One known alternative form of a layer: ``compute(inputs, weights, attrs, observed) -> array``."""
+
+    name: str
+    description: str
+    compute: Callable
+
+
+class NotApplicable(ValueError):
+    """A variant that cannot apply to these inputs, or that would equal the declared form on them."""
+
+
+def with_attrs(forward: Callable, **changes) -> Callable:
+    """A variant ``compute``: the declared ``forward`` with some attributes changed."""
+
+    def compute(inputs, weights, attrs, observed):
+        return forward(inputs, weights, {**attrs, **changes})
+
+    return compute
+
+
+_NAMES = ("dense", "conv", "batch_norm", "layer_norm", "activation", "pool", "flatten", "attention", "dropout",
+          "add", "position", "mean")
+KINDS = {name: importlib.import_module(f"{__name__}.{name}") for name in _NAMES}
+assert all(module.KIND == name for name, module in KINDS.items())
+
+
+def get(kind: str):
+    """The module implementing ``kind``; ``KeyError`` for an unknown kind."""
+    try:
+        return KINDS[kind]
+    except KeyError:
+        raise KeyError(f"unknown layer kind {kind!r}; known: {', '.join(KINDS)}") from None

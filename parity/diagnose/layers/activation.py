@@ -1,0 +1,99 @@
+"""activation: an elementwise non-linearity, attribute ``form``.
+
+Forms (float64): ``relu`` max(x, 0); ``relu6`` min(max(x, 0), 6); ``leaky_relu`` x if x >= 0
+else alpha*x (attribute ``alpha``, default 0.01 as in PyTorch and JAX); ``gelu_erf``
+0.5x(1 + erf(x/sqrt 2)); ``gelu_tanh`` 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))); ``gelu_sigmoid``
+x*sigmoid(1.702x); ``sigmoid``; ``tanh``; ``silu`` x*sigmoid(x); ``hard_swish`` x*relu6(x+3)/6;
+``hard_sigmoid`` clip(alpha*x + 0.5, 0, 1) (attribute ``alpha``, default 1/6 as in PyTorch
+``Hardsigmoid`` and Keras 3); ``softplus`` log(1 + e^x).
+
+Variants are the declared form's known neighbours; a neighbour equal to the declared form on
+the inputs at hand (``relu6`` with nothing above 6) is not applicable there:
+
+* GELU: ``gelu_erf`` / ``gelu_tanh`` / ``gelu_sigmoid``: PyTorch ``nn.GELU()`` and
+  ``jax.nn.gelu(approximate=False)`` are exact, ``jax.nn.gelu`` defaults to ``approximate=True``
+  (tanh), Keras ``gelu`` defaults to ``approximate=False``; tanh fusions in converters and
+  the 1.702 sigmoid form (the GELU paper, quick_gelu in CLIP) replace one by another;
+* ReLU family: ``relu`` / ``relu6`` (MobileNet, TFLite fused ReLU6) / ``leaky_relu_<alpha>``
+  (alpha 0.01 PyTorch/JAX, 0.2 ``tf.nn.leaky_relu``, 0.3 Keras ``LeakyReLU``);
+* hard sigmoid: ``hard_sigmoid`` (slope 1/6: PyTorch, Keras 3) / ``hard_sigmoid_0.2`` (slope
+  0.2: Keras 2 and ONNX ``HardSigmoid``'s default alpha, when a converter omits alpha) /
+  ``sigmoid``;
+* ``silu`` / ``hard_swish`` (MobileNetV3's approximation, swapped in by mobile converters).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from parity.diagnose.layers import NotApplicable, Variant
+
+KIND = "activation"
+_ERF = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def _sigmoid(x):
+    return np.exp(-np.logaddexp(0.0, -x))
+
+
+FORMS = {
+    "relu": lambda x, alpha: np.maximum(x, 0.0),
+    "relu6": lambda x, alpha: np.clip(x, 0.0, 6.0),
+    "leaky_relu": lambda x, alpha: np.where(x >= 0, x, alpha * x),
+    "gelu_erf": lambda x, alpha: 0.5 * x * (1.0 + _ERF(x * math.sqrt(0.5))),
+    "gelu_tanh": lambda x, alpha: 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3))),
+    "gelu_sigmoid": lambda x, alpha: x * _sigmoid(1.702 * x),
+    "sigmoid": lambda x, alpha: _sigmoid(x),
+    "tanh": lambda x, alpha: np.tanh(x),
+    "silu": lambda x, alpha: x * _sigmoid(x),
+    "hard_swish": lambda x, alpha: x * np.clip(x + 3.0, 0.0, 6.0) / 6.0,
+    "hard_sigmoid": lambda x, alpha: np.clip(alpha * x + 0.5, 0.0, 1.0),
+    "softplus": lambda x, alpha: np.logaddexp(0.0, x),
+}
+DEFAULT_ALPHA = {"leaky_relu": 0.01, "hard_sigmoid": 1.0 / 6.0}
+_LEAKY = (0.01, 0.2, 0.3)
+_NEIGHBOURS = {  # declared form -> (variant name, form, alpha)
+    "relu": [("relu6", "relu6", None)] + [(f"leaky_relu_{a:g}", "leaky_relu", a) for a in _LEAKY],
+    "relu6": [("relu", "relu", None)],
+    "leaky_relu": [("relu", "relu", None)] + [(f"leaky_relu_{a:g}", "leaky_relu", a) for a in _LEAKY],
+    "gelu_erf": [("gelu_tanh", "gelu_tanh", None), ("gelu_sigmoid", "gelu_sigmoid", None)],
+    "gelu_tanh": [("gelu_erf", "gelu_erf", None), ("gelu_sigmoid", "gelu_sigmoid", None)],
+    "gelu_sigmoid": [("gelu_erf", "gelu_erf", None), ("gelu_tanh", "gelu_tanh", None)],
+    "sigmoid": [("hard_sigmoid", "hard_sigmoid", 1.0 / 6.0), ("hard_sigmoid_0.2", "hard_sigmoid", 0.2)],
+    "hard_sigmoid": [("hard_sigmoid_1/6", "hard_sigmoid", 1.0 / 6.0), ("hard_sigmoid_0.2", "hard_sigmoid", 0.2),
+                     ("sigmoid", "sigmoid", None)],
+    "silu": [("hard_swish", "hard_swish", None)],
+    "hard_swish": [("silu", "silu", None)],
+}
+
+
+def forward(inputs, weights, attrs):
+    form = attrs["form"]
+    if form not in FORMS:
+        raise ValueError(f"unknown activation form {form!r}; known: {', '.join(FORMS)}")
+    return FORMS[form](np.asarray(inputs[0], np.float64), attrs.get("alpha", DEFAULT_ALPHA.get(form)))
+
+
+def _neighbour(form, alpha):
+    def compute(inputs, weights, attrs, observed):
+        x = np.asarray(inputs[0], np.float64)
+        y = FORMS[form](x, alpha)
+        if np.array_equal(y, forward(inputs, weights, attrs)):
+            raise NotApplicable(f"{form} equals the declared {attrs['form']} on these inputs")
+        return y
+
+    return compute
+
+
+def variants(attrs):
+    declared = attrs["form"]
+    alpha = attrs.get("alpha", DEFAULT_ALPHA.get(declared))
+    found = []
+    for name, form, a in _NEIGHBOURS.get(declared, []):
+        if form == declared and abs(a - alpha) < 1e-12:
+            continue  # the declared form itself
+        what = form if a is None else f"{form} (alpha {a:g})"
+        found.append(Variant(name, f"{what} instead of the declared {declared}", _neighbour(form, a)))
+    return found

@@ -1,0 +1,103 @@
+"""pool: 2-D average or max pooling of an NCHW input.
+
+Attributes: ``mode`` ``"avg"`` | ``"max"``; ``size`` int or (kh, kw); ``stride`` (default
+``size``); ``padding`` as for ``conv`` (default ``"valid"``; ``"same"`` splits as TF/XLA do);
+``count_include_pad`` (default False: TF 'same' pooling and ONNX ``AveragePool`` divide by the
+number of real elements; PyTorch ``AvgPool2d`` defaults to True); ``ceil_mode`` (default False:
+output ``floor((n + pads - k)/s) + 1``; True rounds up as PyTorch/ONNX ``ceil_mode`` do, the
+last window may overhang the input and never counts the overhang). Max pooling pads with -inf.
+
+Variants:
+
+* ``max_pool`` / ``avg_pool``: the other mode (a converter or port mapping the wrong op);
+* ``count_include_pad`` / ``count_exclude_pad``: padded average pooling dividing by the full
+  window or only the real elements (PyTorch default versus TF/ONNX default); not applicable
+  without padding;
+* ``ceil_mode`` / ``floor_mode``: the other output rounding; changes the output shape, not
+  applicable where both roundings agree.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from parity.diagnose.layers import NotApplicable, Variant, with_attrs
+from parity.diagnose.layers.conv import pads, pair
+
+KIND = "pool"
+
+
+def _geometry(shape, attrs, ceil_mode):
+    """Explicit pads, ceil-mode overhang and output size per spatial axis."""
+    size = pair(attrs["size"])
+    stride = pair(attrs.get("stride", attrs["size"]))
+    explicit = pads(attrs.get("padding", "valid"), shape, size, stride, (1, 1))
+    overhang, out = [], []
+    for n, (before, after), k, s in zip(shape, explicit, size, stride):
+        span = n + before + after
+        count = (span - k) // s + 1
+        if ceil_mode:
+            count = -(-(span - k) // s) + 1
+            if (count - 1) * s >= n + before:  # the last window must start inside the input or left padding
+                count -= 1
+        out.append(count)
+        overhang.append(max((count - 1) * s + k - span, 0))
+    return size, stride, explicit, overhang, out
+
+
+def forward(inputs, weights, attrs):
+    x = np.asarray(inputs[0], np.float64)
+    ceil_mode = attrs.get("ceil_mode", False)
+    (kh, kw), (sh, sw), explicit, overhang, (oh, ow) = _geometry(x.shape[2:], attrs, ceil_mode)
+    widths = [(b, a + extra) for (b, a), extra in zip(explicit, overhang)]
+    mode = attrs["mode"]
+    if mode not in ("avg", "max"):
+        raise ValueError(f"unknown pool mode {mode!r}")
+    fill = -np.inf if mode == "max" else 0.0
+    padded = np.pad(x, ((0, 0), (0, 0), *widths), constant_values=fill)
+    windows = sliding_window_view(padded, (kh, kw), axis=(2, 3))[:, :, ::sh, ::sw][:, :, :oh, :ow]
+    if mode == "max":
+        return windows.max(axis=(-2, -1))
+    real = np.ones(x.shape[2:])
+    if attrs.get("count_include_pad", False):
+        real = np.pad(real, explicit, constant_values=1.0)
+        real = np.pad(real, [(0, extra) for extra in overhang])
+    else:
+        real = np.pad(real, widths)
+    counts = sliding_window_view(real, (kh, kw))[::sh, ::sw][:oh, :ow].sum(axis=(-2, -1))
+    return windows.sum(axis=(-2, -1)) / counts
+
+
+def _count(include):
+    def compute(inputs, weights, attrs, observed):
+        explicit = _geometry(inputs[0].shape[2:], attrs, attrs.get("ceil_mode", False))[2]
+        if attrs["mode"] != "avg" or not any(b or a for b, a in explicit):
+            raise NotApplicable("no padding in an average pool: both counts agree")
+        return forward(inputs, weights, {**attrs, "count_include_pad": include})
+
+    return compute
+
+
+def _rounding(ceil_mode):
+    def compute(inputs, weights, attrs, observed):
+        shape = inputs[0].shape[2:]
+        if _geometry(shape, attrs, ceil_mode)[4] == _geometry(shape, attrs, not ceil_mode)[4]:
+            raise NotApplicable("floor and ceil output sizes agree here")
+        return forward(inputs, weights, {**attrs, "ceil_mode": ceil_mode})
+
+    return compute
+
+
+def variants(attrs):
+    other = "max" if attrs["mode"] == "avg" else "avg"
+    include = not attrs.get("count_include_pad", False)
+    ceil_mode = not attrs.get("ceil_mode", False)
+    return [
+        Variant(f"{other}_pool", f"{other} pooling instead of {attrs['mode']}", with_attrs(forward, mode=other)),
+        Variant("count_include_pad" if include else "count_exclude_pad",
+                f"average pool divides by the {'full window' if include else 'real elements'} at padded borders",
+                _count(include)),
+        Variant("ceil_mode" if ceil_mode else "floor_mode",
+                f"output size rounded {'up (ceil_mode)' if ceil_mode else 'down'}", _rounding(ceil_mode)),
+    ]

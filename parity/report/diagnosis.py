@@ -1,0 +1,80 @@
+"""The terminal form of a diagnosis: the tap table in network order, the first divergent tap, the tested
+cause with its before/after errors, the chain link where the drift enters, output patterns, gradients."""
+
+from __future__ import annotations
+
+from parity.report.terminal import _table
+
+MARK = ">"  # marks the first divergent tap's row
+
+
+def _num(value, spec: str = ".2e") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _row(row: dict) -> tuple:
+    s = row["stats"] or {}
+    if row["stats"] is None:
+        note = f"fused into {row['fused_into']}" if row.get("fused_into") else (row.get("reason") or "")
+    elif "reason" in s:
+        note = s["reason"]
+    else:
+        note = f"{s['n_bad']} of {s['size']} out" if not s["ok"] else ""
+    return (MARK if row["first_divergent"] else "", row["tap"], row.get("kind") or "-", row.get("found") or "-",
+            _num(s.get("max_abs")), _num(s.get("max_rel")), _num(s.get("mean_abs")), _num(s.get("cosine"), ".6f"),
+            _num(s.get("tol_units"), ".3g"), _num(row.get("growth"), ".3g"), note)
+
+
+def _cause_lines(d: dict) -> list[str]:
+    cause, test = d.get("cause"), d.get("cause_test")
+    if cause:
+        return [f"  cause: {cause['description']} [{cause['variant']}]: recomputing {cause['tap']} this way "
+                f"reproduces the path ({cause['before']['tol_units']:.3g}x the tolerance as declared -> "
+                f"{cause['after']['tol_units']:.3g}x with the variant; max_abs {cause['before']['max_abs']:.3g} -> "
+                f"{cause['after']['max_abs']:.3g})"]
+    if test:
+        return [f"  cause: none confirmed: {test.get('explanation', '')}"]
+    return []
+
+
+def _link_lines(d: dict) -> list[str]:
+    links = d.get("links") or {}
+    parts = []
+    for check in links.get("checks", []):
+        where = check.get("first_divergent_tap") or (check.get("first_divergent_node") or {}).get("node")
+        parts.append(f"{check['link']} {'ok' if check['ok'] else 'DIFFERS'}" + (f" (first at {where})" if where else ""))
+    lines = [f"  chain: {' | '.join(parts)}"] if parts else []
+    if links.get("enters_at"):
+        lines.append(f"  drift enters at the {links['enters_at']}: {links['explanation']}")
+    return lines
+
+
+def render(d: dict) -> str:
+    """One diagnosed path as text."""
+    header = f"Diagnosis {d.get('model', '')} {d.get('path', '')}"
+    if "error" in d:
+        return f"{header}: {d['error']}"
+    tol = d["tolerance"]
+    lines = [f"{header} (tap tolerance atol {tol['atol']:g}, rtol {tol['rtol']:g}; {MARK} first divergent tap)"]
+    if d["taps"]:
+        columns = [("", "left"), ("tap", "left"), ("kind", "left"), ("found", "left"), ("max_abs", "right"),
+                   ("max_rel", "right"), ("mean_abs", "right"), ("cosine", "right"), ("tol×", "right"),
+                   ("growth", "right"), ("note", "left")]
+        lines.append(_table(columns, [_row(r) for r in d["taps"]]))
+    first = d.get("first_divergent_tap")
+    lines.append(f"  first divergent tap: {first}" if first else "  first divergent tap: none (no tap is over "
+                                                                  "tolerance and growing)")
+    lines += _cause_lines(d) + _link_lines(d)
+    holding = [p["detail"] for p in d.get("patterns", []) if p["holds"]]
+    lines.append(f"  output pattern: {'; '.join(holding)}" if holding else
+                 "  output patterns: no class permutation, constant scale, offset or grid shift explains the outputs")
+    if d.get("gradients"):
+        lines.append(f"  gradients: {d['gradients']['note']}")
+    lines += [f"  note: {note}" for note in d.get("notes", [])]
+    return "\n".join(lines)
+
+
+def render_all(report: dict) -> str:
+    """Every diagnosis of a report, separated by blank lines ('' when there is none)."""
+    blocks = [render(r["diagnosis"]) for r in report["results"] if r.get("diagnosis")]
+    return "\n\n".join(blocks)

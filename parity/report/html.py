@@ -1,0 +1,320 @@
+"""The HTML report: one self-contained page per run (inline CSS and SVG; no script, no network).
+
+matplotlib is imported only while a plot is drawn, so importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import re
+import tempfile
+from collections import Counter
+from datetime import UTC, datetime
+from html import escape
+from pathlib import Path
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"Helvetica Neue",Arial,sans-serif;color:#1f2328;
+ margin:24px auto;max-width:1320px;padding:0 16px}
+h1{margin:0 0 4px}h2{margin:28px 0 8px;border-bottom:1px solid #d0d7de;padding-bottom:4px}h3{margin:16px 0 6px}
+.muted{color:#656d76}.summary{font-size:16px;margin:8px 0 16px}
+table{border-collapse:collapse;margin:6px 0 12px;font-size:13px}
+th,td{border-bottom:1px solid #e4e7eb;padding:3px 9px;text-align:left;vertical-align:top}
+th{background:#f6f8fa;font-weight:600}td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+tr.hl td{background:#ffebe9}tr.rep td{background:#fff8c5}.nomap td{color:#8c959f}
+.v{font-weight:600;padding:1px 7px;border-radius:9px;font-size:12px;white-space:nowrap}
+.v-pass{background:#dafbe1;color:#116329}.v-fail{background:#ffebe9;color:#a40e26}
+.v-error{background:#ffe2cc;color:#953800}.v-skip{background:#eaeef2;color:#57606a}
+.v-xerror{background:#eaeef2;color:#6639ba}.v-xpass{background:#fff8c5;color:#7d4e00}
+.headline{font-size:15px;background:#f6f8fa;border-left:4px solid #cf222e;padding:6px 10px}
+.headline.quiet{border-left-color:#8c959f}
+.ok{color:#116329}.bad{color:#a40e26;font-weight:600}.plot svg{width:100%;max-width:1100px;height:auto}
+section.diag{margin-top:36px}td{max-width:560px;overflow-wrap:break-word}code{font-size:12px}
+"""
+LABEL_CLASS = {"pass": "pass", "FAIL": "fail", "ERROR": "error", "skip": "skip", "xerror": "xerror", "XPASS": "xpass"}
+
+
+class _Right(str):
+    """A table cell (already escaped) that is right-aligned: a number."""
+
+
+def _e(value) -> str:
+    return escape("" if value is None else str(value))
+
+
+def _num(value, fmt: str = ".3g") -> str:
+    """A number as text; None is "-", non-finite floats are "inf", "-inf" or "nan"."""
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "-" if value is None else _e(value)
+    if not math.isfinite(value):
+        return "nan" if math.isnan(value) else "inf" if value > 0 else "-inf"
+    return format(value, fmt)
+
+
+def _n(value, fmt: str = ".3g", suffix: str = "") -> _Right:
+    return _Right(_num(value, fmt) + (suffix if isinstance(value, (int, float)) else ""))
+
+
+def _flag(ok, yes: str = "ok", no: str = "bad") -> str:
+    return f'<span class="ok">{yes}</span>' if ok else f'<span class="bad">{no}</span>'
+
+
+def _label(r: dict) -> str:
+    if r.get("unexpected_pass"):
+        return "XPASS"
+    if r.get("verdict") == "error" and r.get("expected"):
+        return "xerror"
+    return {"fail": "FAIL", "error": "ERROR"}.get(r.get("verdict"), str(r.get("verdict")))
+
+
+def _badge(label: str) -> str:
+    return f'<span class="v v-{LABEL_CLASS.get(label, "skip")}">{_e(label)}</span>'
+
+
+def _table(headers: list[str], rows: list[tuple[str, list[str]]]) -> str:
+    """``rows``: (the row's class, its cells already escaped; a ``_Right`` cell is right-aligned)."""
+    def cell(c: str) -> str:
+        return f'<td class="n">{c}</td>' if isinstance(c, _Right) else f"<td>{c}</td>"
+
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = "".join(f'<tr class="{cls}">{"".join(map(cell, cells))}</tr>' for cls, cells in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _worst(stats: dict | None):
+    """The largest tol_units of a stats dict (nan counts as the worst), or None."""
+    values = [s.get("tol_units") for s in (stats or {}).values() if isinstance(s, dict)]
+    values = [v for v in values if isinstance(v, (int, float))]
+    return max(values, key=lambda v: math.inf if math.isnan(v) else v) if values else None
+
+
+def _verdicts(results: list[dict]) -> str:
+    rows = []
+    for i, r in enumerate(results):
+        grads, m, t = r.get("gradients"), r.get("metrics") or {}, r.get("timing") or {}
+        bad = sum(1 for s in (grads or {}).values() if not (s or {}).get("ok"))
+        acc = m["accuracy"].get("value") if isinstance(m.get("accuracy"), dict) else None
+        path = _e(r.get("path"))
+        if r.get("diagnosis"):
+            path = f'<a href="#diag-{i}">{path}</a> <span class="muted">(diagnosis)</span>'
+        grad_cell = "-" if grads is None else _flag(not bad, f"ok {len(grads)}", f"{bad} bad")
+        rows.append(("", [_e(r.get("model")), path, _badge(_label(r)), _n(_worst(r.get("outputs"))), grad_cell,
+                          _n(acc, ".4f"), _n(m.get("argmax_agreement"), ".3f"), _n(t.get("median_ms"), ".3f"),
+                          _e(r.get("reason"))]))
+    return _table(["model", "path", "verdict", "tol×", "grads", "acc", "agree", "median ms", "reason"], rows)
+
+
+def _plot(taps: list[dict], first: str | None, salt: str) -> str:
+    """Error per tap in tolerance units (log scale) as an inline SVG; clipped and unmeasured taps are marked."""
+    import matplotlib
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter
+    from matplotlib.transforms import blended_transform_factory
+
+    vals = [(t.get("stats") or {}).get("tol_units") for t in taps]
+    finite = [v for v in vals if isinstance(v, (int, float)) and math.isfinite(v) and v > 0]
+    top = max(finite + [1.0]) * 10
+    floor = min(finite + [1.0]) / 10
+    groups = {"measured": ([], []), "over": ([], []), "zero": ([], []), "none": ([], [])}
+    for x, v in enumerate(vals):
+        kind = ("none" if not isinstance(v, (int, float)) else "over" if not math.isfinite(v)
+                else "zero" if v <= 0 else "measured")
+        groups[kind][0].append(x)
+        groups[kind][1].append({"over": top, "zero": floor}.get(kind, v))
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": salt, "font.size": 8,
+                                "font.family": "sans-serif"}):
+        fig = Figure(figsize=(8, 3))
+        ax = fig.add_subplot()
+        ax.set_yscale("log")
+        line = sorted([(x, y) for k in ("measured", "over", "zero") for x, y in zip(*groups[k])])
+        if line:
+            ax.plot(*zip(*line), color="#8c959f", lw=1, zorder=1)
+        colours = ["#0969da" if v <= 1 else "#cf222e" for v in groups["measured"][1]]
+        if colours:
+            ax.scatter(*groups["measured"], s=18, c=colours, zorder=2, label="tol× at tap (red: out of tolerance)")
+        if groups["over"][0]:
+            ax.scatter(*groups["over"], marker="^", s=40, color="#a40e26", zorder=3,
+                       label=f"inf/nan (clipped at {top:.0e})")
+            for x in groups["over"][0]:
+                ax.annotate(_num(vals[x]), (x, top), xytext=(0, 5), textcoords="offset points", ha="center",
+                            fontsize=7, color="#a40e26")
+        if groups["zero"][0]:
+            ax.scatter(*groups["zero"], marker="v", s=30, color="#116329", zorder=3, label="exact (0)")
+        if groups["none"][0]:
+            trans = blended_transform_factory(ax.transData, ax.transAxes)
+            ax.scatter(groups["none"][0], [0.04] * len(groups["none"][0]), marker="x", s=28, color="#8c959f",
+                       transform=trans, zorder=3, label="fused / unmapped (no value)")
+        ax.axhline(1.0, color="#cf222e", ls="--", lw=1, label="tolerance (1×)")
+        names = [str(t.get("tap")) for t in taps]
+        if first in names:
+            x = names.index(first)
+            ax.axvspan(x - 0.4, x + 0.4, color="#ffcecb", zorder=0, label=f"first divergent: {first[:30]}")
+        ax.set_xticks(range(len(taps)), [n if len(n) <= 24 else n[:23] + "…" for n in names], rotation=50,
+                      ha="right", rotation_mode="anchor")
+        ax.set_xlim(-0.6, len(taps) - 0.4)
+        ax.set_ylim(floor / 2, top * 3)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))  # no mathtext: plain SVG text
+        ax.set_ylabel("error / tolerance")
+        ax.grid(axis="y", color="#eaeef2", lw=0.6)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
+        buf = io.StringIO()
+        fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+    svg = buf.getvalue()
+    svg = re.sub(r"<metadata>.*?</metadata>", "", svg[svg.index("<svg"):], flags=re.DOTALL)
+    return f'<div class="plot" role="img" aria-label="error per tap in tolerance units">{svg}</div>'
+
+
+def _taps(taps: list[dict]) -> str:
+    rows = []
+    for t in taps:
+        s = t.get("stats") or {}
+        note = [f"fused into {t['fused_into']}" if t.get("fused_into") else "", t.get("reason") or "",
+                f"tensor {t['tensor']}" if t.get("tensor") and t.get("tensor") != t.get("tap") else ""]
+        tol = _n(s.get("tol_units"))
+        if s.get("ok") is False:
+            tol = _Right(f'<span class="bad">{tol}</span>')
+        cells = [_e(t.get("tap")), _e(t.get("kind") or "-"), _e(t.get("found"))]
+        cells += [_n(s.get(k), ".6g" if k == "cosine" else ".3g") for k in ("max_abs", "max_rel", "mean_abs", "cosine")]
+        cells += [tol, _n(t.get("growth"), ".2g", "×"), _e("; ".join(filter(None, note)))]
+        rows.append(("hl" if t.get("first_divergent") else "" if s else "nomap", cells))
+    return _table(["tap", "kind", "found", "max_abs", "max_rel", "mean_abs", "cosine", "tol×", "growth", "note"], rows)
+
+
+def _headline(d: dict) -> str:
+    first, cause = d.get("first_divergent_tap"), d.get("cause")
+    if not first:
+        measured = [(t.get("stats") or {}).get("ok") for t in d.get("taps") or [] if isinstance(t, dict)]
+        measured = [ok for ok in measured if ok is not None]
+        return ("no divergent tap: " + ("no tap could be compared" if not measured else
+                "every compared tap is within tolerance" if all(measured) else "none identified"))
+    text = f"first divergent tap: <b>{_e(first)}</b> — "
+    if not cause:
+        return text + "no known variant explains it"
+    before, after = cause.get("before") or {}, cause.get("after") or {}
+    return text + (f"cause: {_e(cause.get('description') or cause.get('variant'))} — error "
+                   f"{_num(before.get('tol_units'), '.2g')}× → {_num(after.get('tol_units'), '.2g')}× tolerance")
+
+
+def _cause_test(ct: dict) -> str:
+    attrs = ", ".join(f"{k}={v}" for k, v in (ct.get("attrs") or {}).items())
+    declared = ct.get("declared") or {}
+    rows = [("", ["<b>declared</b>", _e(attrs), _n(declared.get("max_abs")), _n(declared.get("tol_units")), ""])]
+    for v in ct.get("variants") or []:
+        rep = bool(v.get("reproduces"))
+        rows.append(("rep" if rep else "", [_e(v.get("name")), _e(v.get("description")), _n(v.get("max_abs")),
+                                            _n(v.get("tol_units")), _flag(True, "✔ reproduces") if rep else "-"]))
+    title = f"Cause test at {_e(ct.get('tap'))} <span class='muted'>({_e(ct.get('kind'))})</span>"
+    table = _table(["variant", "description", "max_abs", "tol×", "reproduces"], rows)
+    return f"<h3>{title}</h3>{table}<p>{_e(ct.get('explanation'))}</p>"
+
+
+def _links(links: dict) -> str:
+    rows = []
+    for c in links.get("checks") or []:
+        node = c.get("first_divergent_node") or {}
+        where = c.get("first_divergent_tap") or (
+            f"{node.get('node')} ({node.get('op_type')}, {_num(node.get('tol_units'))}×)" if node else "-")
+        rows.append(("" if c.get("ok") else "hl", [_e(c.get("link")), _e(c.get("compared")),
+                                                   _flag(c.get("ok"), "ok", "diverges"), _e(where),
+                                                   _n(c.get("worst_tol_units"))]))
+    table = _table(["link", "compared", "result", "first divergent", "worst tol×"], rows) if rows else ""
+    title = f"Where the drift enters: {_e(links.get('enters_at') or 'unknown')}"
+    return f"<h3>{title}</h3><p>{_e(links.get('explanation'))}</p>{table}"
+
+
+def _gradients(g: dict) -> str:
+    rows = [("" if layer.get("ok") else "hl",
+             [_e(layer.get("layer")), _flag(layer.get("ok")), _n(layer.get("worst_tol_units")),
+              _e(", ".join(str(p.get("name")) for p in layer.get("params") or [] if not p.get("ok")) or "-")])
+            for layer in g.get("layers") or []]
+    first = g.get("first_departing_param")
+    text = " · ".join(filter(None, [_e(g.get("note")), first and f"first departing parameter: <b>{_e(first)}</b>"]))
+    table = _table(["layer", "result", "worst tol×", "bad parameters"], rows)
+    return f"<h3>Gradients by layer</h3><p>{text}</p>{table}"
+
+
+def _diagnosis(i: int, r: dict) -> str:
+    d = r.get("diagnosis") or {}
+    taps = [t for t in d.get("taps") or [] if isinstance(t, dict)]
+    tol = d.get("tolerance") or {}
+    title = f"Diagnosis: {_e(r.get('model'))} · {_e(r.get('path'))} {_badge(_label(r))}"
+    tolerance = (f"tolerance: atol {_num(tol.get('atol'))}, rtol {_num(tol.get('rtol'))}; "
+                 f"{len(taps)} taps in network order")
+    quiet = "" if d.get("first_divergent_tap") else " quiet"
+    parts = [f'<section class="diag" id="diag-{i}"><h2>{title}</h2>', f'<p class="headline{quiet}">{_headline(d)}</p>',
+             f'<p class="muted">{tolerance}</p>']
+    if taps:
+        parts += [_plot(taps, d.get("first_divergent_tap"), f"diag-{i}"), _taps(taps)]
+    else:
+        parts.append("<p>No taps were recorded.</p>")
+    if d.get("cause_test"):
+        parts.append(_cause_test(d["cause_test"]))
+    if d.get("links"):
+        parts.append(_links(d["links"]))
+    if d.get("patterns"):
+        rows = [("", [_e(p.get("name")), _flag(not p.get("holds"), "no", "holds"), _e(p.get("detail"))])
+                for p in d["patterns"]]
+        parts.append("<h3>Output patterns</h3>" + _table(["pattern", "holds", "detail"], rows))
+    if d.get("gradients"):
+        parts.append(_gradients(d["gradients"]))
+    if d.get("notes"):
+        parts.append("<h3>Notes</h3><ul>" + "".join(f"<li>{_e(n)}</li>" for n in d["notes"]) + "</ul>")
+    return "\n".join(parts) + "</section>"
+
+
+def _flatten(value, prefix: str = "") -> list[tuple[str, str]]:
+    """Nested dicts as ``a.b.c`` keys; a list of dicts is indexed (``gpu.0.name``), other lists joined."""
+    if isinstance(value, (list, tuple)) and any(isinstance(v, dict) for v in value):
+        value = dict(enumerate(value))
+    if isinstance(value, dict) and value:
+        return [row for k, v in value.items() for row in _flatten(v, f"{prefix}.{k}" if prefix else str(k))]
+    if isinstance(value, (list, tuple)):
+        value = ", ".join(str(v) for v in value)
+    return [(prefix, "-" if value is None or value == {} else str(value))]
+
+
+def render(report: dict) -> str:
+    """The whole page as a string."""
+    results = [r for r in report.get("results") or [] if isinstance(r, dict)]
+    errors = report.get("model_errors") or []
+    counts = Counter(_label(r) for r in results)
+    summary = " · ".join(f"{counts.get(k, 0)} {k}" for k in ("pass", "FAIL", "ERROR", "skip", "xerror"))
+    summary += f" · {counts['XPASS']} XPASS" if counts.get("XPASS") else ""
+    summary += f" · {len(errors)} model error(s)" if errors else ""
+    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    body = [f"<h1>parity report</h1><p class='muted'>generated {now} · schema {_e(report.get('schema'))}</p>",
+            f'<p class="summary">{_e(summary)}</p>', "<h2>Verdicts</h2>",
+            _verdicts(results) if results else "<p>No path ran.</p>"]
+    if errors:
+        body.append("<h2>Model errors</h2>" + _table(["model", "reason"], [
+            ("hl", [_e(p.get("model")), _e(p.get("reason"))]) for p in errors if isinstance(p, dict)]))
+    body += [_diagnosis(i, r) for i, r in enumerate(results) if r.get("diagnosis")]
+    env = _flatten(report.get("env") or {})
+    body.append("<h2>Environment</h2>" + _table(["key", "value"], [("", [f"<code>{_e(k)}</code>", _e(v)])
+                                                                    for k, v in env if k]))
+    head = ('<meta charset="utf-8"><meta name="viewport" content="width=device-width,initial-scale=1">'
+            f"<title>parity report</title><style>{CSS}</style>")
+    return f'<!DOCTYPE html>\n<html lang="en"><head>{head}</head><body>\n' + "\n".join(body) + "\n</body></html>\n"
+
+
+def write(report: dict, out_dir: str | Path) -> Path:
+    """Render to ``out_dir/index.html``: a temporary file beside it, fsynced, then renamed over it."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / "index.html"
+    page = render(report)
+    fd, tmp = tempfile.mkstemp(prefix=".index.html.", dir=out_dir)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(page)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return target
