@@ -3,7 +3,9 @@ cause with its before/after errors, the chain link where the drift enters, outpu
 
 from __future__ import annotations
 
-from parity.report.terminal import _table
+import textwrap
+
+from parity.report.terminal import WRAP, _table
 
 MARK = ">"  # marks the first divergent tap's row
 
@@ -62,15 +64,17 @@ def render(d: dict) -> str:
                    ("growth", "right"), ("note", "left")]
         lines.append(_table(columns, [_row(r) for r in d["taps"]]))
     first = d.get("first_divergent_tap")
-    lines.append(f"  first divergent tap: {first}" if first else "  first divergent tap: none (no tap is over "
-                                                                  "tolerance and growing)")
-    lines += _cause_lines(d) + _link_lines(d)
+    notes = [f"  first divergent tap: {first}" if first else
+             "  first divergent tap: none (no tap is over tolerance and growing)"]
+    notes += _cause_lines(d) + _link_lines(d)
     holding = [p["detail"] for p in d.get("patterns", []) if p["holds"]]
-    lines.append(f"  output pattern: {'; '.join(holding)}" if holding else
+    notes.append(f"  output pattern: {'; '.join(holding)}" if holding else
                  "  output patterns: no class permutation, constant scale, offset or grid shift explains the outputs")
     if d.get("gradients"):
-        lines.append(f"  gradients: {d['gradients']['note']}")
-    lines += [f"  note: {note}" for note in d.get("notes", [])]
+        notes.append(f"  gradients: {d['gradients']['note']}")
+    notes += [f"  note: {note}" for note in d.get("notes", [])]
+    for note in notes:
+        lines += textwrap.wrap(note, WRAP, subsequent_indent="    ", break_long_words=False, break_on_hyphens=False)
     return "\n".join(lines)
 
 
