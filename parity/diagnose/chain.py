@@ -125,10 +125,7 @@ def _links(spec, path, rows, observed, source, golden_taps, tolerances) -> dict:
                        "first_divergent_tap": export_first, "worst_tol_units": drift.worst_units(export_rows)})
     runtime = observed.get("runtime_compare")
     if runtime is not None:
-        node = runtime.get("first_divergent")
-        worst = max((n["tol_units"] for n in runtime["nodes"]), default=0.0)
-        checks.append({"link": "runtime", "compared": "ort vs onnxref on every intermediate tensor of the same file",
-                       "ok": node is None, "first_divergent_node": node, "worst_tol_units": worst})
+        checks.append(_runtime_link(runtime))
     by_link = {c["link"]: c for c in checks}
     if not by_link["definition"]["ok"]:
         enters = "definition"
@@ -149,3 +146,21 @@ def _links(spec, path, rows, observed, source, golden_taps, tolerances) -> dict:
         enters = None
         why = "no link departs on the taps"
     return {"enters_at": enters, "explanation": why, "checks": checks}
+
+
+def _runtime_link(runtime: dict) -> dict:
+    """ORT vs the reference evaluator: judged on the tensors that carry a tap or an output.
+
+    Inside a layer the two may legitimately differ by float32 summation order a little beyond
+    the tap tolerance (large attention scores); what matters is whether a tap or an output
+    differs. When one does, the first node where the disagreement starts and grows is named.
+    """
+    boundary = set(runtime.get("boundary_tensors", []))
+    at_boundary = [n for n in runtime["nodes"] if n["tensor"] in boundary]
+    worst = max((n["tol_units"] for n in at_boundary), default=0.0)
+    ok = worst <= 1.0
+    node = None
+    if not ok:
+        node = runtime.get("first_divergent") or next(n for n in at_boundary if n["tol_units"] > 1.0)
+    return {"link": "runtime", "compared": "ort vs onnxref on the same file (every tensor; judged at taps and outputs)",
+            "ok": ok, "first_divergent_node": node, "worst_tol_units": worst}

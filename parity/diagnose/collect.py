@@ -63,4 +63,6 @@ def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, precision, thr
     runtime_compare = None
     if runtime_link:
         runtime_compare = onnx_taps.compare_runtimes(model, feed, spec.tolerances[precision].default, threads)
+        runtime_compare["boundary_tensors"] = list(meta["output_names"]) + [
+            where["tensor"] for where in located.values() if where.get("tensor")]
     return {"outputs": outputs, "taps": taps, "located": located, "gradients": None, "runtime_compare": runtime_compare}

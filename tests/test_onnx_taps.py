@@ -1,0 +1,337 @@
+"""Taps inside exported ONNX graphs (torch.onnx metadata, tf2onnx names, jax2onnx values) and
+ONNX Runtime against onnx.reference node by node, on real exports of the built-in cnn and transformer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from parity import golden, layouts, orchestrate, paths
+from parity.cache import cache_root
+from parity.diagnose import onnx_taps as ot
+from parity.spec import Tolerance
+from parity.worker import WorkerPool
+from parity.workspace import Workspace
+
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+REPO = Path(__file__).resolve().parent.parent
+MODELS = ("cnn", "transformer")
+PATH_OF = {"torch.onnx": "torch/onnx/ort", "tf2onnx": "tf/onnx/ort", "jax2onnx": "jax/onnx/ort"}
+HOW = {"torch.onnx": "metadata", "tf2onnx": "name", "jax2onnx": "value"}
+# what the real exports do, as observed: torch.onnx folds each BatchNorm into the preceding Conv
+# (the Conv node carries the BatchNorm's scope) and drops the inference-time Dropout
+FUSED = {("cnn", "torch.onnx"): {"conv1": "bn1", "conv2": "bn2"}}
+IDENTITY = {"cnn": {"dropout": "flatten"}}  # no node in any export: the same tensor as flatten
+
+
+class Artifact:
+    def __init__(self, spec, entry):
+        self.spec = spec
+        self.meta = entry["meta"]
+        self.model = onnx.load(str(Path(entry["dir"]) / entry["meta"]["file"]))
+        reference = np.load(REPO / "golden" / spec.name / "reference.npz")
+        self.golden = {tap: reference[f"tap/{tap}"] for tap in spec.taps}
+        x = np.load(REPO / "golden" / spec.name / "inputs.npz")["x"]
+        self.feed = {self.meta["input_name"]: np.ascontiguousarray(
+            layouts.to_layout(x, spec.input.layout, self.meta["input_layout"]), dtype=np.float32)}
+        self.layout = self.meta["input_layout"]
+
+    def candidates(self):
+        return ot.candidate_names(self.model, self.spec, self.golden, self.layout)
+
+    def values(self, model=None):
+        model = model or self.model
+        return ot.run_tensors("ort", model, self.feed, ot.candidate_names(model, self.spec, self.golden, self.layout))
+
+    def map(self, exporter, model=None, values=None):
+        model = model or self.model
+        values = self.values(model) if values is None else values
+        return ot.map_taps(model, self.spec, exporter, self.golden, values, self.layout)
+
+
+@pytest.fixture(scope="module")
+def artifacts(export_cache):
+    """The six exports (one worker per framework, in turn), shared by the module."""
+    ws = Workspace(REPO)
+    out = {}
+    with WorkerPool(1, cache_root() / "logs", 300) as pool:
+        for exporter, path_id in PATH_OF.items():
+            path = paths.by_id(path_id)
+            reason = paths.unavailable_reason(path)
+            for model in MODELS:
+                if reason:
+                    out[(model, exporter)] = reason
+                    continue
+                spec = ws.load_spec(model)
+                manifest = golden.verify(ws.golden_dir(model), spec)
+                run = orchestrate.Run(ws, orchestrate.Options(threads=1))
+                entry = run._export(pool, spec, manifest, path, len(path.exports) - 1)
+                out[(model, exporter)] = Artifact(spec, entry) if "error" not in entry else entry["error"]
+    return out
+
+
+def _artifact(artifacts, model, exporter) -> Artifact:
+    found = artifacts[(model, exporter)]
+    if isinstance(found, str):
+        pytest.skip(found)
+    return found
+
+
+# --------------------------------------------------------------------------- real exports
+
+
+@pytest.mark.parametrize("exporter", list(PATH_OF))
+@pytest.mark.parametrize("model", MODELS)
+def test_every_tap_found_and_matches_golden(artifacts, model, exporter):
+    art = _artifact(artifacts, model, exporter)
+    candidates = art.candidates()
+    mapping = art.map(exporter)
+    assert list(mapping) == list(art.spec.taps)
+    fused = FUSED.get((model, exporter), {})
+    identity = IDENTITY.get(model, {})
+    for tap, loc in mapping.items():
+        assert set(loc) == {"tensor", "how", "fused_into", "layout", "reason"}
+        if tap in fused:
+            assert (loc["how"], loc["fused_into"], loc["tensor"]) == ("fused", fused[tap], None), (tap, loc)
+            assert loc["reason"]
+            continue
+        assert loc["how"] == HOW[exporter], (tap, loc)
+        assert loc["tensor"] in candidates
+        if tap in identity:
+            assert loc["tensor"] == mapping[identity[tap]]["tensor"]
+            assert "identity" in loc["reason"] and identity[tap] in loc["reason"]
+    # the mapped tensors, in one fresh ORT run, match the golden taps (fp32 against fp64)
+    mapped = {tap: loc for tap, loc in mapping.items() if loc["tensor"] is not None}
+    values = ot.run_tensors("ort", art.model, art.feed, [loc["tensor"] for loc in mapped.values()])
+    for tap, loc in mapped.items():
+        assert loc["layout"] in ("nchw", "nhwc", art.spec.input.layout)
+        canonical = ot.to_canonical(values[loc["tensor"]], loc, art.golden[tap].shape)
+        assert canonical.shape == art.golden[tap].shape
+        worst = float(np.max(np.abs(canonical - art.golden[tap])))
+        assert worst <= 1e-4, (tap, loc, worst)
+
+
+def test_tf2onnx_cnn_layouts(artifacts):
+    """tf2onnx's transpose optimiser leaves the conv activations in NCHW; 8x8x8 maps are a layout
+    tie (NCHW shape == NHWC shape), settled by value, or by the neighbours when there are none."""
+    art = _artifact(artifacts, "cnn", "tf2onnx")
+    for values in (None, {}):
+        mapping = art.map("tf2onnx", values=values)
+        for tap in ("conv1", "bn1", "relu1", "pool1", "conv2", "bn2", "relu2"):
+            assert mapping[tap]["layout"] == "nchw", (tap, mapping[tap])
+        assert "tie" in mapping["conv1"]["reason"]
+        assert mapping["pool1"]["reason"] is None  # 8x4x4 vs 4x4x8: the shape decides
+
+
+@pytest.mark.parametrize("exporter", ["torch.onnx", "tf2onnx"])
+@pytest.mark.parametrize("model", MODELS)
+def test_metadata_and_names_do_not_depend_on_values(artifacts, model, exporter):
+    """A faulty path's values match nothing; metadata and names still find every tap."""
+    art = _artifact(artifacts, model, exporter)
+    clean = art.map(exporter)
+    faulty = {name: 3.0 * v + 1.0 for name, v in art.values().items()}
+    for values in ({}, faulty):
+        mapping = art.map(exporter, values=values)
+        assert {t: (m["tensor"], m["how"], m["fused_into"]) for t, m in mapping.items()} == \
+               {t: (m["tensor"], m["how"], m["fused_into"]) for t, m in clean.items()}
+
+
+# --------------------------------------------------------------------------- robustness
+
+
+def _copy(model):
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    return copy
+
+
+def test_torch_tap_without_metadata_falls_back_to_value(artifacts):
+    art = _artifact(artifacts, "cnn", "torch.onnx")
+    clean = art.map("torch.onnx")
+    model = _copy(art.model)
+    (relu,) = [n for n in model.graph.node if ot.torch_scope(n) == "relu1"]
+    del relu.metadata_props[:]
+    mapping = art.map("torch.onnx", model=model)
+    assert mapping["relu1"]["how"] == "value" and mapping["relu1"]["tensor"] == clean["relu1"]["tensor"]
+    assert mapping["relu1"]["reason"]
+    for tap in art.spec.taps:
+        if tap != "relu1":
+            assert mapping[tap] == clean[tap], tap
+    # without values the tap cannot be placed: unmapped with a reason, the others unchanged
+    bare = art.map("torch.onnx", model=model, values={})
+    assert bare["relu1"]["how"] == "unmapped" and bare["relu1"]["tensor"] is None and bare["relu1"]["reason"]
+    assert all(bare[t]["tensor"] == clean[t]["tensor"] for t in art.spec.taps if t != "relu1")
+
+
+def test_tf2onnx_renamed_layer_falls_back_to_value(artifacts):
+    art = _artifact(artifacts, "transformer", "tf2onnx")
+    clean = art.map("tf2onnx")
+    model = _copy(art.model)
+    renamed = 0
+    for node in model.graph.node:
+        if ot.keras_scope(node.name, art.spec.taps) == "block0_gelu":
+            node.name = f"renamed_{renamed}"
+            renamed += 1
+    assert renamed
+    mapping = art.map("tf2onnx", model=model)
+    assert mapping["block0_gelu"]["how"] == "value"
+    assert mapping["block0_gelu"]["tensor"] == clean["block0_gelu"]["tensor"]
+    assert all(mapping[t] == clean[t] for t in art.spec.taps if t != "block0_gelu")
+
+
+def test_value_tap_that_matches_nothing_is_unmapped(artifacts):
+    art = _artifact(artifacts, "cnn", "jax2onnx")
+    values = art.values()
+    clean = art.map("jax2onnx", values=values)
+    target = clean["relu1"]["tensor"]
+    values = dict(values, **{target: np.random.default_rng(0).normal(size=values[target].shape).astype(np.float32)})
+    mapping = art.map("jax2onnx", values=values)
+    assert mapping["relu1"]["how"] == "unmapped" and mapping["relu1"]["tensor"] is None
+    assert target in mapping["relu1"]["reason"] and "off by" in mapping["relu1"]["reason"]
+    assert all(mapping[t]["tensor"] == clean[t]["tensor"] for t in art.spec.taps if t != "relu1")
+
+
+@pytest.mark.parametrize("model, exporter", [("cnn", "tf2onnx"), ("transformer", "tf2onnx"), ("cnn", "torch.onnx")])
+def test_graph_without_names_maps_by_value(artifacts, model, exporter):
+    """A tf2onnx graph without Keras names (what jax2tf -> tf2onnx gives) or a torch graph without
+    metadata: every tap by value, onto the same tensors; a folded conv is still reported fused."""
+    art = _artifact(artifacts, model, exporter)
+    clean = art.map(exporter)
+    bare = _copy(art.model)
+    for index, node in enumerate(bare.graph.node):
+        node.name = f"n{index}"
+        del node.metadata_props[:]
+    mapping = art.map(exporter, model=bare)
+    for tap, loc in clean.items():
+        assert mapping[tap]["tensor"] == loc["tensor"], tap
+        assert mapping[tap]["how"] == ("fused" if loc["how"] == "fused" else "value"), tap
+        assert mapping[tap]["fused_into"] == loc["fused_into"]
+        assert mapping[tap]["layout"] == loc["layout"]
+
+
+# --------------------------------------------------------------------------- ORT vs onnx.reference
+
+
+@pytest.mark.parametrize("exporter", list(PATH_OF))
+def test_compare_runtimes_clean_export(artifacts, exporter):
+    art = _artifact(artifacts, "cnn", exporter)
+    result = ot.compare_runtimes(art.model, art.feed, art.spec.tolerances["fp32"].default)
+    assert [e["tensor"] for e in result["nodes"]] == ot.intermediate_names(art.model)
+    assert result["first_divergent"] is None
+    assert all(e["tol_units"] <= 1.0 and e["max_abs"] >= 0.0 for e in result["nodes"])
+
+
+def _entries(units: dict[str, float]) -> list[dict]:
+    return [{"node": f"n_{t}", "op_type": "Op", "tensor": t, "max_abs": u * 1e-5, "tol_units": u} for t, u in units.items()]
+
+
+def test_first_divergent_node_all_within():
+    entries = _entries({"a": 0.2, "b": 1.0, "c": 0.7})
+    assert ot.first_divergent_node(entries, {"a": ["x"], "b": ["a"], "c": ["b"]}) is None
+
+
+def test_first_divergent_node_is_the_source_not_its_consumers():
+    entries = _entries({"a": 0.3, "b": 4.0, "c": 9.0, "d": 20.0})
+    inputs = {"a": ["x", "w"], "b": ["a", "w2"], "c": ["b"], "d": ["c", "a"]}
+    assert ot.first_divergent_node(entries, inputs)["tensor"] == "b"
+
+
+def test_first_divergent_node_skips_entries_that_only_carry_an_input_error():
+    # 'carry' reads 'big' and is no worse than it: not divergent of its own, whatever the order given
+    entries = _entries({"carry": 6.0, "big": 6.0, "mix": 7.5})
+    inputs = {"carry": ["big"], "big": ["x", "w"], "mix": ["carry"]}
+    assert ot.first_divergent_node(entries, inputs)["tensor"] == "big"
+    # an input with no entry (graph input, initializer) counts as exact
+    assert ot.first_divergent_node(entries, {**inputs, "carry": ["x"]})["tensor"] == "carry"
+
+
+def test_first_divergent_node_non_finite():
+    entries = _entries({"a": 0.1, "b": float("inf"), "c": float("inf")})
+    assert ot.first_divergent_node(entries, {"b": ["a"], "c": ["b"]})["tensor"] == "b"
+
+
+# --------------------------------------------------------------------------- small graphs, no export
+
+
+def _tiny_model():
+    from onnx import TensorProto, helper
+
+    w = helper.make_tensor("w", TensorProto.FLOAT, [3], [1.0, 2.0, 3.0])
+    nodes = [
+        helper.make_node("Mul", ["x", "w"], ["m"], name="mul"),
+        helper.make_node("Shape", ["m"], ["s"], name="shape"),  # int64: not an intermediate
+        helper.make_node("Relu", ["m"], ["r"], name="relu"),
+        helper.make_node("Add", ["r", "x"], ["y"], name="add"),
+    ]
+    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+
+
+def test_intermediates_and_with_outputs():
+    model = _tiny_model()
+    before = model.SerializeToString()
+    assert ot.intermediate_names(model) == ["m", "r", "y"]
+    extended = ot.with_outputs(model, ["m", "r", "y"])
+    assert model.SerializeToString() == before
+    outputs = {o.name: o for o in extended.graph.output}
+    assert list(outputs) == ["y", "m", "r"]
+    assert [d.dim_value for d in outputs["r"].type.tensor_type.shape.dim] == [2, 3]
+    feed = {"x": np.array([[1.0, -1.0, 2.0], [-3.0, 0.5, 1.0]], dtype=np.float32)}
+    expected_m = feed["x"] * np.array([1.0, 2.0, 3.0], dtype=np.float32)
+    for runtime in ("ort", "onnxref"):
+        got = ot.run_tensors(runtime, model, feed, ["m", "r"])
+        np.testing.assert_array_equal(got["m"], expected_m)
+        np.testing.assert_array_equal(got["r"], np.maximum(expected_m, 0))
+    with pytest.raises(ValueError):
+        ot.run_tensors("tvm", model, feed, ["m"])
+
+
+def test_compare_runtimes_tiny():
+    model = _tiny_model()
+    feed = {"x": np.ones((2, 3), dtype=np.float32)}
+    result = ot.compare_runtimes(model, feed, Tolerance(1e-6, 1e-6))
+    assert [(e["node"], e["op_type"], e["tensor"]) for e in result["nodes"]] == \
+           [("mul", "Mul", "m"), ("relu", "Relu", "r"), ("add", "Add", "y")]
+    assert result["first_divergent"] is None and all(e["max_abs"] == 0.0 for e in result["nodes"])
+
+
+def test_to_canonical():
+    nchw = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5)
+    nhwc = np.transpose(nchw, (0, 2, 3, 1))
+    np.testing.assert_array_equal(ot.to_canonical(nhwc, {"layout": "nhwc"}, nchw.shape), nchw)
+    np.testing.assert_array_equal(ot.to_canonical(nchw, {"layout": "nchw"}, nchw.shape), nchw)
+    flat = np.arange(24, dtype=np.float32).reshape(6, 4)  # a (batch*tokens, d) matmul
+    assert ot.to_canonical(flat, {"layout": "tokens"}, (2, 3, 4)).shape == (2, 3, 4)
+    with pytest.raises(ValueError):
+        ot.to_canonical(flat, {"layout": "tokens", "tensor": "t"}, (2, 3, 5))
+
+
+def test_module_imports_no_framework():
+    import subprocess
+    import sys
+
+    probe = ("import sys, parity.diagnose.onnx_taps; "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('onnx', 'onnxruntime', 'torch', 'tensorflow', 'jax')))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.strip() == "[]"
+
+
+def test_scope_parsers():
+    from onnx import helper
+
+    node = helper.make_node("Relu", ["a"], ["b"])
+    assert ot.torch_scope(node) is None
+    entry = node.metadata_props.add()
+    entry.key, entry.value = ot.TORCH_SCOPES_KEY, "['', 'block0_attn', 'block0_attn.query', 'linear_1']"
+    assert ot.torch_scope(node) == "block0_attn"
+    taps = ("conv1", "bn1", "block0_attn", "logits")
+    assert ot.keras_scope("cnn_1/conv1_1/BiasAdd__7", taps) == "conv1"
+    assert ot.keras_scope("transformer_1/block0_attn_1/query_1/Tensordot", taps) == "block0_attn"
+    assert ot.keras_scope("cnn_1/logits_1/MatMul_Gemm__6", taps) == "logits"
+    assert ot.keras_scope("node_Conv_0", taps) is None
+    assert ot.keras_scope("cnn_1/conv10_1/BiasAdd", taps) is None
