@@ -30,10 +30,10 @@ def _row(row: dict) -> tuple:
 def _cause_lines(d: dict) -> list[str]:
     cause, test = d.get("cause"), d.get("cause_test")
     if cause:
-        return [f"  cause: {cause['description']} [{cause['variant']}]: recomputing {cause['tap']} this way "
-                f"reproduces the path ({cause['before']['tol_units']:.3g}x the tolerance as declared -> "
-                f"{cause['after']['tol_units']:.3g}x with the variant; max_abs {cause['before']['max_abs']:.3g} -> "
-                f"{cause['after']['max_abs']:.3g})"]
+        before, after = cause["before"], cause["after"]
+        return [(f"  cause: {cause['description']} [{cause['variant']}]: recomputing {cause['tap']} this way "
+                 f"reproduces the path ({before['tol_units']:.3g}x the tolerance as declared -> "
+                 f"{after['tol_units']:.3g}x with the variant; max_abs {before['max_abs']:.3g} -> {after['max_abs']:.3g})")]
     if test:
         return [f"  cause: none confirmed: {test.get('explanation', '')}"]
     return []
