@@ -32,13 +32,15 @@ def error_stats(actual: np.ndarray, golden: np.ndarray, tol: Tolerance) -> dict:
     cosine = float(np.dot(g_flat, a_flat) / norms) if norms > 0 else float(np.array_equal(g_flat, a_flat))
     ratio = diff / allowance
     tol_units = float(np.max(ratio)) if diff.size else 0.0
+    if not np.isfinite(tol_units):  # a non-finite reference: never comparable, never ok
+        tol_units = float("inf")
     return {
         "max_abs": float(diff.max()) if diff.size else 0.0,
         "max_rel": float(np.max(diff / np.maximum(np.abs(golden), _TINY))) if diff.size else 0.0,
         "mean_abs": float(diff.mean()) if diff.size else 0.0,
         "cosine": cosine,
         "tol_units": tol_units,
-        "n_bad": int(np.count_nonzero(ratio > 1.0)),
+        "n_bad": int(np.count_nonzero(~(ratio <= 1.0))),
         "size": int(diff.size),
         "ok": bool(tol_units <= 1.0),
     }

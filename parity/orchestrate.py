@@ -14,7 +14,7 @@ from pathlib import Path
 from parity import __version__, golden, paths
 from parity.cache import ExportCache, cache_root, content_key
 from parity.env import environment
-from parity.errors import SpecError, UsageError
+from parity.errors import SpecError, UsageError, one_line
 from parity.safefs import owned_tempdir, sha256_file, sweep
 from parity.worker import TaskFailed, WorkerPool
 
@@ -161,7 +161,7 @@ class Run:
                 for spec, manifest, path, result in order:
                     self._check(pool, spec, manifest, path, result)
                 if self.options.diagnose:
-                    for spec, manifest, path, result in pending:
+                    for spec, manifest, path, result in order:
                         self._diagnose(pool, spec, manifest, path, result)
         finally:
             if self._scratch:
@@ -195,17 +195,23 @@ class Run:
             return
         result.update(outcome)
 
-
     def _diagnose(self, pool, spec, manifest, path, result) -> None:
+        """Diagnose ``path``'s drift layer by layer into ``result["diagnosis"]`` (options.diagnose says which)."""
         from parity.diagnose import chain
 
-        if result["verdict"] == "error":
-            if self.options.diagnose == "all":
-                result["diagnosis"] = {"model": spec.name, "path": path.id, "error": f"nothing to diagnose: the path ended in error ({result['reason']})"}
+        wanted = self.options.diagnose == "all" or (result["verdict"] == "fail" and spec.expected_error(path.id) is None)
+        if not wanted:
             return
-        if self.options.diagnose == "all" or (result["verdict"] == "fail" and spec.expected_error(path.id) is None):
-            self.progress(f"{spec.name}: diagnose {path.id}")
+        failed = {"model": spec.name, "path": path.id}
+        if result["verdict"] == "error":
+            result["diagnosis"] = {**failed, "error": f"nothing to diagnose: the path ended in error ({result['reason']})"}
+            return
+        self.progress(f"{spec.name}: diagnose {path.id}")
+        try:
             result["diagnosis"] = chain.diagnose(self, pool, spec, manifest, path)
+        except Exception as error:  # noqa: BLE001 - a diagnosis that breaks must not cost the run its results
+            reason = one_line(f"{type(error).__name__}: {error}", 300)
+            result["diagnosis"] = {**failed, "error": f"the diagnosis itself failed: {reason}"}
 
 
 def _apply_expectation(spec, result: dict) -> None:

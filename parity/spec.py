@@ -24,6 +24,7 @@ from typing import Any, Callable
 PRECISIONS = ("fp32", "fp16", "bf16", "tf32")
 PARAM_KINDS = ("dense_kernel", "conv_kernel", "vector", "tensor")
 INPUT_LAYOUTS = ("flat", "tokens", "nchw")
+MODEL_INPUT = "input"  # in Layer.inputs: the model input rather than a tap
 LAYER_KINDS = ("dense", "conv", "batch_norm", "layer_norm", "activation", "pool", "flatten", "attention", "dropout",
                "add", "position", "mean")
 
@@ -204,7 +205,7 @@ class ModelSpec:
         if declared is not None and declared.inputs:
             return declared.inputs
         index = self.taps.index(tap)
-        return (self.taps[index - 1],) if index else ("input",)
+        return (self.taps[index - 1],) if index else (MODEL_INPUT,)
 
     def expected_error(self, path_id: str) -> str | None:
         """The declared reason if ``path_id`` is expected to end in error, else None."""
@@ -226,7 +227,7 @@ class ModelSpec:
         for tap, layer in self.layers.items():
             if tap not in self.taps:
                 raise ValueError(f"layers names {tap!r}, which is not a tap")
-            unknown = [name for name in layer.inputs if name != "input" and name not in self.taps]
+            unknown = [name for name in layer.inputs if name != MODEL_INPUT and name not in self.taps]
             if unknown:
                 raise ValueError(f"layer {tap!r} reads {', '.join(unknown)}, which are not taps")
         if not self.frameworks:

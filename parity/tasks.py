@@ -97,6 +97,14 @@ def export_step(workspace: str, model: str, target: str, golden_dir: str, opset:
     return meta
 
 
+def perturbed(weights: dict, perturbation: dict | None) -> dict:
+    """Canonical weights plus a deliberate ``{name: delta}`` (none: the weights as they are)."""
+    weights = dict(weights)
+    for name, delta in (perturbation or {}).items():
+        weights[name] = weights[name] + np.asarray(delta, dtype=weights[name].dtype)
+    return weights
+
+
 def check_path(workspace: str, model: str, path_id: str, golden_dir: str, precision: str, threads: int,
                artifact_dir: str | None = None, artifact_meta: dict | None = None, export_s: float = 0.0,
                timing: dict | None = None, weight_perturbation: dict | None = None) -> dict:
@@ -117,10 +125,8 @@ def check_path(workspace: str, model: str, path_id: str, golden_dir: str, precis
     started = time.perf_counter()
     runner_class = paths.load_target(path.runtime.target)
     if artifact_dir is None:
-        weights = dict(verified.arrays["weights.npz"])
-        for name, delta in (weight_perturbation or {}).items():
-            weights[name] = weights[name] + np.asarray(delta, dtype=weights[name].dtype)
-        runner = runner_class(spec, weights, spec.batch_size, "float32")
+        runner = runner_class(spec, perturbed(verified.arrays["weights.npz"], weight_perturbation), spec.batch_size,
+                              "float32")
     else:
         runner = runner_class(spec, Path(artifact_dir), artifact_meta, spec.batch_size, threads)
     outputs = runner.run(x)

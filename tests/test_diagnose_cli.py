@@ -24,10 +24,12 @@ def invoke(*args):
 
 def test_diagnose_prints_first_divergent_tap_and_cause(workspace_copy, tmp_path):
     root = workspace_copy(mlp_variant({'self.relu1 = nn.ReLU()': 'self.relu1 = nn.LeakyReLU(0.01)'}))
-    out = tmp_path / "d.json"
-    result = invoke("diagnose", "--workspace", str(root), "--path", "torch", "--json", str(out))
+    out, report = tmp_path / "d.json", tmp_path / "report"
+    result = invoke("diagnose", "--workspace", str(root), "--path", "torch", "--json", str(out), "--report", str(report))
     assert result.exit_code == 1
     assert "first divergent tap: relu1" in result.output
+    page = (report / "index.html").read_text()
+    assert "<svg" in page and "leaky_relu_0.01" in page and "relu1" in page
     assert "[leaky_relu_0.01]" in result.output and "as declared ->" in result.output
     diagnosis = json.loads(out.read_text())["results"][0]["diagnosis"]
     assert diagnosis["first_divergent_tap"] == "relu1"

@@ -1,5 +1,6 @@
-"""Taps inside exported ONNX graphs (torch.onnx metadata, tf2onnx names, jax2onnx values) and
-ONNX Runtime against onnx.reference node by node, on real exports of the built-in cnn and transformer."""
+"""Taps inside exported ONNX graphs (torch.onnx metadata, tf2onnx names, jax2onnx values), and ONNX
+Runtime against onnx.reference node by node, on real exports of the built-in cnn and transformer
+(the graph plumbing on small hand-made graphs: test_onnx_graph.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import pytest
 
 from parity import golden, layouts, orchestrate, paths
 from parity.cache import cache_root
+from parity.diagnose import onnx_graph as og
 from parity.diagnose import onnx_taps as ot
-from parity.spec import Tolerance
 from parity.worker import WorkerPool
 from parity.workspace import Workspace
 
@@ -45,7 +46,7 @@ class Artifact:
 
     def values(self, model=None):
         model = model or self.model
-        return ot.run_tensors("ort", model, self.feed, ot.candidate_names(model, self.spec, self.golden, self.layout))
+        return og.run_tensors("ort", model, self.feed, ot.candidate_names(model, self.spec, self.golden, self.layout))
 
     def map(self, exporter, model=None, values=None):
         model = model or self.model
@@ -106,7 +107,7 @@ def test_every_tap_found_and_matches_golden(artifacts, model, exporter):
             assert "identity" in loc["reason"] and identity[tap] in loc["reason"]
     # the mapped tensors, in one fresh ORT run, match the golden taps (fp32 against fp64)
     mapped = {tap: loc for tap, loc in mapping.items() if loc["tensor"] is not None}
-    values = ot.run_tensors("ort", art.model, art.feed, [loc["tensor"] for loc in mapped.values()])
+    values = og.run_tensors("ort", art.model, art.feed, [loc["tensor"] for loc in mapped.values()])
     for tap, loc in mapped.items():
         assert loc["layout"] in ("nchw", "nhwc", art.spec.input.layout)
         canonical = ot.to_canonical(values[loc["tensor"]], loc, art.golden[tap].shape)
@@ -219,85 +220,13 @@ def test_graph_without_names_maps_by_value(artifacts, model, exporter):
 @pytest.mark.parametrize("exporter", list(PATH_OF))
 def test_compare_runtimes_clean_export(artifacts, exporter):
     art = _artifact(artifacts, "cnn", exporter)
-    result = ot.compare_runtimes(art.model, art.feed, art.spec.tolerances["fp32"].default)
-    assert [e["tensor"] for e in result["nodes"]] == ot.intermediate_names(art.model)
+    result = og.compare_runtimes(art.model, art.feed, art.spec.tolerances["fp32"].default)
+    assert [e["tensor"] for e in result["nodes"]] == og.intermediate_names(art.model)
     assert result["first_divergent"] is None
     assert all(e["tol_units"] <= 1.0 and e["max_abs"] >= 0.0 for e in result["nodes"])
 
 
-def _entries(units: dict[str, float]) -> list[dict]:
-    return [{"node": f"n_{t}", "op_type": "Op", "tensor": t, "max_abs": u * 1e-5, "tol_units": u} for t, u in units.items()]
-
-
-def test_first_divergent_node_all_within():
-    entries = _entries({"a": 0.2, "b": 1.0, "c": 0.7})
-    assert ot.first_divergent_node(entries, {"a": ["x"], "b": ["a"], "c": ["b"]}) is None
-
-
-def test_first_divergent_node_is_the_source_not_its_consumers():
-    entries = _entries({"a": 0.3, "b": 4.0, "c": 9.0, "d": 20.0})
-    inputs = {"a": ["x", "w"], "b": ["a", "w2"], "c": ["b"], "d": ["c", "a"]}
-    assert ot.first_divergent_node(entries, inputs)["tensor"] == "b"
-
-
-def test_first_divergent_node_skips_entries_that_only_carry_an_input_error():
-    # 'carry' reads 'big' and is no worse than it: not divergent of its own, whatever the order given
-    entries = _entries({"carry": 6.0, "big": 6.0, "mix": 7.5})
-    inputs = {"carry": ["big"], "big": ["x", "w"], "mix": ["carry"]}
-    assert ot.first_divergent_node(entries, inputs)["tensor"] == "big"
-    # an input with no entry (graph input, initializer) counts as exact
-    assert ot.first_divergent_node(entries, {**inputs, "carry": ["x"]})["tensor"] == "carry"
-
-
-def test_first_divergent_node_non_finite():
-    entries = _entries({"a": 0.1, "b": float("inf"), "c": float("inf")})
-    assert ot.first_divergent_node(entries, {"b": ["a"], "c": ["b"]})["tensor"] == "b"
-
-
-# --------------------------------------------------------------------------- small graphs, no export
-
-
-def _tiny_model():
-    from onnx import TensorProto, helper
-
-    w = helper.make_tensor("w", TensorProto.FLOAT, [3], [1.0, 2.0, 3.0])
-    nodes = [
-        helper.make_node("Mul", ["x", "w"], ["m"], name="mul"),
-        helper.make_node("Shape", ["m"], ["s"], name="shape"),  # int64: not an intermediate
-        helper.make_node("Relu", ["m"], ["r"], name="relu"),
-        helper.make_node("Add", ["r", "x"], ["y"], name="add"),
-    ]
-    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], [w])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
-
-
-def test_intermediates_and_with_outputs():
-    model = _tiny_model()
-    before = model.SerializeToString()
-    assert ot.intermediate_names(model) == ["m", "r", "y"]
-    extended = ot.with_outputs(model, ["m", "r", "y"])
-    assert model.SerializeToString() == before
-    outputs = {o.name: o for o in extended.graph.output}
-    assert list(outputs) == ["y", "m", "r"]
-    assert [d.dim_value for d in outputs["r"].type.tensor_type.shape.dim] == [2, 3]
-    feed = {"x": np.array([[1.0, -1.0, 2.0], [-3.0, 0.5, 1.0]], dtype=np.float32)}
-    expected_m = feed["x"] * np.array([1.0, 2.0, 3.0], dtype=np.float32)
-    for runtime in ("ort", "onnxref"):
-        got = ot.run_tensors(runtime, model, feed, ["m", "r"])
-        np.testing.assert_array_equal(got["m"], expected_m)
-        np.testing.assert_array_equal(got["r"], np.maximum(expected_m, 0))
-    with pytest.raises(ValueError):
-        ot.run_tensors("tvm", model, feed, ["m"])
-
-
-def test_compare_runtimes_tiny():
-    model = _tiny_model()
-    feed = {"x": np.ones((2, 3), dtype=np.float32)}
-    result = ot.compare_runtimes(model, feed, Tolerance(1e-6, 1e-6))
-    assert [(e["node"], e["op_type"], e["tensor"]) for e in result["nodes"]] == \
-           [("mul", "Mul", "m"), ("relu", "Relu", "r"), ("add", "Add", "y")]
-    assert result["first_divergent"] is None and all(e["max_abs"] == 0.0 for e in result["nodes"])
+# --------------------------------------------------------------------------- small cases, no export
 
 
 def test_to_canonical():
@@ -307,8 +236,12 @@ def test_to_canonical():
     np.testing.assert_array_equal(ot.to_canonical(nchw, {"layout": "nchw"}, nchw.shape), nchw)
     flat = np.arange(24, dtype=np.float32).reshape(6, 4)  # a (batch*tokens, d) matmul
     assert ot.to_canonical(flat, {"layout": "tokens"}, (2, 3, 4)).shape == (2, 3, 4)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError) as error:
         ot.to_canonical(flat, {"layout": "tokens", "tensor": "t"}, (2, 3, 5))
+    message = str(error.value)
+    assert "\n" not in message and "'t'" in message and "(6, 4)" in message and "(2, 3, 5)" in message
+    with pytest.raises(ValueError, match="cannot hold"):  # checked before any transpose
+        ot.to_canonical(nhwc, {"layout": "nhwc"}, (2, 3, 4, 4))
 
 
 def test_module_imports_no_framework():

@@ -5,20 +5,23 @@ framework runs in a worker through ``parity.diagnose.collect``.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from parity import compare, golden, paths
 from parity.diagnose import drift, patterns
+from parity.diagnose.collect import ONNX_RUNTIMES
 from parity.worker import TaskFailed
 
 COLLECT = "parity.diagnose.collect:collect"
 
 
-def _collect(run, pool, spec, path, artifact, precision: str, runtime_link: bool = False) -> dict:
+def _collect(run, pool, spec, path, artifact, precision: str, **options) -> dict:
     return pool.call(path.runtime.group, COLLECT, workspace=str(run.workspace.root), model=spec.name, path_id=path.id,
                      golden_dir=str(run.workspace.golden_dir(spec.name)), precision=precision,
                      threads=run.options.threads, artifact_dir=artifact and artifact["dir"],
-                     artifact_meta=artifact and artifact["meta"], runtime_link=runtime_link)
+                     artifact_meta=artifact and artifact["meta"], **options)
 
 
 def diagnose(run, pool, spec, manifest, path: paths.PathDef, artifact: dict | None = None) -> dict:
@@ -34,8 +37,10 @@ def diagnose(run, pool, spec, manifest, path: paths.PathDef, artifact: dict | No
                     "error": f"nothing to diagnose: the export failed ({artifact['error']})"}
     try:
         observed = _collect(run, pool, spec, path, artifact, path.precision,
-                            runtime_link=path.runtime.name in ("ort", "onnxref"))
-        source = _collect(run, pool, spec, paths.by_id(path.source), None, path.precision) if path.exports else observed
+                            runtime_link=path.runtime.name in ONNX_RUNTIMES,
+                            weight_perturbation=run.options.weight_perturbation.get((spec.name, path.id)))
+        source = (_collect(run, pool, spec, paths.by_id(path.source), None, path.precision, gradients=False)
+                  if path.exports else observed)
     except TaskFailed as error:
         return {"model": spec.name, "path": path.id, "error": f"nothing to diagnose: the path did not run ({error})"}
     arrays = golden.load(run.workspace.golden_dir(spec.name), spec).arrays
@@ -68,7 +73,8 @@ def analyse(spec, path, arrays: dict, observed: dict, source: dict) -> dict:
         "model": spec.name, "path": path.id, "tolerance": tolerances.default.to_json(), "taps": rows,
         "first_divergent_tap": first, "cause": cause, "cause_test": cause_test,
         "gradients": drift.gradient_layers(spec, grad_stats, first),
-        "links": _links(spec, path, rows, observed, source, golden_taps, tolerances),
+        "links": _links(spec, path, observed, source,
+                        {"taps": golden_taps, "outputs": {n: reference[n] for n in spec.outputs}}, tolerances),
         "patterns": patterns.output_patterns(observed["outputs"][output], reference[output], tolerances.for_name(output)),
         "notes": notes,
     }
@@ -86,8 +92,6 @@ def _test_cause(spec, tap: str, arrays: dict, observed: dict, golden_taps: dict,
     if layer is None:
         return {"tap": tap, "kind": None, "cause": None,
                 "explanation": f"{tap} has no layer type in the spec, so no cause can be tested"}
-    if tap not in observed["taps"]:
-        return {"tap": tap, "kind": layer.kind, "cause": None, "explanation": f"{tap} has no value on this path"}
     inputs, provenance = [], []
     for name in spec.layer_inputs(tap):
         if name == drift.INPUT:
@@ -105,32 +109,30 @@ def _test_cause(spec, tap: str, arrays: dict, observed: dict, golden_taps: dict,
     return {"tap": tap, "inputs": provenance, **result}
 
 
-def _links(spec, path, rows, observed, source, golden_taps, tolerances) -> dict:
-    """Which link of definition -> export -> runtime the drift enters at."""
-    checks = []
+def _link(spec, link: str, compared: str, reference: dict, actual: dict, tolerances) -> dict:
+    """One link of the chain: ``actual``'s taps and outputs against ``reference``'s (``{"taps", "outputs"}``)."""
+    rows = drift.tap_rows(spec, reference["taps"], actual["taps"], actual["located"], tolerances.for_name)
+    outputs = compare.compare_named(actual["outputs"], reference["outputs"], tolerances.for_name)
+    worst = max([drift.worst_units(rows), *(s.get("tol_units", math.inf) for s in outputs.values())])
+    return {"link": link, "compared": compared, "ok": all(s["ok"] for s in outputs.values()) and worst <= 1.0,
+            "first_divergent_tap": drift.first_divergent(rows), "worst_tol_units": worst}
+
+
+def _links(spec, path, observed, source, golden_reference: dict, tolerances) -> dict:
+    """Which link of definition -> export -> runtime the drift enters at (taps and outputs compared)."""
+    checks = [_link(spec, "definition", f"{path.source} vs golden", golden_reference, source, tolerances)]
+    source_first = checks[0]["first_divergent_tap"]
     if path.exports:
-        source_rows = drift.tap_rows(spec, golden_taps, source["taps"], source["located"], tolerances.for_name)
-    else:
-        source_rows = rows
-    source_first = drift.first_divergent([dict(r) for r in source_rows])
-    checks.append({"link": "definition", "compared": f"{path.source} vs golden",
-                   "ok": source_first is None and drift.worst_units(source_rows) <= 1.0,
-                   "first_divergent_tap": source_first, "worst_tol_units": drift.worst_units(source_rows)})
-    if path.exports:
-        export_rows = drift.tap_rows(spec, source["taps"], observed["taps"], observed["located"], tolerances.for_name)
-        export_first = drift.first_divergent(export_rows)
-        checks.append({"link": "converter", "compared": f"{'/'.join(path.stages[:-1])} ({path.runtime.name}) vs "
-                                                          f"{path.source} on the same inputs",
-                       "ok": export_first is None and drift.worst_units(export_rows) <= 1.0,
-                       "first_divergent_tap": export_first, "worst_tol_units": drift.worst_units(export_rows)})
+        checks.append(_link(spec, "converter", f"{'/'.join(path.stages[:-1])} ({path.runtime.name}) vs {path.source} "
+                                               f"on the same inputs", source, observed, tolerances))
     runtime = observed.get("runtime_compare")
     if runtime is not None:
         checks.append(_runtime_link(runtime))
     by_link = {c["link"]: c for c in checks}
     if not by_link["definition"]["ok"]:
         enters = "definition"
-        why = (f"{path.source} itself departs from the golden (first at {source_first}): every path of this source "
-               f"inherits it")
+        where = f"first at {source_first}" if source_first else "at the outputs"
+        why = f"{path.source} itself departs from the golden ({where}): every path of this source inherits it"
     elif "runtime" in by_link and not by_link["runtime"]["ok"]:
         enters = "runtime"
         node = by_link["runtime"]["first_divergent_node"]
@@ -138,13 +140,14 @@ def _links(spec, path, rows, observed, source, golden_taps, tolerances) -> dict:
                f"({node['op_type']}, {node['tol_units']:.3g}x the tolerance)")
     elif "converter" in by_link and not by_link["converter"]["ok"]:
         enters = "converter"
+        first = by_link["converter"]["first_divergent_tap"]
         why = (f"{path.source} matches the golden but the exported model departs from it "
-               f"(first at {by_link['converter']['first_divergent_tap']})")
+               f"({f'first at {first}' if first else 'at the outputs'})")
         if "runtime" in by_link:
             why += "; both runtimes agree on the exported file"
     else:
         enters = None
-        why = "no link departs on the taps"
+        why = "no link departs on the taps or the outputs"
     return {"enters_at": enters, "explanation": why, "checks": checks}
 
 
@@ -155,12 +158,15 @@ def _runtime_link(runtime: dict) -> dict:
     the tap tolerance (large attention scores); what matters is whether a tap or an output
     differs. When one does, the first node where the disagreement starts and grows is named.
     """
+    compared = "ort vs onnxref on the same file (every tensor; judged at taps and outputs)"
+    if runtime.get("error"):
+        return {"link": "runtime", "compared": compared, "ok": True, "first_divergent_node": None,
+                "worst_tol_units": None, "note": f"not compared: {runtime['error']}"}
     boundary = set(runtime.get("boundary_tensors", []))
     at_boundary = [n for n in runtime["nodes"] if n["tensor"] in boundary]
     worst = max((n["tol_units"] for n in at_boundary), default=0.0)
     ok = worst <= 1.0
     node = None
     if not ok:
-        node = runtime.get("first_divergent") or next(n for n in at_boundary if n["tol_units"] > 1.0)
-    return {"link": "runtime", "compared": "ort vs onnxref on the same file (every tensor; judged at taps and outputs)",
-            "ok": ok, "first_divergent_node": node, "worst_tol_units": worst}
+        node = runtime.get("first_divergent") or next(n for n in at_boundary if not n["tol_units"] <= 1.0)
+    return {"link": "runtime", "compared": compared, "ok": ok, "first_divergent_node": node, "worst_tol_units": worst}

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from parity import golden, layouts, paths
+from parity.tasks import perturbed
 from parity.workspace import Workspace
 
 ONNX_RUNTIMES = ("ort", "onnxref")
@@ -17,8 +18,12 @@ SAVEDMODEL_REASON = "a SavedModel made by jax2tf exposes only its outputs, not i
 
 
 def collect(workspace: str, model: str, path_id: str, golden_dir: str, precision: str, threads: int,
-            artifact_dir: str | None = None, artifact_meta: dict | None = None, runtime_link: bool = False) -> dict:
-    """``{"outputs", "taps", "located", "gradients", "runtime_compare"}`` for one path (canonical layout)."""
+            artifact_dir: str | None = None, artifact_meta: dict | None = None, runtime_link: bool = False,
+            gradients: bool = True, weight_perturbation: dict | None = None) -> dict:
+    """``{"outputs", "taps", "located", "gradients", "runtime_compare"}`` for one path (canonical layout).
+
+    ``gradients`` False skips them (a source run only for the converter link needs none);
+    ``weight_perturbation`` is the deliberate drift a check may add to a native source's weights."""
     spec = Workspace(workspace).load_spec(model)
     path = paths.by_id(path_id)
     verified = golden.load(Path(golden_dir), spec)
@@ -26,15 +31,18 @@ def collect(workspace: str, model: str, path_id: str, golden_dir: str, precision
     x, labels = inputs["x"], inputs["labels"]
     runner_class = paths.load_target(path.runtime.target)
     if artifact_dir is None:
-        runner = runner_class(spec, verified.arrays["weights.npz"], spec.batch_size, "float32")
+        weights = perturbed(verified.arrays["weights.npz"], weight_perturbation)
+        runner = runner_class(spec, weights, spec.batch_size, "float32")
         taps = runner.taps(x) if spec.taps else {}
         return {"outputs": runner.run(x), "taps": taps, "located": {t: {"found": "native"} for t in taps},
-                "gradients": runner.gradients(x, labels) if runner.differentiable else None, "runtime_compare": None}
+                "gradients": runner.gradients(x, labels) if gradients and runner.differentiable else None,
+                "runtime_compare": None}
     if path.runtime.name not in ONNX_RUNTIMES:
         runner = runner_class(spec, Path(artifact_dir), artifact_meta, spec.batch_size, threads)
         return {"outputs": runner.run(x), "taps": {}, "located": {t: {"found": "unmapped", "reason": SAVEDMODEL_REASON}
                                                                for t in spec.taps},
-                "gradients": runner.gradients(x, labels) if runner.differentiable else None, "runtime_compare": None}
+                "gradients": runner.gradients(x, labels) if gradients and runner.differentiable else None,
+                "runtime_compare": None}
     golden_taps = {t: verified.arrays["reference.npz"][f"tap/{t}"] for t in spec.taps}
     return _collect_onnx(spec, path, artifact_dir, artifact_meta, x, golden_taps, precision, threads, runtime_link)
 
@@ -43,13 +51,13 @@ def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, precision, thr
     import numpy as np
     import onnx
 
-    from parity.diagnose import onnx_taps
+    from parity.diagnose import onnx_graph, onnx_taps
 
     model = onnx.load(str(Path(artifact_dir) / meta["file"]))
     feed = {meta["input_name"]: layouts.to_layout(x, spec.input.layout, meta["input_layout"]).astype(np.float32)}
     candidates = onnx_taps.candidate_names(model, spec, golden_taps, meta["input_layout"]) if spec.taps else []
     names = list(dict.fromkeys([*meta["output_names"], *candidates]))
-    values = onnx_taps.run_tensors(path.runtime.name, onnx_taps.with_outputs(model, names), feed, names, threads)
+    values = onnx_graph.run_tensors(path.runtime.name, onnx_graph.with_outputs(model, names), feed, names, threads)
     outputs = {name: values[tensor] for name, tensor in zip(spec.outputs, meta["output_names"])}
     exporter = path.exports[-1].name  # jax2tf's graphs carry no Keras names: tf2onnx mapping falls back to values
     located, taps = {}, {}
@@ -59,10 +67,13 @@ def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, precision, thr
             located[tap] = {"found": where["how"], "tensor": where.get("tensor"), "fused_into": where.get("fused_into"),
                             "reason": where.get("reason")}
             if where["how"] not in ("fused", "unmapped") and where.get("tensor") in values:
-                taps[tap] = onnx_taps.to_canonical(values[where["tensor"]], where, golden_taps[tap].shape)
+                try:
+                    taps[tap] = onnx_taps.to_canonical(values[where["tensor"]], where, golden_taps[tap].shape)
+                except ValueError as error:  # the tensor found does not fit the tap: report it, compare the rest
+                    located[tap] = {"found": "unmapped", "tensor": where.get("tensor"), "reason": str(error)}
     runtime_compare = None
     if runtime_link:
-        runtime_compare = onnx_taps.compare_runtimes(model, feed, spec.tolerances[precision].default, threads)
+        runtime_compare = onnx_graph.compare_runtimes(model, feed, spec.tolerances[precision].default, threads)
         runtime_compare["boundary_tensors"] = list(meta["output_names"]) + [
             where["tensor"] for where in located.values() if where.get("tensor")]
     return {"outputs": outputs, "taps": taps, "located": located, "gradients": None, "runtime_compare": runtime_compare}

@@ -12,8 +12,7 @@ import math
 import numpy as np
 
 from parity import compare
-
-INPUT = "input"
+from parity.spec import MODEL_INPUT as INPUT
 
 
 def tap_rows(spec, reference: dict[str, np.ndarray], observed: dict[str, np.ndarray], located: dict[str, dict],

@@ -1,4 +1,5 @@
-"""Layer taps inside an exported ONNX graph, and ONNX Runtime against the ONNX reference, node by node.
+"""Layer taps inside an exported ONNX graph (the graph plumbing, and ONNX Runtime against
+``onnx.reference``, are in ``onnx_graph``).
 
 A spec's taps are top-level layers. In an exported graph they are found, in this order:
 
@@ -34,7 +35,7 @@ import re
 import numpy as np
 
 from parity import layouts
-from parity.compare import error_stats
+from parity.diagnose.onnx_graph import _Graph
 
 TORCH_SCOPES_KEY = "pkg.torch.onnx.name_scopes"
 EXPORTERS = ("torch.onnx", "tf2onnx", "jax2onnx")
@@ -42,134 +43,6 @@ EXPORTERS = ("torch.onnx", "tf2onnx", "jax2onnx")
 VALUE_SKIP_COST = 0.5
 _TIE_BREAK = 1e-12  # per topological position: among equally close tensors, the earliest wins
 _NHWC = (0, 2, 3, 1)
-
-
-# --------------------------------------------------------------------------- graph helpers
-
-
-def _float_types():
-    import onnx
-
-    return {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16}
-
-
-def _inferred(model):
-    """Shape-inferred copy (never the argument itself); falls back to a plain copy on failure."""
-    import onnx
-
-    try:
-        return onnx.shape_inference.infer_shapes(model)
-    except Exception:  # noqa: BLE001 - a model inference cannot type is still usable
-        copy = onnx.ModelProto()
-        copy.CopyFrom(model)
-        return copy
-
-
-def _value_infos(inferred) -> dict:
-    graph = inferred.graph
-    infos = {}
-    for info in (*graph.input, *graph.value_info, *graph.output):
-        infos.setdefault(info.name, info)
-    return infos
-
-
-def _static_shape(info) -> tuple | None:
-    tensor_type = info.type.tensor_type
-    if not tensor_type.HasField("shape"):
-        return None
-    dims = []
-    for dim in tensor_type.shape.dim:
-        if not dim.HasField("dim_value"):
-            return None
-        dims.append(int(dim.dim_value))
-    return tuple(dims)
-
-
-class _Graph:
-    """What the mapping needs from a model: node order, consumers, float tensors and their shapes."""
-
-    def __init__(self, model):
-        inferred = _inferred(model)
-        infos = _value_infos(inferred)
-        floats = _float_types()
-        graph = model.graph
-        self.nodes = list(graph.node)
-        self.graph_outputs = {o.name for o in graph.output}
-        self.position: dict[str, int] = {}  # float tensor -> topological position
-        self.producer: dict[str, int] = {}  # tensor -> node index
-        self.shapes: dict[str, tuple | None] = {}
-        self.consumers: dict[str, list[int]] = {}
-        self.names: list[str] = []
-        for index, node in enumerate(self.nodes):
-            for name in node.input:
-                if name:
-                    self.consumers.setdefault(name, []).append(index)
-            for name in node.output:
-                if not name:
-                    continue
-                self.producer[name] = index
-                info = infos.get(name)
-                if info is None or info.type.tensor_type.elem_type not in floats:
-                    continue
-                self.position[name] = len(self.names)
-                self.names.append(name)
-                self.shapes[name] = _static_shape(info)
-
-
-def intermediate_names(model) -> list[str]:
-    """Every float tensor a node produces, in topological order (graph outputs included;
-    initializers and graph inputs are not produced by a node)."""
-    return list(_Graph(model).names)
-
-
-def with_outputs(model, names: list[str]):
-    """A copy of ``model`` with ``names`` added as graph outputs (types and shapes from shape
-    inference); the argument is not changed."""
-    import onnx
-
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    existing = {o.name for o in copy.graph.output}
-    wanted = [n for n in dict.fromkeys(names) if n not in existing]
-    if not wanted:
-        return copy
-    infos = _value_infos(_inferred(model))
-    for name in wanted:
-        info = infos.get(name)
-        if info is not None and info.type.tensor_type.elem_type:
-            added = onnx.ValueInfoProto()
-            added.CopyFrom(info)
-            if hasattr(added, "metadata_props"):
-                del added.metadata_props[:]
-        else:
-            added = onnx.helper.make_empty_tensor_value_info(name)
-        copy.graph.output.append(added)
-    return copy
-
-
-def _ort_session(model, threads: int):
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-
-
-def run_tensors(runtime: str, model, feed: dict, names: list[str], threads: int = 1) -> dict[str, np.ndarray]:
-    """One inference of ``model`` on ``runtime`` (``ort`` or ``onnxref``) returning ``names``."""
-    names = list(dict.fromkeys(names))
-    extended = with_outputs(model, names)
-    if runtime == "ort":
-        values = _ort_session(extended, threads).run(names, feed)
-    elif runtime == "onnxref":
-        from onnx.reference import ReferenceEvaluator
-
-        values = ReferenceEvaluator(extended).run(names, feed)
-    else:
-        raise ValueError(f"runtime {runtime!r} is not 'ort' or 'onnxref'")
-    return {name: np.asarray(value) for name, value in zip(names, values)}
 
 
 # --------------------------------------------------------------------------- scopes (metadata / names)
@@ -249,7 +122,8 @@ def _scope_kind(exporter: str) -> str | None:
 
 
 def _golden(golden_taps: dict) -> dict[str, np.ndarray]:
-    return {k.removeprefix("tap/"): np.asarray(v) for k, v in golden_taps.items()}
+    """Golden activations keyed by tap name (as in ``spec.taps``, not the ``tap/<name>`` npz key)."""
+    return {k: np.asarray(v) for k, v in golden_taps.items()}
 
 
 def _layouts_for(shape: tuple | None, golden_shape: tuple, canonical: str) -> list[str]:
@@ -266,14 +140,21 @@ def _layouts_for(shape: tuple | None, golden_shape: tuple, canonical: str) -> li
 
 def to_canonical(value: np.ndarray, location: dict, golden_shape: tuple) -> np.ndarray:
     """A tap tensor in canonical layout and the golden shape (``nhwc`` transposed back, then a
-    reshape when only the static shape differs, e.g. a flattened ``(batch*tokens, d)`` matmul)."""
+    reshape when only the static shape differs, e.g. a flattened ``(batch*tokens, d)`` matmul).
+
+    Raises ``ValueError`` with a one-line reason when the tensor's size does not fit the golden
+    shape; a caller marks the tap unmapped with that reason."""
     value = np.asarray(value)
+    golden_shape = tuple(int(d) for d in golden_shape)
+    expected = int(np.prod(golden_shape, dtype=np.int64))
+    if value.size != expected:
+        name = location.get("tensor")
+        what = f"tensor {name!r}" if name is not None else "the tensor"
+        raise ValueError(f"{what} of shape {tuple(value.shape)} ({value.size} elements) cannot hold the tap's "
+                         f"golden shape {golden_shape} ({expected} elements)")
     if location.get("layout") == "nhwc" and value.ndim == 4:
         value = layouts.from_layout(value, "nchw", "nhwc")
-    golden_shape = tuple(golden_shape)
     if value.shape != golden_shape:
-        if value.size != int(np.prod(golden_shape, dtype=np.int64)):
-            raise ValueError(f"tensor {location.get('tensor')!r} has shape {value.shape}, the tap {golden_shape}")
         value = value.reshape(golden_shape)
     return value
 
@@ -542,49 +423,3 @@ def _value_segment(graph, segment, lower, upper, golden, values, canonical, resu
         if local:
             best = min(local, key=lambda c: (c[3], c[0]))
             closest[tap] = (best[1], best[3])
-
-
-# --------------------------------------------------------------------------- ORT vs onnx.reference
-
-
-def _finite_stats(actual: np.ndarray, reference: np.ndarray, tol) -> dict:
-    """``error_stats`` where NaN/Inf elements that both runtimes produce alike count as agreeing."""
-    actual, reference = np.asarray(actual), np.asarray(reference)
-    if actual.shape == reference.shape and actual.size:
-        a, r = actual.astype(np.float64), reference.astype(np.float64)
-        bad_a, bad_r = ~np.isfinite(a), ~np.isfinite(r)
-        if bad_r.any() and np.array_equal(bad_a, bad_r) and np.array_equal(a[bad_a], r[bad_r], equal_nan=True):
-            keep = ~bad_a
-            return error_stats(a[keep], r[keep], tol)
-    return error_stats(actual, reference, tol)
-
-
-def first_divergent_node(entries: list[dict], inputs_of: dict[str, list[str]]) -> dict | None:
-    """The first entry (topological order) with ``tol_units > 1`` that is larger than the
-    ``tol_units`` of every tensor its node reads (``inputs_of[entry["tensor"]]``); tensors with no
-    entry (graph inputs, initializers) count as exact. None when no node diverges on its own."""
-    units = {e["tensor"]: e["tol_units"] for e in entries}
-    for entry in entries:
-        if not entry["tol_units"] > 1.0:
-            continue
-        worst_input = max((units.get(name, 0.0) for name in inputs_of.get(entry["tensor"], ())), default=0.0)
-        if entry["tol_units"] > worst_input:
-            return entry
-    return None
-
-
-def compare_runtimes(model, feed: dict, tol, threads: int = 1) -> dict:
-    """ONNX Runtime against ``onnx.reference`` on every intermediate tensor (one inference each,
-    every intermediate an output), in topological order, and the first node that diverges."""
-    graph = _Graph(model)
-    names = graph.names
-    ort_values = run_tensors("ort", model, feed, names, threads)
-    ref_values = run_tensors("onnxref", model, feed, names, threads)
-    entries, inputs_of = [], {}
-    for name in names:
-        node = graph.nodes[graph.producer[name]]
-        stats = _finite_stats(ort_values[name], ref_values[name], tol)
-        entries.append({"node": node.name, "op_type": node.op_type, "tensor": name,
-                        "max_abs": stats.get("max_abs", float("inf")), "tol_units": stats.get("tol_units", float("inf"))})
-        inputs_of[name] = [i for i in node.input if i]
-    return {"nodes": entries, "first_divergent": first_divergent_node(entries, inputs_of)}

@@ -1,4 +1,4 @@
-"""Cheap global explanations of an output that drifted, tested before any layer (NumPy only).
+"""Cheap global explanations of an output that drifted, tested on the outputs alone (NumPy only).
 
 Each test transforms the golden output in one way and says whether the observed output is then
 within tolerance: a permutation of the classes (a label map that differs), a constant scale
@@ -22,8 +22,8 @@ def permutation(observed: np.ndarray, golden: np.ndarray, tol) -> dict:
     """Classes in another order: every observed column matches one golden column."""
     if observed.ndim != 2 or observed.shape != golden.shape:
         return {"name": "permutation", "holds": False, "detail": "not applicable (needs a 2-D output)"}
-    distance = np.abs(observed[:, :, None] - golden[:, None, :]).max(axis=0)  # observed column x golden column
-    mapping = distance.argmin(axis=1)
+    # for each observed column, the golden column closest to it (one column at a time: memory stays O(N x C))
+    mapping = np.array([np.abs(golden - observed[:, [j]]).max(axis=0).argmin() for j in range(observed.shape[1])])
     if len(set(mapping.tolist())) != len(mapping) or np.array_equal(mapping, np.arange(len(mapping))):
         return {"name": "permutation", "holds": False, "detail": "no non-trivial class permutation fits"}
     holds, units = _holds(golden[:, mapping], observed, tol)

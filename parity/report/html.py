@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import io
 import math
-import os
 import re
-import tempfile
 from collections import Counter
 from datetime import UTC, datetime
 from html import escape
 from pathlib import Path
+
+from parity.safefs import write_text_atomic
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"Helvetica Neue",Arial,sans-serif;color:#1f2328;
@@ -242,6 +242,9 @@ def _diagnosis(i: int, r: dict) -> str:
     title = f"Diagnosis: {_e(r.get('model'))} · {_e(r.get('path'))} {_badge(_label(r))}"
     tolerance = (f"tolerance: atol {_num(tol.get('atol'))}, rtol {_num(tol.get('rtol'))}; "
                  f"{len(taps)} taps in network order")
+    if d.get("error"):
+        return (f'<section class="diag" id="diag-{i}"><h2>{title}</h2>'
+                f'<p class="headline quiet">{_e(d["error"])}</p></section>')
     quiet = "" if d.get("first_divergent_tap") else " quiet"
     parts = [f'<section class="diag" id="diag-{i}"><h2>{title}</h2>', f'<p class="headline{quiet}">{_headline(d)}</p>',
              f'<p class="muted">{tolerance}</p>']
@@ -304,17 +307,5 @@ def write(report: dict, out_dir: str | Path) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / "index.html"
-    page = render(report)
-    fd, tmp = tempfile.mkstemp(prefix=".index.html.", dir=out_dir)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(page)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_text_atomic(target, render(report))
     return target

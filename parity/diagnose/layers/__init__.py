@@ -21,6 +21,8 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from parity.spec import LAYER_KINDS
+
 
 @dataclass(frozen=True)
 class Variant:
@@ -44,9 +46,7 @@ def with_attrs(forward: Callable, **changes) -> Callable:
     return compute
 
 
-_NAMES = ("dense", "conv", "batch_norm", "layer_norm", "activation", "pool", "flatten", "attention", "dropout",
-          "add", "position", "mean")
-KINDS = {name: importlib.import_module(f"{__name__}.{name}") for name in _NAMES}
+KINDS = {name: importlib.import_module(f"{__name__}.{name}") for name in LAYER_KINDS}
 assert all(module.KIND == name for name, module in KINDS.items())
 
 

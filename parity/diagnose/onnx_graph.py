@@ -1,0 +1,235 @@
+"""ONNX graph plumbing: float intermediates in topological order, extra graph outputs, one
+inference on ONNX Runtime or ``onnx.reference``, and the two runtimes compared tensor by tensor.
+
+Knows nothing of taps (see ``onnx_taps``). Every function imports onnx / onnxruntime inside;
+this module imports only NumPy.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from parity.compare import error_stats
+
+RUNTIMES = ("ort", "onnxref")
+_REASON_CHARS = 300  # an error reason is one line of at most this many characters
+
+
+# --------------------------------------------------------------------------- graph helpers
+
+
+def _float_types():
+    import onnx
+
+    return {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16}
+
+
+def _inferred(model):
+    """Shape-inferred copy (never the argument itself); falls back to a plain copy on failure."""
+    import onnx
+
+    try:
+        return onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - a model inference cannot type is still usable
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        return copy
+
+
+def _value_infos(inferred) -> dict:
+    graph = inferred.graph
+    infos = {}
+    for info in (*graph.input, *graph.value_info, *graph.output):
+        infos.setdefault(info.name, info)
+    return infos
+
+
+def _static_shape(info) -> tuple | None:
+    tensor_type = info.type.tensor_type
+    if not tensor_type.HasField("shape"):
+        return None
+    dims = []
+    for dim in tensor_type.shape.dim:
+        if not dim.HasField("dim_value"):
+            return None
+        dims.append(int(dim.dim_value))
+    return tuple(dims)
+
+
+class _Graph:
+    """What the mapping needs from a model: node order, consumers, float tensors and their shapes."""
+
+    def __init__(self, model):
+        inferred = _inferred(model)
+        infos = _value_infos(inferred)
+        floats = _float_types()
+        graph = model.graph
+        self.nodes = list(graph.node)
+        self.graph_outputs = {o.name for o in graph.output}
+        self.position: dict[str, int] = {}  # float tensor -> topological position
+        self.producer: dict[str, int] = {}  # tensor -> node index
+        self.shapes: dict[str, tuple | None] = {}
+        self.consumers: dict[str, list[int]] = {}
+        self.names: list[str] = []
+        for index, node in enumerate(self.nodes):
+            for name in node.input:
+                if name:
+                    self.consumers.setdefault(name, []).append(index)
+            for name in node.output:
+                if not name:
+                    continue
+                self.producer[name] = index
+                info = infos.get(name)
+                if info is None or info.type.tensor_type.elem_type not in floats:
+                    continue
+                self.position[name] = len(self.names)
+                self.names.append(name)
+                self.shapes[name] = _static_shape(info)
+
+
+def intermediate_names(model) -> list[str]:
+    """Every float tensor a node produces, in topological order (graph outputs included;
+    initializers and graph inputs are not produced by a node)."""
+    return list(_Graph(model).names)
+
+
+def with_outputs(model, names: list[str]):
+    """A copy of ``model`` with ``names`` added as graph outputs (types and shapes from shape
+    inference); the argument is not changed."""
+    import onnx
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    existing = {o.name for o in copy.graph.output}
+    wanted = [n for n in dict.fromkeys(names) if n not in existing]
+    if not wanted:
+        return copy
+    infos = _value_infos(_inferred(model))
+    for name in wanted:
+        info = infos.get(name)
+        if info is not None and info.type.tensor_type.elem_type:
+            added = onnx.ValueInfoProto()
+            added.CopyFrom(info)
+            if hasattr(added, "metadata_props"):
+                del added.metadata_props[:]
+        else:
+            added = onnx.helper.make_empty_tensor_value_info(name)
+        copy.graph.output.append(added)
+    return copy
+
+
+def _ort_session(model, threads: int):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def run_tensors(runtime: str, model, feed: dict, names: list[str], threads: int = 1) -> dict[str, np.ndarray]:
+    """One inference of ``model`` on ``runtime`` (``ort`` or ``onnxref``) returning ``names``."""
+    if runtime not in RUNTIMES:
+        raise ValueError(f"runtime {runtime!r} is not 'ort' or 'onnxref'")
+    names = list(dict.fromkeys(names))
+    extended = with_outputs(model, names)
+    if runtime == "ort":
+        values = _ort_session(extended, threads).run(names, feed)
+    else:
+        from onnx.reference import ReferenceEvaluator
+
+        values = ReferenceEvaluator(extended).run(names, feed)
+    return {name: np.asarray(value) for name, value in zip(names, values)}
+
+
+# --------------------------------------------------------------------------- ORT vs onnx.reference
+
+
+def _finite_stats(actual: np.ndarray, reference: np.ndarray, tol) -> dict:
+    """``error_stats`` of one runtime's tensor against the other's, whose ``tol_units`` and
+    ``max_abs`` are always numbers, never NaN.
+
+    NaN/Inf elements that both runtimes produce at the same positions (equal Infs, NaN and NaN)
+    count as agreeing and are left out. Any other non-finite element (one side only, or
+    ``inf`` against ``-inf``/NaN), like a shape mismatch, gives ``tol_units = max_abs = inf`` and
+    ``ok`` False.
+    """
+    actual, reference = np.asarray(actual), np.asarray(reference)
+    if actual.shape != reference.shape:
+        return {**error_stats(actual, reference, tol), "ok": False, "max_abs": math.inf, "tol_units": math.inf}
+    a, r = actual.astype(np.float64), reference.astype(np.float64)
+    bad_a, bad_r = ~np.isfinite(a), ~np.isfinite(r)
+    if bad_a.any() or bad_r.any():
+        alike = (bad_a == bad_r) & (~bad_a | (a == r) | (np.isnan(a) & np.isnan(r)))
+        differ = int(a.size - np.count_nonzero(alike))
+        if differ:
+            return {"ok": False, "max_abs": math.inf, "tol_units": math.inf, "n_bad": differ, "size": int(a.size),
+                    "reason": f"{differ} of {a.size} elements are NaN or Inf in one runtime and not alike in the other"}
+        keep = ~bad_a
+        a, r = a[keep], r[keep]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        stats = error_stats(a, r, tol)
+        if not math.isfinite(stats["tol_units"]):  # 0/0 where atol is 0 (NaN, or inf): an exact element is within
+            diff = np.abs(a - r)
+            ratio = np.where(diff == 0, 0.0, diff / (tol.atol + tol.rtol * np.abs(r)))
+            worst = float(np.max(ratio)) if ratio.size else 0.0
+            stats.update(tol_units=worst, n_bad=int(np.count_nonzero(ratio > 1.0)), ok=bool(worst <= 1.0))
+    return stats
+
+
+def _units(value) -> float:
+    """A ``tol_units`` for comparisons: NaN (never produced here, but possible in a hand-made
+    entry) counts as infinitely far."""
+    value = float(value)
+    return math.inf if math.isnan(value) else value
+
+
+def first_divergent_node(entries: list[dict], inputs_of: dict[str, list[str]]) -> dict | None:
+    """The first entry (topological order) with ``tol_units > 1`` that is larger than the
+    ``tol_units`` of every tensor its node reads (``inputs_of[entry["tensor"]]``); tensors with no
+    entry (graph inputs, initializers) count as exact. ``inf`` (non-finite values where the other
+    runtime has none) is the largest; a NaN counts as ``inf``. None when no node diverges on its own."""
+    units = {e["tensor"]: _units(e["tol_units"]) for e in entries}
+    for entry in entries:
+        own = units[entry["tensor"]]
+        if not own > 1.0:
+            continue
+        worst_input = max((units.get(name, 0.0) for name in inputs_of.get(entry["tensor"], ())), default=0.0)
+        if own > worst_input:
+            return entry
+    return None
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split()) or "no message"
+    line = f"{type(error).__name__}: {text}"
+    return line if len(line) <= _REASON_CHARS else line[:_REASON_CHARS - 3] + "..."
+
+
+def compare_runtimes(model, feed: dict, tol, threads: int = 1) -> dict:
+    """ONNX Runtime against ``onnx.reference`` on every intermediate tensor (one inference each,
+    every intermediate an output), in topological order, and the first node that diverges.
+
+    When a runtime cannot run the graph (``onnx.reference`` lacks an op, e.g. a ``com.microsoft``
+    contrib op): ``{"nodes": [], "first_divergent": None, "error": "<one line reason>"}``.
+    """
+    graph = _Graph(model)
+    names = graph.names
+    values = {}
+    for runtime, label in (("ort", "ONNX Runtime"), ("onnxref", "onnx.reference")):
+        try:
+            values[runtime] = run_tensors(runtime, model, feed, names, threads)
+        except Exception as error:  # noqa: BLE001 - any failure to run is reported, not raised
+            return {"nodes": [], "first_divergent": None,
+                    "error": f"{label} cannot run the graph: {_one_line(error)}"}
+    entries, inputs_of = [], {}
+    for name in names:
+        node = graph.nodes[graph.producer[name]]
+        stats = _finite_stats(values["ort"][name], values["onnxref"][name], tol)
+        entries.append({"node": node.name, "op_type": node.op_type, "tensor": name,
+                        "max_abs": stats.get("max_abs", math.inf), "tol_units": stats.get("tol_units", math.inf)})
+        inputs_of[name] = [i for i in node.input if i]
+    return {"nodes": entries, "first_divergent": first_divergent_node(entries, inputs_of)}
