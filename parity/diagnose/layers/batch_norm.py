@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from parity.diagnose.layers import Variant, with_attrs
+from parity.diagnose.layers import Variant, epsilon_variants
 
 KIND = "batch_norm"
 EPSILONS = ((1e-3, "1e-3", "Keras default"), (1e-5, "1e-5", "PyTorch default"),
@@ -57,9 +57,7 @@ def _form(**options):
 
 def variants(attrs):
     declared = attrs.get("eps", 1e-5)
-    found = [Variant(f"eps={label}", f"BatchNorm epsilon {label}{f' ({why})' if why else ''} instead of {declared:g}",
-                     with_attrs(forward, eps=eps))
-             for eps, label, why in EPSILONS if abs(eps - declared) > 0.01 * max(eps, declared)]
+    found = epsilon_variants("BatchNorm", forward, declared, EPSILONS)
     return found + [
         Variant("batch_statistics", "batch mean and variance instead of the moving statistics (training mode)",
                 _form(batch=True)),

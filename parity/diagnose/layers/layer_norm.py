@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from parity.diagnose.layers import NotApplicable, Variant, with_attrs
+from parity.diagnose.layers import NotApplicable, Variant, epsilon_variants
 
 KIND = "layer_norm"
 EPSILONS = ((1e-3, "1e-3", "Keras default"), (1e-5, "1e-5", "PyTorch default"), (1e-6, "1e-6", "Flax default"),
@@ -49,9 +49,7 @@ def _no_affine(inputs, weights, attrs, observed):
 
 def variants(attrs):
     declared = attrs.get("eps", 1e-5)
-    found = [Variant(f"eps={label}", f"LayerNorm epsilon {label} ({why}) instead of {declared:g}",
-                     with_attrs(forward, eps=eps))
-             for eps, label, why in EPSILONS if abs(eps - declared) > 0.01 * max(eps, declared)]
+    found = epsilon_variants("LayerNorm", forward, declared, EPSILONS)
     return found + [
         Variant("unbiased_variance", "unbiased (N-1) variance, as torch.var computes by default",
                 _form(ddof=1)),
