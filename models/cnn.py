@@ -67,7 +67,7 @@ def keras_model(dtype):
         h = layers.BatchNormalization(epsilon=EPSILON, name=f"bn{i}", dtype=dtype)(h)
         return layers.ReLU(name=f"relu{i}", dtype=dtype)(h)
 
-    x = keras.Input((8, 8, 1), batch_size=SPEC.batch_size, dtype=dtype, name="x")  # NHWC
+    x = keras.Input((8, 8, 1), dtype=dtype, name="x")  # NHWC
     h = layers.AveragePooling2D(2, name="pool1", dtype=dtype)(stage(x, 1, CHANNELS[0], 1))
     h = stage(h, 2, CHANNELS[1], 2)
     h = layers.Permute((3, 1, 2), name="to_nchw", dtype=dtype)(h)  # flatten in canonical (C, H, W) order
@@ -151,6 +151,7 @@ SPEC = ModelSpec(
     },
     tolerances={"fp32": Tolerances(Tolerance(atol=1e-5, rtol=1e-5))},
     grad_tolerances={"fp32": Tolerances(Tolerance(atol=1e-6, rtol=1e-4))},
+    bench_batch_sizes=(1, 64),
     training=Training(epochs=20, lr=3e-3, batch_size=64, seed=0),
     expected_errors={"jax/tf/onnx/*": "jax2tf serialises through XlaCallModule, which tf2onnx cannot convert"},
     torch_module=torch_module,

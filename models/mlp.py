@@ -28,7 +28,7 @@ def keras_model(dtype):
     import keras
     from keras import layers
 
-    x = keras.Input((64,), batch_size=SPEC.batch_size, dtype=dtype, name="x")
+    x = keras.Input((64,), dtype=dtype, name="x")
     h = layers.ReLU(name="relu1", dtype=dtype)(layers.Dense(HIDDEN[0], name="dense1", dtype=dtype)(x))
     h = layers.ReLU(name="relu2", dtype=dtype)(layers.Dense(HIDDEN[1], name="dense2", dtype=dtype)(h))
     logits = layers.Dense(CLASSES, name="logits", dtype=dtype)(h)
@@ -74,6 +74,7 @@ SPEC = ModelSpec(
     },
     tolerances={"fp32": Tolerances(Tolerance(atol=1e-5, rtol=1e-5))},
     grad_tolerances={"fp32": Tolerances(Tolerance(atol=1e-6, rtol=1e-4))},
+    bench_batch_sizes=(1, 64),
     training=Training(epochs=30, lr=3e-3, batch_size=64, seed=0),
     expected_errors={"jax/tf/onnx/*": "jax2tf serialises through XlaCallModule, which tf2onnx cannot convert"},
     torch_module=torch_module,

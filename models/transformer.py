@@ -100,14 +100,12 @@ def keras_model(dtype):
                 layers.Dense(D_MODEL, name=n, dtype=dtype) for n in ("query", "key", "value", "out"))
 
         def call(self, x):
-            b, t = x.shape[0], x.shape[1]
-
-            def heads(h):
-                return ops.transpose(ops.reshape(h, (b, t, HEADS, HEAD_DIM)), (0, 2, 1, 3))
+            def heads(h):  # any batch size: the batch axis is -1
+                return ops.transpose(ops.reshape(h, (-1, TOKENS, HEADS, HEAD_DIM)), (0, 2, 1, 3))
 
             q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
             weights = ops.softmax(ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))) * SCALE, axis=-1)
-            return self.out(ops.reshape(ops.transpose(ops.matmul(weights, v), (0, 2, 1, 3)), (b, t, D_MODEL)))
+            return self.out(ops.reshape(ops.transpose(ops.matmul(weights, v), (0, 2, 1, 3)), (-1, TOKENS, D_MODEL)))
 
     def gelu(v):  # exact (erf) GELU; not keras.activations.gelu, see the module docstring
         return 0.5 * v * (1.0 + ops.erf(v * SQRT_HALF))
@@ -115,7 +113,7 @@ def keras_model(dtype):
     def norm(name):
         return layers.LayerNormalization(epsilon=EPSILON, name=name, dtype=dtype)
 
-    x = keras.Input((TOKENS, FEATURES), batch_size=SPEC.batch_size, dtype=dtype, name="x")
+    x = keras.Input((TOKENS, FEATURES), dtype=dtype, name="x")
     h = Pos(name="pos", dtype=dtype)(layers.Dense(D_MODEL, name="embed", dtype=dtype)(x))
     for i in range(BLOCKS):
         a = Attention(name=f"block{i}_attn", dtype=dtype)(norm(f"block{i}_norm1")(h))
@@ -222,6 +220,7 @@ SPEC = ModelSpec(
     },
     tolerances={"fp32": Tolerances(Tolerance(atol=1e-5, rtol=1e-5))},
     grad_tolerances={"fp32": Tolerances(Tolerance(atol=1e-6, rtol=1e-4))},
+    bench_batch_sizes=(1, 64),
     training=Training(epochs=30, lr=3e-3, batch_size=64, seed=0),
     expected_errors={"jax/tf/onnx/*": "jax2tf serialises through XlaCallModule, which tf2onnx cannot convert"},
     torch_module=torch_module,

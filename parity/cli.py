@@ -39,8 +39,38 @@ def _handle_errors(func):
     return wrapper
 
 
-def _progress(message: str) -> None:
+def _say(message: str) -> None:
     click.echo(f"  {message}", err=True)
+
+
+class _Progress:
+    """A live status line on a terminal (model, phase, path, elapsed); silent when stderr is not a terminal."""
+
+    def __init__(self, live: bool):
+        self.status = None
+        if live:
+            from rich.console import Console
+
+            self.status = Console(stderr=True).status("starting")
+        self.started = None
+
+    def __call__(self, message: str) -> None:
+        if self.status is not None:
+            import time
+
+            self.status.update(f"{message}  [{time.monotonic() - self.started:.0f} s]")
+
+    def __enter__(self):
+        import time
+
+        self.started = time.monotonic()
+        if self.status is not None:
+            self.status.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.status is not None:
+            self.status.stop()
 
 
 def workspace_option(func):
@@ -62,7 +92,8 @@ def check_options(func):
         click.option("--path", "-p", "patterns", multiple=True, help="Glob on the path id, e.g. 'torch/*' (repeatable)."),
         click.option("--device", type=click.Choice(DEVICE_CHOICES), default="cpu", show_default=True),
         click.option("--precision", type=click.Choice(PRECISION_CHOICES), default="fp32", show_default=True),
-        click.option("--json", "json_file", type=click.Path(dir_okay=False), default=None, help="Write the result JSON here."),
+        click.option("--json", "json_file", type=click.Path(dir_okay=False, allow_dash=True), default=None,
+                     help="Write the result JSON here ('-': to stdout, instead of the tables)."),
         click.option("--threads", type=click.IntRange(1), default=default_threads(), show_default=True,
                      help="Intra-op threads, the same for every framework and runtime."),
         click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=300.0, show_default=True,
@@ -103,7 +134,8 @@ def _check_or_run(models, patterns, device, precision, json_file, threads, timeo
     from parity.report import diagnosis, json_report, terminal
     from parity.safefs import check_writable
 
-    if json_file:
+    to_stdout = json_file == "-"
+    if json_file and not to_stdout:
         check_writable(json_file, "--json")
     if report_dir:
         check_writable(str(Path(report_dir) / "index.html"), "--report")
@@ -111,18 +143,30 @@ def _check_or_run(models, patterns, device, precision, json_file, threads, timeo
     names = ws.select(models)
     options = orchestrate.Options(threads=threads, patterns=patterns, precision=precision, device=device,
                                   timeout_s=timeout_s, use_cache=not no_cache, timing=timing, diagnose=diagnose)
-    report = orchestrate.check(ws, names, options, progress=_progress)
-    click.echo(terminal.render(report, timed=timing is not None, verbose=verbose))
-    diagnosed = diagnosis.render_all(report)
-    if diagnosed:
-        click.echo("\n" + diagnosed)
-    if json_file:
+    with _Progress(live=sys.stderr.isatty() and not to_stdout) as progress:
+        report = orchestrate.check(ws, names, options, progress=progress)
+    if to_stdout:
+        click.echo(json.dumps(json_report.sanitize(report), indent=2))
+    else:
+        click.echo(terminal.render(report, timed=timing is not None, verbose=verbose))
+        for block in (diagnosis.render_all(report), _timing_block(report, timing)):
+            if block:
+                click.echo("\n" + block)
+    if json_file and not to_stdout:
         _write_after_run("--json", json_file, lambda: json_report.write(report, json_file))
     if report_dir:
         from parity.report import html
 
         _write_after_run("--report", report_dir, lambda: html.write(report, report_dir))
     sys.exit(orchestrate.exit_code(report))
+
+
+def _timing_block(report: dict, timing) -> str:
+    if timing is None:
+        return ""
+    from parity.report import timing_table
+
+    return timing_table.render(report)
 
 
 def _write_after_run(option: str, target: str, write) -> None:
@@ -147,21 +191,94 @@ def check(models, patterns, device, precision, json_file, threads, timeout_s, no
                   report_dir, None)
 
 
+def timing_options(func):
+    """Options shared by `run` and `bench`: the stopping rule, batch sizes, baseline."""
+    decorators = [
+        click.option("--budget", "budget_s", type=float, default=1.0, show_default=True,
+                     help="Seconds of timed runs per path and batch size, after warm-up (at least --min-runs runs)."),
+        click.option("--min-runs", type=int, default=30, show_default=True, help="Fewest timed runs per series."),
+        click.option("--target-ci", type=float, default=0.02, show_default=True,
+                     help="Stop once the 95 % CI of the median is within this fraction of it."),
+        click.option("--batch-size", "batch_sizes", type=int, multiple=True,
+                     help="Batch size to time (repeatable; default: the spec's bench_batch_sizes)."),
+        click.option("--baseline", default=None, help="Path id every path is compared with (default: its native source)."),
+    ]
+    for decorator in reversed(decorators):
+        func = decorator(func)
+    return func
+
+
+def _bench_options(budget_s, min_runs, target_ci, batch_sizes, baseline):
+    from parity import paths as path_registry
+    from parity.benchmark import BenchOptions
+
+    if not budget_s > 0:
+        raise UsageError(f"--budget must be a positive number of seconds, not {budget_s:g}")
+    if min_runs < 1 or not 0 < target_ci < 1:
+        raise UsageError("--min-runs must be at least 1 and --target-ci between 0 and 1")
+    bad = [b for b in batch_sizes if b < 1]
+    if bad:
+        raise UsageError(f"--batch-size must be a positive integer, not {bad[0]}")
+    if baseline:
+        path_registry.by_id(baseline)
+    return BenchOptions(budget_s=budget_s, min_runs=min_runs, target_rel_ci=target_ci,
+                        batch_sizes=tuple(dict.fromkeys(batch_sizes)), baseline=baseline)
+
+
 @cli.command()
 @check_options
-@click.option("--budget", "budget_s", type=click.FloatRange(0.05), default=1.0, show_default=True,
-              help="Seconds of timed runs per passing path (after warm-up, at least 10 runs).")
+@timing_options
 @_handle_errors
 def run(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, verbose, workspace, report_dir,
-        budget_s):
-    """The main job: check every path, time the ones that passed (the gate), diagnose the ones that failed.
+        budget_s, min_runs, target_ci, batch_sizes, baseline):
+    """The main job: check every path, diagnose the ones that failed, time the ones that passed (the gate).
 
     \b
     Example:
         parity run --model mlp --json r.json --report report/
     """
+    timing = _bench_options(budget_s, min_runs, target_ci, batch_sizes, baseline)
     _check_or_run(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, verbose, workspace,
-                  report_dir, {"budget_s": budget_s})
+                  report_dir, timing)
+
+
+@cli.command()
+@check_options
+@timing_options
+@_handle_errors
+def bench(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, verbose, workspace, report_dir,
+          budget_s, min_runs, target_ci, batch_sizes, baseline):
+    """Check every path, then time only those that passed: per batch size, training steps, first result.
+
+    Every batch size is verified before it is timed; statistics per series: median with its 95 % CI,
+    mean, std, cv, p90, p99, min, throughput; each path against its baseline with a ratio of medians,
+    its 95 % CI and Welch's t-test on log-times. Raw samples are kept in the JSON.
+
+    \b
+    Example:
+        parity bench --model mlp --batch-size 1 --batch-size 64 --json b.json
+    """
+    timing = _bench_options(budget_s, min_runs, target_ci, batch_sizes, baseline)
+    _check_or_run(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, verbose, workspace,
+                  report_dir, timing, diagnose=None)
+
+
+@cli.command()
+@click.argument("first", type=click.Path(dir_okay=False))
+@click.argument("second", type=click.Path(dir_okay=False))
+@_handle_errors
+def compare(first, second):
+    """Compare two result files: environment first, then verdict changes, then timing ratios.
+
+    \b
+    Example:
+        parity compare before.json after.json
+    """
+    from parity.report import compare as compare_report
+
+    text, code = compare_report.render(compare_report.load(first), compare_report.load(second))
+    click.echo(text)
+    sys.exit(code)
 
 
 @cli.command()
@@ -261,7 +378,7 @@ def golden_build(models, workspace, threads):
     with WorkerPool(threads or default_threads(), cache_root() / "logs", timeout_s=1800) as pool:
         for name in ws.select(models):
             try:
-                manifest = golden_lib.build(ws, ws.load_spec(name), pool, progress=_progress)
+                manifest = golden_lib.build(ws, ws.load_spec(name), pool, progress=_say)
             except (ParityError, TaskFailed) as error:
                 failures += 1
                 click.echo(f"{name}: golden build failed: {error}", err=True)

@@ -14,7 +14,9 @@ PACKAGES = ("parity", "numpy", "click", "torch", "onnx", "onnxscript", "onnxrunt
             "scikit-learn", "protobuf", "ml_dtypes")
 # environment variables that change numerics or threading
 FLAG_VARIABLES = ("TF_ENABLE_ONEDNN_OPTS", "TF_DETERMINISTIC_OPS", "XLA_FLAGS", "OMP_NUM_THREADS",
-                  "NVIDIA_TF32_OVERRIDE", "CUBLAS_WORKSPACE_CONFIG", "JAX_ENABLE_X64", "PARITY_CACHE_DIR")
+                  "NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "ONEDNN_DEFAULT_FPMATH_MODE",
+                  "CUBLAS_WORKSPACE_CONFIG", "JAX_ENABLE_X64", "JAX_DEFAULT_MATMUL_PRECISION", "PARITY_CACHE_DIR")
+CPUFREQ = "/sys/devices/system/cpu/cpu0/cpufreq"
 
 
 def package_versions() -> dict[str, str | None]:
@@ -36,6 +38,22 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def cpu_frequency() -> dict:
+    """The frequency governor and current/max MHz of CPU 0, where the kernel exposes them (else None)."""
+
+    def read(name: str):
+        try:
+            with open(f"{CPUFREQ}/{name}") as f:
+                return f.read().strip()
+        except OSError:
+            return None
+
+    khz = {name: read(name) for name in ("scaling_cur_freq", "cpuinfo_max_freq")}
+    return {"governor": read("scaling_governor"),
+            "mhz": int(khz["scaling_cur_freq"]) // 1000 if khz["scaling_cur_freq"] else None,
+            "max_mhz": int(khz["cpuinfo_max_freq"]) // 1000 if khz["cpuinfo_max_freq"] else None}
 
 
 def gpu_info() -> dict | None:
@@ -65,6 +83,7 @@ def environment(threads: int, seed: int = 0) -> dict:
         "packages": package_versions(),
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
+        "cpu_frequency": cpu_frequency(),
         "gpu": gpu_info(),
         "threads": threads,
         "flags": {name: os.environ[name] for name in FLAG_VARIABLES if name in os.environ},

@@ -20,12 +20,12 @@ from parity.worker import TaskFailed, WorkerPool
 
 NOCACHE_PREFIX = "parity-nocache-"
 
-RESULT_SCHEMA = "parity.result/1"
+RESULT_SCHEMA = "parity.result/2"
 
 
 @dataclass
 class Options:
-    """What to check and how. ``timing`` None means check only (no timing)."""
+    """What to check and how. ``timing`` (``parity.benchmark.BenchOptions``) None means check only."""
 
     threads: int
     patterns: tuple[str, ...] = ()
@@ -33,13 +33,14 @@ class Options:
     device: str = "cpu"
     timeout_s: float = 300.0
     use_cache: bool = True
-    timing: dict | None = None
+    timing: object | None = None  # BenchOptions
     diagnose: str | None = "failing"  # diagnose layer by layer: "failing" paths, "all" selected paths, or None
     weight_perturbation: dict = field(default_factory=dict)  # (model, path) -> {param: delta}
 
 
-def _result_skeleton(model: str, path: paths.PathDef) -> dict:
+def _result_skeleton(model: str, path: paths.PathDef, spec_batch: int) -> dict:
     return {"model": model, "path": path.id, "stages": path.stages, "device": path.device, "precision": path.precision,
+            "batch_size": spec_batch,
             "verdict": None, "reason": None, "expected": False, "outputs": None, "gradients": None, "metrics": None,
             "deterministic": None, "timing": None, "diagnosis": None}
 
@@ -82,6 +83,7 @@ class Run:
                 self.model_errors.append({"model": name, "reason": str(error)})
                 continue
             manifest = golden.verify(self.workspace.golden_dir(name), spec)
+            self._check_batch_sizes(spec, manifest)
             self.specs[name] = spec
             selected = paths.select(self.options.patterns, spec.frameworks, self.options.device, self.options.precision)
             matched = matched or bool(selected)
@@ -91,45 +93,57 @@ class Run:
             raise UsageError(f"--path {', '.join(self.options.patterns)} matches no path of the selected models")
         return plan
 
-    def _chain_key(self, spec, manifest, path: paths.PathDef, depth: int) -> str:
+    def _check_batch_sizes(self, spec, manifest) -> None:
+        """Every batch size to time must fit the eval split it is verified on (an input error, before any work)."""
+        if self.options.timing is None:
+            return
+        available = manifest["files"]["eval.npz"]["arrays"]["x"]["shape"][0]
+        for batch in self.options.timing.batch_sizes or spec.timed_batch_sizes:
+            if batch > available:
+                raise UsageError(f"batch size {batch} cannot be verified for model {spec.name!r}: its eval split has "
+                                 f"{available} samples (each batch size is checked against them before it is timed)")
+
+    def _chain_key(self, spec, manifest, path: paths.PathDef, depth: int, batch_size: int | None = None) -> str:
         steps = [{"name": s.name, "target": s.target, "versions": {p: _package_version(p) for p in s.packages}}
                  for s in path.exports[: depth + 1]]
         return content_key({
             "parity": __version__, "model": spec.name, "source": path.source,
             "model_file_sha256": sha256_file(Path(spec.source_file)),
             "weights_sha256": manifest["files"]["weights.npz"]["sha256"],
-            "steps": steps, "opset": spec.opset, "batch_size": spec.batch_size, "precision": path.precision,
+            "steps": steps, "opset": spec.opset, "batch_size": batch_size or spec.batch_size, "precision": path.precision,
         })
 
-    def _export(self, pool, spec, manifest, path, depth) -> dict:
-        key = self._chain_key(spec, manifest, path, depth)
+    def _export(self, pool, spec, manifest, path, depth, batch_size: int | None = None) -> dict:
+        """The path's artifact up to export step ``depth`` at a static batch (default the spec's), cached."""
+        key = self._chain_key(spec, manifest, path, depth, batch_size)
         if key in self.exports:
             return self.exports[key]
-        parent = self.exports[self._chain_key(spec, manifest, path, depth - 1)] if depth else None
+        parent = self._export(pool, spec, manifest, path, depth - 1, batch_size) if depth else None
         if parent is not None and "error" in parent:
             return parent
         step = path.exports[depth]
         lock = self.cache.lock(key, timeout_s=self.options.timeout_s + 60)
         try:
             with lock:
-                entry = self._export_locked(pool, spec, path, depth, key, step, parent)
+                entry = self._export_locked(pool, spec, path, depth, key, step, parent, batch_size)
         except TimeoutError:
             entry = {"error": f"{step.name}: cache entry {key} stayed locked by another run for {lock.timeout:g} s",
                      "cached": False}
         self.exports[key] = entry
         return entry
 
-    def _export_locked(self, pool, spec, path, depth, key, step, parent) -> dict:
+    def _export_locked(self, pool, spec, path, depth, key, step, parent, batch_size) -> dict:
         hit = self.cache.lookup(key)
         if hit is not None:
             return {"error": hit.error, "cached": True} if hit.error else {"dir": str(hit.dir), "meta": hit.meta, "cached": True}
-        self.progress(f"{spec.name}: export {'/'.join(path.stages[: depth + 2])} ({step.name})")
+        at = f", batch {batch_size}" if batch_size and batch_size != spec.batch_size else ""
+        self.progress(f"{spec.name}: export {'/'.join(path.stages[: depth + 2])} ({step.name}{at})")
         staging = self.cache.staging_dir()
         try:
             meta = pool.call(step.group, "parity.tasks:export_step", workspace=str(self.workspace.root),
                              model=spec.name, target=step.target, golden_dir=str(self.workspace.golden_dir(spec.name)),
                              opset=spec.opset, out_dir=str(staging), parent_dir=parent and parent["dir"],
-                             parent_meta=parent and parent["meta"])
+                             parent_meta=parent and parent["meta"], batch_size=batch_size)
         except TaskFailed as error:
             shutil.rmtree(staging, ignore_errors=True)
             reason = str(error)
@@ -143,7 +157,7 @@ class Run:
         plan = self._plan(model_names)
         pending = []
         for spec, manifest, path in plan:
-            result = _result_skeleton(spec.name, path)
+            result = _result_skeleton(spec.name, path, spec.batch_size)
             self.results.append(result)
             reason = paths.unavailable_reason(path)
             if reason:
@@ -163,6 +177,10 @@ class Run:
                 if self.options.diagnose:
                     for spec, manifest, path, result in order:
                         self._diagnose(pool, spec, manifest, path, result)
+                if self.options.timing is not None:
+                    from parity import benchmark
+
+                    benchmark.bench(self, pool, order, self.options.timing)
         finally:
             if self._scratch:
                 shutil.rmtree(self._scratch, ignore_errors=True)
@@ -187,7 +205,6 @@ class Run:
                 threads=self.options.threads, artifact_dir=artifact and artifact["dir"],
                 artifact_meta=artifact and artifact["meta"],
                 export_s=0.0 if artifact is None or artifact["cached"] else artifact["meta"].get("export_s", 0.0),
-                timing=self.options.timing,
                 weight_perturbation=self.options.weight_perturbation.get((spec.name, path.id)),
             )
         except TaskFailed as error:
@@ -243,5 +260,6 @@ def exit_code(report: dict) -> int:
 
 
 def check(workspace, model_names, options: Options, progress=lambda message: None) -> dict:
-    """Verify goldens, export, check every selected path; time passing paths when ``options.timing``."""
+    """Verify goldens, export, check every selected path, diagnose failing ones; time passing paths when
+    ``options.timing``."""
     return Run(workspace, options, progress).execute(model_names)

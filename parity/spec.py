@@ -159,7 +159,9 @@ class ModelSpec:
         expected_errors: path glob -> reason. A path ending in ``error`` there is expected
             (like pytest's xfail); if it passes, that is reported as an unexpected pass.
         require_determinism: fail a path whose two runs are not bitwise identical.
-        batch_size: the static batch every path is exported and run with.
+        batch_size: the static batch every path is exported and checked with.
+        bench_batch_sizes: the batch sizes ``bench`` times (default: ``batch_size`` alone); each is
+            exported and verified against the golden eval logits before it is timed.
         opset: ONNX opset for every exporter.
         metric_rules: ``MetricRules``.
     """
@@ -181,6 +183,7 @@ class ModelSpec:
     expected_errors: dict[str, str] = field(default_factory=dict)
     require_determinism: bool = False
     batch_size: int = 64
+    bench_batch_sizes: tuple[int, ...] = ()
     opset: int = 18
     metric_rules: MetricRules = MetricRules()
     source_file: str | None = None
@@ -190,6 +193,10 @@ class ModelSpec:
         """Source frameworks this model is written in, in a fixed order."""
         builders = {"torch": self.torch_module, "tf": self.keras_model, "jax": self.jax_apply}
         return tuple(name for name, builder in builders.items() if builder is not None)
+
+    @property
+    def timed_batch_sizes(self) -> tuple[int, ...]:
+        return tuple(self.bench_batch_sizes) or (self.batch_size,)
 
     @property
     def trainable_params(self) -> list[str]:
@@ -222,6 +229,8 @@ class ModelSpec:
                 raise ValueError(f"unknown precision {precision!r} in tolerances; known: {PRECISIONS}")
         if "fp32" not in self.tolerances or "fp32" not in self.grad_tolerances:
             raise ValueError("tolerances and grad_tolerances need an 'fp32' entry")
+        if any(not isinstance(b, int) or b < 1 for b in self.timed_batch_sizes):
+            raise ValueError(f"bench_batch_sizes must be positive integers, not {self.bench_batch_sizes!r}")
         if len(set(self.taps)) != len(self.taps):
             raise ValueError("tap names must be unique")
         for tap, layer in self.layers.items():

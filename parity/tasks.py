@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 
 from parity import compare, golden, metrics, paths
-from parity.bench import peak_rss_mb, time_call
 from parity.exporters.common import ExportJob
 from parity.workspace import Workspace
 
@@ -84,16 +83,18 @@ def fp64_reference(workspace: str, model: str, framework: str, scratch: str, out
 
 
 def export_step(workspace: str, model: str, target: str, golden_dir: str, opset: int, out_dir: str,
-                parent_dir: str | None, parent_meta: dict | None) -> dict:
-    """Run one exporter into ``out_dir``; return its metadata plus the export time."""
+                parent_dir: str | None, parent_meta: dict | None, batch_size: int | None = None) -> dict:
+    """Run one exporter into ``out_dir`` (static batch ``batch_size``, default the spec's); return its
+    metadata plus the export time."""
     spec = Workspace(workspace).load_spec(model)
     weights = golden.load(Path(golden_dir), spec).arrays["weights.npz"]
     started = time.perf_counter()
-    job = ExportJob(spec=spec, weights=weights, batch_size=spec.batch_size,
+    job = ExportJob(spec=spec, weights=weights, batch_size=batch_size or spec.batch_size,
                     opset=opset, out_dir=Path(out_dir), parent_dir=Path(parent_dir) if parent_dir else None,
                     parent_meta=parent_meta)
     meta = paths.load_target(target)(job)
     meta["export_s"] = time.perf_counter() - started
+    meta["batch_size"] = job.batch_size
     return meta
 
 
@@ -107,8 +108,8 @@ def perturbed(weights: dict, perturbation: dict | None) -> dict:
 
 def check_path(workspace: str, model: str, path_id: str, golden_dir: str, precision: str, threads: int,
                artifact_dir: str | None = None, artifact_meta: dict | None = None, export_s: float = 0.0,
-               timing: dict | None = None, weight_perturbation: dict | None = None) -> dict:
-    """Outputs, determinism, metrics and gradients of one path against golden; then timing if it passed.
+               weight_perturbation: dict | None = None) -> dict:
+    """Outputs, determinism, metrics and gradients of one path against golden (timing is ``parity.timing``'s).
 
     ``weight_perturbation`` ({name: delta}) adds to canonical weights before a native source is
     built: a deliberate drift, used to prove that the gate holds.
@@ -149,12 +150,6 @@ def check_path(workspace: str, model: str, path_id: str, golden_dir: str, precis
         result["time_to_first_gradient_s"] = time.perf_counter() - grad_started
         result["gradients"] = compare.compare_named(grads, golden_grads, spec.grad_tolerances[precision].for_name)
     result["verdict"], result["reason"] = _verdict(spec, result)
-    result["timing"] = None
-    if result["verdict"] == "pass" and timing is not None:
-        stats = time_call(lambda: runner.run(x), spec.batch_size, **timing)
-        stats["first_result_s"] = first_result_s
-        stats["peak_rss_mb"] = peak_rss_mb()
-        result["timing"] = stats
     result["first_result_s"] = first_result_s
     return result
 

@@ -93,19 +93,30 @@ def reason_of(error: BaseException) -> str:
     return text if len(text) <= 600 else text[:597] + "..."
 
 
+_STARTUP_SECONDS = 0.0
+
+
+def startup_seconds() -> float:
+    """Seconds this worker spent importing its frameworks before its first task (0 in other processes)."""
+    return _STARTUP_SECONDS
+
+
 def _main(conn, group: str, threads: int, log_path: str, parent_pid: int) -> None:
+    global _STARTUP_SECONDS
     _die_with_parent(parent_pid)
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
     from parity.paths import load_target
 
+    started = time.perf_counter()
     try:
         _align_threads(group, threads)
     except Exception as error:  # a framework that fails to import: every task reports it
         startup_error = reason_of(error)
     else:
         startup_error = None
+    _STARTUP_SECONDS = time.perf_counter() - started
     while True:
         try:
             message = conn.recv()
@@ -189,8 +200,9 @@ class WorkerPool:
         self.failed = False
         self.current: Worker | None = None
 
-    def call(self, group: str, task: str, timeout_s: float | None = None, **kwargs):
-        if self.current is not None and (self.current.group != group or not self.current.alive):
+    def call(self, group: str, task: str, timeout_s: float | None = None, fresh: bool = False, **kwargs):
+        """Run ``task`` in the worker of ``group`` (``fresh``: in a newly started one)."""
+        if self.current is not None and (fresh or self.current.group != group or not self.current.alive):
             self.current.close()
             self.current = None
         if self.current is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -71,14 +72,16 @@ def test_converter_error_is_cached(workspace_copy, private_cache):
     assert again["export"]["cached"] is False and "Erfc" in again["reason"]
 
 
-def test_concurrent_runs_sharing_a_cache_export_once(workspace_copy, private_cache):
+def test_concurrent_runs_sharing_a_cache_export_once(workspace_copy, private_cache, tmp_path):
     root = workspace_copy()
     command = [sys.executable, "-m", "parity.cli", "check", "--workspace", str(root), "--path", "torch/onnx/ort",
-               "--threads", "1"]
+               "--threads", "1", "--json"]
     env = {**os.environ, "PARITY_CACHE_DIR": str(private_cache)}
-    runs = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [tmp_path / f"r{i}.json" for i in range(2)]
+    runs = [subprocess.Popen([*command, str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for out in results]
     outputs = [run.communicate(timeout=600) for run in runs]
     assert [run.returncode for run in runs] == [0, 0], outputs
-    exports = sum(err.count("export torch/onnx (torch.onnx)") for _, err in outputs)
-    assert exports == 1, outputs
+    exported = [json.loads(out.read_text())["results"][0]["export"]["cached"] for out in results]
+    assert sorted(exported) == [False, True], outputs  # one run exported, the other found it in the cache
     assert len(list((private_cache / "exports").glob("*/meta.json"))) == 1

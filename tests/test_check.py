@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from parity import orchestrate
+from parity.benchmark import BenchOptions
 from parity.workspace import Workspace
 from tests.conftest import mlp_variant
 
@@ -21,12 +22,13 @@ def run_check(root, patterns, timing=None, **options):
 
 
 def test_gate_times_passing_paths_only(workspace_copy):
-    """A weight perturbed on purpose in one path fails that path, which is then not timed."""
+    """A weight perturbed on purpose in one path fails that path, which is then not timed; the others are
+    timed at every batch size with raw samples, a verified training step, first result and baseline ratios."""
     root = workspace_copy()
     delta = np.zeros((64, 64), np.float32)
     delta[3, 5] = 0.05
     report, results = run_check(
-        root, ["torch", "torch/onnx/ort", "jax"], timing={"budget_s": 0.05},
+        root, ["torch", "torch/onnx/ort", "jax"], timing=BenchOptions(budget_s=0.05, min_runs=30, batch_sizes=(64,)),
         weight_perturbation={("mlp", "jax"): {"dense1/kernel": delta}},
     )
     assert results["jax"]["verdict"] == "fail"
@@ -36,9 +38,29 @@ def test_gate_times_passing_paths_only(workspace_copy):
     for path in ("torch", "torch/onnx/ort"):
         assert results[path]["verdict"] == "pass", results[path]["reason"]
         timing = results[path]["timing"]
-        assert timing["runs"] >= 10 and timing["median_ms"] > 0
-        assert timing["ci95_ms"][0] <= timing["median_ms"] <= timing["ci95_ms"][1]
+        entry = timing["batches"]["64"]
+        assert entry["verdict"] == "pass" and entry["verified"]["ok"]
+        assert entry["runs"] >= 30 and len(entry["samples_ms"]) == entry["runs"] and entry["median_ms"] > 0
+        assert entry["ci95_ms"][0] <= entry["median_ms"] <= entry["ci95_ms"][1]
+        assert timing["first_result"]["load_s"] >= 0 and timing["first_result"]["path_peak_mb"] >= 0
+    assert results["torch"]["timing"]["train_step"]["verdict"] == "pass"
+    assert results["torch/onnx/ort"]["timing"]["train_step"] is None  # ONNX Runtime cannot differentiate
+    versus = results["torch/onnx/ort"]["timing"]["batches"]["64"]["vs_baseline"]
+    assert versus["baseline"] == "torch" and versus["ci95"][0] <= versus["ratio"] <= versus["ci95"][1]
     assert orchestrate.exit_code(report) == 1
+
+
+def test_a_batch_size_that_computes_something_else_is_never_timed(workspace_copy):
+    """The torch definition is right at the checked batch (64) and wrong at batch 1: batch 1 gets no number."""
+    root = workspace_copy(mlp_variant({"return self.logits(self.relu2(self.dense2(self.relu1(self.dense1(x)))))":
+                                       "out = self.logits(self.relu2(self.dense2(self.relu1(self.dense1(x)))))\n"
+                                       "            return out + 1.0 if x.shape[0] == 1 else out"}))
+    _, results = run_check(root, ["torch"], timing=BenchOptions(budget_s=0.05, batch_sizes=(1, 64), first_result=False))
+    batches = results["torch"]["timing"]["batches"]
+    assert results["torch"]["verdict"] == "pass"
+    assert batches["1"]["verdict"] == "fail" and "median_ms" not in batches["1"]
+    assert "output at batch 1" in batches["1"]["reason"]
+    assert batches["64"]["verdict"] == "pass" and batches["64"]["median_ms"] > 0
 
 
 def test_every_builtin_mlp_path_checks_with_statistics(workspace_copy):

@@ -30,7 +30,8 @@ def result(path: str, verdict: str = "pass", reason: str | None = None, *, ran: 
                         "argmax_agreement_ok": True, "ok": True}
         r["deterministic"] = True
         if verdict == "pass" and timed:
-            r["timing"] = {"median_ms": 0.0342, "p90_ms": 0.04, "p99_ms": 0.05}
+            r["batch_size"] = 64
+            r["timing"] = {"batches": {"64": {"verdict": "pass", "median_ms": 0.0342, "p90_ms": 0.04, "p99_ms": 0.05}}}
     r.update(extra)
     return r
 

@@ -33,7 +33,7 @@ LEGEND = [
     ("agree", "fraction of eval samples whose argmax equals the golden argmax"),
     ("det", "yes: two runs are bitwise identical"),
 ]
-TIMING_LEGEND = [("median ms", "median time per batch; passing paths only (the gate)")]
+TIMING_LEGEND = [("median ms", "median time per batch at the checked batch size; passing paths only (the gate)")]
 VERDICT_LEGEND = [
     ("verdict", "pass | FAIL: out of tolerance | ERROR: export or run failed | skip: not available here"),
     ("", "xerror: an error the spec declares as expected | XPASS: a declared error passed, update the spec"),
@@ -78,8 +78,9 @@ def _determinism(result: dict) -> str:
 
 
 def _timing(result: dict) -> str:
-    t = result.get("timing")
-    return f"{t['median_ms']:.3f}" if t else "-"
+    """The median at the spec's batch size (the one the path was checked at), when it was timed."""
+    entry = ((result.get("timing") or {}).get("batches") or {}).get(str(result.get("batch_size")))
+    return f"{entry['median_ms']:.3f}" if entry and entry.get("verdict") == "pass" else "-"
 
 
 def _reason(result: dict) -> str:

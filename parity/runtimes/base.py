@@ -15,8 +15,8 @@ class Runner:
     """Runs one model on a batch in canonical layout and returns named outputs.
 
     Subclasses implement ``run_impl``; differentiable ones set ``differentiable = True`` and
-    implement ``gradients_impl``; those that can report intermediate layers implement
-    ``taps_impl``. The public methods check the feed first.
+    implement ``gradients_impl``, ``train_step_impl`` and ``trainable_weights_impl``; those that
+    can report intermediate layers implement ``taps_impl``. The public methods check the feed first.
     """
 
     differentiable = False
@@ -49,6 +49,26 @@ class Runner:
             raise NotDifferentiable(f"{type(self).__name__} cannot differentiate")
         return self.gradients_impl(self.check_feed(x), np.asarray(labels, dtype=np.int64))
 
+    def train_step(self, x: np.ndarray, labels: np.ndarray, lr: float) -> None:
+        """One plain-SGD step in place: forward, mean cross-entropy of the first output vs ``labels``
+        (the loss ``gradients`` differentiates), backward, ``w -= lr * grad`` for every parameter
+        ``optimized_params`` names. Nothing is left pending when it returns: it is the timed region
+        of a training step."""
+        if not self.differentiable:
+            raise NotDifferentiable(f"{type(self).__name__} cannot differentiate, so it cannot take a training step")
+        self.train_step_impl(self.check_feed(x), np.asarray(labels, dtype=np.int64), float(lr))
+
+    def trainable_weights(self) -> dict[str, np.ndarray]:
+        """The current trainable weights (copies), canonical names and layout, in the runner's dtype."""
+        if not self.differentiable:
+            raise NotDifferentiable(f"{type(self).__name__} cannot differentiate, so it has no trainable weights")
+        return self.trainable_weights_impl()
+
+    def optimized_params(self) -> list[str]:
+        """Canonical names of the parameters ``train_step`` updates (what the optimizer is given):
+        every trainable parameter. Read once, when a runner builds its step."""
+        return list(self.spec.trainable_params)
+
     def run_impl(self, x: np.ndarray) -> tuple[np.ndarray, ...]:
         raise NotImplementedError
 
@@ -57,6 +77,12 @@ class Runner:
 
     def gradients_impl(self, x: np.ndarray, labels: np.ndarray) -> dict[str, np.ndarray]:
         raise NotImplementedError
+
+    def train_step_impl(self, x: np.ndarray, labels: np.ndarray, lr: float) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not implement a training step")
+
+    def trainable_weights_impl(self) -> dict[str, np.ndarray]:
+        raise NotImplementedError(f"{type(self).__name__} does not report its trainable weights")
 
 
 def as_tuple(outputs) -> tuple:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from parity import layouts
 from parity.runtimes.base import Runner
-from parity.sources.tf import tape_gradients
+from parity.sources.tf import run_sgd_step, sgd_step, tape_gradients, variable_values
 
 
 class SavedModelRunner(Runner):
@@ -22,6 +22,7 @@ class SavedModelRunner(Runner):
         self.loaded = tf.saved_model.load(str(artifact_dir))
         self.variables = dict(zip(meta["param_names"], self.loaded.param_list))
         self.layout = meta["input_layout"]
+        self._step = None  # the SGD step's tf.function, made by the first train_step
 
     def _to_tf(self, x):
         return self.tf.constant(layouts.to_layout(x, self.spec.input.layout, self.layout))
@@ -32,3 +33,23 @@ class SavedModelRunner(Runner):
     def gradients_impl(self, x, labels):
         return tape_gradients(self.tf, self.spec, self.loaded.forward, self.variables, self._to_tf(x), labels,
                               self.layout, param_layout="spec")
+
+    def train_step_impl(self, x, labels, lr):
+        if self._step is None:
+            self._step = sgd_step(self.tf, self.spec, self.loaded.forward, self._updatable(self.optimized_params()))
+        run_sgd_step(self.tf, self._step, self._to_tf(x), labels, lr, self.dtype)
+
+    def trainable_weights_impl(self):
+        return variable_values(self.spec, self.variables, param_layout="spec")
+
+    def _updatable(self, names) -> list:
+        """The restored variables behind ``names``; a SavedModel whose weights were frozen into
+        constants (nothing to assign to) cannot take a training step in place."""
+        missing = [name for name in names if name not in self.variables]
+        frozen = [name for name in names if name in self.variables
+                  and not isinstance(self.variables[name], self.tf.Variable)]
+        if missing or frozen:
+            raise NotImplementedError(
+                f"the SavedModel's weights {', '.join(missing + frozen)} are not restored tf.Variables, so they "
+                f"cannot be updated in place; re-export with the weights as variables (param_list)")
+        return [self.variables[name] for name in names]

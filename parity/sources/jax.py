@@ -89,6 +89,7 @@ class JaxSource(Runner):
         self.params = {name: jnp.asarray(np.asarray(weights[name], dtype=dtype)) for name in spec.params}
         check_definition(spec, self.params, batch_size)
         self._forward = jax.jit(lambda p, x: as_tuple(spec.jax_apply(p, x, None)))
+        self._step = None  # the jitted SGD update, made by the first train_step
 
     def run_impl(self, x):
         return tuple(np.asarray(t) for t in self._forward(self.params, x))
@@ -114,3 +115,28 @@ class JaxSource(Runner):
         result = {name: np.asarray(g) for name, g in param_grads.items()}
         result[spec.input_grad_name] = np.asarray(input_grad)
         return result
+
+    def train_step_impl(self, x, labels, lr):
+        jax = self.jax
+        if self._step is None:
+            self._updated = self.optimized_params()
+            self._step = jax.jit(sgd_update(jax, self.spec))
+        updated = {name: self.params[name] for name in self._updated}
+        rest = {name: v for name, v in self.params.items() if name not in updated}
+        new = jax.block_until_ready(self._step(updated, rest, x, labels, np.asarray(lr, dtype=self.dtype)))
+        self.params = {**self.params, **new}
+
+    def trainable_weights_impl(self):
+        return {name: np.array(self.params[name]) for name in self.spec.trainable_params}
+
+
+def sgd_update(jax, spec):
+    """``(updated, rest, x, labels, lr) -> updated - lr * grad``: the gradient of the mean cross-entropy
+    w.r.t. the ``updated`` parameters (``rest`` held fixed), as new arrays."""
+    loss = make_loss(spec)
+
+    def update(updated, rest, x, labels, lr):
+        grads = jax.grad(lambda u: loss({**rest, **u}, x, labels))(updated)
+        return jax.tree_util.tree_map(lambda w, g: w - lr * g, updated, grads)
+
+    return update

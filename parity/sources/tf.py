@@ -44,6 +44,7 @@ class KerasSource(Runner):
         self.layout = layouts.activation_layout("tf", spec.input.layout)
         model = self.model
         self._forward = tf.function(lambda x: outputs_in_order(spec, model(x, training=False)))
+        self._step = None  # the SGD step's tf.function, made by the first train_step
 
     def _to_tf(self, x):
         return self.tf.constant(layouts.to_layout(x, self.spec.input.layout, self.layout))
@@ -66,6 +67,17 @@ class KerasSource(Runner):
         return tape_gradients(self.tf, self.spec, lambda x_t: self.model(x_t, training=False), variables,
                               self._to_tf(x), labels, self.layout, param_layout="tf")
 
+    def train_step_impl(self, x, labels, lr):
+        if self._step is None:
+            variables = {v.path: v for v in self.model.weights}
+            self._step = sgd_step(self.tf, self.spec, lambda x_t: self.model(x_t, training=False),
+                                  [variables[name] for name in self.optimized_params()])
+        run_sgd_step(self.tf, self._step, self._to_tf(x), labels, lr, self.dtype)
+
+    def trainable_weights_impl(self):
+        variables = {v.path: v for v in self.model.weights}
+        return variable_values(self.spec, variables, param_layout="tf")
+
 
 def tape_gradients(tf, spec, forward, variables: dict, x_t, labels, input_layout: str, param_layout: str) -> dict:
     """Gradients of mean cross-entropy w.r.t. trainable ``variables`` (by canonical name) and the input.
@@ -85,6 +97,41 @@ def tape_gradients(tf, spec, forward, variables: dict, x_t, labels, input_layout
     }
     result[spec.input_grad_name] = layouts.from_layout(dense_gradient(tf, grads[-1], x_t), spec.input.layout, input_layout)
     return result
+
+
+def sgd_step(tf, spec, forward, variables: list):
+    """One ``tf.function``: forward, mean cross-entropy, ``GradientTape``, ``assign_sub(lr * grad)`` on
+    every variable in ``variables`` (a variable the loss does not reach has no gradient: left as it is).
+
+    Called as ``step(x_t, labels, lr)`` with tensors (``lr`` a scalar tensor, so a new rate does not
+    retrace); returns the loss.
+    """
+
+    @tf.function
+    def step(x_t, labels, lr):
+        with tf.GradientTape() as tape:
+            logits = outputs_in_order(spec, forward(x_t))[0]
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+        grads = tape.gradient(loss, variables)
+        for variable, grad in zip(variables, grads):
+            if grad is not None:
+                variable.assign_sub(tf.cast(lr, variable.dtype) * tf.convert_to_tensor(grad))
+        return loss
+
+    return step
+
+
+def run_sgd_step(tf, step, x_t, labels, lr: float, dtype: str) -> None:
+    """Call a ``sgd_step`` function and wait for it (reading the loss back ends the step)."""
+    step(x_t, tf.constant(labels), tf.constant(lr, dtype=dtype)).numpy()
+
+
+def variable_values(spec, variables: dict, param_layout: str) -> dict[str, np.ndarray]:
+    """Current values of the trainable ``variables`` (by canonical name), as canonical-layout copies."""
+    return {
+        name: np.array(layouts.param_from_framework(param_layout, spec.params[name].kind, np.asarray(variables[name])))
+        for name in spec.trainable_params
+    }
 
 
 def dense_gradient(tf, gradient, like) -> np.ndarray:

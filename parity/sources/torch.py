@@ -57,6 +57,7 @@ class TorchSource(Runner):
 
         self.torch = torch
         self.module = build_module(spec, weights, dtype)
+        self._optimizer = None  # torch.optim.SGD over optimized_params(), made by the first train_step
 
     def run_impl(self, x):
         torch = self.torch
@@ -95,3 +96,24 @@ class TorchSource(Runner):
         }
         result[spec.input_grad_name] = grads[-1].numpy()
         return result
+
+    def _trainable_tensors(self, names) -> dict:
+        params = dict(self.module.named_parameters())
+        return {name: params[layouts.torch_param_name(name)] for name in names}
+
+    def train_step_impl(self, x, labels, lr):
+        torch = self.torch
+        if self._optimizer is None:
+            self._optimizer = torch.optim.SGD(list(self._trainable_tensors(self.optimized_params()).values()), lr=lr)
+        for group in self._optimizer.param_groups:
+            group["lr"] = lr
+        self._optimizer.zero_grad(set_to_none=True)
+        logits = as_tuple(self.module(torch.from_numpy(x)))[0]  # eval mode: BatchNorm statistics stay as they are
+        torch.nn.functional.cross_entropy(logits, torch.from_numpy(labels)).backward()
+        self._optimizer.step()
+
+    def trainable_weights_impl(self):
+        return {
+            name: np.array(layouts.param_from_framework("torch", self.spec.params[name].kind, t.detach().cpu().numpy()))
+            for name, t in self._trainable_tensors(self.spec.trainable_params).items()
+        }

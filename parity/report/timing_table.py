@@ -1,0 +1,94 @@
+"""The benchmark tables: per path and batch size (only verified paths have numbers), training steps,
+time to first result by part, and stability warnings."""
+
+from __future__ import annotations
+
+from parity.report.terminal import _label, _table
+from parity.stats import CV_WARNING
+
+
+def _ratio(entry: dict) -> str:
+    vs = entry.get("vs_baseline") or {}
+    if vs.get("self"):
+        return "baseline"
+    if "ratio" not in vs:
+        return "-"
+    lo, hi = vs["ci95"]
+    word = vs["verdict"] if vs["significant"] else "no significant difference"
+    return f"{vs['ratio']:.2f}x [{lo:.2f}, {hi:.2f}] vs {vs['baseline']}: {word}"
+
+
+def _batch_rows(r: dict) -> list[tuple]:
+    timing = r.get("timing")
+    if not timing:  # the gate: listed with its verdict, no number
+        return [(r["model"], r["path"], _label(r), "-", "-", "-", "-", "-", "-", "not timed: did not pass")]
+    rows = []
+    for batch, e in timing["batches"].items():
+        if e.get("verdict") != "pass":
+            rows.append((r["model"], r["path"], e.get("verdict", "error").upper(), batch, "-", "-", "-", "-", "-",
+                         f"not timed: {' '.join(str(e.get('reason', '')).split())[:80]}"))
+            continue
+        lo, hi = e["ci95_ms"]
+        rows.append((r["model"], r["path"], "pass", batch, f"{e['median_ms']:.4f}", f"[{lo:.4f}, {hi:.4f}]",
+                     f"{100 * e['cv']:.1f}%", str(e["runs"]), f"{e['throughput']:.0f}", _ratio(e)))
+    return rows
+
+
+def _train_rows(results: list[dict]) -> list[tuple]:
+    rows = []
+    for r in results:
+        step = (r.get("timing") or {}).get("train_step")
+        if not step:
+            continue
+        if step.get("verdict") != "pass":
+            rows.append((r["model"], r["path"], step.get("verdict", "error").upper(), "-", "-", "-",
+                         " ".join(str(step.get("reason", "")).split())[:90]))
+            continue
+        rows.append((r["model"], r["path"], "pass", f"{step['median_ms']:.3f}", f"{step['steps_per_s']:.1f}",
+                     f"{step['samples_per_s']:.0f}", f"worst parameter {step['verified']['worst']}"))
+    return rows
+
+
+def _seconds(value) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _first_rows(results: list[dict]) -> list[tuple]:
+    rows = []
+    for r in results:
+        first = (r.get("timing") or {}).get("first_result")
+        if not first or first.get("verdict") == "error":
+            continue
+        export = "cache" if first.get("export_cached") else _seconds(first.get("export_s"))
+        rows.append((r["model"], r["path"], _seconds(first["import_s"]), export, _seconds(first["load_s"]),
+                     _seconds(first["first_inference_s"]), _seconds(first["second_inference_s"]),
+                     _seconds(first["first_backward_s"]), f"{first['path_peak_mb']:.0f}"))
+    return rows
+
+
+def render(report: dict) -> str:
+    """The benchmark block printed after the verdict table of ``run`` / ``bench``."""
+    results = report["results"]
+    lines = ["Timing (median of the timed runs; input ready on the host -> outputs on the host as NumPy)"]
+    columns = [("model", "left"), ("path", "left"), ("verdict", "left"), ("batch", "right"), ("median ms", "right"),
+               ("95% CI ms", "right"), ("cv", "right"), ("runs", "right"), ("samples/s", "right"),
+               ("vs baseline (ratio of medians [95% CI])", "left")]
+    lines.append(_table(columns, [row for r in results for row in _batch_rows(r)]))
+    train = _train_rows(results)
+    if train:
+        lines += ["", "Training step (forward, loss, backward, SGD update; verified against the golden first)",
+                  _table([("model", "left"), ("path", "left"), ("verdict", "left"), ("median ms", "right"),
+                          ("steps/s", "right"), ("samples/s", "right"), ("check", "left")], train)]
+    first = _first_rows(results)
+    if first:
+        title = ("Time to first result in a fresh worker, seconds (peak MB: resident memory the path added "
+                 "above the worker after import)")
+        lines += ["", title,
+                  _table([("model", "left"), ("path", "left"), ("import", "right"), ("export", "right"),
+                          ("load", "right"), ("1st run", "right"), ("2nd run", "right"), ("1st backward", "right"),
+                          ("peak MB", "right")], first)]
+    warnings = [f"  warning: {r['model']} {r['path']} batch {batch}: coefficient of variation {100 * e['cv']:.1f}% "
+                f"is above {100 * CV_WARNING:.1f}%: the machine was noisy, compare with care"
+                for r in results for batch, e in ((r.get("timing") or {}).get("batches") or {}).items()
+                if e.get("verdict") == "pass" and e["cv"] > CV_WARNING]
+    return "\n".join(lines + ([""] + warnings if warnings else []))

@@ -1,0 +1,123 @@
+"""Worker tasks of a benchmark: each batch size verified then timed, a verified training step timed, and
+the time to first result broken into parts in a fresh worker.
+
+The timed region is the same for every path: an input already prepared as a host NumPy array ->
+outputs ready as host NumPy arrays (``Runner.run``: torch tensors converted, TF eager results read,
+JAX results materialised with ``np.asarray``, which waits for them).
+"""
+
+from __future__ import annotations
+
+import importlib
+import resource
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from parity import bench, compare, golden, paths, stats
+from parity.tasks import perturbed
+from parity.workspace import Workspace
+
+
+def _setup(workspace: str, model: str, path_id: str, golden_dir: str):
+    spec = Workspace(workspace).load_spec(model)
+    return spec, paths.by_id(path_id), golden.load(Path(golden_dir), spec)
+
+
+def _runner(spec, path, verified, batch_size: int, threads: int, artifact_dir, artifact_meta, weights=None):
+    runner_class = paths.load_target(path.runtime.target)
+    if artifact_dir is None:
+        return runner_class(spec, weights if weights is not None else verified.arrays["weights.npz"], batch_size,
+                            "float32")
+    return runner_class(spec, Path(artifact_dir), artifact_meta, batch_size, threads)
+
+
+def eval_slice(spec, verified, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``batch_size`` eval samples and their golden logits (what a batch size is verified on)."""
+    x = verified.arrays["eval.npz"]["x"]
+    if batch_size > len(x):
+        raise ValueError(f"batch size {batch_size} is larger than the eval split ({len(x)} samples) it is verified on")
+    return x[:batch_size], verified.arrays["reference.npz"]["eval/logits"][:batch_size]
+
+
+def time_batch(workspace: str, model: str, path_id: str, golden_dir: str, precision: str, threads: int,
+               batch_size: int, timing: dict, artifact_dir: str | None = None, artifact_meta: dict | None = None) -> dict:
+    """Verify ``batch_size`` (outputs on eval samples against the golden), then time it; never time a failure."""
+    spec, path, verified = _setup(workspace, model, path_id, golden_dir)
+    x, reference = eval_slice(spec, verified, batch_size)
+    runner = _runner(spec, path, verified, batch_size, threads, artifact_dir, artifact_meta)
+    output = spec.outputs[0]
+    check = compare.error_stats(runner.run(x)[output], reference, spec.tolerances[precision].for_name(output))
+    if not check["ok"]:
+        return {"verdict": "fail", "reason": compare.describe(f"output at batch {batch_size}", output, check),
+                "verified": check}
+    measured = bench.measure(lambda: runner.run(x), **timing)
+    return {"verdict": "pass", "verified": check, **stats.summarize(measured["samples_ms"], batch_size), **measured}
+
+
+def time_train_step(workspace: str, model: str, path_id: str, golden_dir: str, precision: str, threads: int,
+                    lr: float, timing: dict, artifact_dir: str | None = None, artifact_meta: dict | None = None) -> dict:
+    """One SGD step verified from the golden weights (``parity.training.check_step``), then timed."""
+    from parity.training import check_step
+
+    spec, path, verified = _setup(workspace, model, path_id, golden_dir)
+    inputs = verified.arrays["inputs.npz"]
+    x, labels = inputs["x"], inputs["labels"]
+    runner = _runner(spec, path, verified, spec.batch_size, threads, artifact_dir, artifact_meta)
+    check = check_step(runner, x, labels, lr, verified.arrays["weights.npz"], verified.arrays["gradients.npz"],
+                       spec.grad_tolerances[precision])
+    if not check["ok"]:
+        worst = check["params"][check["worst"]]
+        return {"verdict": "fail", "verified": check,
+                "reason": f"one SGD step (lr {lr:g}) differs from golden weights - lr x golden gradient at "
+                          f"{check['worst']}: {worst['tol_units']:.3g}x the tolerance"}
+    measured = bench.measure(lambda: runner.train_step(x, labels, lr), **timing)
+    summary = stats.summarize(measured["samples_ms"], spec.batch_size)
+    return {"verdict": "pass", "verified": check, **summary, **measured,
+            "steps_per_s": 1e3 / summary["median_ms"], "samples_per_s": summary["throughput"]}
+
+
+def _rss_mb() -> float:
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def first_result(workspace: str, model: str, path_id: str, golden_dir: str, threads: int,
+                 artifact_dir: str | None = None, artifact_meta: dict | None = None,
+                 weight_perturbation: dict | None = None) -> dict:
+    """In a fresh worker: framework import, load/compile, first inference, first backward, each timed alone.
+
+    Memory: the high-water mark of resident memory (``ru_maxrss``) minus the resident memory
+    after the framework import, i.e. what loading and running this path added.
+    """
+    from parity.worker import startup_seconds
+
+    started = time.perf_counter()
+    path = paths.by_id(path_id)
+    for package in path.packages:
+        if package not in sys.modules:
+            importlib.import_module(package)
+    parts = {"import_s": startup_seconds() + time.perf_counter() - started}
+    spec, path, verified = _setup(workspace, model, path_id, golden_dir)
+    baseline_mb = _rss_mb()
+    inputs = verified.arrays["inputs.npz"]
+    x = inputs["x"]
+    t0 = time.perf_counter()
+    runner = _runner(spec, path, verified, spec.batch_size, threads, artifact_dir, artifact_meta,
+                     weights=perturbed(verified.arrays["weights.npz"], weight_perturbation))
+    parts["load_s"] = time.perf_counter() - t0
+    for name in ("first_inference_s", "second_inference_s"):
+        t0 = time.perf_counter()
+        runner.run(x)
+        parts[name] = time.perf_counter() - t0
+    parts["first_backward_s"] = None
+    if runner.differentiable:
+        t0 = time.perf_counter()
+        runner.gradients(x, inputs["labels"])
+        parts["first_backward_s"] = time.perf_counter() - t0
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    return {**parts, "baseline_rss_mb": baseline_mb, "peak_rss_mb": peak_mb,
+            "path_peak_mb": max(peak_mb - baseline_mb, 0.0)}
