@@ -18,7 +18,7 @@ def test_parity_run_on_the_zoo_is_as_expected(tmp_path):
                           cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
-    assert report["schema"] == "parity.result/1" and not report["model_errors"]
+    assert report["schema"] == "parity.result/2" and not report["model_errors"]
     for model in ("mlp", "cnn", "transformer"):
         results = [r for r in report["results"] if r["model"] == model]
         assert len(results) == 11

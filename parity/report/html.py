@@ -93,7 +93,8 @@ def _worst(stats: dict | None):
 def _verdicts(results: list[dict]) -> str:
     rows = []
     for i, r in enumerate(results):
-        grads, m, t = r.get("gradients"), r.get("metrics") or {}, r.get("timing") or {}
+        grads, m = r.get("gradients"), r.get("metrics") or {}
+        t = ((r.get("timing") or {}).get("batches") or {}).get(str(r.get("batch_size"))) or {}
         bad = sum(1 for s in (grads or {}).values() if not (s or {}).get("ok"))
         acc = m["accuracy"].get("value") if isinstance(m.get("accuracy"), dict) else None
         path = _e(r.get("path"))
