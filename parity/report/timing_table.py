@@ -3,7 +3,9 @@ time to first result by part, and stability warnings."""
 
 from __future__ import annotations
 
-from parity.report.terminal import _label, _table
+import textwrap
+
+from parity.report.terminal import WRAP, _label, _table
 from parity.stats import CV_WARNING
 
 
@@ -53,6 +55,10 @@ def _seconds(value) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+def _ms(value) -> str:
+    return "-" if value is None else f"{1e3 * value:.2f}"
+
+
 def _first_rows(results: list[dict]) -> list[tuple]:
     rows = []
     for r in results:
@@ -61,8 +67,8 @@ def _first_rows(results: list[dict]) -> list[tuple]:
             continue
         export = "cache" if first.get("export_cached") else _seconds(first.get("export_s"))
         rows.append((r["model"], r["path"], _seconds(first["import_s"]), export, _seconds(first["load_s"]),
-                     _seconds(first["first_inference_s"]), _seconds(first["second_inference_s"]),
-                     _seconds(first["first_backward_s"]), f"{first['path_peak_mb']:.0f}"))
+                     _ms(first["first_inference_s"]), _ms(first["second_inference_s"]),
+                     _ms(first["first_backward_s"]), f"{first['path_peak_mb']:.0f}"))
     return rows
 
 
@@ -81,14 +87,17 @@ def render(report: dict) -> str:
                           ("steps/s", "right"), ("samples/s", "right"), ("check", "left")], train)]
     first = _first_rows(results)
     if first:
-        title = ("Time to first result in a fresh worker, seconds (peak MB: resident memory the path added "
-                 "above the worker after import)")
+        title = ("Time to first result in a fresh worker (peak MB: resident memory the path added above the "
+                 "worker after import)")
         lines += ["", title,
-                  _table([("model", "left"), ("path", "left"), ("import", "right"), ("export", "right"),
-                          ("load", "right"), ("1st run", "right"), ("2nd run", "right"), ("1st backward", "right"),
-                          ("peak MB", "right")], first)]
-    warnings = [f"  warning: {r['model']} {r['path']} batch {batch}: coefficient of variation {100 * e['cv']:.1f}% "
-                f"is above {100 * CV_WARNING:.1f}%: the machine was noisy, compare with care"
-                for r in results for batch, e in ((r.get("timing") or {}).get("batches") or {}).items()
-                if e.get("verdict") == "pass" and e["cv"] > CV_WARNING]
-    return "\n".join(lines + ([""] + warnings if warnings else []))
+                  _table([("model", "left"), ("path", "left"), ("import s", "right"), ("export s", "right"),
+                          ("load s", "right"), ("1st run ms", "right"), ("2nd run ms", "right"),
+                          ("1st backward ms", "right"), ("peak MB", "right")], first)]
+    noisy = [f"{r['model']} {r['path']} batch {batch} {100 * e['cv']:.1f}%"
+             for r in results for batch, e in ((r.get("timing") or {}).get("batches") or {}).items()
+             if e.get("verdict") == "pass" and e["cv"] > CV_WARNING]
+    if noisy:
+        warning = (f"warning: coefficient of variation above {100 * CV_WARNING:.1f}% (a noisy machine: compare "
+                   f"those medians with care, by their intervals): {', '.join(noisy)}")
+        lines += ["", *textwrap.wrap(warning, WRAP, subsequent_indent="  ")]
+    return "\n".join(lines)
