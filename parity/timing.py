@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 
 from parity import bench, compare, golden, paths, stats
-from parity.tasks import perturbed
 from parity.workspace import Workspace
 
 
@@ -26,11 +25,10 @@ def _setup(workspace: str, model: str, path_id: str, golden_dir: str):
     return spec, paths.by_id(path_id), golden.load(Path(golden_dir), spec)
 
 
-def _runner(spec, path, verified, batch_size: int, threads: int, artifact_dir, artifact_meta, weights=None):
+def _runner(spec, path, verified, batch_size: int, threads: int, artifact_dir, artifact_meta):
     runner_class = paths.load_target(path.runtime.target)
     if artifact_dir is None:
-        return runner_class(spec, weights if weights is not None else verified.arrays["weights.npz"], batch_size,
-                            "float32")
+        return runner_class(spec, verified.arrays["weights.npz"], batch_size, "float32")
     return runner_class(spec, Path(artifact_dir), artifact_meta, batch_size, threads)
 
 
@@ -86,9 +84,9 @@ def _rss_mb() -> float:
 
 
 def first_result(workspace: str, model: str, path_id: str, golden_dir: str, threads: int,
-                 artifact_dir: str | None = None, artifact_meta: dict | None = None,
-                 weight_perturbation: dict | None = None) -> dict:
-    """In a fresh worker: framework import, load/compile, first inference, first backward, each timed alone.
+                 artifact_dir: str | None = None, artifact_meta: dict | None = None) -> dict:
+    """In a fresh worker: the runtime's framework import, load/compile, first inference, first backward,
+    each timed alone (an exported path imports only its runtime, not the framework it came from).
 
     Memory: the high-water mark of resident memory (``ru_maxrss``) minus the resident memory
     after the framework import, i.e. what loading and running this path added.
@@ -97,7 +95,7 @@ def first_result(workspace: str, model: str, path_id: str, golden_dir: str, thre
 
     started = time.perf_counter()
     path = paths.by_id(path_id)
-    for package in path.packages:
+    for package in path.runtime.packages:
         if package not in sys.modules:
             importlib.import_module(package)
     parts = {"import_s": startup_seconds() + time.perf_counter() - started}
@@ -106,8 +104,7 @@ def first_result(workspace: str, model: str, path_id: str, golden_dir: str, thre
     inputs = verified.arrays["inputs.npz"]
     x = inputs["x"]
     t0 = time.perf_counter()
-    runner = _runner(spec, path, verified, spec.batch_size, threads, artifact_dir, artifact_meta,
-                     weights=perturbed(verified.arrays["weights.npz"], weight_perturbation))
+    runner = _runner(spec, path, verified, spec.batch_size, threads, artifact_dir, artifact_meta)
     parts["load_s"] = time.perf_counter() - t0
     for name in ("first_inference_s", "second_inference_s"):
         t0 = time.perf_counter()

@@ -122,22 +122,11 @@ def test_significant_slowdown_and_no_significant_difference(tmp_path):
         assert lo <= 1 <= hi
 
 
-def test_schema_1_without_samples(tmp_path):
-    t1 = {"median_ms": 2.0, "p90_ms": 2.2, "p99_ms": 2.5, "ci95_ms": [1.9, 2.1], "runs": 100,
-          "throughput": {"64": 32000.0}}
-    a = doc(res("torch/eager", timing=t1), schema="parity.result/1")
-    b = doc(res("torch/eager", timing=timing2({64: samples(3.0, 2)})))  # /2 against /1: only A lacks samples
-    text = compared(tmp_path, a, b)
-    row = timing_row(text, "torch/eager")
-    assert "no samples: significance not tested" in row
-    assert "2" in row.split()[3] and "1.5" in row.split()[5]
-    assert "[" not in row
-
-
 @pytest.mark.parametrize("content, message", [
     ({"results": []}, "not a parity result (no 'schema' field)"),
     ({"schema": "parity.result/9", "results": []},
-     "result schema 'parity.result/9' is not one this parity reads (parity.result/1, parity.result/2)"),
+     "result schema 'parity.result/9' is not one this parity reads (parity.result/2)"),
+    ({"schema": "parity.result/1", "results": []}, "result schema 'parity.result/1' is older than this parity reads"),
     ({"schema": "parity.result/2"}, "not a parity result (no 'results' field)"),
     ([1, 2], "not a parity result (a JSON list, not an object)"),
     ("{not json", "not a parity result (not valid JSON"),

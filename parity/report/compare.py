@@ -2,9 +2,9 @@
 
 In order: the environment differences (and warnings where threads, precision, device or batch
 size differ), the verdict changes per (model, path), then the timing ratios B/A per
-(model, path, batch) timed in both. With raw samples (``parity.result/2``) each ratio of medians
-comes with its 95 % CI and p from ``parity.stats.compare_series``; without them (``/1``) only the
-ratio of medians is shown, untested. Nothing is guessed: files sharing no model are not compared.
+(model, path, batch) timed in both, each ratio of medians with its 95 % CI and p from
+``parity.stats.compare_series`` on the raw samples (an entry without them shows the ratio only,
+untested). Nothing is guessed: files sharing no model are not compared.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from pathlib import Path
 from parity.errors import UsageError, one_line
 from parity.report.terminal import _label, _table
 
-SCHEMAS = ("parity.result/1", "parity.result/2")
+SCHEMA = "parity.result/2"
+OLDER = ("parity.result/1",)  # no raw samples: nothing to test a difference with
 MAX_BYTES = 256 * 1024 * 1024  # a result file larger than this is refused unread
 _ABSENT = object()
 NO_SAMPLES = "no samples: significance not tested"
@@ -52,8 +53,11 @@ def load(path) -> dict:
         raise refuse(f"not a parity result (a JSON {type(doc).__name__}, not an object)")
     if "schema" not in doc:
         raise refuse("not a parity result (no 'schema' field)")
-    if doc["schema"] not in SCHEMAS:
-        raise refuse(f"result schema {doc['schema']!r} is not one this parity reads ({', '.join(SCHEMAS)})")
+    if doc["schema"] in OLDER:
+        raise refuse(f"result schema {doc['schema']!r} is older than this parity reads ({SCHEMA}, which keeps "
+                     f"the raw samples): run it again with this parity")
+    if doc["schema"] != SCHEMA:
+        raise refuse(f"result schema {doc['schema']!r} is not one this parity reads ({SCHEMA})")
     if "results" not in doc:
         raise refuse("not a parity result (no 'results' field)")
     if not isinstance(doc["results"], list):
@@ -115,17 +119,11 @@ def _by_key(doc: dict) -> dict[tuple[str, str], dict]:
 
 
 def _batches(result: dict) -> dict[str, dict]:
-    """Timing per batch size: ``/2`` has ``timing.batches``; ``/1`` one flat entry, its batch from ``throughput``."""
-    timing = result.get("timing")
-    if not isinstance(timing, dict):
+    """Timing per batch size (``timing.batches``), verified and timed entries only."""
+    batches = (result.get("timing") or {}).get("batches") if isinstance(result.get("timing"), dict) else None
+    if not isinstance(batches, dict):
         return {}
-    if isinstance(timing.get("batches"), dict):
-        return {str(k): v for k, v in timing["batches"].items() if isinstance(v, dict)}
-    if "median_ms" in timing:
-        throughput = timing.get("throughput")
-        keys = list(throughput) if isinstance(throughput, dict) else []
-        return {str(keys[0]) if len(keys) == 1 else "?": timing}
-    return {}
+    return {str(k): v for k, v in batches.items() if isinstance(v, dict) and "median_ms" in v}
 
 
 def _samples(entry: dict) -> list[float] | None:
