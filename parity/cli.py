@@ -129,7 +129,7 @@ def _workspace(workspace):
 
 
 def _check_or_run(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, verbose, workspace,
-                  report_dir, timing, diagnose="failing"):
+                  report_dir, timing=None, diagnose="failing"):
     from parity import orchestrate
     from parity.report import diagnosis, json_report, terminal
     from parity.safefs import check_writable
@@ -180,15 +180,14 @@ def _write_after_run(option: str, target: str, write) -> None:
 @cli.command()
 @check_options
 @_handle_errors
-def check(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, verbose, workspace, report_dir):
+def check(**common):
     """Verify goldens and check every path: outputs, gradients, metrics, determinism; diagnose failing paths.
 
     \b
     Example:
         parity check --model mlp --path 'torch*' --json check.json
     """
-    _check_or_run(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, verbose, workspace,
-                  report_dir, None)
+    _check_or_run(**common)
 
 
 def timing_options(func):
@@ -229,25 +228,21 @@ def _bench_options(budget_s, min_runs, target_ci, batch_sizes, baseline):
 @check_options
 @timing_options
 @_handle_errors
-def run(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, verbose, workspace, report_dir,
-        budget_s, min_runs, target_ci, batch_sizes, baseline):
+def run(budget_s, min_runs, target_ci, batch_sizes, baseline, **common):
     """The main job: check every path, diagnose the ones that failed, time the ones that passed (the gate).
 
     \b
     Example:
         parity run --model mlp --json r.json --report report/
     """
-    timing = _bench_options(budget_s, min_runs, target_ci, batch_sizes, baseline)
-    _check_or_run(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, verbose, workspace,
-                  report_dir, timing)
+    _check_or_run(**common, timing=_bench_options(budget_s, min_runs, target_ci, batch_sizes, baseline))
 
 
 @cli.command()
 @check_options
 @timing_options
 @_handle_errors
-def bench(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, verbose, workspace, report_dir,
-          budget_s, min_runs, target_ci, batch_sizes, baseline):
+def bench(budget_s, min_runs, target_ci, batch_sizes, baseline, **common):
     """Check every path, then time only those that passed: per batch size, training steps, first result.
 
     Every batch size is verified before it is timed; statistics per series: median with its 95 % CI,
@@ -258,9 +253,7 @@ def bench(models, patterns, device, precision, json_file, threads, timeout_s, no
     Example:
         parity bench --model mlp --batch-size 1 --batch-size 64 --json b.json
     """
-    timing = _bench_options(budget_s, min_runs, target_ci, batch_sizes, baseline)
-    _check_or_run(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, verbose, workspace,
-                  report_dir, timing, diagnose=None)
+    _check_or_run(**common, timing=_bench_options(budget_s, min_runs, target_ci, batch_sizes, baseline), diagnose=None)
 
 
 @cli.command()
@@ -284,8 +277,7 @@ def compare(first, second):
 @cli.command()
 @check_options
 @_handle_errors
-def diagnose(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, verbose, workspace,
-             report_dir):
+def diagnose(**common):
     """Layer-by-layer drift of the selected paths (default: every failing path).
 
     Per tap in network order: error statistics against the golden, the first divergent tap, a cause
@@ -296,8 +288,7 @@ def diagnose(models, patterns, device, precision, json_file, threads, timeout_s,
     Example:
         parity diagnose --model transformer --path torch/onnx/ort --report report/
     """
-    _check_or_run(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, verbose, workspace,
-                  report_dir, None, diagnose="all" if patterns else "failing")
+    _check_or_run(**common, diagnose="all" if common["patterns"] else "failing")
 
 
 @cli.command()
