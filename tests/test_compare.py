@@ -46,3 +46,13 @@ def test_bitwise_equal():
     assert compare.bitwise_equal(a, {"y": a["y"].copy()}) == (True, 0.0)
     same, diff = compare.bitwise_equal(a, {"y": np.array([1.0, 2.5], np.float32)})
     assert not same and diff == pytest.approx(0.5)
+
+
+def test_zero_atol_follows_allclose_on_exact_zeros():
+    """atol 0 and a golden of exactly 0: an exact element is within tolerance, any other is not."""
+    tol = Tolerance(atol=0.0, rtol=1e-5)
+    golden = np.array([0.0, 1.0])
+    exact = compare.error_stats(golden.copy(), golden, tol)
+    assert exact["ok"] and exact["tol_units"] == 0.0 and exact["n_bad"] == 0
+    off = compare.error_stats(np.array([1e-9, 1.0]), golden, tol)
+    assert not off["ok"] and off["tol_units"] == float("inf") and off["n_bad"] == 1
