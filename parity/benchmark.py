@@ -63,7 +63,8 @@ def bench(run, pool, pending, options: BenchOptions) -> None:
                 pool, path.runtime.group, "parity.timing:time_batch", precision=path.precision, batch_size=batch,
                 timing=options.measure, artifact_dir=artifact and artifact["dir"],
                 artifact_meta=artifact and artifact["meta"], **common)
-        own = artifacts.get((spec.name, path.id, spec.batch_size)) or _checked_artifact(run, pool, spec, manifest, path)
+        # the artifact the path was checked with (the run already holds it)
+        own = run._export(pool, spec, manifest, path, len(path.exports) - 1) if path.exports else None
         artifact_kw = {"artifact_dir": own and own["dir"], "artifact_meta": own and own["meta"]}
         timing["train_step"] = None
         if path.differentiable and result.get("gradients") and all(s["ok"] for s in result["gradients"].values()):
@@ -79,10 +80,6 @@ def bench(run, pool, pending, options: BenchOptions) -> None:
             timing["first_result"] = first
         result["timing"] = timing
     _compare_to_baselines(pending, options)
-
-
-def _checked_artifact(run, pool, spec, manifest, path):
-    return run._export(pool, spec, manifest, path, len(path.exports) - 1) if path.exports else None
 
 
 def _compare_to_baselines(pending, options: BenchOptions) -> None:

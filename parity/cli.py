@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -56,13 +57,9 @@ class _Progress:
 
     def __call__(self, message: str) -> None:
         if self.status is not None:
-            import time
-
             self.status.update(f"{message}  [{time.monotonic() - self.started:.0f} s]")
 
     def __enter__(self):
-        import time
-
         self.started = time.monotonic()
         if self.status is not None:
             self.status.start()

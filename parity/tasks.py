@@ -106,6 +106,16 @@ def perturbed(weights: dict, perturbation: dict | None) -> dict:
     return weights
 
 
+def build_runner(spec, path, weights: dict, batch_size: int, threads: int, artifact_dir: str | None = None,
+                 artifact_meta: dict | None = None, runner_class=None):
+    """The path's runner at a static batch: a native source from canonical ``weights``, or the path's
+    runtime on an exported artifact. ``runner_class`` overrides the path's (e.g. a deliberately broken one)."""
+    runner_class = runner_class or paths.load_target(path.runtime.target)
+    if artifact_dir is None:
+        return runner_class(spec, weights, batch_size, "float32")
+    return runner_class(spec, Path(artifact_dir), artifact_meta, batch_size, threads)
+
+
 def check_path(workspace: str, model: str, path_id: str, golden_dir: str, precision: str, threads: int,
                artifact_dir: str | None = None, artifact_meta: dict | None = None, export_s: float = 0.0,
                weight_perturbation: dict | None = None) -> dict:
@@ -124,12 +134,8 @@ def check_path(workspace: str, model: str, path_id: str, golden_dir: str, precis
     x = inputs["x"]
 
     started = time.perf_counter()
-    runner_class = paths.load_target(path.runtime.target)
-    if artifact_dir is None:
-        runner = runner_class(spec, perturbed(verified.arrays["weights.npz"], weight_perturbation), spec.batch_size,
-                              "float32")
-    else:
-        runner = runner_class(spec, Path(artifact_dir), artifact_meta, spec.batch_size, threads)
+    runner = build_runner(spec, path, perturbed(verified.arrays["weights.npz"], weight_perturbation), spec.batch_size,
+                          threads, artifact_dir, artifact_meta)
     outputs = runner.run(x)
     first_result_s = export_s + time.perf_counter() - started
 

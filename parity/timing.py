@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from parity import bench, compare, golden, paths, stats
+from parity.tasks import build_runner
 from parity.workspace import Workspace
 
 
@@ -26,10 +27,7 @@ def _setup(workspace: str, model: str, path_id: str, golden_dir: str):
 
 
 def _runner(spec, path, verified, batch_size: int, threads: int, artifact_dir, artifact_meta):
-    runner_class = paths.load_target(path.runtime.target)
-    if artifact_dir is None:
-        return runner_class(spec, verified.arrays["weights.npz"], batch_size, "float32")
-    return runner_class(spec, Path(artifact_dir), artifact_meta, batch_size, threads)
+    return build_runner(spec, path, verified.arrays["weights.npz"], batch_size, threads, artifact_dir, artifact_meta)
 
 
 def eval_slice(spec, verified, batch_size: int) -> tuple[np.ndarray, np.ndarray]:

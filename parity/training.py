@@ -10,7 +10,6 @@ gradient tolerance, carried through the step) plus float rounding of the weight,
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -132,6 +131,7 @@ def verify_step(workspace: str, model: str, framework: str, lr: float = 0.1, sab
     it (``sabotage``: a deliberately wrong step, to prove the check catches it). Returns ``check_step``'s
     result plus ``"build_s"``. Timing a verified step is ``parity.timing.time_train_step``'s job."""
     from parity import golden, paths
+    from parity.tasks import build_runner
     from parity.workspace import Workspace
 
     ws = Workspace(workspace)
@@ -146,10 +146,7 @@ def verify_step(workspace: str, model: str, framework: str, lr: float = 0.1, sab
         raise NotDifferentiable(f"path {framework} cannot differentiate, so it has no training step")
     runner_class = sabotaged(paths.load_target(path.runtime.target), sabotage)
     started = time.perf_counter()
-    if artifact_dir is None:
-        runner = runner_class(spec, weights, spec.batch_size, "float32")
-    else:
-        runner = runner_class(spec, Path(artifact_dir), artifact_meta, spec.batch_size, 1)
+    runner = build_runner(spec, path, weights, spec.batch_size, 1, artifact_dir, artifact_meta, runner_class)
     build_s = time.perf_counter() - started
     x, labels = inputs["x"], inputs["labels"]
     result = check_step(runner, x, labels, lr, weights, grads, spec.grad_tolerances[precision])

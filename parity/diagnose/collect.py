@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from parity import golden, layouts, paths
-from parity.tasks import perturbed
+from parity.tasks import build_runner, perturbed
 from parity.workspace import Workspace
 
 ONNX_RUNTIMES = ("ort", "onnxref")
@@ -29,22 +29,19 @@ def collect(workspace: str, model: str, path_id: str, golden_dir: str, precision
     verified = golden.load(Path(golden_dir), spec)
     inputs = verified.arrays["inputs.npz"]
     x, labels = inputs["x"], inputs["labels"]
-    runner_class = paths.load_target(path.runtime.target)
-    if artifact_dir is None:
-        weights = perturbed(verified.arrays["weights.npz"], weight_perturbation)
-        runner = runner_class(spec, weights, spec.batch_size, "float32")
+    if artifact_dir is not None and path.runtime.name in ONNX_RUNTIMES:
+        golden_taps = {t: verified.arrays["reference.npz"][f"tap/{t}"] for t in spec.taps}
+        return _collect_onnx(spec, path, artifact_dir, artifact_meta, x, golden_taps, precision, threads, runtime_link)
+    runner = build_runner(spec, path, perturbed(verified.arrays["weights.npz"], weight_perturbation), spec.batch_size,
+                          threads, artifact_dir, artifact_meta)
+    if artifact_dir is None:  # a native source reports its taps itself
         taps = runner.taps(x) if spec.taps else {}
-        return {"outputs": runner.run(x), "taps": taps, "located": {t: {"found": "native"} for t in taps},
-                "gradients": runner.gradients(x, labels) if gradients and runner.differentiable else None,
-                "runtime_compare": None}
-    if path.runtime.name not in ONNX_RUNTIMES:
-        runner = runner_class(spec, Path(artifact_dir), artifact_meta, spec.batch_size, threads)
-        return {"outputs": runner.run(x), "taps": {}, "located": {t: {"found": "unmapped", "reason": SAVEDMODEL_REASON}
-                                                               for t in spec.taps},
-                "gradients": runner.gradients(x, labels) if gradients and runner.differentiable else None,
-                "runtime_compare": None}
-    golden_taps = {t: verified.arrays["reference.npz"][f"tap/{t}"] for t in spec.taps}
-    return _collect_onnx(spec, path, artifact_dir, artifact_meta, x, golden_taps, precision, threads, runtime_link)
+        located = {t: {"found": "native"} for t in taps}
+    else:
+        taps, located = {}, {t: {"found": "unmapped", "reason": SAVEDMODEL_REASON} for t in spec.taps}
+    return {"outputs": runner.run(x), "taps": taps, "located": located,
+            "gradients": runner.gradients(x, labels) if gradients and runner.differentiable else None,
+            "runtime_compare": None}
 
 
 def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, precision, threads, runtime_link) -> dict:
