@@ -89,7 +89,7 @@ def _compare_to_baselines(pending, options: BenchOptions) -> None:
         timing = result.get("timing")
         if not timing:
             continue
-        baseline_id = options.baseline or path.source
+        baseline_id = options.baseline or path.baseline
         base = timed.get((spec.name, baseline_id))
         for batch, entry in timing["batches"].items():
             if entry.get("verdict") != "pass":

@@ -331,6 +331,98 @@ def env(threads):
     click.echo(json.dumps(environment(threads or default_threads()), indent=2))
 
 
+@cli.command()
+@click.argument("name")
+@click.option("--torch", "torch_ref", metavar="MODULE:FUNCTION", help="A function returning the torch.nn.Module "
+              "(package.module:make_model or path/to/file.py:make_model).")
+@click.option("--keras", "keras_ref", metavar="FILE", help="A Keras model file (.keras).")
+@click.option("--jax", "jax_ref", metavar="MODULE:FUNCTION,PARAMS.npz", help="apply(params, x) and its weights.")
+@click.option("--onnx", "onnx_ref", metavar="FILE", help="An ONNX file: the file itself is the source model.")
+@click.option("--input", "input_decl", metavar="NAME=BATCHxDIMx...[:DTYPE]", help="The input, batch first, e.g. x=1x3x224x224.")
+@click.option("--inputs", "inputs_file", type=click.Path(dir_okay=False, exists=True),
+              help=".npz with the input (and optional labels, eval_x, eval_labels); default: seeded random.")
+@click.option("--test-data", type=click.Path(file_okay=False, exists=True),
+              help="ONNX test-data folder (test_data_set_N/input_i.pb, output_i.pb): inputs and golden outputs.")
+@click.option("--polygraphy-inputs", type=click.Path(dir_okay=False, exists=True),
+              help="Inputs saved by polygraphy run --save-inputs.")
+@click.option("--polygraphy-outputs", type=click.Path(dir_okay=False, exists=True),
+              help="Golden outputs saved by polygraphy run --save-outputs.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of random inputs.")
+@click.option("--force", is_flag=True, help="Replace an existing models/NAME.py.")
+@click.option("--workspace", "-w", type=click.Path(file_okay=False), default=None,
+              help="Folder to write models/NAME.py into (default: the current folder).")
+@_handle_errors
+def init(name, torch_ref, keras_ref, jax_ref, onnx_ref, input_decl, inputs_file, test_data, polygraphy_inputs,
+         polygraphy_outputs, seed, force, workspace):
+    """Write models/NAME.py for your own model: a short spec to edit, then golden build and run.
+
+    \b
+    Example:
+        parity init resnet --torch mymodels.py:make_model --input x=1x3x224x224
+        parity golden build --model resnet
+        parity run --model resnet
+    """
+    from parity import scaffold
+    from parity.env import default_threads
+
+    given = {"torch": torch_ref, "tf": keras_ref, "jax": jax_ref, "onnx": onnx_ref}
+    chosen = [(kind, ref) for kind, ref in given.items() if ref]
+    if len(chosen) != 1:
+        raise UsageError("give exactly one of --torch, --keras, --jax, --onnx")
+    kind, reference = chosen[0]
+    root = Path(workspace or ".").resolve()
+    params_file = None
+    if kind == "jax":
+        reference, _, params_file = reference.partition(",")
+        if not params_file:
+            raise UsageError("--jax takes MODULE:FUNCTION,PARAMS.npz (the apply function and its weights)")
+        params_file = scaffold.workspace_reference(params_file, root)
+    input_name, shape, dtype = scaffold.parse_input(input_decl) if input_decl else (None, None, "float32")
+    request = scaffold.Request(
+        name=name, kind=kind, reference=scaffold.workspace_reference(reference, root), params_file=params_file,
+        input_name=input_name, input_shape=shape, input_dtype=dtype, seed=seed,
+        **{key: value and scaffold.workspace_reference(value, root) for key, value in (
+            ("inputs_file", inputs_file), ("test_data", test_data), ("polygraphy_inputs", polygraphy_inputs),
+            ("polygraphy_outputs", polygraphy_outputs))})
+    written, info = scaffold.init(root, request, force, default_threads())
+    taps = len(info.get("taps") or [])
+    click.echo(f"wrote {written} ({kind}, {info['n_params']:,} parameters, outputs {', '.join(info['outputs'])}, "
+               f"{taps} taps)")
+    click.echo(f"next: parity golden build --model {name} && parity run --model {name}")
+
+
+@cli.command("export-testdata")
+@click.option("--model", "-m", "model", required=True, help="Model name.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
+              help="Folder to write test_data_set_0/ into (next to a model.onnx, say).")
+@workspace_option
+@_handle_errors
+def export_testdata(model, out_dir, workspace):
+    """Write a model's golden inputs and outputs as ONNX test data (test_data_set_0/input_0.pb, output_i.pb).
+
+    The layout ONNX's backend tests and ONNX Runtime's onnx_test_runner read. Inputs are in the spec's
+    canonical layout (NCHW images), outputs float32 as an exported model gives them.
+
+    \b
+    Example:
+        parity export-testdata --model cnn --out cnn-testdata/
+    """
+    import numpy as np
+
+    from parity import golden as golden_lib, interop
+
+    ws = _workspace(workspace)
+    (name,) = ws.select([model])
+    spec = ws.load_spec(name)
+    verified = golden_lib.load(ws.golden_dir(name), spec)
+    reference = verified.arrays["reference.npz"]
+    written = interop.write_test_data(
+        Path(out_dir), {spec.input.name: verified.arrays["inputs.npz"]["x"]},
+        {out: reference[out].astype(np.float32) if reference[out].dtype.kind == "f" else reference[out]
+         for out in spec.outputs})
+    click.echo(f"wrote {written} (input {spec.input.name!r}, outputs {', '.join(spec.outputs)}; batch {spec.batch_size})")
+
+
 @cli.group()
 def golden():
     """Build or verify golden data (golden/<model>/).
@@ -371,11 +463,7 @@ def golden_build(models, workspace, threads):
                 failures += 1
                 click.echo(f"{name}: golden build failed: {error}", err=True)
                 continue
-            m = manifest["metrics"]
-            click.echo(f"{name}: wrote {ws.golden_dir(name)} | cross-framework fp64 max abs "
-                       f"{manifest['cross_framework_fp64_max_abs']:.3g} (gradients "
-                       f"{manifest['cross_framework_fp64_grad_max_abs']:.3g}) | eval accuracy {m['accuracy']:.4f}, "
-                       f"macro-F1 {m['macro_f1']:.4f}")
+            click.echo(f"{name}: wrote {ws.golden_dir(name)} | {golden_lib.summary(manifest, ws.golden_dir(name))}")
     if failures:
         sys.exit(2)
 

@@ -96,11 +96,13 @@ def _checked_arrays(path: Path, described: dict) -> dict[str, np.ndarray]:
 
 
 def _check_metrics(golden: Golden) -> None:
-    """The golden metrics in the manifest must be what the verified eval logits give."""
+    """The golden metrics in the manifest must be what the verified eval logits give (none without labels)."""
     from parity.metrics import task_metrics
 
     reference, eval_data = golden.arrays["reference.npz"], golden.arrays["eval.npz"]
     logits, labels = reference.get("eval/logits"), eval_data.get("y")
+    if labels is None and not golden.metrics:
+        return
     if logits is None or labels is None or logits.ndim != 2 or labels.shape != logits.shape[:1]:
         raise GoldenError(f"{golden.dir / 'reference.npz'}: no eval/logits matching eval.npz y")
     top_k = next((int(k[3:-9]) for k in golden.metrics if k.startswith("top")), None)
@@ -133,27 +135,57 @@ def _check_against_spec(golden: Golden, spec) -> None:
     if extra:
         problems.append(f"weights.npz has parameters the spec does not declare: {extra}")
     batch = (spec.batch_size, *spec.input.shape)
-    n_eval = len(arrays["eval.npz"].get("y", ()))
+    n_eval = len(arrays["eval.npz"].get("x", ()))
+    labelled = not spec.weights_from_model or "y" in arrays["eval.npz"]
     expect("inputs.npz", "x", batch, spec.input.dtype)
-    expect("inputs.npz", "labels", (spec.batch_size,), "integer")
     expect("eval.npz", "x", (n_eval, *spec.input.shape), spec.input.dtype)
-    expect("eval.npz", "y", (n_eval,), "integer")
-    expect("reference.npz", "eval/logits", (n_eval, spec.num_classes), "float64")
+    if labelled:
+        expect("eval.npz", "y", (n_eval,), "integer")
+    if spec.loss is not None:
+        expect("inputs.npz", "labels", (spec.batch_size,), "integer")
+    expect("reference.npz", "eval/logits", (n_eval, spec.num_classes) if labelled else None, "float64")
     for key in spec.outputs:
         expect("reference.npz", key, None, "float64")
     for key in (f"tap/{t}" for t in spec.taps):
         expect("reference.npz", key, None, "float64")
-    for name in spec.trainable_params:
-        expect("gradients.npz", name, spec.params[name].shape, "float64")
-    expect("gradients.npz", spec.input_grad_name, batch, "float64")
+    if spec.loss is not None:
+        for name in spec.trainable_params:
+            expect("gradients.npz", name, spec.params[name].shape, "float64")
+        expect("gradients.npz", spec.input_grad_name, batch, "float64")
+    elif arrays["gradients.npz"]:
+        problems.append("gradients.npz has gradients but the spec declares no loss")
     for key, array in arrays["reference.npz"].items():
         if key != "eval/logits" and array.shape[:1] != (spec.batch_size,):
             problems.append(f"reference.npz {key!r} has shape {list(array.shape)}, not a batch of {spec.batch_size}")
-    if f"top{spec.metric_rules.top_k}_accuracy" not in golden.metrics:
+    if labelled and f"top{spec.metric_rules.top_k}_accuracy" not in golden.metrics:
         problems.append(f"the manifest has no top{spec.metric_rules.top_k}_accuracy (the spec's top_k)")
+    if spec.onnx_model is not None:
+        source = spec.onnx_model_path
+        if not source.is_file():
+            problems.append(f"the source model {source} is missing")
+        elif sha256_file(source) != golden.manifest.get("source_sha256"):
+            problems.append(f"the source model {source} changed since the golden data was built from it")
     if problems:
         raise GoldenError(f"{golden.dir}: golden data does not match the model spec ({spec.source_file}): "
                           f"{'; '.join(problems[:4])}{' ...' if len(problems) > 4 else ''}; {manifest_lib.rebuild_hint(golden.dir.name)}")
+
+
+def summary(manifest: dict, golden_dir: Path) -> str:
+    """One line on what a build proved: cross-framework agreement, or a user model's reference; metrics; size."""
+    m = manifest["metrics"]
+    metrics = f" | eval accuracy {m['accuracy']:.4f}, macro-F1 {m['macro_f1']:.4f}" if m else ""
+    reference = manifest.get("reference")
+    if reference is None:
+        return (f"cross-framework fp64 max abs {manifest['cross_framework_fp64_max_abs']:.3g} (gradients "
+                f"{manifest['cross_framework_fp64_grad_max_abs']:.3g}){metrics}")
+    size_mb = sum(path.stat().st_size for path in Path(golden_dir).iterdir()) / 1e6
+    line = f"{manifest['frameworks'][0]} reference in {reference['dtype']}"
+    if reference["reason"]:
+        line += f" ({reference['reason']}; tolerances widened x{reference['tolerance_factor']:g})"
+    if reference.get("given_vs_reference_max_abs") is not None:
+        line += (f"; golden outputs from {reference['outputs_from']} (max abs {reference['given_vs_reference_max_abs']:.3g}"
+                 f" from the reference; tolerances widened x{reference['tolerance_factor']:g})")
+    return f"{line}; {manifest['data']['dataset']}, {manifest['data']['eval']} samples; {size_mb:.1f} MB{metrics}"
 
 
 def load_arrays(golden_dir: Path, name: str) -> dict[str, np.ndarray]:
@@ -176,23 +208,28 @@ def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
         np.savez(f, **arrays)
 
 
+def new_scratch(workspace, spec) -> Path:
+    """A private build folder next to ``golden/<model>/`` (left-overs of killed builds swept first)."""
+    parent = workspace.golden_dir(spec.name).parent
+    parent.mkdir(parents=True, exist_ok=True)
+    sweep(parent, SCRATCH_PATTERN)
+    return owned_tempdir(parent, f".{spec.name}.build-")
+
+
 def build(workspace, spec, pool, progress=lambda message: None) -> dict:
     """Train the weights, run every framework in float64, prove they agree, write golden atomically.
 
     ``pool`` is a ``WorkerPool``: training and each framework run in their own processes.
     Raises ``ParityError`` (nothing written) when the definitions disagree beyond ``FP64_AGREEMENT``.
     """
-    from filelock import FileLock
-
-    from parity.cache import lock_path
     from parity.data import DATASET, SPLIT_SEED, digits_split
-    from parity.env import package_versions
 
-    target_dir = workspace.golden_dir(spec.name)
-    target_dir.parent.mkdir(parents=True, exist_ok=True)
-    sweep(target_dir.parent, SCRATCH_PATTERN)
+    if spec.weights_from_model:
+        from parity import user_golden
+
+        return user_golden.build(workspace, spec, pool, progress)
     started = time.perf_counter()
-    scratch = owned_tempdir(target_dir.parent, f".{spec.name}.build-")
+    scratch = new_scratch(workspace, spec)
     try:
         split = digits_split(spec.input.shape)
         _save_npz(scratch / "train.npz", {"x": split.train_x, "y": split.train_y})
@@ -219,37 +256,51 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
 
         eval_y = load_arrays(scratch, "eval.npz")["y"]
         golden_metrics = task_metrics(reference["eval/logits"], eval_y, spec.num_classes, spec.metric_rules.top_k)
-        manifest = manifest_lib.seal({
-            "schema": SCHEMA,
-            "model": spec.name,
-            "description": spec.description,
-            "files": {name: {"sha256": sha256_file(scratch / name), "arrays": _describe_arrays(scratch / name)} for name in FILES},
+        manifest = {
             "reference_framework": spec.frameworks[0],
             "frameworks": list(spec.frameworks),
             "cross_framework_fp64_max_abs": agreement["outputs"],
             "cross_framework_fp64_grad_max_abs": agreement["gradients"],
             "cross_framework_fp64_by_tap": agreement["by_tap"],
-            "tolerances": {p: t.to_json() for p, t in spec.tolerances.items()},
-            "grad_tolerances": {p: t.to_json() for p, t in spec.grad_tolerances.items()},
             "metrics": golden_metrics,
             "training": {**vars(spec.training), **train_info},
             "data": {"dataset": DATASET, "split_seed": SPLIT_SEED, "train": int(len(split.train_y)),
                      "eval": int(len(split.eval_y)), "inputs": spec.batch_size},
-            "batch_size": spec.batch_size,
-            "versions": {"parity": __version__, **package_versions()},
-            "build_seconds": round(time.perf_counter() - started, 1),
-        })
-        final = scratch / spec.name  # named like its target: the manifest names its folder
-        final.mkdir()
-        for name in FILES:
-            shutil.copyfile(scratch / name, final / name)
-        write_json_atomic(final / MANIFEST, manifest)
-        load(final, spec)  # what is about to be published reads back and verifies
-        # one build at a time replaces a model's golden folder; readers never see it missing
-        with FileLock(str(lock_path(f"golden-{target_dir.resolve()}"))):
-            replace_dir(final, target_dir)
+        }
+        return publish(workspace, spec, scratch, manifest, started)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def publish(workspace, spec, scratch: Path, fields: dict, started: float) -> dict:
+    """Seal the manifest of the golden files in ``scratch``, verify what is about to be published, and
+    swap it in as ``golden/<model>/`` atomically (one build at a time; readers never see it missing)."""
+    from filelock import FileLock
+
+    from parity.cache import lock_path
+    from parity.env import package_versions
+
+    manifest = manifest_lib.seal({
+        "schema": SCHEMA,
+        "model": spec.name,
+        "description": spec.description,
+        "files": {name: {"sha256": sha256_file(scratch / name), "arrays": _describe_arrays(scratch / name)} for name in FILES},
+        "tolerances": {p: t.to_json() for p, t in spec.tolerances.items()},
+        "grad_tolerances": {p: t.to_json() for p, t in spec.grad_tolerances.items()},
+        "batch_size": spec.batch_size,
+        "versions": {"parity": __version__, **package_versions()},
+        **fields,
+        "build_seconds": round(time.perf_counter() - started, 1),
+    })
+    target_dir = workspace.golden_dir(spec.name)
+    final = scratch / spec.name  # named like its target: the manifest names its folder
+    final.mkdir()
+    for name in FILES:
+        shutil.copyfile(scratch / name, final / name)
+    write_json_atomic(final / MANIFEST, manifest)
+    load(final, spec)  # what is about to be published reads back and verifies
+    with FileLock(str(lock_path(f"golden-{target_dir.resolve()}"))):
+        replace_dir(final, target_dir)
     return manifest
 
 

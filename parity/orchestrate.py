@@ -109,7 +109,7 @@ class Run:
         return content_key({
             "parity": __version__, "model": spec.name, "source": path.source,
             "model_file_sha256": sha256_file(Path(spec.source_file)),
-            "weights_sha256": manifest["files"]["weights.npz"]["sha256"],
+            "weights_sha256": manifest["files"]["weights.npz"]["sha256"], "source_sha256": manifest.get("source_sha256"),
             "steps": steps, "opset": spec.opset, "batch_size": batch_size or spec.batch_size, "precision": path.precision,
         })
 

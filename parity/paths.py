@@ -52,12 +52,23 @@ class PathDef:
     def differentiable(self) -> bool:
         return self.runtime.differentiable
 
+    @property
+    def definition(self) -> str:
+        """The path that computes the source model as its definition says: the native source, or for an ONNX
+        file the ONNX reference evaluator (what the ONNX specification says the file computes)."""
+        return self.source if self.source in NATIVE else f"{self.source}/onnxref"
+
+    @property
+    def baseline(self) -> str:
+        """The path timings are compared with by default: the native source (ONNX Runtime for an ONNX file)."""
+        return self.source if self.source in NATIVE else f"{self.source}/ort"
+
 
 # package name as imported -> distribution to install
 INSTALL_NAMES = {"tensorflow": "tensorflow-cpu", "jax": "jax", "torch": "torch", "onnx": "onnx",
                  "onnxruntime": "onnxruntime", "onnxscript": "onnxscript", "tf2onnx": "tf2onnx",
                  "jax2onnx": "jax2onnx", "keras": "keras"}
-SOURCE_PACKAGES = {"torch": ("torch",), "tf": ("tensorflow", "keras"), "jax": ("jax",)}
+SOURCE_PACKAGES = {"torch": ("torch",), "tf": ("tensorflow", "keras"), "jax": ("jax",), "onnx": ("onnx",)}
 
 # native runtimes: the source framework runs its own model
 NATIVE = {
@@ -70,7 +81,9 @@ TF2ONNX = Step("tf2onnx", "tf", "parity.exporters.tf_onnx:export_keras", ("tenso
 JAX2ONNX = Step("jax2onnx", "jax", "parity.exporters.jax_onnx:export", ("jax", "jax2onnx", "onnx"))
 JAX2TF = Step("jax2tf", "jax+tf", "parity.exporters.jax_tf:export", ("jax", "tensorflow"))
 SAVEDMODEL2ONNX = Step("tf2onnx", "tf", "parity.exporters.tf_onnx:export_saved_model", ("tensorflow", "tf2onnx", "onnx"))
+ONNX_FILE = Step("onnx file", "onnx", "parity.exporters.onnx_file:export", ("onnx",))
 ORT = Step("ort", "onnx", "parity.runtimes.ort:OrtRunner", ("onnxruntime",))
+ORT_NOOPT = Step("ort-noopt", "onnx", "parity.runtimes.ort:OrtNoOptRunner", ("onnxruntime",))
 ONNXREF = Step("onnxref", "onnx", "parity.runtimes.onnxref:OnnxRefRunner", ("onnx",))
 TF_SAVEDMODEL = Step("tf", "tf", "parity.runtimes.tf_savedmodel:SavedModelRunner", ("tensorflow",), differentiable=True)
 
@@ -86,6 +99,10 @@ PATHS: tuple[PathDef, ...] = (
     PathDef("jax/onnx/onnxref", "jax", (JAX2ONNX,), ONNXREF),
     PathDef("jax/tf", "jax", (JAX2TF,), TF_SAVEDMODEL),
     PathDef("jax/tf/onnx/ort", "jax", (JAX2TF, SAVEDMODEL2ONNX), ORT),
+    # an ONNX file as the source: the file as it is, under each runtime
+    PathDef("onnx/ort", "onnx", (ONNX_FILE,), ORT),
+    PathDef("onnx/ort-noopt", "onnx", (ONNX_FILE,), ORT_NOOPT),
+    PathDef("onnx/onnxref", "onnx", (ONNX_FILE,), ONNXREF),
 )
 
 

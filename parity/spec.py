@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 PRECISIONS = ("fp32", "fp16", "bf16", "tf32")
 PARAM_KINDS = ("dense_kernel", "conv_kernel", "vector", "tensor")
-INPUT_LAYOUTS = ("flat", "tokens", "nchw")
+INPUT_LAYOUTS = ("flat", "tokens", "nchw", "native")  # native: the source framework's own, never converted
+LOSSES = ("cross_entropy",)
 MODEL_INPUT = "input"  # in Layer.inputs: the model input rather than a tap
 LAYER_KINDS = ("dense", "conv", "batch_norm", "layer_norm", "activation", "pool", "flatten", "attention", "dropout",
                "add", "position", "mean")
@@ -56,7 +58,7 @@ class Tolerances:
 
 @dataclass(frozen=True)
 class InputSpec:
-    """The model input: name, per-sample shape in canonical layout, dtype."""
+    """The model input: name, per-sample shape in canonical layout, dtype (``float32`` or an integer type)."""
 
     name: str
     shape: tuple[int, ...]
@@ -156,6 +158,13 @@ class ModelSpec:
         torch_module: ``() -> torch.nn.Module``; ``forward(x)`` returns the outputs.
         keras_model: ``(dtype: str) -> keras.Model`` (functional; taps are layer names).
         jax_apply: ``(params, x, tap) -> tuple of outputs``; ``tap(name, value)`` may be None.
+        weights_from_model: the weights are the model's own, as the builder returns it (a user model:
+            no training recipe); parameter names are the framework's own and ``params`` is read from
+            the golden data (see ``parity.usermodel``).
+        inputs: how the golden inputs of a user model are made (``parity.usermodel.InputData``).
+        loss: the loss whose gradients are checked (``"cross_entropy"`` of the first output against
+            the labels), or None for no gradients.
+        onnx_model: an ONNX file (relative to the workspace) that is itself the source model.
         expected_errors: path glob -> reason. A path ending in ``error`` there is expected
             (like pytest's xfail); if it passes, that is reported as an unexpected pass.
         require_determinism: fail a path whose two runs are not bitwise identical.
@@ -170,16 +179,20 @@ class ModelSpec:
     description: str
     input: InputSpec
     outputs: tuple[str, ...]
-    num_classes: int
-    params: dict[str, ParamSpec]
-    taps: tuple[str, ...]
-    tolerances: dict[str, Tolerances]
-    grad_tolerances: dict[str, Tolerances]
+    num_classes: int = 0
+    params: dict[str, ParamSpec] = field(default_factory=dict)
+    taps: tuple[str, ...] = ()
+    tolerances: dict[str, Tolerances] = field(default_factory=lambda: {"fp32": Tolerances(Tolerance(1e-5, 1e-5))})
+    grad_tolerances: dict[str, Tolerances] = field(default_factory=lambda: {"fp32": Tolerances(Tolerance(1e-6, 1e-4))})
     layers: dict[str, Layer] = field(default_factory=dict)
     training: Training = Training()
     torch_module: Callable[[], Any] | None = None
     keras_model: Callable[[str], Any] | None = None
     jax_apply: Callable[..., Any] | None = None
+    weights_from_model: bool = False
+    inputs: Any = None
+    loss: str | None = "cross_entropy"
+    onnx_model: str | None = None
     expected_errors: dict[str, str] = field(default_factory=dict)
     require_determinism: bool = False
     batch_size: int = 64
@@ -191,8 +204,16 @@ class ModelSpec:
     @property
     def frameworks(self) -> tuple[str, ...]:
         """Source frameworks this model is written in, in a fixed order."""
-        builders = {"torch": self.torch_module, "tf": self.keras_model, "jax": self.jax_apply}
+        builders = {"torch": self.torch_module, "tf": self.keras_model, "jax": self.jax_apply, "onnx": self.onnx_model}
         return tuple(name for name, builder in builders.items() if builder is not None)
+
+    @property
+    def onnx_model_path(self) -> Path | None:
+        """The source ONNX file, relative paths taken from the workspace (the folder above ``models/``)."""
+        if self.onnx_model is None:
+            return None
+        path = Path(self.onnx_model)
+        return path if path.is_absolute() or self.source_file is None else Path(self.source_file).parent.parent / path
 
     @property
     def timed_batch_sizes(self) -> tuple[int, ...]:
@@ -240,4 +261,15 @@ class ModelSpec:
             if unknown:
                 raise ValueError(f"layer {tap!r} reads {', '.join(unknown)}, which are not taps")
         if not self.frameworks:
-            raise ValueError("define at least one of torch_module, keras_model, jax_apply")
+            raise ValueError("define at least one of torch_module, keras_model, jax_apply, onnx_model")
+        if self.loss is not None and self.loss not in LOSSES:
+            raise ValueError(f"loss {self.loss!r} is not one of {LOSSES} (or None: no gradients)")
+        if not self.weights_from_model:
+            if "onnx" in self.frameworks:
+                raise ValueError("an ONNX source model takes its weights from the file: set weights_from_model=True")
+            if not self.params or self.num_classes < 1:
+                raise ValueError("a model trained by parity declares params and num_classes (or set "
+                                 "weights_from_model=True to take the weights from the model)")
+        elif len(self.frameworks) != 1:
+            raise ValueError("a model whose weights come from the model defines exactly one builder "
+                             f"(it defines {', '.join(self.frameworks)})")

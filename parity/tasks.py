@@ -87,11 +87,11 @@ def export_step(workspace: str, model: str, target: str, golden_dir: str, opset:
     """Run one exporter into ``out_dir`` (static batch ``batch_size``, default the spec's); return its
     metadata plus the export time."""
     spec = Workspace(workspace).load_spec(model)
-    weights = golden.load(Path(golden_dir), spec).arrays["weights.npz"]
+    verified = golden.load(Path(golden_dir), spec)
     started = time.perf_counter()
-    job = ExportJob(spec=spec, weights=weights, batch_size=batch_size or spec.batch_size,
+    job = ExportJob(spec=spec, weights=verified.arrays["weights.npz"], batch_size=batch_size or spec.batch_size,
                     opset=opset, out_dir=Path(out_dir), parent_dir=Path(parent_dir) if parent_dir else None,
-                    parent_meta=parent_meta)
+                    parent_meta=parent_meta, golden_manifest=verified.manifest)
     meta = paths.load_target(target)(job)
     meta["export_s"] = time.perf_counter() - started
     meta["batch_size"] = job.batch_size
@@ -146,11 +146,13 @@ def check_path(workspace: str, model: str, path_id: str, golden_dir: str, precis
     eval_logits = run_batched(runner, eval_data["x"], spec.batch_size)[spec.outputs[0]]
     result["eval_outputs"] = compare.compare_named({spec.outputs[0]: eval_logits},
                                                    {spec.outputs[0]: reference["eval/logits"]}, tolerances.for_name)
-    result["metrics"] = metrics.check_metrics(eval_logits, eval_data["y"], reference["eval/logits"], verified.metrics,
-                                              spec.metric_rules, precision, spec.num_classes)
+    result["metrics"] = None
+    if "y" in eval_data:  # a user model without labels has no metrics
+        result["metrics"] = metrics.check_metrics(eval_logits, eval_data["y"], reference["eval/logits"], verified.metrics,
+                                                  spec.metric_rules, precision, spec.num_classes)
     result["gradients"] = None
     result["time_to_first_gradient_s"] = None
-    if path.differentiable:
+    if path.differentiable and spec.loss is not None:
         grad_started = time.perf_counter()
         grads = runner.gradients(x, inputs["labels"])
         result["time_to_first_gradient_s"] = time.perf_counter() - grad_started
@@ -177,7 +179,7 @@ def _verdict(spec, result: dict) -> tuple[str, str | None]:
             failures.append(f"gradients differ for {len(failing)} of {len(result['gradients'])} ({listed}); "
                             f"worst {compare.describe('gradient', name, stats)}")
     m = result["metrics"]
-    if not m["ok"]:
+    if m is not None and not m["ok"]:
         bad = [f"{k} {v['value']:.4f} vs golden {v['golden']:.4f}" for k, v in m.items() if isinstance(v, dict) and not v["ok"]]
         if not m["argmax_agreement_ok"]:
             bad.append(f"argmax agreement {m['argmax_agreement']:.4f}")

@@ -65,8 +65,11 @@ class Workspace:
             raise UsageError(f"unknown model {', '.join(map(repr, unknown))}; models in {self.models_dir}: {', '.join(known) or 'none'}")
         return list(dict.fromkeys(names))
 
-    def load_spec(self, name: str):
-        """Import ``models/<name>.py`` and return its ``SPEC``; any failure is a ``SpecError`` naming the model."""
+    def load_spec(self, name: str, attach_golden: bool = True):
+        """Import ``models/<name>.py`` and return its ``SPEC``; any failure is a ``SpecError`` naming the model.
+
+        A user model (``weights_from_model``) is completed from its golden manifest unless ``attach_golden``
+        is False (``parity.usermodel.attach_golden``)."""
         from parity.spec import ModelSpec
 
         path = self.model_file(name)
@@ -84,6 +87,10 @@ class Workspace:
             if spec.name != name:
                 raise SpecError(f"SPEC.name is {spec.name!r}, the file is {name}.py")
             spec.validate()
+            if spec.weights_from_model and attach_golden:
+                from parity import usermodel
+
+                usermodel.attach_golden(spec, self.golden_dir(name))
         except (Exception, SystemExit) as error:  # a model file that exits at import is that model's error
             sys.modules.pop(module_name, None)
             detail = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__

@@ -39,8 +39,12 @@ def diagnose(run, pool, spec, manifest, path: paths.PathDef, artifact: dict | No
         observed = _collect(run, pool, spec, path, artifact, path.precision,
                             runtime_link=path.runtime.name in ONNX_RUNTIMES,
                             weight_perturbation=run.options.weight_perturbation.get((spec.name, path.id)))
-        source = (_collect(run, pool, spec, paths.by_id(path.source), None, path.precision, gradients=False)
-                  if path.exports else observed)
+        source = observed
+        if path.exports and path.definition != path.id:
+            definition = paths.by_id(path.definition)
+            artifact_of_definition = (run._export(pool, spec, manifest, definition, len(definition.exports) - 1)
+                                      if definition.exports else None)
+            source = _collect(run, pool, spec, definition, artifact_of_definition, path.precision, gradients=False)
     except TaskFailed as error:
         return {"model": spec.name, "path": path.id, "error": f"nothing to diagnose: the path did not run ({error})"}
     arrays = golden.load(run.workspace.golden_dir(spec.name), spec).arrays
@@ -120,9 +124,9 @@ def _link(spec, link: str, compared: str, reference: dict, actual: dict, toleran
 
 def _links(spec, path, observed, source, golden_reference: dict, tolerances) -> dict:
     """Which link of definition -> export -> runtime the drift enters at (taps and outputs compared)."""
-    checks = [_link(spec, "definition", f"{path.source} vs golden", golden_reference, source, tolerances)]
+    checks = [_link(spec, "definition", f"{path.definition} vs golden", golden_reference, source, tolerances)]
     source_first = checks[0]["first_divergent_tap"]
-    if path.exports:
+    if path.exports and path.source in paths.NATIVE:  # an ONNX source file has no converter of its own
         checks.append(_link(spec, "converter", f"{'/'.join(path.stages[:-1])} ({path.runtime.name}) vs {path.source} "
                                                f"on the same inputs", source, observed, tolerances))
     runtime = observed.get("runtime_compare")
@@ -132,7 +136,7 @@ def _links(spec, path, observed, source, golden_reference: dict, tolerances) -> 
     if not by_link["definition"]["ok"]:
         enters = "definition"
         where = f"first at {source_first}" if source_first else "at the outputs"
-        why = f"{path.source} itself departs from the golden ({where}): every path of this source inherits it"
+        why = f"{path.definition} itself departs from the golden ({where}): every path of this source inherits it"
     elif "runtime" in by_link and not by_link["runtime"]["ok"]:
         enters = "runtime"
         node = by_link["runtime"]["first_divergent_node"]

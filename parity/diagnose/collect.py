@@ -13,7 +13,7 @@ from parity import golden, layouts, paths
 from parity.tasks import build_runner, perturbed
 from parity.workspace import Workspace
 
-ONNX_RUNTIMES = ("ort", "onnxref")
+ONNX_RUNTIMES = ("ort", "ort-noopt", "onnxref")
 SAVEDMODEL_REASON = "a SavedModel made by jax2tf exposes only its outputs, not its layers"
 
 
@@ -28,7 +28,7 @@ def collect(workspace: str, model: str, path_id: str, golden_dir: str, precision
     path = paths.by_id(path_id)
     verified = golden.load(Path(golden_dir), spec)
     inputs = verified.arrays["inputs.npz"]
-    x, labels = inputs["x"], inputs["labels"]
+    x, labels = inputs["x"], inputs.get("labels")
     if artifact_dir is not None and path.runtime.name in ONNX_RUNTIMES:
         golden_taps = {t: verified.arrays["reference.npz"][f"tap/{t}"] for t in spec.taps}
         return _collect_onnx(spec, path, artifact_dir, artifact_meta, x, golden_taps, precision, threads, runtime_link)
@@ -40,7 +40,7 @@ def collect(workspace: str, model: str, path_id: str, golden_dir: str, precision
     else:
         taps, located = {}, {t: {"found": "unmapped", "reason": SAVEDMODEL_REASON} for t in spec.taps}
     return {"outputs": runner.run(x), "taps": taps, "located": located,
-            "gradients": runner.gradients(x, labels) if gradients and runner.differentiable else None,
+            "gradients": runner.gradients(x, labels) if gradients and runner.differentiable and spec.loss else None,
             "runtime_compare": None}
 
 
@@ -51,7 +51,8 @@ def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, precision, thr
     from parity.diagnose import onnx_graph, onnx_taps
 
     model = onnx.load(str(Path(artifact_dir) / meta["file"]))
-    feed = {meta["input_name"]: layouts.to_layout(x, spec.input.layout, meta["input_layout"]).astype(np.float32)}
+    x = layouts.to_layout(x, spec.input.layout, meta["input_layout"])
+    feed = {meta["input_name"]: x if x.dtype.kind in "iu" else x.astype(np.float32)}
     candidates = onnx_taps.candidate_names(model, spec, golden_taps, meta["input_layout"]) if spec.taps else []
     names = list(dict.fromkeys([*meta["output_names"], *candidates]))
     values = onnx_graph.run_tensors(path.runtime.name, onnx_graph.with_outputs(model, names), feed, names, threads)

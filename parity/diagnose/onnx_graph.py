@@ -13,7 +13,7 @@ import numpy as np
 
 from parity.compare import error_stats
 
-RUNTIMES = ("ort", "onnxref")
+RUNTIMES = ("ort", "ort-noopt", "onnxref")
 _REASON_CHARS = 300  # an error reason is one line of at most this many characters
 
 
@@ -120,10 +120,12 @@ def with_outputs(model, names: list[str]):
     return copy
 
 
-def _ort_session(model, threads: int):
+def _ort_session(model, threads: int, optimize: bool = True):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
+    if not optimize:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
@@ -131,13 +133,13 @@ def _ort_session(model, threads: int):
 
 
 def run_tensors(runtime: str, model, feed: dict, names: list[str], threads: int = 1) -> dict[str, np.ndarray]:
-    """One inference of ``model`` on ``runtime`` (``ort`` or ``onnxref``) returning ``names``."""
+    """One inference of ``model`` on ``runtime`` (``ort``, ``ort-noopt`` or ``onnxref``) returning ``names``."""
     if runtime not in RUNTIMES:
-        raise ValueError(f"runtime {runtime!r} is not 'ort' or 'onnxref'")
+        raise ValueError(f"runtime {runtime!r} is not one of {RUNTIMES}")
     names = list(dict.fromkeys(names))
     extended = with_outputs(model, names)
-    if runtime == "ort":
-        values = _ort_session(extended, threads).run(names, feed)
+    if runtime.startswith("ort"):
+        values = _ort_session(extended, threads, optimize=runtime == "ort").run(names, feed)
     else:
         from onnx.reference import ReferenceEvaluator
 

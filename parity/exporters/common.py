@@ -26,6 +26,7 @@ class ExportJob:
     out_dir: Path
     parent_dir: Path | None = None
     parent_meta: dict | None = None
+    golden_manifest: dict | None = None
 
 
 def onnx_meta(spec, input_name: str, output_names: list[str], input_layout: str) -> dict:

@@ -186,13 +186,14 @@ def summary_lines(report: dict) -> list[str]:
         outputs_ok = sum(1 for r in ran if all(s["ok"] for s in r["outputs"].values()))
         with_grads = [r for r in ran if r.get("gradients") is not None]
         grads_ok = sum(1 for r in with_grads if all(s["ok"] for s in r["gradients"].values()))
-        metrics_ok = sum(1 for r in ran if r["metrics"]["ok"])
+        with_metrics = [r for r in ran if r.get("metrics") is not None]
+        metrics_ok = sum(1 for r in with_metrics if r["metrics"]["ok"])
         counts = defaultdict(int)
         for r in results:
             counts[_label(r)] += 1
         verdicts = ", ".join(f"{n} {label}" for label, n in sorted(counts.items()))
         lines.append(f"{model}: {verdicts} | outputs ok {outputs_ok}/{len(ran)}, gradients ok {grads_ok}/{len(with_grads)}, "
-                     f"metrics ok {metrics_ok}/{len(ran)}")
+                     f"metrics ok {metrics_ok}/{len(with_metrics)}")
     for problem in report.get("model_errors", []):
         lines.append(f"{problem['model']}: ERROR {problem['reason']}")
     return lines

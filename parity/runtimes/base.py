@@ -31,7 +31,8 @@ class Runner:
             raise ShapeMismatch(
                 f"input {self.spec.input.name!r} has shape {tuple(x.shape)}, the model takes {self.expected_shape}"
             )
-        return np.ascontiguousarray(x, dtype=self.dtype)
+        integer = np.dtype(self.spec.input.dtype).kind in "iu"  # token ids stay integers
+        return np.ascontiguousarray(x, dtype=self.spec.input.dtype if integer else self.dtype)
 
     def run(self, x: np.ndarray) -> dict[str, np.ndarray]:
         """Outputs by name for input batch ``x`` (canonical layout)."""

@@ -6,13 +6,16 @@ from parity.runtimes.onnx_common import OnnxRunner
 
 
 class OrtRunner(OnnxRunner):
-    """``ort``: an ONNX Runtime InferenceSession with aligned intra-op threads."""
+    """``ort``: an ONNX Runtime InferenceSession with aligned intra-op threads, all graph optimisations on."""
+
+    optimization = "ORT_ENABLE_ALL"
 
     def __init__(self, spec, artifact_dir, meta, batch_size, threads):
         super().__init__(spec, artifact_dir, meta, batch_size, threads)
         import onnxruntime as ort
 
         options = ort.SessionOptions()
+        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, self.optimization)
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.log_severity_level = 3
@@ -20,3 +23,10 @@ class OrtRunner(OnnxRunner):
 
     def run_impl(self, x):
         return tuple(self.session.run(self.output_names, self.feed(x)))
+
+
+class OrtNoOptRunner(OrtRunner):
+    """``ort-noopt``: the same session with graph optimisations disabled (no fusion, no constant folding),
+    so a drift that only the optimised graph shows is told apart from one in the kernels."""
+
+    optimization = "ORT_DISABLE_ALL"

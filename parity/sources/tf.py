@@ -14,7 +14,7 @@ def build_model(spec, weights: dict[str, np.ndarray] | None, dtype: str = "float
 
     keras.utils.set_random_seed(spec.training.seed)
     model = spec.keras_model(dtype)
-    variables = {v.path: v for v in model.weights}
+    variables = {v.path: v for v in model.weights if str(v.dtype).startswith(("float", "bfloat"))}
     layouts.check_names_and_shapes("tf", spec.params, {k: tuple(v.shape) for k, v in variables.items()})
     if weights is not None:
         layouts.check_weights(spec.params, weights)

@@ -20,7 +20,7 @@ def build_module(spec, weights: dict[str, np.ndarray] | None, dtype: str = "floa
     torch_dtype = getattr(torch, _TORCH_DTYPES[dtype])
     module = module.to(torch_dtype)
     by_torch_name = {layouts.torch_param_name(name): name for name in spec.params}
-    state = {k: v for k, v in module.state_dict().items() if not k.endswith(_SKIPPED_STATE)}
+    state = {k: v for k, v in module.state_dict().items() if not k.endswith(_SKIPPED_STATE) and v.is_floating_point()}
     found = {by_torch_name.get(key, key): tuple(value.shape) for key, value in state.items()}
     layouts.check_names_and_shapes("torch", spec.params, found)
     if weights is not None:

@@ -1,0 +1,29 @@
+"""An ONNX file as the source: the user's file, checked against the golden it was built from, as the artifact."""
+
+from __future__ import annotations
+
+from parity.errors import GoldenError
+from parity.exporters.common import ONNX_FILE, ExportJob, onnx_meta
+from parity.safefs import sha256_file
+
+
+def export(job: ExportJob) -> dict:
+    """The source file (external data, if any, folded in) as the artifact.
+
+    The graph is not rewritten: a static batch other than the file's own is the runtime's to accept
+    (a fixed batch dimension makes other batch sizes an error, reported as such).
+    """
+    import onnx
+
+    from parity import interop, onnx_source
+
+    spec = job.spec
+    source = spec.onnx_model_path  # golden.load (export_step) verified it is the file the golden was built from
+    model = onnx_source.load_checked(source)
+    if sha256_file(source) != job.golden_manifest.get("source_sha256"):
+        raise GoldenError(f"{source} changed while it was read; try again")
+    onnx.save_model(model, str(job.out_dir / ONNX_FILE))
+    inputs, outputs = interop.graph_signature(model)
+    if outputs != list(spec.outputs):
+        raise GoldenError(f"{source} has outputs {outputs}; the spec names {list(spec.outputs)}")
+    return onnx_meta(spec, next(iter(inputs)), outputs, spec.input.layout)

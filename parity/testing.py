@@ -1,0 +1,99 @@
+"""pytest support: ``assert_parity`` checks a model's export paths from any test suite, with no workspace.
+
+    from parity.testing import assert_parity
+
+    def make_model():                     # module level: parity imports it in a worker process
+        return MyNet().eval()
+
+    def test_onnx_export_matches():
+        x = np.random.default_rng(0).standard_normal((4, 3, 32, 32)).astype("float32")
+        assert_parity(make_model, x, paths=["torch/onnx/ort"], atol=1e-4, rtol=1e-4)
+
+It runs what ``parity init``, ``parity golden build`` and ``parity check`` run, in a private temporary
+workspace that is removed afterwards, and raises ``AssertionError`` whose message is the verdict table
+of the failing paths with their diagnosis (the first divergent tap where the model has taps).
+"""
+
+from __future__ import annotations
+
+import inspect
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+SOURCES = {"torch": "torch_factory", "tf": "keras_factory"}
+
+
+def assert_parity(make_model, inputs, paths=("torch/onnx/ort",), atol: float = 1e-4, rtol: float = 1e-4,
+                  labels=None, threads: int = 1, timeout_s: float = 600.0) -> dict:
+    """Check ``paths`` of the model ``make_model()`` returns against its own float64 reference on ``inputs``.
+
+    ``make_model``: a module-level function returning a ``torch.nn.Module`` (paths ``torch*``) or a
+    ``keras.Model`` (paths ``tf*``), or the path of an ONNX file (paths ``onnx/*``). ``inputs``: one
+    batch, batch first (an array, or ``{name: array}`` with one entry). ``labels`` (integers, one per
+    sample) also checks gradients of the cross-entropy and the task metrics. Returns the result (the
+    ``parity.result/2`` dict) when every path passes.
+    """
+    from parity import golden, orchestrate, scaffold
+    from parity.report import diagnosis, terminal
+    from parity.workspace import Workspace
+
+    paths = [paths] if isinstance(paths, str) else list(paths)
+    sources = {p.split("/")[0] for p in paths}
+    if len(sources) != 1 or not paths:
+        raise ValueError(f"paths must share one source framework, got {paths}")
+    kind = sources.pop()
+    name, x = _single_input(inputs)
+    root = Path(tempfile.mkdtemp(prefix="parity-assert-"))
+    try:
+        data = {"x": x} if labels is None else {"x": x, "labels": np.asarray(labels, dtype=np.int64)}
+        with open(root / "inputs.npz", "wb") as f:
+            np.savez(f, **data)
+        request = scaffold.Request(
+            name="model_under_test", kind=kind, reference=_reference(make_model, kind), input_name=name,
+            input_shape=tuple(x.shape), input_dtype=str(x.dtype) if x.dtype.kind in "iu" else "float32",
+            inputs_file="inputs.npz", tolerance=(atol, rtol), builder=SOURCES.get(kind))
+        scaffold.init(root, request, force=False, threads=threads, timeout_s=timeout_s)
+        workspace = Workspace(root)
+        from parity.cache import cache_root
+        from parity.worker import WorkerPool
+
+        with WorkerPool(threads, cache_root() / "logs", timeout_s) as pool:
+            golden.build(workspace, workspace.load_spec(request.name), pool)
+        report = orchestrate.check(workspace, [request.name], orchestrate.Options(
+            threads=threads, patterns=tuple(paths), timeout_s=timeout_s))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    failing = [r for r in report["results"] if orchestrate.is_unexpected(r) or r["verdict"] == "skip"]
+    if failing or report["model_errors"]:
+        shown = {**report, "results": failing}
+        text = terminal.render(shown, timed=False, verbose=True)
+        block = diagnosis.render_all(shown)
+        raise AssertionError("parity: paths differ from the float64 reference\n" + text + (f"\n\n{block}" if block else ""))
+    return report
+
+
+def _single_input(inputs) -> tuple[str, np.ndarray]:
+    if isinstance(inputs, dict):
+        if len(inputs) != 1:
+            raise ValueError(f"parity checks models with one input; got {len(inputs)} ({', '.join(inputs)})")
+        (name, value), = inputs.items()
+    else:
+        name, value = "x", inputs
+    value = np.asarray(value)
+    if value.ndim < 1 or value.dtype.kind not in "fiu":
+        raise ValueError(f"inputs must be a numeric array with a batch axis, not {value.dtype}{list(value.shape)}")
+    return name, value
+
+
+def _reference(make_model, kind: str) -> str:
+    """``file.py:qualname`` for a module-level function (or the ONNX file's absolute path)."""
+    if kind == "onnx":
+        return str(Path(make_model).resolve())
+    qualname = getattr(make_model, "__qualname__", "")
+    if not callable(make_model) or "<" in qualname:
+        raise ValueError(f"make_model must be a module-level function (parity imports it in a worker process), "
+                         f"not {make_model!r}")
+    return f"{Path(inspect.getfile(make_model)).resolve()}:{qualname}"
