@@ -10,7 +10,8 @@ from click.testing import CliRunner
 from parity.cli import cli
 from tests.conftest import REPO
 
-COMMANDS = [["run"], ["check"], ["diagnose"], ["bench"], ["compare"], ["paths"], ["env"], ["golden"], ["golden", "build"], ["golden", "verify"]]
+COMMANDS = [["run"], ["check"], ["diagnose"], ["bench"], ["compare"], ["paths"], ["env"], ["golden"], ["golden", "build"],
+            ["golden", "verify"], ["init"], ["export-testdata"]]
 
 
 def invoke(*args):

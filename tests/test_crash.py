@@ -71,7 +71,7 @@ def test_killed_golden_build_leaves_nothing_after_the_next_run(sandbox):
     golden.verify(root / "golden" / "mlp")
 
 
-@pytest.mark.parametrize("cache_mode", ["--no-cache", "cache"])
+@pytest.mark.parametrize("cache_mode", [pytest.param("--no-cache", marks=pytest.mark.slow), "cache"])
 def test_killed_export_leaves_nothing_after_the_next_run(sandbox, cache_mode):
     root, env, tmp_path = sandbox
     args = ["check", "--workspace", str(root), "--path", "torch/onnx/ort", "--threads", "1"]

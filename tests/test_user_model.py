@@ -51,11 +51,11 @@ def test_torch_model_from_a_file_init_build_check_with_a_broken_export_named(tmp
     assert manifest["reference"]["dtype"] == "float64" and manifest["reference"]["tolerance_factor"] == 1
     assert set(manifest["params"]) >= {"conv.weight", "bn.running_mean"} and not manifest["params"]["bn.running_var"]["trainable"]
     assert manifest["data"]["eval"] == 6 and set(manifest["metrics"]) == {"accuracy", "macro_f1", "top3_accuracy"}
-    code, report = check(tmp_path, "good", "--path", "torch*")
+    code, report = check(tmp_path, "good", "--path", "torch")  # its exports: the assert_parity test
     assert code == 0
     torch_result = by_path(report)["torch"]
     assert torch_result["verdict"] == "pass" and len(torch_result["gradients"]) == 7  # 6 parameters and the input
-    assert torch_result["metrics"]["ok"] and by_path(report)["torch/onnx/ort"]["verdict"] == "pass"
+    assert torch_result["metrics"]["ok"]
 
     build(tmp_path, "broken")
     code, report = check(tmp_path, "broken", "--path", "torch", "--path", "torch/onnx/ort")
@@ -72,7 +72,6 @@ def test_onnx_file_with_testdata_from_export_testdata_and_polygraphy_files(tmp_p
 
     init(tmp_path, "net", "--torch", f"{MODELS}:make_net", "--input", "x=2x3x8x8")
     build(tmp_path, "net")
-    assert invoke("check", "--workspace", str(tmp_path), "--model", "net", "--path", "torch/onnx/ort").exit_code == 0
     folder = tmp_path / "exported"
     result = invoke("export-testdata", "--workspace", str(tmp_path), "--model", "net", "--out", str(folder))
     assert result.exit_code == 0, result.output
@@ -108,6 +107,7 @@ def _export_onnx(path):
                       output_names=["output"], dynamo=True, external_data=False, verbose=False)
 
 
+@pytest.mark.slow  # five TensorFlow imports: about 30 s
 def test_keras_model_saved_as_keras_file(tmp_path):
     import subprocess
     import sys
@@ -120,6 +120,19 @@ def test_keras_model_saved_as_keras_file(tmp_path):
     manifest = build(tmp_path, "kmodel")
     assert manifest["reference"]["dtype"] == "float64", manifest["reference"]
     code, report = check(tmp_path, "kmodel", "--path", "tf", "--path", "tf/onnx/ort")
+    assert code == 0 and all(r["verdict"] == "pass" for r in report["results"])
+
+
+def test_jax_apply_function_with_its_params_file(tmp_path):
+    from tests import usermodels
+
+    usermodels.save_jax_params(tmp_path / "params.npz")
+    init(tmp_path, "jmlp", "--jax", f"{MODELS}:jax_apply,{tmp_path / 'params.npz'}", "--input", "x=4x5")
+    assert 'taps=("dense1",)' in (tmp_path / "models" / "jmlp.py").read_text()
+    manifest = build(tmp_path, "jmlp")
+    assert manifest["reference"]["dtype"] == "float64" and set(manifest["params"]) == {
+        "dense1/kernel", "dense1/bias", "out/kernel", "out/bias"}
+    code, report = check(tmp_path, "jmlp", "--path", "jax", "--path", "jax/onnx/ort")
     assert code == 0 and all(r["verdict"] == "pass" for r in report["results"])
 
 

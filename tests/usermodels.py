@@ -136,3 +136,24 @@ def make_resnet18(num_classes: int = 10):
                 module.running_mean.uniform_(-0.1, 0.1)
                 module.running_var.uniform_(0.5, 1.5)
     return model.eval()
+
+
+def jax_apply(params, x, tap=None):
+    """A two-layer JAX MLP as a user writes it: nested params, an optional tap callback."""
+    import jax.numpy as jnp
+
+    h = x @ params["dense1"]["kernel"] + params["dense1"]["bias"]
+    if tap is not None:
+        tap("dense1", h)
+    h = jnp.tanh(h)
+    return h @ params["out"]["kernel"] + params["out"]["bias"]
+
+
+def save_jax_params(path):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    np.savez(path, **{"dense1/kernel": rng.standard_normal((5, 7)).astype(np.float32),
+                      "dense1/bias": rng.standard_normal(7).astype(np.float32),
+                      "out/kernel": rng.standard_normal((7, 3)).astype(np.float32),
+                      "out/bias": np.zeros(3, np.float32)})
