@@ -109,7 +109,7 @@ def first_result(workspace: str, model: str, path_id: str, golden_dir: str, thre
         runner.run(x)
         parts[name] = time.perf_counter() - t0
     parts["first_backward_s"] = None
-    if runner.differentiable:
+    if runner.differentiable and spec.loss is not None:  # a user model without labels has no loss
         t0 = time.perf_counter()
         runner.gradients(x, inputs["labels"])
         parts["first_backward_s"] = time.perf_counter() - t0
