@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from parity import __version__, manifest as manifest_lib
-from parity.errors import GoldenError, ParityError
+from parity.errors import GoldenError, ParityError, one_line
 from parity.safefs import owned_tempdir, replace_dir, sha256_file, sweep, write_json_atomic
 
 SCHEMA = manifest_lib.SCHEMA
@@ -190,12 +190,16 @@ def summary(manifest: dict, golden_dir: Path) -> str:
 
 def load_arrays(golden_dir: Path, name: str) -> dict[str, np.ndarray]:
     """One ``.npz`` as a dict (``allow_pickle=False``), unchecked: golden arrays go through ``load``."""
-    path = Path(golden_dir) / name
+    return read_npz(Path(golden_dir) / name)
+
+
+def read_npz(path: Path, error_type=GoldenError, what: str = "golden file") -> dict[str, np.ndarray]:
+    """Every array of an ``.npz``, never unpickled; any problem raises ``error_type`` naming the file."""
     try:
         with np.load(path, allow_pickle=False) as data:
             return {key: data[key] for key in data.files}
     except Exception as error:  # noqa: BLE001 - zipfile, numpy and OS errors alike: the file is unusable
-        raise GoldenError(f"{path}: unreadable golden file ({type(error).__name__}: {error})") from None
+        raise error_type(f"{path}: unreadable {what} ({one_line(f'{type(error).__name__}: {error}', 300)})") from None
 
 
 def _describe_arrays(path: Path) -> dict:
@@ -203,7 +207,7 @@ def _describe_arrays(path: Path) -> dict:
         return {key: {"shape": list(data[key].shape), "dtype": str(data[key].dtype)} for key in data.files}
 
 
-def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
     with open(path, "wb") as f:
         np.savez(f, **arrays)
 
@@ -232,9 +236,9 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
     scratch = new_scratch(workspace, spec)
     try:
         split = digits_split(spec.input.shape)
-        _save_npz(scratch / "train.npz", {"x": split.train_x, "y": split.train_y})
-        _save_npz(scratch / "eval.npz", {"x": split.eval_x.astype(np.float32), "y": split.eval_y})
-        _save_npz(scratch / "inputs.npz", {"x": split.eval_x[:spec.batch_size].astype(np.float32),
+        save_npz(scratch / "train.npz", {"x": split.train_x, "y": split.train_y})
+        save_npz(scratch / "eval.npz", {"x": split.eval_x.astype(np.float32), "y": split.eval_y})
+        save_npz(scratch / "inputs.npz", {"x": split.eval_x[:spec.batch_size].astype(np.float32),
                                            "labels": split.eval_y[:spec.batch_size]})
         progress(f"{spec.name}: training ({spec.training.epochs} epochs, torch, seed {spec.training.seed})")
         train_info = pool.call("torch", "parity.tasks:train_weights", workspace=str(workspace.root), model=spec.name,
@@ -249,8 +253,8 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
             references[framework] = load_arrays(scratch, out_file.name)
         agreement = _cross_framework_agreement(spec, references)
         reference = references[spec.frameworks[0]]
-        _save_npz(scratch / "reference.npz", {k: v for k, v in reference.items() if not k.startswith("grad/")})
-        _save_npz(scratch / "gradients.npz", {k[len("grad/"):]: v for k, v in reference.items() if k.startswith("grad/")})
+        save_npz(scratch / "reference.npz", {k: v for k, v in reference.items() if not k.startswith("grad/")})
+        save_npz(scratch / "gradients.npz", {k[len("grad/"):]: v for k, v in reference.items() if k.startswith("grad/")})
 
         from parity.metrics import task_metrics
 

@@ -212,8 +212,8 @@ class ModelSpec:
         """The source ONNX file, relative paths taken from the workspace (the folder above ``models/``)."""
         if self.onnx_model is None:
             return None
-        path = Path(self.onnx_model)
-        return path if path.is_absolute() or self.source_file is None else Path(self.source_file).parent.parent / path
+        root = Path(self.source_file).parent.parent if self.source_file else Path()
+        return root / self.onnx_model  # an absolute path stays as it is
 
     @property
     def timed_batch_sizes(self) -> tuple[int, ...]:

@@ -51,8 +51,7 @@ def train_weights(workspace: str, model: str, train_file: str, eval_file: str, o
             optimizer.step()
     module.eval()
     weights = canonical_state(spec, module)
-    with open(out_file, "wb") as f:
-        np.savez(f, **weights)
+    golden.save_npz(Path(out_file), weights)
     with torch.no_grad():
         train_accuracy = float((module(x).argmax(-1) == y).float().mean())
     return {"final_loss": float(loss), "train_accuracy": train_accuracy}
@@ -66,20 +65,31 @@ def fp64_reference(workspace: str, model: str, framework: str, scratch: str, out
     """Outputs, taps, eval logits and gradients of one framework's definition in float64."""
     spec = Workspace(workspace).load_spec(model)
     scratch = Path(scratch)
-    weights = golden.load_arrays(scratch, "weights.npz")
-    inputs = golden.load_arrays(scratch, "inputs.npz")
-    eval_x = golden.load_arrays(scratch, "eval.npz")["x"].astype(np.float64)
-    x = inputs["x"].astype(np.float64)
-    source = _source(framework, spec, {k: v.astype(np.float64) for k, v in weights.items()}, "float64")
+    arrays = reference_arrays(spec, framework, golden.load_arrays(scratch, "weights.npz"),
+                              golden.load_arrays(scratch, "inputs.npz"), golden.load_arrays(scratch, "eval.npz")["x"],
+                              "float64")
+    golden.save_npz(Path(out_file), arrays)
+
+
+def reference_arrays(spec, framework: str, weights: dict, inputs: dict, eval_x: np.ndarray, dtype: str) -> dict:
+    """A native source's outputs, taps, eval outputs (``eval/logits``) and, with a loss, gradients (``grad/…``),
+    all computed in ``dtype``; a definition that returns another dtype anywhere raises ``TypeError``."""
+
+    def cast(x):
+        return x if x.dtype.kind in "iu" else x.astype(dtype)  # token ids stay integers
+
+    source = _source(framework, spec, {k: v.astype(dtype) for k, v in weights.items()}, dtype)
+    x = cast(inputs["x"])
     arrays = dict(source.run(x))
-    arrays.update({f"tap/{name}": v for name, v in source.taps(x).items()})
-    arrays["eval/logits"] = run_batched(source, eval_x, spec.batch_size)[spec.outputs[0]]
-    arrays.update({f"grad/{name}": v for name, v in source.gradients(x, inputs["labels"]).items()})
+    if spec.taps:
+        arrays.update({f"tap/{name}": v for name, v in source.taps(x).items()})
+    arrays["eval/logits"] = run_batched(source, cast(eval_x), spec.batch_size)[spec.outputs[0]]
+    if spec.loss is not None:
+        arrays.update({f"grad/{name}": v for name, v in source.gradients(x, inputs["labels"]).items()})
     for key, value in arrays.items():
-        if value.dtype != np.float64:
-            raise TypeError(f"{framework} returned {value.dtype} for {key} in a float64 run")
-    with open(out_file, "wb") as f:
-        np.savez(f, **arrays)
+        if value.dtype != np.dtype(dtype):
+            raise TypeError(f"{framework} returned {value.dtype} for {key} in a {dtype} run")
+    return arrays
 
 
 def export_step(workspace: str, model: str, target: str, golden_dir: str, opset: int, out_dir: str,

@@ -37,7 +37,9 @@ def assert_parity(make_model, inputs, paths=("torch/onnx/ort",), atol: float = 1
     ``parity.result/2`` dict) when every path passes.
     """
     from parity import golden, orchestrate, scaffold
+    from parity.cache import cache_root
     from parity.report import diagnosis, terminal
+    from parity.worker import WorkerPool
     from parity.workspace import Workspace
 
     paths = [paths] if isinstance(paths, str) else list(paths)
@@ -49,17 +51,13 @@ def assert_parity(make_model, inputs, paths=("torch/onnx/ort",), atol: float = 1
     root = Path(tempfile.mkdtemp(prefix="parity-assert-"))
     try:
         data = {"x": x} if labels is None else {"x": x, "labels": np.asarray(labels, dtype=np.int64)}
-        with open(root / "inputs.npz", "wb") as f:
-            np.savez(f, **data)
+        golden.save_npz(root / "inputs.npz", data)
         request = scaffold.Request(
             name="model_under_test", kind=kind, reference=_reference(make_model, kind), input_name=name,
             input_shape=tuple(x.shape), input_dtype=str(x.dtype) if x.dtype.kind in "iu" else "float32",
             inputs_file="inputs.npz", tolerance=(atol, rtol), builder=SOURCES.get(kind))
         scaffold.init(root, request, force=False, threads=threads, timeout_s=timeout_s)
         workspace = Workspace(root)
-        from parity.cache import cache_root
-        from parity.worker import WorkerPool
-
         with WorkerPool(threads, cache_root() / "logs", timeout_s) as pool:
             golden.build(workspace, workspace.load_spec(request.name), pool)
         report = orchestrate.check(workspace, [request.name], orchestrate.Options(

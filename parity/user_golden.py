@@ -19,7 +19,6 @@ import numpy as np
 from parity import golden, usermodel
 from parity.errors import ParityError
 from parity.safefs import sha256_file
-from parity.spec import ParamSpec
 from parity.user_tasks import read_npz
 from parity.usermodel import InputData
 
@@ -39,10 +38,10 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
         params = pool.call(framework, "parity.user_tasks:read_weights", workspace=str(workspace.root), model=spec.name,
                            out_file=str(scratch / "weights.npz"))
         shapes = {k: list(v.shape) for k, v in golden.load_arrays(scratch, "weights.npz").items()}
-        spec.params = {k: ParamSpec(tuple(shapes[k]), "tensor", p["trainable"]) for k, p in params.items()}
+        spec.params = usermodel.native_params(shapes, params)
         progress(f"{spec.name}: float64 reference in {framework}")
         info = pool.call(framework, "parity.user_tasks:reference", workspace=str(workspace.root), model=spec.name,
-                         scratch=str(scratch), params={k: (shapes[k], p) for k, p in params.items()},
+                         scratch=str(scratch), shapes=shapes, params=params,
                          out_file=str(scratch / "reference-source.npz"))
         reference = golden.load_arrays(scratch, "reference-source.npz")
         given_vs_reference = None
@@ -50,8 +49,8 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
             given_vs_reference = _replace_outputs(spec, reference, given)
         factor = 1.0 if info["dtype"] == "float64" and given is None else FLOAT32_TOLERANCE_FACTOR
         usermodel.widen_tolerances(spec, factor)
-        golden._save_npz(scratch / "reference.npz", {k: v for k, v in reference.items() if not k.startswith("grad/")})
-        golden._save_npz(scratch / "gradients.npz", {k[5:]: v for k, v in reference.items() if k.startswith("grad/")})
+        golden.save_npz(scratch / "reference.npz", {k: v for k, v in reference.items() if not k.startswith("grad/")})
+        golden.save_npz(scratch / "gradients.npz", {k[5:]: v for k, v in reference.items() if k.startswith("grad/")})
         eval_data = golden.load_arrays(scratch, "eval.npz")
         fields = {
             "reference_framework": framework,
@@ -85,7 +84,7 @@ def _prepare_inputs(workspace, spec, data: InputData, pool, scratch: Path) -> di
         if any(k.startswith("output/") for k in arrays):
             given = {"from": data.describe(), **arrays}
     elif data.file:
-        arrays = read_npz(_path(workspace, data.file))
+        arrays = read_npz(workspace.root / data.file)
         key = spec.input.name if spec.input.name in arrays else "x"
         if key not in arrays:
             raise ParityError(f"{data.file} has no array {spec.input.name!r} or 'x' (it has {', '.join(arrays) or 'none'})")
@@ -111,14 +110,9 @@ def _prepare_inputs(workspace, spec, data: InputData, pool, scratch: Path) -> di
         if len(eval_y) != len(eval_x):
             raise ParityError(f"{data.describe()}: {len(eval_y)} labels for {len(eval_x)} eval samples")
         evals["y"] = np.asarray(eval_y, dtype=np.int64)
-    golden._save_npz(scratch / "inputs.npz", inputs)
-    golden._save_npz(scratch / "eval.npz", evals)
+    golden.save_npz(scratch / "inputs.npz", inputs)
+    golden.save_npz(scratch / "eval.npz", evals)
     return given
-
-
-def _path(workspace, name: str) -> Path:
-    path = Path(name)
-    return path if path.is_absolute() else workspace.root / path
 
 
 def _random(spec, data: InputData) -> np.ndarray:

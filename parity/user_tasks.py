@@ -11,7 +11,8 @@ import numpy as np
 
 from parity import golden
 from parity.errors import one_line
-from parity.usermodel import UserModelError, jax_function, keras_file, torch_factory
+from parity.tasks import reference_arrays
+from parity.usermodel import UserModelError, jax_function, keras_file, native_params, torch_factory
 from parity.workspace import Workspace
 
 SKIPPED_TORCH_STATE = ("num_batches_tracked",)
@@ -113,11 +114,7 @@ def _inspect_onnx(reference, root, given: dict):
 
 def read_npz(path: Path) -> dict[str, np.ndarray]:
     """A user's ``.npz`` (never unpickled); any problem is one line naming the file."""
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            return {key: data[key] for key in data.files}
-    except Exception as error:  # noqa: BLE001 - zipfile, numpy (object arrays refused) and OS errors alike
-        raise UserModelError(f"{path}: unreadable .npz ({one_line(f'{type(error).__name__}: {error}', 200)})") from None
+    return golden.read_npz(path, UserModelError, ".npz")
 
 
 def read_weights(workspace: str, model: str, out_file: str) -> dict:
@@ -127,8 +124,7 @@ def read_weights(workspace: str, model: str, out_file: str) -> dict:
     framework = spec.frameworks[0]
     weights, trainable = {"torch": _torch_weights, "tf": _keras_weights, "jax": _jax_weights,
                           "onnx": lambda _spec: ({}, set())}[framework](spec)
-    with open(out_file, "wb") as f:
-        np.savez(f, **{k: np.asarray(v, dtype=np.float32) for k, v in weights.items()})
+    golden.save_npz(Path(out_file), {k: np.asarray(v, dtype=np.float32) for k, v in weights.items()})
     return {name: {"trainable": name in trainable} for name in weights}
 
 
@@ -155,56 +151,37 @@ def _jax_weights(spec):
     return floating, set(floating)
 
 
-def reference(workspace: str, model: str, scratch: str, params: dict, out_file: str) -> dict:
+def reference(workspace: str, model: str, scratch: str, shapes: dict, params: dict, out_file: str) -> dict:
     """Outputs, taps, eval outputs and (with a loss) gradients in float64 where the model runs in float64,
     else in float32 with the reason; arrays are stored as float64 either way."""
-    from parity.spec import ParamSpec
-
     spec = Workspace(workspace).load_spec(model, attach_golden=False)
-    spec.params = {name: ParamSpec(tuple(shape), "tensor", p["trainable"]) for name, (shape, p) in params.items()}
+    spec.params = native_params(shapes, params)
     scratch = Path(scratch)
     weights = golden.load_arrays(scratch, "weights.npz")
     inputs = golden.load_arrays(scratch, "inputs.npz")
     eval_x = golden.load_arrays(scratch, "eval.npz")["x"]
-    compute = _onnx_reference if spec.frameworks[0] == "onnx" else _source_reference
+    framework = spec.frameworks[0]
+
+    def compute(*args):
+        return _onnx_reference(spec, *args) if framework == "onnx" else reference_arrays(spec, framework, *args)
+
     reason = None
     try:
-        arrays = compute(spec, weights, inputs, eval_x, "float64")
+        arrays = compute(weights, inputs, eval_x, "float64")
         dtype = "float64"
     except Exception as error:  # noqa: BLE001 - any float64 failure falls back to float32, with the reason
         reason = f"the model does not run in float64 ({one_line(f'{type(error).__name__}: {error}', 300)})"
-        arrays = compute(spec, weights, inputs, eval_x, "float32")
+        arrays = compute(weights, inputs, eval_x, "float32")
         dtype = "float32"
-    with open(out_file, "wb") as f:
-        np.savez(f, **{k: np.asarray(v, dtype=np.float64) for k, v in arrays.items()})
+    golden.save_npz(Path(out_file), {k: np.asarray(v, dtype=np.float64) for k, v in arrays.items()})
     return {"dtype": dtype, "reason": reason}
-
-
-def _source_reference(spec, weights, inputs, eval_x, dtype: str) -> dict:
-    from parity.tasks import _source, run_batched
-
-    def cast(x):
-        return x if x.dtype.kind in "iu" else x.astype(dtype)
-
-    source = _source(spec.frameworks[0], spec, {k: v.astype(dtype) for k, v in weights.items()}, dtype)
-    x = cast(inputs["x"])
-    arrays = dict(source.run(x))
-    if spec.taps:
-        arrays.update({f"tap/{name}": v for name, v in source.taps(x).items()})
-    arrays["eval/logits"] = run_batched(source, cast(eval_x), spec.batch_size)[spec.outputs[0]]
-    if spec.loss is not None:
-        arrays.update({f"grad/{name}": v for name, v in source.gradients(x, inputs["labels"]).items()})
-    wrong = [f"{key} ({value.dtype})" for key, value in arrays.items() if value.dtype != np.dtype(dtype)]
-    if wrong:
-        raise TypeError(f"a {dtype} run returned {', '.join(wrong[:3])}")
-    return arrays
 
 
 def _onnx_reference(spec, _weights, inputs, eval_x, dtype: str) -> dict:
     from parity import onnx_source
     from parity.tasks import run_batched
 
-    model = onnx_source.load_checked(Path(spec.onnx_model_path))
+    model = onnx_source.load_checked(spec.onnx_model_path)
     input_name = model.graph.input[0].name
 
     class Evaluator:
@@ -262,5 +239,4 @@ def given_data(workspace: str, model: str, out_file: str) -> None:
             result.update({f"output/{i}": np.concatenate([o[i] for o in outputs]) for i in range(len(outputs[0]))})
     except ValueError as error:
         raise UserModelError(f"{data.describe()}: the sets do not stack along the batch axis ({error})") from None
-    with open(out_file, "wb") as f:
-        np.savez(f, **result)
+    golden.save_npz(Path(out_file), result)

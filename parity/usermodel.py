@@ -85,7 +85,7 @@ def resolve(reference: str, root: str | Path):
     root = Path(root)
     try:
         if module_part.endswith(".py"):
-            path = Path(module_part) if Path(module_part).is_absolute() else root / module_part
+            path = root / module_part  # an absolute path stays as it is
             if not path.is_file():
                 raise UserModelError(f"{reference}: no file {path}")
             name = f"parity_user_{abs(hash(str(path.resolve())))}_{path.stem}"
@@ -138,7 +138,7 @@ def keras_file(path: str, root: str | Path):
     def keras_model(dtype: str):
         import keras
 
-        file = Path(path) if Path(path).is_absolute() else Path(root) / path
+        file = Path(root) / path
         try:
             model = keras.models.load_model(file, compile=False)
         except Exception as error:  # noqa: BLE001 - any loader failure is the file's problem
@@ -199,7 +199,7 @@ def jax_function(reference: str, params_file: str, root: str | Path):
             return function(nested, x, tap=tap)
         return function(nested, x)
 
-    jax_apply.params_path = Path(params_file) if Path(params_file).is_absolute() else Path(root) / params_file
+    jax_apply.params_path = Path(root) / params_file
     return jax_apply
 
 
@@ -223,7 +223,6 @@ def attach_golden(spec, golden_dir: Path) -> None:
     """
     from parity import manifest as manifest_lib
     from parity.errors import GoldenError
-    from parity.spec import ParamSpec
 
     path = Path(golden_dir) / "manifest.json"
     if not path.is_file():
@@ -233,10 +232,17 @@ def attach_golden(spec, golden_dir: Path) -> None:
     except GoldenError:
         return
     arrays = manifest["files"]["weights.npz"]["arrays"]
-    trainable = manifest.get("params", {})
-    spec.params = {name: ParamSpec(tuple(a["shape"]), "tensor", trainable.get(name, {}).get("trainable", False))
-                   for name, a in arrays.items()}
+    spec.params = native_params({name: a["shape"] for name, a in arrays.items()}, manifest.get("params", {}))
     widen_tolerances(spec, manifest.get("reference", {}).get("tolerance_factor", 1))
+
+
+def native_params(shapes: dict, params: dict) -> dict:
+    """The parameter table of a user model: framework names, shapes as read, no layout conversion
+    (``tensor``), trainable as ``params`` (``{name: {"trainable": bool}}``, as the manifest records) says."""
+    from parity.spec import ParamSpec
+
+    return {name: ParamSpec(tuple(shape), "tensor", params.get(name, {}).get("trainable", False))
+            for name, shape in shapes.items()}
 
 
 def widen_tolerances(spec, factor: float) -> None:
