@@ -45,3 +45,8 @@ class WeightsMismatch(ParityError):
 
 class NotDifferentiable(ParityError):
     """Gradients were asked of a path that cannot differentiate."""
+
+
+class Unavailable(ParityError):
+    """A path that cannot run here: no such device, a CPU-only build, a precision the runtime cannot do.
+    Becomes a ``skip`` with the message as its reason, never an error."""

@@ -27,6 +27,9 @@ class ExportJob:
     parent_dir: Path | None = None
     parent_meta: dict | None = None
     golden_manifest: dict | None = None
+    device: str = "cpu"  # steps that build for a device (a TensorRT engine) read these two
+    precision: str = "fp32"
+    inputs: np.ndarray | None = None  # the golden input batch, canonical layout (a TensorRT build is checked on it)
 
 
 def onnx_meta(spec, input_name: str, output_names: list[str], input_layout: str) -> dict:

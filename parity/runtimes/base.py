@@ -21,9 +21,12 @@ class Runner:
 
     differentiable = False
 
-    def __init__(self, spec, batch_size: int, dtype: str = "float32"):
+    def __init__(self, spec, batch_size: int, dtype: str = "float32", device: str = "cpu", precision: str = "fp32"):
         self.spec = spec
-        self.dtype = dtype
+        self.dtype = dtype  # the host dtype of feeds (float32, or float64 for a reference); see ``precision``
+        self.device = device  # "cpu" or "cuda:N" (inside a worker the chosen GPU is CUDA device 0)
+        self.precision = precision
+        self.numerics: dict = {}  # every flag that changes numerics, as the runner set it (in the result)
         self.expected_shape = (batch_size, *spec.input.shape)
 
     def check_feed(self, x: np.ndarray) -> np.ndarray:
@@ -69,6 +72,16 @@ class Runner:
         """Canonical names of the parameters ``train_step`` updates (what the optimizer is given):
         every trainable parameter. Read once, when a runner builds its step."""
         return list(self.spec.trainable_params)
+
+    def device_compute(self, x: np.ndarray):
+        """On a GPU: a zero-argument function that runs the model once on ``x`` already on the device and
+        returns when the device has finished (no host copies): what GPU compute time is measured on.
+        None where the runner has no device-resident form (CPU runners, the host-only reference)."""
+        return None
+
+    def device_memory_peak_mb(self) -> float | None:
+        """Peak device memory this runner's allocator has held, in MiB, where it can tell (else None)."""
+        return None
 
     def run_impl(self, x: np.ndarray) -> tuple[np.ndarray, ...]:
         raise NotImplementedError

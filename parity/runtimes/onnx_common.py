@@ -11,8 +11,9 @@ from parity.runtimes.base import Runner
 class OnnxRunner(Runner):
     """Base for runtimes that execute an ONNX file produced by an exporter."""
 
-    def __init__(self, spec, artifact_dir: Path, meta: dict, batch_size: int, threads: int):
-        super().__init__(spec, batch_size, "float32")
+    def __init__(self, spec, artifact_dir: Path, meta: dict, batch_size: int, threads: int, device: str = "cpu",
+                 precision: str = "fp32"):
+        super().__init__(spec, batch_size, "float32", device, precision)
         self.model_path = str(Path(artifact_dir) / meta["file"])
         self.input_name = meta["input_name"]
         self.output_names = meta["output_names"]
