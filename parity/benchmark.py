@@ -52,7 +52,8 @@ def bench(run, pool, pending, options: BenchOptions) -> None:
     for spec, manifest, path, result in sorted(passing, key=lambda item: item[2].runtime.group):
         run.progress(f"{spec.name}: time {path.id}")
         common = {"workspace": str(run.workspace.root), "model": spec.name, "path_id": path.id,
-                  "golden_dir": str(run.workspace.golden_dir(spec.name)), "threads": run.options.threads}
+                  "golden_dir": str(run.workspace.golden_dir(spec.name)), "threads": run.options.threads,
+                  "device": path.device}
         timing = {"export": "static batch per exported artifact" if path.exports else None, "batches": {}}
         for batch in options.batch_sizes or spec.timed_batch_sizes:
             artifact = artifacts[(spec.name, path.id, batch)]
@@ -73,7 +74,8 @@ def bench(run, pool, pending, options: BenchOptions) -> None:
                                          **artifact_kw, **common)
         timing["first_result"] = None
         if options.first_result:
-            first = _call(pool, path.runtime.group, "parity.timing:first_result", fresh=True, **artifact_kw, **common)
+            first = _call(pool, path.runtime.group, "parity.timing:first_result", fresh=True, precision=path.precision,
+                          **artifact_kw, **common)
             if own is not None and "verdict" not in first:
                 first["export_s"] = own["meta"].get("export_s")
                 first["export_cached"] = bool(own.get("cached"))

@@ -16,8 +16,7 @@ import click
 
 from parity.errors import ParityError, UsageError
 
-PRECISION_CHOICES = ("fp32",)
-DEVICE_CHOICES = ("cpu",)
+PRECISION_CHOICES = ("fp32", "tf32", "fp16", "bf16")
 
 
 def _fail(message: str, code: int = 2):
@@ -87,8 +86,10 @@ def check_options(func):
         workspace_option,
         model_option,
         click.option("--path", "-p", "patterns", multiple=True, help="Glob on the path id, e.g. 'torch/*' (repeatable)."),
-        click.option("--device", type=click.Choice(DEVICE_CHOICES), default="cpu", show_default=True),
-        click.option("--precision", type=click.Choice(PRECISION_CHOICES), default="fp32", show_default=True),
+        click.option("--device", default="cpu", show_default=True, metavar="cpu|cuda|cuda:N",
+                     help="Where every path runs; a path that cannot run there is a skip with the reason."),
+        click.option("--precision", type=click.Choice(PRECISION_CHOICES), default="fp32", show_default=True,
+                     help="fp32 (TF32 off), tf32 (GPU), fp16, bf16; checked against the float64 golden."),
         click.option("--json", "json_file", type=click.Path(dir_okay=False, allow_dash=True), default=None,
                      help="Write the result JSON here ('-': to stdout, instead of the tables)."),
         click.option("--threads", type=click.IntRange(1), default=default_threads(), show_default=True,
@@ -136,6 +137,9 @@ def _check_or_run(models, patterns, device, precision, json_file, threads, timeo
         check_writable(json_file, "--json")
     if report_dir:
         check_writable(str(Path(report_dir) / "index.html"), "--report")
+    from parity.precision import parse_device
+
+    device = parse_device(device)
     ws = _workspace(workspace)
     names = ws.select(models)
     options = orchestrate.Options(threads=threads, patterns=patterns, precision=precision, device=device,

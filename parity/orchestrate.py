@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from parity import __version__, golden, paths
+from parity import __version__, devices, golden, paths
+from parity import precision as precision_lib
 from parity.cache import ExportCache, cache_root, content_key
 from parity.env import environment
 from parity.errors import SpecError, UsageError, one_line
@@ -29,8 +30,8 @@ class Options:
 
     threads: int
     patterns: tuple[str, ...] = ()
-    precision: str = "fp32"
-    device: str = "cpu"
+    precision: str = "fp32"  # one of parity.precision.PRECISIONS
+    device: str = "cpu"  # "cpu" or "cuda:N" (parity.precision.parse_device)
     timeout_s: float = 300.0
     use_cache: bool = True
     timing: object | None = None  # BenchOptions
@@ -104,13 +105,20 @@ class Run:
                                  f"{available} samples (each batch size is checked against them before it is timed)")
 
     def _chain_key(self, spec, manifest, path: paths.PathDef, depth: int, batch_size: int | None = None) -> str:
-        steps = [{"name": s.name, "target": s.target, "versions": {p: _package_version(p) for p in s.packages}}
-                 for s in path.exports[: depth + 1]]
+        """The cache key of the artifact after export step ``depth``: the model, its weights, every step's code
+        and package versions, and what the steps are keyed on (precision; for a TensorRT engine the TensorRT
+        version, GPU name and compute capability, so an engine for another GPU is never reused)."""
+        steps = path.exports[: depth + 1]
+        keyed_on = {k for s in steps for k in s.keyed_on}
         return content_key({
             "parity": __version__, "model": spec.name, "source": path.source,
             "model_file_sha256": sha256_file(Path(spec.source_file)),
             "weights_sha256": manifest["files"]["weights.npz"]["sha256"], "source_sha256": manifest.get("source_sha256"),
-            "steps": steps, "opset": spec.opset, "batch_size": batch_size or spec.batch_size, "precision": path.precision,
+            "steps": [{"name": s.name, "target": s.target, "versions": {p: _package_version(p) for p in s.packages}}
+                      for s in steps],
+            "opset": spec.opset, "batch_size": batch_size or spec.batch_size,
+            "precision": path.precision if "precision" in keyed_on else None,
+            "device": devices.engine_identity(path.device) if "device" in keyed_on else None,
         })
 
     def _export(self, pool, spec, manifest, path, depth, batch_size: int | None = None) -> dict:
@@ -137,13 +145,14 @@ class Run:
         if hit is not None:
             return {"error": hit.error, "cached": True} if hit.error else {"dir": str(hit.dir), "meta": hit.meta, "cached": True}
         at = f", batch {batch_size}" if batch_size and batch_size != spec.batch_size else ""
-        self.progress(f"{spec.name}: export {'/'.join(path.stages[: depth + 2])} ({step.name}{at})")
+        self.progress(f"{spec.name}: export {path.id} ({step.name}{at})")
         staging = self.cache.staging_dir()
         try:
             meta = pool.call(step.group, "parity.tasks:export_step", workspace=str(self.workspace.root),
                              model=spec.name, target=step.target, golden_dir=str(self.workspace.golden_dir(spec.name)),
                              opset=spec.opset, out_dir=str(staging), parent_dir=parent and parent["dir"],
-                             parent_meta=parent and parent["meta"], batch_size=batch_size)
+                             parent_meta=parent and parent["meta"], batch_size=batch_size, device=path.device,
+                             precision=path.precision)
         except TaskFailed as error:
             shutil.rmtree(staging, ignore_errors=True)
             reason = str(error)
@@ -165,7 +174,8 @@ class Run:
             else:
                 pending.append((spec, manifest, path, result))
         try:
-            with WorkerPool(self.options.threads, cache_root() / "logs", self.options.timeout_s) as pool:
+            env = precision_lib.worker_environment(self.options.device, self.options.precision)
+            with WorkerPool(self.options.threads, cache_root() / "logs", self.options.timeout_s, env) as pool:
                 # exports, shallow first and grouped by worker so each framework starts once per depth
                 for depth in range(max((len(p.exports) for _, _, p, _ in pending), default=0)):
                     todo = [item for item in pending if len(item[2].exports) > depth]
@@ -205,7 +215,7 @@ class Run:
                 threads=self.options.threads, artifact_dir=artifact and artifact["dir"],
                 artifact_meta=artifact and artifact["meta"],
                 export_s=0.0 if artifact is None or artifact["cached"] else artifact["meta"].get("export_s", 0.0),
-                weight_perturbation=self.options.weight_perturbation.get((spec.name, path.id)),
+                weight_perturbation=self.options.weight_perturbation.get((spec.name, path.id)), device=path.device,
             )
         except TaskFailed as error:
             result.update(verdict="error", reason=f"{path.runtime.name}: {error}")

@@ -15,20 +15,39 @@ from dataclasses import dataclass
 from parity.errors import UsageError
 
 
+ALL = ("fp32", "tf32", "fp16", "bf16")
+NOT_ON_CPU = "TF32 is a tensor-core mode of NVIDIA GPUs (Ampere or newer); run it with --device cuda"
+
+
 @dataclass(frozen=True)
 class Step:
-    """One export or runtime step: where it runs and which packages it needs."""
+    """One export or runtime step: where it runs, which packages it needs, on which devices and at which
+    precisions. ``targets`` maps a device kind (``cpu``, ``cuda``) to the ``module:attribute`` called in
+    the worker; a step runs on the devices it names. ``precisions`` are those it can do at all; ``why_not``
+    says why it cannot do the others. ``keyed_on`` names what besides its inputs its artifact depends on
+    (``precision``, ``device``), so the export cache keys it on that too."""
 
     name: str
     group: str
-    target: str  # "module:attribute" called in the worker
+    targets: dict
     packages: tuple[str, ...]
     differentiable: bool = False
+    precisions: tuple[str, ...] = ALL
+    why_not: str = ""
+    keyed_on: tuple[str, ...] = ()
+    cuda_packages: tuple[str, ...] = ()  # needed on a GPU only
+    note: str = ""  # shown by `parity paths`
+
+    @property
+    def target(self) -> str:
+        return next(iter(self.targets.values()))
 
 
 @dataclass(frozen=True)
 class PathDef:
-    """A path: a source, its export chain, and the runtime that runs the final artifact."""
+    """A path: a source, its export chain, and the runtime that runs the final artifact, on a device at a
+    precision. The id names the chain only (``torch/onnx/ort``); device and precision are separate fields.
+    A reduced-precision ONNX path has one more export step than its id shows: the float16 conversion."""
 
     id: str
     source: str
@@ -42,15 +61,29 @@ class PathDef:
         return self.id.split("/")
 
     @property
+    def device_kind(self) -> str:
+        return self.device.partition(":")[0]
+
+    @property
+    def runtime_target(self) -> str:
+        return self.runtime.targets[self.device_kind]
+
+    @property
     def packages(self) -> tuple[str, ...]:
         names = [*SOURCE_PACKAGES[self.source]]
         for step in (*self.exports, self.runtime):
-            names.extend(p for p in step.packages if p not in names)
+            extra = step.cuda_packages if self.device_kind == "cuda" else ()
+            names.extend(p for p in (*step.packages, *extra) if p not in names)
         return tuple(names)
 
     @property
     def differentiable(self) -> bool:
         return self.runtime.differentiable
+
+    @property
+    def label(self) -> str:
+        """The id with its device and precision, e.g. ``torch/onnx/ort [cuda:0 fp16]``."""
+        return f"{self.id} [{self.device} {self.precision}]"
 
     @property
     def definition(self) -> str:
@@ -67,43 +100,105 @@ class PathDef:
 # package name as imported -> distribution to install
 INSTALL_NAMES = {"tensorflow": "tensorflow-cpu", "jax": "jax", "torch": "torch", "onnx": "onnx",
                  "onnxruntime": "onnxruntime", "onnxscript": "onnxscript", "tf2onnx": "tf2onnx",
-                 "jax2onnx": "jax2onnx", "keras": "keras"}
+                 "jax2onnx": "jax2onnx", "keras": "keras", "onnxconverter_common": "onnxconverter-common",
+                 "tensorrt": "tensorrt (from NVIDIA's index)", "cuda": "cuda-python"}
+GPU_INSTALL_NAMES = {"tensorflow": "tensorflow[and-cuda]", "onnxruntime": "onnxruntime-gpu", "jax": "jax[cuda12]"}
 SOURCE_PACKAGES = {"torch": ("torch",), "tf": ("tensorflow", "keras"), "jax": ("jax",), "onnx": ("onnx",)}
+
+def _on(cpu: str | None, cuda: str | None) -> dict:
+    return {kind: target for kind, target in (("cpu", cpu), ("cuda", cuda)) if target}
+
+
+def _native(name: str, group: str, target: str, packages) -> Step:
+    return Step(name, group, _on(target, target), packages, differentiable=True)
+
 
 # native runtimes: the source framework runs its own model
 NATIVE = {
-    "torch": Step("torch", "torch", "parity.sources.torch:TorchSource", ("torch",), differentiable=True),
-    "tf": Step("tf", "tf", "parity.sources.tf:KerasSource", ("tensorflow", "keras"), differentiable=True),
-    "jax": Step("jax", "jax", "parity.sources.jax:JaxSource", ("jax",), differentiable=True),
+    "torch": _native("torch", "torch", "parity.sources.torch:TorchSource", ("torch",)),
+    "tf": _native("tf", "tf", "parity.sources.tf:KerasSource", ("tensorflow", "keras")),
+    "jax": _native("jax", "jax", "parity.sources.jax:JaxSource", ("jax",)),
 }
-TORCH_ONNX = Step("torch.onnx", "torch", "parity.exporters.torch_onnx:export", ("torch", "onnx", "onnxscript"))
-TF2ONNX = Step("tf2onnx", "tf", "parity.exporters.tf_onnx:export_keras", ("tensorflow", "tf2onnx", "onnx"))
-JAX2ONNX = Step("jax2onnx", "jax", "parity.exporters.jax_onnx:export", ("jax", "jax2onnx", "onnx"))
-JAX2TF = Step("jax2tf", "jax+tf", "parity.exporters.jax_tf:export", ("jax", "tensorflow"))
-SAVEDMODEL2ONNX = Step("tf2onnx", "tf", "parity.exporters.tf_onnx:export_saved_model", ("tensorflow", "tf2onnx", "onnx"))
-ONNX_FILE = Step("onnx file", "onnx", "parity.exporters.onnx_file:export", ("onnx",))
-ORT = Step("ort", "onnx", "parity.runtimes.ort:OrtRunner", ("onnxruntime",))
-ORT_NOOPT = Step("ort-noopt", "onnx", "parity.runtimes.ort:OrtNoOptRunner", ("onnxruntime",))
-ONNXREF = Step("onnxref", "onnx", "parity.runtimes.onnxref:OnnxRefRunner", ("onnx",))
-TF_SAVEDMODEL = Step("tf", "tf", "parity.runtimes.tf_savedmodel:SavedModelRunner", ("tensorflow",), differentiable=True)
+_ONNX_CPU = ("fp32", "fp16")
+UNVERIFIED = ("written against TensorRT's documented Python API (10/11); TensorRT cannot be installed on parity's "
+              "own development and CI machines, so this runtime is unverified there")
+_NO_ONNX_BF16 = ("no well-kept float32 -> bfloat16 ONNX converter exists and ONNX Runtime has few bfloat16 kernels; "
+                 "bf16 ONNX paths run on TensorRT (--device cuda)")
+TORCH_ONNX = Step("torch.onnx", "torch", _on("parity.exporters.torch_onnx:export", None), ("torch", "onnx", "onnxscript"))
+TF2ONNX = Step("tf2onnx", "tf", _on("parity.exporters.tf_onnx:export_keras", None), ("tensorflow", "tf2onnx", "onnx"))
+JAX2ONNX = Step("jax2onnx", "jax", _on("parity.exporters.jax_onnx:export", None), ("jax", "jax2onnx", "onnx"))
+JAX2TF = Step("jax2tf", "jax+tf", _on("parity.exporters.jax_tf:export", None), ("jax", "tensorflow"))
+SAVEDMODEL2ONNX = Step("tf2onnx", "tf", _on("parity.exporters.tf_onnx:export_saved_model", None),
+                       ("tensorflow", "tf2onnx", "onnx"))
+ONNX_FILE = Step("onnx file", "onnx", _on("parity.exporters.onnx_file:export", None), ("onnx",))
+# reduced precision of an ONNX model: float32 -> float16, ops that must stay float32 kept in float32
+ONNX_FP16 = Step("float16", "onnx", _on("parity.exporters.onnx_fp16:export", None), ("onnx", "onnxconverter_common"),
+                 keyed_on=("precision",))
+TRT_ENGINE = Step("trt build", "trt", _on(None, "parity.exporters.trt_engine:export"), ("tensorrt", "cuda", "onnx"),
+                  keyed_on=("precision", "device"), note=UNVERIFIED)
+ORT = Step("ort", "onnx", _on("parity.runtimes.ort:OrtRunner", "parity.runtimes.ort_cuda:OrtCudaRunner"),
+           ("onnxruntime",), precisions=("fp32", "tf32", "fp16"), why_not=_NO_ONNX_BF16)
+ORT_NOOPT = Step("ort-noopt", "onnx", _on("parity.runtimes.ort:OrtNoOptRunner", "parity.runtimes.ort_cuda:OrtCudaNoOptRunner"),
+                 ("onnxruntime",), precisions=("fp32", "tf32", "fp16"), why_not=_NO_ONNX_BF16)
+ORT_TRT = Step("ort-trt", "onnx", _on(None, "parity.runtimes.ort_trt:OrtTrtRunner"), ("onnxruntime",),
+               cuda_packages=("tensorrt",), note=UNVERIFIED)
+ONNXREF = Step("onnxref", "onnx", _on("parity.runtimes.onnxref:OnnxRefRunner", None), ("onnx",), precisions=_ONNX_CPU,
+               why_not="the ONNX reference evaluator runs float32 and float16 models only")
+TRT = Step("trt", "trt", _on(None, "parity.runtimes.trt:TrtRunner"), ("tensorrt", "cuda"), note=UNVERIFIED)
+TF_SAVEDMODEL = Step("tf", "tf", _on("parity.runtimes.tf_savedmodel:SavedModelRunner",
+                                     "parity.runtimes.tf_savedmodel:SavedModelRunner"), ("tensorflow",),
+                     differentiable=True, precisions=("fp32", "tf32"),
+                     why_not="the jax2tf SavedModel is exported at float32: parity runs it at fp32 (and tf32 on a GPU)")
 
-PATHS: tuple[PathDef, ...] = (
+# every chain, once; ``matrix`` puts each on the devices its runtime runs on, at every precision
+CHAINS: tuple[PathDef, ...] = (
     PathDef("torch", "torch", (), NATIVE["torch"]),
     PathDef("torch/onnx/ort", "torch", (TORCH_ONNX,), ORT),
+    PathDef("torch/onnx/ort-trt", "torch", (TORCH_ONNX,), ORT_TRT),
+    PathDef("torch/onnx/trt", "torch", (TORCH_ONNX,), TRT),
     PathDef("torch/onnx/onnxref", "torch", (TORCH_ONNX,), ONNXREF),
     PathDef("tf", "tf", (), NATIVE["tf"]),
     PathDef("tf/onnx/ort", "tf", (TF2ONNX,), ORT),
+    PathDef("tf/onnx/ort-trt", "tf", (TF2ONNX,), ORT_TRT),
+    PathDef("tf/onnx/trt", "tf", (TF2ONNX,), TRT),
     PathDef("tf/onnx/onnxref", "tf", (TF2ONNX,), ONNXREF),
     PathDef("jax", "jax", (), NATIVE["jax"]),
     PathDef("jax/onnx/ort", "jax", (JAX2ONNX,), ORT),
+    PathDef("jax/onnx/ort-trt", "jax", (JAX2ONNX,), ORT_TRT),
+    PathDef("jax/onnx/trt", "jax", (JAX2ONNX,), TRT),
     PathDef("jax/onnx/onnxref", "jax", (JAX2ONNX,), ONNXREF),
     PathDef("jax/tf", "jax", (JAX2TF,), TF_SAVEDMODEL),
     PathDef("jax/tf/onnx/ort", "jax", (JAX2TF, SAVEDMODEL2ONNX), ORT),
     # an ONNX file as the source: the file as it is, under each runtime
     PathDef("onnx/ort", "onnx", (ONNX_FILE,), ORT),
     PathDef("onnx/ort-noopt", "onnx", (ONNX_FILE,), ORT_NOOPT),
+    PathDef("onnx/ort-trt", "onnx", (ONNX_FILE,), ORT_TRT),
+    PathDef("onnx/trt", "onnx", (ONNX_FILE,), TRT),
     PathDef("onnx/onnxref", "onnx", (ONNX_FILE,), ONNXREF),
 )
+CHAIN_IDS = {chain.id: chain for chain in CHAINS}
+
+
+def variant(chain: PathDef, device: str, precision: str) -> PathDef:
+    """``chain`` on ``device`` at ``precision``: a reduced-precision ONNX runtime gets its float16 conversion,
+    native TensorRT its engine build."""
+    exports = chain.exports
+    if chain.runtime is TRT:
+        exports = (*exports, TRT_ENGINE)
+    elif precision == "fp16" and chain.runtime.group == "onnx" and chain.runtime is not ORT_TRT:
+        exports = (*exports, ONNX_FP16)
+    return PathDef(chain.id, chain.source, exports, chain.runtime, device, precision)
+
+
+def matrix(devices=("cpu", "cuda:0"), precisions=ALL) -> list[PathDef]:
+    """Every chain on every device its runtime runs on, at every precision (available or not)."""
+    return [variant(chain, device, precision)
+            for device in devices for chain in CHAINS if device.partition(":")[0] in chain.runtime.targets
+            for precision in precisions]
+
+
+# kept for callers that want the CPU float32 paths
+PATHS: tuple[PathDef, ...] = tuple(p for p in matrix(("cpu",), ("fp32",)))
 
 
 def missing_packages(path: PathDef) -> list[str]:
@@ -112,37 +207,54 @@ def missing_packages(path: PathDef) -> list[str]:
 
 
 def unavailable_reason(path: PathDef) -> str | None:
-    """Why the path cannot run here, or None. A missing framework is a skip, never an ImportError."""
+    """Why the path cannot run here, or None: missing packages, no such device, a CPU-only build, a precision
+    the runtime cannot do. A missing framework is a skip, never an ImportError."""
+    from parity import devices
+
+    reasons = []
+    if path.device_kind == "cuda":
+        found = devices.gpu(path.device)
+        if isinstance(found, str):
+            reasons.append(found)
+        elif path.precision in ("tf32", "bf16") and float(found["compute_capability"]) < 8.0:
+            reasons.append(f"{path.precision} needs compute capability 8.0 or newer ({found['name']} is "
+                           f"{found['compute_capability']})")
     missing = missing_packages(path)
     if missing:
-        installs = " ".join(INSTALL_NAMES.get(m, m) for m in missing)
-        return f"{', '.join(missing)} not installed (pip install {installs}, or parity[cpu])"
-    if path.device != "cpu":
-        return f"device {path.device} not available"
-    return None
+        names = {**INSTALL_NAMES, **(GPU_INSTALL_NAMES if path.device_kind == "cuda" else {})}
+        extra = "parity[gpu]" if path.device_kind == "cuda" else "parity[cpu]"
+        reasons.append(f"{', '.join(missing)} not installed (pip install {' '.join(names.get(m, m) for m in missing)}, "
+                       f"or {extra})")
+    if path.device_kind == "cuda":  # only the runtime runs on the GPU: exporters run on the CPU
+        reasons.extend(devices.cuda_build_problems([p for p in path.runtime.packages if p not in missing]))
+    if path.precision not in path.runtime.precisions:
+        reasons.append(f"{path.runtime.name} at {path.precision}: {path.runtime.why_not}")
+    elif path.device_kind == "cpu" and path.precision == "tf32":
+        reasons.append(NOT_ON_CPU)
+    return "; ".join(reasons) or None
 
 
-def select(patterns=(), frameworks=None, device: str | None = None, precision: str | None = None) -> list[PathDef]:
-    """Paths matching any of the glob ``patterns`` (all if none), for the given source frameworks."""
-    chosen = [
-        p for p in PATHS
-        if (frameworks is None or p.source in frameworks)
-        and (device is None or p.device == device)
-        and (precision is None or p.precision == precision)
-    ]
+def select(patterns=(), frameworks=None, device: str = "cpu", precision: str = "fp32") -> list[PathDef]:
+    """Paths on ``device`` at ``precision`` matching any of the glob ``patterns`` (all if none), for the given
+    source frameworks."""
+    every = matrix((device,), (precision,))
+    chosen = [p for p in every if frameworks is None or p.source in frameworks]
     if patterns:
         for pattern in patterns:
-            if not any(fnmatch.fnmatchcase(p.id, pattern) for p in PATHS):
-                raise UsageError(f"--path {pattern!r} matches no path; known paths: {', '.join(p.id for p in PATHS)}")
+            if not any(fnmatch.fnmatchcase(p.id, pattern) for p in every):
+                raise UsageError(f"--path {pattern!r} matches no path on {device}; known paths: "
+                                 f"{', '.join(p.id for p in every)}")
         chosen = [p for p in chosen if any(fnmatch.fnmatchcase(p.id, pat) for pat in patterns)]
     return chosen
 
 
-def by_id(path_id: str) -> PathDef:
-    for p in PATHS:
-        if p.id == path_id:
-            return p
-    raise UsageError(f"unknown path {path_id!r}; known paths: {', '.join(p.id for p in PATHS)}")
+def by_id(path_id: str, device: str = "cpu", precision: str = "fp32") -> PathDef:
+    chain = CHAIN_IDS.get(path_id)
+    if chain is None:
+        raise UsageError(f"unknown path {path_id!r}; known paths: {', '.join(CHAIN_IDS)}")
+    if device.partition(":")[0] not in chain.runtime.targets:
+        raise UsageError(f"path {path_id!r} does not run on {device} (it runs on {', '.join(chain.runtime.targets)})")
+    return variant(chain, device, precision)
 
 
 def load_target(target: str):

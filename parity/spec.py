@@ -137,6 +137,19 @@ class MetricRules:
     top_k: int = 3
 
 
+def _at_precision(declared: dict[str, Tolerances], precision: str, gradients: bool) -> Tolerances:
+    """The declared tolerances, or for a reduced precision without them the dtype's default (never tighter
+    than the declared fp32 ones)."""
+    if precision in declared:
+        return declared[precision]
+    from parity.precision import default_tolerance
+
+    fp32 = declared["fp32"]
+    atol, rtol = default_tolerance(precision, gradients)
+    widen = lambda t: Tolerance(max(t.atol, atol), max(t.rtol, rtol))  # noqa: E731
+    return Tolerances(widen(fp32.default), {name: widen(t) for name, t in fp32.overrides.items()})
+
+
 @dataclass
 class ModelSpec:
     """A reference model, written once per framework, with everything needed to check it.
@@ -226,6 +239,14 @@ class ModelSpec:
     @property
     def input_grad_name(self) -> str:
         return f"input:{self.input.name}"
+
+    def output_tolerances(self, precision: str) -> Tolerances:
+        """Output tolerances at ``precision``: declared, else derived from the dtype (``parity.precision``)."""
+        return _at_precision(self.tolerances, precision, gradients=False)
+
+    def gradient_tolerances(self, precision: str) -> Tolerances:
+        """Gradient tolerances at ``precision``: declared, else derived from the dtype (looser than outputs)."""
+        return _at_precision(self.grad_tolerances, precision, gradients=True)
 
     def layer_inputs(self, tap: str) -> tuple[str, ...]:
         """The taps (or ``"input"``) that feed ``tap``: declared, else the previous tap."""

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from parity import compare, golden, metrics, paths
+from parity.errors import Unavailable
 from parity.exporters.common import ExportJob
 from parity.workspace import Workspace
 
@@ -93,19 +94,27 @@ def reference_arrays(spec, framework: str, weights: dict, inputs: dict, eval_x: 
 
 
 def export_step(workspace: str, model: str, target: str, golden_dir: str, opset: int, out_dir: str,
-                parent_dir: str | None, parent_meta: dict | None, batch_size: int | None = None) -> dict:
-    """Run one exporter into ``out_dir`` (static batch ``batch_size``, default the spec's); return its
-    metadata plus the export time."""
+                parent_dir: str | None, parent_meta: dict | None, batch_size: int | None = None,
+                device: str = "cpu", precision: str = "fp32") -> dict:
+    """Run one exporter into ``out_dir`` (static batch ``batch_size``, default the spec's) for ``device`` and
+    ``precision`` (which only some steps read); return its metadata plus the export time."""
     spec = Workspace(workspace).load_spec(model)
     verified = golden.load(Path(golden_dir), spec)
     started = time.perf_counter()
     job = ExportJob(spec=spec, weights=verified.arrays["weights.npz"], batch_size=batch_size or spec.batch_size,
                     opset=opset, out_dir=Path(out_dir), parent_dir=Path(parent_dir) if parent_dir else None,
-                    parent_meta=parent_meta, golden_manifest=verified.manifest)
+                    parent_meta=parent_meta, golden_manifest=verified.manifest, device=device, precision=precision,
+                    inputs=_input_batch(verified, batch_size or spec.batch_size))
     meta = paths.load_target(target)(job)
     meta["export_s"] = time.perf_counter() - started
     meta["batch_size"] = job.batch_size
     return meta
+
+
+def _input_batch(verified, batch_size: int) -> np.ndarray:
+    """The golden input batch at ``batch_size`` (the eval split's first samples when it differs)."""
+    x = verified.arrays["inputs.npz"]["x"]
+    return x if len(x) == batch_size else verified.arrays["eval.npz"]["x"][:batch_size]
 
 
 def perturbed(weights: dict, perturbation: dict | None) -> dict:
@@ -118,29 +127,42 @@ def perturbed(weights: dict, perturbation: dict | None) -> dict:
 
 def build_runner(spec, path, weights: dict, batch_size: int, threads: int, artifact_dir: str | None = None,
                  artifact_meta: dict | None = None, runner_class=None):
-    """The path's runner at a static batch: a native source from canonical ``weights``, or the path's
-    runtime on an exported artifact. ``runner_class`` overrides the path's (e.g. a deliberately broken one)."""
-    runner_class = runner_class or paths.load_target(path.runtime.target)
+    """The path's runner at a static batch, on the path's device at its precision: a native source from
+    canonical ``weights``, or the path's runtime on an exported artifact. ``runner_class`` overrides the
+    path's (e.g. a deliberately broken one)."""
+    runner_class = runner_class or paths.load_target(path.runtime_target)
+    placement = {"device": path.device, "precision": path.precision}
     if artifact_dir is None:
-        return runner_class(spec, weights, batch_size, "float32")
-    return runner_class(spec, Path(artifact_dir), artifact_meta, batch_size, threads)
+        return runner_class(spec, weights, batch_size, "float32", **placement)
+    return runner_class(spec, Path(artifact_dir), artifact_meta, batch_size, threads, **placement)
 
 
 def check_path(workspace: str, model: str, path_id: str, golden_dir: str, precision: str, threads: int,
                artifact_dir: str | None = None, artifact_meta: dict | None = None, export_s: float = 0.0,
-               weight_perturbation: dict | None = None) -> dict:
+               weight_perturbation: dict | None = None, device: str = "cpu") -> dict:
     """Outputs, determinism, metrics and gradients of one path against golden (timing is ``parity.timing``'s).
 
+    Every precision is compared with the float64 golden, under that precision's tolerances and metric
+    rules. A runner that finds it cannot run here (``Unavailable``) makes the path a skip with its reason.
     ``weight_perturbation`` ({name: delta}) adds to canonical weights before a native source is
     built: a deliberate drift, used to prove that the gate holds.
     """
+    try:
+        return _check_path(workspace, model, path_id, golden_dir, precision, threads, artifact_dir, artifact_meta,
+                           export_s, weight_perturbation, device)
+    except Unavailable as error:
+        return {"verdict": "skip", "reason": str(error)}
+
+
+def _check_path(workspace, model, path_id, golden_dir, precision, threads, artifact_dir, artifact_meta, export_s,
+                weight_perturbation, device) -> dict:
     spec = Workspace(workspace).load_spec(model)
-    path = paths.by_id(path_id)
+    path = paths.by_id(path_id, device, precision)
     golden_dir = Path(golden_dir)
     verified = golden.load(golden_dir, spec)
     inputs, eval_data = verified.arrays["inputs.npz"], verified.arrays["eval.npz"]
     reference, golden_grads = verified.arrays["reference.npz"], verified.arrays["gradients.npz"]
-    tolerances = spec.tolerances[precision]
+    tolerances = spec.output_tolerances(precision)
     x = inputs["x"]
 
     started = time.perf_counter()
@@ -149,7 +171,9 @@ def check_path(workspace: str, model: str, path_id: str, golden_dir: str, precis
     outputs = runner.run(x)
     first_result_s = export_s + time.perf_counter() - started
 
-    result = {"outputs": compare.compare_named(outputs, {n: reference[n] for n in spec.outputs}, tolerances.for_name)}
+    result = {"outputs": compare.compare_named(outputs, {n: reference[n] for n in spec.outputs}, tolerances.for_name),
+              "numerics": runner.numerics,
+              "tolerances": {"outputs": tolerances.to_json(), "gradients": spec.gradient_tolerances(precision).to_json()}}
     deterministic, nondeterminism = compare.bitwise_equal(outputs, runner.run(x))
     result["deterministic"] = deterministic
     result["determinism_max_diff"] = nondeterminism
@@ -166,7 +190,7 @@ def check_path(workspace: str, model: str, path_id: str, golden_dir: str, precis
         grad_started = time.perf_counter()
         grads = runner.gradients(x, inputs["labels"])
         result["time_to_first_gradient_s"] = time.perf_counter() - grad_started
-        result["gradients"] = compare.compare_named(grads, golden_grads, spec.grad_tolerances[precision].for_name)
+        result["gradients"] = compare.compare_named(grads, golden_grads, spec.gradient_tolerances(precision).for_name)
     result["verdict"], result["reason"] = _verdict(spec, result)
     result["first_result_s"] = first_result_s
     return result

@@ -21,9 +21,9 @@ from parity.tasks import build_runner
 from parity.workspace import Workspace
 
 
-def _setup(workspace: str, model: str, path_id: str, golden_dir: str):
+def _setup(workspace: str, model: str, path_id: str, golden_dir: str, device: str = "cpu", precision: str = "fp32"):
     spec = Workspace(workspace).load_spec(model)
-    return spec, paths.by_id(path_id), golden.load(Path(golden_dir), spec)
+    return spec, paths.by_id(path_id, device, precision), golden.load(Path(golden_dir), spec)
 
 
 def _runner(spec, path, verified, batch_size: int, threads: int, artifact_dir, artifact_meta):
@@ -39,13 +39,14 @@ def eval_slice(spec, verified, batch_size: int) -> tuple[np.ndarray, np.ndarray]
 
 
 def time_batch(workspace: str, model: str, path_id: str, golden_dir: str, precision: str, threads: int,
-               batch_size: int, timing: dict, artifact_dir: str | None = None, artifact_meta: dict | None = None) -> dict:
+               batch_size: int, timing: dict, artifact_dir: str | None = None, artifact_meta: dict | None = None,
+               device: str = "cpu") -> dict:
     """Verify ``batch_size`` (outputs on eval samples against the golden), then time it; never time a failure."""
-    spec, path, verified = _setup(workspace, model, path_id, golden_dir)
+    spec, path, verified = _setup(workspace, model, path_id, golden_dir, device, precision)
     x, reference = eval_slice(spec, verified, batch_size)
     runner = _runner(spec, path, verified, batch_size, threads, artifact_dir, artifact_meta)
     output = spec.outputs[0]
-    check = compare.error_stats(runner.run(x)[output], reference, spec.tolerances[precision].for_name(output))
+    check = compare.error_stats(runner.run(x)[output], reference, spec.output_tolerances(precision).for_name(output))
     if not check["ok"]:
         return {"verdict": "fail", "reason": compare.describe(f"output at batch {batch_size}", output, check),
                 "verified": check}
@@ -54,16 +55,17 @@ def time_batch(workspace: str, model: str, path_id: str, golden_dir: str, precis
 
 
 def time_train_step(workspace: str, model: str, path_id: str, golden_dir: str, precision: str, threads: int,
-                    lr: float, timing: dict, artifact_dir: str | None = None, artifact_meta: dict | None = None) -> dict:
+                    lr: float, timing: dict, artifact_dir: str | None = None, artifact_meta: dict | None = None,
+                    device: str = "cpu") -> dict:
     """One SGD step verified from the golden weights (``parity.training.check_step``), then timed."""
     from parity.training import check_step
 
-    spec, path, verified = _setup(workspace, model, path_id, golden_dir)
+    spec, path, verified = _setup(workspace, model, path_id, golden_dir, device, precision)
     inputs = verified.arrays["inputs.npz"]
     x, labels = inputs["x"], inputs["labels"]
     runner = _runner(spec, path, verified, spec.batch_size, threads, artifact_dir, artifact_meta)
     check = check_step(runner, x, labels, lr, verified.arrays["weights.npz"], verified.arrays["gradients.npz"],
-                       spec.grad_tolerances[precision])
+                       spec.gradient_tolerances(precision))
     if not check["ok"]:
         worst = check["params"][check["worst"]]
         return {"verdict": "fail", "verified": check,
@@ -82,7 +84,8 @@ def _rss_mb() -> float:
 
 
 def first_result(workspace: str, model: str, path_id: str, golden_dir: str, threads: int,
-                 artifact_dir: str | None = None, artifact_meta: dict | None = None) -> dict:
+                 artifact_dir: str | None = None, artifact_meta: dict | None = None, device: str = "cpu",
+                 precision: str = "fp32") -> dict:
     """In a fresh worker: the runtime's framework import, load/compile, first inference, first backward,
     each timed alone (an exported path imports only its runtime, not the framework it came from).
 
@@ -92,12 +95,12 @@ def first_result(workspace: str, model: str, path_id: str, golden_dir: str, thre
     from parity.worker import startup_seconds
 
     started = time.perf_counter()
-    path = paths.by_id(path_id)
+    path = paths.by_id(path_id, device, precision)
     for package in path.runtime.packages:
         if package not in sys.modules:
             importlib.import_module(package)
     parts = {"import_s": startup_seconds() + time.perf_counter() - started}
-    spec, path, verified = _setup(workspace, model, path_id, golden_dir)
+    spec, path, verified = _setup(workspace, model, path_id, golden_dir, device, precision)
     baseline_mb = _rss_mb()
     inputs = verified.arrays["inputs.npz"]
     x = inputs["x"]

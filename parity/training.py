@@ -149,7 +149,7 @@ def verify_step(workspace: str, model: str, framework: str, lr: float = 0.1, sab
     runner = build_runner(spec, path, weights, spec.batch_size, 1, artifact_dir, artifact_meta, runner_class)
     build_s = time.perf_counter() - started
     x, labels = inputs["x"], inputs["labels"]
-    result = check_step(runner, x, labels, lr, weights, grads, spec.grad_tolerances[precision])
+    result = check_step(runner, x, labels, lr, weights, grads, spec.gradient_tolerances(precision))
     result["build_s"] = build_s
     return result
 

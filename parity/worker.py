@@ -59,8 +59,9 @@ def _die_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watchdog, name="parent-watchdog", daemon=True).start()
 
 
-def _align_threads(group: str, threads: int) -> None:
-    """Same intra-op thread count for every framework and runtime (set before they import)."""
+def _align_threads(group: str, threads: int, env: dict) -> None:
+    """Same intra-op thread count for every framework and runtime, and the device's environment
+    (``env``: name -> value, None to unset), set before they import."""
     n = str(threads)
     os.environ.update({
         "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n,
@@ -70,6 +71,11 @@ def _align_threads(group: str, threads: int) -> None:
                                             f"--xla_cpu_multi_thread_eigen={'true' if threads > 1 else 'false'}",
                                             f"intra_op_parallelism_threads={threads}"])),
     })
+    for name, value in env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     if "torch" in group.split("+"):
         import torch
 
@@ -101,7 +107,7 @@ def startup_seconds() -> float:
     return _STARTUP_SECONDS
 
 
-def _main(conn, group: str, threads: int, log_path: str, parent_pid: int) -> None:
+def _main(conn, group: str, threads: int, log_path: str, parent_pid: int, env: dict) -> None:
     global _STARTUP_SECONDS
     _die_with_parent(parent_pid)
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -111,7 +117,7 @@ def _main(conn, group: str, threads: int, log_path: str, parent_pid: int) -> Non
 
     started = time.perf_counter()
     try:
-        _align_threads(group, threads)
+        _align_threads(group, threads, env)
     except Exception as error:  # a framework that fails to import: every task reports it
         startup_error = reason_of(error)
     else:
@@ -138,13 +144,14 @@ def _main(conn, group: str, threads: int, log_path: str, parent_pid: int) -> Non
 class Worker:
     """A spawned process that runs ``module:function`` tasks for one group."""
 
-    def __init__(self, group: str, threads: int, log_dir: Path):
+    def __init__(self, group: str, threads: int, log_dir: Path, env: dict | None = None):
         context = multiprocessing.get_context("spawn")
         self.group = group
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"worker-{group}.log"
         self.conn, child = context.Pipe()
-        self.process = context.Process(target=_main, args=(child, group, threads, str(self.log_path), os.getpid()),
+        self.process = context.Process(target=_main, args=(child, group, threads, str(self.log_path), os.getpid(),
+                                                                 env or {}),
                                        daemon=True)
         self.process.start()
         child.close()
@@ -193,8 +200,8 @@ class WorkerPool:
     (messages point there), removed after a clean run.
     """
 
-    def __init__(self, threads: int, logs_root: Path, timeout_s: float):
-        self.threads, self.timeout_s = threads, timeout_s
+    def __init__(self, threads: int, logs_root: Path, timeout_s: float, env: dict | None = None):
+        self.threads, self.timeout_s, self.env = threads, timeout_s, env or {}
         prune_logs(Path(logs_root))
         self.log_dir = owned_tempdir(logs_root, LOG_PREFIX)
         self.failed = False
@@ -206,7 +213,7 @@ class WorkerPool:
             self.current.close()
             self.current = None
         if self.current is None:
-            self.current = Worker(group, self.threads, self.log_dir)
+            self.current = Worker(group, self.threads, self.log_dir, self.env)
         try:
             return self.current.call(task, kwargs, timeout_s or self.timeout_s)
         except TaskFailed:

@@ -55,7 +55,7 @@ def analyse(spec, path, arrays: dict, observed: dict, source: dict) -> dict:
     """Everything a diagnosis says, from the collected arrays (see ``diagnose``)."""
     reference = arrays["reference.npz"]
     golden_taps = {t: reference[f"tap/{t}"] for t in spec.taps}
-    tolerances = spec.tolerances[path.precision]
+    tolerances = spec.output_tolerances(path.precision)
     rows = drift.tap_rows(spec, golden_taps, observed["taps"], observed["located"], tolerances.for_name)
     first = drift.first_divergent(rows)
     notes = []
@@ -71,7 +71,7 @@ def analyse(spec, path, arrays: dict, observed: dict, source: dict) -> dict:
     grad_stats = None
     if observed["gradients"] is not None:
         grad_stats = compare.compare_named(observed["gradients"], arrays["gradients.npz"],
-                                           spec.grad_tolerances[path.precision].for_name)
+                                           spec.gradient_tolerances(path.precision).for_name)
     output = spec.outputs[0]
     return {
         "model": spec.name, "path": path.id, "tolerance": tolerances.default.to_json(), "taps": rows,

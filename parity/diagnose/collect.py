@@ -71,7 +71,7 @@ def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, precision, thr
                     located[tap] = {"found": "unmapped", "tensor": where.get("tensor"), "reason": str(error)}
     runtime_compare = None
     if runtime_link:
-        runtime_compare = onnx_graph.compare_runtimes(model, feed, spec.tolerances[precision].default, threads)
+        runtime_compare = onnx_graph.compare_runtimes(model, feed, spec.output_tolerances(precision).default, threads)
         runtime_compare["boundary_tensors"] = list(meta["output_names"]) + [
             where["tensor"] for where in located.values() if where.get("tensor")]
     return {"outputs": outputs, "taps": taps, "located": located, "gradients": None, "runtime_compare": runtime_compare}

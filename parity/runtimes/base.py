@@ -37,21 +37,28 @@ class Runner:
         integer = np.dtype(self.spec.input.dtype).kind in "iu"  # token ids stay integers
         return np.ascontiguousarray(x, dtype=self.spec.input.dtype if integer else self.dtype)
 
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype weights and activations are held in: the reference's float64, else the precision's."""
+        from parity.precision import get
+
+        return "float64" if self.dtype == "float64" else get(self.precision).dtype
+
     def run(self, x: np.ndarray) -> dict[str, np.ndarray]:
-        """Outputs by name for input batch ``x`` (canonical layout)."""
+        """Outputs by name for input batch ``x`` (canonical layout); float16 / bfloat16 results as float32."""
         outputs = self.run_impl(self.check_feed(x))
-        return dict(zip(self.spec.outputs, outputs))
+        return widened(dict(zip(self.spec.outputs, outputs)))
 
     def taps(self, x: np.ndarray) -> dict[str, np.ndarray]:
         """Intermediate layer outputs by tap name, in canonical layout."""
-        return self.taps_impl(self.check_feed(x))
+        return widened(self.taps_impl(self.check_feed(x)))
 
     def gradients(self, x: np.ndarray, labels: np.ndarray) -> dict[str, np.ndarray]:
         """Gradients of mean cross-entropy(logits, labels) w.r.t. every trainable parameter
         (canonical names and layout) and the input (``input:<name>``)."""
         if not self.differentiable:
             raise NotDifferentiable(f"{type(self).__name__} cannot differentiate")
-        return self.gradients_impl(self.check_feed(x), np.asarray(labels, dtype=np.int64))
+        return widened(self.gradients_impl(self.check_feed(x), np.asarray(labels, dtype=np.int64)))
 
     def train_step(self, x: np.ndarray, labels: np.ndarray, lr: float) -> None:
         """One plain-SGD step in place: forward, mean cross-entropy of the first output vs ``labels``
@@ -66,7 +73,7 @@ class Runner:
         """The current trainable weights (copies), canonical names and layout, in the runner's dtype."""
         if not self.differentiable:
             raise NotDifferentiable(f"{type(self).__name__} cannot differentiate, so it has no trainable weights")
-        return self.trainable_weights_impl()
+        return widened(self.trainable_weights_impl())
 
     def optimized_params(self) -> list[str]:
         """Canonical names of the parameters ``train_step`` updates (what the optimizer is given):
@@ -97,6 +104,12 @@ class Runner:
 
     def trainable_weights_impl(self) -> dict[str, np.ndarray]:
         raise NotImplementedError(f"{type(self).__name__} does not report its trainable weights")
+
+
+def widened(arrays: dict) -> dict:
+    """float16 / bfloat16 arrays as float32 (exactly: every such value is a float32), others as they are."""
+    return {k: np.asarray(v, dtype=np.float32) if v.dtype.kind in "fV" and v.dtype.itemsize < 4 else v
+            for k, v in arrays.items()}
 
 
 def as_tuple(outputs) -> tuple:

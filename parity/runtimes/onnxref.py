@@ -8,11 +8,13 @@ from parity.runtimes.onnx_common import OnnxRunner
 class OnnxRefRunner(OnnxRunner):
     """``onnxref``: ``onnx.reference.ReferenceEvaluator``."""
 
-    def __init__(self, spec, artifact_dir, meta, batch_size, threads):
-        super().__init__(spec, artifact_dir, meta, batch_size, threads)
+    def __init__(self, spec, artifact_dir, meta, batch_size, threads, device="cpu", precision="fp32"):
+        super().__init__(spec, artifact_dir, meta, batch_size, threads, device, precision)
         from onnx.reference import ReferenceEvaluator
 
         self.evaluator = ReferenceEvaluator(self.model_path)
+        self.numerics = {"evaluator": "onnx.reference", "device": device, "precision": precision,
+                         "float16_model": "float16" in meta}
 
     def run_impl(self, x):
         return tuple(self.evaluator.run(self.output_names, self.feed(x)))

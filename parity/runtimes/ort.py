@@ -10,8 +10,8 @@ class OrtRunner(OnnxRunner):
 
     optimization = "ORT_ENABLE_ALL"
 
-    def __init__(self, spec, artifact_dir, meta, batch_size, threads):
-        super().__init__(spec, artifact_dir, meta, batch_size, threads)
+    def __init__(self, spec, artifact_dir, meta, batch_size, threads, device="cpu", precision="fp32"):
+        super().__init__(spec, artifact_dir, meta, batch_size, threads, device, precision)
         import onnxruntime as ort
 
         options = ort.SessionOptions()
@@ -20,6 +20,8 @@ class OrtRunner(OnnxRunner):
         options.inter_op_num_threads = 1
         options.log_severity_level = 3
         self.session = ort.InferenceSession(self.model_path, options, providers=["CPUExecutionProvider"])
+        self.numerics = {"provider": "CPUExecutionProvider", "graph_optimization_level": self.optimization,
+                         "device": device, "precision": precision, "float16_model": "float16" in meta}
 
     def run_impl(self, x):
         return tuple(self.session.run(self.output_names, self.feed(x)))

@@ -6,7 +6,8 @@ from pathlib import Path
 
 from parity import layouts
 from parity.runtimes.base import Runner
-from parity.sources.tf import run_sgd_step, sgd_step, tape_gradients, variable_values
+from parity.precision import tf_flags
+from parity.sources.tf import run_sgd_step, sgd_step, tape_gradients, tf_device, variable_values
 
 
 class SavedModelRunner(Runner):
@@ -14,21 +15,27 @@ class SavedModelRunner(Runner):
 
     differentiable = True
 
-    def __init__(self, spec, artifact_dir: Path, meta: dict, batch_size: int, threads: int):
-        super().__init__(spec, batch_size, "float32")
+    def __init__(self, spec, artifact_dir: Path, meta: dict, batch_size: int, threads: int, device: str = "cpu",
+                 precision: str = "fp32"):
+        super().__init__(spec, batch_size, "float32", device, precision)
         import tensorflow as tf
 
         self.tf = tf
-        self.loaded = tf.saved_model.load(str(artifact_dir))
+        self.tf_device = tf_device(tf, device)
+        self.numerics = tf_flags(tf, precision, device)
+        with tf.device(self.tf_device):
+            self.loaded = tf.saved_model.load(str(artifact_dir))
         self.variables = dict(zip(meta["param_names"], self.loaded.param_list))
         self.layout = meta["input_layout"]
         self._step = None  # the SGD step's tf.function, made by the first train_step
 
     def _to_tf(self, x):
-        return self.tf.constant(layouts.to_layout(x, self.spec.input.layout, self.layout))
+        with self.tf.device(self.tf_device):
+            return self.tf.constant(layouts.to_layout(x, self.spec.input.layout, self.layout))
 
     def run_impl(self, x):
-        return tuple(t.numpy() for t in self.loaded.forward(self._to_tf(x)))
+        with self.tf.device(self.tf_device):
+            return tuple(t.numpy() for t in self.loaded.forward(self._to_tf(x)))
 
     def gradients_impl(self, x, labels):
         return tape_gradients(self.tf, self.spec, self.loaded.forward, self.variables, self._to_tf(x), labels,

@@ -7,7 +7,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from parity import layouts
-from parity.errors import WeightsMismatch
+from parity.errors import Unavailable, WeightsMismatch, one_line
+from parity.precision import jax_flags
 from parity.runtimes.base import Runner, as_tuple
 
 
@@ -67,32 +68,63 @@ def make_loss(spec):
 
     def loss(params, x, labels):
         logits = as_tuple(spec.jax_apply(params, x, None))[0]
-        log_probs = jax.nn.log_softmax(logits, axis=-1)
+        # the loss of reduced-precision logits in float32, as mixed-precision training computes it
+        log_probs = jax.nn.log_softmax(logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), axis=-1)
         return -jnp.mean(jnp.take_along_axis(log_probs, labels[:, None], axis=-1))
 
     return loss
 
 
+def jax_device(jax, device: str):
+    """The JAX device for ``cpu`` / ``cuda:N`` (inside a worker the chosen GPU is CUDA device 0)."""
+    try:
+        return jax.devices("cpu" if device == "cpu" else "cuda")[0]
+    except RuntimeError as error:
+        raise Unavailable(f"jax {jax.__version__} has no {device} backend ({one_line(error, 160)})") from None
+
+
 class JaxSource(Runner):
-    """The native ``jax`` path: ``jax.jit`` on the CPU."""
+    """The native ``jax`` path: ``jax.jit`` on the CPU or a CUDA GPU, in the precision's dtype."""
 
     differentiable = True
 
-    def __init__(self, spec, weights, batch_size: int, dtype: str = "float32"):
-        super().__init__(spec, batch_size, dtype)
+    def __init__(self, spec, weights, batch_size: int, dtype: str = "float32", device: str = "cpu",
+                 precision: str = "fp32"):
+        super().__init__(spec, batch_size, dtype, device, precision)
         enable_x64_if_needed(dtype)
         import jax
         import jax.numpy as jnp
 
         layouts.check_weights(spec.params, weights)
         self.jax = jax
-        self.params = {name: jnp.asarray(np.asarray(weights[name], dtype=dtype)) for name in spec.params}
+        self.jax_device = jax_device(jax, device)
+        self.numerics = jax_flags(jax, precision, device)
+        host = "float64" if dtype == "float64" else "float32"
+        self.params = {name: jax.device_put(jnp.asarray(np.asarray(weights[name], dtype=host)).astype(self.compute_dtype),
+                                            self.jax_device) for name in spec.params}
         check_definition(spec, self.params, batch_size)
         self._forward = jax.jit(lambda p, x: as_tuple(spec.jax_apply(p, x, None)))
         self._step = None  # the jitted SGD update, made by the first train_step
 
+    def _input(self, x):
+        if x.dtype.kind == "f":
+            x = x.astype(self.jax.numpy.dtype(self.compute_dtype))
+        return self.jax.device_put(x, self.jax_device)
+
     def run_impl(self, x):
-        return tuple(np.asarray(t) for t in self._forward(self.params, x))
+        return tuple(np.asarray(t) for t in self._forward(self.params, self._input(x)))
+
+    def device_compute(self, x):
+        if self.device == "cpu":
+            return None
+        x_dev = self._input(x)
+        return lambda: self.jax.block_until_ready(self._forward(self.params, x_dev))
+
+    def device_memory_peak_mb(self):
+        if self.device == "cpu":
+            return None
+        peak = (self.jax_device.memory_stats() or {}).get("peak_bytes_in_use")
+        return None if peak is None else peak / 2**20
 
     def taps_impl(self, x):
         spec = self.spec
@@ -102,7 +134,7 @@ class JaxSource(Runner):
             spec.jax_apply(p, x, taps.__setitem__)
             return taps
 
-        taps = self.jax.jit(collect)(self.params, x)
+        taps = self.jax.jit(collect)(self.params, self._input(x))
         return {name: np.asarray(taps[name]) for name in spec.taps}
 
     def gradients_impl(self, x, labels):
@@ -111,7 +143,7 @@ class JaxSource(Runner):
         frozen = {name: v for name, v in self.params.items() if name not in trainable}
         loss = make_loss(spec)
         grad_fn = self.jax.jit(self.jax.grad(lambda t, x: loss({**frozen, **t}, x, labels), argnums=(0, 1)))
-        param_grads, input_grad = grad_fn(trainable, x)
+        param_grads, input_grad = grad_fn(trainable, self._input(x))
         result = {name: np.asarray(g) for name, g in param_grads.items()}
         result[spec.input_grad_name] = np.asarray(input_grad)
         return result
@@ -123,7 +155,8 @@ class JaxSource(Runner):
             self._step = jax.jit(sgd_update(jax, self.spec))
         updated = {name: self.params[name] for name in self._updated}
         rest = {name: v for name, v in self.params.items() if name not in updated}
-        new = jax.block_until_ready(self._step(updated, rest, x, labels, np.asarray(lr, dtype=self.dtype)))
+        new = jax.block_until_ready(self._step(updated, rest, self._input(x), labels,
+                                               np.asarray(lr, dtype=self.jax.numpy.dtype(self.compute_dtype))))
         self.params = {**self.params, **new}
 
     def trainable_weights_impl(self):

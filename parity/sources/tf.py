@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from parity import layouts
+from parity.errors import Unavailable
+from parity.precision import tf_flags
 from parity.runtimes.base import Runner, as_tuple
 
 
@@ -19,8 +21,8 @@ def build_model(spec, weights: dict[str, np.ndarray] | None, dtype: str = "float
     if weights is not None:
         layouts.check_weights(spec.params, weights)
         for name, param in spec.params.items():
-            value = layouts.param_to_framework("tf", param.kind, np.asarray(weights[name], dtype=dtype))
-            variables[name].assign(value)
+            value = layouts.param_to_framework("tf", param.kind, np.asarray(weights[name]))
+            variables[name].assign(keras.ops.cast(value, variables[name].dtype))
     return model
 
 
@@ -30,27 +32,58 @@ def outputs_in_order(spec, outputs) -> tuple:
     return as_tuple(outputs)
 
 
+def tf_device(tf, device: str) -> str:
+    """The TensorFlow device name for ``cpu`` / ``cuda:N`` (inside a worker the chosen GPU is GPU 0)."""
+    if device == "cpu":
+        return "/CPU:0"
+    if not tf.config.list_physical_devices("GPU"):
+        raise Unavailable(f"tensorflow {tf.__version__} sees no GPU")
+    return "/GPU:0"
+
+
 class KerasSource(Runner):
-    """The native ``tf`` path: a Keras model called under ``tf.function``."""
+    """The native ``tf`` path: a Keras model called under ``tf.function``, built in the precision's dtype
+    (a Keras dtype policy), on the CPU or a GPU."""
 
     differentiable = True
 
-    def __init__(self, spec, weights, batch_size: int, dtype: str = "float32"):
-        super().__init__(spec, batch_size, dtype)
+    def __init__(self, spec, weights, batch_size: int, dtype: str = "float32", device: str = "cpu",
+                 precision: str = "fp32"):
+        super().__init__(spec, batch_size, dtype, device, precision)
         import tensorflow as tf
 
         self.tf = tf
-        self.model = build_model(spec, weights, dtype)
+        self.tf_device = tf_device(tf, device)
+        self.numerics = tf_flags(tf, precision, device)
+        with tf.device(self.tf_device):
+            self.model = build_model(spec, weights, self.compute_dtype)
         self.layout = layouts.activation_layout("tf", spec.input.layout)
         model = self.model
         self._forward = tf.function(lambda x: outputs_in_order(spec, model(x, training=False)))
         self._step = None  # the SGD step's tf.function, made by the first train_step
 
     def _to_tf(self, x):
-        return self.tf.constant(layouts.to_layout(x, self.spec.input.layout, self.layout))
+        tf = self.tf
+        with tf.device(self.tf_device):
+            x_t = tf.constant(layouts.to_layout(x, self.spec.input.layout, self.layout))
+            return tf.cast(x_t, self.compute_dtype) if x_t.dtype.is_floating else x_t
 
     def run_impl(self, x):
-        return tuple(t.numpy() for t in self._forward(self._to_tf(x)))
+        with self.tf.device(self.tf_device):
+            return tuple(t.numpy() for t in self._forward(self._to_tf(x)))
+
+    def device_compute(self, x):
+        if self.device == "cpu":
+            return None
+        x_t, tf = self._to_tf(x), self.tf
+
+        def compute():
+            with tf.device(self.tf_device):
+                outputs = self._forward(x_t)
+            tf.test.experimental.sync_devices()  # wait for the GPU, without copying the outputs to the host
+            return outputs
+
+        return compute
 
     def taps_impl(self, x):
         import keras
@@ -72,7 +105,7 @@ class KerasSource(Runner):
             variables = {v.path: v for v in self.model.weights}
             self._step = sgd_step(self.tf, self.spec, lambda x_t: self.model(x_t, training=False),
                                   [variables[name] for name in self.optimized_params()])
-        run_sgd_step(self.tf, self._step, self._to_tf(x), labels, lr, self.dtype)
+        run_sgd_step(self.tf, self._step, self._to_tf(x), labels, lr, self.compute_dtype)
 
     def trainable_weights_impl(self):
         variables = {v.path: v for v in self.model.weights}
@@ -88,7 +121,7 @@ def tape_gradients(tf, spec, forward, variables: dict, x_t, labels, input_layout
     trainable = [variables[name] for name in spec.trainable_params]
     with tf.GradientTape() as tape:
         tape.watch(x_t)
-        logits = outputs_in_order(spec, forward(x_t))[0]
+        logits = _loss_dtype(tf, outputs_in_order(spec, forward(x_t))[0])
         loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
     grads = tape.gradient(loss, [*trainable, x_t])
     result = {
@@ -97,6 +130,11 @@ def tape_gradients(tf, spec, forward, variables: dict, x_t, labels, input_layout
     }
     result[spec.input_grad_name] = layouts.from_layout(dense_gradient(tf, grads[-1], x_t), spec.input.layout, input_layout)
     return result
+
+
+def _loss_dtype(tf, logits):
+    """Reduced-precision logits in float32 for the loss, as mixed-precision training computes it."""
+    return tf.cast(logits, tf.float32) if logits.dtype in (tf.float16, tf.bfloat16) else logits
 
 
 def sgd_step(tf, spec, forward, variables: list):
@@ -110,7 +148,7 @@ def sgd_step(tf, spec, forward, variables: list):
     @tf.function
     def step(x_t, labels, lr):
         with tf.GradientTape() as tape:
-            logits = outputs_in_order(spec, forward(x_t))[0]
+            logits = _loss_dtype(tf, outputs_in_order(spec, forward(x_t))[0])
             loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
         grads = tape.gradient(loss, variables)
         for variable, grad in zip(variables, grads):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from parity import layouts
+from parity.errors import Unavailable
+from parity.precision import torch_flags
 from parity.runtimes.base import Runner, as_tuple
 
 _TORCH_DTYPES = {"float32": "float32", "float64": "float64"}
@@ -46,23 +48,63 @@ def canonical_state(spec, module) -> dict[str, np.ndarray]:
     }
 
 
+def torch_device(torch, device: str):
+    """The torch device for ``cpu`` / ``cuda:N`` (inside a worker the chosen GPU is CUDA device 0)."""
+    if device == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise Unavailable(f"torch {torch.__version__} sees no CUDA device (torch.cuda.is_available() is False)")
+    return torch.device("cuda", 0)
+
+
 class TorchSource(Runner):
-    """The native ``torch`` path: eager PyTorch on the CPU."""
+    """The native ``torch`` path: eager PyTorch on the CPU or a CUDA GPU, in the precision's dtype."""
 
     differentiable = True
 
-    def __init__(self, spec, weights, batch_size: int, dtype: str = "float32"):
-        super().__init__(spec, batch_size, dtype)
+    def __init__(self, spec, weights, batch_size: int, dtype: str = "float32", device: str = "cpu",
+                 precision: str = "fp32"):
+        super().__init__(spec, batch_size, dtype, device, precision)
         import torch
 
         self.torch = torch
-        self.module = build_module(spec, weights, dtype)
+        self.torch_device = torch_device(torch, device)
+        self.numerics = torch_flags(torch, precision, device)
+        self.torch_dtype = getattr(torch, self.compute_dtype)
+        module = build_module(spec, weights, "float64" if dtype == "float64" else "float32")
+        self.module = module.to(device=self.torch_device, dtype=self.torch_dtype)
         self._optimizer = None  # torch.optim.SGD over optimized_params(), made by the first train_step
+
+    def _input(self, x):
+        tensor = self.torch.from_numpy(x).to(self.torch_device)
+        return tensor.to(self.torch_dtype) if tensor.is_floating_point() else tensor
+
+    def _host(self, tensor) -> np.ndarray:
+        """A result on the host: reduced-precision values widened to float32 (exact), others as they are."""
+        tensor = tensor.detach()
+        if tensor.dtype in (self.torch.float16, self.torch.bfloat16):
+            tensor = tensor.float()
+        return tensor.cpu().numpy()
 
     def run_impl(self, x):
         torch = self.torch
         with torch.inference_mode():
-            return tuple(t.numpy() for t in as_tuple(self.module(torch.from_numpy(x))))
+            return tuple(self._host(t) for t in as_tuple(self.module(self._input(x))))
+
+    def device_compute(self, x):
+        if self.device == "cpu":
+            return None
+        torch, x_t = self.torch, self._input(x)
+
+        def compute():
+            with torch.inference_mode():
+                self.module(x_t)
+            torch.cuda.synchronize()
+
+        return compute
+
+    def device_memory_peak_mb(self):
+        return None if self.device == "cpu" else self.torch.cuda.max_memory_allocated() / 2**20
 
     def taps_impl(self, x):
         torch = self.torch
@@ -72,11 +114,11 @@ class TorchSource(Runner):
             handles.append(submodule.register_forward_hook(lambda _m, _i, out, n=name: recorded.__setitem__(n, out)))
         try:
             with torch.inference_mode():
-                self.module(torch.from_numpy(x))
+                self.module(self._input(x))
         finally:
             for handle in handles:
                 handle.remove()
-        return {name: recorded[name].numpy() for name in self.spec.taps}
+        return {name: self._host(recorded[name]) for name in self.spec.taps}
 
     def gradients_impl(self, x, labels):
         torch = self.torch
@@ -86,15 +128,17 @@ class TorchSource(Runner):
         trainable = {name: params[layouts.torch_param_name(name)] for name in spec.trainable_params}
         for p in module.parameters():
             p.grad = None
-        x_t = torch.from_numpy(x).requires_grad_(True)
+        x_t = self._input(x).requires_grad_(True)
         logits = as_tuple(module(x_t))[0]
-        loss = torch.nn.functional.cross_entropy(logits, torch.from_numpy(labels))
+        # the loss of reduced-precision logits in float32, as mixed-precision training computes it
+        loss = torch.nn.functional.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)),
+                                                 torch.from_numpy(labels).to(self.torch_device))
         grads = torch.autograd.grad(loss, [*trainable.values(), x_t])
         result = {
-            name: layouts.param_from_framework("torch", spec.params[name].kind, g.numpy())
+            name: layouts.param_from_framework("torch", spec.params[name].kind, self._host(g))
             for name, g in zip(trainable, grads)
         }
-        result[spec.input_grad_name] = grads[-1].numpy()
+        result[spec.input_grad_name] = self._host(grads[-1])
         return result
 
     def _trainable_tensors(self, names) -> dict:
@@ -108,12 +152,16 @@ class TorchSource(Runner):
         for group in self._optimizer.param_groups:
             group["lr"] = lr
         self._optimizer.zero_grad(set_to_none=True)
-        logits = as_tuple(self.module(torch.from_numpy(x)))[0]  # eval mode: BatchNorm statistics stay as they are
-        torch.nn.functional.cross_entropy(logits, torch.from_numpy(labels)).backward()
+        logits = as_tuple(self.module(self._input(x)))[0]  # eval mode: BatchNorm statistics stay as they are
+        loss = torch.nn.functional.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)),
+                                                 torch.from_numpy(labels).to(self.torch_device))
+        loss.backward()
         self._optimizer.step()
+        if self.device != "cpu":
+            torch.cuda.synchronize()
 
     def trainable_weights_impl(self):
         return {
-            name: np.array(layouts.param_from_framework("torch", self.spec.params[name].kind, t.detach().cpu().numpy()))
+            name: np.array(layouts.param_from_framework("torch", self.spec.params[name].kind, self._host(t)))
             for name, t in self._trainable_tensors(self.spec.trainable_params).items()
         }
