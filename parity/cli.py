@@ -295,15 +295,20 @@ def diagnose(**common):
 @cli.command()
 @model_option
 @workspace_option
+@click.option("--device", "devices", multiple=True, metavar="cpu|cuda|cuda:N",
+              help="Only this device (repeatable; default: cpu and cuda:0).")
+@click.option("--precision", "precisions", multiple=True, type=click.Choice(PRECISION_CHOICES),
+              help="Only this precision (repeatable; default: all).")
 @_handle_errors
-def paths(models, workspace):
-    """List every path and, for each one not available here, why.
+def paths(models, workspace, devices, precisions):
+    """The path matrix: every path on every device at every precision, and why each unavailable one is.
 
     \b
     Example:
-        parity paths --model cnn
+        parity paths --model cnn --device cuda
     """
     from parity import paths as path_registry
+    from parity.precision import parse_device
     from parity.report.terminal import render_paths
 
     frameworks = None
@@ -312,12 +317,13 @@ def paths(models, workspace):
         frameworks = set()
         for name in ws.select(models):
             frameworks.update(ws.load_spec(name).frameworks)
+    devices = tuple(dict.fromkeys(parse_device(d) for d in devices)) or ("cpu", "cuda:0")
     rows = []
-    for path in path_registry.select(frameworks=frameworks):
-        reason = path_registry.unavailable_reason(path)
-        rows.append({"id": path.id, "device": path.device, "precision": path.precision,
-                     "steps": " -> ".join(s.name for s in path.exports) or "native",
-                     "status": "available" if reason is None else f"skip: {reason}"})
+    for path in path_registry.matrix(devices, precisions or path_registry.ALL):
+        if frameworks is None or path.source in frameworks:
+            rows.append({"id": path.id, "device": path.device, "precision": path.precision,
+                         "steps": " -> ".join(s.name for s in path.exports) or "native",
+                         "reason": path_registry.unavailable_reason(path), "note": path.runtime.note})
     click.echo(render_paths(rows))
 
 

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from parity.errors import UsageError
 
-
 ALL = ("fp32", "tf32", "fp16", "bf16")
 NOT_ON_CPU = "TF32 is a tensor-core mode of NVIDIA GPUs (Ampere or newer); run it with --device cuda"
 
@@ -101,7 +100,7 @@ class PathDef:
 INSTALL_NAMES = {"tensorflow": "tensorflow-cpu", "jax": "jax", "torch": "torch", "onnx": "onnx",
                  "onnxruntime": "onnxruntime", "onnxscript": "onnxscript", "tf2onnx": "tf2onnx",
                  "jax2onnx": "jax2onnx", "keras": "keras", "onnxconverter_common": "onnxconverter-common",
-                 "tensorrt": "tensorrt (from NVIDIA's index)", "cuda": "cuda-python"}
+                 "tensorrt": "tensorrt", "cuda": "cuda-python"}
 GPU_INSTALL_NAMES = {"tensorflow": "tensorflow[and-cuda]", "onnxruntime": "onnxruntime-gpu", "jax": "jax[cuda12]"}
 SOURCE_PACKAGES = {"torch": ("torch",), "tf": ("tensorflow", "keras"), "jax": ("jax",), "onnx": ("onnx",)}
 
@@ -227,10 +226,12 @@ def unavailable_reason(path: PathDef) -> str | None:
                        f"or {extra})")
     if path.device_kind == "cuda":  # only the runtime runs on the GPU: exporters run on the CPU
         reasons.extend(devices.cuda_build_problems([p for p in path.runtime.packages if p not in missing]))
-    if path.precision not in path.runtime.precisions:
-        reasons.append(f"{path.runtime.name} at {path.precision}: {path.runtime.why_not}")
-    elif path.device_kind == "cpu" and path.precision == "tf32":
+    if "tensorrt" in missing:
+        reasons.append("TensorRT's wheels fetch its libraries from NVIDIA's package index (pypi.nvidia.com)")
+    if path.device_kind == "cpu" and path.precision == "tf32":
         reasons.append(NOT_ON_CPU)
+    elif path.precision not in path.runtime.precisions:
+        reasons.append(f"{path.runtime.name} at {path.precision}: {path.runtime.why_not}")
     return "; ".join(reasons) or None
 
 

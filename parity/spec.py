@@ -146,7 +146,10 @@ def _at_precision(declared: dict[str, Tolerances], precision: str, gradients: bo
 
     fp32 = declared["fp32"]
     atol, rtol = default_tolerance(precision, gradients)
-    widen = lambda t: Tolerance(max(t.atol, atol), max(t.rtol, rtol))  # noqa: E731
+
+    def widen(t: Tolerance) -> Tolerance:
+        return Tolerance(max(t.atol, atol), max(t.rtol, rtol))
+
     return Tolerances(widen(fp32.default), {name: widen(t) for name, t in fp32.overrides.items()})
 
 

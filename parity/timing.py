@@ -51,7 +51,34 @@ def time_batch(workspace: str, model: str, path_id: str, golden_dir: str, precis
         return {"verdict": "fail", "reason": compare.describe(f"output at batch {batch_size}", output, check),
                 "verified": check}
     measured = bench.measure(lambda: runner.run(x), **timing)
-    return {"verdict": "pass", "verified": check, **stats.summarize(measured["samples_ms"], batch_size), **measured}
+    result = {"verdict": "pass", "verified": check, **stats.summarize(measured["samples_ms"], batch_size), **measured}
+    if path.device_kind == "cuda":
+        result["gpu"] = gpu_figures(runner, x, timing, batch_size)
+    return result
+
+
+def gpu_figures(runner, x: np.ndarray, timing: dict, batch_size: int) -> dict:
+    """On a GPU, beside the host-to-host latency timed by ``time_batch``: GPU compute alone (input already on
+    the device, outputs left there, synchronised after every call), the GPU's name, driver and clocks and
+    whether they were locked, board energy per inference sampled over the compute window, and peak device
+    memory. What cannot be measured says so instead of a number."""
+    from parity import gpu_monitor
+
+    index = int(runner.device.partition(":")[2] or 0)  # NVML and CUDA agree: workers set CUDA_DEVICE_ORDER=PCI_BUS_ID
+    figures = {"state": gpu_monitor.gpu_state(index)}
+    compute = runner.device_compute(x)
+    if compute is None:
+        figures["compute"] = {"reason": f"{type(runner).__name__} has no device-resident form: only the host-to-host "
+                                        "latency is measured"}
+        return figures
+    with gpu_monitor.Sampler(index) as sampler:
+        measured = bench.measure(compute, **timing)
+    calls = measured["warmup_runs"] + len(measured["samples_ms"])
+    figures["compute"] = {**stats.summarize(measured["samples_ms"], batch_size), **measured}
+    figures.update(sampler.summary(calls))
+    figures["energy"]["window"] = "warm-up and timed runs of GPU compute"
+    figures["peak_device_memory_mb"] = runner.device_memory_peak_mb() or figures.get("peak_process_memory_mb")
+    return figures
 
 
 def time_train_step(workspace: str, model: str, path_id: str, golden_dir: str, precision: str, threads: int,
@@ -117,5 +144,6 @@ def first_result(workspace: str, model: str, path_id: str, golden_dir: str, thre
         runner.gradients(x, inputs["labels"])
         parts["first_backward_s"] = time.perf_counter() - t0
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    parts["device_peak_mb"] = runner.device_memory_peak_mb()
     return {**parts, "baseline_rss_mb": baseline_mb, "peak_rss_mb": peak_mb,
             "path_peak_mb": max(peak_mb - baseline_mb, 0.0)}

@@ -60,32 +60,6 @@ def test_ort_trt_without_the_tensorrt_provider_is_unavailable(tmp_path):
         OrtTrtRunner(tiny_spec(), tmp_path, meta, BATCH, 1, "cuda:0", "fp32")
 
 
-@pytest.mark.parametrize("error,used,reason", [
-    (None, ["CUDAExecutionProvider", "CPUExecutionProvider"], "did not use TensorRT"),
-    ("Invalid TensorRT EP option: trt_bf16_enable", None, "does not accept the TensorRT option trt_bf16_enable"),
-    ("EP Error: Please install TensorRT libraries as mentioned", None, "could not create the TensorRT provider"),
-])
-def test_ort_trt_falling_back_is_unavailable(tmp_path, monkeypatch, error, used, reason):
-    """ONNX Runtime falls back to other providers silently; the runner makes that a skip with the reason."""
-    ort = pytest.importorskip("onnxruntime")
-    from parity.runtimes.ort_trt import OrtTrtRunner
-
-    class Session:
-        def __init__(self, path, options, providers, enable_fallback):
-            assert enable_fallback == 0 and providers[0][0] == "TensorrtExecutionProvider"
-            if error:
-                raise RuntimeError(error)
-
-        def get_providers(self):
-            return used
-
-    monkeypatch.setattr(ort, "get_available_providers", lambda: ["TensorrtExecutionProvider", "CPUExecutionProvider"])
-    monkeypatch.setattr(ort, "InferenceSession", Session)
-    meta, _, _ = tiny_onnx(tmp_path)
-    with pytest.raises(Unavailable, match=reason):
-        OrtTrtRunner(tiny_spec(), tmp_path, meta, BATCH, 1, "cuda:0", "bf16")
-
-
 @pytest.mark.gpu
 def test_engine_build_matches_numpy_and_records_determinism(tmp_path):
     pytest.importorskip("tensorrt")

@@ -157,3 +157,18 @@ def save_jax_params(path):
                       "dense1/bias": rng.standard_normal(7).astype(np.float32),
                       "out/kernel": rng.standard_normal((7, 3)).astype(np.float32),
                       "out/bias": np.zeros(3, np.float32)})
+
+
+def make_offset_logits():
+    """Four logits that sit on a large common offset (64) and differ by a few hundredths: bfloat16 keeps 8
+    significant bits, so near 64 it rounds in steps of 0.5 and every logit lands on the same value. Outputs
+    stay within a bf16 tolerance of the float64 ones while the ranking, and so the accuracy, is lost."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    head = nn.Linear(8, 4)
+    with torch.no_grad():
+        head.weight.mul_(0.05)
+        head.bias.fill_(64.0)
+    return head

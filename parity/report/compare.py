@@ -157,6 +157,8 @@ def _environment(a: dict, b: dict, common: list[tuple[str, str]], ra: dict, rb: 
         x, y = ra[key], rb[key]
         what = [f"{field} {_value(x.get(field, _ABSENT))} -> {_value(y.get(field, _ABSENT))}"
                 for field in ("precision", "device") if x.get(field, _ABSENT) != y.get(field, _ABSENT)]
+        if "fp32" in (x.get("precision"), y.get("precision")) and x.get("precision") != y.get("precision"):
+            what.append("a reduced-precision path against an fp32 one: the difference includes the precision itself")
         bx, by = _batches(x), _batches(y)
         if bx and by and set(bx) != set(by):
             what.append(f"batch size {', '.join(sorted(bx, key=_batch_order))} -> "

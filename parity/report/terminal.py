@@ -131,6 +131,18 @@ def _wrapped(ref: int, result: dict, reason: str) -> list[str]:
     return lines
 
 
+def _placement(results: list[dict]) -> list[str]:
+    """One line naming the device and precision of the run, and what a reduced precision is compared with."""
+    from parity.precision import PRECISIONS
+
+    lines = []
+    for device, precision in dict.fromkeys((r.get("device", "cpu"), r.get("precision", "fp32")) for r in results):
+        described = PRECISIONS[precision].description if precision in PRECISIONS else precision
+        lines.append(f"device {device}, precision {precision} ({described}): every path against the float64 golden "
+                     f"under the {precision} tolerances and metric rules")
+    return [*lines, ""]
+
+
 def render(report: dict, timed: bool, verbose: bool = False) -> str:
     """The whole terminal report as text; ``timed`` adds the median ms column (``parity run``).
 
@@ -140,6 +152,7 @@ def render(report: dict, timed: bool, verbose: bool = False) -> str:
     results = report["results"]
     if not results:
         return "\n".join(summary_lines(report))
+    head = _placement(results)
     listed = UNEXPECTED + (("xerror", "skip") if verbose else ())
     columns = [("model", "left"), ("path", "left"), ("verdict", "left"), ("tol×", "right"), ("max_abs", "right"),
                ("grads", "left"), ("acc", "right"), ("agree", "right"), ("det", "left")]
@@ -157,7 +170,7 @@ def render(report: dict, timed: bool, verbose: bool = False) -> str:
         acc, agree = _metrics(r)
         row = [r["model"], r["path"], _label(r), tol_units, max_abs, _gradients(r), acc, agree, _determinism(r)]
         rows.append(row + [_timing(r)] * timed + [short])
-    lines = [_table(columns, rows), ""]
+    lines = [*head, _table(columns, rows), ""]
     lines += _legend(LEGEND + TIMING_LEGEND * timed + VERDICT_LEGEND)
     if hidden:
         lines.append("  (…: reason shortened; --verbose lists xerror and skip reasons in full; --json has all)")
@@ -169,10 +182,28 @@ def render(report: dict, timed: bool, verbose: bool = False) -> str:
 
 
 def render_paths(rows: list[dict]) -> str:
-    """The ``parity paths`` table; each row has id, device, precision, steps and status."""
-    columns = [("path", "left"), ("device", "left"), ("precision", "left"), ("export chain", "left"),
-               ("status", "left")]
-    return _table(columns, [(r["id"], r["device"], r["precision"], r["steps"], r["status"]) for r in rows])
+    """The ``parity paths`` matrix: one row per path and device, one column per precision (``ok``, or
+    ``skip [n]`` with reason n listed below), then the notes of runtimes that could not be verified here."""
+    precisions = list(dict.fromkeys(r["precision"] for r in rows))
+    reasons: dict[str, int] = {}
+    table: dict[tuple, dict] = {}
+    for r in rows:
+        cell = "ok"
+        if r["reason"]:
+            cell = f"skip [{reasons.setdefault(r['reason'], len(reasons) + 1)}]"
+        table.setdefault((r["id"], r["device"]), {"chain": r["steps"]})[r["precision"]] = cell
+    columns = [("path", "left"), ("device", "left"), *[(p, "left") for p in precisions], ("export chain", "left")]
+    body = [(path, device, *[cells.get(p, "-") for p in precisions], cells["chain"])
+            for (path, device), cells in table.items()]
+    lines = [_table(columns, body)]
+    if reasons:
+        lines += ["", "Why not"] + [line for reason, n in reasons.items() for line in
+                                    textwrap.wrap(f"[{n}] {reason}", WRAP, initial_indent="  ", subsequent_indent="      ")]
+    notes = dict.fromkeys(r["note"] for r in rows if r.get("note"))
+    if notes:
+        lines += ["", "Notes"] + [line for note in notes for line in textwrap.wrap(note, WRAP, initial_indent="  ",
+                                                                               subsequent_indent="  ")]
+    return "\n".join(lines)
 
 
 def summary_lines(report: dict) -> list[str]:

@@ -72,6 +72,33 @@ def _first_rows(results: list[dict]) -> list[tuple]:
     return rows
 
 
+def _gpu_rows(results: list[dict]) -> tuple[list[tuple], list[str]]:
+    """GPU compute alone, energy, clocks and device memory per timed GPU batch; and the clock warnings."""
+    rows, warnings = [], []
+    for r in results:
+        for batch, e in ((r.get("timing") or {}).get("batches") or {}).items():
+            gpu = e.get("gpu")
+            if e.get("verdict") != "pass" or not gpu:
+                continue
+            compute = gpu["compute"]
+            if "median_ms" not in compute:
+                rows.append((r["model"], r["path"], batch, "-", "-", "-", "-", "-", compute.get("reason", "")[:60]))
+                continue
+            energy, clocks = gpu.get("energy") or {}, gpu.get("clocks") or {}
+            joules = energy.get("joules_per_inference")
+            lo, hi = compute["ci95_ms"]
+            memory = gpu.get("peak_device_memory_mb")
+            rows.append((r["model"], r["path"], batch, f"{compute['median_ms']:.4f}", f"[{lo:.4f}, {hi:.4f}]",
+                         f"{joules:.4g} J @ {energy['sampling_hz']:.0f} Hz" if joules is not None and energy.get("sampling_hz")
+                         else (f"{joules:.4g} J" if joules is not None else "not measurable here"),
+                         f"{clocks.get('sm_mhz_min')}-{clocks.get('sm_mhz_max')} MHz" if clocks.get("sm_mhz_min") else "-",
+                         "-" if memory is None else f"{memory:.0f}",
+                         {True: "locked", False: "not locked"}.get(clocks.get("locked"), "unknown")))
+            if clocks.get("warning"):
+                warnings.append(f"{r['model']} {r['path']} batch {batch}: {clocks['warning']}")
+    return rows, warnings
+
+
 def render(report: dict) -> str:
     """The benchmark block printed after the verdict table of ``run`` / ``bench``."""
     results = report["results"]
@@ -80,6 +107,13 @@ def render(report: dict) -> str:
                ("95% CI ms", "right"), ("cv", "right"), ("runs", "right"), ("samples/s", "right"),
                ("vs baseline (ratio of medians [95% CI])", "left")]
     lines.append(_table(columns, [row for r in results for row in _batch_rows(r)]))
+    gpu, clock_warnings = _gpu_rows(results)
+    if gpu:
+        lines += ["", "GPU compute alone (input on the device, outputs left there, synchronised after each call), "
+                      "energy per inference over that window",
+                  _table([("model", "left"), ("path", "left"), ("batch", "right"), ("median ms", "right"),
+                          ("95% CI ms", "right"), ("energy / inference", "right"), ("SM clock", "right"),
+                          ("peak device MB", "right"), ("clocks", "left")], gpu)]
     train = _train_rows(results)
     if train:
         lines += ["", "Training step (forward, loss, backward, SGD update; verified against the golden first)",
@@ -96,6 +130,8 @@ def render(report: dict) -> str:
     noisy = [f"{r['model']} {r['path']} batch {batch} {100 * e['cv']:.1f}%"
              for r in results for batch, e in ((r.get("timing") or {}).get("batches") or {}).items()
              if e.get("verdict") == "pass" and e["cv"] > CV_WARNING]
+    for warning in dict.fromkeys(clock_warnings):
+        lines += ["", *textwrap.wrap(f"warning: {warning}", WRAP, subsequent_indent="  ")]
     if noisy:
         warning = (f"warning: coefficient of variation above {100 * CV_WARNING:.1f}% (a noisy machine: compare "
                    f"those medians with care, by their intervals): {', '.join(noisy)}")

@@ -84,11 +84,9 @@ class Runner:
         """On a GPU: a zero-argument function that runs the model once on ``x`` already on the device and
         returns when the device has finished (no host copies): what GPU compute time is measured on.
         None where the runner has no device-resident form (CPU runners, the host-only reference)."""
-        return None
 
     def device_memory_peak_mb(self) -> float | None:
         """Peak device memory this runner's allocator has held, in MiB, where it can tell (else None)."""
-        return None
 
     def run_impl(self, x: np.ndarray) -> tuple[np.ndarray, ...]:
         raise NotImplementedError

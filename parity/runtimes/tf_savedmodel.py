@@ -5,9 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from parity import layouts
-from parity.runtimes.base import Runner
 from parity.precision import tf_flags
-from parity.sources.tf import run_sgd_step, sgd_step, tape_gradients, tf_device, variable_values
+from parity.runtimes.base import Runner
+from parity.sources.tf import (
+    run_sgd_step,
+    sgd_step,
+    tape_gradients,
+    tf_device,
+    variable_values,
+)
 
 
 class SavedModelRunner(Runner):

@@ -1,0 +1,186 @@
+"""The precision and device axes on a CPU machine: bf16 / fp16 paths verified against the float64 golden and
+timed, one that fails the metric rule on purpose, flags recorded, and GPU paths skipping with their reasons."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from parity import devices, orchestrate, paths, precision
+from parity.benchmark import BenchOptions
+from parity.cli import cli
+from parity.spec import Tolerance, Tolerances
+from parity.workspace import Workspace
+from tests.conftest import REPO
+
+NO_GPU = isinstance(devices.nvidia_gpus(), str)
+
+
+def run_check(root, model, patterns, **options):
+    opts = orchestrate.Options(threads=1, patterns=tuple(patterns), **options)
+    report = orchestrate.check(Workspace(root), [model], opts)
+    return report, {r["path"]: r for r in report["results"]}
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+# --- tolerances and flags ---------------------------------------------------------------------------
+
+def test_default_tolerances_come_from_the_dtype_and_gradients_are_looser():
+    assert precision.default_tolerance("fp16") == (16 * 2**-10,) * 2
+    assert precision.default_tolerance("bf16") == (16 * 2**-7,) * 2
+    assert precision.default_tolerance("tf32") == precision.default_tolerance("fp16")  # 10 fraction bits each
+    assert precision.default_tolerance("bf16", gradients=True)[0] == 10 * precision.default_tolerance("bf16")[0]
+
+
+def test_a_spec_declares_per_precision_tolerances_and_defaults_are_never_tighter_than_fp32():
+    spec = Workspace(REPO).load_spec("mlp")
+    spec.tolerances = {"fp32": Tolerances(Tolerance(0.5, 1e-5), {"logits": Tolerance(1e-5, 0.9)}),
+                       "fp16": Tolerances(Tolerance(0.03, 0.03))}
+    assert spec.output_tolerances("fp16").default == Tolerance(0.03, 0.03)  # declared wins
+    bf16 = spec.output_tolerances("bf16")
+    assert bf16.default == Tolerance(0.5, 0.125) and bf16.for_name("logits") == Tolerance(0.125, 0.9)
+    assert spec.gradient_tolerances("bf16").default.rtol == 1.25
+
+
+def test_torch_flags_are_set_explicitly_and_recorded():
+    torch = pytest.importorskip("torch")
+    recorded = precision.torch_flags(torch, "tf32", "cpu")
+    assert recorded["torch.backends.cuda.matmul.fp32_precision"] == "tf32"
+    assert recorded["torch.backends.mkldnn.matmul.fp32_precision"] == "ieee"  # the CPU never uses a reduced fp32
+    recorded = precision.torch_flags(torch, "fp32", "cpu")  # fp32: TF32 off, as set, not as defaulted
+    assert torch.backends.cuda.matmul.fp32_precision == "ieee" and torch.backends.cudnn.conv.fp32_precision == "ieee"
+    assert recorded["torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction"] is False
+
+
+def test_worker_environment_pins_tf32_off_except_at_tf32():
+    assert precision.worker_environment("cuda:1", "fp32")["NVIDIA_TF32_OVERRIDE"] == "0"
+    assert precision.worker_environment("cuda:1", "fp32")["CUDA_VISIBLE_DEVICES"] == "1"
+    assert precision.worker_environment("cuda:0", "tf32")["NVIDIA_TF32_OVERRIDE"] is None  # an inherited 0 is unset
+    assert precision.worker_environment("cpu", "bf16")["JAX_PLATFORMS"] == "cpu"
+
+
+# --- end to end on the CPU --------------------------------------------------------------------------
+
+def test_bf16_native_paths_pass_with_their_tolerances_and_are_timed(workspace_copy):
+    root = workspace_copy()
+    report, results = run_check(root, "mlp", ["torch", "jax"], precision="bf16",
+                                timing=BenchOptions(budget_s=0.05, min_runs=5, batch_sizes=(64,), first_result=False))
+    assert orchestrate.exit_code(report) == 0
+    for path_id, dtype_flag in (("torch", "torch.backends.cuda.matmul.fp32_precision"),
+                                ("jax", "jax_default_matmul_precision")):
+        result = results[path_id]
+        assert result["verdict"] == "pass" and result["precision"] == "bf16", result["reason"]
+        assert result["numerics"]["dtype"] == "bfloat16" and dtype_flag in result["numerics"]
+        assert result["tolerances"]["outputs"]["default"] == {"atol": 0.125, "rtol": 0.125}
+        worst = result["outputs"]["logits"]
+        assert 1e-3 < worst["max_abs"] and worst["tol_units"] < 1  # bf16 rounding is there, within tolerance
+        assert result["metrics"]["ok"] and result["gradients"]
+        assert result["timing"]["batches"]["64"]["verdict"] == "pass"  # verified again at the batch, then timed
+
+
+def test_fp16_onnx_model_is_converted_and_runs_on_onnx_runtime_cpu(workspace_copy):
+    root = workspace_copy()
+    report, results = run_check(root, "mlp", ["torch/onnx/*"], precision="fp16", diagnose=None)
+    assert orchestrate.exit_code(report) == 0
+    for path_id in ("torch/onnx/ort", "torch/onnx/onnxref"):
+        result = results[path_id]
+        assert result["verdict"] == "pass", result["reason"]
+        assert result["numerics"]["float16_model"] is True
+        assert 1e-4 < result["outputs"]["logits"]["max_abs"]  # really float16, not the float32 model
+    assert paths.by_id("torch/onnx/ort", "cpu", "fp16").exports[-1] is paths.ONNX_FP16
+
+
+def test_a_bf16_path_that_loses_the_ranking_fails_the_metric_rule(tmp_path):
+    """Logits on a large offset: bf16 outputs stay within tolerance, but the ranking collapses, and the
+    metric rule (accuracy >= 99 % of the float64 value, argmax agreement) fails the path."""
+    import torch
+
+    from tests.usermodels import make_offset_logits
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 8)).astype(np.float32)
+    with torch.no_grad():
+        labels = make_offset_logits().double()(torch.from_numpy(x).double()).argmax(-1).numpy()
+    np.savez(tmp_path / "data.npz", x=x, labels=labels)
+    models = REPO / "tests" / "usermodels.py"
+    for args in (["init", "offset", "--torch", f"{models}:make_offset_logits", "--inputs", str(tmp_path / "data.npz"),
+                  "--input", "x=64x8"], ["golden", "build", "--model", "offset"]):
+        result = invoke(*args, "--workspace", str(tmp_path))
+        assert result.exit_code == 0, result.output
+    _, fp32 = run_check(tmp_path, "offset", ["torch"], diagnose=None)
+    assert fp32["torch"]["verdict"] == "pass"
+    report, bf16 = run_check(tmp_path, "offset", ["torch"], precision="bf16", diagnose=None)
+    result = bf16["torch"]
+    assert result["verdict"] == "fail" and orchestrate.exit_code(report) == 1
+    assert result["outputs"]["output"]["ok"]  # within the bf16 output tolerance ...
+    assert not result["metrics"]["ok"] and result["metrics"]["accuracy"]["value"] < 0.9  # ... but not the metric
+    assert result["reason"].startswith("metric accuracy") and "argmax agreement" in result["reason"]
+
+
+# --- what cannot run here -----------------------------------------------------------------------------
+
+def test_tf32_on_the_cpu_and_bf16_on_onnx_runtime_skip_with_reasons():
+    assert "tensor-core mode" in paths.unavailable_reason(paths.by_id("torch", "cpu", "tf32"))
+    assert "bfloat16 ONNX converter" in paths.unavailable_reason(paths.by_id("torch/onnx/ort", "cpu", "bf16"))
+    assert paths.unavailable_reason(paths.by_id("torch", "cpu", "bf16")) is None
+
+
+@pytest.mark.skipif(not NO_GPU, reason="this machine has an NVIDIA GPU")
+def test_device_cuda_without_a_gpu_skips_every_path_with_its_reason(workspace_copy):
+    root = workspace_copy()
+    result = invoke("check", "--workspace", str(root), "--model", "mlp", "--device", "cuda", "--json", "-")
+    assert result.exit_code == 0, result.output  # nothing failed: skips only
+    report = json.loads(result.output[result.output.index("{"):])
+    reasons = {r["path"]: r["reason"] for r in report["results"]}
+    assert {r["verdict"] for r in report["results"]} == {"skip"} and {r["device"] for r in report["results"]} == {"cuda:0"}
+    assert all(reason.startswith("no NVIDIA GPU here") for reason in reasons.values())
+    assert "torch/onnx/trt" in reasons and "torch/onnx/ort-trt" in reasons and "torch/onnx/onnxref" not in reasons
+    if "+cpu" in (report["env"]["packages"].get("torch") or ""):
+        assert "CPU-only build" in reasons["torch"]
+    assert "onnxruntime is the CPU build" in reasons["torch/onnx/ort"]
+
+
+def test_paths_shows_the_whole_matrix_with_reasons_and_the_tensorrt_note():
+    result = invoke("paths", "--model", "mlp")
+    assert result.exit_code == 0
+    for text in ("torch/onnx/trt", "cuda:0", "tf32", "bf16", "TF32 is a tensor-core mode", "unverified"):
+        assert text in result.output
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--precision", "fp8"], "Invalid value for '--precision'"),
+    (["--device", "tpu"], "unknown device 'tpu'; use cpu, cuda or cuda:N"),
+    (["--device", "cuda:x"], "unknown device 'cuda:x'"),
+])
+def test_bad_device_or_precision_is_one_line_and_exit_2(args, message):
+    result = CliRunner().invoke(cli, ["check", "--model", "mlp", *args])
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+
+
+def test_an_engine_is_keyed_on_gpu_and_tensorrt_version_and_float32_exports_are_shared(workspace_copy, monkeypatch):
+    """An engine cache entry built for another GPU or TensorRT version has another key: rebuilt, never reused.
+    The float32 export under a reduced-precision path is the fp32 path's own (one export, many precisions)."""
+    root = workspace_copy()
+    ws = Workspace(root)
+    spec = ws.load_spec("mlp")
+    from parity import golden
+
+    manifest = golden.verify(ws.golden_dir("mlp"), spec)
+    run = orchestrate.Run(ws, orchestrate.Options(threads=1))
+    engine = paths.by_id("torch/onnx/trt", "cuda:0", "fp16")
+    identity = {"tensorrt": "10.13.0", "gpu": "NVIDIA H100", "compute_capability": "9.0"}
+    monkeypatch.setattr(devices, "engine_identity", lambda device: dict(identity))
+    key = run._chain_key(spec, manifest, engine, 1)
+    for field, other in (("gpu", "NVIDIA A100"), ("compute_capability", "8.0"), ("tensorrt", "11.4.0")):
+        monkeypatch.setattr(devices, "engine_identity", lambda device, f=field, o=other: {**identity, f: o})
+        assert run._chain_key(spec, manifest, engine, 1) != key
+    assert run._chain_key(spec, manifest, paths.by_id("torch/onnx/trt", "cuda:0", "fp32"), 1) != key
+    fp32, fp16 = paths.by_id("torch/onnx/ort", "cpu", "fp32"), paths.by_id("torch/onnx/ort", "cpu", "fp16")
+    assert run._chain_key(spec, manifest, fp32, 0) == run._chain_key(spec, manifest, fp16, 0)
+    assert run._chain_key(spec, manifest, fp16, 1) != run._chain_key(spec, manifest, paths.by_id("torch/onnx/ort"), 0)
