@@ -149,7 +149,10 @@ SPEC = ModelSpec(
         "dropout": Layer("dropout", {"rate": DROPOUT}),
         "logits": Layer("dense"),
     },
-    tolerances={"fp32": Tolerances(Tolerance(atol=1e-5, rtol=1e-5))},
+    # fp16: two convolutions and a BatchNorm in float16 reach 0.96 of the dtype's default (16 eps = 0.0156) on
+    # the jax path; declared at about twice the worst error measured across torch, tf and jax. Other
+    # reduced precisions use the defaults derived from the dtype (parity.precision).
+    tolerances={"fp32": Tolerances(Tolerance(atol=1e-5, rtol=1e-5)), "fp16": Tolerances(Tolerance(atol=0.03, rtol=0.03))},
     grad_tolerances={"fp32": Tolerances(Tolerance(atol=1e-6, rtol=1e-4))},
     bench_batch_sizes=(1, 64),
     training=Training(epochs=20, lr=3e-3, batch_size=64, seed=0),

@@ -26,7 +26,10 @@ def check_step(runner, x, labels, lr: float, golden_weights: dict, golden_grads:
     Returns ``{"ok", "params": {name: {"max_abs", "tol_units", "ok", ...}}, "worst", "lr", "step_s"}``;
     ``worst`` is the parameter with the largest error in tolerance units (a failing one first).
     """
+    from parity.precision import DTYPE_EPS
+
     lr = float(lr)
+    eps = DTYPE_EPS.get(runner.compute_dtype)  # weights are stored in it (reported widened to float32)
     names = [name for name in golden_grads if not name.startswith("input:")]
     before = runner.trainable_weights()
     started = time.perf_counter()
@@ -40,7 +43,7 @@ def check_step(runner, x, labels, lr: float, golden_weights: dict, golden_grads:
             continue
         tol = grad_tolerances.for_name(name)
         params[name] = step_stats(before.get(name), after[name], golden_weights[name], golden_grads[name], lr,
-                                  tol.atol, tol.rtol)
+                                  tol.atol, tol.rtol, eps)
     unexpected = sorted(set(after) - set(names))
     worst = max(params, key=lambda n: (not params[n]["ok"], params[n].get("tol_units", float("inf"))), default=None)
     result = {"ok": bool(params) and all(s["ok"] for s in params.values()) and not unexpected,
@@ -50,14 +53,16 @@ def check_step(runner, x, labels, lr: float, golden_weights: dict, golden_grads:
     return result
 
 
-def step_stats(before, after, weight, grad, lr: float, atol: float, rtol: float) -> dict:
-    """One parameter after one step against ``weight - lr * grad`` (float64 arithmetic)."""
+def step_stats(before, after, weight, grad, lr: float, atol: float, rtol: float, eps: float | None = None) -> dict:
+    """One parameter after one step against ``weight - lr * grad`` (float64 arithmetic); ``eps``: the machine
+    epsilon of the dtype the weights are stored in (default: that of ``after``)."""
     after = np.asarray(after)
     weight = np.asarray(weight, dtype=np.float64)
     grad = np.asarray(grad, dtype=np.float64)
     if after.shape != weight.shape or grad.shape != weight.shape:
         return {"ok": False, "reason": f"shape {tuple(after.shape)} != golden {tuple(weight.shape)}"}
-    eps = float(np.finfo(after.dtype).eps) if after.dtype.kind == "f" else float(np.finfo(np.float32).eps)
+    if eps is None:
+        eps = float(np.finfo(after.dtype).eps) if after.dtype.kind == "f" else float(np.finfo(np.float32).eps)
     a = after.astype(np.float64)
     if not np.all(np.isfinite(a)):
         bad = int(a.size - np.count_nonzero(np.isfinite(a)))

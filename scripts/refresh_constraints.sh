@@ -11,7 +11,7 @@ python3 -m venv "$work/venv"
   echo "# Regenerate with scripts/refresh_constraints.sh. GPU-only pins at the end are"
   echo "# used by the 'gpu' extra only: onnxruntime and onnxruntime-gpu are never installed together."
   "$work/venv/bin/pip" freeze --exclude-editable | sed 's/^torch==\(.*\)+cpu$/torch==\1/'
-  grep -E '^(onnxruntime-gpu|tensorrt|tensorflow)==' constraints.txt
+  grep -E '^(onnxruntime-gpu|tensorrt|cuda-python|tensorflow)==' constraints.txt
 } > constraints.txt.new
 mv constraints.txt.new constraints.txt
 rm -rf "$work"

@@ -74,11 +74,11 @@ def test_golden_verify_passes_on_builtin_zoo():
 
 
 def test_paths_lists_every_path_with_status():
-    result = invoke("paths")
+    result = invoke("paths", "--device", "cpu", "--precision", "fp32")
     assert result.exit_code == 0
     for path_id in ("torch", "torch/onnx/ort", "tf/onnx/onnxref", "jax/tf/onnx/ort"):
         assert path_id in result.output
-    assert "available" in result.output
+    assert " ok " in result.output and "cuda" not in result.output
 
 
 def test_env_is_json_with_threads_and_versions():

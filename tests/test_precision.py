@@ -51,11 +51,13 @@ def test_a_spec_declares_per_precision_tolerances_and_defaults_are_never_tighter
 def test_torch_flags_are_set_explicitly_and_recorded():
     torch = pytest.importorskip("torch")
     recorded = precision.torch_flags(torch, "tf32", "cpu")
-    assert recorded["torch.backends.cuda.matmul.fp32_precision"] == "tf32"
+    assert recorded["torch.backends.cuda.matmul.allow_tf32"] is True and recorded["torch.backends.cudnn.allow_tf32"]
     assert recorded["torch.backends.mkldnn.matmul.fp32_precision"] == "ieee"  # the CPU never uses a reduced fp32
     recorded = precision.torch_flags(torch, "fp32", "cpu")  # fp32: TF32 off, as set, not as defaulted
-    assert torch.backends.cuda.matmul.fp32_precision == "ieee" and torch.backends.cudnn.conv.fp32_precision == "ieee"
+    assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+    assert recorded["torch.float32_matmul_precision"] == "highest"
     assert recorded["torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction"] is False
+    torch.export.export(torch.nn.Conv2d(1, 1, 1), (torch.zeros(1, 1, 2, 2),))  # torch.export still reads the switches
 
 
 def test_worker_environment_pins_tf32_off_except_at_tf32():
@@ -72,7 +74,7 @@ def test_bf16_native_paths_pass_with_their_tolerances_and_are_timed(workspace_co
     report, results = run_check(root, "mlp", ["torch", "jax"], precision="bf16",
                                 timing=BenchOptions(budget_s=0.05, min_runs=5, batch_sizes=(64,), first_result=False))
     assert orchestrate.exit_code(report) == 0
-    for path_id, dtype_flag in (("torch", "torch.backends.cuda.matmul.fp32_precision"),
+    for path_id, dtype_flag in (("torch", "torch.backends.cuda.matmul.allow_tf32"),
                                 ("jax", "jax_default_matmul_precision")):
         result = results[path_id]
         assert result["verdict"] == "pass" and result["precision"] == "bf16", result["reason"]

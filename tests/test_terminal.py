@@ -52,7 +52,8 @@ def sample() -> dict:
 
 
 def header(text: str) -> str:
-    return text.splitlines()[0]
+    """The table's header row (after the line naming the device and precision, and a blank line)."""
+    return text.splitlines()[2]
 
 
 def row(text: str, path: str) -> str:
@@ -69,7 +70,8 @@ def test_timing_column_only_when_timed():
 
 def test_plain_text_with_ascii_rule():
     text = terminal.render(sample(), timed=True)
-    assert set(text.splitlines()[1]) == {"-"}
+    assert text.splitlines()[0].startswith("device cpu, precision fp32 (float32, TF32 off)")
+    assert set(text.splitlines()[3]) == {"-"}
     assert "\x1b" not in text and not any(ch in text for ch in "─━│┃┌└")
     assert all(line == line.rstrip() for line in text.splitlines())
 
@@ -144,13 +146,18 @@ def test_reason_with_brackets_is_not_markup():
     assert "[bold]logits[/bold]" in text
 
 
-def test_render_paths_has_header_and_rows():
-    rows = [{"id": "torch", "device": "cpu", "precision": "fp32", "steps": "native", "status": "available"},
-            {"id": "jax/tf/onnx/ort", "device": "cpu", "precision": "fp32", "steps": "jax2tf -> tf2onnx",
-             "status": "skip: tf2onnx is not installed"}]
-    text = terminal.render_paths(rows)
-    lines = text.splitlines()
-    assert lines[0].split() == ["path", "device", "precision", "export", "chain", "status"]
+def test_render_paths_is_a_matrix_with_numbered_reasons_and_notes():
+    rows = [{"id": "torch", "device": "cpu", "precision": "fp32", "steps": "native", "reason": None, "note": ""},
+            {"id": "torch", "device": "cpu", "precision": "tf32", "steps": "native", "reason": "no TF32 on a CPU",
+             "note": ""},
+            {"id": "torch/onnx/trt", "device": "cuda:0", "precision": "fp32", "steps": "torch.onnx -> trt build",
+             "reason": "no NVIDIA GPU here", "note": "unverified here"},
+            {"id": "torch/onnx/trt", "device": "cuda:0", "precision": "tf32", "steps": "torch.onnx -> trt build",
+             "reason": "no NVIDIA GPU here", "note": "unverified here"}]
+    lines = terminal.render_paths(rows).splitlines()
+    assert lines[0].split() == ["path", "device", "fp32", "tf32", "export", "chain"]
     assert set(lines[1]) == {"-"}
-    assert lines[3].split()[:3] == ["jax/tf/onnx/ort", "cpu", "fp32"] and "jax2tf -> tf2onnx" in lines[3]
-    assert lines[3].endswith("skip: tf2onnx is not installed")
+    assert lines[2].split() == ["torch", "cpu", "ok", "skip", "[1]", "native"]
+    assert lines[3].split()[:6] == ["torch/onnx/trt", "cuda:0", "skip", "[2]", "skip", "[2]"]
+    assert "  [1] no TF32 on a CPU" in lines and "  [2] no NVIDIA GPU here" in lines
+    assert lines[-2:] == ["Notes", "  unverified here"]

@@ -21,7 +21,7 @@ def _collect(run, pool, spec, path, artifact, precision: str, **options) -> dict
     return pool.call(path.runtime.group, COLLECT, workspace=str(run.workspace.root), model=spec.name, path_id=path.id,
                      golden_dir=str(run.workspace.golden_dir(spec.name)), precision=precision,
                      threads=run.options.threads, artifact_dir=artifact and artifact["dir"],
-                     artifact_meta=artifact and artifact["meta"], **options)
+                     artifact_meta=artifact and artifact["meta"], device=path.device, **options)
 
 
 def diagnose(run, pool, spec, manifest, path: paths.PathDef, artifact: dict | None = None) -> dict:
@@ -41,7 +41,8 @@ def diagnose(run, pool, spec, manifest, path: paths.PathDef, artifact: dict | No
                             weight_perturbation=run.options.weight_perturbation.get((spec.name, path.id)))
         source = observed
         if path.exports and path.definition != path.id:
-            definition = paths.by_id(path.definition)
+            definition = paths.by_id(path.definition, path.device if path.definition in paths.NATIVE else "cpu",
+                                     path.precision)
             artifact_of_definition = (run._export(pool, spec, manifest, definition, len(definition.exports) - 1)
                                       if definition.exports else None)
             source = _collect(run, pool, spec, definition, artifact_of_definition, path.precision, gradients=False)

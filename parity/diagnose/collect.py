@@ -15,21 +15,23 @@ from parity.workspace import Workspace
 
 ONNX_RUNTIMES = ("ort", "ort-noopt", "onnxref")
 SAVEDMODEL_REASON = "a SavedModel made by jax2tf exposes only its outputs, not its layers"
+GPU_RUNTIME_REASON = ("taps are read from ONNX graphs on the CPU runtimes only; on a GPU runtime outputs are compared "
+                      "(diagnose the same path with --device cpu to locate the tap)")
 
 
 def collect(workspace: str, model: str, path_id: str, golden_dir: str, precision: str, threads: int,
             artifact_dir: str | None = None, artifact_meta: dict | None = None, runtime_link: bool = False,
-            gradients: bool = True, weight_perturbation: dict | None = None) -> dict:
+            gradients: bool = True, weight_perturbation: dict | None = None, device: str = "cpu") -> dict:
     """``{"outputs", "taps", "located", "gradients", "runtime_compare"}`` for one path (canonical layout).
 
     ``gradients`` False skips them (a source run only for the converter link needs none);
     ``weight_perturbation`` is the deliberate drift a check may add to a native source's weights."""
     spec = Workspace(workspace).load_spec(model)
-    path = paths.by_id(path_id)
+    path = paths.by_id(path_id, device, precision)
     verified = golden.load(Path(golden_dir), spec)
     inputs = verified.arrays["inputs.npz"]
     x, labels = inputs["x"], inputs.get("labels")
-    if artifact_dir is not None and path.runtime.name in ONNX_RUNTIMES:
+    if artifact_dir is not None and path.runtime.name in ONNX_RUNTIMES and path.device == "cpu":
         golden_taps = {t: verified.arrays["reference.npz"][f"tap/{t}"] for t in spec.taps}
         return _collect_onnx(spec, path, artifact_dir, artifact_meta, x, golden_taps, precision, threads, runtime_link)
     runner = build_runner(spec, path, perturbed(verified.arrays["weights.npz"], weight_perturbation), spec.batch_size,
@@ -38,7 +40,8 @@ def collect(workspace: str, model: str, path_id: str, golden_dir: str, precision
         taps = runner.taps(x) if spec.taps else {}
         located = {t: {"found": "native"} for t in taps}
     else:
-        taps, located = {}, {t: {"found": "unmapped", "reason": SAVEDMODEL_REASON} for t in spec.taps}
+        reason = SAVEDMODEL_REASON if path.runtime is paths.TF_SAVEDMODEL else GPU_RUNTIME_REASON
+        taps, located = {}, {t: {"found": "unmapped", "reason": reason} for t in spec.taps}
     return {"outputs": runner.run(x), "taps": taps, "located": located,
             "gradients": runner.gradients(x, labels) if gradients and runner.differentiable and spec.loss else None,
             "runtime_compare": None}
