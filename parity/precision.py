@@ -48,6 +48,8 @@ PRECISIONS = {
 
 # machine epsilon of each storage dtype (the spacing of numbers in [1, 2))
 DTYPE_EPS = {"float64": 2.0**-52, "float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
+# smallest normal number of each (below it numbers are subnormal, with a fixed spacing of eps * min_normal)
+DTYPE_MIN_NORMAL = {"float64": 2.0**-1022, "float32": 2.0**-126, "float16": 2.0**-14, "bfloat16": 2.0**-126}
 
 # Default model-output tolerance: this many epsilons (atol and rtol). A network of a few layers
 # accumulates the rounding of every layer: on a CPU the built-in models reach 0.2-0.53 of it at bf16

@@ -26,10 +26,11 @@ def check_step(runner, x, labels, lr: float, golden_weights: dict, golden_grads:
     Returns ``{"ok", "params": {name: {"max_abs", "tol_units", "ok", ...}}, "worst", "lr", "step_s"}``;
     ``worst`` is the parameter with the largest error in tolerance units (a failing one first).
     """
-    from parity.precision import DTYPE_EPS
+    from parity.precision import DTYPE_EPS, DTYPE_MIN_NORMAL
 
     lr = float(lr)
-    eps = DTYPE_EPS.get(runner.compute_dtype)  # weights are stored in it (reported widened to float32)
+    # weights are stored in the runner's dtype (reported widened to float32): its rounding, subnormals included
+    eps, min_normal = DTYPE_EPS.get(runner.compute_dtype), DTYPE_MIN_NORMAL.get(runner.compute_dtype, 0.0)
     names = [name for name in golden_grads if not name.startswith("input:")]
     before = runner.trainable_weights()
     started = time.perf_counter()
@@ -43,7 +44,7 @@ def check_step(runner, x, labels, lr: float, golden_weights: dict, golden_grads:
             continue
         tol = grad_tolerances.for_name(name)
         params[name] = step_stats(before.get(name), after[name], golden_weights[name], golden_grads[name], lr,
-                                  tol.atol, tol.rtol, eps)
+                                  tol.atol, tol.rtol, eps, min_normal)
     unexpected = sorted(set(after) - set(names))
     worst = max(params, key=lambda n: (not params[n]["ok"], params[n].get("tol_units", float("inf"))), default=None)
     result = {"ok": bool(params) and all(s["ok"] for s in params.values()) and not unexpected,
@@ -53,9 +54,11 @@ def check_step(runner, x, labels, lr: float, golden_weights: dict, golden_grads:
     return result
 
 
-def step_stats(before, after, weight, grad, lr: float, atol: float, rtol: float, eps: float | None = None) -> dict:
-    """One parameter after one step against ``weight - lr * grad`` (float64 arithmetic); ``eps``: the machine
-    epsilon of the dtype the weights are stored in (default: that of ``after``)."""
+def step_stats(before, after, weight, grad, lr: float, atol: float, rtol: float, eps: float | None = None,
+               min_normal: float = 0.0) -> dict:
+    """One parameter after one step against ``weight - lr * grad`` (float64 arithmetic); ``eps`` and
+    ``min_normal``: the machine epsilon and smallest normal number of the dtype the weights are stored in
+    (default: ``after``'s epsilon; below ``min_normal`` a number is rounded to subnormal spacing)."""
     after = np.asarray(after)
     weight = np.asarray(weight, dtype=np.float64)
     grad = np.asarray(grad, dtype=np.float64)
@@ -71,10 +74,11 @@ def step_stats(before, after, weight, grad, lr: float, atol: float, rtol: float,
     if before is not None:  # the step must start from the golden weights (exact up to the runner's dtype)
         start = np.abs(np.asarray(before, dtype=np.float64) - weight)
         stats["start_max_abs"] = float(start.max()) if start.size else 0.0
-        stats["start_ok"] = bool(np.all(start <= eps * np.abs(weight)))
+        stats["start_ok"] = bool(np.all(start <= eps * np.maximum(np.abs(weight), min_normal)))
     expected = weight - lr * grad
     diff = np.abs(a - expected)
-    allowance = lr * (atol + rtol * np.abs(grad)) + 2 * eps * np.maximum(np.abs(weight), np.abs(expected))
+    allowance = lr * (atol + rtol * np.abs(grad)) + 2 * eps * np.maximum(np.maximum(np.abs(weight), np.abs(expected)),
+                                                                          min_normal)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(diff == 0, 0.0, diff / allowance)
     tol_units = float(ratio.max()) if ratio.size else 0.0

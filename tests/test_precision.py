@@ -186,3 +186,36 @@ def test_an_engine_is_keyed_on_gpu_and_tensorrt_version_and_float32_exports_are_
     fp32, fp16 = paths.by_id("torch/onnx/ort", "cpu", "fp32"), paths.by_id("torch/onnx/ort", "cpu", "fp16")
     assert run._chain_key(spec, manifest, fp32, 0) == run._chain_key(spec, manifest, fp16, 0)
     assert run._chain_key(spec, manifest, fp16, 1) != run._chain_key(spec, manifest, paths.by_id("torch/onnx/ort"), 0)
+
+
+def test_gpu_figures_time_compute_alone_and_say_what_cannot_be_measured():
+    """The GPU timing step on a runner with a device-resident form (the Runner contract's own hook, here a
+    plain function): compute alone is timed; where NVML has no GPU, energy and clocks say so, never a number."""
+    import time
+
+    from parity import timing
+    from parity.report import timing_table
+    from parity.runtimes.base import Runner
+
+    class Resident(Runner):
+        def device_compute(self, x):
+            return lambda: time.sleep(0.0005)
+
+        def device_memory_peak_mb(self):
+            return 12.0
+
+    runner = Resident(Workspace(REPO).load_spec("mlp"), 4, device="cuda:0")
+    figures = timing.gpu_figures(runner, np.zeros((4, 64), np.float32),
+                                 {"budget_s": 0.05, "min_runs": 5, "target_rel_ci": 0.02}, 4)
+    assert figures["compute"]["median_ms"] >= 0.5 and figures["peak_device_memory_mb"] == 12.0
+    if NO_GPU:
+        assert figures["state"]["available"] is False
+        assert figures["energy"]["joules_per_inference"] is None
+        assert figures["energy"]["reason"].startswith("not measurable here")
+    result = {"model": "mlp", "path": "torch", "verdict": "pass", "timing": {"batches": {"4": {
+        "verdict": "pass", "median_ms": 1.0, "ci95_ms": [0.9, 1.1], "cv": 0.01, "runs": 5, "throughput": 4000.0,
+        "gpu": figures}}}}
+    text = timing_table.render({"results": [result]})
+    assert "GPU compute alone" in text and "12" in text
+    if NO_GPU:
+        assert "not measurable here" in text

@@ -109,8 +109,8 @@ def render(report: dict) -> str:
     lines.append(_table(columns, [row for r in results for row in _batch_rows(r)]))
     gpu, clock_warnings = _gpu_rows(results)
     if gpu:
-        lines += ["", "GPU compute alone (input on the device, outputs left there, synchronised after each call), "
-                      "energy per inference over that window",
+        lines += ["", ("GPU compute alone (input on the device, outputs left there, synchronised after each call), "
+                       "energy per inference over that window"),
                   _table([("model", "left"), ("path", "left"), ("batch", "right"), ("median ms", "right"),
                           ("95% CI ms", "right"), ("energy / inference", "right"), ("SM clock", "right"),
                           ("peak device MB", "right"), ("clocks", "left")], gpu)]
