@@ -207,6 +207,8 @@ class Run:
                 result.update(verdict="error", reason=artifact["error"], export={"cached": artifact["cached"]})
                 return
             result["export"] = {"cached": artifact["cached"], "export_s": artifact["meta"].get("export_s")}
+            if "build_determinism" in artifact["meta"]:  # a TensorRT engine: built twice, both run on the golden inputs
+                result["export"]["build_determinism"] = artifact["meta"]["build_determinism"]
         self.progress(f"{spec.name}: check {path.id}")
         try:
             outcome = pool.call(

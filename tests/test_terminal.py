@@ -161,3 +161,10 @@ def test_render_paths_is_a_matrix_with_numbered_reasons_and_notes():
     assert lines[3].split()[:6] == ["torch/onnx/trt", "cuda:0", "skip", "[2]", "skip", "[2]"]
     assert "  [1] no TF32 on a CPU" in lines and "  [2] no NVIDIA GPU here" in lines
     assert lines[-2:] == ["Notes", "  unverified here"]
+
+def test_a_non_deterministic_tensorrt_build_is_reported():
+    report = {"results": [{"model": "mlp", "path": "torch/onnx/trt", "verdict": "pass", "outputs": {},
+                           "export": {"build_determinism": {"deterministic": False, "max_abs_diff": 3e-6}}}],
+              "model_errors": []}
+    lines = terminal.summary_lines(report)
+    assert any("two TensorRT builds" in line and "3e-06" in line for line in lines)

@@ -227,4 +227,10 @@ def summary_lines(report: dict) -> list[str]:
                      f"metrics ok {metrics_ok}/{len(with_metrics)}")
     for problem in report.get("model_errors", []):
         lines.append(f"{problem['model']}: ERROR {problem['reason']}")
+    for r in report["results"]:
+        build = (r.get("export") or {}).get("build_determinism")
+        if build and not build["deterministic"]:
+            lines.append(f"warning: {r['model']} {r['path']}: two TensorRT builds of the same model give outputs "
+                         f"that differ by up to {build['max_abs_diff']:.3g} (tactics chosen by timing); the engine "
+                         "checked is the one timed")
     return lines
