@@ -15,8 +15,9 @@ from pathlib import Path
 import click
 
 from parity.errors import ParityError, UsageError
+from parity.precision import PRECISIONS
 
-PRECISION_CHOICES = ("fp32", "tf32", "fp16", "bf16")
+PRECISION_CHOICES = tuple(PRECISIONS)
 
 
 def _fail(message: str, code: int = 2):

@@ -1,9 +1,9 @@
 """The path matrix: every source -> export -> runtime chain parity knows, and why one is unavailable.
 
 A path is declared once here as data; adding a runtime or exporter is one ``Step`` and one
-line in ``PATHS``. Each step names the worker group (process) it runs in, so TensorFlow,
-PyTorch and JAX never share a process; only the jax2tf conversion itself needs JAX and
-TensorFlow together, and it gets its own group.
+line in ``CHAINS``; ``matrix`` puts each chain on every device and precision. Each step names the
+worker group (process) it runs in, so TensorFlow, PyTorch and JAX never share a process; only the
+jax2tf conversion itself needs JAX and TensorFlow together, and it gets its own group.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ import importlib.util
 from dataclasses import dataclass
 
 from parity.errors import UsageError
+from parity.precision import PRECISIONS
 
-ALL = ("fp32", "tf32", "fp16", "bf16")
+ALL = tuple(PRECISIONS)
 NOT_ON_CPU = "TF32 is a tensor-core mode of NVIDIA GPUs (Ampere or newer); run it with --device cuda"
 
 
@@ -195,9 +196,6 @@ def matrix(devices=("cpu", "cuda:0"), precisions=ALL) -> list[PathDef]:
             for device in devices for chain in CHAINS if device.partition(":")[0] in chain.runtime.targets
             for precision in precisions]
 
-
-# kept for callers that want the CPU float32 paths
-PATHS: tuple[PathDef, ...] = tuple(p for p in matrix(("cpu",), ("fp32",)))
 
 
 def missing_packages(path: PathDef) -> list[str]:

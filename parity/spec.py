@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-PRECISIONS = ("fp32", "fp16", "bf16", "tf32")
+from parity.precision import PRECISIONS as precision_names
+
+PRECISIONS = tuple(precision_names)
 PARAM_KINDS = ("dense_kernel", "conv_kernel", "vector", "tensor")
 INPUT_LAYOUTS = ("flat", "tokens", "nchw", "native")  # native: the source framework's own, never converted
 LOSSES = ("cross_entropy",)
