@@ -220,8 +220,8 @@ def _bench_options(budget_s, min_runs, target_ci, batch_sizes, baseline):
     bad = [b for b in batch_sizes if b < 1]
     if bad:
         raise UsageError(f"--batch-size must be a positive integer, not {bad[0]}")
-    if baseline:
-        path_registry.by_id(baseline)
+    if baseline and baseline not in path_registry.CHAIN_IDS:
+        raise UsageError(f"--baseline {baseline!r} is not a path; known paths: {', '.join(path_registry.CHAIN_IDS)}")
     return BenchOptions(budget_s=budget_s, min_runs=min_runs, target_rel_ci=target_ci,
                         batch_sizes=tuple(dict.fromkeys(batch_sizes)), baseline=baseline)
 

@@ -117,8 +117,9 @@ def test_a_bf16_path_that_loses_the_ranking_fails_the_metric_rule(tmp_path):
         assert result.exit_code == 0, result.output
     _, fp32 = run_check(tmp_path, "offset", ["torch"], diagnose=None)
     assert fp32["torch"]["verdict"] == "pass"
-    report, bf16 = run_check(tmp_path, "offset", ["torch"], precision="bf16", diagnose=None)
+    report, bf16 = run_check(tmp_path, "offset", ["torch"], precision="bf16")
     result = bf16["torch"]
+    assert result["diagnosis"] and "error" not in result["diagnosis"]  # diagnosed at bf16, under bf16 tolerances
     assert result["verdict"] == "fail" and orchestrate.exit_code(report) == 1
     assert result["outputs"]["output"]["ok"]  # within the bf16 output tolerance ...
     assert not result["metrics"]["ok"] and result["metrics"]["accuracy"]["value"] < 0.9  # ... but not the metric

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from html import escape
 from pathlib import Path
 
+from parity.report.terminal import placement
 from parity.safefs import write_text_atomic
 
 CSS = """
@@ -289,7 +290,8 @@ def render(report: dict) -> str:
     summary += f" · {len(errors)} model error(s)" if errors else ""
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     body = [f"<h1>parity report</h1><p class='muted'>generated {now} · schema {_e(report.get('schema'))}</p>",
-            f'<p class="summary">{_e(summary)}</p>', "<h2>Verdicts</h2>",
+            f'<p class="summary">{_e(summary)}</p>',
+            *(f"<p>{_e(line)}</p>" for line in placement(results) if line), "<h2>Verdicts</h2>",
             _verdicts(results) if results else "<p>No path ran.</p>"]
     if errors:
         body.append("<h2>Model errors</h2>" + _table(["model", "reason"], [

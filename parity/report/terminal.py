@@ -131,7 +131,7 @@ def _wrapped(ref: int, result: dict, reason: str) -> list[str]:
     return lines
 
 
-def _placement(results: list[dict]) -> list[str]:
+def placement(results: list[dict]) -> list[str]:
     """One line naming the device and precision of the run, and what a reduced precision is compared with."""
     from parity.precision import PRECISIONS
 
@@ -152,7 +152,7 @@ def render(report: dict, timed: bool, verbose: bool = False) -> str:
     results = report["results"]
     if not results:
         return "\n".join(summary_lines(report))
-    head = _placement(results)
+    head = placement(results)
     listed = UNEXPECTED + (("xerror", "skip") if verbose else ())
     columns = [("model", "left"), ("path", "left"), ("verdict", "left"), ("tol×", "right"), ("max_abs", "right"),
                ("grads", "left"), ("acc", "right"), ("agree", "right"), ("det", "left")]

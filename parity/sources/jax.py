@@ -78,7 +78,7 @@ def make_loss(spec):
 def jax_device(jax, device: str):
     """The JAX device for ``cpu`` / ``cuda:N`` (inside a worker the chosen GPU is CUDA device 0)."""
     try:
-        return jax.devices("cpu" if device == "cpu" else "cuda")[0]
+        return jax.devices("cpu" if device == "cpu" else "gpu")[0]
     except RuntimeError as error:
         raise Unavailable(f"jax {jax.__version__} has no {device} backend ({one_line(error, 160)})") from None
 
