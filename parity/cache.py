@@ -34,11 +34,13 @@ def cache_root() -> Path:
     return Path(base) / "parity"
 
 
-def lock_path(name: str) -> Path:
-    """A lock file under the cache for ``name`` (any string: hashed into the file name)."""
+def named_lock(name: str):
+    """A file lock under the cache for ``name`` (any string: hashed into the lock file's name)."""
+    from filelock import FileLock
+
     locks = cache_root() / "locks"
     locks.mkdir(parents=True, exist_ok=True)
-    return locks / f"{hashlib.sha256(name.encode()).hexdigest()[:32]}.lock"
+    return FileLock(str(locks / f"{hashlib.sha256(name.encode()).hexdigest()[:32]}.lock"))
 
 
 def content_key(parts: dict) -> str:

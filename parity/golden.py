@@ -279,9 +279,7 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
 def publish(workspace, spec, scratch: Path, fields: dict, started: float) -> dict:
     """Seal the manifest of the golden files in ``scratch``, verify what is about to be published, and
     swap it in as ``golden/<model>/`` atomically (one build at a time; readers never see it missing)."""
-    from filelock import FileLock
-
-    from parity.cache import lock_path
+    from parity.cache import named_lock
     from parity.env import package_versions
 
     manifest = manifest_lib.seal({
@@ -303,7 +301,7 @@ def publish(workspace, spec, scratch: Path, fields: dict, started: float) -> dic
         shutil.copyfile(scratch / name, final / name)
     write_json_atomic(final / MANIFEST, manifest)
     load(final, spec)  # what is about to be published reads back and verifies
-    with FileLock(str(lock_path(f"golden-{target_dir.resolve()}"))):
+    with named_lock(f"golden-{target_dir.resolve()}"):
         replace_dir(final, target_dir)
     return manifest
 

@@ -12,6 +12,7 @@ import fnmatch
 import importlib.util
 from dataclasses import dataclass
 
+from parity import devices
 from parity.errors import UsageError
 from parity.precision import PRECISIONS
 
@@ -79,11 +80,6 @@ class PathDef:
     @property
     def differentiable(self) -> bool:
         return self.runtime.differentiable
-
-    @property
-    def label(self) -> str:
-        """The id with its device and precision, e.g. ``torch/onnx/ort [cuda:0 fp16]``."""
-        return f"{self.id} [{self.device} {self.precision}]"
 
     @property
     def definition(self) -> str:
@@ -206,8 +202,6 @@ def missing_packages(path: PathDef) -> list[str]:
 def unavailable_reason(path: PathDef) -> str | None:
     """Why the path cannot run here, or None: missing packages, no such device, a CPU-only build, a precision
     the runtime cannot do. A missing framework is a skip, never an ImportError."""
-    from parity import devices
-
     reasons = []
     if path.device_kind == "cuda":
         found = devices.gpu(path.device)
@@ -226,7 +220,7 @@ def unavailable_reason(path: PathDef) -> str | None:
         reasons.extend(devices.cuda_build_problems([p for p in path.runtime.packages if p not in missing]))
     if "tensorrt" in missing:
         reasons.append("TensorRT's wheels fetch its libraries from NVIDIA's package index (pypi.nvidia.com)")
-    if path.device_kind == "cpu" and path.precision == "tf32":
+    if path.device_kind == "cpu" and PRECISIONS[path.precision].gpu_only:
         reasons.append(NOT_ON_CPU)
     elif path.precision not in path.runtime.precisions:
         reasons.append(f"{path.runtime.name} at {path.precision}: {path.runtime.why_not}")

@@ -34,10 +34,6 @@ class Precision:
     def eps(self) -> float:
         return 2.0 ** -self.mantissa_bits
 
-    @property
-    def reduced(self) -> bool:
-        return self.name != "fp32"
-
 
 PRECISIONS = {
     "fp32": Precision("fp32", "float32", 23, description="float32, TF32 off"),

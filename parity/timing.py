@@ -66,7 +66,7 @@ def gpu_figures(runner, x: np.ndarray, timing: dict, batch_size: int) -> dict:
 
     index = int(runner.device.partition(":")[2] or 0)  # NVML and CUDA agree: workers set CUDA_DEVICE_ORDER=PCI_BUS_ID
     figures = {"state": gpu_monitor.gpu_state(index)}
-    compute = runner.device_compute(x)
+    compute = runner.device_compute(runner.check_feed(x))
     if compute is None:
         figures["compute"] = {"reason": f"{type(runner).__name__} has no device-resident form: only the host-to-host "
                                         "latency is measured"}

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from parity import layouts
-from parity.cache import cache_root, lock_path
+from parity.cache import cache_root, named_lock
 from parity.errors import ExportError, Unavailable, one_line
 from parity.exporters.common import ExportJob
 from parity.runtimes.trt import cudart, gpu_info, import_tensorrt, logger, run_plan
@@ -171,6 +171,4 @@ def compare(first: list[np.ndarray], second: list[np.ndarray]) -> dict:
 
 
 def _lock(path: Path):
-    from filelock import FileLock
-
-    return FileLock(str(lock_path(f"tensorrt-timing-cache:{path}")))
+    return named_lock(f"tensorrt-timing-cache:{path}")

@@ -81,8 +81,9 @@ class Runner:
         return list(self.spec.trainable_params)
 
     def device_compute(self, x: np.ndarray):
-        """On a GPU: a zero-argument function that runs the model once on ``x`` already on the device and
-        returns when the device has finished (no host copies): what GPU compute time is measured on.
+        """On a GPU: a zero-argument function that runs the model once on ``x`` (a checked feed, see
+        ``check_feed``), put on the device beforehand, and returns when the device has finished (no host
+        copies): what GPU compute time is measured on.
         None where the runner has no device-resident form (CPU runners, the host-only reference)."""
 
     def device_memory_peak_mb(self) -> float | None:

@@ -207,7 +207,7 @@ class TrtRunner(OnnxRunner):
         return tuple(np.asarray(out, dtype=np.float32) for out in outputs)
 
     def device_compute(self, x):
-        self.session.upload(self.feed(self.check_feed(x)))
+        self.session.upload(self.feed(x))
         return self.session.execute_and_wait
 
     def device_memory_peak_mb(self):
