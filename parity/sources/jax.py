@@ -99,8 +99,7 @@ class JaxSource(Runner):
         self.jax = jax
         self.jax_device = jax_device(jax, device)
         self.numerics = jax_flags(jax, precision, device)
-        host = "float64" if dtype == "float64" else "float32"
-        self.params = {name: jax.device_put(jnp.asarray(np.asarray(weights[name], dtype=host)).astype(self.compute_dtype),
+        self.params = {name: jax.device_put(jnp.asarray(np.asarray(weights[name], dtype=dtype)).astype(self.compute_dtype),
                                             self.jax_device) for name in spec.params}
         check_definition(spec, self.params, batch_size)
         self._forward = jax.jit(lambda p, x: as_tuple(spec.jax_apply(p, x, None)))

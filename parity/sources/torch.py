@@ -71,7 +71,7 @@ class TorchSource(Runner):
         self.torch_device = torch_device(torch, device)
         self.numerics = torch_flags(torch, precision, device)
         self.torch_dtype = getattr(torch, self.compute_dtype)
-        module = build_module(spec, weights, "float64" if dtype == "float64" else "float32")
+        module = build_module(spec, weights, dtype)
         self.module = module.to(device=self.torch_device, dtype=self.torch_dtype)
         self._optimizer = None  # torch.optim.SGD over optimized_params(), made by the first train_step
 
