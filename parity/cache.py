@@ -19,11 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from parity import manifest as manifest_lib
-from parity.safefs import owned_tempdir, replace_dir, sha256_file, sweep, write_json_atomic
+from parity.safefs import (make_folder, owned_tempdir, replace_dir, require_file, sha256_file, sweep,
+                           write_json_atomic)
 
 META_FILE = "meta.json"
 ENTRY_SCHEMA = "parity.cache-entry/1"
 STAGING_PREFIX = ".staging-"
+HINT = "remove it or set PARITY_CACHE_DIR"
 
 
 def cache_root() -> Path:
@@ -34,13 +36,22 @@ def cache_root() -> Path:
     return Path(base) / "parity"
 
 
-def named_lock(name: str):
-    """A file lock under the cache for ``name`` (any string: hashed into the lock file's name)."""
+def cache_folder(path: Path, what: str = "cache folder") -> Path:
+    """The folder ``path`` under the cache, created if missing; a ``UsageError`` if it or a parent is not a folder."""
+    return make_folder(path, what, HINT)
+
+
+def file_lock(path: Path, timeout_s: float = -1):
+    """A ``FileLock`` on ``path`` once its folder is a folder and the lock file is a file (or missing)."""
     from filelock import FileLock
 
-    locks = cache_root() / "locks"
-    locks.mkdir(parents=True, exist_ok=True)
-    return FileLock(str(locks / f"{hashlib.sha256(name.encode()).hexdigest()[:32]}.lock"))
+    cache_folder(path.parent)
+    return FileLock(str(require_file(path, "cache lock file", HINT)), timeout=timeout_s)
+
+
+def named_lock(name: str):
+    """A file lock under the cache for ``name`` (any string: hashed into the lock file's name)."""
+    return file_lock(cache_root() / "locks" / f"{hashlib.sha256(name.encode()).hexdigest()[:32]}.lock")
 
 
 def content_key(parts: dict) -> str:
@@ -94,15 +105,12 @@ class ExportCache:
         self.notice = notice
 
     def sweep(self) -> list[Path]:
-        """Remove staging folders of runs that were killed."""
-        return sweep(self.exports, rf"^{STAGING_PREFIX}")
+        """Remove staging folders of runs that were killed (first making sure ``exports`` is a folder)."""
+        return sweep(cache_folder(self.exports), rf"^{STAGING_PREFIX}")
 
     def lock(self, key: str, timeout_s: float):
         """The per-entry lock: hold it from lookup to commit, so concurrent runs export once."""
-        from filelock import FileLock
-
-        self.exports.mkdir(parents=True, exist_ok=True)
-        return FileLock(str(self.exports / f"{key}.lock"), timeout=timeout_s)
+        return file_lock(self.exports / f"{key}.lock", timeout_s)
 
     def lookup(self, key: str) -> Entry | None:
         """The entry for ``key`` if it exists and verifies; a damaged entry is reported and ignored."""
@@ -133,9 +141,10 @@ class ExportCache:
         record = {"schema": ENTRY_SCHEMA, "files": _file_hashes(staging), "artifact": meta}
         return self._publish(key, staging, record)
 
-    def commit_error(self, key: str, reason: str) -> Entry:
-        """Cache a converter's failure under ``key`` (hold ``lock(key)``)."""
-        return self._publish(key, self.staging_dir(), {"schema": ENTRY_SCHEMA, "files": {}, "error": reason})
+    def commit_error(self, key: str, reason: str, meta: dict | None = None) -> Entry:
+        """Cache a converter's failure under ``key`` with what it came from (``meta``; hold ``lock(key)``)."""
+        record = {"schema": ENTRY_SCHEMA, "files": {}, "error": reason, "artifact": meta}
+        return self._publish(key, self.staging_dir(), record)
 
     def _publish(self, key: str, staging: Path, record: dict) -> Entry:
         entry = self.exports / key

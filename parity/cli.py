@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -92,7 +93,9 @@ def check_options(func):
         click.option("--precision", type=click.Choice(PRECISION_CHOICES), default="fp32", show_default=True,
                      help="fp32 (TF32 off), tf32 (GPU), fp16, bf16; checked against the float64 golden."),
         click.option("--json", "json_file", type=click.Path(dir_okay=False, allow_dash=True), default=None,
-                     help="Write the result JSON here ('-': to stdout, instead of the tables)."),
+                     help="Write the result JSON here ('-': to stdout, instead of the tables). Its folder must "
+                          "exist. A symlink is followed: the file it resolves to is replaced atomically, the link "
+                          "kept. A FIFO or device (/dev/stdout, /dev/null) is written to directly."),
         click.option("--threads", type=click.IntRange(1), default=default_threads(), show_default=True,
                      help="Intra-op threads, the same for every framework and runtime."),
         click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=300.0, show_default=True,
@@ -100,7 +103,8 @@ def check_options(func):
         click.option("--no-cache", is_flag=True, help="Export again instead of using the export cache."),
         click.option("--verbose", "-v", is_flag=True, help="Print every path's full reason, expected errors and skips too."),
         click.option("--report", "report_dir", type=click.Path(file_okay=False), default=None,
-                     help="Write a self-contained HTML report (index.html) into this folder."),
+                     help="Write a self-contained HTML report (index.html) into this folder (created if missing; "
+                          "its parent must exist). A symlinked folder or index.html is followed to its target."),
     ]
     for decorator in reversed(decorators):
         func = decorator(func)
@@ -131,13 +135,9 @@ def _check_or_run(models, patterns, device, precision, json_file, threads, timeo
                   report_dir, timing=None, diagnose="failing"):
     from parity import orchestrate
     from parity.report import diagnosis, json_report, terminal
-    from parity.safefs import check_writable
 
     to_stdout = json_file == "-"
-    if json_file and not to_stdout:
-        check_writable(json_file, "--json")
-    if report_dir:
-        check_writable(str(Path(report_dir) / "index.html"), "--report")
+    check_targets(None if to_stdout else json_file, report_dir)
     from parity.precision import parse_device
 
     device = parse_device(device)
@@ -169,6 +169,20 @@ def _timing_block(report: dict, timing) -> str:
     from parity.report import timing_table
 
     return timing_table.render(report)
+
+
+def check_targets(json_file: str | None, report_dir: str | None) -> None:
+    """Refuse now, before any work, a ``--json`` file or ``--report`` folder that could not be written.
+
+    ``--json`` needs its folder to exist; ``--report`` may be created, in a folder that exists.
+    """
+    from parity.safefs import check_writable
+
+    if json_file:
+        check_writable(json_file, "--json", make_parents=False)
+    if report_dir:
+        report = Path(os.path.abspath(report_dir))
+        check_writable(report / "index.html" if os.path.lexists(report) else report, "--report", make_parents=False)
 
 
 def _write_after_run(option: str, target: str, write) -> None:
@@ -388,10 +402,10 @@ def init(name, torch_ref, keras_ref, jax_ref, onnx_ref, input_decl, inputs_file,
         if not params_file:
             raise UsageError("--jax takes MODULE:FUNCTION,PARAMS.npz (the apply function and its weights)")
         params_file = scaffold.workspace_reference(params_file, root)
-    input_name, shape, dtype = scaffold.parse_input(input_decl) if input_decl else (None, None, "float32")
+    input_name, shape, dtype, values = scaffold.parse_input(input_decl) if input_decl else (None, None, "float32", None)
     request = scaffold.Request(
         name=name, kind=kind, reference=scaffold.workspace_reference(reference, root), params_file=params_file,
-        input_name=input_name, input_shape=shape, input_dtype=dtype, seed=seed,
+        input_name=input_name, input_shape=shape, input_dtype=dtype, input_values=values, seed=seed,
         **{key: value and scaffold.workspace_reference(value, root) for key, value in (
             ("inputs_file", inputs_file), ("test_data", test_data), ("polygraphy_inputs", polygraphy_inputs),
             ("polygraphy_outputs", polygraphy_outputs))})
@@ -469,7 +483,8 @@ def golden_build(models, workspace, threads):
     with WorkerPool(threads or default_threads(), cache_root() / "logs", timeout_s=1800) as pool:
         for name in ws.select(models):
             try:
-                manifest = golden_lib.build(ws, ws.load_spec(name), pool, progress=_say)
+                # the spec as declared: the golden data it replaces may be what is refused
+                manifest = golden_lib.build(ws, ws.load_spec(name, attach_golden=False), pool, progress=_say)
             except (ParityError, TaskFailed) as error:
                 failures += 1
                 click.echo(f"{name}: golden build failed: {error}", err=True)

@@ -14,13 +14,23 @@ def error_stats(actual: np.ndarray, golden: np.ndarray, tol: Tolerance) -> dict:
 
     ``tol_units`` is the worst element's error in units of its allowance
     ``atol + rtol * |golden|``; ``ok`` is ``tol_units <= 1`` with every element finite
-    (numpy.allclose semantics). Non-finite elements make ``ok`` false and are counted.
+    (numpy.allclose semantics). Non-finite elements make ``ok`` false and are counted, except where the
+    golden element is itself infinite (a masked logit): there the element must be that infinity, exactly.
     """
     actual = np.asarray(actual)
     golden = np.asarray(golden, dtype=np.float64)
     if actual.shape != golden.shape:
         return {"ok": False, "reason": f"shape {tuple(actual.shape)} != golden {tuple(golden.shape)}"}
     a = actual.astype(np.float64)
+    infinite = ~np.isfinite(golden)  # a -inf mask's values: each must come out the same, exactly
+    if infinite.any():
+        stats = error_stats(np.where(infinite, 0.0, a), np.where(infinite, 0.0, golden), tol)
+        differ = int(np.count_nonzero(a[infinite] != golden[infinite]))
+        stats["infinite_golden"] = int(np.count_nonzero(infinite))
+        if differ:
+            stats.update(ok=False, reason=f"{differ} of {stats['infinite_golden']} infinite golden elements differ "
+                                          f"(each must be the same infinity at the same position)")
+        return stats
     nonfinite = int(np.size(a) - np.count_nonzero(np.isfinite(a)))
     if nonfinite:
         return {"ok": False, "nonfinite": nonfinite, "size": int(a.size),

@@ -89,10 +89,35 @@ def _checked_arrays(path: Path, described: dict) -> dict[str, np.ndarray]:
         if list(array.shape) != expected["shape"] or str(array.dtype) != expected["dtype"]:
             raise GoldenError(f"{path}: array {key!r} is {array.dtype}{list(array.shape)}, the manifest says "
                               f"{expected['dtype']}{expected['shape']}")
-        if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
-            bad = int(array.size - np.count_nonzero(np.isfinite(array)))
-            raise GoldenError(f"{path}: array {key!r} has {bad} NaN or Inf value(s); golden data must be finite")
+        problem = nonfinite_problem(path.name, key, array, expected.get("infinite", 0))
+        if problem:
+            raise GoldenError(f"{path}: {problem}")
     return arrays
+
+
+# files whose arrays may hold +-inf: a model's own weights (a 0/-inf attention mask) and what it computes from
+# them (a masked logit); every infinite element is compared exactly (same position, same sign)
+INFINITE_ALLOWED = ("weights.npz", "reference.npz", "gradients.npz")
+
+
+def nonfinite_problem(file: str, key: str, array: np.ndarray, declared: int) -> str | None:
+    """What is wrong with the non-finite values of a golden array, or None: NaN is never golden data, and
+    +-inf only where a model's weights and what it computes may hold it (``INFINITE_ALLOWED``), as many as
+    the manifest ``declared`` when the build found them."""
+    if array.dtype.kind != "f":
+        return None
+    nan = int(np.count_nonzero(np.isnan(array)))
+    inf = int(np.count_nonzero(np.isinf(array)))
+    what = {"weights.npz": "weight", "reference.npz": "reference output", "gradients.npz": "reference gradient"}.get(
+        file, "input")
+    if nan:
+        return (f"array {key!r} ({what}) has {nan} NaN value(s) of {array.size}; a NaN is never golden data (it "
+                f"equals nothing, so no path could be checked against it)")
+    if inf and file not in INFINITE_ALLOWED:
+        return f"array {key!r} ({what}) has {inf} infinite value(s); inputs must be finite"
+    if inf != declared:
+        return f"array {key!r} ({what}) has {inf} infinite value(s), the manifest records {declared}"
+    return None
 
 
 def _check_metrics(golden: Golden) -> None:
@@ -130,7 +155,7 @@ def _check_against_spec(golden: Golden, spec) -> None:
             problems.append(f"{file} {key!r} is {array.dtype}, golden data needs {dtype}")
 
     for name, param in spec.params.items():
-        expect("weights.npz", name, param.shape, "float32")
+        expect("weights.npz", name, param.shape, param.stored_dtype)
     extra = sorted(set(arrays["weights.npz"]) - set(spec.params))
     if extra:
         problems.append(f"weights.npz has parameters the spec does not declare: {extra}")
@@ -203,8 +228,12 @@ def read_npz(path: Path, error_type=GoldenError, what: str = "golden file") -> d
 
 
 def _describe_arrays(path: Path) -> dict:
-    with np.load(path, allow_pickle=False) as data:
-        return {key: {"shape": list(data[key].shape), "dtype": str(data[key].dtype)} for key in data.files}
+    """Shape and dtype of every array, and how many infinite values it holds (a -inf mask) where it has any."""
+    described = {}
+    for key, array in read_npz(path).items():
+        infinite = int(np.count_nonzero(np.isinf(array))) if array.dtype.kind == "f" else 0
+        described[key] = {"shape": list(array.shape), "dtype": str(array.dtype), **({"infinite": infinite} if infinite else {})}
+    return described
 
 
 def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:

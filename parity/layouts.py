@@ -96,6 +96,23 @@ def check_names_and_shapes(framework: str, spec_params: dict, found_shapes: dict
         raise WeightsMismatch(framework, missing, unexpected, misshaped)
 
 
+def held_dtype(own: str, run_dtype: str) -> str:
+    """The dtype a weight of dtype ``own`` is held in by a run in ``run_dtype``: a float64 run (the reference)
+    widens every weight, exactly; float32 weights take the run's dtype (its precision); a weight the model keeps
+    in another dtype (a float64 gain, a float16 table) keeps it."""
+    if run_dtype == "float64" or own == "float32":
+        return run_dtype
+    return own
+
+
+def held_array(param, value: np.ndarray, run_dtype: str) -> np.ndarray:
+    """``value`` (a weight of ``param``, a ``ParamSpec``) as a run in ``run_dtype`` holds it (``held_dtype``)."""
+    import ml_dtypes
+
+    held = held_dtype(param.dtype, run_dtype)
+    return np.asarray(value).astype(ml_dtypes.bfloat16 if held == "bfloat16" else held)
+
+
 def check_weights(spec_params: dict, weights: dict[str, np.ndarray]) -> None:
     """Canonical weights against the spec's parameter table."""
     check_names_and_shapes("spec", spec_params, {k: v.shape for k, v in weights.items()})

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from parity import __version__, devices, golden, paths
+from parity import __version__, devices, golden, paths, provenance
 from parity import precision as precision_lib
-from parity.cache import ExportCache, cache_root, content_key
+from parity.cache import META_FILE, ExportCache, cache_root, content_key
 from parity.env import environment
-from parity.errors import SpecError, UsageError, one_line
+from parity.errors import GoldenError, SpecError, UsageError, one_line
 from parity.safefs import owned_tempdir, sha256_file, sweep
 from parity.worker import TaskFailed, WorkerPool
 
@@ -78,12 +78,12 @@ class Run:
         plan = []
         matched = False
         for name in model_names:
-            try:
+            try:  # a model that cannot be loaded, or whose golden data does not verify, is that model's error
                 spec = self.workspace.load_spec(name)
-            except SpecError as error:
+                manifest = golden.verify(self.workspace.golden_dir(name), spec)
+            except (SpecError, GoldenError) as error:
                 self.model_errors.append({"model": name, "reason": str(error)})
                 continue
-            manifest = golden.verify(self.workspace.golden_dir(name), spec)
             self._check_batch_sizes(spec, manifest)
             self.specs[name] = spec
             selected = paths.select(self.options.patterns, spec.frameworks, self.options.device, self.options.precision)
@@ -104,48 +104,66 @@ class Run:
                 raise UsageError(f"batch size {batch} cannot be verified for model {spec.name!r}: its eval split has "
                                  f"{available} samples (each batch size is checked against them before it is timed)")
 
-    def _chain_key(self, spec, manifest, path: paths.PathDef, depth: int, batch_size: int | None = None) -> str:
-        """The cache key of the artifact after export step ``depth``: the model, its weights, every step's code
-        and package versions, and what the steps are keyed on (precision; for a TensorRT engine the TensorRT
-        version, GPU name and compute capability, so an engine for another GPU is never reused)."""
+    def _key_parts(self, spec, manifest, path: paths.PathDef, depth: int, batch_size: int | None) -> tuple[dict, str]:
+        """Everything the artifact after export step ``depth`` is known to come from before it is made (the model
+        spec, the files its builders name, its weights, parity's own code, every step's package versions, and
+        what the steps are keyed on: precision; for a TensorRT engine the TensorRT version, GPU name and compute
+        capability, so an engine for another GPU is never reused), and the slot those parts fill."""
         steps = path.exports[: depth + 1]
         keyed_on = {k for s in steps for k in s.keyed_on}
-        return content_key({
-            "parity": __version__, "model": spec.name, "source": path.source,
-            "model_file_sha256": sha256_file(Path(spec.source_file)),
+        slot = {"workspace": str(self.workspace.root), "model": spec.name, "source": path.source,
+                "steps": [(s.name, s.target) for s in steps], "batch_size": batch_size or spec.batch_size,
+                "precision": path.precision if "precision" in keyed_on else None,
+                "device": devices.engine_identity(path.device) if "device" in keyed_on else None}
+        parts = {
+            "parity": __version__, "parity_code": provenance.parity_digest(), "model": spec.name, "source": path.source,
+            "model_file_sha256": sha256_file(Path(spec.source_file)), "builder_files": provenance.builder_files(spec),
             "weights_sha256": manifest["files"]["weights.npz"]["sha256"], "source_sha256": manifest.get("source_sha256"),
             "steps": [{"name": s.name, "target": s.target, "versions": {p: _package_version(p) for p in s.packages}}
                       for s in steps],
-            "opset": spec.opset, "batch_size": batch_size or spec.batch_size,
-            "precision": path.precision if "precision" in keyed_on else None,
-            "device": devices.engine_identity(path.device) if "device" in keyed_on else None,
-        })
+            "opset": spec.opset, "batch_size": slot["batch_size"], "precision": slot["precision"], "device": slot["device"],
+        }
+        return parts, provenance.slot_id(slot)
 
     def _export(self, pool, spec, manifest, path, depth, batch_size: int | None = None) -> dict:
         """The path's artifact up to export step ``depth`` at a static batch (default the spec's), cached."""
-        key = self._chain_key(spec, manifest, path, depth, batch_size)
-        if key in self.exports:
-            return self.exports[key]
         parent = self._export(pool, spec, manifest, path, depth - 1, batch_size) if depth else None
         if parent is not None and "error" in parent:
             return parent
+        parts, slot = self._key_parts(spec, manifest, path, depth, batch_size)
+        # the artifact it is made from, by content: an export made again makes everything after it again
+        parts["parent"] = sha256_file(Path(parent["dir"]) / META_FILE) if parent else None
+        key = content_key(parts)
+        if key in self.exports:
+            return self.exports[key]
         step = path.exports[depth]
         lock = self.cache.lock(key, timeout_s=self.options.timeout_s + 60)
         try:
             with lock:
-                entry = self._export_locked(pool, spec, path, depth, key, step, parent, batch_size)
+                entry = self._export_locked(pool, spec, path, depth, key, step, parent, batch_size, parts, slot)
         except TimeoutError:
             entry = {"error": f"{step.name}: cache entry {key} stayed locked by another run for {lock.timeout:g} s",
                      "cached": False}
         self.exports[key] = entry
         return entry
 
-    def _export_locked(self, pool, spec, path, depth, key, step, parent, batch_size) -> dict:
+    def _fresh_hit(self, key: str):
+        """The cache entry for ``key`` and None, or None and why it is stale (code it loaded has changed)."""
         hit = self.cache.lookup(key)
+        changed = provenance.changed_files((hit.meta or {}).get("code_files", {})) if hit is not None else []
+        if changed:
+            return None, f"model code changed ({provenance.short_names(changed, self.workspace.root)})"
+        return hit, None
+
+    def _export_locked(self, pool, spec, path, depth, key, step, parent, batch_size, parts, slot) -> dict:
+        hit, stale = self._fresh_hit(key)
         if hit is not None:
             return {"error": hit.error, "cached": True} if hit.error else {"dir": str(hit.dir), "meta": hit.meta, "cached": True}
+        before = provenance.read_slot(self.cache.root, slot)
+        rebuilt = stale or (provenance.why_changed(before, parts, self.workspace.root) if before not in (None, parts)
+                            else None)
         at = f", batch {batch_size}" if batch_size and batch_size != spec.batch_size else ""
-        self.progress(f"{spec.name}: export {path.id} ({step.name}{at})")
+        self.progress(f"{spec.name}: export {path.id} ({step.name}{at})" + (f", again: {rebuilt}" if rebuilt else ""))
         staging = self.cache.staging_dir()
         try:
             meta = pool.call(step.group, "parity.tasks:export_step", workspace=str(self.workspace.root),
@@ -157,10 +175,14 @@ class Run:
             shutil.rmtree(staging, ignore_errors=True)
             reason = str(error)
             reason = reason if reason.startswith(step.name) else f"{step.name}: {reason}"
-            if error.kind == "raised":  # the converter's own verdict on this input: the same next time
-                self.cache.commit_error(key, reason)
-            return {"error": reason, "cached": False}
-        return {"dir": str(self.cache.commit(key, staging, meta).dir), "meta": meta, "cached": False}
+            if error.kind == "raised":  # the converter's own verdict on this input and code: the same next time
+                code = pool.call(step.group, "parity.provenance:loaded_code_files")
+                self.cache.commit_error(key, reason, {"code_files": code})
+                provenance.write_slot(self.cache.root, slot, parts)
+            return {"error": reason, "cached": False, "rebuilt": rebuilt, "log": error.log}
+        entry = {"dir": str(self.cache.commit(key, staging, meta).dir), "meta": meta, "cached": False, "rebuilt": rebuilt}
+        provenance.write_slot(self.cache.root, slot, parts)
+        return entry
 
     def execute(self, model_names) -> dict:
         plan = self._plan(model_names)
@@ -203,10 +225,11 @@ class Run:
         artifact = None
         if path.exports:
             artifact = self._export(pool, spec, manifest, path, len(path.exports) - 1)
+            export = {"cached": artifact["cached"], "rebuilt": artifact.get("rebuilt")}
             if "error" in artifact:
-                result.update(verdict="error", reason=artifact["error"], export={"cached": artifact["cached"]})
+                result.update(verdict="error", reason=artifact["error"], export=export, log=artifact.get("log"))
                 return
-            result["export"] = {"cached": artifact["cached"], "export_s": artifact["meta"].get("export_s")}
+            result["export"] = {**export, "export_s": artifact["meta"].get("export_s")}
             if "build_determinism" in artifact["meta"]:  # a TensorRT engine: built twice, both run on the golden inputs
                 result["export"]["build_determinism"] = artifact["meta"]["build_determinism"]
         self.progress(f"{spec.name}: check {path.id}")
@@ -220,7 +243,7 @@ class Run:
                 weight_perturbation=self.options.weight_perturbation.get((spec.name, path.id)), device=path.device,
             )
         except TaskFailed as error:
-            result.update(verdict="error", reason=f"{path.runtime.name}: {error}")
+            result.update(verdict="error", reason=f"{path.runtime.name}: {error}", log=error.log)
             return
         result.update(outcome)
 

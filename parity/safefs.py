@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import sys
 import tempfile
 import time
@@ -50,8 +51,15 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to a temporary file beside ``path``, fsync, then rename over it."""
-    path = Path(path)
+    """Write ``data`` to a temporary file beside ``path``, fsync, then rename over it.
+
+    A symlink is followed: the file it resolves to is replaced, next to itself, and the link stays.
+    A FIFO or character device (``/dev/stdout``, ``/dev/null``) is written through, never replaced.
+    """
+    if writes_through(path):
+        _write_through(Path(path), data)
+        return
+    path = resolve_target(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -66,14 +74,113 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
         raise
 
 
-def check_writable(path: str | Path, what: str) -> Path:
-    """Fail now, before any work, if ``path`` could not be written later (``--json`` targets)."""
-    path = Path(path)
-    if path.is_dir():
-        raise UsageError(f"{what} {path} is a folder; give a file name")
+def resolve_target(path: str | Path) -> Path:
+    """Where a write to ``path`` lands: every symlink followed, to a file that may not exist yet."""
+    return Path(os.path.realpath(path))
+
+
+def _via_descriptor(path: str | Path) -> bool:
+    """Whether ``path``'s symlinks lead through a process's descriptor folder (``/dev/stdout``, ``/dev/fd/1``)."""
+    current = os.path.abspath(path)
+    for _ in range(40):
+        parent = os.path.realpath(os.path.dirname(current))
+        if re.fullmatch(r"/proc/[^/]+/fd", parent):
+            return True
+        full = os.path.join(parent, os.path.basename(current))
+        if not os.path.islink(full):
+            return False
+        current = os.path.join(parent, os.readlink(full))
+    return False
+
+
+def writes_through(path: str | Path) -> bool:
+    """Whether ``path`` is a FIFO, a character device or an open descriptor: written to, never replaced."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or _via_descriptor(path)
+
+
+def _write_through(path: Path, data: bytes) -> None:
+    """Append ``data`` to an existing stream (what a shell redirection already opened is kept)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def _kind(mode: int) -> str | None:
+    """What a file that is neither a regular file nor a folder is, or None."""
+    for test, name in ((stat.S_ISSOCK, "socket"), (stat.S_ISBLK, "block device"), (stat.S_ISFIFO, "FIFO"),
+                       (stat.S_ISCHR, "character device")):
+        if test(mode):
+            return name
+    return None
+
+
+def describe(path: str | Path) -> str:
+    """What is at ``path``, for a message: "a file", "a folder", "a broken symlink", "a socket", "nothing"..."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "a broken symlink" if os.path.islink(path) else "nothing"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    return "a file" if stat.S_ISREG(mode) else f"a {_kind(mode)}"
+
+
+def make_folder(path: str | Path, what: str, hint: str) -> Path:
+    """Create the folder ``path`` and its parents where missing.
+
+    Raises a one-line ``UsageError`` naming the first of them that is not a folder (``what`` it is for,
+    then ``hint``: what to do about it), or saying why it cannot be created.
+    """
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    except OSError as error:
+        for folder in [*reversed(path.parents), path]:
+            if os.path.lexists(folder) and not folder.is_dir():
+                raise UsageError(f"{what} {folder} is {describe(folder)}, not a folder; {hint}") from None
+        raise UsageError(f"{what} {path} cannot be created: {error.strerror or error}; {hint}") from None
+
+
+def require_file(path: str | Path, what: str, hint: str) -> Path:
+    """``path`` if it is missing or a regular file (through symlinks); else a one-line ``UsageError``."""
+    path = Path(path)
+    if os.path.lexists(path) and not path.is_file():
+        raise UsageError(f"{what} {path} is {describe(path)}, not a file; {hint}")
+    return path
+
+
+def check_writable(path: str | Path, what: str, make_parents: bool = True) -> Path:
+    """Fail now, before any work, if ``path`` could not be written later (``--json`` targets).
+
+    A stream (FIFO, character device, ``/dev/stdout``) only has to be writable; any other target is
+    checked where its symlinks lead. A missing folder is created, or with ``make_parents=False`` refused.
+    """
+    path = Path(path)
+    if writes_through(path):
+        if not os.access(path, os.W_OK):
+            raise UsageError(f"{what} {path} cannot be written: permission denied")
+        return path
+    try:
+        real = resolve_target(path)
+        mode = os.stat(real).st_mode if os.path.lexists(real) else None
+    except OSError as error:
+        raise UsageError(f"{what} {path} cannot be written: {error.strerror or error}") from None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise UsageError(f"{what} {path} is a folder; give a file name")
+    if mode is not None and _kind(mode):
+        raise UsageError(f"{what} {path} is a {_kind(mode)}; give a file name")
+    if os.path.lexists(real.parent) and not real.parent.is_dir():
+        raise UsageError(f"{what} {path} cannot be written: {real.parent} is not a folder")
+    if not make_parents and not os.path.lexists(real.parent):
+        raise UsageError(f"{what}: folder {real.parent} does not exist")
+    try:
+        real.parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=f".{real.name}.", dir=real.parent)
         os.close(fd)
         os.unlink(probe)
     except OSError as error:

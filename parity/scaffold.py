@@ -17,6 +17,7 @@ import numpy as np
 
 from parity.errors import UsageError
 from parity.safefs import write_text_atomic
+from parity.usermodel import check_data_size
 
 DEFAULT_TOLERANCE = (1e-4, 1e-4)  # atol, rtol of outputs; a float32 model against its float64 reference
 DEFAULT_GRAD_TOLERANCE = (1e-5, 1e-3)
@@ -39,6 +40,7 @@ class Request:
     input_name: str | None = None
     input_shape: tuple[int, ...] | None = None  # batch first
     input_dtype: str = "float32"
+    input_values: int | None = None  # integer inputs: ids 0 to input_values - 1
     inputs_file: str | None = None
     test_data: str | None = None
     polygraphy_inputs: str | None = None
@@ -48,17 +50,22 @@ class Request:
     builder: str | None = None  # the builder helper (default: the kind's own, e.g. keras_file for tf)
 
 
-def parse_input(text: str) -> tuple[str, tuple[int, ...], str]:
-    """``x=1x3x32x32`` or ``ids=8x128:int64`` -> name, shape (batch first), dtype."""
-    match = re.fullmatch(r"([A-Za-z_][\w.:/-]*)=(\d+(?:x\d+)*)(?::(\w+))?", text.strip())
+def parse_input(text: str) -> tuple[str, tuple[int, ...], str, int | None]:
+    """``x=1x3x32x32``, ``ids=8x128:int64`` or ``ids=8x128:int64:30522`` -> name, shape (batch first), dtype, and
+    for integers the number of values (ids 0 to N-1; None: taken from the embedding that reads the input)."""
+    match = re.fullmatch(r"([A-Za-z_][\w.:/-]*?)=(\d+(?:x\d+)*)(?::(\w+)(?::(\d+))?)?", text.strip())
     if not match:
-        raise UsageError(f"--input {text!r} is not NAME=BATCHxDIMx... (e.g. x=1x3x224x224, or ids=8x128:int64)")
+        raise UsageError(f"--input {text!r} is not NAME=BATCHxDIMx...[:DTYPE[:VALUES]] (e.g. x=1x3x224x224, or "
+                         f"ids=8x128:int64:30522)")
     name, dims, dtype = match.group(1), tuple(int(d) for d in match.group(2).split("x")), match.group(3) or "float32"
+    values = int(match.group(4)) if match.group(4) else None
     if any(d < 1 for d in dims):
         raise UsageError(f"--input {text!r}: every dimension must be at least 1")
     if dtype not in ("float32", "int32", "int64"):
         raise UsageError(f"--input {text!r}: dtype {dtype!r} is not float32, int32 or int64")
-    return name, dims, dtype
+    if values is not None and (dtype == "float32" or values < 2):
+        raise UsageError(f"--input {text!r}: a number of values is for integer inputs, and at least 2")
+    return name, dims, dtype, values
 
 
 def check_name(name: str) -> None:
@@ -170,7 +177,7 @@ def _input_data(request: Request) -> str:
         outputs = f", polygraphy_outputs={_py(request.polygraphy_outputs)}" if request.polygraphy_outputs else ""
         return f"InputData(polygraphy_inputs={_py(request.polygraphy_inputs)}{outputs})"
     if np.dtype(request.input_dtype).kind in "iu":
-        return f"InputData(distribution=\"integers\", low=0, high=2, seed={request.seed})"
+        return f"InputData(distribution=\"integers\", low=0, high={request.input_values}, seed={request.seed})"
     return f"InputData(distribution=\"normal\", mean=0.0, std=1.0, seed={request.seed})"
 
 
@@ -199,6 +206,7 @@ def init(root: Path, request: Request, force: bool, threads: int, timeout_s: flo
         facts = npz_facts(root / request.inputs_file, request.input_name or "x")
         labelled = facts["labelled"]
         if request.input_shape is None:
+            check_batched(request.input_name or "x", facts["shape"], request.inputs_file)
             request = _with(request, input_shape=(min(facts["shape"][0], 32), *facts["shape"][1:]),
                             input_dtype="float32" if facts["dtype"].startswith("float") else facts["dtype"])
     with WorkerPool(threads, cache_root() / "logs", timeout_s) as pool:
@@ -210,14 +218,36 @@ def init(root: Path, request: Request, force: bool, threads: int, timeout_s: flo
                 request = _onnx_input(request, graph)
             if request.input_shape is None:
                 raise UsageError("give the model's input with --input NAME=BATCHxDIMx... (e.g. x=1x3x224x224)")
+            check_data_size(f"input {request.input_name or 'x'!r}", request.input_shape, request.input_dtype)
             info = pool.call(request.kind, "parity.user_tasks:inspect_model", kind=request.kind,
                              reference=request.reference, root=str(root), input_name=request.input_name or "x",
                              shape=list(request.input_shape), dtype=request.input_dtype,
-                             params_file=request.params_file)
+                             params_file=request.params_file, values=request.input_values)
         except TaskFailed as error:
             raise ParityError(str(error)) from None
     info = {**info, "labelled": labelled}
+    request = _integer_range(request, info)
     return write(root, request, info, force), info
+
+
+def check_batched(name: str, shape, source: str) -> None:
+    """Refuse an input without a batch axis (a 0-d scalar): parity's inputs are batch first."""
+    if len(shape) == 0:
+        raise UsageError(f"input {name!r} of {source} is a scalar (shape ()); parity checks inputs with a batch axis "
+                         f"first and does not support scalar inputs yet")
+
+
+def _integer_range(request: Request, info: dict) -> Request:
+    """An integer input's range: declared, else the embedding that reads it (the generated ids must cover it)."""
+    if np.dtype(request.input_dtype).kind not in "iu" or request.input_values or request.inputs_file \
+            or request.test_data or request.polygraphy_inputs:
+        return request
+    if not info.get("input_values"):
+        name = request.input_name or "x"
+        raise UsageError(f"input {name!r} is {request.input_dtype} and no embedding reads it directly: give the number "
+                         f"of values its ids take, e.g. --input {name}={'x'.join(map(str, request.input_shape))}:"
+                         f"{request.input_dtype}:30522 (ids 0 to 30521)")
+    return _with(request, input_values=info["input_values"])
 
 
 def _with(request: Request, **changes) -> Request:
@@ -235,6 +265,7 @@ def _onnx_input(request: Request, graph: dict) -> Request:
             raise UsageError(f"the graph's input {name!r} has dynamic dimensions {graph_shape}: give its shape with "
                              f"--input {name}=BATCHxDIMx...")
         shape = tuple(graph_shape)
+    check_batched(name, shape, request.reference)
     if len(shape) != len(graph_shape) or any(g is not None and g != d for g, d in zip(graph_shape, shape)):
         raise UsageError(f"input {name!r} of shape {tuple(shape)} does not fit the graph's {graph_shape}")
     return _with(request, input_name=name, input_shape=tuple(shape), input_dtype=graph["input_dtype"])

@@ -26,6 +26,7 @@ from parity.precision import PRECISIONS as precision_names
 
 PRECISIONS = tuple(precision_names)
 PARAM_KINDS = ("dense_kernel", "conv_kernel", "vector", "tensor")
+PARAM_DTYPES = ("float32", "float64", "float16", "bfloat16")
 INPUT_LAYOUTS = ("flat", "tokens", "nchw", "native")  # native: the source framework's own, never converted
 LOSSES = ("cross_entropy",)
 MODEL_INPUT = "input"  # in Layer.inputs: the model input rather than a tap
@@ -79,10 +80,18 @@ class ParamSpec:
     shape: tuple[int, ...]
     kind: str = "tensor"
     trainable: bool = True
+    dtype: str = "float32"  # the model's own; golden data stores it as it is (bfloat16 widened to float32, exactly)
 
     def __post_init__(self):
         if self.kind not in PARAM_KINDS:
             raise ValueError(f"parameter kind {self.kind!r} is not one of {PARAM_KINDS}")
+        if self.dtype not in PARAM_DTYPES:
+            raise ValueError(f"parameter dtype {self.dtype!r} is not one of {PARAM_DTYPES}")
+
+    @property
+    def stored_dtype(self) -> str:
+        """The dtype of this weight in ``weights.npz`` (NumPy has no bfloat16)."""
+        return "float32" if self.dtype == "bfloat16" else self.dtype
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,26 @@ def _as_samples(samples, name: str = "samples", positive: bool = False) -> np.nd
     return arr
 
 
+def _exp(x: float) -> float:
+    """``e**x``, inf where that exceeds the largest float (a log-time ratio of absurdly different series)."""
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return math.inf
+
+
+def _median_sorted(x: np.ndarray) -> float:
+    """The median of sorted samples, without overflow where the two middle ones are near the largest float."""
+    k = x.size // 2
+    return float(x[k]) if x.size % 2 else float(0.5 * x[k - 1] + 0.5 * x[k])
+
+
+def _scaled(ms: np.ndarray) -> tuple[np.ndarray, int]:
+    """``ms / 2**e`` and ``e``: samples brought near 1 by an exact power of two, so sums cannot overflow."""
+    exponent = int(np.frexp(np.max(np.abs(ms)))[1])
+    return np.ldexp(ms, -exponent), exponent
+
+
 def _check_confidence(confidence: float) -> None:
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
@@ -75,9 +95,10 @@ def summarize(samples_ms, batch_size: int) -> dict:
     the median, ``batch_size / median`` (None when the median is 0).
     """
     ms = _as_samples(samples_ms, "samples_ms")
-    median = float(np.median(ms))
-    mean = float(np.mean(ms))
-    std = float(np.std(ms, ddof=1)) if ms.size > 1 else 0.0
+    median = _median_sorted(np.sort(ms))
+    scaled, exponent = _scaled(ms)
+    mean = float(np.ldexp(np.mean(scaled), exponent))
+    std = float(np.ldexp(np.std(scaled, ddof=1), exponent)) if ms.size > 1 else 0.0
     lo, hi = median_ci(ms, 0.95)
     return {
         "median_ms": median,
@@ -107,19 +128,19 @@ def _bootstrap_medians(sorted_x: np.ndarray, resamples: int, rng: np.random.Gene
     med = sorted_x[np.minimum((u * n).astype(np.int64), n - 1)]
     if n % 2 == 0:
         u2 = u + (1.0 - u) * rng.beta(1, n - k, size=resamples)
-        med = 0.5 * (med + sorted_x[np.minimum((u2 * n).astype(np.int64), n - 1)])
+        med = 0.5 * med + 0.5 * sorted_x[np.minimum((u2 * n).astype(np.int64), n - 1)]
     return med
 
 
-def ratio_of_medians(a_ms, b_ms, confidence: float = 0.95, resamples: int = 2000, seed: int = 0) -> dict:
-    """``median(a) / median(b)`` with a percentile-bootstrap CI.
+def log_ratio_of_medians(a_ms, b_ms, confidence: float = 0.95, resamples: int = 2000, seed: int = 0) -> dict:
+    """``log(median(a) / median(b))`` with a percentile-bootstrap CI, both natural logs.
 
     Method: independent nonparametric bootstrap of each series; each replicate is
     ``log median(a*) - log median(b*)`` (the log-time ratio); the CI is the (1-c)/2 and (1+c)/2
-    percentiles of the replicates, exponentiated. (Percentile intervals are invariant under the
-    monotone log, so this equals the percentile CI of the ratio itself.) Resampled medians are drawn
-    exactly from the order-statistic representation (see ``_bootstrap_medians``), so the cost does not
-    grow with the number of samples beyond one sort. Deterministic for a given ``seed``.
+    percentiles of the replicates. Resampled medians are drawn exactly from the order-statistic
+    representation (see ``_bootstrap_medians``), so the cost does not grow with the number of samples
+    beyond one sort. Everything stays in log space, so any positive finite samples (1e-300 against
+    1e300 ms) give finite results. Deterministic for a given ``seed``.
     """
     a = np.sort(_as_samples(a_ms, "a_ms", positive=True))
     b = np.sort(_as_samples(b_ms, "b_ms", positive=True))
@@ -130,7 +151,18 @@ def ratio_of_medians(a_ms, b_ms, confidence: float = 0.95, resamples: int = 2000
     log_ratio = np.log(_bootstrap_medians(a, resamples, rng)) - np.log(_bootstrap_medians(b, resamples, rng))
     tail = (1.0 - confidence) / 2.0
     lo, hi = np.quantile(log_ratio, [tail, 1.0 - tail])
-    return {"ratio": float(np.median(a) / np.median(b)), "ci95": [float(math.exp(lo)), float(math.exp(hi))]}
+    point = math.log(_median_sorted(a)) - math.log(_median_sorted(b))
+    return {"log_ratio": point, "log_ci95": [float(lo), float(hi)]}
+
+
+def ratio_of_medians(a_ms, b_ms, confidence: float = 0.95, resamples: int = 2000, seed: int = 0) -> dict:
+    """``median(a) / median(b)`` with a percentile-bootstrap CI: :func:`log_ratio_of_medians`, exponentiated.
+
+    (Percentile intervals are invariant under the monotone log, so this equals the percentile CI of
+    the ratio itself.) A ratio beyond the float range is inf or 0; the log version stays exact.
+    """
+    r = log_ratio_of_medians(a_ms, b_ms, confidence, resamples, seed)
+    return {"ratio": _exp(r["log_ratio"]), "ci95": [_exp(x) for x in r["log_ci95"]]}
 
 
 def welch_log(a_ms, b_ms) -> dict:
@@ -147,18 +179,26 @@ def welch_log(a_ms, b_ms) -> dict:
     return {"t": float(res.statistic), "df": float(res.df), "p": float(res.pvalue)}
 
 
+def compare_series_log(a_ms, b_ms) -> dict:
+    """:func:`compare_series` in log space: ``log_ratio`` and ``log_ci95`` (natural logs) instead of
+    ``ratio`` and ``ci95``, finite for any positive finite samples."""
+    r = log_ratio_of_medians(a_ms, b_ms)
+    p = welch_log(a_ms, b_ms)["p"]
+    lo, hi = r["log_ci95"]
+    significant = bool((lo > 0.0 or hi < 0.0) and p < 0.05)
+    if not significant:
+        verdict = "no significant difference"
+    else:
+        verdict = "faster" if r["log_ratio"] < 0.0 else "slower"
+    return {**r, "p": p, "significant": significant, "verdict": verdict}
+
+
 def compare_series(a_ms, b_ms) -> dict:
     """Is ``a`` faster or slower than ``b``? ``ratio = median(a) / median(b)`` (< 1: ``a`` is faster).
 
     ``significant`` needs both the 95 % bootstrap CI of the ratio to exclude 1 and Welch's test on
     log-times to give ``p < 0.05``; otherwise the verdict is ``"no significant difference"``.
     """
-    r = ratio_of_medians(a_ms, b_ms)
-    p = welch_log(a_ms, b_ms)["p"]
-    lo, hi = r["ci95"]
-    significant = bool((lo > 1.0 or hi < 1.0) and p < 0.05)
-    if not significant:
-        verdict = "no significant difference"
-    else:
-        verdict = "faster" if r["ratio"] < 1.0 else "slower"
-    return {"ratio": r["ratio"], "ci95": r["ci95"], "p": p, "significant": significant, "verdict": verdict}
+    c = compare_series_log(a_ms, b_ms)
+    return {"ratio": _exp(c["log_ratio"]), "ci95": [_exp(x) for x in c["log_ci95"]], "p": c["p"],
+            "significant": c["significant"], "verdict": c["verdict"]}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from parity import compare, golden, metrics, paths
+from parity import compare, golden, metrics, paths, provenance
 from parity.errors import Unavailable
 from parity.exporters.common import ExportJob
 from parity.workspace import Workspace
@@ -79,7 +79,7 @@ def reference_arrays(spec, framework: str, weights: dict, inputs: dict, eval_x: 
     def cast(x):
         return x if x.dtype.kind in "iu" else x.astype(dtype)  # token ids stay integers
 
-    source = _source(framework, spec, {k: v.astype(dtype) for k, v in weights.items()}, dtype)
+    source = _source(framework, spec, weights, dtype)  # each source holds every weight as layouts.held_dtype says
     x = cast(inputs["x"])
     arrays = dict(source.run(x))
     if spec.taps:
@@ -107,6 +107,7 @@ def export_step(workspace: str, model: str, target: str, golden_dir: str, opset:
                     inputs=_input_batch(verified, batch_size or spec.batch_size))
     meta = paths.load_target(target)(job)
     meta["export_s"] = time.perf_counter() - started
+    meta["code_files"] = provenance.loaded_code_files()  # re-checked on every cache lookup
     meta["batch_size"] = job.batch_size
     return meta
 

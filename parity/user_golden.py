@@ -22,12 +22,13 @@ from parity.safefs import sha256_file
 from parity.user_tasks import read_npz
 from parity.usermodel import InputData
 
-FLOAT32_TOLERANCE_FACTOR = 10.0
+FLOAT32_TOLERANCE_FACTOR = usermodel.FLOAT32_TOLERANCE_FACTOR  # derived by usermodel.tolerance_factor
 
 
 def build(workspace, spec, pool, progress=lambda message: None) -> dict:
     """Inputs, weights, reference and gradients of a user model into ``golden/<model>/``, atomically."""
     spec = workspace.load_spec(spec.name, attach_golden=False)  # tolerances as declared, not as last widened
+    usermodel.check_data_size("inputs and eval inputs", (spec.batch_size, *spec.input.shape), spec.input.dtype, copies=2)
     framework = spec.frameworks[0]
     data = spec.inputs or InputData()
     started = time.perf_counter()
@@ -47,7 +48,7 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
         given_vs_reference = None
         if given is not None:
             given_vs_reference = _replace_outputs(spec, reference, given)
-        factor = 1.0 if info["dtype"] == "float64" and given is None else FLOAT32_TOLERANCE_FACTOR
+        factor = usermodel.tolerance_factor(info["dtype"], given is not None)
         usermodel.widen_tolerances(spec, factor)
         golden.save_npz(scratch / "reference.npz", {k: v for k, v in reference.items() if not k.startswith("grad/")})
         golden.save_npz(scratch / "gradients.npz", {k[5:]: v for k, v in reference.items() if k.startswith("grad/")})
@@ -141,6 +142,8 @@ def _replace_outputs(spec, reference: dict, given: dict) -> float:
         if key not in given:
             raise ParityError(f"{given['from']} has no output {i} ({name!r})")
         value = np.asarray(given[key], dtype=np.float64)
+        _check_batched_output(spec, f"{given['from']}: output", name, value.shape, len(given["x"]))
+        _check_batched_output(spec, "the model's output", name, reference[name].shape, spec.batch_size)
         if value.shape[1:] != reference[name].shape[1:]:
             raise ParityError(f"{given['from']}: output {name!r} has shape {value.shape}, the model gives "
                               f"{reference[name].shape}")
@@ -149,6 +152,14 @@ def _replace_outputs(spec, reference: dict, given: dict) -> float:
         if i == 0:
             reference["eval/logits"] = value
     return worst
+
+
+def _check_batched_output(spec, what: str, name: str, shape: tuple, samples: int) -> None:
+    """Refuse an output that does not follow the inputs' batch axis (batch first, one row per sample)."""
+    if len(shape) == 0 or shape[0] != samples:
+        sample = ", ".join(map(str, spec.input.shape))
+        raise ParityError(f"{what} {name!r} has shape {tuple(shape)} for {samples} samples of input {spec.input.name!r} "
+                          f"(shape (batch, {sample})); parity needs outputs batched like the input, batch first")
 
 
 def _metrics(spec, logits: np.ndarray, labels) -> dict:

@@ -12,16 +12,16 @@ import numpy as np
 from parity import golden
 from parity.errors import one_line
 from parity.tasks import reference_arrays
-from parity.usermodel import UserModelError, jax_function, keras_file, native_params, torch_factory
+from parity.usermodel import UserModelError, check_data_size, jax_function, keras_file, native_params, torch_factory
 from parity.workspace import Workspace
 
 SKIPPED_TORCH_STATE = ("num_batches_tracked",)
 
 
-def _sample(shape, dtype: str, seed: int = 0) -> np.ndarray:
+def _sample(shape, dtype: str, values: int | None = None, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    if np.dtype(dtype).kind in "iu":
-        return rng.integers(0, 2, size=shape).astype(dtype)
+    if np.dtype(dtype).kind in "iu":  # ids 0 to values - 1; the smallest id alone until the range is known
+        return rng.integers(0, values or 1, size=shape).astype(dtype)
     return rng.standard_normal(shape).astype(dtype)
 
 
@@ -35,27 +35,33 @@ def _output_names(count: int) -> list[str]:
 
 
 def inspect_model(kind: str, reference: str, root: str, input_name: str, shape: list[int] | None, dtype: str,
-                  params_file: str | None = None, given: dict | None = None) -> dict:
+                  params_file: str | None = None, given: dict | None = None, values: int | None = None) -> dict:
     """Build the model, run it once on a sample of ``shape`` (batch first), and report what a spec needs:
     output names and shapes, default taps (top-level layers whose output is one tensor), parameter count.
     An ONNX file is only read (its graph says it all); ``given`` data (test data, Polygraphy inputs) gives
     its input shape."""
     if kind == "onnx":
         return _inspect_onnx(reference, root, given or {})
+    check_data_size(f"input {input_name!r}", shape, dtype)  # before _sample draws it
     inspector = {"torch": _inspect_torch, "tf": _inspect_keras, "jax": _inspect_jax}[kind]
-    return inspector(reference, root, input_name, shape, dtype, params_file)
+    return inspector(reference, root, input_name, shape, dtype, params_file, values)
 
 
-def _inspect_torch(reference, root, input_name, shape, dtype, _params_file):
+def _inspect_torch(reference, root, input_name, shape, dtype, _params_file, values):
     import torch
 
     module = torch_factory(reference, root)().eval()
-    recorded, handles = {}, []
+    x = torch.from_numpy(_sample(shape, dtype, values))
+    recorded, handles, embedding_sizes = {}, [], []
     for name, child in module.named_children():
         handles.append(child.register_forward_hook(lambda _m, _i, out, n=name: recorded.setdefault(n, out)))
+    for child in module.modules():  # an embedding that reads the input itself says how many ids it takes
+        if isinstance(child, torch.nn.Embedding):
+            handles.append(child.register_forward_pre_hook(
+                lambda m, args: embedding_sizes.append(m.num_embeddings) if args and args[0] is x else None))
     try:
         with torch.inference_mode():
-            outputs = module(torch.from_numpy(_sample(shape, dtype)))
+            outputs = module(x)
     except Exception as error:  # noqa: BLE001 - the model's own failure on this input
         raise _rejects(input_name, shape, error) from None
     finally:
@@ -66,30 +72,35 @@ def _inspect_torch(reference, root, input_name, shape, dtype, _params_file):
         raise UserModelError(f"{reference}: forward returns {type(outputs[0]).__name__}; parity needs a tensor or a tuple of tensors")
     taps = [n for n, _ in module.named_children() if isinstance(recorded.get(n), torch.Tensor)]
     return {"outputs": _output_names(len(outputs)), "output_shapes": [list(o.shape) for o in outputs], "taps": taps,
-            "n_params": int(sum(p.numel() for p in module.parameters()))}
+            "n_params": int(sum(p.numel() for p in module.parameters())),
+            "input_values": min(embedding_sizes, default=None)}
 
 
-def _inspect_keras(reference, root, input_name, shape, dtype, _params_file):
+def _inspect_keras(reference, root, input_name, shape, dtype, _params_file, values):
+    import keras
+
     model = keras_file(reference, root)("float32")
     if len(model.inputs) != 1:
         raise UserModelError(f"{reference} has {len(model.inputs)} inputs; parity checks models with one input")
+    embedding_sizes = [layer.input_dim for layer in model.layers if isinstance(layer, keras.layers.Embedding)
+                       and layer.input is model.inputs[0]]
     try:
-        outputs = model(_sample(shape, dtype), training=False)
+        outputs = model(_sample(shape, dtype, values), training=False)
     except Exception as error:  # noqa: BLE001
         raise _rejects(input_name, shape, error) from None
     outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
     taps = [layer.name for layer in model.layers if type(layer).__name__ != "InputLayer"
             and not isinstance(layer.output, (list, tuple, dict))]
     return {"outputs": _output_names(len(outputs)), "output_shapes": [list(o.shape) for o in outputs], "taps": taps,
-            "n_params": int(model.count_params())}
+            "n_params": int(model.count_params()), "input_values": min(embedding_sizes, default=None)}
 
 
-def _inspect_jax(reference, root, input_name, shape, dtype, params_file):
+def _inspect_jax(reference, root, input_name, shape, dtype, params_file, values):
     apply = jax_function(reference, params_file, root)
     params = read_npz(apply.params_path)
     names = []
     try:
-        outputs = apply(params, _sample(shape, dtype), tap=lambda name, _value: names.append(name))
+        outputs = apply(params, _sample(shape, dtype, values), tap=lambda name, _value: names.append(name))
     except Exception as error:  # noqa: BLE001
         raise _rejects(input_name, shape, error) from None
     outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
@@ -118,22 +129,35 @@ def read_npz(path: Path) -> dict[str, np.ndarray]:
 
 
 def read_weights(workspace: str, model: str, out_file: str) -> dict:
-    """The model's own floating-point weights by framework name (float32) into ``out_file``; returns
-    ``{name: {"trainable": bool}}``."""
+    """The model's own floating-point weights by framework name, each in its own dtype (bfloat16 widened to
+    float32, exactly), into ``out_file``; returns ``{name: {"trainable": bool, "dtype": str}}``."""
     spec = Workspace(workspace).load_spec(model, attach_golden=False)
     framework = spec.frameworks[0]
     weights, trainable = {"torch": _torch_weights, "tf": _keras_weights, "jax": _jax_weights,
                           "onnx": lambda _spec: ({}, set())}[framework](spec)
-    golden.save_npz(Path(out_file), {k: np.asarray(v, dtype=np.float32) for k, v in weights.items()})
-    return {name: {"trainable": name in trainable} for name in weights}
+    dtypes = {name: str(np.asarray(v).dtype) for name, v in weights.items()}
+    golden.save_npz(Path(out_file), {k: np.asarray(v, dtype=np.float32 if dtypes[k] == "bfloat16" else None)
+                                     for k, v in weights.items()})
+    return {name: {"trainable": name in trainable, "dtype": dtypes[name]} for name in weights}
 
 
 def _torch_weights(spec):
     module = spec.torch_module()
     trainable = {name for name, p in module.named_parameters() if p.requires_grad}
-    state = {k: v.detach().cpu().numpy() for k, v in module.state_dict().items()
+    state = {k: _torch_array(v) for k, v in module.state_dict().items()
              if not k.endswith(SKIPPED_TORCH_STATE) and v.is_floating_point()}
     return state, trainable
+
+
+def _torch_array(tensor) -> np.ndarray:
+    """A weight as NumPy in its own dtype (bfloat16 through ml_dtypes, which NumPy stores widened)."""
+    import ml_dtypes
+    import torch
+
+    tensor = tensor.detach().cpu()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.float().numpy().astype(ml_dtypes.bfloat16)
+    return tensor.numpy()
 
 
 def _keras_weights(spec):

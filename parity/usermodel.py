@@ -29,6 +29,8 @@ from pathlib import Path
 from parity.errors import ParityError, one_line
 
 DISTRIBUTIONS = ("normal", "uniform", "integers")
+FLOAT32_TOLERANCE_FACTOR = 10.0  # tolerances of a float32 reference, or of golden outputs given as float32
+GOLDEN_DATA_CEILING = 8 << 30  # bytes of declared-shape arrays parity allocates at most (less where memory is short)
 
 
 class UserModelError(ParityError):
@@ -62,6 +64,9 @@ class InputData:
     def __post_init__(self):
         if self.distribution not in DISTRIBUTIONS:
             raise ValueError(f"input distribution {self.distribution!r} is not one of {DISTRIBUTIONS}")
+        if self.distribution == "integers" and int(self.high) - int(self.low) < 2:
+            raise ValueError(f"integer inputs from {self.low:g} to {self.high:g} (excluded) take one value: declare the "
+                             "range the ids cover, e.g. InputData(distribution=\"integers\", low=0, high=VOCAB_SIZE)")
         if self.polygraphy_outputs and not self.polygraphy_inputs:
             raise ValueError("polygraphy_outputs needs the polygraphy_inputs they were computed from")
 
@@ -90,6 +95,8 @@ def resolve(reference: str, root: str | Path):
                 raise UserModelError(f"{reference}: no file {path}")
             name = f"parity_user_{abs(hash(str(path.resolve())))}_{path.stem}"
             module = sys.modules.get(name)
+            if str(path.parent) not in sys.path:  # its sibling modules import, as when the file runs as a script
+                sys.path.insert(0, str(path.parent))
             if module is None:
                 module_spec = importlib.util.spec_from_file_location(name, path)
                 module = importlib.util.module_from_spec(module_spec)
@@ -111,6 +118,12 @@ def resolve(reference: str, root: str | Path):
     return target
 
 
+def _reference_files(reference: str, root: str | Path) -> tuple[Path, ...]:
+    """The file a ``file.py:function`` reference names (a module reference is found once imported)."""
+    module_part = reference.rpartition(":")[0]
+    return (Path(root) / module_part,) if module_part.endswith(".py") else ()
+
+
 def _call_factory(reference: str, factory, *args):
     try:
         return factory(*args)
@@ -129,6 +142,7 @@ def torch_factory(reference: str, root: str | Path):
             raise UserModelError(f"{reference} returned {type(model).__name__}, not a torch.nn.Module")
         return model
 
+    torch_module.source_files = _reference_files(reference, root)
     return torch_module
 
 
@@ -145,6 +159,7 @@ def keras_file(path: str, root: str | Path):
             raise UserModelError(f"cannot load Keras model {file}: {one_line(f'{type(error).__name__}: {error}', 300)}") from None
         return model if dtype == "float32" else _keras_in_dtype(keras, model, dtype)
 
+    keras_model.source_files = (Path(root) / path,)
     return keras_model
 
 
@@ -159,6 +174,7 @@ def keras_factory(reference: str, root: str | Path):
             raise UserModelError(f"{reference} returned {type(model).__name__}, not a keras.Model")
         return model if dtype == "float32" else _keras_in_dtype(keras, model, dtype)
 
+    keras_model.source_files = _reference_files(reference, root)
     return keras_model
 
 
@@ -200,6 +216,7 @@ def jax_function(reference: str, params_file: str, root: str | Path):
         return function(nested, x)
 
     jax_apply.params_path = Path(root) / params_file
+    jax_apply.source_files = (*_reference_files(reference, root), jax_apply.params_path)
     return jax_apply
 
 
@@ -219,7 +236,8 @@ def attach_golden(spec, golden_dir: Path) -> None:
     """Complete a user model's spec from its golden manifest: the parameter table (framework names,
     trainable or not) and, where the reference had to be float32, the widened tolerances it records.
 
-    A missing or broken manifest leaves the spec as it is: verifying the golden data reports that.
+    A missing or broken manifest leaves the spec as it is: verifying the golden data reports that. A tolerance
+    factor that does not follow from how the reference was made is refused here (``GoldenError``).
     """
     from parity import manifest as manifest_lib
     from parity.errors import GoldenError
@@ -233,15 +251,43 @@ def attach_golden(spec, golden_dir: Path) -> None:
         return
     arrays = manifest["files"]["weights.npz"]["arrays"]
     spec.params = native_params({name: a["shape"] for name, a in arrays.items()}, manifest.get("params", {}))
-    widen_tolerances(spec, manifest.get("reference", {}).get("tolerance_factor", 1))
+    widen_tolerances(spec, checked_tolerance_factor(manifest, path))
+
+
+def tolerance_factor(reference_dtype: str, outputs_given: bool) -> float:
+    """The factor a user model's tolerances are widened by, from how its golden data was made: 1 for a float64
+    reference of the model's own outputs, ``FLOAT32_TOLERANCE_FACTOR`` for a float32 reference or for golden
+    outputs given with the inputs (float32 as given)."""
+    return 1.0 if reference_dtype == "float64" and not outputs_given else FLOAT32_TOLERANCE_FACTOR
+
+
+def checked_tolerance_factor(manifest: dict, path: Path) -> float:
+    """The manifest's ``reference.tolerance_factor`` if it is what ``tolerance_factor`` derives from the manifest's
+    own record of the reference; otherwise a ``GoldenError`` (a number parity never wrote is never trusted)."""
+    from parity.errors import GoldenError
+    from parity.manifest import rebuild_hint
+
+    reference = manifest.get("reference")
+    if reference is None:
+        return 1.0
+    given = (reference.get("given_vs_reference_max_abs") is not None
+             or reference["outputs_from"] != f"{manifest['reference_framework']} reference")
+    derived = tolerance_factor(reference["dtype"], given)
+    if reference["tolerance_factor"] != derived:
+        made = f"{reference['dtype']} reference, outputs {'given' if given else 'computed'}"
+        raise GoldenError(f"{path}: reference.tolerance_factor is {reference['tolerance_factor']:g}, but how the "
+                          f"reference was made ({made}) gives {derived:g}; {rebuild_hint(Path(path).parent.name)}")
+    return derived
 
 
 def native_params(shapes: dict, params: dict) -> dict:
     """The parameter table of a user model: framework names, shapes as read, no layout conversion
-    (``tensor``), trainable as ``params`` (``{name: {"trainable": bool}}``, as the manifest records) says."""
+    (``tensor``), trainable and dtype as ``params`` (``{name: {"trainable": bool, "dtype": str}}``, as the
+    manifest records) says."""
     from parity.spec import ParamSpec
 
-    return {name: ParamSpec(tuple(shape), "tensor", params.get(name, {}).get("trainable", False))
+    return {name: ParamSpec(tuple(shape), "tensor", params.get(name, {}).get("trainable", False),
+                            params.get(name, {}).get("dtype", "float32"))
             for name, shape in shapes.items()}
 
 
@@ -258,3 +304,40 @@ def widen_tolerances(spec, factor: float) -> None:
     if factor != 1:
         spec.tolerances = {p: widen(t) for p, t in spec.tolerances.items()}
         spec.grad_tolerances = {p: widen(t) for p, t in spec.grad_tolerances.items()}
+
+
+def golden_data_limit() -> tuple[int, str]:
+    """The most bytes of declared-shape arrays parity allocates, and how that limit was chosen: the smaller of
+    ``GOLDEN_DATA_CEILING`` and a quarter of the memory available now (drawing them takes more than they hold)."""
+    import psutil
+
+    available = psutil.virtual_memory().available
+    why = f"the smaller of {format_bytes(GOLDEN_DATA_CEILING)} and a quarter of the {format_bytes(available)} available"
+    return min(GOLDEN_DATA_CEILING, available // 4), why
+
+
+def check_data_size(what: str, shape, dtype: str, copies: int = 1) -> None:
+    """Refuse (``UserModelError``), before anything is allocated, ``copies`` arrays of ``shape`` and ``dtype`` that
+    would take more than ``golden_data_limit``."""
+    import math
+
+    import numpy as np
+
+    need = copies * math.prod(int(d) for d in shape) * np.dtype(dtype).itemsize
+    limit, why = golden_data_limit()
+    if need > limit:
+        raise UserModelError(f"{what} of shape {tuple(int(d) for d in shape)} {dtype} would take {format_bytes(need)}; "
+                             f"parity refuses golden data over {format_bytes(limit)} ({why}): declare a smaller batch "
+                             f"or input shape")
+
+
+def format_bytes(count: int) -> str:
+    """``count`` bytes in binary units, e.g. ``2.3 TiB``."""
+    if count < 1024:
+        return f"{count} bytes"
+    size = float(count)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        size /= 1024
+        if size < 1024:
+            return f"{size:.1f} {unit}"
+    return f"{size / 1024:.1f} PiB"

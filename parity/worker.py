@@ -36,9 +36,10 @@ class TaskFailed(Exception):
     ``startup`` (the worker's framework failed to import), ``died`` or ``timeout``.
     """
 
-    def __init__(self, message: str, kind: str = "raised"):
+    def __init__(self, message: str, kind: str = "raised", log: str | None = None):
         super().__init__(message)
         self.kind = kind
+        self.log = log  # the worker's log, with the task's traceback
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -161,16 +162,16 @@ class Worker:
         if not self.conn.poll(timeout_s):
             self.kill()
             raise TaskFailed(f"timed out after {timeout_s:g} s (worker {self.group} killed; log {self.log_path})",
-                             "timeout")
+                             "timeout", str(self.log_path))
         try:
             status, payload = self.conn.recv()
         except (EOFError, ConnectionError):
             self.process.join(5)
             raise TaskFailed(
-                f"worker process {self.group} died (exit code {self.process.exitcode}); see {self.log_path}", "died"
-            ) from None
+                f"worker process {self.group} died (exit code {self.process.exitcode}); see {self.log_path}", "died",
+                str(self.log_path)) from None
         if status != "ok":
-            raise TaskFailed(payload, "raised" if status == "error" else status)
+            raise TaskFailed(payload, "raised" if status == "error" else status, str(self.log_path))
         return payload
 
     @property
@@ -201,8 +202,11 @@ class WorkerPool:
     """
 
     def __init__(self, threads: int, logs_root: Path, timeout_s: float, env: dict | None = None):
+        from parity.cache import cache_folder
+
         self.threads, self.timeout_s, self.env = threads, timeout_s, env or {}
-        prune_logs(Path(logs_root))
+        logs_root = cache_folder(Path(logs_root), "log folder")
+        prune_logs(logs_root)
         self.log_dir = owned_tempdir(logs_root, LOG_PREFIX)
         self.failed = False
         self.current: Worker | None = None

@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
-import numpy as np
-
+from parity import layouts
 from parity.exporters.common import ExportJob, check_onnx_ops, onnx_meta, save_onnx
 from parity.runtimes.base import as_tuple
 
 
 def export(job: ExportJob) -> dict:
+    import jax
     from jax2onnx import to_onnx
 
     spec = job.spec
-    params = {name: np.asarray(job.weights[name], dtype=np.float32) for name in spec.params}
+    params = {name: layouts.held_array(p, job.weights[name], "float32") for name, p in spec.params.items()}
 
     def forward(x):
         return as_tuple(spec.jax_apply(params, x, None))
 
     model = to_onnx(
-        forward, [(job.batch_size, *spec.input.shape)], model_name=spec.name, opset=job.opset,
+        forward, [jax.ShapeDtypeStruct((job.batch_size, *spec.input.shape), spec.input.dtype)], model_name=spec.name, opset=job.opset,
         input_names=[spec.input.name], output_names=list(spec.outputs),
     )
     check_onnx_ops(model, "jax2onnx")

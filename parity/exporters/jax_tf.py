@@ -7,8 +7,7 @@ the ``XlaCallModule`` op.
 
 from __future__ import annotations
 
-import numpy as np
-
+from parity import layouts
 from parity.exporters.common import ExportJob
 from parity.runtimes.base import as_tuple
 
@@ -21,7 +20,7 @@ def export(job: ExportJob) -> dict:
     names = list(spec.params)
     module = tf.Module()
     module.param_list = [
-        tf.Variable(np.asarray(job.weights[n], dtype=np.float32), name=n.replace("/", "."), trainable=spec.params[n].trainable)
+        tf.Variable(layouts.held_array(spec.params[n], job.weights[n], "float32"), name=n.replace("/", "."), trainable=spec.params[n].trainable)
         for n in names
     ]
 
@@ -29,7 +28,7 @@ def export(job: ExportJob) -> dict:
         return as_tuple(spec.jax_apply(dict(zip(names, param_values)), x, None))
 
     converted = jax2tf.convert(apply, with_gradient=True)
-    signature = [tf.TensorSpec((job.batch_size, *spec.input.shape), tf.float32, name=spec.input.name)]
+    signature = [tf.TensorSpec((job.batch_size, *spec.input.shape), tf.as_dtype(spec.input.dtype), name=spec.input.name)]
 
     @tf.function(autograph=False, input_signature=signature)
     def forward(x):

@@ -27,7 +27,7 @@ def _signature(tf, spec, batch_size: int, layout: str):
     shape = (batch_size, *spec.input.shape)
     if layout == "nhwc":
         shape = tuple(shape[i] for i in (0, 2, 3, 1))
-    return [tf.TensorSpec(shape, tf.float32, name=spec.input.name)]
+    return [tf.TensorSpec(shape, tf.as_dtype(spec.input.dtype), name=spec.input.name)]
 
 
 def _onnx_names(model, spec, layout: str) -> dict:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 from contextlib import redirect_stderr, redirect_stdout
 
+import numpy as np
+
 from parity.exporters.common import ONNX_FILE, ExportJob, check_onnx_ops, onnx_meta
 
 
@@ -16,7 +18,8 @@ def export(job: ExportJob) -> dict:
 
     spec = job.spec
     module = build_module(spec, job.weights, "float32")
-    example = torch.zeros((job.batch_size, *spec.input.shape), dtype=torch.float32)
+    # traced on the golden inputs: their dtype (token ids stay integers) and values (an embedding's range)
+    example = torch.from_numpy(np.ascontiguousarray(job.inputs, dtype=spec.input.dtype))
     path = job.out_dir / ONNX_FILE
     with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
         torch.onnx.export(

@@ -65,9 +65,43 @@ def load(path) -> dict:
     for i, result in enumerate(doc["results"]):
         if not isinstance(result, dict) or not all(isinstance(result.get(k), str) for k in ("model", "path")):
             raise refuse(f"not a parity result (results[{i}] has no 'model' and 'path')")
+        problem = _timing_problem(result)
+        if problem:
+            raise refuse(f"results[{i}] ({result['model']} {result['path']}): {problem}")
     if not isinstance(doc.get("env", {}), dict):
         raise refuse("not a parity result ('env' is not an object)")
     return doc
+
+
+def _duration(v) -> bool:
+    """Whether ``v`` is a timing in milliseconds: a positive finite number."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def _shown(v) -> str:
+    """A JSON value as a message shows it: a number as written, anything else by its type."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return repr(v)
+    return "null" if v is None else f"a JSON {type(v).__name__}"
+
+
+def _timing_problem(result: dict) -> str | None:
+    """What is wrong with a result's timing (every median and raw sample a positive finite ms), or None."""
+    timing = result.get("timing")
+    batches = timing.get("batches") if isinstance(timing, dict) else None
+    for batch, entry in (batches.items() if isinstance(batches, dict) else ()):
+        if not isinstance(entry, dict):
+            continue
+        where = f"timing.batches.{batch}"
+        median, samples = entry.get("median_ms"), entry.get("samples_ms")
+        if median is not None and not _duration(median):
+            return f"{where}.median_ms is {_shown(median)}, not a positive finite number of milliseconds"
+        if samples is not None and not isinstance(samples, list):
+            return f"{where}.samples_ms is {_shown(samples)}, not a list"
+        for j, sample in enumerate(samples or ()):
+            if not _duration(sample):
+                return f"{where}.samples_ms[{j}] is {_shown(sample)}, not a positive finite number of milliseconds"
+    return None
 
 
 # --- formatting helpers ---------------------------------------------------------------------------
@@ -134,6 +168,18 @@ def _samples(entry: dict) -> list[float] | None:
     return values if all(v is not None and v > 0 for v in values) else None
 
 
+def _ratio(log_ratio: float) -> str:
+    """A ratio given by its natural log: ``1.234``, or ``1.23e+600`` where fixed point would read 0.000 or
+    the ratio exceeds the float range."""
+    if math.log(1e-3) <= log_ratio < math.log(1e6):
+        return f"{math.exp(log_ratio):.3f}"
+    exponent = math.floor(log_ratio / math.log(10))
+    mantissa = math.exp(log_ratio - exponent * math.log(10))
+    if mantissa >= 9.995:
+        mantissa, exponent = mantissa / 10, exponent + 1
+    return f"{mantissa:.2f}e{exponent:+d}"
+
+
 def _p(p) -> str:
     x = _number(p)
     return "-" if x is None else f"{x:.2g}"
@@ -187,17 +233,18 @@ def _verdicts(order: list[tuple[str, str]], ra: dict, rb: dict, common: list) ->
 
 
 def _tested(sa: list[float], sb: list[float]) -> tuple[str, str, str, str]:
-    """B/A, its 95 % CI, p and the verdict from ``parity.stats.compare_series``."""
+    """B/A, its 95 % CI, p and the verdict from ``parity.stats.compare_series_log`` (in log space: samples
+    of 1e-300 and 1e300 ms give a ratio past the float range, shown in powers of ten)."""
     # imported here: only a comparison with samples needs it
-    from parity.stats import compare_series
+    from parity.stats import compare_series_log
 
     try:
-        stats = compare_series(sb, sa)
+        stats = compare_series_log(sb, sa)
     except ValueError as error:
         return "-", "-", "-", one_line(f"not tested: {error}", 80)
-    lo, hi = stats["ci95"]
-    verdict = NO_DIFFERENCE if lo <= 1 <= hi else stats["verdict"]
-    return f"{stats['ratio']:.3f}", f"[{lo:.3f}, {hi:.3f}]", _p(stats["p"]), verdict
+    lo, hi = stats["log_ci95"]
+    verdict = NO_DIFFERENCE if lo <= 0 <= hi else stats["verdict"]
+    return _ratio(stats["log_ratio"]), f"[{_ratio(lo)}, {_ratio(hi)}]", _p(stats["p"]), verdict
 
 
 def _timings(common: list[tuple[str, str]], ra: dict, rb: dict) -> list[str]:
@@ -209,8 +256,8 @@ def _timings(common: list[tuple[str, str]], ra: dict, rb: dict) -> list[str]:
             ma, mb = _number(ea.get("median_ms")), _number(eb.get("median_ms"))
             sa, sb = _samples(ea), _samples(eb)
             ratio, ci, p, verdict = _tested(sa, sb) if sa and sb else ("-", "-", "-", NO_SAMPLES)
-            if ratio == "-" and ma and mb:
-                ratio = f"{mb / ma:.3f}"
+            if ratio == "-" and _duration(ma) and _duration(mb):
+                ratio = _ratio(math.log(mb) - math.log(ma))
             rows.append((*key, batch, _ms(ma), _ms(mb), ratio, ci, p, verdict))
     lines = ["Timing (B/A per batch)"]
     if not rows:

@@ -125,8 +125,9 @@ def _plot(taps: list[dict], first: str | None, salt: str) -> str:
                 else "zero" if v <= 0 else "measured")
         groups[kind][0].append(x)
         groups[kind][1].append({"over": top, "zero": floor}.get(kind, v))
+    # names come from user models: drawn literally, never parsed as mathtext ("a$x^2$b") or LaTeX
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": salt, "font.size": 8,
-                                "font.family": "sans-serif"}):
+                                "font.family": "sans-serif", "text.parse_math": False, "text.usetex": False}):
         fig = Figure(figsize=(8, 3))
         ax = fig.add_subplot()
         ax.set_yscale("log")
@@ -306,7 +307,10 @@ def render(report: dict) -> str:
 
 
 def write(report: dict, out_dir: str | Path) -> Path:
-    """Render to ``out_dir/index.html``: a temporary file beside it, fsynced, then renamed over it."""
+    """Render to ``out_dir/index.html``: a temporary file beside it, fsynced, then renamed over it.
+
+    A symlinked ``index.html`` is followed (its target is replaced, the link kept); a FIFO or device is
+    written through."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / "index.html"

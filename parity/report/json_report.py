@@ -20,6 +20,8 @@ def sanitize(value):
 
 
 def write(report: dict, path: str | Path) -> None:
+    """``report`` as strict JSON at ``path``: replaced atomically (a symlink's target, the link kept), or
+    written through to a FIFO or device such as ``/dev/stdout``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, sanitize(report))

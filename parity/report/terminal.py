@@ -86,6 +86,10 @@ def _timing(result: dict) -> str:
 def _reason(result: dict) -> str:
     """The full reason, with what the spec declared for expected errors and unexpected passes."""
     reason = result.get("reason") or ""
+    if result["verdict"] == "error" and result.get("log"):
+        reason += f" (worker log: {result['log']})"
+    elif result["verdict"] == "error" and (result.get("export") or {}).get("cached"):
+        reason += " (cached from an earlier run: --no-cache exports again and keeps the worker log)"
     if result.get("unexpected_pass"):
         return f"declared as expected error ({result['expected_reason']}) but passed: update the spec"
     if result.get("expected"):
@@ -228,6 +232,8 @@ def summary_lines(report: dict) -> list[str]:
     for problem in report.get("model_errors", []):
         lines.append(f"{problem['model']}: ERROR {problem['reason']}")
     for r in report["results"]:
+        if (r.get("export") or {}).get("rebuilt"):
+            lines.append(f"note: {r['model']} {r['path']}: exported again ({r['export']['rebuilt']})")
         build = (r.get("export") or {}).get("build_determinism")
         if build and not build["deterministic"]:
             lines.append(f"warning: {r['model']} {r['path']}: two TensorRT builds of the same model give outputs "

@@ -99,11 +99,19 @@ class JaxSource(Runner):
         self.jax = jax
         self.jax_device = jax_device(jax, device)
         self.numerics = jax_flags(jax, precision, device)
-        self.params = {name: jax.device_put(jnp.asarray(np.asarray(weights[name], dtype=dtype)).astype(self.compute_dtype),
-                                            self.jax_device) for name in spec.params}
+        self.params = {name: jax.device_put(jnp.asarray(self._held(name, weights[name])), self.jax_device)
+                       for name in spec.params}
         check_definition(spec, self.params, batch_size)
         self._forward = jax.jit(lambda p, x: as_tuple(spec.jax_apply(p, x, None)))
         self._step = None  # the jitted SGD update, made by the first train_step
+
+    def _held(self, name: str, value: np.ndarray) -> np.ndarray:
+        """A weight in the dtype the run holds it in (``layouts.held_dtype``); float64 needs JAX's x64 mode."""
+        param = self.spec.params[name]
+        if layouts.held_dtype(param.dtype, self.compute_dtype) == "float64" and not self.jax.config.jax_enable_x64:
+            raise Unavailable(f"parameter {name!r} is float64, which JAX holds only with jax_enable_x64 (off for a "
+                              f"{self.precision} run): JAX would narrow it to float32")
+        return layouts.held_array(param, value, self.compute_dtype)
 
     def _input(self, x):
         if x.dtype.kind == "f":

@@ -18,23 +18,34 @@ def build_module(spec, weights: dict[str, np.ndarray] | None, dtype: str = "floa
     import torch
 
     torch.manual_seed(spec.training.seed)
-    module = spec.torch_module()
-    torch_dtype = getattr(torch, _TORCH_DTYPES[dtype])
-    module = module.to(torch_dtype)
+    module = hold_in(torch, spec.torch_module(), getattr(torch, _TORCH_DTYPES[dtype]))
     by_torch_name = {layouts.torch_param_name(name): name for name in spec.params}
     state = {k: v for k, v in module.state_dict().items() if not k.endswith(_SKIPPED_STATE) and v.is_floating_point()}
     found = {by_torch_name.get(key, key): tuple(value.shape) for key, value in state.items()}
     layouts.check_names_and_shapes("torch", spec.params, found)
     if weights is not None:
         layouts.check_weights(spec.params, weights)
-        new_state = {
+        new_state = {  # each weight in the dtype the module holds it in (its own, or the run's)
             layouts.torch_param_name(name): torch.from_numpy(
-                layouts.param_to_framework("torch", spec.params[name].kind, np.asarray(weights[name], dtype=dtype))
+                layouts.param_to_framework("torch", spec.params[name].kind, np.asarray(weights[name]))
             )
             for name in spec.params
         }
         module.load_state_dict(new_state, strict=False)
     return module.eval()
+
+
+def hold_in(torch, module, dtype):
+    """``module`` with its floating parameters and buffers held as ``layouts.held_dtype`` says: every one in
+    float64 for the reference, else the float32 ones in ``dtype`` and the others (a float64 gain) as they are."""
+    name = str(dtype).removeprefix("torch.")
+
+    def cast(tensor):
+        if not tensor.is_floating_point():
+            return tensor
+        return tensor.to(getattr(torch, layouts.held_dtype(str(tensor.dtype).removeprefix("torch."), name)))
+
+    return module._apply(cast)
 
 
 def canonical_state(spec, module) -> dict[str, np.ndarray]:
@@ -72,7 +83,7 @@ class TorchSource(Runner):
         self.numerics = torch_flags(torch, precision, device)
         self.torch_dtype = getattr(torch, self.compute_dtype)
         module = build_module(spec, weights, dtype)
-        self.module = module.to(device=self.torch_device, dtype=self.torch_dtype)
+        self.module = hold_in(torch, module, self.torch_dtype).to(self.torch_device)
         self._optimizer = None  # torch.optim.SGD over optimized_params(), made by the first train_step
 
     def _input(self, x):
