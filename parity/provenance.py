@@ -49,7 +49,8 @@ def loaded_code_files() -> dict[str, str]:
     found = {}
     for name, module in list(sys.modules.items()):
         path = getattr(module, "__file__", None)
-        if not path or name in ("__main__", "__mp_main__") or not os.path.isfile(path):
+        # "__" names are generated code (TensorFlow's autograph writes a new one per run), not the user's
+        if not path or name.startswith("__") or not os.path.isfile(path):
             continue
         if _user_file(path):
             found[os.path.realpath(path)] = sha256_file(Path(path))
@@ -142,6 +143,7 @@ def read_slot(root: Path, slot: str) -> dict | None:
 
 
 def write_slot(root: Path, slot: str, parts: dict) -> None:
-    folder = Path(root) / SLOTS
-    folder.mkdir(parents=True, exist_ok=True)
+    from parity.cache import cache_folder
+
+    folder = cache_folder(Path(root) / SLOTS)
     write_json_atomic(folder / f"{slot}.json", {"schema": SLOT_SCHEMA, "parts": parts})
