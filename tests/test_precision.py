@@ -166,6 +166,13 @@ def test_bad_device_or_precision_is_one_line_and_exit_2(args, message):
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
 
 
+def _key(run, spec, manifest, path, depth):
+    """The cache key of a chain's artifact at ``depth`` from what is known before it is made."""
+    from parity.cache import content_key
+
+    return content_key(run._key_parts(spec, manifest, path, depth, None)[0])
+
+
 def test_an_engine_is_keyed_on_gpu_and_tensorrt_version_and_float32_exports_are_shared(workspace_copy, monkeypatch):
     """An engine cache entry built for another GPU or TensorRT version has another key: rebuilt, never reused.
     The float32 export under a reduced-precision path is the fp32 path's own (one export, many precisions)."""
@@ -179,14 +186,14 @@ def test_an_engine_is_keyed_on_gpu_and_tensorrt_version_and_float32_exports_are_
     engine = paths.by_id("torch/onnx/trt", "cuda:0", "fp16")
     identity = {"tensorrt": "10.13.0", "gpu": "NVIDIA H100", "compute_capability": "9.0"}
     monkeypatch.setattr(devices, "engine_identity", lambda device: dict(identity))
-    key = run._chain_key(spec, manifest, engine, 1)
+    key = _key(run, spec, manifest, engine, 1)
     for field, other in (("gpu", "NVIDIA A100"), ("compute_capability", "8.0"), ("tensorrt", "11.4.0")):
         monkeypatch.setattr(devices, "engine_identity", lambda device, f=field, o=other: {**identity, f: o})
-        assert run._chain_key(spec, manifest, engine, 1) != key
-    assert run._chain_key(spec, manifest, paths.by_id("torch/onnx/trt", "cuda:0", "fp32"), 1) != key
+        assert _key(run, spec, manifest, engine, 1) != key
+    assert _key(run, spec, manifest, paths.by_id("torch/onnx/trt", "cuda:0", "fp32"), 1) != key
     fp32, fp16 = paths.by_id("torch/onnx/ort", "cpu", "fp32"), paths.by_id("torch/onnx/ort", "cpu", "fp16")
-    assert run._chain_key(spec, manifest, fp32, 0) == run._chain_key(spec, manifest, fp16, 0)
-    assert run._chain_key(spec, manifest, fp16, 1) != run._chain_key(spec, manifest, paths.by_id("torch/onnx/ort"), 0)
+    assert _key(run, spec, manifest, fp32, 0) == _key(run, spec, manifest, fp16, 0)
+    assert _key(run, spec, manifest, fp16, 1) != _key(run, spec, manifest, paths.by_id("torch/onnx/ort"), 0)
 
 
 def test_gpu_figures_time_compute_alone_and_say_what_cannot_be_measured():
