@@ -17,7 +17,7 @@ JAX pools by reshape + mean because jax2onnx 0.17 lowers a 4-D ``lax.reduce_wind
 ONNX pool over 4 spatial dims, which onnxruntime and the ONNX reference reject.
 """
 
-from parity.spec import InputSpec, Layer, ModelSpec, ParamSpec, Tolerance, Tolerances, Training
+from parity.model.spec import InputSpec, Layer, ModelSpec, ParamSpec, Tolerance, Tolerances, Training
 
 CHANNELS = (8, 16)
 CLASSES = 10
@@ -151,7 +151,7 @@ SPEC = ModelSpec(
     },
     # fp16: two convolutions and a BatchNorm in float16 reach 0.96 of the dtype's default (16 eps = 0.0156) on
     # the jax path; declared at about twice the worst error measured across torch, tf and jax. Other
-    # reduced precisions use the defaults derived from the dtype (parity.precision).
+    # reduced precisions use the defaults derived from the dtype (parity.platform.precision).
     tolerances={"fp32": Tolerances(Tolerance(atol=1e-5, rtol=1e-5)), "fp16": Tolerances(Tolerance(atol=0.03, rtol=0.03))},
     grad_tolerances={"fp32": Tolerances(Tolerance(atol=1e-6, rtol=1e-4))},
     bench_batch_sizes=(1, 64),

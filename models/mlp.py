@@ -1,6 +1,6 @@
 """mlp: a two-hidden-layer perceptron on the flattened 8x8 digits (64 features, 10 classes)."""
 
-from parity.spec import InputSpec, Layer, ModelSpec, ParamSpec, Tolerance, Tolerances, Training
+from parity.model.spec import InputSpec, Layer, ModelSpec, ParamSpec, Tolerance, Tolerances, Training
 
 HIDDEN = (64, 32)
 CLASSES = 10

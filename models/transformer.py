@@ -12,7 +12,7 @@ float64 it is off by up to 5e-9 and the float64 cross-framework gate (1e-9) refu
 
 import math
 
-from parity.spec import InputSpec, Layer, ModelSpec, ParamSpec, Tolerance, Tolerances, Training
+from parity.model.spec import InputSpec, Layer, ModelSpec, ParamSpec, Tolerance, Tolerances, Training
 
 TOKENS, FEATURES = 8, 8
 D_MODEL, HEADS, MLP = 32, 2, 64

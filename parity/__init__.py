@@ -4,7 +4,30 @@ Importing this package imports no ML framework; frameworks are imported inside t
 worker processes that run a path.
 """
 
-from parity.errors import ParityError
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+
+from parity.platform.errors import ParityError
 
 __version__ = "0.1.0"
 __all__ = ["ParityError", "__version__"]
+
+# Model files written by earlier versions import these names; they are the same modules, not copies.
+MOVED = {"parity.spec": "parity.model.spec", "parity.usermodel": "parity.model.user"}
+
+
+class _Moved(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path=None, target=None):
+        return importlib.util.spec_from_loader(name, self) if name in MOVED else None
+
+    def create_module(self, spec):
+        return importlib.import_module(MOVED[spec.name])
+
+    def exec_module(self, module):
+        pass
+
+
+if not any(isinstance(finder, _Moved) for finder in sys.meta_path):
+    sys.meta_path.append(_Moved())

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import click
 
-from parity.errors import ParityError, UsageError
-from parity.precision import PRECISIONS
+from parity.platform.errors import ParityError, UsageError
+from parity.platform.precision import PRECISIONS
 
 PRECISION_CHOICES = tuple(PRECISIONS)
 
@@ -82,7 +82,7 @@ def model_option(func):
 
 def check_options(func):
     """Options shared by `check` and `run`."""
-    from parity.env import default_threads
+    from parity.platform.env import default_threads
 
     decorators = [
         workspace_option,
@@ -123,7 +123,7 @@ def cli():
 
 
 def _workspace(workspace):
-    from parity.workspace import Workspace
+    from parity.model.workspace import Workspace
 
     ws = Workspace(workspace)
     if ws.fallback_note:
@@ -133,12 +133,12 @@ def _workspace(workspace):
 
 def _check_or_run(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, verbose, workspace,
                   report_dir, timing=None, diagnose="failing"):
-    from parity import orchestrate
+    from parity.pipeline import orchestrate
     from parity.report import diagnosis, json_report, terminal
 
     to_stdout = json_file == "-"
     check_targets(None if to_stdout else json_file, report_dir)
-    from parity.precision import parse_device
+    from parity.platform.precision import parse_device
 
     device = parse_device(device)
     ws = _workspace(workspace)
@@ -176,7 +176,7 @@ def check_targets(json_file: str | None, report_dir: str | None) -> None:
 
     ``--json`` needs its folder to exist; ``--report`` may be created, in a folder that exists.
     """
-    from parity.safefs import check_writable
+    from parity.platform.safefs import check_writable
 
     if json_file:
         check_writable(json_file, "--json", make_parents=False)
@@ -224,8 +224,8 @@ def timing_options(func):
 
 
 def _bench_options(budget_s, min_runs, target_ci, batch_sizes, baseline):
-    from parity import paths as path_registry
-    from parity.benchmark import BenchOptions
+    from parity.bench.plan import BenchOptions
+    from parity.run import paths as path_registry
 
     if not budget_s > 0:
         raise UsageError(f"--budget must be a positive number of seconds, not {budget_s:g}")
@@ -322,9 +322,9 @@ def paths(models, workspace, devices, precisions):
     Example:
         parity paths --model cnn --device cuda
     """
-    from parity import paths as path_registry
-    from parity.precision import parse_device
+    from parity.platform.precision import parse_device
     from parity.report.terminal import render_paths
+    from parity.run import paths as path_registry
 
     frameworks = None
     if models:
@@ -351,7 +351,7 @@ def env(threads):
     Example:
         parity env > env.json
     """
-    from parity.env import default_threads, environment
+    from parity.platform.env import default_threads, environment
 
     click.echo(json.dumps(environment(threads or default_threads()), indent=2))
 
@@ -387,8 +387,8 @@ def init(name, torch_ref, keras_ref, jax_ref, onnx_ref, input_decl, inputs_file,
         parity golden build --model resnet
         parity run --model resnet
     """
-    from parity import scaffold
-    from parity.env import default_threads
+    from parity.pipeline import scaffold
+    from parity.platform.env import default_threads
 
     given = {"torch": torch_ref, "tf": keras_ref, "jax": jax_ref, "onnx": onnx_ref}
     chosen = [(kind, ref) for kind, ref in given.items() if ref]
@@ -434,7 +434,8 @@ def export_testdata(model, out_dir, workspace):
     """
     import numpy as np
 
-    from parity import golden as golden_lib, interop
+    from parity.golden import store as golden_lib
+    from parity.interop import onnx_test_data as interop
 
     ws = _workspace(workspace)
     (name,) = ws.select([model])
@@ -470,10 +471,11 @@ def golden_build(models, workspace, threads):
     Example:
         parity golden build --model mlp
     """
-    from parity import golden as golden_lib
-    from parity.cache import cache_root
-    from parity.env import default_threads
-    from parity.worker import TaskFailed, WorkerPool
+    from parity.golden import build as golden_build
+    from parity.golden import store as golden_lib
+    from parity.platform.cache_dir import cache_root
+    from parity.platform.env import default_threads
+    from parity.run.worker import TaskFailed, WorkerPool
 
     ws = _workspace(workspace)
     if ws.is_fallback:
@@ -484,7 +486,7 @@ def golden_build(models, workspace, threads):
         for name in ws.select(models):
             try:
                 # the spec as declared: the golden data it replaces may be what is refused
-                manifest = golden_lib.build(ws, ws.load_spec(name, attach_golden=False), pool, progress=_say)
+                manifest = golden_build.build(ws, ws.load_spec(name, attach_golden=False), pool, progress=_say)
             except (ParityError, TaskFailed) as error:
                 failures += 1
                 click.echo(f"{name}: golden build failed: {error}", err=True)
@@ -505,7 +507,7 @@ def golden_verify(models, workspace):
     Example:
         parity golden verify --model mlp
     """
-    from parity import golden as golden_lib
+    from parity.golden import store as golden_lib
 
     ws = _workspace(workspace)
     failures = 0

@@ -36,11 +36,13 @@ def assert_parity(make_model, inputs, paths=("torch/onnx/ort",), atol: float = 1
     sample) also checks gradients of the cross-entropy and the task metrics. Returns the result (the
     ``parity.result/2`` dict) when every path passes.
     """
-    from parity import golden, orchestrate, scaffold
-    from parity.cache import cache_root
+    from parity.golden import build as golden_build
+    from parity.golden import store as golden
+    from parity.model.workspace import Workspace
+    from parity.pipeline import orchestrate, scaffold
+    from parity.platform.cache_dir import cache_root
     from parity.report import diagnosis, terminal
-    from parity.worker import WorkerPool
-    from parity.workspace import Workspace
+    from parity.run.worker import WorkerPool
 
     paths = [paths] if isinstance(paths, str) else list(paths)
     sources = {p.split("/")[0] for p in paths}
@@ -59,7 +61,7 @@ def assert_parity(make_model, inputs, paths=("torch/onnx/ort",), atol: float = 1
         scaffold.init(root, request, force=False, threads=threads, timeout_s=timeout_s)
         workspace = Workspace(root)
         with WorkerPool(threads, cache_root() / "logs", timeout_s) as pool:
-            golden.build(workspace, workspace.load_spec(request.name), pool)
+            golden_build.build(workspace, workspace.load_spec(request.name), pool)
         report = orchestrate.check(workspace, [request.name], orchestrate.Options(
             threads=threads, patterns=tuple(paths), timeout_s=timeout_s))
     finally:

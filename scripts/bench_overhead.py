@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from parity import stats
-from parity.bench import measure
+from parity.bench import stats
+from parity.bench.measure import measure
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,8 +33,8 @@ def build_session(tmp: Path):
     import onnxruntime as ort
     import torch
 
+    from parity.model.workspace import Workspace
     from parity.sources.torch import build_module
-    from parity.workspace import Workspace
 
     torch.set_num_threads(1)
     spec = Workspace(ROOT).load_spec("mlp")

@@ -17,12 +17,14 @@ import argparse
 import statistics
 import time
 
-from parity import golden, orchestrate, paths
-from parity.cache import cache_root
 from parity.diagnose import chain
 from parity.diagnose.collect import ONNX_RUNTIMES
-from parity.worker import WorkerPool
-from parity.workspace import Workspace
+from parity.golden import store as golden
+from parity.model.workspace import Workspace
+from parity.pipeline import orchestrate
+from parity.platform.cache_dir import cache_root
+from parity.run import paths
+from parity.run.worker import WorkerPool
 
 
 def main() -> None:
@@ -53,7 +55,7 @@ def main() -> None:
                 own = {**common, "path_id": path.id, "artifact_dir": artifact and artifact["dir"],
                        "artifact_meta": artifact and artifact["meta"]}
                 group = path.runtime.group
-                med = {"check": _median(args.repeats, pool.call, group, "parity.tasks:check_path",
+                med = {"check": _median(args.repeats, pool.call, group, "parity.run.tasks:check_path",
                                          precision="fp32", **own)}
                 observed = pool.call(group, chain.COLLECT, precision="fp32", **own)
                 med["taps"] = _median(args.repeats, pool.call, group, chain.COLLECT, precision="fp32", **own)

@@ -57,8 +57,8 @@ def reseal(golden_dir: Path, file: str | None = None, arrays: dict | None = None
 
     import numpy as np
 
-    from parity.manifest import seal
-    from parity.safefs import sha256_file
+    from parity.model.manifest import seal
+    from parity.platform.safefs import sha256_file
 
     manifest_path = golden_dir / "manifest.json"
     manifest = json.loads(manifest_path.read_text())

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from parity import orchestrate
-from parity.cache import ExportCache
-from parity.workspace import Workspace
+from parity.model.workspace import Workspace
+from parity.pipeline import orchestrate
+from parity.run.cache import ExportCache
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity import orchestrate
-from parity.benchmark import BenchOptions
-from parity.workspace import Workspace
+from parity.bench.plan import BenchOptions
+from parity.model.workspace import Workspace
+from parity.pipeline import orchestrate
 from tests.conftest import mlp_variant
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from parity import compare
-from parity.spec import Tolerance
+from parity.check import closeness as compare
+from parity.model.spec import Tolerance
 
 
 @pytest.mark.parametrize("seed", range(5))

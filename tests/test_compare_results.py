@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from parity.errors import UsageError
+from parity.platform.errors import UsageError
 from parity.report import compare
 
 

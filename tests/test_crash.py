@@ -14,7 +14,7 @@ import time
 import psutil
 import pytest
 
-from parity import golden
+from parity.golden import store as golden
 
 SEED = int(os.environ.get("PARITY_CRASH_SEED", time.time_ns() % 100_000))
 

@@ -9,11 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity import golden, orchestrate, paths
-from parity.cache import cache_root
 from parity.diagnose import chain
-from parity.worker import WorkerPool
-from parity.workspace import Workspace
+from parity.golden import store as golden
+from parity.model.workspace import Workspace
+from parity.pipeline import orchestrate
+from parity.platform.cache_dir import cache_root
+from parity.run import paths
+from parity.run.worker import WorkerPool
 
 REPO = Path(__file__).resolve().parent.parent
 

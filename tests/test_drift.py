@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from parity.diagnose import drift, patterns
-from parity.spec import InputSpec, Layer, ModelSpec, ParamSpec, Tolerance, Tolerances
+from parity.model.spec import InputSpec, Layer, ModelSpec, ParamSpec, Tolerance, Tolerances
 
 TOL = Tolerance(atol=1e-5, rtol=1e-5)
 

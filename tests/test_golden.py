@@ -6,18 +6,19 @@ import json
 
 import pytest
 
-from parity import golden
-from parity.cache import cache_root
-from parity.errors import ParityError
-from parity.worker import WorkerPool
-from parity.workspace import Workspace
+from parity.golden import build as golden_build
+from parity.golden import store as golden
+from parity.model.workspace import Workspace
+from parity.platform.cache_dir import cache_root
+from parity.platform.errors import ParityError
+from parity.run.worker import WorkerPool
 from tests.conftest import mlp_variant
 
 
 def build(root):
     ws = Workspace(root)
     with WorkerPool(2, cache_root() / "logs", timeout_s=600) as pool:
-        return golden.build(ws, ws.load_spec("mlp"), pool)
+        return golden_build.build(ws, ws.load_spec("mlp"), pool)
 
 
 def test_build_proves_agreement_and_writes_checksummed_files(workspace_copy):

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from parity import orchestrate, paths
-from parity.benchmark import BenchOptions
-from parity.workspace import Workspace
+from parity.bench.plan import BenchOptions
+from parity.model.workspace import Workspace
+from parity.pipeline import orchestrate
+from parity.run import paths
 
 pytestmark = pytest.mark.gpu
 TIMING = BenchOptions(budget_s=0.2, min_runs=10, batch_sizes=(64,), first_result=False)

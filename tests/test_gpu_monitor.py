@@ -9,13 +9,7 @@ import types
 
 import pytest
 
-from parity.gpu_monitor import (
-    NOT_LOCKED_WARNING,
-    Sampler,
-    _clock_lock_rule,
-    _energy_from_samples,
-    gpu_state,
-)
+from parity.bench.gpu import NOT_LOCKED_WARNING, Sampler, _clock_lock_rule, _energy_from_samples, gpu_state
 
 HAS_GPU = gpu_state()["available"]
 

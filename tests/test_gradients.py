@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from parity import orchestrate
-from parity.workspace import Workspace
+from parity.model.workspace import Workspace
+from parity.pipeline import orchestrate
 from tests.conftest import mlp_variant
 
 

@@ -11,9 +11,10 @@ import pickle
 import numpy as np
 import pytest
 
-from parity import interop
-from parity.errors import ParityError
-from parity.interop import InteropError
+from parity.interop import onnx_test_data as interop
+from parity.interop import polygraphy
+from parity.interop.onnx_test_data import InteropError
+from parity.platform.errors import ParityError
 
 needs_onnx = pytest.mark.skipif(importlib.util.find_spec("onnx") is None, reason="needs onnx")
 
@@ -303,35 +304,35 @@ def no_unpickling(monkeypatch):
 
 def test_reads_files_written_by_polygraphy(tmp_path, no_unpickling):
     path = _write_json(tmp_path / "outputs.json", POLYGRAPHY_OUTPUTS)
-    [trt] = interop.read_polygraphy_outputs(path, runner="trt-runner")
+    [trt] = polygraphy.read_outputs(path, runner="trt-runner")
     _assert_same(trt, {"y": np.array([0.5, -1.0], np.float32), "n": np.array([3], np.int64)})
-    [ort] = interop.read_polygraphy_outputs(path, runner="onnxrt-runner")
+    [ort] = polygraphy.read_outputs(path, runner="onnxrt-runner")
     _assert_same(ort, {"y": np.array([0.25], np.float16)})
-    [feed] = interop.read_polygraphy_inputs(_write_json(tmp_path / "inputs.json", POLYGRAPHY_INPUTS))
+    [feed] = polygraphy.read_inputs(_write_json(tmp_path / "inputs.json", POLYGRAPHY_INPUTS))
     _assert_same(feed, {"x": np.array([[1.5, 2.0]], np.float64)})
 
 
 def test_writes_exactly_what_polygraphy_writes(tmp_path):
     trt = {"y": np.array([0.5, -1.0], np.float32), "n": np.array([3], np.int64)}
-    interop.write_polygraphy_run_results(tmp_path / "o.json", "trt-runner", [trt])
+    polygraphy.write_run_results(tmp_path / "o.json", "trt-runner", [trt])
     expected = {"lst": POLYGRAPHY_OUTPUTS["lst"][:1], "polygraphy_class": "RunResults"}
     assert (tmp_path / "o.json").read_text() == json.dumps(expected, indent=4)
-    interop.write_polygraphy_inputs(tmp_path / "i.json", [{"x": np.array([[1.5, 2.0]], np.float64)}])
+    polygraphy.write_inputs(tmp_path / "i.json", [{"x": np.array([[1.5, 2.0]], np.float64)}])
     assert (tmp_path / "i.json").read_text() == json.dumps(POLYGRAPHY_INPUTS, indent=4)
 
 
 def test_polygraphy_round_trip_many_iterations_and_names(tmp_path, no_unpickling):
     iterations = [_arrays(seed) | {f"o{i}": np.full((1,), i, np.int64) for i in range(12)} for seed in range(11)]
-    interop.write_polygraphy_run_results(tmp_path / "outputs.json", "onnxrt-runner", iterations)
-    got = interop.read_polygraphy_outputs(tmp_path / "outputs.json")
+    polygraphy.write_run_results(tmp_path / "outputs.json", "onnxrt-runner", iterations)
+    got = polygraphy.read_outputs(tmp_path / "outputs.json")
     assert len(got) == 11
     for have, want in zip(got, iterations):
         _assert_same(have, want)
-    interop.write_polygraphy_inputs(tmp_path / "inputs.json", iterations)
-    for have, want in zip(interop.read_polygraphy_inputs(tmp_path / "inputs.json"), iterations, strict=True):
+    polygraphy.write_inputs(tmp_path / "inputs.json", iterations)
+    for have, want in zip(polygraphy.read_inputs(tmp_path / "inputs.json"), iterations, strict=True):
         _assert_same(have, want)
     _write_json(tmp_path / "single.json", POLYGRAPHY_INPUTS[0])  # one bare feed dict, as Polygraphy accepts
-    assert list(interop.read_polygraphy_inputs(tmp_path / "single.json")[0]) == ["x"]
+    assert list(polygraphy.read_inputs(tmp_path / "single.json")[0]) == ["x"]
 
 
 def _legacy(cls: str, **fields):
@@ -347,9 +348,9 @@ def test_reads_the_legacy_layout_of_polygraphy_0_27_to_0_29(tmp_path, no_unpickl
     iteration = _legacy("IterationResult", outputs={"y": _legacy("LazyNumpyArray", values=encoded)},
                         runtime=0.1, runner_name="trt-runner")
     path = _write_json(tmp_path / "old.json", _legacy("RunResults", lst=[["trt-runner", [iteration]]]))
-    [outputs] = interop.read_polygraphy_outputs(path)
+    [outputs] = polygraphy.read_outputs(path)
     _assert_same(outputs, {"y": array})
-    [feed] = interop.read_polygraphy_inputs(_write_json(tmp_path / "old_in.json", [{"x": encoded}]))
+    [feed] = polygraphy.read_inputs(_write_json(tmp_path / "old_in.json", [{"x": encoded}]))
     _assert_same(feed, {"x": array})
 
 
@@ -371,14 +372,14 @@ def test_pickled_data_is_refused_and_never_unpickled(tmp_path, no_unpickling):
     for what, (data, reason) in payloads.items():
         path = _write_json(tmp_path / "inputs.json", data)
         with pytest.raises(InteropError) as caught:
-            interop.read_polygraphy_inputs(path)
+            polygraphy.read_inputs(path)
         message = str(caught.value)
         assert message.startswith(f"{path}: iteration 0, 'x': {reason}"), what
         assert "parity never unpickles" in message and "np.save" in message and "\n" not in message, what
 
     whole = tmp_path / "results.pkl"
     whole.write_bytes(pickle.dumps([{"x": np.zeros(3)}]))
-    for read in (interop.read_polygraphy_inputs, interop.read_polygraphy_outputs):
+    for read in (polygraphy.read_inputs, polygraphy.read_outputs):
         with pytest.raises(InteropError, match="a pickle file .* parity never unpickles"):
             read(whole)
 
@@ -387,13 +388,13 @@ def test_polygraphy_file_refusals(tmp_path):
     outputs = _write_json(tmp_path / "outputs.json", POLYGRAPHY_OUTPUTS)
     inputs = _write_json(tmp_path / "inputs.json", POLYGRAPHY_INPUTS)
     with pytest.raises(InteropError, match=r"holds 2 runners \['trt-runner', 'onnxrt-runner'\]; say which one"):
-        interop.read_polygraphy_outputs(outputs)
+        polygraphy.read_outputs(outputs)
     with pytest.raises(InteropError, match=r"no runner 'tf-runner'; it holds \['trt-runner', 'onnxrt-runner'\]"):
-        interop.read_polygraphy_outputs(outputs, runner="tf-runner")
+        polygraphy.read_outputs(outputs, runner="tf-runner")
     with pytest.raises(InteropError, match="not a Polygraphy RunResults file"):
-        interop.read_polygraphy_outputs(inputs)
+        polygraphy.read_outputs(inputs)
     with pytest.raises(InteropError, match=r"holds Polygraphy RunResults \(--save-outputs\), not inputs"):
-        interop.read_polygraphy_inputs(outputs)
+        polygraphy.read_inputs(outputs)
 
     text = tmp_path / "notes.json"
     text.write_text("{not json")
@@ -402,25 +403,25 @@ def test_polygraphy_file_refusals(tmp_path):
               "polygraphy_class": "RunResults"}
     truncated = _npy(np.arange(100, dtype=np.float64))[:200]
     cases = [
-        (interop.read_polygraphy_inputs, text, "notes.json: not a JSON file"),
-        (interop.read_polygraphy_inputs, tmp_path / "absent.json", "absent.json: cannot be read"),
-        (interop.read_polygraphy_inputs, _write_json(tmp_path / "e.json", []), "not a Polygraphy input file"),
-        (interop.read_polygraphy_inputs, _write_json(tmp_path / "n.json", 3), "not a Polygraphy input file"),
-        (interop.read_polygraphy_inputs, _write_json(tmp_path / "d.json", [{}]), "iteration 0: expected a non-empty"),
-        (interop.read_polygraphy_inputs, _write_json(tmp_path / "g.json", [{"x": {"array": "aGVsbG8=",
+        (polygraphy.read_inputs, text, "notes.json: not a JSON file"),
+        (polygraphy.read_inputs, tmp_path / "absent.json", "absent.json: cannot be read"),
+        (polygraphy.read_inputs, _write_json(tmp_path / "e.json", []), "not a Polygraphy input file"),
+        (polygraphy.read_inputs, _write_json(tmp_path / "n.json", 3), "not a Polygraphy input file"),
+        (polygraphy.read_inputs, _write_json(tmp_path / "d.json", [{}]), "iteration 0: expected a non-empty"),
+        (polygraphy.read_inputs, _write_json(tmp_path / "g.json", [{"x": {"array": "aGVsbG8=",
                                                                               "polygraphy_class": "ndarray"}}]),
          "'x': the array is neither .npy nor .npz data"),
-        (interop.read_polygraphy_inputs, _write_json(tmp_path / "t.json", [{"x": {"array": truncated,
+        (polygraphy.read_inputs, _write_json(tmp_path / "t.json", [{"x": {"array": truncated,
                                                                               "polygraphy_class": "ndarray"}}]),
          "'x': corrupt array data"),
-        (interop.read_polygraphy_inputs, _write_json(tmp_path / "l.json", [{"x": [1, 2]}]),
+        (polygraphy.read_inputs, _write_json(tmp_path / "l.json", [{"x": [1, 2]}]),
          "'x': not a Polygraphy-encoded array"),
-        (interop.read_polygraphy_outputs, _write_json(tmp_path / "b.json", broken),
+        (polygraphy.read_outputs, _write_json(tmp_path / "b.json", broken),
          "runner 'r', iteration 0, 'y': not a Polygraphy-encoded array"),
-        (interop.read_polygraphy_outputs, _write_json(tmp_path / "z.json", {"lst": [["r", []]],
+        (polygraphy.read_outputs, _write_json(tmp_path / "z.json", {"lst": [["r", []]],
                                                                           "polygraphy_class": "RunResults"}),
          "runner 'r' has no iterations"),
-        (interop.read_polygraphy_outputs, _write_json(tmp_path / "s.json", {"lst": [["r", [{"y": 1}]]],
+        (polygraphy.read_outputs, _write_json(tmp_path / "s.json", {"lst": [["r", [{"y": 1}]]],
                                                                           "polygraphy_class": "RunResults"}),
          "iteration 0: not a Polygraphy IterationResult"),
     ]
@@ -430,5 +431,5 @@ def test_polygraphy_file_refusals(tmp_path):
         assert message in str(caught.value) and str(path) in str(caught.value) and "\n" not in str(caught.value)
 
     with pytest.raises(InteropError, match="cannot be saved without pickling"):
-        interop.write_polygraphy_inputs(tmp_path / "w.json", [{"x": np.array([None], dtype=object)}])
+        polygraphy.write_inputs(tmp_path / "w.json", [{"x": np.array([None], dtype=object)}])
     assert not (tmp_path / "w.json").exists()

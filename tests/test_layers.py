@@ -15,8 +15,8 @@ import pytest
 
 from parity.diagnose import cause
 from parity.diagnose.layers import KINDS, NotApplicable, get
-from parity.spec import LAYER_KINDS, Layer, Tolerance
-from parity.workspace import Workspace
+from parity.model.spec import LAYER_KINDS, Layer, Tolerance
+from parity.model.workspace import Workspace
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = ("mlp", "cnn", "transformer")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from parity import layouts
+from parity.model import layouts
 
 
 @pytest.mark.parametrize("framework", ["torch", "tf", "jax"])

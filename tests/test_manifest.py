@@ -18,9 +18,10 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from parity import golden, manifest
 from parity.cli import cli
-from parity.errors import GoldenError
+from parity.golden import store as golden
+from parity.model import manifest
+from parity.platform.errors import GoldenError
 from tests.conftest import REPO, reseal
 
 FUZZ = settings(max_examples=int(os.environ.get("PARITY_FUZZ_EXAMPLES", 300)), deadline=None, database=None,

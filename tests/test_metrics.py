@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from parity import metrics
-from parity.spec import MetricRules
+from parity.check import metrics
+from parity.model.spec import MetricRules
 
 
 def one_hot_logits(predicted, num_classes):

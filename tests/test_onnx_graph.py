@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from parity.diagnose import onnx_graph as og
-from parity.spec import Tolerance
+from parity.model.spec import Tolerance
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")

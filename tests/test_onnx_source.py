@@ -6,13 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from parity.onnx_source import (
-    OnnxFileError,
-    float64_reference,
-    load_checked,
-    reference_outputs,
-    to_float64,
-)
+from parity.interop.onnx_file import OnnxFileError, float64_reference, load_checked, reference_outputs, to_float64
 
 onnx = pytest.importorskip("onnx")
 TensorProto, helper, numpy_helper = onnx.TensorProto, onnx.helper, onnx.numpy_helper

@@ -9,12 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity import golden, layouts, orchestrate, paths
-from parity.cache import cache_root
 from parity.diagnose import onnx_graph as og
 from parity.diagnose import onnx_taps as ot
-from parity.worker import WorkerPool
-from parity.workspace import Workspace
+from parity.golden import store as golden
+from parity.model import layouts
+from parity.model.workspace import Workspace
+from parity.pipeline import orchestrate
+from parity.platform.cache_dir import cache_root
+from parity.run import paths
+from parity.run.worker import WorkerPool
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")

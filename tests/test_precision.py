@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from parity import devices, orchestrate, paths, precision
-from parity.benchmark import BenchOptions
+from parity.bench.plan import BenchOptions
 from parity.cli import cli
-from parity.spec import Tolerance, Tolerances
-from parity.workspace import Workspace
+from parity.model.spec import Tolerance, Tolerances
+from parity.model.workspace import Workspace
+from parity.pipeline import orchestrate
+from parity.platform import devices, precision
+from parity.run import paths
 from tests.conftest import REPO
 
 NO_GPU = isinstance(devices.nvidia_gpus(), str)
@@ -168,7 +170,7 @@ def test_bad_device_or_precision_is_one_line_and_exit_2(args, message):
 
 def _key(run, spec, manifest, path, depth):
     """The cache key of a chain's artifact at ``depth`` from what is known before it is made."""
-    from parity.cache import content_key
+    from parity.run.cache import content_key
 
     return content_key(run._key_parts(spec, manifest, path, depth, None)[0])
 
@@ -179,7 +181,7 @@ def test_an_engine_is_keyed_on_gpu_and_tensorrt_version_and_float32_exports_are_
     root = workspace_copy()
     ws = Workspace(root)
     spec = ws.load_spec("mlp")
-    from parity import golden
+    from parity.golden import store as golden
 
     manifest = golden.verify(ws.golden_dir("mlp"), spec)
     run = orchestrate.Run(ws, orchestrate.Options(threads=1))
@@ -201,7 +203,7 @@ def test_gpu_figures_time_compute_alone_and_say_what_cannot_be_measured():
     plain function): compute alone is timed; where NVML has no GPU, energy and clocks say so, never a number."""
     import time
 
-    from parity import timing
+    from parity.bench import tasks as timing
     from parity.report import timing_table
     from parity.runtimes.base import Runner
 

@@ -20,12 +20,14 @@ import threading
 import pytest
 from click.testing import CliRunner
 
-from parity import safefs, stats
-from parity.cache import ExportCache, named_lock
+from parity.bench import stats
 from parity.cli import cli
-from parity.errors import UsageError
+from parity.platform import safefs
+from parity.platform.cache_dir import named_lock
+from parity.platform.errors import UsageError
 from parity.report import compare, html
-from parity.worker import WorkerPool
+from parity.run.cache import ExportCache
+from parity.run.worker import WorkerPool
 from tests.conftest import REPO
 from tests.test_compare_results import doc, res
 from tests.test_html_report import diagnosis, report, result, tap

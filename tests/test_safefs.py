@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from parity import safefs
-from parity.errors import UsageError
+from parity.platform import safefs
+from parity.platform.errors import UsageError
 from tests.conftest import dead_owner_tag
 
 

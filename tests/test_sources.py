@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from parity import golden
-from parity.errors import WeightsMismatch
+from parity.golden import store as golden
+from parity.model.workspace import Workspace
+from parity.platform.errors import WeightsMismatch
 from parity.sources.jax import JaxSource
 from parity.sources.tf import KerasSource
 from parity.sources.torch import TorchSource
-from parity.workspace import Workspace
 from tests.conftest import REPO, mlp_variant
 
 SOURCES = {"torch": TorchSource, "tf": KerasSource, "jax": JaxSource}
@@ -65,9 +65,9 @@ def test_wrong_input_shape_is_a_clear_error(mlp, framework):
 
 
 def test_onnx_runtime_runs_an_export_but_cannot_differentiate(mlp, tmp_path):
-    from parity.errors import NotDifferentiable
     from parity.exporters import jax_onnx
     from parity.exporters.common import ExportJob
+    from parity.platform.errors import NotDifferentiable
     from parity.runtimes.ort import OrtRunner
 
     spec, weights = mlp

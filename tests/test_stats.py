@@ -1,4 +1,4 @@
-"""parity.stats and the stopping rule of parity.bench.measure (fake clock: nothing here is timed)."""
+"""parity.bench.stats and the stopping rule of parity.bench.measure.measure (fake clock: nothing here is timed)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from parity import stats
-from parity.bench import measure
+from parity.bench import stats
+from parity.bench.measure import measure
 
 # ---------------------------------------------------------------------------------------------- median_ci
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from parity.cache import cache_root
-from parity.errors import NotDifferentiable
+from parity.check.training import check_step
+from parity.model.workspace import Workspace
+from parity.platform.cache_dir import cache_root
+from parity.platform.errors import NotDifferentiable
+from parity.run.worker import WorkerPool
 from parity.runtimes.base import Runner
-from parity.training import check_step
-from parity.worker import WorkerPool
-from parity.workspace import Workspace
 from tests.conftest import REPO
 
 LR = 0.1
@@ -30,7 +30,7 @@ def pool(export_cache):
 
 
 def verify(pool, group: str, model: str, framework: str, **kwargs) -> dict:
-    return pool.call(group, "parity.training:verify_step", workspace=str(REPO), model=model, framework=framework,
+    return pool.call(group, "parity.run.tasks:verify_step", workspace=str(REPO), model=model, framework=framework,
                      lr=LR, **kwargs)
 
 
@@ -48,7 +48,7 @@ def assert_caught(result: dict, model: str) -> None:
 def test_one_sgd_step_matches_golden_and_a_wrong_step_fails(pool, framework, tmp_path):
     group = "tf" if framework.startswith(("tf", "jax/tf")) else framework
     if framework == "jax/tf":  # the jax2tf SavedModel (variables in canonical layout): mlp only, to stay quick
-        meta = pool.call("jax+tf", "parity.tasks:export_step", workspace=str(REPO), model="mlp",
+        meta = pool.call("jax+tf", "parity.run.tasks:export_step", workspace=str(REPO), model="mlp",
                          target="parity.exporters.jax_tf:export", golden_dir=str(REPO / "golden" / "mlp"), opset=18,
                          out_dir=str(tmp_path), parent_dir=None, parent_meta=None)
         artifact = {"artifact_dir": str(tmp_path), "artifact_meta": meta}

@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from parity.errors import Unavailable
-from parity.spec import InputSpec, ModelSpec
+from parity.model.spec import InputSpec, ModelSpec
+from parity.platform.errors import Unavailable
 
 BATCH, FEATURES, CLASSES = 4, 3, 2
 MODULES = ("parity.runtimes.trt", "parity.runtimes.ort_trt", "parity.exporters.trt_engine")

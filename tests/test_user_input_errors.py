@@ -73,7 +73,7 @@ def _init_and_build(root: Path, name: str = "tiny") -> Path:
 
 def _hann_window(root: Path) -> tuple[Path, Path]:
     """ONNX's ``test_hannwindow`` case: a scalar int32 window size in, the window out; and its test data."""
-    from parity import interop
+    from parity.interop import onnx_test_data as interop
 
     model = _save(helper.make_graph([helper.make_node("HannWindow", ["x"], ["y"])], "hann",
                                     [helper.make_tensor_value_info("x", TensorProto.INT32, [])],
@@ -151,9 +151,9 @@ def test_a_resealed_tolerance_factor_is_refused_not_a_pass(tmp_path):
     (lambda r: r.update(tolerance_factor=10), "10", "1"),  # narrower is a disagreement too
 ], ids=["float32-reference", "given-outputs", "float64-widened"])
 def test_the_factor_must_follow_from_the_recorded_reference(tmp_path, edit, recorded, derived):
-    from parity.errors import GoldenError
-    from parity.manifest import read
-    from parity.usermodel import checked_tolerance_factor
+    from parity.model.manifest import read
+    from parity.model.user import checked_tolerance_factor
+    from parity.platform.errors import GoldenError
 
     golden_dir = _init_and_build(tmp_path)
     manifest = read(golden_dir / "manifest.json")
@@ -188,8 +188,8 @@ def test_init_refuses_a_huge_input_before_the_model_runs(tmp_path):
 
 
 def test_the_worker_refuses_a_huge_sample_before_drawing_it(tmp_path):
-    from parity.user_tasks import inspect_model
-    from parity.usermodel import UserModelError
+    from parity.model.inspect import inspect_model
+    from parity.model.user import UserModelError
 
     with pytest.raises(UserModelError, match=r"input 'x' of shape \(100000, 100000, 1000\) float32 would take"):
         inspect_model("torch", f"{MODELS}:make_net", str(tmp_path), "x", [100000, 100000, 1000], "float32")

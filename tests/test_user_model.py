@@ -68,7 +68,8 @@ def test_torch_model_from_a_file_init_build_check_with_a_broken_export_named(tmp
 
 
 def test_onnx_file_with_testdata_from_export_testdata_and_polygraphy_files(tmp_path):
-    from parity import interop
+    from parity.interop import onnx_test_data as interop
+    from parity.interop import polygraphy
 
     init(tmp_path, "net", "--torch", f"{MODELS}:make_net", "--input", "x=2x3x8x8")
     build(tmp_path, "net")
@@ -88,8 +89,8 @@ def test_onnx_file_with_testdata_from_export_testdata_and_polygraphy_files(tmp_p
         "onnx/ort": "pass", "onnx/ort-noopt": "pass", "onnx/onnxref": "pass"}
 
     # the same inputs and outputs as Polygraphy would have saved them
-    interop.write_polygraphy_inputs(tmp_path / "inputs.json", [given.inputs])
-    interop.write_polygraphy_run_results(tmp_path / "outputs.json", "onnxrt-runner-N0", [given.outputs])
+    polygraphy.write_inputs(tmp_path / "inputs.json", [given.inputs])
+    polygraphy.write_run_results(tmp_path / "outputs.json", "onnxrt-runner-N0", [given.outputs])
     init(tmp_path, "from_polygraphy", "--onnx", str(folder / "model.onnx"), "--polygraphy-inputs",
          str(tmp_path / "inputs.json"), "--polygraphy-outputs", str(tmp_path / "outputs.json"))
     manifest = build(tmp_path, "from_polygraphy")
@@ -177,7 +178,7 @@ def test_init_refuses_an_existing_spec_without_force(tmp_path):
 
 
 def test_bad_onnx_files_and_mismatched_test_data(tmp_path):
-    from parity import interop
+    from parity.interop import onnx_test_data as interop
 
     (tmp_path / "garbage.onnx").write_bytes(b"not a model at all")
     result = invoke("init", "bad", "--workspace", str(tmp_path), "--onnx", str(tmp_path / "garbage.onnx"))

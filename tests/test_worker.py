@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from parity import worker
-from parity.safefs import owned_tempdir
+from parity.platform.safefs import owned_tempdir
+from parity.run import worker
 from tests.conftest import dead_owner_tag
 
 
@@ -35,12 +35,12 @@ def test_old_log_folders_are_pruned_and_live_ones_kept(tmp_path):
 
 def test_clean_run_removes_its_logs_and_a_failed_run_keeps_them(tmp_path):
     with worker.WorkerPool(1, tmp_path, timeout_s=60) as pool:
-        assert pool.call("onnx", "parity.metrics:accuracy", logits=[[0.0, 1.0]], labels=[1]) == 1.0
+        assert pool.call("onnx", "parity.check.metrics:accuracy", logits=[[0.0, 1.0]], labels=[1]) == 1.0
         clean = pool.log_dir
     assert not clean.exists()
     with worker.WorkerPool(1, tmp_path, timeout_s=60) as pool:
         with pytest.raises(worker.TaskFailed, match="unknown path 'nope'") as caught:
-            pool.call("onnx", "parity.paths:by_id", path_id="nope")
+            pool.call("onnx", "parity.run.paths:by_id", path_id="nope")
         assert caught.value.kind == "raised"
         failed = pool.log_dir
     assert (failed / "worker-onnx.log").is_file()

@@ -209,8 +209,8 @@ def test_float64_buffers_and_minus_inf_masks_stay_the_models_own(tmp_path):
 
 
 def test_an_infinite_golden_element_must_come_out_as_the_same_infinity():
-    from parity.compare import error_stats
-    from parity.spec import Tolerance
+    from parity.check.closeness import error_stats
+    from parity.model.spec import Tolerance
 
     golden = np.array([[0.5, -np.inf], [np.inf, 1.0]])
     tol = Tolerance(1e-5, 1e-5)

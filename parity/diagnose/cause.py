@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from parity.compare import error_stats
+from parity.check.closeness import error_stats
 from parity.diagnose.layers import get
 
 
@@ -48,7 +48,7 @@ def _run(compute, *args):
 
 
 def test_layer(layer, inputs, weights, observed, tol, prefix: str | None = None) -> dict:
-    """Recompute ``layer`` (a ``parity.spec.Layer``) from ``inputs``; test its variants against ``observed``.
+    """Recompute ``layer`` (a ``parity.model.spec.Layer``) from ``inputs``; test its variants against ``observed``.
 
     ``weights`` is the full canonical weight dict; the layer's own are those under ``prefix``
     (default ``layer.params``; with neither, ``weights`` are taken as the layer's own).

@@ -9,10 +9,12 @@ import math
 
 import numpy as np
 
-from parity import compare, golden, paths
+from parity.check import closeness as compare
 from parity.diagnose import drift, patterns
 from parity.diagnose.collect import ONNX_RUNTIMES
-from parity.worker import TaskFailed
+from parity.golden import store as golden
+from parity.run import paths
+from parity.run.worker import TaskFailed
 
 COLLECT = "parity.diagnose.collect:collect"
 

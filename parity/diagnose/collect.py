@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from parity import golden, layouts, paths
-from parity.tasks import build_runner, perturbed
-from parity.workspace import Workspace
+from parity.golden import store as golden
+from parity.model import layouts
+from parity.model.workspace import Workspace
+from parity.run import paths
+from parity.run.tasks import build_runner, perturbed
 
 ONNX_RUNTIMES = ("ort", "ort-noopt", "onnxref")
 SAVEDMODEL_REASON = "a SavedModel made by jax2tf exposes only its outputs, not its layers"

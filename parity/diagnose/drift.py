@@ -11,8 +11,8 @@ import math
 
 import numpy as np
 
-from parity import compare
-from parity.spec import MODEL_INPUT as INPUT
+from parity.check import closeness as compare
+from parity.model.spec import MODEL_INPUT as INPUT
 
 
 def tap_rows(spec, reference: dict[str, np.ndarray], observed: dict[str, np.ndarray], located: dict[str, dict],

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from parity.compare import error_stats
+from parity.check.closeness import error_stats
 
 RUNTIMES = ("ort", "ort-noopt", "onnxref")
 _REASON_CHARS = 300  # an error reason is one line of at most this many characters

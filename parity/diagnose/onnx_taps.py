@@ -34,8 +34,8 @@ import re
 
 import numpy as np
 
-from parity import layouts
 from parity.diagnose.onnx_graph import _Graph
+from parity.model import layouts
 
 TORCH_SCOPES_KEY = "pkg.torch.onnx.name_scopes"
 EXPORTERS = ("torch.onnx", "tf2onnx", "jax2onnx")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from parity import compare
+from parity.check import closeness as compare
 
 
 def _holds(candidate: np.ndarray, observed: np.ndarray, tol) -> tuple[bool, float]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from parity.errors import ExportError
+from parity.platform.errors import ExportError
 
 ONNX_FILE = "model.onnx"
 

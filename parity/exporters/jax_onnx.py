@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from parity import layouts
 from parity.exporters.common import ExportJob, check_onnx_ops, onnx_meta, save_onnx
+from parity.model import layouts
 from parity.runtimes.base import as_tuple
 
 

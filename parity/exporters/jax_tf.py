@@ -7,8 +7,8 @@ the ``XlaCallModule`` op.
 
 from __future__ import annotations
 
-from parity import layouts
 from parity.exporters.common import ExportJob
+from parity.model import layouts
 from parity.runtimes.base import as_tuple
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from parity.errors import GoldenError
 from parity.exporters.common import ONNX_FILE, ExportJob, onnx_meta
-from parity.safefs import sha256_file
+from parity.platform.errors import GoldenError
+from parity.platform.safefs import sha256_file
 
 
 def export(job: ExportJob) -> dict:
@@ -15,7 +15,8 @@ def export(job: ExportJob) -> dict:
     """
     import onnx
 
-    from parity import interop, onnx_source
+    from parity.interop import onnx_file as onnx_source
+    from parity.interop import onnx_test_data as interop
 
     spec = job.spec
     source = spec.onnx_model_path  # golden.load (export_step) verified it is the file the golden was built from

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from parity.errors import ExportError
 from parity.exporters.common import ONNX_FILE, ExportJob, save_onnx
+from parity.platform.errors import ExportError
 
 
 def export(job: ExportJob) -> dict:

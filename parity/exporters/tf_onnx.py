@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from parity import layouts
-from parity.errors import ExportError
 from parity.exporters.common import ExportJob, capture_logs, check_onnx_ops, failed_tf_ops, onnx_meta, save_onnx
+from parity.model import layouts
+from parity.platform.errors import ExportError
 
 
 def _convert(function, input_signature, opset: int, out_dir):
@@ -38,7 +38,8 @@ def export_keras(job: ExportJob) -> dict:
     """The Keras source model, traced under tf.function, converted by tf2onnx."""
     import tensorflow as tf
 
-    from parity.sources.tf import build_model, outputs_in_order
+    from parity.runtimes.tf_common import outputs_in_order
+    from parity.sources.tf import build_model
 
     spec = job.spec
     keras_model = build_model(spec, job.weights, "float32")

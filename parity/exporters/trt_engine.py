@@ -17,12 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
-from parity import layouts
-from parity.cache import cache_root, named_lock
-from parity.errors import ExportError, Unavailable, one_line
 from parity.exporters.common import ExportJob
+from parity.model import layouts
+from parity.platform.cache_dir import cache_root, named_lock
+from parity.platform.errors import ExportError, Unavailable, one_line
+from parity.platform.safefs import write_bytes_atomic
 from parity.runtimes.trt import cudart, gpu_info, import_tensorrt, logger, run_plan
-from parity.safefs import write_bytes_atomic
 
 PLAN_FILE = "model.plan"
 WORKSPACE_BYTES = 1 << 30

@@ -3,7 +3,7 @@
 In order: the environment differences (and warnings where threads, precision, device or batch
 size differ), the verdict changes per (model, path), then the timing ratios B/A per
 (model, path, batch) timed in both, each ratio of medians with its 95 % CI and p from
-``parity.stats.compare_series`` on the raw samples (an entry without them shows the ratio only,
+``parity.bench.stats.compare_series`` on the raw samples (an entry without them shows the ratio only,
 untested). Nothing is guessed: files sharing no model are not compared.
 """
 
@@ -13,7 +13,7 @@ import json
 import math
 from pathlib import Path
 
-from parity.errors import UsageError, one_line
+from parity.platform.errors import UsageError, one_line
 from parity.report.terminal import _label, _table
 
 SCHEMA = "parity.result/2"
@@ -233,10 +233,10 @@ def _verdicts(order: list[tuple[str, str]], ra: dict, rb: dict, common: list) ->
 
 
 def _tested(sa: list[float], sb: list[float]) -> tuple[str, str, str, str]:
-    """B/A, its 95 % CI, p and the verdict from ``parity.stats.compare_series_log`` (in log space: samples
+    """B/A, its 95 % CI, p and the verdict from ``parity.bench.stats.compare_series_log`` (in log space: samples
     of 1e-300 and 1e300 ms give a ratio past the float range, shown in powers of ten)."""
     # imported here: only a comparison with samples needs it
-    from parity.stats import compare_series_log
+    from parity.bench.stats import compare_series_log
 
     try:
         stats = compare_series_log(sb, sa)

@@ -13,8 +13,8 @@ from datetime import UTC, datetime
 from html import escape
 from pathlib import Path
 
+from parity.platform.safefs import write_text_atomic
 from parity.report.terminal import placement
-from parity.safefs import write_text_atomic
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"Helvetica Neue",Arial,sans-serif;color:#1f2328;

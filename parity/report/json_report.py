@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from parity.safefs import write_json_atomic
+from parity.platform.safefs import write_json_atomic
 
 
 def sanitize(value):

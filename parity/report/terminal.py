@@ -137,7 +137,7 @@ def _wrapped(ref: int, result: dict, reason: str) -> list[str]:
 
 def placement(results: list[dict]) -> list[str]:
     """One line naming the device and precision of the run, and what a reduced precision is compared with."""
-    from parity.precision import PRECISIONS
+    from parity.platform.precision import PRECISIONS
 
     lines = []
     for device, precision in dict.fromkeys((r.get("device", "cpu"), r.get("precision", "fp32")) for r in results):

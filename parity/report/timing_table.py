@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import textwrap
 
+from parity.bench.stats import CV_WARNING
 from parity.report.terminal import WRAP, _label, _table
-from parity.stats import CV_WARNING
 
 
 def _ratio(entry: dict) -> str:

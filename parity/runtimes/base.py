@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from parity.errors import NotDifferentiable, ParityError
+from parity.platform.errors import NotDifferentiable, ParityError
 
 
 class ShapeMismatch(ParityError):
@@ -40,7 +40,7 @@ class Runner:
     @property
     def compute_dtype(self) -> str:
         """The dtype weights and activations are held in: the reference's float64, else the precision's."""
-        from parity.precision import get
+        from parity.platform.precision import get
 
         return "float64" if self.dtype == "float64" else get(self.precision).dtype
 
@@ -115,3 +115,15 @@ def as_tuple(outputs) -> tuple:
     if isinstance(outputs, (list, tuple)):
         return tuple(outputs)
     return (outputs,)
+
+
+def run_batched(runner, x: np.ndarray, batch_size: int) -> dict[str, np.ndarray]:
+    """Run a static-batch runner over any number of samples (the last batch zero-padded)."""
+    n = len(x)
+    chunks = []
+    for start in range(0, n, batch_size):
+        block = x[start:start + batch_size]
+        if len(block) < batch_size:
+            block = np.concatenate([block, np.zeros((batch_size - len(block), *x.shape[1:]), x.dtype)])
+        chunks.append(runner.run(block))
+    return {name: np.concatenate([c[name] for c in chunks])[:n] for name in chunks[0]}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from parity import layouts
+from parity.model import layouts
 from parity.runtimes.base import Runner
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from parity.errors import Unavailable
+from parity.platform.errors import Unavailable
 from parity.runtimes.onnx_common import OnnxRunner
 
 

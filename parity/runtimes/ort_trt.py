@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import os
 
-from parity.cache import cache_root, named_lock
-from parity.errors import Unavailable, one_line
+from parity.platform.cache_dir import cache_root, named_lock
+from parity.platform.errors import Unavailable, one_line
+from parity.platform.safefs import sha256_file
 from parity.runtimes.ort import OrtRunner
-from parity.safefs import sha256_file
 
 # what ONNX Runtime says when it cannot create the TensorRT provider or does not know one of its options
 PROVIDER_PROBLEMS = ("Invalid TensorRT EP option", "install TensorRT libraries", "providers_tensorrt", "libnvinfer")

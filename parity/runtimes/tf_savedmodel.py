@@ -4,16 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from parity import layouts
-from parity.precision import tf_flags
+from parity.model import layouts
+from parity.platform.precision import tf_flags
 from parity.runtimes.base import Runner
-from parity.sources.tf import (
-    run_sgd_step,
-    sgd_step,
-    tape_gradients,
-    tf_device,
-    variable_values,
-)
+from parity.runtimes.tf_common import run_sgd_step, sgd_step, tape_gradients, tf_device, variable_values
 
 
 class SavedModelRunner(Runner):

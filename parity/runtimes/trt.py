@@ -13,7 +13,7 @@ import functools
 
 import numpy as np
 
-from parity.errors import ExportError, ParityError, Unavailable
+from parity.platform.errors import ExportError, ParityError, Unavailable
 from parity.runtimes.onnx_common import OnnxRunner
 
 INSTALL = "pip install parity[gpu]"

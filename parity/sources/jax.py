@@ -6,9 +6,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from parity import layouts
-from parity.errors import Unavailable, WeightsMismatch, one_line
-from parity.precision import jax_flags
+from parity.model import layouts
+from parity.platform.errors import Unavailable, WeightsMismatch, one_line
+from parity.platform.precision import jax_flags
 from parity.runtimes.base import Runner, as_tuple
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from parity import layouts
-from parity.errors import Unavailable
-from parity.precision import torch_flags
+from parity.model import layouts
+from parity.platform.errors import Unavailable
+from parity.platform.precision import torch_flags
 from parity.runtimes.base import Runner, as_tuple
 
 _TORCH_DTYPES = {"float32": "float32", "float64": "float64"}

@@ -1,4 +1,4 @@
-"""NumPy re-implementations of the layer kinds a ``parity.spec.Layer`` can declare.
+"""NumPy re-implementations of the layer kinds a ``parity.model.spec.Layer`` can declare.
 
 Each module (one per kind, named like the kind) is a small specification:
 
@@ -21,7 +21,7 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from parity.spec import LAYER_KINDS
+from parity.model.spec import LAYER_KINDS
 
 
 @dataclass(frozen=True)

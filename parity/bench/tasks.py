@@ -1,0 +1,153 @@
+"""Worker tasks of a benchmark: each batch size verified then timed, a verified training step timed, and
+the time to first result broken into parts in a fresh worker.
+
+The timed region is the same for every path: an input already prepared as a host NumPy array ->
+outputs ready as host NumPy arrays (``Runner.run``: torch tensors converted, TF eager results read,
+JAX results materialised with ``np.asarray``, which waits for them).
+"""
+
+from __future__ import annotations
+
+import importlib
+import resource
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from parity.bench import measure as bench
+from parity.bench import stats
+from parity.check import closeness as compare
+from parity.golden import store as golden
+from parity.model.workspace import Workspace
+from parity.run import paths
+from parity.run.tasks import build_runner
+
+
+def _setup(workspace: str, model: str, path_id: str, golden_dir: str, device: str = "cpu", precision: str = "fp32"):
+    spec = Workspace(workspace).load_spec(model)
+    return spec, paths.by_id(path_id, device, precision), golden.load(Path(golden_dir), spec)
+
+
+def _runner(spec, path, verified, batch_size: int, threads: int, artifact_dir, artifact_meta):
+    return build_runner(spec, path, verified.arrays["weights.npz"], batch_size, threads, artifact_dir, artifact_meta)
+
+
+def eval_slice(spec, verified, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``batch_size`` eval samples and their golden logits (what a batch size is verified on)."""
+    x = verified.arrays["eval.npz"]["x"]
+    if batch_size > len(x):
+        raise ValueError(f"batch size {batch_size} is larger than the eval split ({len(x)} samples) it is verified on")
+    return x[:batch_size], verified.arrays["reference.npz"]["eval/logits"][:batch_size]
+
+
+def time_batch(workspace: str, model: str, path_id: str, golden_dir: str, precision: str, threads: int,
+               batch_size: int, timing: dict, artifact_dir: str | None = None, artifact_meta: dict | None = None,
+               device: str = "cpu") -> dict:
+    """Verify ``batch_size`` (outputs on eval samples against the golden), then time it; never time a failure."""
+    spec, path, verified = _setup(workspace, model, path_id, golden_dir, device, precision)
+    x, reference = eval_slice(spec, verified, batch_size)
+    runner = _runner(spec, path, verified, batch_size, threads, artifact_dir, artifact_meta)
+    output = spec.outputs[0]
+    check = compare.error_stats(runner.run(x)[output], reference, spec.output_tolerances(precision).for_name(output))
+    if not check["ok"]:
+        return {"verdict": "fail", "reason": compare.describe(f"output at batch {batch_size}", output, check),
+                "verified": check}
+    measured = bench.measure(lambda: runner.run(x), **timing)
+    result = {"verdict": "pass", "verified": check, **stats.summarize(measured["samples_ms"], batch_size), **measured}
+    if path.device_kind == "cuda":
+        result["gpu"] = gpu_figures(runner, x, timing, batch_size)
+    return result
+
+
+def gpu_figures(runner, x: np.ndarray, timing: dict, batch_size: int) -> dict:
+    """On a GPU, beside the host-to-host latency timed by ``time_batch``: GPU compute alone (input already on
+    the device, outputs left there, synchronised after every call), the GPU's name, driver and clocks and
+    whether they were locked, board energy per inference sampled over the compute window, and peak device
+    memory. What cannot be measured says so instead of a number."""
+    from parity.bench import gpu as gpu_monitor
+
+    index = int(runner.device.partition(":")[2] or 0)  # NVML and CUDA agree: workers set CUDA_DEVICE_ORDER=PCI_BUS_ID
+    figures = {"state": gpu_monitor.gpu_state(index)}
+    compute = runner.device_compute(runner.check_feed(x))
+    if compute is None:
+        figures["compute"] = {"reason": f"{type(runner).__name__} has no device-resident form: only the host-to-host "
+                                        "latency is measured"}
+        return figures
+    with gpu_monitor.Sampler(index) as sampler:
+        measured = bench.measure(compute, **timing)
+    calls = measured["warmup_runs"] + len(measured["samples_ms"])
+    figures["compute"] = {**stats.summarize(measured["samples_ms"], batch_size), **measured}
+    figures.update(sampler.summary(calls))
+    figures["energy"]["window"] = "warm-up and timed runs of GPU compute"
+    figures["peak_device_memory_mb"] = runner.device_memory_peak_mb() or figures.get("peak_process_memory_mb")
+    return figures
+
+
+def time_train_step(workspace: str, model: str, path_id: str, golden_dir: str, precision: str, threads: int,
+                    lr: float, timing: dict, artifact_dir: str | None = None, artifact_meta: dict | None = None,
+                    device: str = "cpu") -> dict:
+    """One SGD step verified from the golden weights (``parity.check.training.check_step``), then timed."""
+    from parity.check.training import check_step
+
+    spec, path, verified = _setup(workspace, model, path_id, golden_dir, device, precision)
+    inputs = verified.arrays["inputs.npz"]
+    x, labels = inputs["x"], inputs["labels"]
+    runner = _runner(spec, path, verified, spec.batch_size, threads, artifact_dir, artifact_meta)
+    check = check_step(runner, x, labels, lr, verified.arrays["weights.npz"], verified.arrays["gradients.npz"],
+                       spec.gradient_tolerances(precision))
+    if not check["ok"]:
+        worst = check["params"][check["worst"]]
+        return {"verdict": "fail", "verified": check,
+                "reason": f"one SGD step (lr {lr:g}) differs from golden weights - lr x golden gradient at "
+                          f"{check['worst']}: {worst['tol_units']:.3g}x the tolerance"}
+    measured = bench.measure(lambda: runner.train_step(x, labels, lr), **timing)
+    summary = stats.summarize(measured["samples_ms"], spec.batch_size)
+    return {"verdict": "pass", "verified": check, **summary, **measured,
+            "steps_per_s": 1e3 / summary["median_ms"], "samples_per_s": summary["throughput"]}
+
+
+def _rss_mb() -> float:
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def first_result(workspace: str, model: str, path_id: str, golden_dir: str, threads: int,
+                 artifact_dir: str | None = None, artifact_meta: dict | None = None, device: str = "cpu",
+                 precision: str = "fp32") -> dict:
+    """In a fresh worker: the runtime's framework import, load/compile, first inference, first backward,
+    each timed alone (an exported path imports only its runtime, not the framework it came from).
+
+    Memory: the high-water mark of resident memory (``ru_maxrss``) minus the resident memory
+    after the framework import, i.e. what loading and running this path added.
+    """
+    from parity.run.worker import startup_seconds
+
+    started = time.perf_counter()
+    path = paths.by_id(path_id, device, precision)
+    for package in path.runtime.packages:
+        if package not in sys.modules:
+            importlib.import_module(package)
+    parts = {"import_s": startup_seconds() + time.perf_counter() - started}
+    spec, path, verified = _setup(workspace, model, path_id, golden_dir, device, precision)
+    baseline_mb = _rss_mb()
+    inputs = verified.arrays["inputs.npz"]
+    x = inputs["x"]
+    t0 = time.perf_counter()
+    runner = _runner(spec, path, verified, spec.batch_size, threads, artifact_dir, artifact_meta)
+    parts["load_s"] = time.perf_counter() - t0
+    for name in ("first_inference_s", "second_inference_s"):
+        t0 = time.perf_counter()
+        runner.run(x)
+        parts[name] = time.perf_counter() - t0
+    parts["first_backward_s"] = None
+    if runner.differentiable and spec.loss is not None:  # a user model without labels has no loss
+        t0 = time.perf_counter()
+        runner.gradients(x, inputs["labels"])
+        parts["first_backward_s"] = time.perf_counter() - t0
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    parts["device_peak_mb"] = runner.device_memory_peak_mb()
+    return {**parts, "baseline_rss_mb": baseline_mb, "peak_rss_mb": peak_mb,
+            "path_peak_mb": max(peak_mb - baseline_mb, 0.0)}

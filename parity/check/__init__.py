@@ -1,0 +1,3 @@
+"""The verdicts: error statistics and closeness, the one metrics module, the training-step check.
+NumPy only; imports platform and model.
+"""

@@ -1,0 +1,100 @@
+"""Error statistics and closeness verdicts (NumPy only; knows nothing about frameworks)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from parity.model.spec import Tolerance
+
+_TINY = 1e-30
+
+
+def error_stats(actual: np.ndarray, golden: np.ndarray, tol: Tolerance) -> dict:
+    """Statistics of ``actual`` against ``golden`` (float64 arithmetic).
+
+    ``tol_units`` is the worst element's error in units of its allowance
+    ``atol + rtol * |golden|``; ``ok`` is ``tol_units <= 1`` with every element finite
+    (numpy.allclose semantics). Non-finite elements make ``ok`` false and are counted, except where the
+    golden element is itself infinite (a masked logit): there the element must be that infinity, exactly.
+    """
+    actual = np.asarray(actual)
+    golden = np.asarray(golden, dtype=np.float64)
+    if actual.shape != golden.shape:
+        return {"ok": False, "reason": f"shape {tuple(actual.shape)} != golden {tuple(golden.shape)}"}
+    a = actual.astype(np.float64)
+    infinite = ~np.isfinite(golden)  # a -inf mask's values: each must come out the same, exactly
+    if infinite.any():
+        stats = error_stats(np.where(infinite, 0.0, a), np.where(infinite, 0.0, golden), tol)
+        differ = int(np.count_nonzero(a[infinite] != golden[infinite]))
+        stats["infinite_golden"] = int(np.count_nonzero(infinite))
+        if differ:
+            stats.update(ok=False, reason=f"{differ} of {stats['infinite_golden']} infinite golden elements differ "
+                                          f"(each must be the same infinity at the same position)")
+        return stats
+    nonfinite = int(np.size(a) - np.count_nonzero(np.isfinite(a)))
+    if nonfinite:
+        return {"ok": False, "nonfinite": nonfinite, "size": int(a.size),
+                "reason": f"{nonfinite} of {a.size} elements are NaN or Inf"}
+    diff = np.abs(a - golden)
+    allowance = tol.atol + tol.rtol * np.abs(golden)
+    g_flat, a_flat = golden.ravel(), a.ravel()
+    norms = np.linalg.norm(g_flat) * np.linalg.norm(a_flat)
+    cosine = float(np.dot(g_flat, a_flat) / norms) if norms > 0 else float(np.array_equal(g_flat, a_flat))
+    with np.errstate(divide="ignore", invalid="ignore"):  # atol 0 and golden 0: an exact element is within
+        ratio = np.where(diff == 0, 0.0, diff / allowance)
+    tol_units = float(np.max(ratio)) if diff.size else 0.0
+    if not np.isfinite(tol_units):  # a non-finite reference: never comparable, never ok
+        tol_units = float("inf")
+    return {
+        "max_abs": float(diff.max()) if diff.size else 0.0,
+        "max_rel": float(np.max(diff / np.maximum(np.abs(golden), _TINY))) if diff.size else 0.0,
+        "mean_abs": float(diff.mean()) if diff.size else 0.0,
+        "cosine": cosine,
+        "tol_units": tol_units,
+        "n_bad": int(np.count_nonzero(~(ratio <= 1.0))),
+        "size": int(diff.size),
+        "ok": bool(tol_units <= 1.0),
+    }
+
+
+def compare_named(actual: dict, golden: dict, tolerance_for) -> dict:
+    """``error_stats`` for every golden name; a name missing from ``actual`` is not ok."""
+    result = {}
+    for name, golden_value in golden.items():
+        if name not in actual:
+            result[name] = {"ok": False, "reason": "missing"}
+        else:
+            result[name] = error_stats(actual[name], golden_value, tolerance_for(name))
+    return result
+
+
+def first_failure(stats: dict) -> tuple[str, dict] | None:
+    """The worst failing entry (NaN first, then the largest tol_units), or None if all ok."""
+    failing = [(name, s) for name, s in stats.items() if not s["ok"]]
+    if not failing:
+        return None
+    return max(failing, key=lambda item: (("tol_units" not in item[1]), item[1].get("tol_units", 0.0)))
+
+
+def describe(kind: str, name: str, stats: dict) -> str:
+    """One line for a failing output or gradient: how far off it is and how many elements are out."""
+    if "reason" in stats:
+        return f"{kind} {name}: {stats['reason']}"
+    return (f"{kind} {name}: max_abs {stats['max_abs']:.3g} is {stats['tol_units']:.3g}x the tolerance, "
+            f"{stats['n_bad']} of {stats['size']} elements out")
+
+
+def bitwise_equal(first: dict, second: dict) -> tuple[bool, float]:
+    """Whether two runs' outputs are bitwise identical, and their largest difference."""
+    worst = 0.0
+    identical = True
+    for name, value in first.items():
+        other = second[name]
+        if value.shape != other.shape or value.tobytes() != other.tobytes():
+            identical = False
+            if value.shape == other.shape:
+                with np.errstate(invalid="ignore"):
+                    worst = max(worst, float(np.nanmax(np.abs(value.astype(np.float64) - other.astype(np.float64)))))
+            else:
+                worst = float("inf")
+    return identical, worst

@@ -1,0 +1,270 @@
+"""Golden folders: read and verify (sha256 of every file, the manifest, the spec), and publish atomically.
+
+``golden/<model>/`` holds ``weights.npz`` (canonical float32), ``inputs.npz`` (the fixed input
+set and its labels), ``eval.npz`` (the labelled eval split), ``reference.npz`` (float64 outputs,
+taps and eval logits), ``gradients.npz`` (float64 gradients of the mean cross-entropy on the
+input set) and ``manifest.json`` (sha256, shapes and dtypes of every array, tolerances,
+versions, cross-framework agreement, golden metrics). Arrays are ``.npz`` read with
+``allow_pickle=False``: golden data never executes code.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from parity import __version__
+from parity.model import manifest as manifest_lib
+from parity.platform.errors import GoldenError
+from parity.platform.safefs import owned_tempdir, read_npz, replace_dir, sha256_file, sweep, write_json_atomic
+
+SCHEMA = manifest_lib.SCHEMA
+FILES = ("weights.npz", "inputs.npz", "eval.npz", "reference.npz", "gradients.npz")
+MANIFEST = "manifest.json"
+# scratch folders of golden builds in golden/: .<model>.build-<owner>-<random> (and older names)
+SCRATCH_PATTERN = r"^\.[^/]+\.(build|staging|old)-"
+
+
+@dataclass
+class Golden:
+    """Verified golden data of one model: the manifest and every array, checked against it."""
+
+    dir: Path
+    manifest: dict
+    arrays: dict[str, dict[str, np.ndarray]]
+
+    @property
+    def metrics(self) -> dict:
+        return self.manifest["metrics"]
+
+
+def load(golden_dir: Path, spec=None) -> Golden:
+    """Verify and load ``golden/<model>/``; raise ``GoldenError`` naming the file (and array) on any problem.
+
+    Checked, in order: the manifest (schema and digest), every file's sha256, every array's name,
+    shape and dtype against the manifest, finite values in every floating array, the golden
+    metrics against the reference eval logits, and (given ``spec``) the arrays against the model
+    spec. Never rebuilds.
+    """
+    golden_dir = Path(golden_dir)
+    manifest = manifest_lib.read(golden_dir / MANIFEST)
+    for name in FILES:
+        path = golden_dir / name
+        expected = manifest["files"][name]["sha256"]
+        try:
+            actual = sha256_file(path)
+        except FileNotFoundError:
+            raise GoldenError(f"{path}: golden file missing (listed in the manifest)") from None
+        except OSError as error:
+            raise GoldenError(f"{path}: unreadable golden file ({error.strerror or error})") from None
+        if actual != expected:
+            raise GoldenError(
+                f"{path}: sha256 mismatch: manifest {expected}, file {actual}. The golden data changed after it "
+                f"was built; parity will not use it. Restore the file, or {manifest_lib.rebuild_hint(golden_dir.name)}"
+            )
+    arrays = {name: _checked_arrays(golden_dir / name, manifest["files"][name]["arrays"]) for name in FILES}
+    golden = Golden(golden_dir, manifest, arrays)
+    _check_metrics(golden)
+    if spec is not None:
+        _check_against_spec(golden, spec)
+    return golden
+
+
+def verify(golden_dir: Path, spec=None) -> dict:
+    """``load`` and return the verified manifest."""
+    return load(golden_dir, spec).manifest
+
+
+def _checked_arrays(path: Path, described: dict) -> dict[str, np.ndarray]:
+    arrays = load_arrays(path.parent, path.name)
+    if set(arrays) != set(described):
+        missing, extra = sorted(set(described) - set(arrays)), sorted(set(arrays) - set(described))
+        raise GoldenError(f"{path}: arrays do not match the manifest (missing {missing}, not listed {extra})")
+    for key, array in arrays.items():
+        expected = described[key]
+        if list(array.shape) != expected["shape"] or str(array.dtype) != expected["dtype"]:
+            raise GoldenError(f"{path}: array {key!r} is {array.dtype}{list(array.shape)}, the manifest says "
+                              f"{expected['dtype']}{expected['shape']}")
+        problem = nonfinite_problem(path.name, key, array, expected.get("infinite", 0))
+        if problem:
+            raise GoldenError(f"{path}: {problem}")
+    return arrays
+
+
+# files whose arrays may hold +-inf: a model's own weights (a 0/-inf attention mask) and what it computes from
+# them (a masked logit); every infinite element is compared exactly (same position, same sign)
+INFINITE_ALLOWED = ("weights.npz", "reference.npz", "gradients.npz")
+
+
+def nonfinite_problem(file: str, key: str, array: np.ndarray, declared: int) -> str | None:
+    """What is wrong with the non-finite values of a golden array, or None: NaN is never golden data, and
+    +-inf only where a model's weights and what it computes may hold it (``INFINITE_ALLOWED``), as many as
+    the manifest ``declared`` when the build found them."""
+    if array.dtype.kind != "f":
+        return None
+    nan = int(np.count_nonzero(np.isnan(array)))
+    inf = int(np.count_nonzero(np.isinf(array)))
+    what = {"weights.npz": "weight", "reference.npz": "reference output", "gradients.npz": "reference gradient"}.get(
+        file, "input")
+    if nan:
+        return (f"array {key!r} ({what}) has {nan} NaN value(s) of {array.size}; a NaN is never golden data (it "
+                f"equals nothing, so no path could be checked against it)")
+    if inf and file not in INFINITE_ALLOWED:
+        return f"array {key!r} ({what}) has {inf} infinite value(s); inputs must be finite"
+    if inf != declared:
+        return f"array {key!r} ({what}) has {inf} infinite value(s), the manifest records {declared}"
+    return None
+
+
+def _check_metrics(golden: Golden) -> None:
+    """The golden metrics in the manifest must be what the verified eval logits give (none without labels)."""
+    from parity.check.metrics import task_metrics
+
+    reference, eval_data = golden.arrays["reference.npz"], golden.arrays["eval.npz"]
+    logits, labels = reference.get("eval/logits"), eval_data.get("y")
+    if labels is None and not golden.metrics:
+        return
+    if logits is None or labels is None or logits.ndim != 2 or labels.shape != logits.shape[:1]:
+        raise GoldenError(f"{golden.dir / 'reference.npz'}: no eval/logits matching eval.npz y")
+    top_k = next((int(k[3:-9]) for k in golden.metrics if k.startswith("top")), None)
+    if top_k is None or not 1 <= top_k <= logits.shape[1]:
+        raise GoldenError(f"{golden.dir / MANIFEST}: golden metrics name no valid top-k accuracy")
+    recomputed = task_metrics(logits, labels, logits.shape[1], top_k)
+    for name, value in recomputed.items():
+        if golden.metrics.get(name) != value:
+            raise GoldenError(f"{golden.dir / MANIFEST}: golden metric {name} is {golden.metrics.get(name)!r}, but the "
+                              f"verified eval logits give {value!r}; {manifest_lib.rebuild_hint(golden.dir.name)}")
+
+
+def _check_against_spec(golden: Golden, spec) -> None:
+    """Golden arrays must fit the model as its spec declares it now (a spec edited since the build)."""
+    arrays = golden.arrays
+    problems = []
+
+    def expect(file: str, key: str, shape: tuple | None = None, dtype: str | None = None):
+        array = arrays[file].get(key)
+        if array is None:
+            problems.append(f"{file} has no {key!r}")
+        elif shape is not None and tuple(array.shape) != tuple(shape):
+            problems.append(f"{file} {key!r} has shape {list(array.shape)}, the spec needs {list(shape)}")
+        elif dtype is not None and str(array.dtype) != dtype and not (dtype == "integer" and array.dtype.kind in "iu"):
+            problems.append(f"{file} {key!r} is {array.dtype}, golden data needs {dtype}")
+
+    for name, param in spec.params.items():
+        expect("weights.npz", name, param.shape, param.stored_dtype)
+    extra = sorted(set(arrays["weights.npz"]) - set(spec.params))
+    if extra:
+        problems.append(f"weights.npz has parameters the spec does not declare: {extra}")
+    batch = (spec.batch_size, *spec.input.shape)
+    n_eval = len(arrays["eval.npz"].get("x", ()))
+    labelled = not spec.weights_from_model or "y" in arrays["eval.npz"]
+    expect("inputs.npz", "x", batch, spec.input.dtype)
+    expect("eval.npz", "x", (n_eval, *spec.input.shape), spec.input.dtype)
+    if labelled:
+        expect("eval.npz", "y", (n_eval,), "integer")
+    if spec.loss is not None:
+        expect("inputs.npz", "labels", (spec.batch_size,), "integer")
+    expect("reference.npz", "eval/logits", (n_eval, spec.num_classes) if labelled else None, "float64")
+    for key in spec.outputs:
+        expect("reference.npz", key, None, "float64")
+    for key in (f"tap/{t}" for t in spec.taps):
+        expect("reference.npz", key, None, "float64")
+    if spec.loss is not None:
+        for name in spec.trainable_params:
+            expect("gradients.npz", name, spec.params[name].shape, "float64")
+        expect("gradients.npz", spec.input_grad_name, batch, "float64")
+    elif arrays["gradients.npz"]:
+        problems.append("gradients.npz has gradients but the spec declares no loss")
+    for key, array in arrays["reference.npz"].items():
+        if key != "eval/logits" and array.shape[:1] != (spec.batch_size,):
+            problems.append(f"reference.npz {key!r} has shape {list(array.shape)}, not a batch of {spec.batch_size}")
+    if labelled and f"top{spec.metric_rules.top_k}_accuracy" not in golden.metrics:
+        problems.append(f"the manifest has no top{spec.metric_rules.top_k}_accuracy (the spec's top_k)")
+    if spec.onnx_model is not None:
+        source = spec.onnx_model_path
+        if not source.is_file():
+            problems.append(f"the source model {source} is missing")
+        elif sha256_file(source) != golden.manifest.get("source_sha256"):
+            problems.append(f"the source model {source} changed since the golden data was built from it")
+    if problems:
+        raise GoldenError(f"{golden.dir}: golden data does not match the model spec ({spec.source_file}): "
+                          f"{'; '.join(problems[:4])}{' ...' if len(problems) > 4 else ''}; {manifest_lib.rebuild_hint(golden.dir.name)}")
+
+
+def summary(manifest: dict, golden_dir: Path) -> str:
+    """One line on what a build proved: cross-framework agreement, or a user model's reference; metrics; size."""
+    m = manifest["metrics"]
+    metrics = f" | eval accuracy {m['accuracy']:.4f}, macro-F1 {m['macro_f1']:.4f}" if m else ""
+    reference = manifest.get("reference")
+    if reference is None:
+        return (f"cross-framework fp64 max abs {manifest['cross_framework_fp64_max_abs']:.3g} (gradients "
+                f"{manifest['cross_framework_fp64_grad_max_abs']:.3g}){metrics}")
+    size_mb = sum(path.stat().st_size for path in Path(golden_dir).iterdir()) / 1e6
+    line = f"{manifest['frameworks'][0]} reference in {reference['dtype']}"
+    if reference["reason"]:
+        line += f" ({reference['reason']}; tolerances widened x{reference['tolerance_factor']:g})"
+    if reference.get("given_vs_reference_max_abs") is not None:
+        line += (f"; golden outputs from {reference['outputs_from']} (max abs {reference['given_vs_reference_max_abs']:.3g}"
+                 f" from the reference; tolerances widened x{reference['tolerance_factor']:g})")
+    return f"{line}; {manifest['data']['dataset']}, {manifest['data']['eval']} samples; {size_mb:.1f} MB{metrics}"
+
+
+def load_arrays(golden_dir: Path, name: str) -> dict[str, np.ndarray]:
+    """One ``.npz`` as a dict (``allow_pickle=False``), unchecked: golden arrays go through ``load``."""
+    return read_npz(Path(golden_dir) / name, GoldenError, "golden file")
+
+
+def _describe_arrays(path: Path) -> dict:
+    """Shape and dtype of every array, and how many infinite values it holds (a -inf mask) where it has any."""
+    described = {}
+    for key, array in read_npz(path, GoldenError, "golden file").items():
+        infinite = int(np.count_nonzero(np.isinf(array))) if array.dtype.kind == "f" else 0
+        described[key] = {"shape": list(array.shape), "dtype": str(array.dtype), **({"infinite": infinite} if infinite else {})}
+    return described
+
+
+def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+
+
+def new_scratch(workspace, spec) -> Path:
+    """A private build folder next to ``golden/<model>/`` (left-overs of killed builds swept first)."""
+    parent = workspace.golden_dir(spec.name).parent
+    parent.mkdir(parents=True, exist_ok=True)
+    sweep(parent, SCRATCH_PATTERN)
+    return owned_tempdir(parent, f".{spec.name}.build-")
+
+
+def publish(workspace, spec, scratch: Path, fields: dict, started: float) -> dict:
+    """Seal the manifest of the golden files in ``scratch``, verify what is about to be published, and
+    swap it in as ``golden/<model>/`` atomically (one build at a time; readers never see it missing)."""
+    from parity.platform.cache_dir import named_lock
+    from parity.platform.env import package_versions
+
+    manifest = manifest_lib.seal({
+        "schema": SCHEMA,
+        "model": spec.name,
+        "description": spec.description,
+        "files": {name: {"sha256": sha256_file(scratch / name), "arrays": _describe_arrays(scratch / name)} for name in FILES},
+        "tolerances": {p: t.to_json() for p, t in spec.tolerances.items()},
+        "grad_tolerances": {p: t.to_json() for p, t in spec.grad_tolerances.items()},
+        "batch_size": spec.batch_size,
+        "versions": {"parity": __version__, **package_versions()},
+        **fields,
+        "build_seconds": round(time.perf_counter() - started, 1),
+    })
+    target_dir = workspace.golden_dir(spec.name)
+    final = scratch / spec.name  # named like its target: the manifest names its folder
+    final.mkdir()
+    for name in FILES:
+        shutil.copyfile(scratch / name, final / name)
+    write_json_atomic(final / MANIFEST, manifest)
+    load(final, spec)  # what is about to be published reads back and verifies
+    with named_lock(f"golden-{target_dir.resolve()}"):
+        replace_dir(final, target_dir)
+    return manifest

@@ -1,0 +1,73 @@
+"""Worker tasks of a golden build: train the zoo's weights, compute a framework's float64 reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from parity import sources
+from parity.golden.store import load_arrays, save_npz
+from parity.model.workspace import Workspace
+from parity.runtimes.base import run_batched
+
+
+def train_weights(workspace: str, model: str, train_file: str, eval_file: str, out_file: str) -> dict:
+    """Seeded, deterministic training of the torch definition; canonical float32 weights to ``out_file``."""
+    import torch
+
+    from parity.sources.torch import build_module, canonical_state
+
+    spec = Workspace(workspace).load_spec(model)
+    cfg = spec.training
+    torch.manual_seed(cfg.seed)
+    torch.use_deterministic_algorithms(True)
+    module = build_module(spec, None, "float32").train()
+    with np.load(train_file, allow_pickle=False) as data:
+        x = torch.from_numpy(data["x"].astype(np.float32))
+        y = torch.from_numpy(data["y"])
+    optimizer = torch.optim.Adam(module.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    order = torch.Generator().manual_seed(cfg.seed)
+    for _ in range(cfg.epochs):
+        for batch in torch.randperm(len(x), generator=order).split(cfg.batch_size):
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(module(x[batch]), y[batch])
+            loss.backward()
+            optimizer.step()
+    module.eval()
+    weights = canonical_state(spec, module)
+    save_npz(Path(out_file), weights)
+    with torch.no_grad():
+        train_accuracy = float((module(x).argmax(-1) == y).float().mean())
+    return {"final_loss": float(loss), "train_accuracy": train_accuracy}
+
+
+def fp64_reference(workspace: str, model: str, framework: str, scratch: str, out_file: str) -> None:
+    """Outputs, taps, eval logits and gradients of one framework's definition in float64."""
+    spec = Workspace(workspace).load_spec(model)
+    scratch = Path(scratch)
+    arrays = reference_arrays(spec, framework, load_arrays(scratch, "weights.npz"),
+                              load_arrays(scratch, "inputs.npz"), load_arrays(scratch, "eval.npz")["x"],
+                              "float64")
+    save_npz(Path(out_file), arrays)
+
+
+def reference_arrays(spec, framework: str, weights: dict, inputs: dict, eval_x: np.ndarray, dtype: str) -> dict:
+    """A native source's outputs, taps, eval outputs (``eval/logits``) and, with a loss, gradients (``grad/…``),
+    all computed in ``dtype``; a definition that returns another dtype anywhere raises ``TypeError``."""
+
+    def cast(x):
+        return x if x.dtype.kind in "iu" else x.astype(dtype)  # token ids stay integers
+
+    source = sources.native(framework)(spec, weights, spec.batch_size, dtype)  # each source holds every weight as layouts.held_dtype says
+    x = cast(inputs["x"])
+    arrays = dict(source.run(x))
+    if spec.taps:
+        arrays.update({f"tap/{name}": v for name, v in source.taps(x).items()})
+    arrays["eval/logits"] = run_batched(source, cast(eval_x), spec.batch_size)[spec.outputs[0]]
+    if spec.loss is not None:
+        arrays.update({f"grad/{name}": v for name, v in source.gradients(x, inputs["labels"]).items()})
+    for key, value in arrays.items():
+        if value.dtype != np.dtype(dtype):
+            raise TypeError(f"{framework} returned {value.dtype} for {key} in a {dtype} run")
+    return arrays

@@ -1,0 +1,129 @@
+"""Worker tasks of a user model's golden build: read its own weights, compute its reference, read the data
+given with it. Each runs in the worker of the model's framework (``onnx`` for an ONNX file)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from parity.golden import store as golden
+from parity.golden.tasks import reference_arrays
+from parity.interop.given import given_feeds
+from parity.model.user import UserModelError, native_params
+from parity.model.workspace import Workspace
+from parity.platform.errors import one_line
+from parity.platform.safefs import read_npz
+
+SKIPPED_TORCH_STATE = ("num_batches_tracked",)
+
+
+def read_weights(workspace: str, model: str, out_file: str) -> dict:
+    """The model's own floating-point weights by framework name, each in its own dtype (bfloat16 widened to
+    float32, exactly), into ``out_file``; returns ``{name: {"trainable": bool, "dtype": str}}``."""
+    spec = Workspace(workspace).load_spec(model, attach_golden=False)
+    framework = spec.frameworks[0]
+    weights, trainable = {"torch": _torch_weights, "tf": _keras_weights, "jax": _jax_weights,
+                          "onnx": lambda _spec: ({}, set())}[framework](spec)
+    dtypes = {name: str(np.asarray(v).dtype) for name, v in weights.items()}
+    golden.save_npz(Path(out_file), {k: np.asarray(v, dtype=np.float32 if dtypes[k] == "bfloat16" else None)
+                                     for k, v in weights.items()})
+    return {name: {"trainable": name in trainable, "dtype": dtypes[name]} for name in weights}
+
+
+def _torch_weights(spec):
+    module = spec.torch_module()
+    trainable = {name for name, p in module.named_parameters() if p.requires_grad}
+    state = {k: _torch_array(v) for k, v in module.state_dict().items()
+             if not k.endswith(SKIPPED_TORCH_STATE) and v.is_floating_point()}
+    return state, trainable
+
+
+def _torch_array(tensor) -> np.ndarray:
+    """A weight as NumPy in its own dtype (bfloat16 through ml_dtypes, which NumPy stores widened)."""
+    import ml_dtypes
+    import torch
+
+    tensor = tensor.detach().cpu()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.float().numpy().astype(ml_dtypes.bfloat16)
+    return tensor.numpy()
+
+
+def _keras_weights(spec):
+    model = spec.keras_model("float32")
+    variables = [v for v in model.weights if str(v.dtype).startswith(("float", "bfloat"))]
+    names = [v.path for v in variables]
+    if len(set(names)) != len(names):
+        raise UserModelError("the Keras model has weights with the same path; give its layers unique names")
+    return {v.path: np.asarray(v) for v in variables}, {v.path for v in variables if v.trainable}
+
+
+def _jax_weights(spec):
+    params = read_npz(spec.jax_apply.params_path, UserModelError, ".npz")
+    floating = {k: v for k, v in params.items() if v.dtype.kind == "f"}
+    return floating, set(floating)
+
+
+def reference(workspace: str, model: str, scratch: str, shapes: dict, params: dict, out_file: str) -> dict:
+    """Outputs, taps, eval outputs and (with a loss) gradients in float64 where the model runs in float64,
+    else in float32 with the reason; arrays are stored as float64 either way."""
+    spec = Workspace(workspace).load_spec(model, attach_golden=False)
+    spec.params = native_params(shapes, params)
+    scratch = Path(scratch)
+    weights = golden.load_arrays(scratch, "weights.npz")
+    inputs = golden.load_arrays(scratch, "inputs.npz")
+    eval_x = golden.load_arrays(scratch, "eval.npz")["x"]
+    framework = spec.frameworks[0]
+
+    def compute(*args):
+        return _onnx_reference(spec, *args) if framework == "onnx" else reference_arrays(spec, framework, *args)
+
+    reason = None
+    try:
+        arrays = compute(weights, inputs, eval_x, "float64")
+        dtype = "float64"
+    except Exception as error:  # noqa: BLE001 - any float64 failure falls back to float32, with the reason
+        reason = f"the model does not run in float64 ({one_line(f'{type(error).__name__}: {error}', 300)})"
+        arrays = compute(weights, inputs, eval_x, "float32")
+        dtype = "float32"
+    golden.save_npz(Path(out_file), {k: np.asarray(v, dtype=np.float64) for k, v in arrays.items()})
+    return {"dtype": dtype, "reason": reason}
+
+
+def _onnx_reference(spec, _weights, inputs, eval_x, dtype: str) -> dict:
+    from parity.interop import onnx_file as onnx_source
+    from parity.runtimes.base import run_batched
+
+    model = onnx_source.load_checked(spec.onnx_model_path)
+    input_name = model.graph.input[0].name
+
+    class Evaluator:
+        def run(self, x):
+            outputs = onnx_source.reference_outputs(model, {input_name: x}, dtype)
+            return {name: outputs[name] for name in spec.outputs}
+
+    arrays = Evaluator().run(inputs["x"])
+    arrays["eval/logits"] = run_batched(Evaluator(), eval_x, spec.batch_size)[spec.outputs[0]]
+    return arrays
+
+
+def given_data(workspace: str, model: str, out_file: str) -> None:
+    """The inputs (``x``) and golden outputs (``output/<i>``) given with a user model, all sets concatenated
+    along the batch axis, checked against the ONNX graph when the source is one."""
+    from parity.interop import onnx_file as onnx_source
+    from parity.interop import onnx_test_data as interop
+
+    spec = Workspace(workspace).load_spec(model, attach_golden=False)
+    graph_inputs = graph_outputs = None
+    if spec.onnx_model is not None:
+        graph_inputs, graph_outputs = interop.graph_signature(onnx_source.load_checked(spec.onnx_model_path))
+    data = spec.inputs
+    arrays, outputs = given_feeds(Path(workspace), data.__dict__, graph_inputs, graph_outputs)
+    try:
+        result = {"x": np.concatenate(arrays)}
+        if outputs is not None:
+            result.update({f"output/{i}": np.concatenate([o[i] for o in outputs]) for i in range(len(outputs[0]))})
+    except ValueError as error:
+        raise UserModelError(f"{data.describe()}: the sets do not stack along the batch axis ({error})") from None
+    golden.save_npz(Path(out_file), result)

@@ -1,0 +1,189 @@
+"""ONNX test-data folders, read and written.
+
+ONNX test-data folders (ONNX backend tests, onnxruntime's ``onnx_test_runner``): a model folder holds
+``test_data_set_0/``, ``test_data_set_1/``, ... each with ``input_0.pb``, ``input_1.pb``, ... and
+``output_0.pb``, ...: serialized ``onnx.TensorProto`` whose ``name`` is the graph input or output name.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from parity.platform.errors import ParityError, one_line
+from parity.platform.safefs import owned_tempdir, replace_dir, sweep
+
+_SET = re.compile(r"test_data_set_(0|[1-9]\d*)")
+_PB = re.compile(r"(input|output)_(0|[1-9]\d*)\.pb")
+
+
+class InteropError(ParityError):
+    """A test-data folder, Polygraphy JSON file or ONNX model that cannot be used as it is."""
+
+
+@dataclass(frozen=True)
+class TestDataSet:
+    """One ``test_data_set_N`` folder: its tensors by name, in file order."""
+
+    __test__ = False  # not a pytest test class
+    path: Path
+    inputs: dict[str, np.ndarray]
+    outputs: dict[str, np.ndarray]
+
+
+# ---------------------------------------------------------------- ONNX test-data folders
+
+def write_test_data(folder, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray], index: int = 0) -> Path:
+    """Write ``folder/test_data_set_{index}`` (replacing one that exists) atomically; return it."""
+    from onnx import numpy_helper
+
+    if index < 0 or not inputs:
+        raise InteropError(f"{folder}: a test data set needs an index >= 0 and at least one input")
+    folder, target = Path(folder), Path(folder) / f"test_data_set_{index}"
+    sweep(folder, r"^\.test_data_set_\d+\.tmp-")
+    scratch = owned_tempdir(folder, f".{target.name}.tmp-")
+    try:
+        for kind, tensors in (("input", inputs), ("output", outputs)):
+            for i, (name, array) in enumerate(tensors.items()):
+                try:
+                    data = numpy_helper.from_array(np.asarray(array), name).SerializeToString()
+                except Exception as error:  # noqa: BLE001 - any dtype or value onnx cannot store
+                    raise InteropError(f"{target}: {kind} {name!r} cannot be stored as an ONNX tensor: "
+                                       f"{one_line(error, 120)}") from None
+                with open(scratch / f"{kind}_{i}.pb", "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+        replace_dir(scratch, target)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target
+
+
+def read_test_data(folder) -> list[TestDataSet]:
+    """Every ``test_data_set_N`` in ``folder``, by N (numeric order)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise InteropError(f"{folder}: not a folder of ONNX test data")
+    sets = sorted((int(m[1]), p) for p in folder.iterdir() if p.is_dir() and (m := _SET.fullmatch(p.name)))
+    if not sets:
+        raise InteropError(f"{folder}: no test_data_set_* folders in it (the ONNX test-data layout)")
+    return [_read_set(path) for _, path in sets]
+
+
+def _read_set(path: Path) -> TestDataSet:
+    found: dict[str, dict[int, Path]] = {"input": {}, "output": {}}
+    for file in path.iterdir():
+        if m := _PB.fullmatch(file.name):
+            found[m[1]][int(m[2])] = file
+    if not found["input"]:
+        raise InteropError(f"{path}: no input_*.pb files in it")
+    tensors = {}
+    for kind, files in found.items():
+        if sorted(files) != list(range(len(files))):
+            raise InteropError(f"{path}: {kind} files are numbered {sorted(files)}; expected "
+                               f"{kind}_0.pb to {kind}_{len(files) - 1}.pb without gaps")
+        tensors[kind] = {}
+        for i in range(len(files)):
+            name, array = _read_tensor(files[i])
+            name = name or f"{kind}_{i}"
+            if name in tensors[kind]:
+                raise InteropError(f"{files[i]}: a second {kind} named {name!r} in {path.name}")
+            tensors[kind][name] = array
+    return TestDataSet(path, tensors["input"], tensors["output"])
+
+
+def _read_tensor(file: Path) -> tuple[str, np.ndarray]:
+    from onnx import TensorProto, numpy_helper
+
+    proto = TensorProto()
+    try:
+        proto.ParseFromString(file.read_bytes())
+        if proto.data_type == TensorProto.UNDEFINED:
+            raise ValueError("no element type")
+        return proto.name, numpy_helper.to_array(proto)
+    except Exception as error:  # noqa: BLE001 - OSError, DecodeError, bad or missing data alike
+        raise InteropError(f"{file}: not a serialized onnx.TensorProto ({one_line(error, 120)})") from None
+
+
+def graph_signature(model) -> tuple[dict[str, tuple], list[str]]:
+    """(inputs ``{name: (shape, dtype)}``, output names) of an ``onnx.ModelProto``.
+
+    A dim is its value, its symbolic name, or None; shape or dtype is None where the graph does not
+    say (non-tensor input, unknown rank). Inputs that are also initializers are left out.
+    """
+    import onnx
+
+    graph = model.graph
+    constants = {t.name for t in graph.initializer} | {t.values.name for t in graph.sparse_initializer}
+    inputs = {}
+    for value in graph.input:
+        if value.name in constants:
+            continue
+        shape = dtype = None
+        if value.type.WhichOneof("value") == "tensor_type":
+            tensor = value.type.tensor_type
+            if tensor.elem_type:
+                dtype = str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)))
+            if tensor.HasField("shape"):
+                shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                              for d in tensor.shape.dim)
+        inputs[value.name] = (shape, dtype)
+    return inputs, [value.name for value in graph.output]
+
+
+def match_graph(sets: list[TestDataSet], graph_inputs: dict[str, tuple], graph_outputs: list[str] | None = None,
+                source: str = "") -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]]]:
+    """Check each set against the graph; return (inputs, outputs) per set, keyed by the graph's names.
+
+    ``graph_inputs`` is ``{name: (shape, dtype)}`` as from ``graph_signature``; ``source`` names the
+    graph in messages. Outputs are re-keyed when ``graph_outputs`` is given (a set without output
+    files gives ``{}``), else returned as read.
+    """
+    graph = source or "the graph"
+    names = list(graph_inputs)
+    feeds, references = [], []
+    for s in sets:
+        feed = _rekey(s, s.inputs, names, "input", graph)
+        for name, (file, array) in feed.items():
+            shape, dtype = graph_inputs[name]
+            if shape is not None and (len(shape) != array.ndim or any(
+                    isinstance(want, int) and want != got for want, got in zip(shape, array.shape))):
+                raise InteropError(f"{file}: input {name!r} has shape {_dims(array.shape)}, {graph} takes {_dims(shape)}")
+            if dtype is not None and np.dtype(dtype) != array.dtype:
+                raise InteropError(f"{file}: input {name!r} has dtype {array.dtype}, {graph} takes {np.dtype(dtype)}")
+        feeds.append({name: array for name, (_, array) in feed.items()})
+        if graph_outputs is None or not s.outputs:
+            references.append(dict(s.outputs))
+        else:
+            references.append({n: a for n, (_, a) in _rekey(s, s.outputs, list(graph_outputs), "output", graph).items()})
+    return feeds, references
+
+
+def _dims(shape) -> str:
+    return "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"
+
+
+def _rekey(s: TestDataSet, tensors: dict, names: list[str], kind: str, graph: str) -> dict[str, tuple[Path, np.ndarray]]:
+    """``{graph name: (file, array)}`` in graph order: by name when every tensor names one, else by position."""
+    keys = list(tensors)
+    if len(keys) != len(names):
+        raise InteropError(f"{s.path}: {len(keys)} {kind} files, {graph} has {len(names)} {kind}s {names}")
+    files = {key: s.path / f"{kind}_{i}.pb" for i, key in enumerate(keys)}
+    if set(keys) == set(names):
+        return {name: (files[name], tensors[name]) for name in names}
+    for i, key in enumerate(keys):
+        if key not in names and key != f"{kind}_{i}":
+            raise InteropError(f"{files[key]}: {kind} {key!r} is not an {kind} of {graph} (it has {names})")
+        if key in names and key != names[i]:
+            raise InteropError(f"{files[key]}: {kind} {key!r} is number {i}, {graph} has it as number "
+                               f"{names.index(key)}; name all {kind}s or none")
+    return {name: (files[key], tensors[key]) for name, key in zip(names, keys)}
+
+
+# ---------------------------------------------------------------- Polygraphy JSON

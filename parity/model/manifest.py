@@ -1,0 +1,106 @@
+"""The golden manifest: parsed defensively, validated against a declared JSON Schema, sealed by a digest.
+
+``manifest.json`` decides verdicts (golden metrics, the files' sha256, shapes and dtypes), so it
+is verified like every golden array: its ``digest`` field is the sha256 of the canonical JSON of
+every other field (sorted keys, no whitespace), and an edit that does not also recompute it is
+refused. The schema (``schemas/golden-manifest.schema.json``) is the contract; any violation is
+one line naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+from importlib import resources
+from pathlib import Path
+
+from parity.platform.errors import GoldenError, one_line
+
+SCHEMA = "parity.golden/2"
+MAX_BYTES = 16 << 20
+
+
+def canonical_digest(manifest: dict) -> str:
+    """sha256 of the canonical JSON of every field but ``digest``."""
+    body = {key: value for key, value in manifest.items() if key != "digest"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
+
+
+def seal(manifest: dict) -> dict:
+    """``manifest`` with its ``digest`` set."""
+    return {**{key: value for key, value in manifest.items() if key != "digest"}, "digest": canonical_digest(manifest)}
+
+
+@functools.cache
+def _validator():
+    import jsonschema
+
+    schema = json.loads(resources.files("parity").joinpath("schemas/golden-manifest.schema.json").read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:40]} is out of range")
+    return value
+
+
+def _field(error) -> str:
+    return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in error.absolute_path).lstrip(".") or "(top level)"
+
+
+def rebuild_hint(model: str) -> str:
+    return f"rebuild deliberately with `parity golden build --model {model}`"
+
+
+def read(path: Path) -> dict:
+    """Parse, schema-check and digest-check ``path``; raise ``GoldenError`` (one line) on any problem."""
+    path = Path(path)
+    model = path.parent.name
+    if not path.is_file():
+        raise GoldenError(f"{path}: golden manifest missing; build it with `parity golden build --model {model}`")
+    try:
+        if path.stat().st_size > MAX_BYTES:
+            raise GoldenError(f"{path}: malformed manifest (larger than {MAX_BYTES >> 20} MiB)")
+        text = path.read_bytes().decode("utf-8")
+        manifest = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+    except GoldenError:
+        raise
+    except UnicodeDecodeError as error:
+        raise GoldenError(f"{path}: malformed manifest (not UTF-8 at byte {error.start}); {rebuild_hint(model)}") from None
+    except RecursionError:
+        raise GoldenError(f"{path}: malformed manifest (nested too deeply); {rebuild_hint(model)}") from None
+    except (OSError, ValueError) as error:
+        raise GoldenError(f"{path}: malformed manifest ({one_line(error, 160)}); {rebuild_hint(model)}") from None
+    if not isinstance(manifest, dict):
+        raise GoldenError(f"{path}: malformed manifest (a JSON object expected, got {type(manifest).__name__})")
+    if manifest.get("schema") != SCHEMA:
+        found = manifest.get("schema")
+        found = one_line(repr(found), 60) if found is not None else "none"
+        raise GoldenError(f"{path}: manifest schema is {found}, this parity reads {SCHEMA!r}; {rebuild_hint(model)}")
+    try:
+        from jsonschema.exceptions import best_match
+
+        error = best_match(_validator().iter_errors(manifest))
+        if error is not None:
+            raise GoldenError(f"{path}: invalid manifest field {_field(error)}: {one_line(error.message, 160)}")
+        digest = canonical_digest(manifest)
+    except RecursionError:
+        raise GoldenError(f"{path}: malformed manifest (nested too deeply); {rebuild_hint(model)}") from None
+    if digest != manifest["digest"]:
+        raise GoldenError(
+            f"{path}: manifest digest mismatch: recorded {manifest['digest']}, content {digest}. The manifest was "
+            f"edited after it was built; parity will not use it. Restore it, or {rebuild_hint(model)}"
+        )
+    if manifest["model"] != model:
+        raise GoldenError(f"{path}: manifest is for model {manifest['model']!r}, the folder is {model!r}")
+    return manifest

@@ -1,0 +1,310 @@
+"""ModelSpec: everything parity knows about a reference model, declared as data.
+
+A model file in a workspace's ``models/`` folder defines ``SPEC = ModelSpec(...)``. The file
+must import no ML framework at module level: the framework builders (``torch_module``,
+``keras_model``, ``jax_apply``) import their framework inside the function, and only worker
+processes call them.
+
+Canonical conventions (framework-neutral, what golden data is stored in):
+
+* parameter names are ``layer/variable`` (Keras variable paths), e.g. ``dense1/kernel``;
+* dense kernels are ``(in, out)``, conv kernels ``OIHW``; BatchNorm uses ``gamma``, ``beta``,
+  ``moving_mean``, ``moving_variance``;
+* image inputs are ``NCHW``; every framework converts at its edge (see ``parity.model.layouts``);
+* tap names are the names of top-level layers (Keras layer, torch submodule), reported by
+  the JAX definition through its ``tap(name, value)`` callback.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from parity.platform.precision import PRECISIONS as precision_names
+
+PRECISIONS = tuple(precision_names)
+PARAM_KINDS = ("dense_kernel", "conv_kernel", "vector", "tensor")
+PARAM_DTYPES = ("float32", "float64", "float16", "bfloat16")
+INPUT_LAYOUTS = ("flat", "tokens", "nchw", "native")  # native: the source framework's own, never converted
+LOSSES = ("cross_entropy",)
+MODEL_INPUT = "input"  # in Layer.inputs: the model input rather than a tap
+LAYER_KINDS = ("dense", "conv", "batch_norm", "layer_norm", "activation", "pool", "flatten", "attention", "dropout",
+               "add", "position", "mean")
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Closeness test ``|actual - golden| <= atol + rtol * |golden|`` (numpy.allclose semantics)."""
+
+    atol: float
+    rtol: float
+
+    def to_json(self) -> dict:
+        return {"atol": self.atol, "rtol": self.rtol}
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    """A default tolerance and per-name overrides (an output name or a parameter name)."""
+
+    default: Tolerance
+    overrides: dict[str, Tolerance] = field(default_factory=dict)
+
+    def for_name(self, name: str) -> Tolerance:
+        return self.overrides.get(name, self.default)
+
+    def to_json(self) -> dict:
+        return {"default": self.default.to_json(), "overrides": {k: v.to_json() for k, v in self.overrides.items()}}
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """The model input: name, per-sample shape in canonical layout, dtype (``float32`` or an integer type)."""
+
+    name: str
+    shape: tuple[int, ...]
+    layout: str = "flat"
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        if self.layout not in INPUT_LAYOUTS:
+            raise ValueError(f"input layout {self.layout!r} is not one of {INPUT_LAYOUTS}")
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One weight tensor in canonical layout. ``trainable=False`` for BatchNorm statistics."""
+
+    shape: tuple[int, ...]
+    kind: str = "tensor"
+    trainable: bool = True
+    dtype: str = "float32"  # the model's own; golden data stores it as it is (bfloat16 widened to float32, exactly)
+
+    def __post_init__(self):
+        if self.kind not in PARAM_KINDS:
+            raise ValueError(f"parameter kind {self.kind!r} is not one of {PARAM_KINDS}")
+        if self.dtype not in PARAM_DTYPES:
+            raise ValueError(f"parameter dtype {self.dtype!r} is not one of {PARAM_DTYPES}")
+
+    @property
+    def stored_dtype(self) -> str:
+        """The dtype of this weight in ``weights.npz`` (NumPy has no bfloat16)."""
+        return "float32" if self.dtype == "bfloat16" else self.dtype
+
+
+@dataclass(frozen=True)
+class Layer:
+    """What one tap computes, typed, so a diagnosis can recompute it in NumPy and test known variants.
+
+    ``kind`` is one of ``LAYER_KINDS``; ``attrs`` its declared form (the modules in
+    ``parity.diagnose.layers`` document each kind's attributes and variants). ``inputs`` are the
+    taps feeding it (``"input"`` is the model input; default: the previous tap, or the model
+    input for the first one); ``params`` is the prefix of its weights (default: the tap name).
+    Activations are in canonical layout (``NCHW`` images). Examples::
+
+        Layer("conv", {"stride": 2, "padding": "same"})   # 'same' splits padding as TF/XLA do
+        Layer("layer_norm", {"eps": 1e-5})
+        Layer("activation", {"form": "gelu_erf"})
+        Layer("add", inputs=("pos", "block0_attn"))
+    """
+
+    kind: str
+    attrs: dict = field(default_factory=dict)
+    inputs: tuple[str, ...] = ()
+    params: str | None = None
+
+    def __post_init__(self):
+        if self.kind not in LAYER_KINDS:
+            raise ValueError(f"layer kind {self.kind!r} is not one of {LAYER_KINDS}")
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "attrs": dict(self.attrs), "inputs": list(self.inputs), "params": self.params}
+
+
+@dataclass(frozen=True)
+class Training:
+    """How the weights are made: seeded init of the torch definition, then Adam on the train split."""
+
+    epochs: int = 20
+    lr: float = 1e-2
+    batch_size: int = 64
+    weight_decay: float = 0.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class MetricRules:
+    """Metric parity rules, per precision.
+
+    ``min_argmax_agreement``: the fraction of eval samples whose argmax must equal the golden
+    argmax (1.0 at fp32 by default). ``min_fraction``: each metric must reach this fraction of
+    its float64 golden value (MLPerf style, for reduced precision).
+    """
+
+    min_argmax_agreement: dict[str, float] = field(default_factory=lambda: {"fp32": 1.0, "tf32": 0.99, "fp16": 0.99, "bf16": 0.98})
+    min_fraction: dict[str, float] = field(default_factory=lambda: {"fp32": 1.0, "tf32": 0.99, "fp16": 0.99, "bf16": 0.99})
+    top_k: int = 3
+
+
+def _at_precision(declared: dict[str, Tolerances], precision: str, gradients: bool) -> Tolerances:
+    """The declared tolerances, or for a reduced precision without them the dtype's default (never tighter
+    than the declared fp32 ones)."""
+    if precision in declared:
+        return declared[precision]
+    from parity.platform.precision import default_tolerance
+
+    fp32 = declared["fp32"]
+    atol, rtol = default_tolerance(precision, gradients)
+
+    def widen(t: Tolerance) -> Tolerance:
+        return Tolerance(max(t.atol, atol), max(t.rtol, rtol))
+
+    return Tolerances(widen(fp32.default), {name: widen(t) for name, t in fp32.overrides.items()})
+
+
+@dataclass
+class ModelSpec:
+    """A reference model, written once per framework, with everything needed to check it.
+
+    Arguments:
+        name: model name (the file name in ``models/`` without ``.py``).
+        description: one line.
+        input: the single model input (``InputSpec``).
+        outputs: output names, in the order the definitions return them.
+        num_classes: classifier width, for metrics.
+        params: canonical parameter names -> ``ParamSpec``, in network order.
+        taps: named layer boundaries in network order (used for drift diagnosis).
+        layers: tap name -> ``Layer``: what the tap computes, so a diagnosis can test causes
+            (a tap without one is still compared, but no cause is tested for it).
+        tolerances: precision -> ``Tolerances`` for outputs (per-output overrides).
+        grad_tolerances: precision -> ``Tolerances`` for gradients (per-parameter overrides;
+            the input gradient is named ``input:<input name>``).
+        training: how the weights are made (``Training``).
+        torch_module: ``() -> torch.nn.Module``; ``forward(x)`` returns the outputs.
+        keras_model: ``(dtype: str) -> keras.Model`` (functional; taps are layer names).
+        jax_apply: ``(params, x, tap) -> tuple of outputs``; ``tap(name, value)`` may be None.
+        weights_from_model: the weights are the model's own, as the builder returns it (a user model:
+            no training recipe); parameter names are the framework's own and ``params`` is read from
+            the golden data (see ``parity.model.user``).
+        inputs: how the golden inputs of a user model are made (``parity.model.user.InputData``).
+        loss: the loss whose gradients are checked (``"cross_entropy"`` of the first output against
+            the labels), or None for no gradients.
+        onnx_model: an ONNX file (relative to the workspace) that is itself the source model.
+        expected_errors: path glob -> reason. A path ending in ``error`` there is expected
+            (like pytest's xfail); if it passes, that is reported as an unexpected pass.
+        require_determinism: fail a path whose two runs are not bitwise identical.
+        batch_size: the static batch every path is exported and checked with.
+        bench_batch_sizes: the batch sizes ``bench`` times (default: ``batch_size`` alone); each is
+            exported and verified against the golden eval logits before it is timed.
+        opset: ONNX opset for every exporter.
+        metric_rules: ``MetricRules``.
+    """
+
+    name: str
+    description: str
+    input: InputSpec
+    outputs: tuple[str, ...]
+    num_classes: int = 0
+    params: dict[str, ParamSpec] = field(default_factory=dict)
+    taps: tuple[str, ...] = ()
+    tolerances: dict[str, Tolerances] = field(default_factory=lambda: {"fp32": Tolerances(Tolerance(1e-5, 1e-5))})
+    grad_tolerances: dict[str, Tolerances] = field(default_factory=lambda: {"fp32": Tolerances(Tolerance(1e-6, 1e-4))})
+    layers: dict[str, Layer] = field(default_factory=dict)
+    training: Training = Training()
+    torch_module: Callable[[], Any] | None = None
+    keras_model: Callable[[str], Any] | None = None
+    jax_apply: Callable[..., Any] | None = None
+    weights_from_model: bool = False
+    inputs: Any = None
+    loss: str | None = "cross_entropy"
+    onnx_model: str | None = None
+    expected_errors: dict[str, str] = field(default_factory=dict)
+    require_determinism: bool = False
+    batch_size: int = 64
+    bench_batch_sizes: tuple[int, ...] = ()
+    opset: int = 18
+    metric_rules: MetricRules = MetricRules()
+    source_file: str | None = None
+
+    @property
+    def frameworks(self) -> tuple[str, ...]:
+        """Source frameworks this model is written in, in a fixed order."""
+        builders = {"torch": self.torch_module, "tf": self.keras_model, "jax": self.jax_apply, "onnx": self.onnx_model}
+        return tuple(name for name, builder in builders.items() if builder is not None)
+
+    @property
+    def onnx_model_path(self) -> Path | None:
+        """The source ONNX file, relative paths taken from the workspace (the folder above ``models/``)."""
+        if self.onnx_model is None:
+            return None
+        root = Path(self.source_file).parent.parent if self.source_file else Path()
+        return root / self.onnx_model  # an absolute path stays as it is
+
+    @property
+    def timed_batch_sizes(self) -> tuple[int, ...]:
+        return tuple(self.bench_batch_sizes) or (self.batch_size,)
+
+    @property
+    def trainable_params(self) -> list[str]:
+        return [name for name, p in self.params.items() if p.trainable]
+
+    @property
+    def input_grad_name(self) -> str:
+        return f"input:{self.input.name}"
+
+    def output_tolerances(self, precision: str) -> Tolerances:
+        """Output tolerances at ``precision``: declared, else derived from the dtype (``parity.platform.precision``)."""
+        return _at_precision(self.tolerances, precision, gradients=False)
+
+    def gradient_tolerances(self, precision: str) -> Tolerances:
+        """Gradient tolerances at ``precision``: declared, else derived from the dtype (looser than outputs)."""
+        return _at_precision(self.grad_tolerances, precision, gradients=True)
+
+    def layer_inputs(self, tap: str) -> tuple[str, ...]:
+        """The taps (or ``"input"``) that feed ``tap``: declared, else the previous tap."""
+        declared = self.layers.get(tap)
+        if declared is not None and declared.inputs:
+            return declared.inputs
+        index = self.taps.index(tap)
+        return (self.taps[index - 1],) if index else (MODEL_INPUT,)
+
+    def expected_error(self, path_id: str) -> str | None:
+        """The declared reason if ``path_id`` is expected to end in error, else None."""
+        for pattern, reason in self.expected_errors.items():
+            if fnmatch.fnmatchcase(path_id, pattern):
+                return reason
+        return None
+
+    def validate(self) -> None:
+        if not self.outputs:
+            raise ValueError("a model needs at least one output")
+        for precision in list(self.tolerances) + list(self.grad_tolerances):
+            if precision not in PRECISIONS:
+                raise ValueError(f"unknown precision {precision!r} in tolerances; known: {PRECISIONS}")
+        if "fp32" not in self.tolerances or "fp32" not in self.grad_tolerances:
+            raise ValueError("tolerances and grad_tolerances need an 'fp32' entry")
+        if any(not isinstance(b, int) or b < 1 for b in self.timed_batch_sizes):
+            raise ValueError(f"bench_batch_sizes must be positive integers, not {self.bench_batch_sizes!r}")
+        if len(set(self.taps)) != len(self.taps):
+            raise ValueError("tap names must be unique")
+        for tap, layer in self.layers.items():
+            if tap not in self.taps:
+                raise ValueError(f"layers names {tap!r}, which is not a tap")
+            unknown = [name for name in layer.inputs if name != MODEL_INPUT and name not in self.taps]
+            if unknown:
+                raise ValueError(f"layer {tap!r} reads {', '.join(unknown)}, which are not taps")
+        if not self.frameworks:
+            raise ValueError("define at least one of torch_module, keras_model, jax_apply, onnx_model")
+        if self.loss is not None and self.loss not in LOSSES:
+            raise ValueError(f"loss {self.loss!r} is not one of {LOSSES} (or None: no gradients)")
+        if not self.weights_from_model:
+            if "onnx" in self.frameworks:
+                raise ValueError("an ONNX source model takes its weights from the file: set weights_from_model=True")
+            if not self.params or self.num_classes < 1:
+                raise ValueError("a model trained by parity declares params and num_classes (or set "
+                                 "weights_from_model=True to take the weights from the model)")
+        elif len(self.frameworks) != 1:
+            raise ValueError("a model whose weights come from the model defines exactly one builder "
+                             f"(it defines {', '.join(self.frameworks)})")

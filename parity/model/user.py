@@ -1,0 +1,343 @@
+"""A user's own model as a parity spec: the builder from a factory or a file, the weights from the model.
+
+``parity init`` writes ``models/<name>.py`` with these helpers; a user may also write one by hand::
+
+    from parity.model.spec import InputSpec, ModelSpec
+    from parity.model.user import InputData, torch_factory
+
+    SPEC = ModelSpec(
+        name="resnet", description="my ResNet", input=InputSpec("x", (3, 224, 224), layout="native"),
+        outputs=("output",), taps=("conv1", "layer1", "fc"), batch_size=1, weights_from_model=True,
+        inputs=InputData(distribution="normal", seed=0), loss=None,
+        torch_module=torch_factory("mypkg.models:make_model", root=WORKSPACE),
+    )
+
+A factory reference is ``package.module:function`` (imported with the workspace on ``sys.path``) or
+``path/to/file.py:function`` (relative to the workspace). Nothing here imports an ML framework at
+module level: the builders import theirs when a worker calls them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from parity.platform.errors import ParityError, one_line
+
+DISTRIBUTIONS = ("normal", "uniform", "integers")
+FLOAT32_TOLERANCE_FACTOR = 10.0  # tolerances of a float32 reference, or of golden outputs given as float32
+GOLDEN_DATA_CEILING = 8 << 30  # bytes of declared-shape arrays parity allocates at most (less where memory is short)
+
+
+class UserModelError(ParityError):
+    """A user's model that cannot be imported, built or run as declared."""
+
+
+@dataclass(frozen=True)
+class InputData:
+    """Where a user model's golden inputs come from, in order of precedence.
+
+    ``file``: a ``.npz`` with the input (under the input's name or ``x``), optional ``labels``, and an
+    optional eval set (``eval_x``, ``eval_labels``; default: the inputs themselves).
+    ``test_data``: an ONNX test-data folder (``test_data_set_N/input_i.pb``, ``output_i.pb``): inputs
+    and golden outputs. ``polygraphy_inputs`` / ``polygraphy_outputs``: Polygraphy JSON files
+    (``polygraphy run --save-inputs/--save-outputs``). Otherwise seeded random inputs: ``normal``
+    (``mean``, ``std``), ``uniform`` or ``integers`` (``low`` to ``high``, high excluded for integers).
+    Relative paths are relative to the workspace.
+    """
+
+    file: str | None = None
+    test_data: str | None = None
+    polygraphy_inputs: str | None = None
+    polygraphy_outputs: str | None = None
+    distribution: str = "normal"
+    mean: float = 0.0
+    std: float = 1.0
+    low: float = 0.0
+    high: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.distribution not in DISTRIBUTIONS:
+            raise ValueError(f"input distribution {self.distribution!r} is not one of {DISTRIBUTIONS}")
+        if self.distribution == "integers" and int(self.high) - int(self.low) < 2:
+            raise ValueError(f"integer inputs from {self.low:g} to {self.high:g} (excluded) take one value: declare the "
+                             "range the ids cover, e.g. InputData(distribution=\"integers\", low=0, high=VOCAB_SIZE)")
+        if self.polygraphy_outputs and not self.polygraphy_inputs:
+            raise ValueError("polygraphy_outputs needs the polygraphy_inputs they were computed from")
+
+    def describe(self) -> str:
+        if self.file:
+            return f"inputs from {self.file}"
+        if self.test_data:
+            return f"ONNX test data in {self.test_data}"
+        if self.polygraphy_inputs:
+            return f"Polygraphy inputs {self.polygraphy_inputs}"
+        if self.distribution == "normal":
+            return f"random normal(mean {self.mean:g}, std {self.std:g}), seed {self.seed}"
+        return f"random {self.distribution}[{self.low:g}, {self.high:g}), seed {self.seed}"
+
+
+def resolve(reference: str, root: str | Path):
+    """The object a ``module:attribute`` or ``file.py:attribute`` reference names (imported now)."""
+    module_part, sep, attribute = reference.rpartition(":")
+    if not sep or not module_part or not attribute:
+        raise UserModelError(f"{reference!r} is not a reference like package.module:function or path/to/file.py:function")
+    root = Path(root)
+    try:
+        if module_part.endswith(".py"):
+            path = root / module_part  # an absolute path stays as it is
+            if not path.is_file():
+                raise UserModelError(f"{reference}: no file {path}")
+            name = f"parity_user_{abs(hash(str(path.resolve())))}_{path.stem}"
+            module = sys.modules.get(name)
+            if str(path.parent) not in sys.path:  # its sibling modules import, as when the file runs as a script
+                sys.path.insert(0, str(path.parent))
+            if module is None:
+                module_spec = importlib.util.spec_from_file_location(name, path)
+                module = importlib.util.module_from_spec(module_spec)
+                sys.modules[name] = module
+                module_spec.loader.exec_module(module)
+        else:
+            if str(root) not in sys.path:
+                sys.path.insert(0, str(root))
+            module = importlib.import_module(module_part)
+    except UserModelError:
+        raise
+    except (Exception, SystemExit) as error:
+        raise UserModelError(f"cannot import {module_part}: {one_line(f'{type(error).__name__}: {error}', 300)}") from None
+    target = module
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise UserModelError(f"{module_part} has no {attribute!r}")
+        target = getattr(target, part)
+    return target
+
+
+def _reference_files(reference: str, root: str | Path) -> tuple[Path, ...]:
+    """The file a ``file.py:function`` reference names (a module reference is found once imported)."""
+    module_part = reference.rpartition(":")[0]
+    return (Path(root) / module_part,) if module_part.endswith(".py") else ()
+
+
+def _call_factory(reference: str, factory, *args):
+    try:
+        return factory(*args)
+    except (Exception, SystemExit) as error:
+        raise UserModelError(f"{reference} raised {one_line(f'{type(error).__name__}: {error}', 300)}") from None
+
+
+def torch_factory(reference: str, root: str | Path):
+    """A ``torch_module`` builder: calls the user's factory, which returns the ``nn.Module`` (trained or loaded)."""
+
+    def torch_module():
+        import torch
+
+        model = _call_factory(reference, resolve(reference, root))
+        if not isinstance(model, torch.nn.Module):
+            raise UserModelError(f"{reference} returned {type(model).__name__}, not a torch.nn.Module")
+        return model
+
+    torch_module.source_files = _reference_files(reference, root)
+    return torch_module
+
+
+def keras_file(path: str, root: str | Path):
+    """A ``keras_model`` builder: loads a ``.keras`` file (in float64 by rewriting every layer's dtype policy)."""
+
+    def keras_model(dtype: str):
+        import keras
+
+        file = Path(root) / path
+        try:
+            model = keras.models.load_model(file, compile=False)
+        except Exception as error:  # noqa: BLE001 - any loader failure is the file's problem
+            raise UserModelError(f"cannot load Keras model {file}: {one_line(f'{type(error).__name__}: {error}', 300)}") from None
+        return model if dtype == "float32" else _keras_in_dtype(keras, model, dtype)
+
+    keras_model.source_files = (Path(root) / path,)
+    return keras_model
+
+
+def keras_factory(reference: str, root: str | Path):
+    """A ``keras_model`` builder from a function returning the Keras model (``parity.testing.assert_parity``)."""
+
+    def keras_model(dtype: str):
+        import keras
+
+        model = _call_factory(reference, resolve(reference, root))
+        if not isinstance(model, keras.Model):
+            raise UserModelError(f"{reference} returned {type(model).__name__}, not a keras.Model")
+        return model if dtype == "float32" else _keras_in_dtype(keras, model, dtype)
+
+    keras_model.source_files = _reference_files(reference, root)
+    return keras_model
+
+
+def _keras_in_dtype(keras, model, dtype: str):
+    """The same architecture built with every layer (inputs too) in ``dtype``; weights copied and cast."""
+
+    def rewrite(node):
+        if isinstance(node, dict):
+            if node.get("class_name") == "DTypePolicy" and isinstance(node.get("config"), dict):
+                return {**node, "config": {**node["config"], "name": dtype}}
+            return {key: (dtype if key == "dtype" and isinstance(value, str) and value.startswith(("float", "bfloat"))
+                          else rewrite(value)) for key, value in node.items()}
+        if isinstance(node, list):
+            return [rewrite(item) for item in node]
+        return node
+
+    config = keras.saving.serialize_keras_object(model)
+    clone = keras.saving.deserialize_keras_object(rewrite(config))
+    clone.set_weights([w.astype(dtype) if w.dtype.kind == "f" else w for w in model.get_weights()])
+    return clone
+
+
+def jax_function(reference: str, params_file: str, root: str | Path):
+    """A ``jax_apply`` builder around the user's ``apply(params, x)`` (or ``apply(params, x, tap=...)``)
+    with the weights in ``params_file`` (a ``.npz``).
+
+    parity keeps parameters flat (``name -> array``, the keys of the ``.npz``); a key with ``/`` is
+    handed to the function nested (``{"dense": {"kernel": ...}}``), as Flax stores them.
+    """
+    function = None
+
+    def jax_apply(params, x, tap=None):
+        nonlocal function
+        if function is None:
+            function = resolve(reference, root)
+        nested = unflatten({name: params[name] for name in params})
+        if tap is not None and "tap" in inspect.signature(function).parameters:
+            return function(nested, x, tap=tap)
+        return function(nested, x)
+
+    jax_apply.params_path = Path(root) / params_file
+    jax_apply.source_files = (*_reference_files(reference, root), jax_apply.params_path)
+    return jax_apply
+
+
+def unflatten(flat: dict) -> dict:
+    """``{"a/b": v}`` -> ``{"a": {"b": v}}``; keys without ``/`` stay as they are."""
+    nested: dict = {}
+    for key, value in flat.items():
+        *parents, leaf = key.split("/")
+        node = nested
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return nested
+
+
+def attach_golden(spec, golden_dir: Path) -> None:
+    """Complete a user model's spec from its golden manifest: the parameter table (framework names,
+    trainable or not) and, where the reference had to be float32, the widened tolerances it records.
+
+    A missing or broken manifest leaves the spec as it is: verifying the golden data reports that. A tolerance
+    factor that does not follow from how the reference was made is refused here (``GoldenError``).
+    """
+    from parity.model import manifest as manifest_lib
+    from parity.platform.errors import GoldenError
+
+    path = Path(golden_dir) / "manifest.json"
+    if not path.is_file():
+        return
+    try:
+        manifest = manifest_lib.read(path)
+    except GoldenError:
+        return
+    arrays = manifest["files"]["weights.npz"]["arrays"]
+    spec.params = native_params({name: a["shape"] for name, a in arrays.items()}, manifest.get("params", {}))
+    widen_tolerances(spec, checked_tolerance_factor(manifest, path))
+
+
+def tolerance_factor(reference_dtype: str, outputs_given: bool) -> float:
+    """The factor a user model's tolerances are widened by, from how its golden data was made: 1 for a float64
+    reference of the model's own outputs, ``FLOAT32_TOLERANCE_FACTOR`` for a float32 reference or for golden
+    outputs given with the inputs (float32 as given)."""
+    return 1.0 if reference_dtype == "float64" and not outputs_given else FLOAT32_TOLERANCE_FACTOR
+
+
+def checked_tolerance_factor(manifest: dict, path: Path) -> float:
+    """The manifest's ``reference.tolerance_factor`` if it is what ``tolerance_factor`` derives from the manifest's
+    own record of the reference; otherwise a ``GoldenError`` (a number parity never wrote is never trusted)."""
+    from parity.model.manifest import rebuild_hint
+    from parity.platform.errors import GoldenError
+
+    reference = manifest.get("reference")
+    if reference is None:
+        return 1.0
+    given = (reference.get("given_vs_reference_max_abs") is not None
+             or reference["outputs_from"] != f"{manifest['reference_framework']} reference")
+    derived = tolerance_factor(reference["dtype"], given)
+    if reference["tolerance_factor"] != derived:
+        made = f"{reference['dtype']} reference, outputs {'given' if given else 'computed'}"
+        raise GoldenError(f"{path}: reference.tolerance_factor is {reference['tolerance_factor']:g}, but how the "
+                          f"reference was made ({made}) gives {derived:g}; {rebuild_hint(Path(path).parent.name)}")
+    return derived
+
+
+def native_params(shapes: dict, params: dict) -> dict:
+    """The parameter table of a user model: framework names, shapes as read, no layout conversion
+    (``tensor``), trainable and dtype as ``params`` (``{name: {"trainable": bool, "dtype": str}}``, as the
+    manifest records) says."""
+    from parity.model.spec import ParamSpec
+
+    return {name: ParamSpec(tuple(shape), "tensor", params.get(name, {}).get("trainable", False),
+                            params.get(name, {}).get("dtype", "float32"))
+            for name, shape in shapes.items()}
+
+
+def widen_tolerances(spec, factor: float) -> None:
+    """Multiply every tolerance of ``spec`` (outputs and gradients, defaults and overrides) by ``factor``."""
+    from parity.model.spec import Tolerance, Tolerances
+
+    def widen(t: Tolerances) -> Tolerances:
+        def scale(tol):
+            return Tolerance(tol.atol * factor, tol.rtol * factor)
+
+        return Tolerances(scale(t.default), {k: scale(v) for k, v in t.overrides.items()})
+
+    if factor != 1:
+        spec.tolerances = {p: widen(t) for p, t in spec.tolerances.items()}
+        spec.grad_tolerances = {p: widen(t) for p, t in spec.grad_tolerances.items()}
+
+
+def golden_data_limit() -> tuple[int, str]:
+    """The most bytes of declared-shape arrays parity allocates, and how that limit was chosen: the smaller of
+    ``GOLDEN_DATA_CEILING`` and a quarter of the memory available now (drawing them takes more than they hold)."""
+    import psutil
+
+    available = psutil.virtual_memory().available
+    why = f"the smaller of {format_bytes(GOLDEN_DATA_CEILING)} and a quarter of the {format_bytes(available)} available"
+    return min(GOLDEN_DATA_CEILING, available // 4), why
+
+
+def check_data_size(what: str, shape, dtype: str, copies: int = 1) -> None:
+    """Refuse (``UserModelError``), before anything is allocated, ``copies`` arrays of ``shape`` and ``dtype`` that
+    would take more than ``golden_data_limit``."""
+    import math
+
+    import numpy as np
+
+    need = copies * math.prod(int(d) for d in shape) * np.dtype(dtype).itemsize
+    limit, why = golden_data_limit()
+    if need > limit:
+        raise UserModelError(f"{what} of shape {tuple(int(d) for d in shape)} {dtype} would take {format_bytes(need)}; "
+                             f"parity refuses golden data over {format_bytes(limit)} ({why}): declare a smaller batch "
+                             f"or input shape")
+
+
+def format_bytes(count: int) -> str:
+    """``count`` bytes in binary units, e.g. ``2.3 TiB``."""
+    if count < 1024:
+        return f"{count} bytes"
+    size = float(count)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        size /= 1024
+        if size < 1024:
+            return f"{size:.1f} {unit}"
+    return f"{size / 1024:.1f} PiB"

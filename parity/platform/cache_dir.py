@@ -1,0 +1,37 @@
+"""Where parity keeps what it can make again (exports, engines, locks), and the named locks under it."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from parity.platform.safefs import make_folder, require_file
+
+HINT = "remove it or set PARITY_CACHE_DIR"
+
+
+def cache_root() -> Path:
+    """``$PARITY_CACHE_DIR``, else ``$XDG_CACHE_HOME/parity``, else ``~/.cache/parity``."""
+    if os.environ.get("PARITY_CACHE_DIR"):
+        return Path(os.environ["PARITY_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "parity"
+
+
+def cache_folder(path: Path, what: str = "cache folder") -> Path:
+    """The folder ``path`` under the cache, created if missing; a ``UsageError`` if it or a parent is not a folder."""
+    return make_folder(path, what, HINT)
+
+
+def file_lock(path: Path, timeout_s: float = -1):
+    """A ``FileLock`` on ``path`` once its folder is a folder and the lock file is a file (or missing)."""
+    from filelock import FileLock
+
+    cache_folder(path.parent)
+    return FileLock(str(require_file(path, "cache lock file", HINT)), timeout=timeout_s)
+
+
+def named_lock(name: str):
+    """A file lock under the cache for ``name`` (any string: hashed into the lock file's name)."""
+    return file_lock(cache_root() / "locks" / f"{hashlib.sha256(name.encode()).hexdigest()[:32]}.lock")

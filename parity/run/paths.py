@@ -1,0 +1,255 @@
+"""The path matrix: every source -> export -> runtime chain parity knows, and why one is unavailable.
+
+A path is declared once here as data; adding a runtime or exporter is one ``Step`` and one
+line in ``CHAINS``; ``matrix`` puts each chain on every device and precision. Each step names the
+worker group (process) it runs in, so TensorFlow, PyTorch and JAX never share a process; only the
+jax2tf conversion itself needs JAX and TensorFlow together, and it gets its own group.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib.util
+from dataclasses import dataclass
+
+from parity.platform import devices
+from parity.platform.errors import UsageError
+from parity.platform.precision import PRECISIONS
+
+ALL = tuple(PRECISIONS)
+NOT_ON_CPU = "TF32 is a tensor-core mode of NVIDIA GPUs (Ampere or newer); run it with --device cuda"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One export or runtime step: where it runs, which packages it needs, on which devices and at which
+    precisions. ``targets`` maps a device kind (``cpu``, ``cuda``) to the ``module:attribute`` called in
+    the worker; a step runs on the devices it names. ``precisions`` are those it can do at all; ``why_not``
+    says why it cannot do the others. ``keyed_on`` names what besides its inputs its artifact depends on
+    (``precision``, ``device``), so the export cache keys it on that too."""
+
+    name: str
+    group: str
+    targets: dict
+    packages: tuple[str, ...]
+    differentiable: bool = False
+    precisions: tuple[str, ...] = ALL
+    why_not: str = ""
+    keyed_on: tuple[str, ...] = ()
+    cuda_packages: tuple[str, ...] = ()  # needed on a GPU only
+    note: str = ""  # shown by `parity paths`
+
+    @property
+    def target(self) -> str:
+        return next(iter(self.targets.values()))
+
+
+@dataclass(frozen=True)
+class PathDef:
+    """A path: a source, its export chain, and the runtime that runs the final artifact, on a device at a
+    precision. The id names the chain only (``torch/onnx/ort``); device and precision are separate fields.
+    A reduced-precision ONNX path has one more export step than its id shows: the float16 conversion."""
+
+    id: str
+    source: str
+    exports: tuple[Step, ...]
+    runtime: Step
+    device: str = "cpu"
+    precision: str = "fp32"
+
+    @property
+    def stages(self) -> list[str]:
+        return self.id.split("/")
+
+    @property
+    def device_kind(self) -> str:
+        return self.device.partition(":")[0]
+
+    @property
+    def runtime_target(self) -> str:
+        return self.runtime.targets[self.device_kind]
+
+    @property
+    def packages(self) -> tuple[str, ...]:
+        names = [*SOURCE_PACKAGES[self.source]]
+        for step in (*self.exports, self.runtime):
+            extra = step.cuda_packages if self.device_kind == "cuda" else ()
+            names.extend(p for p in (*step.packages, *extra) if p not in names)
+        return tuple(names)
+
+    @property
+    def differentiable(self) -> bool:
+        return self.runtime.differentiable
+
+    @property
+    def definition(self) -> str:
+        """The path that computes the source model as its definition says: the native source, or for an ONNX
+        file the ONNX reference evaluator (what the ONNX specification says the file computes)."""
+        return self.source if self.source in NATIVE else f"{self.source}/onnxref"
+
+    @property
+    def baseline(self) -> str:
+        """The path timings are compared with by default: the native source (ONNX Runtime for an ONNX file)."""
+        return self.source if self.source in NATIVE else f"{self.source}/ort"
+
+
+# package name as imported -> distribution to install
+INSTALL_NAMES = {"tensorflow": "tensorflow-cpu", "jax": "jax", "torch": "torch", "onnx": "onnx",
+                 "onnxruntime": "onnxruntime", "onnxscript": "onnxscript", "tf2onnx": "tf2onnx",
+                 "jax2onnx": "jax2onnx", "keras": "keras", "onnxconverter_common": "onnxconverter-common",
+                 "tensorrt": "tensorrt", "cuda": "cuda-python"}
+GPU_INSTALL_NAMES = {"tensorflow": "tensorflow[and-cuda]", "onnxruntime": "onnxruntime-gpu", "jax": "jax[cuda12]"}
+SOURCE_PACKAGES = {"torch": ("torch",), "tf": ("tensorflow", "keras"), "jax": ("jax",), "onnx": ("onnx",)}
+
+def _on(cpu: str | None, cuda: str | None) -> dict:
+    return {kind: target for kind, target in (("cpu", cpu), ("cuda", cuda)) if target}
+
+
+def _native(name: str, group: str, target: str, packages) -> Step:
+    return Step(name, group, _on(target, target), packages, differentiable=True)
+
+
+# native runtimes: the source framework runs its own model
+NATIVE = {
+    "torch": _native("torch", "torch", "parity.sources.torch:TorchSource", ("torch",)),
+    "tf": _native("tf", "tf", "parity.sources.tf:KerasSource", ("tensorflow", "keras")),
+    "jax": _native("jax", "jax", "parity.sources.jax:JaxSource", ("jax",)),
+}
+_ONNX_CPU = ("fp32", "fp16")
+UNVERIFIED = ("written against TensorRT's documented Python API (10/11); TensorRT cannot be installed on parity's "
+              "own development and CI machines, so this runtime is unverified there")
+_NO_ONNX_BF16 = ("no well-kept float32 -> bfloat16 ONNX converter exists and ONNX Runtime has few bfloat16 kernels; "
+                 "bf16 ONNX paths run on TensorRT (--device cuda)")
+TORCH_ONNX = Step("torch.onnx", "torch", _on("parity.exporters.torch_onnx:export", None), ("torch", "onnx", "onnxscript"))
+TF2ONNX = Step("tf2onnx", "tf", _on("parity.exporters.tf_onnx:export_keras", None), ("tensorflow", "tf2onnx", "onnx"))
+JAX2ONNX = Step("jax2onnx", "jax", _on("parity.exporters.jax_onnx:export", None), ("jax", "jax2onnx", "onnx"))
+JAX2TF = Step("jax2tf", "jax+tf", _on("parity.exporters.jax_tf:export", None), ("jax", "tensorflow"))
+SAVEDMODEL2ONNX = Step("tf2onnx", "tf", _on("parity.exporters.tf_onnx:export_saved_model", None),
+                       ("tensorflow", "tf2onnx", "onnx"))
+ONNX_FILE = Step("onnx file", "onnx", _on("parity.exporters.onnx_file:export", None), ("onnx",))
+# reduced precision of an ONNX model: float32 -> float16, ops that must stay float32 kept in float32
+ONNX_FP16 = Step("float16", "onnx", _on("parity.exporters.onnx_fp16:export", None), ("onnx", "onnxconverter_common"),
+                 keyed_on=("precision",))
+TRT_ENGINE = Step("trt build", "trt", _on(None, "parity.exporters.trt_engine:export"), ("tensorrt", "cuda", "onnx"),
+                  keyed_on=("precision", "device"), note=UNVERIFIED)
+ORT = Step("ort", "onnx", _on("parity.runtimes.ort:OrtRunner", "parity.runtimes.ort_cuda:OrtCudaRunner"),
+           ("onnxruntime",), precisions=("fp32", "tf32", "fp16"), why_not=_NO_ONNX_BF16)
+ORT_NOOPT = Step("ort-noopt", "onnx", _on("parity.runtimes.ort:OrtNoOptRunner", "parity.runtimes.ort_cuda:OrtCudaNoOptRunner"),
+                 ("onnxruntime",), precisions=("fp32", "tf32", "fp16"), why_not=_NO_ONNX_BF16)
+ORT_TRT = Step("ort-trt", "onnx", _on(None, "parity.runtimes.ort_trt:OrtTrtRunner"), ("onnxruntime",),
+               cuda_packages=("tensorrt",), note=UNVERIFIED)
+ONNXREF = Step("onnxref", "onnx", _on("parity.runtimes.onnxref:OnnxRefRunner", None), ("onnx",), precisions=_ONNX_CPU,
+               why_not="the ONNX reference evaluator runs float32 and float16 models only")
+TRT = Step("trt", "trt", _on(None, "parity.runtimes.trt:TrtRunner"), ("tensorrt", "cuda"), note=UNVERIFIED)
+TF_SAVEDMODEL = Step("tf", "tf", _on("parity.runtimes.tf_savedmodel:SavedModelRunner",
+                                     "parity.runtimes.tf_savedmodel:SavedModelRunner"), ("tensorflow",),
+                     differentiable=True, precisions=("fp32", "tf32"),
+                     why_not="the jax2tf SavedModel is exported at float32: parity runs it at fp32 (and tf32 on a GPU)")
+
+# every chain, once; ``matrix`` puts each on the devices its runtime runs on, at every precision
+CHAINS: tuple[PathDef, ...] = (
+    PathDef("torch", "torch", (), NATIVE["torch"]),
+    PathDef("torch/onnx/ort", "torch", (TORCH_ONNX,), ORT),
+    PathDef("torch/onnx/ort-trt", "torch", (TORCH_ONNX,), ORT_TRT),
+    PathDef("torch/onnx/trt", "torch", (TORCH_ONNX,), TRT),
+    PathDef("torch/onnx/onnxref", "torch", (TORCH_ONNX,), ONNXREF),
+    PathDef("tf", "tf", (), NATIVE["tf"]),
+    PathDef("tf/onnx/ort", "tf", (TF2ONNX,), ORT),
+    PathDef("tf/onnx/ort-trt", "tf", (TF2ONNX,), ORT_TRT),
+    PathDef("tf/onnx/trt", "tf", (TF2ONNX,), TRT),
+    PathDef("tf/onnx/onnxref", "tf", (TF2ONNX,), ONNXREF),
+    PathDef("jax", "jax", (), NATIVE["jax"]),
+    PathDef("jax/onnx/ort", "jax", (JAX2ONNX,), ORT),
+    PathDef("jax/onnx/ort-trt", "jax", (JAX2ONNX,), ORT_TRT),
+    PathDef("jax/onnx/trt", "jax", (JAX2ONNX,), TRT),
+    PathDef("jax/onnx/onnxref", "jax", (JAX2ONNX,), ONNXREF),
+    PathDef("jax/tf", "jax", (JAX2TF,), TF_SAVEDMODEL),
+    PathDef("jax/tf/onnx/ort", "jax", (JAX2TF, SAVEDMODEL2ONNX), ORT),
+    # an ONNX file as the source: the file as it is, under each runtime
+    PathDef("onnx/ort", "onnx", (ONNX_FILE,), ORT),
+    PathDef("onnx/ort-noopt", "onnx", (ONNX_FILE,), ORT_NOOPT),
+    PathDef("onnx/ort-trt", "onnx", (ONNX_FILE,), ORT_TRT),
+    PathDef("onnx/trt", "onnx", (ONNX_FILE,), TRT),
+    PathDef("onnx/onnxref", "onnx", (ONNX_FILE,), ONNXREF),
+)
+CHAIN_IDS = {chain.id: chain for chain in CHAINS}
+
+
+def variant(chain: PathDef, device: str, precision: str) -> PathDef:
+    """``chain`` on ``device`` at ``precision``: a reduced-precision ONNX runtime gets its float16 conversion,
+    native TensorRT its engine build."""
+    exports = chain.exports
+    if chain.runtime is TRT:
+        exports = (*exports, TRT_ENGINE)
+    elif precision == "fp16" and chain.runtime.group == "onnx" and chain.runtime is not ORT_TRT:
+        exports = (*exports, ONNX_FP16)
+    return PathDef(chain.id, chain.source, exports, chain.runtime, device, precision)
+
+
+def matrix(devices=("cpu", "cuda:0"), precisions=ALL) -> list[PathDef]:
+    """Every chain on every device its runtime runs on, at every precision (available or not)."""
+    return [variant(chain, device, precision)
+            for device in devices for chain in CHAINS if device.partition(":")[0] in chain.runtime.targets
+            for precision in precisions]
+
+
+
+def missing_packages(path: PathDef) -> list[str]:
+    """Packages the path needs that are not installed (found without importing them)."""
+    return [name for name in path.packages if importlib.util.find_spec(name) is None]
+
+
+def unavailable_reason(path: PathDef) -> str | None:
+    """Why the path cannot run here, or None: missing packages, no such device, a CPU-only build, a precision
+    the runtime cannot do. A missing framework is a skip, never an ImportError."""
+    reasons = []
+    if path.device_kind == "cuda":
+        found = devices.gpu(path.device)
+        if isinstance(found, str):
+            reasons.append(found)
+        elif path.precision in ("tf32", "bf16") and float(found["compute_capability"]) < 8.0:
+            reasons.append(f"{path.precision} needs compute capability 8.0 or newer ({found['name']} is "
+                           f"{found['compute_capability']})")
+    missing = missing_packages(path)
+    if missing:
+        names = {**INSTALL_NAMES, **(GPU_INSTALL_NAMES if path.device_kind == "cuda" else {})}
+        extra = "parity[gpu]" if path.device_kind == "cuda" else "parity[cpu]"
+        reasons.append(f"{', '.join(missing)} not installed (pip install {' '.join(names.get(m, m) for m in missing)}, "
+                       f"or {extra})")
+    if path.device_kind == "cuda":  # only the runtime runs on the GPU: exporters run on the CPU
+        reasons.extend(devices.cuda_build_problems([p for p in path.runtime.packages if p not in missing]))
+    if "tensorrt" in missing:
+        reasons.append("TensorRT's wheels fetch its libraries from NVIDIA's package index (pypi.nvidia.com)")
+    if path.device_kind == "cpu" and PRECISIONS[path.precision].gpu_only:
+        reasons.append(NOT_ON_CPU)
+    elif path.precision not in path.runtime.precisions:
+        reasons.append(f"{path.runtime.name} at {path.precision}: {path.runtime.why_not}")
+    return "; ".join(reasons) or None
+
+
+def select(patterns=(), frameworks=None, device: str = "cpu", precision: str = "fp32") -> list[PathDef]:
+    """Paths on ``device`` at ``precision`` matching any of the glob ``patterns`` (all if none), for the given
+    source frameworks."""
+    every = matrix((device,), (precision,))
+    chosen = [p for p in every if frameworks is None or p.source in frameworks]
+    if patterns:
+        for pattern in patterns:
+            if not any(fnmatch.fnmatchcase(p.id, pattern) for p in every):
+                raise UsageError(f"--path {pattern!r} matches no path on {device}; known paths: "
+                                 f"{', '.join(p.id for p in every)}")
+        chosen = [p for p in chosen if any(fnmatch.fnmatchcase(p.id, pat) for pat in patterns)]
+    return chosen
+
+
+def by_id(path_id: str, device: str = "cpu", precision: str = "fp32") -> PathDef:
+    chain = CHAIN_IDS.get(path_id)
+    if chain is None:
+        raise UsageError(f"unknown path {path_id!r}; known paths: {', '.join(CHAIN_IDS)}")
+    if device.partition(":")[0] not in chain.runtime.targets:
+        raise UsageError(f"path {path_id!r} does not run on {device} (it runs on {', '.join(chain.runtime.targets)})")
+    return variant(chain, device, precision)
+
+
+def load_target(target: str):
+    module_name, attribute = target.split(":")
+    return getattr(importlib.import_module(module_name), attribute)

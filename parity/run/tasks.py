@@ -1,0 +1,172 @@
+"""Tasks that run inside worker processes (they import frameworks; the orchestrator does not)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from parity.check import closeness as compare
+from parity.check import metrics, training
+from parity.exporters.common import ExportJob
+from parity.golden import store as golden
+from parity.model.workspace import Workspace
+from parity.platform.errors import NotDifferentiable, Unavailable
+from parity.run import paths, provenance
+from parity.runtimes.base import run_batched
+
+
+def export_step(workspace: str, model: str, target: str, golden_dir: str, opset: int, out_dir: str,
+                parent_dir: str | None, parent_meta: dict | None, batch_size: int | None = None,
+                device: str = "cpu", precision: str = "fp32") -> dict:
+    """Run one exporter into ``out_dir`` (static batch ``batch_size``, default the spec's) for ``device`` and
+    ``precision`` (which only some steps read); return its metadata plus the export time."""
+    spec = Workspace(workspace).load_spec(model)
+    verified = golden.load(Path(golden_dir), spec)
+    started = time.perf_counter()
+    job = ExportJob(spec=spec, weights=verified.arrays["weights.npz"], batch_size=batch_size or spec.batch_size,
+                    opset=opset, out_dir=Path(out_dir), parent_dir=Path(parent_dir) if parent_dir else None,
+                    parent_meta=parent_meta, golden_manifest=verified.manifest, device=device, precision=precision,
+                    inputs=_input_batch(verified, batch_size or spec.batch_size))
+    meta = paths.load_target(target)(job)
+    meta["export_s"] = time.perf_counter() - started
+    meta["code_files"] = provenance.loaded_code_files()  # re-checked on every cache lookup
+    meta["batch_size"] = job.batch_size
+    return meta
+
+
+def _input_batch(verified, batch_size: int) -> np.ndarray:
+    """The golden input batch at ``batch_size`` (the eval split's first samples when it differs)."""
+    x = verified.arrays["inputs.npz"]["x"]
+    return x if len(x) == batch_size else verified.arrays["eval.npz"]["x"][:batch_size]
+
+
+def perturbed(weights: dict, perturbation: dict | None) -> dict:
+    """Canonical weights plus a deliberate ``{name: delta}`` (none: the weights as they are)."""
+    weights = dict(weights)
+    for name, delta in (perturbation or {}).items():
+        weights[name] = weights[name] + np.asarray(delta, dtype=weights[name].dtype)
+    return weights
+
+
+def build_runner(spec, path, weights: dict, batch_size: int, threads: int, artifact_dir: str | None = None,
+                 artifact_meta: dict | None = None, runner_class=None):
+    """The path's runner at a static batch, on the path's device at its precision: a native source from
+    canonical ``weights``, or the path's runtime on an exported artifact. ``runner_class`` overrides the
+    path's (e.g. a deliberately broken one)."""
+    runner_class = runner_class or paths.load_target(path.runtime_target)
+    placement = {"device": path.device, "precision": path.precision}
+    if artifact_dir is None:
+        return runner_class(spec, weights, batch_size, "float32", **placement)
+    return runner_class(spec, Path(artifact_dir), artifact_meta, batch_size, threads, **placement)
+
+
+def check_path(workspace: str, model: str, path_id: str, golden_dir: str, precision: str, threads: int,
+               artifact_dir: str | None = None, artifact_meta: dict | None = None, export_s: float = 0.0,
+               weight_perturbation: dict | None = None, device: str = "cpu") -> dict:
+    """Outputs, determinism, metrics and gradients of one path against golden (timing is ``parity.bench.tasks``'s).
+
+    Every precision is compared with the float64 golden, under that precision's tolerances and metric
+    rules. A runner that finds it cannot run here (``Unavailable``) makes the path a skip with its reason.
+    ``weight_perturbation`` ({name: delta}) adds to canonical weights before a native source is
+    built: a deliberate drift, used to prove that the gate holds.
+    """
+    try:
+        return _check_path(workspace, model, path_id, golden_dir, precision, threads, artifact_dir, artifact_meta,
+                           export_s, weight_perturbation, device)
+    except Unavailable as error:
+        return {"verdict": "skip", "reason": str(error)}
+
+
+def _check_path(workspace, model, path_id, golden_dir, precision, threads, artifact_dir, artifact_meta, export_s,
+                weight_perturbation, device) -> dict:
+    spec = Workspace(workspace).load_spec(model)
+    path = paths.by_id(path_id, device, precision)
+    golden_dir = Path(golden_dir)
+    verified = golden.load(golden_dir, spec)
+    inputs, eval_data = verified.arrays["inputs.npz"], verified.arrays["eval.npz"]
+    reference, golden_grads = verified.arrays["reference.npz"], verified.arrays["gradients.npz"]
+    tolerances = spec.output_tolerances(precision)
+    x = inputs["x"]
+
+    started = time.perf_counter()
+    runner = build_runner(spec, path, perturbed(verified.arrays["weights.npz"], weight_perturbation), spec.batch_size,
+                          threads, artifact_dir, artifact_meta)
+    outputs = runner.run(x)
+    first_result_s = export_s + time.perf_counter() - started
+
+    result = {"outputs": compare.compare_named(outputs, {n: reference[n] for n in spec.outputs}, tolerances.for_name),
+              "numerics": runner.numerics,
+              "tolerances": {"outputs": tolerances.to_json(), "gradients": spec.gradient_tolerances(precision).to_json()}}
+    deterministic, nondeterminism = compare.bitwise_equal(outputs, runner.run(x))
+    result["deterministic"] = deterministic
+    result["determinism_max_diff"] = nondeterminism
+    eval_logits = run_batched(runner, eval_data["x"], spec.batch_size)[spec.outputs[0]]
+    result["eval_outputs"] = compare.compare_named({spec.outputs[0]: eval_logits},
+                                                   {spec.outputs[0]: reference["eval/logits"]}, tolerances.for_name)
+    result["metrics"] = None
+    if "y" in eval_data:  # a user model without labels has no metrics
+        result["metrics"] = metrics.check_metrics(eval_logits, eval_data["y"], reference["eval/logits"], verified.metrics,
+                                                  spec.metric_rules, precision, spec.num_classes)
+    result["gradients"] = None
+    result["time_to_first_gradient_s"] = None
+    if path.differentiable and spec.loss is not None:
+        grad_started = time.perf_counter()
+        grads = runner.gradients(x, inputs["labels"])
+        result["time_to_first_gradient_s"] = time.perf_counter() - grad_started
+        result["gradients"] = compare.compare_named(grads, golden_grads, spec.gradient_tolerances(precision).for_name)
+    result["verdict"], result["reason"] = _verdict(spec, result)
+    result["first_result_s"] = first_result_s
+    return result
+
+
+def _verdict(spec, result: dict) -> tuple[str, str | None]:
+    """fail naming every failing category (outputs, eval-split outputs, gradients, metrics, determinism)."""
+    failures = []
+    worst = compare.first_failure(result["outputs"])
+    if worst:
+        failures.append(compare.describe("output", *worst))
+    worst = compare.first_failure(result.get("eval_outputs") or {})
+    if worst:
+        failures.append(compare.describe("output on the eval split", *worst))
+    if result["gradients"] is not None:
+        failing = [name for name, s in result["gradients"].items() if not s["ok"]]
+        if failing:
+            name, stats = compare.first_failure(result["gradients"])
+            listed = ", ".join(failing[:6]) + (f" (+{len(failing) - 6} more)" if len(failing) > 6 else "")
+            failures.append(f"gradients differ for {len(failing)} of {len(result['gradients'])} ({listed}); "
+                            f"worst {compare.describe('gradient', name, stats)}")
+    m = result["metrics"]
+    if m is not None and not m["ok"]:
+        bad = [f"{k} {v['value']:.4f} vs golden {v['golden']:.4f}" for k, v in m.items() if isinstance(v, dict) and not v["ok"]]
+        if not m["argmax_agreement_ok"]:
+            bad.append(f"argmax agreement {m['argmax_agreement']:.4f}")
+        failures.append("metric " + "; ".join(bad))
+    if spec.require_determinism and not result["deterministic"]:
+        failures.append(f"two runs differ (max {result['determinism_max_diff']:.3g}) and the spec requires determinism")
+    return ("fail", "; ".join(failures)) if failures else ("pass", None)
+
+
+def verify_step(workspace: str, model: str, framework: str, lr: float = 0.1, sabotage: str | None = None,
+                artifact_dir: str | None = None, artifact_meta: dict | None = None, precision: str = "fp32") -> dict:
+    """Worker task: build ``framework``'s runner (a path id: ``torch``, ``tf``, ``jax``, or ``jax/tf`` with
+    its exported ``artifact_dir`` / ``artifact_meta``) from the verified golden weights, ``check_step``
+    it (``sabotage``: a deliberately wrong step, to prove the check catches it). Returns ``check_step``'s
+    result plus ``"build_s"``. Timing a verified step is ``parity.bench.tasks.time_train_step``'s job."""
+    ws = Workspace(workspace)
+    spec = ws.load_spec(model)
+    verified = golden.load(ws.golden_dir(model), spec)
+    inputs = verified.arrays["inputs.npz"]
+    weights, grads = verified.arrays["weights.npz"], verified.arrays["gradients.npz"]
+    path = paths.by_id(framework)
+    if not path.differentiable:
+        raise NotDifferentiable(f"path {framework} cannot differentiate, so it has no training step")
+    runner_class = training.sabotaged(paths.load_target(path.runtime.target), sabotage)
+    started = time.perf_counter()
+    runner = build_runner(spec, path, weights, spec.batch_size, 1, artifact_dir, artifact_meta, runner_class)
+    build_s = time.perf_counter() - started
+    x, labels = inputs["x"], inputs["labels"]
+    result = training.check_step(runner, x, labels, lr, weights, grads, spec.gradient_tolerances(precision))
+    result["build_s"] = build_s
+    return result

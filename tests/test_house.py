@@ -1,0 +1,105 @@
+"""The house rules: subpackages by stage of the pipeline, no upward import, no import circle.
+
+Reads every module's imports (module level and inside functions) and every task named as a string
+(``"parity.run.tasks:check_path"``: a worker imports it), so a rule broken anywhere is found here.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import parity
+
+ROOT = Path(parity.__file__).resolve().parent
+
+# Bottom to top: a module may import its own stage and the stages before it, never one after it.
+STAGES = ["platform", "interop", "model", "check", "runtimes", "sources", "exporters", "golden", "run",
+          "bench", "diagnose", "report", "pipeline", "testing", "cli", "__main__"]
+
+
+def module_name(path: Path) -> str:
+    parts = ("parity", *path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in ROOT.rglob("*.py")}
+
+
+def stage(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "platform"  # the package's own __init__ sits at the bottom
+
+
+def imports(module: str) -> dict[str, int]:
+    """Every parity module ``module`` imports, with the line of the first import."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: dict[str, int] = {}
+
+    def add(name: str, line: int) -> None:
+        while name not in MODULES and "." in name:  # an attribute of a module, not a module
+            name = name.rpartition(".")[0]
+        if name in MODULES and name != module:
+            found.setdefault(name, line)
+
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            if base == "parity" or base.startswith("parity."):
+                for alias in node.names:
+                    add(f"{base}.{alias.name}", node.lineno)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("parity"):
+                    add(alias.name, node.lineno)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("parity."):
+            target, colon, _ = node.value.partition(":")
+            if colon:  # a worker task named as "module:function"
+                add(target, node.lineno)
+    return found
+
+
+def test_every_task_named_by_string_exists():
+    missing = [f"{module} names task module {name}" for module in MODULES for name in imports(module)
+               if name not in MODULES]
+    assert not missing
+
+
+def test_no_stage_imports_a_later_stage():
+    assert set(map(stage, MODULES)) <= set(STAGES), set(map(stage, MODULES)) - set(STAGES)
+    upward = []
+    for module in sorted(MODULES):
+        for name, line in imports(module).items():
+            if STAGES.index(stage(name)) > STAGES.index(stage(module)):
+                upward.append(f"{module} (line {line}, stage {stage(module)}) imports {name} "
+                              f"(a later stage, {stage(name)})")
+    assert not upward, "\n".join(upward)
+
+
+def test_no_import_circle():
+    graph = {module: set(imports(module)) for module in MODULES}
+    circles, state = [], {}
+
+    def visit(module: str, trail: list[str]) -> None:
+        state[module] = "open"
+        for name in sorted(graph[module]):
+            if state.get(name) == "open":
+                circles.append(" -> ".join(trail[trail.index(name):] + [module, name]))
+            elif name not in state:
+                visit(name, trail + [module])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [])
+    assert not circles, "import circles:\n" + "\n".join(circles)
+
+
+def test_every_subpackage_says_what_lives_there():
+    silent = [name for name, path in MODULES.items() if path.name == "__init__.py" and name != "parity"
+              and not (ast.get_docstring(ast.parse(path.read_text())) or "").strip()]
+    assert not silent, f"subpackages without a docstring: {silent}"
