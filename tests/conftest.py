@@ -13,8 +13,11 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="session", autouse=True)
 def export_cache(tmp_path_factory):
-    """All tests share one export cache, outside the repository and the user's own cache."""
-    cache = tmp_path_factory.mktemp("parity-cache")
+    """All tests share one export cache, outside the repository and the user's own cache: with pytest-xdist,
+    every test process shares it too (entries are locked and verified, so each export runs once)."""
+    base = tmp_path_factory.getbasetemp()
+    cache = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "parity-cache"
+    cache.mkdir(exist_ok=True)
     old = os.environ.get("PARITY_CACHE_DIR")
     os.environ["PARITY_CACHE_DIR"] = str(cache)
     yield cache

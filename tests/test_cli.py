@@ -140,3 +140,127 @@ def test_no_silent_fallback_to_the_builtin_zoo(tmp_path, monkeypatch):
     assert built.exit_code == 2
     assert "golden build writes only into a workspace you name" in built.output
     assert manifest.stat().st_mtime_ns == before
+
+
+# --- progress, and verdicts before timing (a stand-in orchestrator: no worker, no framework) ---
+
+def _timed_result(path: str) -> dict:
+    batch = {"verdict": "pass", "median_ms": 0.5, "ci95_ms": [0.4, 0.6], "cv": 0.01, "runs": 30, "throughput": 2000.0,
+             "vs_baseline": {"baseline": "torch", "self": True}}
+    return {"model": "mlp", "path": path, "stages": path.split("/"), "device": "cpu", "precision": "fp32",
+            "batch_size": 64, "verdict": "pass", "reason": None, "expected": False, "outputs": None,
+            "gradients": None, "metrics": None, "deterministic": None, "timing": None, "diagnosis": None,
+            "_batch": batch}
+
+
+def _stand_in(monkeypatch, with_on_checked: bool, calls: list):
+    from parity.pipeline import orchestrate
+
+    def finish(report):
+        for r in report["results"]:
+            r["timing"] = {"batches": {"1": r.pop("_batch")}, "train_step": None, "first_result": None}
+        report["stage_seconds"] = {"verify": 0.1, "export": 2.0, "check": 1.5, "bench": 3.3}
+        return report
+
+    if with_on_checked:
+        def check(workspace, names, options, progress=lambda m: None, on_checked=None):
+            report = {"schema": "parity.result/2", "env": {}, "results": [_timed_result("torch")], "model_errors": []}
+            progress("mlp: check torch", step=1, steps=1)
+            if on_checked is not None:
+                calls.append("on_checked")
+                on_checked(report)
+            progress("mlp: time torch")
+            return finish(report)
+    else:
+        def check(workspace, names, options, progress=lambda m: None):
+            progress("mlp: check torch")
+            report = {"schema": "parity.result/2", "env": {}, "results": [_timed_result("torch")], "model_errors": []}
+            return finish(report)
+    monkeypatch.setattr(orchestrate, "check", check)
+
+
+@pytest.mark.parametrize("with_on_checked", [True, False], ids=["on_checked", "old orchestrator"])
+def test_verdicts_print_once_and_before_the_timing(monkeypatch, with_on_checked):
+    calls = []
+    _stand_in(monkeypatch, with_on_checked, calls)
+    result = CliRunner().invoke(cli, ["run", "--workspace", str(REPO), "--model", "mlp"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert calls == (["on_checked"] if with_on_checked else [])
+    out = result.stdout
+    assert out.count("model  path") == 2  # the verdict table, then the timing table: each once
+    assert out.index("pass | FAIL: out of tolerance") < out.index("Timing (median")  # the verdict legend before the timing
+    assert ("median ms" in out.splitlines()[2]) is not with_on_checked  # printed before timing: no median column
+    assert "Time by stage: verify 0.1 s, export 2.0 s, check 1.5 s, bench 3.3 s; 6.9 s in all" in out
+    # piped: one plain line per finished step on stderr
+    assert "  mlp: check torch  (step 1 of 1, " in result.stderr or not with_on_checked
+    assert "  mlp: time torch  (" in result.stderr or not with_on_checked
+    assert "  mlp: check torch  (" in result.stderr
+
+
+def test_json_to_stdout_stays_json_with_the_new_orchestrator(monkeypatch):
+    _stand_in(monkeypatch, True, [])
+    result = CliRunner().invoke(cli, ["run", "--workspace", str(REPO), "--model", "mlp", "--json", "-"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0
+    assert json.loads(result.output)["stage_seconds"]["bench"] == 3.3  # nothing else printed, stderr included
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_plain_progress_is_one_line_per_finished_step():
+    from parity.cli.progress import Progress
+
+    clock, lines = Clock(), []
+    with Progress("lines", clock=clock, echo=lines.append) as progress:
+        progress("mlp: export torch/onnx/ort (torch.onnx)", step=1, steps=2)
+        clock.now += 12.5
+        progress("mlp: export tf/onnx/ort (tf2onnx)", step=2, steps=2)
+        clock.now += 7.5
+        progress("mlp: time torch")  # the old one-argument form too
+        assert len(lines) == 2  # a step is printed once finished
+        clock.now += 30
+    assert lines == ["  mlp: export torch/onnx/ort (torch.onnx)  (step 1 of 2, 12.5 s)",
+                     "  mlp: export tf/onnx/ort (tf2onnx)  (step 2 of 2, 7.5 s)",
+                     "  mlp: time torch  (30.0 s)"]
+
+
+def test_live_line_counts_steps_and_estimates_the_time_left():
+    from parity.cli.progress import Progress
+
+    clock = Clock()
+    progress = Progress("live-but-not-started", clock=clock)
+    progress.started = clock.now
+    progress("mlp: check torch", step=1, steps=4)
+    assert progress.line() == "[step 1 of 4 | 0 s in all] mlp: check torch  (this step: 0 s)"
+    clock.now += 10
+    progress("mlp: check torch/onnx/ort", step=2, steps=4)
+    clock.now += 4
+    # 10 s a step: this one and 2 more to go, 4 s into this one
+    assert progress.line() == "[step 2 of 4 | 14 s in all | about 26 s left] mlp: check torch/onnx/ort  (this step: 4 s)"
+    clock.now += 80  # a long step: the estimate never counts down below the steps still to start
+    assert "| about 20 s left]" in progress.line() and "(this step: 1 min 24 s)" in progress.line()
+    with progress.pause():
+        assert progress.message is None  # the step is closed before anything is printed
+    progress("mlp: diagnose torch")  # unnumbered: its time only
+    assert progress.line() == "[1 min 34 s in all] mlp: diagnose torch  (this step: 0 s)"
+
+
+def test_the_orchestrator_sees_that_progress_takes_step_numbers():
+    from parity.cli.progress import Progress
+    from parity.pipeline import orchestrate
+
+    accepts = getattr(orchestrate, "accepts_steps", None)
+    if accepts is None:
+        pytest.skip("this orchestrator does not number steps")
+    assert accepts(Progress("off"))
+
+
+def test_run_help_says_what_a_full_cycle_costs():
+    text = " ".join(invoke("run", "--help").output.split())
+    assert "about 3-4 minutes" in text and "2 cores" in text and "cold export cache" in text

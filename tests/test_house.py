@@ -103,3 +103,18 @@ def test_every_subpackage_says_what_lives_there():
     silent = [name for name, path in MODULES.items() if path.name == "__init__.py" and name != "parity"
               and not (ast.get_docstring(ast.parse(path.read_text())) or "").strip()]
     assert not silent, f"subpackages without a docstring: {silent}"
+
+
+def test_model_files_written_before_the_move_still_load(workspace_copy):
+    from tests.conftest import mlp_variant
+
+    from parity.model.spec import ModelSpec
+    from parity.model.workspace import Workspace
+
+    old = mlp_variant({"from parity.model.spec import": "from parity.spec import"})
+    spec = Workspace(workspace_copy(old)).load_spec("mlp")
+    assert isinstance(spec, ModelSpec)
+    import parity.model.user
+    import parity.usermodel
+
+    assert parity.usermodel is parity.model.user

@@ -168,3 +168,38 @@ def test_a_non_deterministic_tensorrt_build_is_reported():
               "model_errors": []}
     lines = terminal.summary_lines(report)
     assert any("two TensorRT builds" in line and "3e-06" in line for line in lines)
+
+
+def test_timed_legend_names_the_batch_size_of_median_ms():
+    assert "checked batch size, batch 64;" in terminal.render(sample(), timed=True)
+
+
+def test_stage_seconds_in_the_order_they_ran_and_absent_when_not_reported():
+    seconds = {"bench": 75.0, "verify": 0.25, "check": 12.0, "export": 31.0}
+    assert terminal.stage_seconds({"stage_seconds": seconds}) == (
+        "Time by stage: verify 0.2 s, export 31.0 s, check 12.0 s, bench 1 min 15 s; 1 min 58 s in all")
+    assert terminal.stage_seconds(report()) == ""
+
+
+def test_every_timing_table_has_a_legend_and_a_batch_column():
+    from parity.report import timing_table
+
+    r = result("torch")
+    r["timing"] = {
+        "batches": {"64": {"verdict": "pass", "median_ms": 0.5, "ci95_ms": [0.4, 0.6], "cv": 0.01, "runs": 30,
+                           "throughput": 128000.0, "vs_baseline": {"baseline": "torch", "self": True}}},
+        "train_step": {"verdict": "pass", "median_ms": 2.0, "steps_per_s": 500.0, "samples_per_s": 32000.0,
+                       "verified": {"worst": "dense1/kernel"}},
+        "first_result": {"import_s": 1.0, "export_s": None, "load_s": 0.1, "first_inference_s": 0.01,
+                         "second_inference_s": 0.001, "first_backward_s": 0.02, "path_peak_mb": 12.0}}
+    text = timing_table.render(report(r))
+    blocks = text.split("\n\n")
+    tables = [b for b in blocks if "\n--" in b]
+    assert len(tables) == 3  # per batch, training step, first result
+    for table in tables:
+        lines = table.splitlines()
+        head = next(line for i, line in enumerate(lines) if set(lines[i + 1]) == {"-"})
+        assert "batch" in head.split(), head  # every figure in the table is at the row's batch size
+        legend = blocks[blocks.index(table) + 1]
+        assert legend.startswith("  batch "), legend
+    assert "samples/s    batch / median" in text and "steps/s    1000 / median ms" in text

@@ -34,6 +34,7 @@ LEGEND = [
     ("det", "yes: two runs are bitwise identical"),
 ]
 TIMING_LEGEND = [("median ms", "median time per batch at the checked batch size; passing paths only (the gate)")]
+STAGES = ("verify", "export", "check", "diagnose", "bench")  # the orchestrator's stages, in the order they run
 VERDICT_LEGEND = [
     ("verdict", "pass | FAIL: out of tolerance | ERROR: export or run failed | skip: not available here"),
     ("", "xerror: an error the spec declares as expected | XPASS: a declared error passed, update the spec"),
@@ -135,6 +136,38 @@ def _wrapped(ref: int, result: dict, reason: str) -> list[str]:
     return lines
 
 
+def _timing_legend(results: list[dict]) -> list[tuple[str, str]]:
+    """The ``median ms`` entry, naming the batch size(s) the column is at (each model's checked batch size)."""
+    by_model = dict.fromkeys((r["model"], r.get("batch_size")) for r in results if r.get("batch_size"))
+    sizes = {batch for _, batch in by_model}
+    if not sizes:
+        return TIMING_LEGEND
+    if len(sizes) == 1:
+        at = f"batch {sizes.pop()}"
+    else:
+        at = "batch " + ", ".join(f"{batch} ({model})" for model, batch in by_model)
+    return [("median ms", f"median time per batch at the checked batch size, {at}; passing paths only (the gate)")]
+
+
+def stage_seconds(report: dict) -> str:
+    """One line of the run's time by stage (``report["stage_seconds"]``), in the order they ran; "" when absent."""
+    seconds = report.get("stage_seconds") or {}
+    if not seconds:
+        return ""
+    order = [key for key in STAGES if key in seconds] + [key for key in seconds if key not in STAGES]
+    parts = [f"{key} {_duration(seconds[key])}" for key in order if seconds[key] is not None]
+    total = sum(seconds[key] for key in order if seconds[key] is not None)
+    return f"Time by stage: {', '.join(parts)}; {_duration(total)} in all"
+
+
+def _duration(seconds: float) -> str:
+    """``0.4 s``, ``12.3 s``, ``2 min 05 s``."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest:02d} s"
+
+
 def placement(results: list[dict]) -> list[str]:
     """One line naming the device and precision of the run, and what a reduced precision is compared with."""
     from parity.platform.precision import PRECISIONS
@@ -175,7 +208,7 @@ def render(report: dict, timed: bool, verbose: bool = False) -> str:
         row = [r["model"], r["path"], _label(r), tol_units, max_abs, _gradients(r), acc, agree, _determinism(r)]
         rows.append(row + [_timing(r)] * timed + [short])
     lines = [*head, _table(columns, rows), ""]
-    lines += _legend(LEGEND + TIMING_LEGEND * timed + VERDICT_LEGEND)
+    lines += _legend(LEGEND + (_timing_legend(results) if timed else []) + VERDICT_LEGEND)
     if hidden:
         lines.append("  (…: reason shortened; --verbose lists xerror and skip reasons in full; --json has all)")
     if reasons:

@@ -1,12 +1,51 @@
 """The benchmark tables: per path and batch size (only verified paths have numbers), training steps,
-time to first result by part, and stability warnings."""
+time to first result by part, and stability warnings; each table with a legend of its columns, and every
+figure that depends on a batch size beside a ``batch`` column that names it."""
 
 from __future__ import annotations
 
 import textwrap
 
 from parity.bench.stats import CV_WARNING
-from parity.report.terminal import WRAP, _label, _table
+from parity.report.terminal import WRAP, _label, _legend, _table
+
+TIMING_LEGEND = [
+    ("batch", "the batch size the row was exported at, verified at (its outputs on that many eval samples"),
+    ("", "against the golden) and timed at; every figure of the row is for one call at that batch"),
+    ("median ms", "median time of one call at that batch: input ready on the host -> outputs on the host"),
+    ("95% CI ms", "distribution-free 95 % confidence interval of that median"),
+    ("cv", "coefficient of variation of the timed runs (std / mean)"),
+    ("runs", "timed runs, after the warm-up"),
+    ("samples/s", "batch / median: samples per second at that batch"),
+    ("vs baseline", "median / the baseline's median at the same batch [95 % CI]; faster or slower only when"),
+    ("", "Welch's t-test on log-times says so (p < 0.05)"),
+    ("verdict", "pass: verified at that batch, then timed | FAIL, ERROR: not timed (the reason follows)"),
+]
+GPU_LEGEND = [
+    ("batch", "the batch size of the row, as in the table above"),
+    ("median ms", "median GPU time of one call at that batch, input already on the device, synchronised after it"),
+    ("energy / inference", "board energy (NVML) over the warm-up and timed calls / those calls, at that batch,"),
+    ("", "sampled at the rate shown"),
+    ("SM clock", "lowest-highest streaming-multiprocessor clock sampled while timing"),
+    ("peak device MB", "the most device memory the path held"),
+    ("clocks", "locked | not locked: the SM clock moved, timings may vary with boost | unknown: cannot tell"),
+]
+TRAIN_LEGEND = [
+    ("batch", "the model's checked batch size (its golden inputs): one step trains on that many samples"),
+    ("median ms", "median time of one step at that batch"),
+    ("steps/s", "1000 / median ms"),
+    ("samples/s", "batch x steps/s"),
+    ("check", "the step was verified first: new weights = golden weights - lr x golden gradient"),
+]
+FIRST_LEGEND = [
+    ("batch", "the model's checked batch size: the 1st and 2nd run and the 1st backward are at that batch"),
+    ("import s", "seconds to start the worker and import the path's runtime (not the framework it came from)"),
+    ("export s", "seconds the export took (cache: taken from the export cache, not exported this time)"),
+    ("load s", "seconds to load or compile the exported artifact (or build the native model)"),
+    ("1st/2nd run ms", "the first and the second inference, each timed alone"),
+    ("1st backward ms", "the first gradient computation (-: the path cannot differentiate)"),
+    ("peak MB", "resident memory the path added above the worker after import"),
+]
 
 
 def _ratio(entry: dict) -> str:
@@ -43,12 +82,17 @@ def _train_rows(results: list[dict]) -> list[tuple]:
         if not step:
             continue
         if step.get("verdict") != "pass":
-            rows.append((r["model"], r["path"], step.get("verdict", "error").upper(), "-", "-", "-",
+            rows.append((r["model"], r["path"], step.get("verdict", "error").upper(), _batch(r), "-", "-", "-",
                          " ".join(str(step.get("reason", "")).split())[:90]))
             continue
-        rows.append((r["model"], r["path"], "pass", f"{step['median_ms']:.3f}", f"{step['steps_per_s']:.1f}",
+        rows.append((r["model"], r["path"], "pass", _batch(r), f"{step['median_ms']:.3f}", f"{step['steps_per_s']:.1f}",
                      f"{step['samples_per_s']:.0f}", f"worst parameter {step['verified']['worst']}"))
     return rows
+
+
+def _batch(result: dict) -> str:
+    """The batch size a result was checked at (the one its training step and first result run at)."""
+    return str(result.get("batch_size") or "-")
 
 
 def _seconds(value) -> str:
@@ -66,7 +110,7 @@ def _first_rows(results: list[dict]) -> list[tuple]:
         if not first or first.get("verdict") == "error":
             continue
         export = "cache" if first.get("export_cached") else _seconds(first.get("export_s"))
-        rows.append((r["model"], r["path"], _seconds(first["import_s"]), export, _seconds(first["load_s"]),
+        rows.append((r["model"], r["path"], _batch(r), _seconds(first["import_s"]), export, _seconds(first["load_s"]),
                      _ms(first["first_inference_s"]), _ms(first["second_inference_s"]),
                      _ms(first["first_backward_s"]), f"{first['path_peak_mb']:.0f}"))
     return rows
@@ -106,27 +150,29 @@ def render(report: dict) -> str:
     columns = [("model", "left"), ("path", "left"), ("verdict", "left"), ("batch", "right"), ("median ms", "right"),
                ("95% CI ms", "right"), ("cv", "right"), ("runs", "right"), ("samples/s", "right"),
                ("vs baseline (ratio of medians [95% CI])", "left")]
-    lines.append(_table(columns, [row for r in results for row in _batch_rows(r)]))
+    lines += [_table(columns, [row for r in results for row in _batch_rows(r)]), "", *_legend(TIMING_LEGEND)]
     gpu, clock_warnings = _gpu_rows(results)
     if gpu:
         lines += ["", ("GPU compute alone (input on the device, outputs left there, synchronised after each call), "
                        "energy per inference over that window"),
                   _table([("model", "left"), ("path", "left"), ("batch", "right"), ("median ms", "right"),
                           ("95% CI ms", "right"), ("energy / inference", "right"), ("SM clock", "right"),
-                          ("peak device MB", "right"), ("clocks", "left")], gpu)]
+                          ("peak device MB", "right"), ("clocks", "left")], gpu), "", *_legend(GPU_LEGEND)]
     train = _train_rows(results)
     if train:
         lines += ["", "Training step (forward, loss, backward, SGD update; verified against the golden first)",
-                  _table([("model", "left"), ("path", "left"), ("verdict", "left"), ("median ms", "right"),
-                          ("steps/s", "right"), ("samples/s", "right"), ("check", "left")], train)]
+                  _table([("model", "left"), ("path", "left"), ("verdict", "left"), ("batch", "right"),
+                          ("median ms", "right"), ("steps/s", "right"), ("samples/s", "right"), ("check", "left")],
+                         train), "", *_legend(TRAIN_LEGEND)]
     first = _first_rows(results)
     if first:
         title = ("Time to first result in a fresh worker (peak MB: resident memory the path added above the "
                  "worker after import)")
         lines += ["", title,
-                  _table([("model", "left"), ("path", "left"), ("import s", "right"), ("export s", "right"),
-                          ("load s", "right"), ("1st run ms", "right"), ("2nd run ms", "right"),
-                          ("1st backward ms", "right"), ("peak MB", "right")], first)]
+                  _table([("model", "left"), ("path", "left"), ("batch", "right"), ("import s", "right"),
+                          ("export s", "right"), ("load s", "right"), ("1st run ms", "right"),
+                          ("2nd run ms", "right"), ("1st backward ms", "right"), ("peak MB", "right")], first),
+                  "", *_legend(FIRST_LEGEND)]
     noisy = [f"{r['model']} {r['path']} batch {batch} {100 * e['cv']:.1f}%"
              for r in results for batch, e in ((r.get("timing") or {}).get("batches") or {}).items()
              if e.get("verdict") == "pass" and e["cv"] > CV_WARNING]

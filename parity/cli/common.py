@@ -1,0 +1,103 @@
+"""What every command shares: errors as one line and an exit code, the common options, one-line notes.
+
+Nothing here imports an ML framework (``parity --help`` stays instant).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import click
+
+from parity.platform.errors import ParityError
+from parity.platform.precision import PRECISIONS
+
+PRECISION_CHOICES = tuple(PRECISIONS)
+
+
+def fail(message: str, code: int = 2):
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def handle_errors(func):
+    """Library errors become one line on stderr and exit code 2; never a traceback."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except ParityError as error:
+            fail(str(error))
+        except KeyboardInterrupt:
+            fail("interrupted", 130)
+
+    return wrapper
+
+
+def say(message: str) -> None:
+    """A progress message, indented, on stderr."""
+    click.echo(f"  {message}", err=True)
+
+
+def note(message: str) -> None:
+    """A one-line note on stderr (a workspace fallback, a file written)."""
+    click.echo(message, err=True)
+
+
+def workspace_option(func):
+    return click.option("--workspace", "-w", type=click.Path(file_okay=False), default=None,
+                        help="Folder with models/ and golden/ (default: the current folder, else the built-in zoo).")(func)
+
+
+def model_option(func):
+    return click.option("--model", "-m", "models", multiple=True, help="Model name (repeatable; default: all).")(func)
+
+
+def _apply(func, decorators):
+    for decorator in reversed(decorators):
+        func = decorator(func)
+    return func
+
+
+def check_options(func):
+    """Options shared by `check`, `run`, `bench` and `diagnose`."""
+    from parity.platform.env import default_threads
+
+    return _apply(func, [
+        workspace_option,
+        model_option,
+        click.option("--path", "-p", "patterns", multiple=True, help="Glob on the path id, e.g. 'torch/*' (repeatable)."),
+        click.option("--device", default="cpu", show_default=True, metavar="cpu|cuda|cuda:N",
+                     help="Where every path runs; a path that cannot run there is a skip with the reason."),
+        click.option("--precision", type=click.Choice(PRECISION_CHOICES), default="fp32", show_default=True,
+                     help="fp32 (TF32 off), tf32 (GPU), fp16, bf16; checked against the float64 golden."),
+        click.option("--json", "json_file", type=click.Path(dir_okay=False, allow_dash=True), default=None,
+                     help="Write the result JSON here ('-': to stdout, instead of the tables). Its folder must "
+                          "exist. A symlink is followed: the file it resolves to is replaced atomically, the link "
+                          "kept. A FIFO or device (/dev/stdout, /dev/null) is written to directly."),
+        click.option("--threads", type=click.IntRange(1), default=default_threads(), show_default=True,
+                     help="Intra-op threads, the same for every framework and runtime."),
+        click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=300.0, show_default=True,
+                     help="Seconds one export or check may take before it is killed and called an error."),
+        click.option("--no-cache", is_flag=True, help="Export again instead of using the export cache."),
+        click.option("--verbose", "-v", is_flag=True, help="Print every path's full reason, expected errors and skips too."),
+        click.option("--report", "report_dir", type=click.Path(file_okay=False), default=None,
+                     help="Write a self-contained HTML report (index.html) into this folder (created if missing; "
+                          "its parent must exist). A symlinked folder or index.html is followed to its target."),
+    ])
+
+
+def timing_options(func):
+    """Options shared by `run` and `bench`: the stopping rule, batch sizes, baseline."""
+    return _apply(func, [
+        click.option("--budget", "budget_s", type=float, default=1.0, show_default=True,
+                     help="Seconds of timed runs per path and batch size, after warm-up (at least --min-runs runs)."),
+        click.option("--min-runs", type=int, default=30, show_default=True, help="Fewest timed runs per series."),
+        click.option("--target-ci", type=float, default=0.02, show_default=True,
+                     help="Stop once the 95 % CI of the median is within this fraction of it."),
+        click.option("--batch-size", "batch_sizes", type=int, multiple=True,
+                     help="Batch size to time (repeatable; default: the spec's bench_batch_sizes)."),
+        click.option("--baseline", default=None, help="Path id every path is compared with (default: its native source)."),
+    ])

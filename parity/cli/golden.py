@@ -1,0 +1,69 @@
+"""``golden build`` and ``golden verify``: golden data per model (golden/<model>/)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from parity.cli.common import fail, handle_errors, model_option, note, say, workspace_option
+
+
+@click.group()
+def golden():
+    """Build or verify golden data (golden/<model>/).
+
+    \b
+    Example:
+        parity golden verify
+    """
+
+
+@golden.command("build")
+@model_option
+@workspace_option
+@click.option("--threads", type=click.IntRange(1), default=None, help="Intra-op threads for training and references.")
+@handle_errors
+def golden_build(models, workspace, threads):
+    """Train weights, run every framework in float64, prove they agree, write golden data.
+
+    \b
+    Example:
+        parity golden build --model mlp
+    """
+    from parity.pipeline import jobs
+
+    failures = 0
+    for outcome in jobs.build_goldens(workspace, models, threads, progress=say, notice=note):
+        if outcome.error is not None:
+            failures += 1
+            click.echo(f"{outcome.name}: golden build failed: {outcome.error}", err=True)
+            continue
+        click.echo(f"{outcome.name}: wrote {outcome.golden_dir} | {outcome.summary}")
+    if failures:
+        sys.exit(2)
+
+
+@golden.command("verify")
+@model_option
+@workspace_option
+@handle_errors
+def golden_verify(models, workspace):
+    """Check every golden file's sha256 against its manifest (exit 2 naming a corrupted file).
+
+    \b
+    Example:
+        parity golden verify --model mlp
+    """
+    from parity.pipeline import jobs
+
+    failures = 0
+    for outcome in jobs.verify_goldens(workspace, models, notice=note):
+        if outcome.error is not None:
+            failures += 1
+            click.echo(f"{outcome.name}: FAILED {outcome.error}")
+            continue
+        click.echo(f"{outcome.name}: ok ({len(outcome.manifest['files'])} files and the manifest verified, built "
+                   f"with parity {outcome.manifest['versions']['parity']})")
+    if failures:
+        fail(f"{failures} model(s) failed verification")

@@ -1,0 +1,44 @@
+"""``paths`` and ``env``: what can run here, and the environment a result is recorded in."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from parity.cli.common import PRECISION_CHOICES, handle_errors, model_option, note, workspace_option
+
+
+@click.command()
+@model_option
+@workspace_option
+@click.option("--device", "devices", multiple=True, metavar="cpu|cuda|cuda:N",
+              help="Only this device (repeatable; default: cpu and cuda:0).")
+@click.option("--precision", "precisions", multiple=True, type=click.Choice(PRECISION_CHOICES),
+              help="Only this precision (repeatable; default: all).")
+@handle_errors
+def paths(models, workspace, devices, precisions):
+    """The path matrix: every path on every device at every precision, and why each unavailable one is.
+
+    \b
+    Example:
+        parity paths --model cnn --device cuda
+    """
+    from parity.pipeline import jobs
+    from parity.report.terminal import render_paths
+
+    click.echo(render_paths(jobs.path_rows(workspace, models, devices, precisions, notice=note)))
+
+
+@click.command()
+@click.option("--threads", type=click.IntRange(1), default=None, help="Thread count to record (default: all cores).")
+def env(threads):
+    """Print the environment manifest (versions, CPU, GPU, threads, flags) as JSON.
+
+    \b
+    Example:
+        parity env > env.json
+    """
+    from parity.platform.env import default_threads, environment
+
+    click.echo(json.dumps(environment(threads or default_threads()), indent=2))

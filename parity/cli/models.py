@@ -1,0 +1,72 @@
+"""``init`` and ``export-testdata``: a spec for your own model, and golden data as ONNX test data."""
+
+from __future__ import annotations
+
+import click
+
+from parity.cli.common import handle_errors, note, workspace_option
+
+
+@click.command()
+@click.argument("name")
+@click.option("--torch", "torch_ref", metavar="MODULE:FUNCTION", help="A function returning the torch.nn.Module "
+              "(package.module:make_model or path/to/file.py:make_model).")
+@click.option("--keras", "keras_ref", metavar="FILE", help="A Keras model file (.keras).")
+@click.option("--jax", "jax_ref", metavar="MODULE:FUNCTION,PARAMS.npz", help="apply(params, x) and its weights.")
+@click.option("--onnx", "onnx_ref", metavar="FILE", help="An ONNX file: the file itself is the source model.")
+@click.option("--input", "input_decl", metavar="NAME=BATCHxDIMx...[:DTYPE]", help="The input, batch first, e.g. x=1x3x224x224.")
+@click.option("--inputs", "inputs_file", type=click.Path(dir_okay=False, exists=True),
+              help=".npz with the input (and optional labels, eval_x, eval_labels); default: seeded random.")
+@click.option("--test-data", type=click.Path(file_okay=False, exists=True),
+              help="ONNX test-data folder (test_data_set_N/input_i.pb, output_i.pb): inputs and golden outputs.")
+@click.option("--polygraphy-inputs", type=click.Path(dir_okay=False, exists=True),
+              help="Inputs saved by polygraphy run --save-inputs.")
+@click.option("--polygraphy-outputs", type=click.Path(dir_okay=False, exists=True),
+              help="Golden outputs saved by polygraphy run --save-outputs.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of random inputs.")
+@click.option("--force", is_flag=True, help="Replace an existing models/NAME.py.")
+@click.option("--workspace", "-w", type=click.Path(file_okay=False), default=None,
+              help="Folder to write models/NAME.py into (default: the current folder).")
+@handle_errors
+def init(name, torch_ref, keras_ref, jax_ref, onnx_ref, input_decl, inputs_file, test_data, polygraphy_inputs,
+         polygraphy_outputs, seed, force, workspace):
+    """Write models/NAME.py for your own model: a short spec to edit, then golden build and run.
+
+    \b
+    Example:
+        parity init resnet --torch mymodels.py:make_model --input x=1x3x224x224
+        parity golden build --model resnet
+        parity run --model resnet
+    """
+    from parity.pipeline import jobs
+
+    written, info, kind = jobs.init_model(
+        name, {"torch": torch_ref, "tf": keras_ref, "jax": jax_ref, "onnx": onnx_ref}, input_decl,
+        {"inputs_file": inputs_file, "test_data": test_data, "polygraphy_inputs": polygraphy_inputs,
+         "polygraphy_outputs": polygraphy_outputs}, seed, force, workspace)
+    taps = len(info.get("taps") or [])
+    click.echo(f"wrote {written} ({kind}, {info['n_params']:,} parameters, outputs {', '.join(info['outputs'])}, "
+               f"{taps} taps)")
+    click.echo(f"next: parity golden build --model {name} && parity run --model {name}")
+
+
+@click.command("export-testdata")
+@click.option("--model", "-m", "model", required=True, help="Model name.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
+              help="Folder to write test_data_set_0/ into (next to a model.onnx, say).")
+@workspace_option
+@handle_errors
+def export_testdata(model, out_dir, workspace):
+    """Write a model's golden inputs and outputs as ONNX test data (test_data_set_0/input_0.pb, output_i.pb).
+
+    The layout ONNX's backend tests and ONNX Runtime's onnx_test_runner read. Inputs are in the spec's
+    canonical layout (NCHW images), outputs float32 as an exported model gives them.
+
+    \b
+    Example:
+        parity export-testdata --model cnn --out cnn-testdata/
+    """
+    from parity.pipeline import jobs
+
+    written, spec = jobs.export_test_data(workspace, model, out_dir, notice=note)
+    click.echo(f"wrote {written} (input {spec.input.name!r}, outputs {', '.join(spec.outputs)}; batch {spec.batch_size})")

@@ -1,0 +1,258 @@
+"""What each ``parity`` command does, as one call: the CLI parses arguments, calls one function here
+and prints what it is told (through callbacks or the values returned).
+
+``check`` serves ``check``, ``run``, ``bench`` and ``diagnose``: refuse unwritable targets before any work,
+select the models, run the orchestrator, hand the report over to be shown, then write the JSON and the
+HTML report. No framework is imported here; every framework runs in a worker process.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from parity.platform.errors import ParityError, UsageError
+
+
+def _quiet(message: str) -> None:
+    pass
+
+
+def open_workspace(workspace: str | None, notice: Callable[[str], None] = _quiet):
+    """The workspace named (or the current folder, else the built-in zoo); ``notice`` hears about a fallback."""
+    from parity.model.workspace import Workspace
+
+    ws = Workspace(workspace)
+    if ws.fallback_note:
+        notice(f"note: {ws.fallback_note}")
+    return ws
+
+
+def check_targets(json_file: str | None, report_dir: str | None) -> None:
+    """Refuse now, before any work, a ``--json`` file or ``--report`` folder that could not be written.
+
+    ``--json`` needs its folder to exist; ``--report`` may be created, in a folder that exists.
+    """
+    from parity.platform.safefs import check_writable
+
+    if json_file:
+        check_writable(json_file, "--json", make_parents=False)
+    if report_dir:
+        report = Path(os.path.abspath(report_dir))
+        check_writable(report / "index.html" if os.path.lexists(report) else report, "--report", make_parents=False)
+
+
+def bench_options(budget_s: float, min_runs: int, target_ci: float, batch_sizes, baseline: str | None):
+    """The timing options of ``run`` and ``bench``, refused with a usage error when out of range."""
+    from parity.bench.plan import BenchOptions
+    from parity.run import paths as path_registry
+
+    if not budget_s > 0:
+        raise UsageError(f"--budget must be a positive number of seconds, not {budget_s:g}")
+    if min_runs < 1 or not 0 < target_ci < 1:
+        raise UsageError("--min-runs must be at least 1 and --target-ci between 0 and 1")
+    bad = [b for b in batch_sizes if b < 1]
+    if bad:
+        raise UsageError(f"--batch-size must be a positive integer, not {bad[0]}")
+    if baseline and baseline not in path_registry.CHAIN_IDS:
+        raise UsageError(f"--baseline {baseline!r} is not a path; known paths: {', '.join(path_registry.CHAIN_IDS)}")
+    return BenchOptions(budget_s=budget_s, min_runs=min_runs, target_rel_ci=target_ci,
+                        batch_sizes=tuple(dict.fromkeys(batch_sizes)), baseline=baseline)
+
+
+@dataclass(frozen=True)
+class CheckRequest:
+    """What ``check``, ``run``, ``bench`` or ``diagnose`` was asked (``timing`` None: check only)."""
+
+    workspace: str | None = None
+    models: tuple[str, ...] = ()
+    patterns: tuple[str, ...] = ()
+    device: str = "cpu"
+    precision: str = "fp32"
+    threads: int = 1
+    timeout_s: float = 300.0
+    use_cache: bool = True
+    timing: object | None = None  # parity.bench.plan.BenchOptions
+    diagnose: str | None = "failing"
+    json_file: str | None = None  # "-": the JSON goes to stdout (the caller prints it), nothing is written
+    report_dir: str | None = None
+
+
+def accepts_on_checked() -> bool:
+    """Whether the orchestrator can hand over the checked report before timing starts."""
+    from parity.pipeline import orchestrate
+
+    return "on_checked" in inspect.signature(orchestrate.check).parameters
+
+
+def check(request: CheckRequest, *, progress=_quiet, on_checked: Callable[[dict], None] | None = None,
+          show: Callable[[dict], None] = lambda report: None, notice: Callable[[str], None] = _quiet) -> int:
+    """Check (and diagnose, and time) the selected paths; returns the exit code.
+
+    ``progress(message[, step=k, steps=n])`` hears each step as the orchestrator starts it; ``on_checked(report)``
+    hears the verdicts once every check and diagnosis is done, before any timing (when the orchestrator offers
+    it); ``show(report)`` gets the final report before the JSON and HTML files are written; ``notice`` hears
+    one-line notes (a workspace fallback, each file written). A file that cannot be written after the run is a
+    ``ParityError``.
+    """
+    from parity.pipeline import orchestrate
+    from parity.platform.precision import parse_device
+
+    to_stdout = request.json_file == "-"
+    check_targets(None if to_stdout else request.json_file, request.report_dir)
+    device = parse_device(request.device)
+    ws = open_workspace(request.workspace, notice)
+    names = ws.select(request.models)
+    options = orchestrate.Options(threads=request.threads, patterns=request.patterns, precision=request.precision,
+                                  device=device, timeout_s=request.timeout_s, use_cache=request.use_cache,
+                                  timing=request.timing, diagnose=request.diagnose)
+    extra = {"on_checked": on_checked} if on_checked is not None and accepts_on_checked() else {}
+    report = orchestrate.check(ws, names, options, progress=progress, **extra)
+    show(report)
+    write_results(report, None if to_stdout else request.json_file, request.report_dir, notice)
+    return orchestrate.exit_code(report)
+
+
+def write_results(report: dict, json_file: str | None, report_dir: str | None, notice=_quiet) -> None:
+    """The result JSON and the HTML report, each announced to ``notice`` once written."""
+    if json_file:
+        from parity.report import json_report
+
+        _write_after_run("--json", json_file, lambda: json_report.write(report, json_file), notice)
+    if report_dir:
+        from parity.report import html
+
+        _write_after_run("--report", report_dir, lambda: html.write(report, report_dir), notice)
+
+
+def _write_after_run(option: str, target: str, write, notice) -> None:
+    try:
+        written = write()
+    except OSError as error:
+        raise ParityError(f"{option} {target} could not be written after the run: {error.strerror or error}") from None
+    notice(f"wrote {written or target}")
+
+
+@dataclass(frozen=True)
+class GoldenOutcome:
+    """One model's golden build or verification: the manifest, or the error that stopped it."""
+
+    name: str
+    golden_dir: Path
+    manifest: dict | None = None
+    error: str | None = None
+
+    @property
+    def summary(self) -> str:
+        from parity.golden import store
+
+        return store.summary(self.manifest, self.golden_dir)
+
+
+def build_goldens(workspace: str | None, models, threads: int | None, progress=_quiet,
+                  notice=_quiet) -> Iterator[GoldenOutcome]:
+    """Build each selected model's golden data in turn (one model's failure does not stop the next)."""
+    from parity.golden import build as golden_build
+    from parity.platform.cache_dir import cache_root
+    from parity.platform.env import default_threads
+    from parity.run.worker import TaskFailed, WorkerPool
+
+    ws = open_workspace(workspace, notice)
+    if ws.is_fallback:
+        raise UsageError(f"golden build writes only into a workspace you name: run it in a folder with models/, "
+                         f"or pass --workspace {ws.root} to rebuild the built-in zoo")
+    with WorkerPool(threads or default_threads(), cache_root() / "logs", timeout_s=1800) as pool:
+        for name in ws.select(models):
+            try:
+                # the spec as declared: the golden data it replaces may be what is refused
+                manifest = golden_build.build(ws, ws.load_spec(name, attach_golden=False), pool, progress=progress)
+            except (ParityError, TaskFailed) as error:
+                yield GoldenOutcome(name, ws.golden_dir(name), error=str(error))
+                continue
+            yield GoldenOutcome(name, ws.golden_dir(name), manifest=manifest)
+
+
+def verify_goldens(workspace: str | None, models, notice=_quiet) -> Iterator[GoldenOutcome]:
+    """Verify each selected model's golden files against its manifest (every model, failures included)."""
+    from parity.golden import store
+
+    ws = open_workspace(workspace, notice)
+    for name in ws.select(models):
+        try:
+            manifest = store.verify(ws.golden_dir(name), ws.load_spec(name))
+        except ParityError as error:
+            yield GoldenOutcome(name, ws.golden_dir(name), error=str(error))
+            continue
+        yield GoldenOutcome(name, ws.golden_dir(name), manifest=manifest)
+
+
+def path_rows(workspace: str | None, models, devices, precisions, notice=_quiet) -> list[dict]:
+    """The path matrix as rows (id, device, precision, export steps, why unavailable, runtime note), limited to
+    the frameworks of ``models`` when any are named."""
+    from parity.platform.precision import parse_device
+    from parity.run import paths as path_registry
+
+    frameworks = None
+    if models:
+        ws = open_workspace(workspace, notice)
+        frameworks = set()
+        for name in ws.select(models):
+            frameworks.update(ws.load_spec(name).frameworks)
+    devices = tuple(dict.fromkeys(parse_device(d) for d in devices)) or ("cpu", "cuda:0")
+    rows = []
+    for path in path_registry.matrix(devices, precisions or path_registry.ALL):
+        if frameworks is None or path.source in frameworks:
+            rows.append({"id": path.id, "device": path.device, "precision": path.precision,
+                         "steps": " -> ".join(s.name for s in path.exports) or "native",
+                         "reason": path_registry.unavailable_reason(path), "note": path.runtime.note})
+    return rows
+
+
+def export_test_data(workspace: str | None, model: str, out_dir: str, notice=_quiet) -> tuple[Path, object]:
+    """A model's golden inputs and outputs as ONNX test data under ``out_dir``; the folder written and the spec."""
+    import numpy as np
+
+    from parity.golden import store
+    from parity.interop import onnx_test_data as interop
+
+    ws = open_workspace(workspace, notice)
+    (name,) = ws.select([model])
+    spec = ws.load_spec(name)
+    verified = store.load(ws.golden_dir(name), spec)
+    reference = verified.arrays["reference.npz"]
+    written = interop.write_test_data(
+        Path(out_dir), {spec.input.name: verified.arrays["inputs.npz"]["x"]},
+        {out: reference[out].astype(np.float32) if reference[out].dtype.kind == "f" else reference[out]
+         for out in spec.outputs})
+    return written, spec
+
+
+def init_model(name: str, sources: dict[str, str | None], input_decl: str | None, files: dict[str, str | None],
+               seed: int, force: bool, workspace: str | None) -> tuple[Path, dict, str]:
+    """``parity init``: ``sources`` maps torch/tf/jax/onnx to what was given (exactly one), ``files`` the data
+    files (inputs_file, test_data, polygraphy_inputs, polygraphy_outputs). Returns the spec written, what the
+    model said about itself, and the source kind."""
+    from parity.pipeline import scaffold
+    from parity.platform.env import default_threads
+
+    chosen = [(kind, ref) for kind, ref in sources.items() if ref]
+    if len(chosen) != 1:
+        raise UsageError("give exactly one of --torch, --keras, --jax, --onnx")
+    kind, reference = chosen[0]
+    root = Path(workspace or ".").resolve()
+    params_file = None
+    if kind == "jax":
+        reference, _, params_file = reference.partition(",")
+        if not params_file:
+            raise UsageError("--jax takes MODULE:FUNCTION,PARAMS.npz (the apply function and its weights)")
+        params_file = scaffold.workspace_reference(params_file, root)
+    input_name, shape, dtype, values = scaffold.parse_input(input_decl) if input_decl else (None, None, "float32", None)
+    request = scaffold.Request(
+        name=name, kind=kind, reference=scaffold.workspace_reference(reference, root), params_file=params_file,
+        input_name=input_name, input_shape=shape, input_dtype=dtype, input_values=values, seed=seed,
+        **{key: value and scaffold.workspace_reference(value, root) for key, value in files.items()})
+    written, info = scaffold.init(root, request, force, default_threads())
+    return written, info, kind
