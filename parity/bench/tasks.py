@@ -9,6 +9,8 @@ JAX results materialised with ``np.asarray``, which waits for them).
 from __future__ import annotations
 
 import importlib
+import os
+import pickle
 import resource
 import sys
 import time
@@ -114,23 +116,36 @@ def _rss_mb() -> float:
     return psutil.Process().memory_info().rss / 2**20
 
 
+# seconds each runtime package took to import in this worker (packages it imported before its first task: 0, their
+# import is in ``startup_seconds``); read by every first result forked from it
+_IMPORT_S: dict[str, float] = {}
+
+
+def _import_runtime(path) -> float:
+    """Import ``path``'s runtime packages here (each timed the first time); seconds they took, start-up included."""
+    from parity.run.worker import startup_seconds
+
+    for package in path.runtime.packages:
+        if package not in _IMPORT_S:
+            started = time.perf_counter()
+            if package not in sys.modules:
+                importlib.import_module(package)
+            _IMPORT_S[package] = time.perf_counter() - started
+    return startup_seconds() + sum(_IMPORT_S[p] for p in path.runtime.packages)
+
+
 def first_result(workspace: str, model: str, path_id: str, golden_dir: str, threads: int,
                  artifact_dir: str | None = None, artifact_meta: dict | None = None, device: str = "cpu",
-                 precision: str = "fp32") -> dict:
+                 precision: str = "fp32", import_s: float | None = None) -> dict:
     """In a fresh worker: the runtime's framework import, load/compile, first inference, first backward,
     each timed alone (an exported path imports only its runtime, not the framework it came from).
+    ``import_s``: the import, already timed by the fresh worker this process was forked from.
 
     Memory: the high-water mark of resident memory (``ru_maxrss``) minus the resident memory
     after the framework import, i.e. what loading and running this path added.
     """
-    from parity.run.worker import startup_seconds
-
-    started = time.perf_counter()
     path = paths.by_id(path_id, device, precision)
-    for package in path.runtime.packages:
-        if package not in sys.modules:
-            importlib.import_module(package)
-    parts = {"import_s": startup_seconds() + time.perf_counter() - started}
+    parts = {"import_s": _import_runtime(path) if import_s is None else import_s}
     spec, path, verified = _setup(workspace, model, path_id, golden_dir, device, precision)
     baseline_mb = _rss_mb()
     inputs = verified.arrays["inputs.npz"]
@@ -151,3 +166,49 @@ def first_result(workspace: str, model: str, path_id: str, golden_dir: str, thre
     parts["device_peak_mb"] = runner.device_memory_peak_mb()
     return {**parts, "baseline_rss_mb": baseline_mb, "peak_rss_mb": peak_mb,
             "path_peak_mb": max(peak_mb - baseline_mb, 0.0)}
+
+
+def first_result_forked(**kwargs) -> dict:
+    """``first_result`` in a process forked from this worker, which must be fresh: it has imported its frameworks
+    (and this path's runtime packages, timed here once per worker) and run nothing else. The child loads and
+    runs only this path, so each path's first result starts from the same fresh state, without paying the
+    framework import again for every path of the group."""
+    path = paths.by_id(kwargs["path_id"], kwargs.get("device", "cpu"), kwargs.get("precision", "fp32"))
+    import_s = _import_runtime(path)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    read_end, write_end = os.pipe()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        status = 1
+        try:
+            os.close(read_end)
+            from parity.run.worker import die_with_parent, reason_of
+
+            die_with_parent(parent)
+            try:
+                payload = ("ok", first_result(**kwargs, import_s=import_s))
+            except BaseException as error:  # noqa: BLE001 - the parent reports it as the task's error
+                import traceback
+
+                traceback.print_exc()
+                payload = ("error", reason_of(error))
+            with os.fdopen(write_end, "wb") as out:
+                pickle.dump(payload, out)
+            status = 0
+        finally:
+            from parity.run.worker import quick_exit
+
+            quick_exit(status)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as incoming:
+        data = incoming.read()
+    _, status = os.waitpid(pid, 0)
+    if not data:
+        raise RuntimeError(f"the process measuring the first result died (wait status {status})")
+    kind, payload = pickle.loads(data)
+    if kind != "ok":
+        raise RuntimeError(payload)
+    payload["process"] = "forked from a fresh worker (framework import timed there)"
+    return payload

@@ -5,8 +5,12 @@ It imports no ML framework: every export and check runs in a worker process of i
 
 from __future__ import annotations
 
+import copy
+import inspect
 import shutil
 import tempfile
+import threading
+import time
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -60,13 +64,29 @@ def _package_version(name: str) -> str | None:
     return None
 
 
+def accepts_steps(progress) -> bool:
+    """Whether ``progress`` can be called as ``progress(message, step=k, steps=n)``."""
+    try:
+        parameters = inspect.signature(progress).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (some builtins): one argument only
+        return False
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return True
+    names = {p.name for p in parameters if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                       inspect.Parameter.KEYWORD_ONLY)}
+    return {"step", "steps"} <= names
+
+
 class Run:
     """One check or run over models and paths (see ``check``)."""
 
-    def __init__(self, workspace, options: Options, progress=lambda message: None):
+    def __init__(self, workspace, options: Options, progress=lambda message: None, on_checked=None):
         self.workspace = workspace
         self.options = options
-        self.progress = progress
+        self._progress = progress
+        self._with_steps = accepts_steps(progress)
+        self.on_checked = on_checked
+        self.stage_seconds: dict[str, float] = {}
         self.results: list[dict] = []
         self.model_errors: list[dict] = []
         # what killed runs left behind: --no-cache scratch, cache staging, golden build scratch
@@ -74,9 +94,20 @@ class Run:
         sweep(workspace.root / "golden", golden.SCRATCH_PATTERN)
         ExportCache(cache_root()).sweep()
         self._scratch = None if options.use_cache else owned_tempdir(tempfile.gettempdir(), NOCACHE_PREFIX)
-        self.cache = ExportCache(self._scratch or cache_root(), notice=progress)
+        self.cache = ExportCache(self._scratch or cache_root(), notice=self.progress)
         self.exports: dict[str, dict] = {}  # chain key -> {"dir", "meta", "cached"} or {"error", "cached"}
         self.specs: dict = {}
+
+    def progress(self, message: str, step: int | None = None, steps: int | None = None) -> None:
+        """Tell the caller's ``progress`` what starts now; ``step`` of ``steps`` only where it takes them."""
+        if self._with_steps and step is not None:
+            self._progress(message, step=step, steps=steps)
+        else:
+            self._progress(message)
+
+    def _stage(self, name: str, started: float) -> None:
+        """Add the seconds since ``started`` to stage ``name``."""
+        self.stage_seconds[name] = self.stage_seconds.get(name, 0.0) + time.perf_counter() - started
 
     def _plan(self, model_names):
         plan = []
@@ -108,6 +139,11 @@ class Run:
                 raise UsageError(f"batch size {batch} cannot be verified for model {spec.name!r}: its eval split has "
                                  f"{available} samples (each batch size is checked against them before it is timed)")
 
+    def _batches(self, spec) -> list:
+        """The batch sizes a path of ``spec`` is exported at: the spec's (None), then a timed run's others."""
+        timed = (self.options.timing.batch_sizes or spec.timed_batch_sizes) if self.options.timing is not None else ()
+        return [None] + [batch for batch in dict.fromkeys(timed) if batch != spec.batch_size]
+
     def _key_parts(self, spec, manifest, path: paths.PathDef, depth: int, batch_size: int | None) -> tuple[dict, str]:
         """Everything the artifact after export step ``depth`` is known to come from before it is made (the model
         spec, the files its builders name, its weights, parity's own code, every step's package versions, and
@@ -129,8 +165,9 @@ class Run:
         }
         return parts, provenance.slot_id(slot)
 
-    def _export(self, pool, spec, manifest, path, depth, batch_size: int | None = None) -> dict:
-        """The path's artifact up to export step ``depth`` at a static batch (default the spec's), cached."""
+    def _export(self, pool, spec, manifest, path, depth, batch_size: int | None = None, at_step=None) -> dict:
+        """The path's artifact up to export step ``depth`` at a static batch (default the spec's), cached.
+        ``at_step`` (k, n): where this export is in the run's list of exports, for the progress messages."""
         parent = self._export(pool, spec, manifest, path, depth - 1, batch_size) if depth else None
         if parent is not None and "error" in parent:
             return parent
@@ -144,7 +181,7 @@ class Run:
         lock = self.cache.lock(key, timeout_s=self.options.timeout_s + 60)
         try:
             with lock:
-                entry = self._export_locked(pool, spec, path, depth, key, step, parent, batch_size, parts, slot)
+                entry = self._export_locked(pool, spec, path, depth, key, step, parent, batch_size, parts, slot, at_step)
         except TimeoutError:
             entry = {"error": f"{step.name}: cache entry {key} stayed locked by another run for {lock.timeout:g} s",
                      "cached": False}
@@ -159,7 +196,7 @@ class Run:
             return None, f"model code changed ({provenance.short_names(changed, self.workspace.root)})"
         return hit, None
 
-    def _export_locked(self, pool, spec, path, depth, key, step, parent, batch_size, parts, slot) -> dict:
+    def _export_locked(self, pool, spec, path, depth, key, step, parent, batch_size, parts, slot, at_step=None) -> dict:
         hit, stale = self._fresh_hit(key)
         if hit is not None:
             return {"error": hit.error, "cached": True} if hit.error else {"dir": str(hit.dir), "meta": hit.meta, "cached": True}
@@ -167,7 +204,8 @@ class Run:
         rebuilt = stale or (provenance.why_changed(before, parts, self.workspace.root) if before not in (None, parts)
                             else None)
         at = f", batch {batch_size}" if batch_size and batch_size != spec.batch_size else ""
-        self.progress(f"{spec.name}: export {path.id} ({step.name}{at})" + (f", again: {rebuilt}" if rebuilt else ""))
+        self.progress(f"{spec.name}: export {path.id} ({step.name}{at})" + (f", again: {rebuilt}" if rebuilt else ""),
+                      *(at_step or ()))
         staging = self.cache.staging_dir()
         try:
             meta = pool.call(step.group, "parity.run.tasks:export_step", workspace=str(self.workspace.root),
@@ -189,43 +227,71 @@ class Run:
         return entry
 
     def execute(self, model_names) -> dict:
-        plan = self._plan(model_names)
-        pending = []
-        for spec, manifest, path in plan:
-            result = _result_skeleton(spec.name, path, spec.batch_size)
-            self.results.append(result)
-            reason = paths.unavailable_reason(path)
-            if reason:
-                result.update(verdict="skip", reason=reason)
-            else:
-                pending.append((spec, manifest, path, result))
+        # the environment manifest (package versions, CPU, GPU) is read while the workers start and check
+        env_reader = _Background(lambda: environment(self.options.threads))
         try:
-            env = precision_lib.worker_environment(self.options.device, self.options.precision)
-            with WorkerPool(self.options.threads, cache_root() / "logs", self.options.timeout_s, env) as pool:
-                # exports, shallow first and grouped by worker so each framework starts once per depth
+            worker_env = precision_lib.worker_environment(self.options.device, self.options.precision)
+            with WorkerPool(self.options.threads, cache_root() / "logs", self.options.timeout_s, worker_env) as pool:
+                pool.prestart()  # its Python and imports load while the goldens are verified here
+                started = time.perf_counter()
+                plan = self._plan(model_names)
+                self._stage("verify", started)
+                pending = []
+                for spec, manifest, path in plan:
+                    result = _result_skeleton(spec.name, path, spec.batch_size)
+                    self.results.append(result)
+                    reason = paths.unavailable_reason(path)
+                    if reason:
+                        result.update(verdict="skip", reason=reason)
+                    else:
+                        pending.append((spec, manifest, path, result))
+                # exports, shallow first and grouped by worker so each framework starts once per depth (the worker
+                # already running first, so a group is not started again at the next depth or for the checks)
+                # a timed run's other batch sizes too (static batch per artifact), while each group's worker is up:
+                # they are verified again at that batch before they are timed
+                started = time.perf_counter()
+                exports = [(item, depth, batch) for item in pending for depth in range(len(item[2].exports))
+                           for batch in self._batches(item[0])]
+                done = 0
                 for depth in range(max((len(p.exports) for _, _, p, _ in pending), default=0)):
                     todo = [item for item in pending if len(item[2].exports) > depth]
-                    for spec, manifest, path, _ in sorted(todo, key=lambda item: item[2].exports[depth].group):
-                        self._export(pool, spec, manifest, path, depth)
-                order = sorted(pending, key=lambda item: item[2].runtime.group)
-                for spec, manifest, path, result in order:
-                    self._check(pool, spec, manifest, path, result)
+                    for spec, manifest, path, _ in _current_first(pool, todo, lambda item: item[2].exports[depth].group):
+                        for batch in self._batches(spec):
+                            done += 1
+                            self._export(pool, spec, manifest, path, depth, batch, at_step=(done, len(exports)))
+                if exports:
+                    self._stage("export", started)
+                # every check and diagnosis of every model before any timing, one worker per group
+                started = time.perf_counter()
+                order = _current_first(pool, pending, lambda item: item[2].runtime.group)
+                for k, (spec, manifest, path, result) in enumerate(order, 1):
+                    self._check(pool, spec, manifest, path, result, step=(k, len(order)))
+                self._stage("check", started)
                 if self.options.diagnose:
+                    started = time.perf_counter()
                     for spec, manifest, path, result in order:
                         self._diagnose(pool, spec, manifest, path, result)
+                    self._stage("diagnose", started)
+                for result in self.results:
+                    _apply_expectation(self.specs[result["model"]], result)
+                if self.on_checked is not None:
+                    self.on_checked(copy.deepcopy(self._report(env_reader.result())))  # as it is now
                 if self.options.timing is not None:
                     from parity.bench import plan as benchmark
 
+                    started = time.perf_counter()
                     benchmark.bench(self, pool, order, self.options.timing)
+                    self._stage("bench", started)
         finally:
             if self._scratch:
                 shutil.rmtree(self._scratch, ignore_errors=True)
-        for result in self.results:
-            _apply_expectation(self.specs[result["model"]], result)
-        return {"schema": RESULT_SCHEMA, "env": environment(self.options.threads), "results": self.results,
-                "model_errors": self.model_errors}
+        return self._report(env_reader.result())
 
-    def _check(self, pool, spec, manifest, path, result) -> None:
+    def _report(self, env: dict) -> dict:
+        return {"schema": RESULT_SCHEMA, "env": env, "results": self.results, "model_errors": self.model_errors,
+                "stage_seconds": {name: round(seconds, 3) for name, seconds in self.stage_seconds.items()}}
+
+    def _check(self, pool, spec, manifest, path, result, step=None) -> None:
         artifact = None
         if path.exports:
             artifact = self._export(pool, spec, manifest, path, len(path.exports) - 1)
@@ -236,7 +302,7 @@ class Run:
             result["export"] = {**export, "export_s": artifact["meta"].get("export_s")}
             if "build_determinism" in artifact["meta"]:  # a TensorRT engine: built twice, both run on the golden inputs
                 result["export"]["build_determinism"] = artifact["meta"]["build_determinism"]
-        self.progress(f"{spec.name}: check {path.id}")
+        self.progress(f"{spec.name}: check {path.id}", *(step or ()))
         try:
             outcome = pool.call(
                 path.runtime.group, "parity.run.tasks:check_path", workspace=str(self.workspace.root), model=spec.name,
@@ -253,11 +319,11 @@ class Run:
 
     def _diagnose(self, pool, spec, manifest, path, result) -> None:
         """Diagnose ``path``'s drift layer by layer into ``result["diagnosis"]`` (options.diagnose says which)."""
-        from parity.diagnose import chain
-
         wanted = self.options.diagnose == "all" or (result["verdict"] == "fail" and spec.expected_error(path.id) is None)
         if not wanted:
             return
+        from parity.diagnose import chain
+
         failed = {"model": spec.name, "path": path.id}
         if result["verdict"] == "error":
             result["diagnosis"] = {**failed, "error": f"nothing to diagnose: the path ended in error ({result['reason']})"}
@@ -268,6 +334,34 @@ class Run:
         except Exception as error:  # noqa: BLE001 - a diagnosis that breaks must not cost the run its results
             reason = one_line(f"{type(error).__name__}: {error}", 300)
             result["diagnosis"] = {**failed, "error": f"the diagnosis itself failed: {reason}"}
+
+
+class _Background:
+    """``fn()`` in a thread, started now; ``result()`` waits for it (and raises what it raised)."""
+
+    def __init__(self, fn):
+        self._value, self._error = None, None
+
+        def target():
+            try:
+                self._value = fn()
+            except BaseException as error:  # noqa: BLE001 - handed to the caller of result()
+                self._error = error
+
+        self._thread = threading.Thread(target=target, name="parity-environment", daemon=True)
+        self._thread.start()
+
+    def result(self):
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+def _current_first(pool, items, group_of) -> list:
+    """``items`` grouped by worker group (stable), the group of the worker already running first."""
+    current = pool.current_group() if hasattr(pool, "current_group") else None
+    return sorted(items, key=lambda item: (group_of(item) != current, group_of(item)))
 
 
 def _apply_expectation(spec, result: dict) -> None:
@@ -298,7 +392,15 @@ def exit_code(report: dict) -> int:
     return 0
 
 
-def check(workspace, model_names, options: Options, progress=lambda message: None) -> dict:
+def check(workspace, model_names, options: Options, progress=lambda message: None, on_checked=None) -> dict:
     """Verify goldens, export, check every selected path, diagnose failing ones; time passing paths when
-    ``options.timing``."""
-    return Run(workspace, options, progress).execute(model_names)
+    ``options.timing``.
+
+    ``progress(message)`` hears each step as it starts (``progress(message, step=k, steps=n)`` where it accepts
+    those keywords and the number of steps is known). ``on_checked(report)``, when given, is called once after
+    every check and diagnosis of every model and before any timing, with the report as it is then (the final
+    report's shape, ``timing`` still None). ``report["stage_seconds"]`` says how long each stage that ran took
+    (``verify``, ``export``, ``check``, ``diagnose``, ``bench``; a timed run's exports at its extra batch sizes
+    count as ``bench``).
+    """
+    return Run(workspace, options, progress, on_checked).execute(model_names)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import os
-import platform
-import shutil
-import subprocess
 import sys
-from importlib import metadata
+
+# importlib.metadata, platform and subprocess are imported where they are used: the CLI imports this module
+# for ``default_threads`` and ``parity --help`` must start fast
 
 PACKAGES = ("parity", "numpy", "click", "torch", "onnx", "onnxscript", "onnxruntime", "onnxruntime-gpu",
             "tensorflow", "tensorflow-cpu", "keras", "tf2onnx", "jax", "jaxlib", "jax2onnx", "tensorrt",
@@ -20,6 +19,8 @@ CPUFREQ = "/sys/devices/system/cpu/cpu0/cpufreq"
 
 
 def package_versions() -> dict[str, str | None]:
+    from importlib import metadata
+
     versions = {}
     for name in PACKAGES:
         try:
@@ -37,6 +38,8 @@ def cpu_model() -> str:
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    import platform
+
     return platform.processor() or platform.machine()
 
 
@@ -58,6 +61,9 @@ def cpu_frequency() -> dict:
 
 def gpu_info() -> dict | None:
     """GPU name and driver from nvidia-smi, or None where there is no NVIDIA GPU."""
+    import shutil
+    import subprocess
+
     if shutil.which("nvidia-smi") is None:
         return None
     try:
@@ -77,6 +83,8 @@ def default_threads() -> int:
 
 def environment(threads: int, seed: int = 0) -> dict:
     """The manifest every result carries."""
+    import platform
+
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),

@@ -1,8 +1,10 @@
 """Worker processes: one per group (source framework), started with spawn.
 
 TensorFlow, PyTorch and JAX never share a process, their thread pools never compete while
-timing (only one worker is alive at a time), and a crash or hang in one task becomes that
-task's error instead of the run's end. A worker dies with its parent (parent-death signal on
+timing (only one worker runs tasks at a time; a spare started ahead of need, while the parent
+verifies goldens, only imports NumPy and parity and then waits for its group), and a crash or
+hang in one task becomes that task's error instead of the run's end. A worker ends without the
+interpreter's teardown once told to (seconds saved per TensorFlow worker). A worker dies with its parent (parent-death signal on
 Linux, a watchdog on the parent's pid elsewhere), so a killed run leaves no process behind and
 nothing writes after it. Worker output (framework logs) goes to one log folder per run under
 the cache, kept when a task of the run failed and removed otherwise; old ones are pruned.
@@ -42,7 +44,7 @@ class TaskFailed(Exception):
         self.log = log  # the worker's log, with the task's traceback
 
 
-def _die_with_parent(parent_pid: int) -> None:
+def die_with_parent(parent_pid: int) -> None:
     """Make sure this worker ends when the process that started it ends, however it ends."""
     if sys.platform.startswith("linux"):
         import ctypes
@@ -60,9 +62,9 @@ def _die_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watchdog, name="parent-watchdog", daemon=True).start()
 
 
-def _align_threads(group: str, threads: int, env: dict) -> None:
+def _thread_environment(threads: int, env: dict) -> None:
     """Same intra-op thread count for every framework and runtime, and the device's environment
-    (``env``: name -> value, None to unset), set before they import."""
+    (``env``: name -> value, None to unset), set before anything imports a numerical library."""
     n = str(threads)
     os.environ.update({
         "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n,
@@ -77,6 +79,10 @@ def _align_threads(group: str, threads: int, env: dict) -> None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+def _import_frameworks(group: str, threads: int) -> None:
+    """The group's frameworks, imported and held to the same thread count."""
     if "torch" in group.split("+"):
         import torch
 
@@ -108,17 +114,51 @@ def startup_seconds() -> float:
     return _STARTUP_SECONDS
 
 
-def _main(conn, group: str, threads: int, log_path: str, parent_pid: int, env: dict) -> None:
-    global _STARTUP_SECONDS
-    _die_with_parent(parent_pid)
+def quick_exit(status: int) -> None:
+    """End this process now, without the interpreter's teardown (seconds for a process that imported TensorFlow):
+    output flushed and multiprocessing's own finalizers run (semaphores released), nothing else."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        from multiprocessing import util
+
+        util._exit_function()
+    finally:
+        os._exit(status)
+
+
+def _redirect_output(log_path: str) -> None:
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
+    os.close(log_fd)
+
+
+def _main(conn, group: str | None, threads: int, log_path: str, parent_pid: int, env: dict) -> None:
+    """A worker's loop. ``group`` None: a spare, started ahead of need: it imports what every task needs, then
+    waits for ``("group", group, log_path)`` before it imports that group's frameworks."""
+    global _STARTUP_SECONDS
+    die_with_parent(parent_pid)
+    _redirect_output(log_path)
+    _thread_environment(threads, env)
+    if group is None:
+        try:
+            import parity.run.tasks  # noqa: F401 - numpy and parity's own modules, while the parent plans
+            from parity.model import manifest
+
+            manifest._validator()  # the golden manifest's schema checker, which every task's golden load needs
+        except Exception:  # noqa: BLE001 - the task that needs it reports it
+            traceback.print_exc()
+        message = conn.recv()
+        if message is None:
+            quick_exit(0)
+        _, group, log_path = message
+        _redirect_output(log_path)
     from parity.run.paths import load_target
 
     started = time.perf_counter()
     try:
-        _align_threads(group, threads, env)
+        _import_frameworks(group, threads)
     except Exception as error:  # a framework that fails to import: every task reports it
         startup_error = reason_of(error)
     else:
@@ -129,8 +169,8 @@ def _main(conn, group: str, threads: int, log_path: str, parent_pid: int, env: d
             message = conn.recv()
         except EOFError:
             break
-        if message is None:
-            break
+        if message is None:  # every task's files are written: skip the interpreter's slow teardown
+            quick_exit(0)
         target, kwargs = message
         if startup_error:
             conn.send(("startup", startup_error))
@@ -145,17 +185,24 @@ def _main(conn, group: str, threads: int, log_path: str, parent_pid: int, env: d
 class Worker:
     """A spawned process that runs ``module:function`` tasks for one group."""
 
-    def __init__(self, group: str, threads: int, log_dir: Path, env: dict | None = None):
+    def __init__(self, group: str | None, threads: int, log_dir: Path, env: dict | None = None):
+        """``group`` None: a spare that waits for ``adopt(group)``."""
         context = multiprocessing.get_context("spawn")
         self.group = group
         log_dir.mkdir(parents=True, exist_ok=True)
-        self.log_path = log_dir / f"worker-{group}.log"
+        self.log_dir = log_dir
+        self.log_path = log_dir / f"worker-{group or 'spare'}.log"
         self.conn, child = context.Pipe()
         self.process = context.Process(target=_main, args=(child, group, threads, str(self.log_path), os.getpid(),
                                                                  env or {}),
                                        daemon=True)
         self.process.start()
         child.close()
+
+    def adopt(self, group: str) -> None:
+        """Make a spare the worker of ``group`` (it imports the group's frameworks now)."""
+        self.group, self.log_path = group, self.log_dir / f"worker-{group}.log"
+        self.conn.send(("group", group, str(self.log_path)))
 
     def call(self, target: str, kwargs: dict, timeout_s: float):
         self.conn.send((target, kwargs))
@@ -210,6 +257,18 @@ class WorkerPool:
         self.log_dir = owned_tempdir(logs_root, LOG_PREFIX)
         self.failed = False
         self.current: Worker | None = None
+        self.spare: Worker | None = None
+
+    def prestart(self) -> None:
+        """Start a worker ahead of need, before its group is known: Python, NumPy and parity's modules load while
+        the caller does its own work (e.g. verifying goldens); the first ``call`` adopts it. Only while no worker
+        is running, so a spare never competes with a task."""
+        if self.spare is None and self.current is None:
+            self.spare = Worker(None, self.threads, self.log_dir, self.env)
+
+    def current_group(self) -> str | None:
+        """The group of the live worker, if one is running (a caller orders its tasks to start it again less)."""
+        return self.current.group if self.current is not None and self.current.alive else None
 
     def call(self, group: str, task: str, timeout_s: float | None = None, fresh: bool = False, **kwargs):
         """Run ``task`` in the worker of ``group`` (``fresh``: in a newly started one)."""
@@ -217,7 +276,14 @@ class WorkerPool:
             self.current.close()
             self.current = None
         if self.current is None:
-            self.current = Worker(group, self.threads, self.log_dir, self.env)
+            spare, self.spare = self.spare, None
+            if spare is not None and spare.alive:
+                spare.adopt(group)
+                self.current = spare
+            else:
+                if spare is not None:
+                    spare.kill()
+                self.current = Worker(group, self.threads, self.log_dir, self.env)
         try:
             return self.current.call(task, kwargs, timeout_s or self.timeout_s)
         except TaskFailed:
@@ -227,9 +293,10 @@ class WorkerPool:
             raise
 
     def close(self) -> None:
-        if self.current is not None:
-            self.current.close()
-            self.current = None
+        for worker in (self.current, self.spare):
+            if worker is not None:
+                worker.close()
+        self.current = self.spare = None
         if not self.failed:
             shutil.rmtree(self.log_dir, ignore_errors=True)
 
