@@ -5,7 +5,6 @@ worker processes that run a path.
 """
 
 import importlib
-import importlib.abc
 import importlib.util
 import sys
 
@@ -18,7 +17,10 @@ __all__ = ["ParityError", "__version__"]
 MOVED = {"parity.spec": "parity.model.spec", "parity.usermodel": "parity.model.user"}
 
 
-class _Moved(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+class _Moved:
+    """Finder and loader of the moved names (the protocol of ``importlib.abc.MetaPathFinder`` and ``Loader``,
+    without importing ``importlib.abc``: it pulls in ``importlib.resources`` and ``tempfile`` at start-up)."""
+
     def find_spec(self, name, path=None, target=None):
         return importlib.util.spec_from_loader(name, self) if name in MOVED else None
 

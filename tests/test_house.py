@@ -106,15 +106,15 @@ def test_every_subpackage_says_what_lives_there():
 
 
 def test_model_files_written_before_the_move_still_load(workspace_copy):
-    from tests.conftest import mlp_variant
-
     from parity.model.spec import ModelSpec
     from parity.model.workspace import Workspace
+    from tests.conftest import mlp_variant
 
     old = mlp_variant({"from parity.model.spec import": "from parity.spec import"})
     spec = Workspace(workspace_copy(old)).load_spec("mlp")
     assert isinstance(spec, ModelSpec)
-    import parity.model.user
     import parity.usermodel
+
+    import parity.model.user
 
     assert parity.usermodel is parity.model.user

@@ -55,6 +55,40 @@ def test_builtin_manifests_are_sealed_and_valid():
         assert data["digest"] == manifest.canonical_digest(data)
 
 
+def test_shipped_schema_is_a_valid_draft_2020_12_schema():
+    """The schema ships with the package and is not re-checked at run time: it must pass its metaschema here."""
+    import jsonschema
+
+    schema = manifest.schema_document()
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert jsonschema.validators.validator_for(schema) is jsonschema.Draft202012Validator
+
+
+def test_manifest_changed_after_a_read_is_checked_again(mlp_golden):
+    """A manifest read once is not trusted afterwards: an edit in place that keeps the size and the modification
+    time, with a valid digest, is schema-checked again at the next read."""
+    _, golden_dir = mlp_golden
+    path = golden_dir / "manifest.json"
+    before = manifest.read(path)
+    original, stat = path.read_bytes(), path.stat()
+    edited = json.loads(original)
+    edited["files"]["weights.npz"]["sha256"] = "x" * 64  # not hex: a schema violation of the same length
+    edited = manifest.seal(edited)
+    data = (original.replace(before["files"]["weights.npz"]["sha256"].encode(), b"x" * 64)
+            .replace(before["digest"].encode(), edited["digest"].encode()))
+    assert len(data) == len(original) and json.loads(data) == edited
+    path.write_bytes(data)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert (path.stat().st_size, path.stat().st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)
+    with pytest.raises(GoldenError, match=r"invalid manifest field files\.weights\.npz\.sha256"):
+        manifest.read(path)
+    with pytest.raises(GoldenError, match=r"invalid manifest field files\.weights\.npz\.sha256"):
+        manifest.read(path)  # a refused manifest is refused again, every time
+    path.write_bytes(original)
+    assert manifest.read(path) == before
+
+
 @pytest.mark.parametrize("value", [0.0, 2.0, 0.9733])
 def test_edited_golden_metric_is_refused_by_check(mlp_golden, value):
     """accuracy 0.0 once made every path pass the metric rule; 2.0 failed every path."""

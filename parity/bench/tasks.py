@@ -9,8 +9,8 @@ JAX results materialised with ``np.asarray``, which waits for them).
 from __future__ import annotations
 
 import importlib
+import json
 import os
-import pickle
 import resource
 import sys
 import time
@@ -194,20 +194,20 @@ def first_result_forked(**kwargs) -> dict:
 
                 traceback.print_exc()
                 payload = ("error", reason_of(error))
-            with os.fdopen(write_end, "wb") as out:
-                pickle.dump(payload, out)
+            with os.fdopen(write_end, "w") as out:
+                json.dump(payload, out, default=float)  # NumPy scalars as numbers
             status = 0
         finally:
             from parity.run.worker import quick_exit
 
             quick_exit(status)
     os.close(write_end)
-    with os.fdopen(read_end, "rb") as incoming:
+    with os.fdopen(read_end) as incoming:
         data = incoming.read()
     _, status = os.waitpid(pid, 0)
     if not data:
         raise RuntimeError(f"the process measuring the first result died (wait status {status})")
-    kind, payload = pickle.loads(data)
+    kind, payload = json.loads(data)
     if kind != "ok":
         raise RuntimeError(payload)
     payload["process"] = "forked from a fresh worker (framework import timed there)"

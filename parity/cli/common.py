@@ -15,6 +15,14 @@ from parity.platform.precision import PRECISIONS
 
 PRECISION_CHOICES = tuple(PRECISIONS)
 
+# parameter types, one instance each, shared by every option that takes one (a type holds no per-option state;
+# each construction costs a gettext look-up at start-up)
+FOLDER = click.Path(file_okay=False)
+EXISTING_FOLDER = click.Path(file_okay=False, exists=True)
+FILE = click.Path(dir_okay=False)
+EXISTING_FILE = click.Path(dir_okay=False, exists=True)
+OUTPUT_FILE = click.Path(dir_okay=False, allow_dash=True)
+
 
 def fail(message: str, code: int = 2):
     click.echo(f"error: {message}", err=True)
@@ -47,7 +55,7 @@ def note(message: str) -> None:
 
 
 def workspace_option(func):
-    return click.option("--workspace", "-w", type=click.Path(file_okay=False), default=None,
+    return click.option("--workspace", "-w", type=FOLDER, default=None,
                         help="Folder with models/ and golden/ (default: the current folder, else the built-in zoo).")(func)
 
 
@@ -73,7 +81,7 @@ def check_options(func):
                      help="Where every path runs; a path that cannot run there is a skip with the reason."),
         click.option("--precision", type=click.Choice(PRECISION_CHOICES), default="fp32", show_default=True,
                      help="fp32 (TF32 off), tf32 (GPU), fp16, bf16; checked against the float64 golden."),
-        click.option("--json", "json_file", type=click.Path(dir_okay=False, allow_dash=True), default=None,
+        click.option("--json", "json_file", type=OUTPUT_FILE, default=None,
                      help="Write the result JSON here ('-': to stdout, instead of the tables). Its folder must "
                           "exist. A symlink is followed: the file it resolves to is replaced atomically, the link "
                           "kept. A FIFO or device (/dev/stdout, /dev/null) is written to directly."),
@@ -83,7 +91,7 @@ def check_options(func):
                      help="Seconds one export or check may take before it is killed and called an error."),
         click.option("--no-cache", is_flag=True, help="Export again instead of using the export cache."),
         click.option("--verbose", "-v", is_flag=True, help="Print every path's full reason, expected errors and skips too."),
-        click.option("--report", "report_dir", type=click.Path(file_okay=False), default=None,
+        click.option("--report", "report_dir", type=FOLDER, default=None,
                      help="Write a self-contained HTML report (index.html) into this folder (created if missing; "
                           "its parent must exist). A symlinked folder or index.html is followed to its target."),
     ])

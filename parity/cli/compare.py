@@ -6,12 +6,12 @@ import sys
 
 import click
 
-from parity.cli.common import handle_errors
+from parity.cli.common import FILE, handle_errors
 
 
 @click.command()
-@click.argument("first", type=click.Path(dir_okay=False))
-@click.argument("second", type=click.Path(dir_okay=False))
+@click.argument("first", type=FILE)
+@click.argument("second", type=FILE)
 @handle_errors
 def compare(first, second):
     """Compare two result files: environment first, then verdict changes, then timing ratios.

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from parity.cli.common import PRECISION_CHOICES, handle_errors, model_option, note, workspace_option
@@ -39,6 +37,8 @@ def env(threads):
     Example:
         parity env > env.json
     """
+    import json
+
     from parity.platform.env import default_threads, environment
 
     click.echo(json.dumps(environment(threads or default_threads()), indent=2))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from parity.cli.common import handle_errors, note, workspace_option
+from parity.cli.common import EXISTING_FILE, EXISTING_FOLDER, FOLDER, handle_errors, note, workspace_option
 
 
 @click.command()
@@ -15,17 +15,17 @@ from parity.cli.common import handle_errors, note, workspace_option
 @click.option("--jax", "jax_ref", metavar="MODULE:FUNCTION,PARAMS.npz", help="apply(params, x) and its weights.")
 @click.option("--onnx", "onnx_ref", metavar="FILE", help="An ONNX file: the file itself is the source model.")
 @click.option("--input", "input_decl", metavar="NAME=BATCHxDIMx...[:DTYPE]", help="The input, batch first, e.g. x=1x3x224x224.")
-@click.option("--inputs", "inputs_file", type=click.Path(dir_okay=False, exists=True),
+@click.option("--inputs", "inputs_file", type=EXISTING_FILE,
               help=".npz with the input (and optional labels, eval_x, eval_labels); default: seeded random.")
-@click.option("--test-data", type=click.Path(file_okay=False, exists=True),
+@click.option("--test-data", type=EXISTING_FOLDER,
               help="ONNX test-data folder (test_data_set_N/input_i.pb, output_i.pb): inputs and golden outputs.")
-@click.option("--polygraphy-inputs", type=click.Path(dir_okay=False, exists=True),
+@click.option("--polygraphy-inputs", type=EXISTING_FILE,
               help="Inputs saved by polygraphy run --save-inputs.")
-@click.option("--polygraphy-outputs", type=click.Path(dir_okay=False, exists=True),
+@click.option("--polygraphy-outputs", type=EXISTING_FILE,
               help="Golden outputs saved by polygraphy run --save-outputs.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of random inputs.")
 @click.option("--force", is_flag=True, help="Replace an existing models/NAME.py.")
-@click.option("--workspace", "-w", type=click.Path(file_okay=False), default=None,
+@click.option("--workspace", "-w", type=FOLDER, default=None,
               help="Folder to write models/NAME.py into (default: the current folder).")
 @handle_errors
 def init(name, torch_ref, keras_ref, jax_ref, onnx_ref, input_decl, inputs_file, test_data, polygraphy_inputs,
@@ -52,7 +52,7 @@ def init(name, torch_ref, keras_ref, jax_ref, onnx_ref, input_decl, inputs_file,
 
 @click.command("export-testdata")
 @click.option("--model", "-m", "model", required=True, help="Model name.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
+@click.option("--out", "out_dir", type=FOLDER, required=True,
               help="Folder to write test_data_set_0/ into (next to a model.onnx, say).")
 @workspace_option
 @handle_errors

@@ -6,17 +6,18 @@ timing tables and the time by stage follow the run.
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 
 from parity.cli.common import check_options, handle_errors, timing_options
-from parity.cli.progress import Progress
+
+# json and parity.cli.progress are imported by the command that runs: `parity --help` does not load them
 
 
 def _check_or_run(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, verbose, workspace,
                   report_dir, timing=None, diagnose="failing"):
+    from parity.cli.progress import Progress
     from parity.pipeline import jobs
 
     to_stdout = json_file == "-"
@@ -30,6 +31,8 @@ def _check_or_run(models, patterns, device, precision, json_file, threads, timeo
     def show(report: dict) -> None:
         progress.close()
         if to_stdout:
+            import json
+
             from parity.report import json_report
 
             click.echo(json.dumps(json_report.sanitize(report), indent=2))

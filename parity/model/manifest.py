@@ -34,13 +34,23 @@ def seal(manifest: dict) -> dict:
     return {**{key: value for key, value in manifest.items() if key != "digest"}, "digest": canonical_digest(manifest)}
 
 
+SCHEMA_FILE = "schemas/golden-manifest.schema.json"
+
+# sha256 of the manifest bytes this process has already found valid against the schema: the same bytes parse to
+# the same document, so its schema verdict is the same (the digest and the folder are still checked on every read)
+_SCHEMA_VALID: set[str] = set()
+
+
+def schema_document() -> dict:
+    """The manifest's JSON Schema, as shipped in the package (checked against its metaschema by the tests)."""
+    return json.loads(resources.files("parity").joinpath(SCHEMA_FILE).read_text())
+
+
 @functools.cache
 def _validator():
     import jsonschema
 
-    schema = json.loads(resources.files("parity").joinpath("schemas/golden-manifest.schema.json").read_text())
-    jsonschema.Draft202012Validator.check_schema(schema)
-    return jsonschema.Draft202012Validator(schema)
+    return jsonschema.Draft202012Validator(schema_document())
 
 
 def _reject_constant(name: str):
@@ -63,7 +73,10 @@ def rebuild_hint(model: str) -> str:
 
 
 def read(path: Path) -> dict:
-    """Parse, schema-check and digest-check ``path``; raise ``GoldenError`` (one line) on any problem."""
+    """Parse, schema-check and digest-check ``path``; raise ``GoldenError`` (one line) on any problem.
+
+    Every read parses the file's bytes afresh and checks the digest and the folder; the schema check is skipped
+    only for bytes (by their sha256) this process has already found valid."""
     path = Path(path)
     model = path.parent.name
     if not path.is_file():
@@ -71,8 +84,9 @@ def read(path: Path) -> dict:
     try:
         if path.stat().st_size > MAX_BYTES:
             raise GoldenError(f"{path}: malformed manifest (larger than {MAX_BYTES >> 20} MiB)")
-        text = path.read_bytes().decode("utf-8")
-        manifest = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        data = path.read_bytes()
+        sha256 = hashlib.sha256(data).hexdigest()
+        manifest = json.loads(data.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float)
     except GoldenError:
         raise
     except UnicodeDecodeError as error:
@@ -88,11 +102,13 @@ def read(path: Path) -> dict:
         found = one_line(repr(found), 60) if found is not None else "none"
         raise GoldenError(f"{path}: manifest schema is {found}, this parity reads {SCHEMA!r}; {rebuild_hint(model)}")
     try:
-        from jsonschema.exceptions import best_match
+        if sha256 not in _SCHEMA_VALID:
+            from jsonschema.exceptions import best_match
 
-        error = best_match(_validator().iter_errors(manifest))
-        if error is not None:
-            raise GoldenError(f"{path}: invalid manifest field {_field(error)}: {one_line(error.message, 160)}")
+            error = best_match(_validator().iter_errors(manifest))
+            if error is not None:
+                raise GoldenError(f"{path}: invalid manifest field {_field(error)}: {one_line(error.message, 160)}")
+            _SCHEMA_VALID.add(sha256)
         digest = canonical_digest(manifest)
     except RecursionError:
         raise GoldenError(f"{path}: malformed manifest (nested too deeply); {rebuild_hint(model)}") from None

@@ -8,7 +8,6 @@ HTML report. No framework is imported here; every framework runs in a worker pro
 
 from __future__ import annotations
 
-import inspect
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -81,20 +80,12 @@ class CheckRequest:
     report_dir: str | None = None
 
 
-def accepts_on_checked() -> bool:
-    """Whether the orchestrator can hand over the checked report before timing starts."""
-    from parity.pipeline import orchestrate
-
-    return "on_checked" in inspect.signature(orchestrate.check).parameters
-
-
 def check(request: CheckRequest, *, progress=_quiet, on_checked: Callable[[dict], None] | None = None,
           show: Callable[[dict], None] = lambda report: None, notice: Callable[[str], None] = _quiet) -> int:
     """Check (and diagnose, and time) the selected paths; returns the exit code.
 
     ``progress(message[, step=k, steps=n])`` hears each step as the orchestrator starts it; ``on_checked(report)``
-    hears the verdicts once every check and diagnosis is done, before any timing (when the orchestrator offers
-    it); ``show(report)`` gets the final report before the JSON and HTML files are written; ``notice`` hears
+    hears the verdicts once every check and diagnosis is done, before any timing; ``show(report)`` gets the final report before the JSON and HTML files are written; ``notice`` hears
     one-line notes (a workspace fallback, each file written). A file that cannot be written after the run is a
     ``ParityError``.
     """
@@ -109,8 +100,7 @@ def check(request: CheckRequest, *, progress=_quiet, on_checked: Callable[[dict]
     options = orchestrate.Options(threads=request.threads, patterns=request.patterns, precision=request.precision,
                                   device=device, timeout_s=request.timeout_s, use_cache=request.use_cache,
                                   timing=request.timing, diagnose=request.diagnose)
-    extra = {"on_checked": on_checked} if on_checked is not None and accepts_on_checked() else {}
-    report = orchestrate.check(ws, names, options, progress=progress, **extra)
+    report = orchestrate.check(ws, names, options, progress=progress, on_checked=on_checked)
     show(report)
     write_results(report, None if to_stdout else request.json_file, request.report_dir, notice)
     return orchestrate.exit_code(report)

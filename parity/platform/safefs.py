@@ -21,11 +21,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-import numpy as np
-import psutil
+from typing import TYPE_CHECKING
 
 from parity.platform.errors import ParityError, UsageError, one_line
+
+if TYPE_CHECKING:  # imported where they are used: most callers of this module need neither
+    import numpy as np
+    import psutil
 
 # name suffix of an owned folder: <pid>-<start time in 1/100 s>-<tempfile's 8 random characters>
 _OWNER = re.compile(r"(?P<pid>\d+)-(?P<start>\d+)-[a-z0-9_]{8}$")
@@ -195,6 +197,8 @@ def _start_ticks(process: psutil.Process) -> int:
 
 def owner_tag() -> str:
     """``<pid>-<start time>`` of this process: unique for its lifetime, never reused after it."""
+    import psutil
+
     return f"{os.getpid()}-{_start_ticks(psutil.Process())}"
 
 
@@ -209,6 +213,8 @@ def owner_alive(name: str) -> bool | None:
     match = _OWNER.search(name)
     if match is None:
         return None
+    import psutil
+
     try:
         process = psutil.Process(int(match["pid"]))
         if process.status() == psutil.STATUS_ZOMBIE:
@@ -298,6 +304,8 @@ def replace_dir(new: Path, target: Path) -> None:
 
 def read_npz(path: Path, error_type=ParityError, what: str = "file") -> dict[str, np.ndarray]:
     """Every array of an ``.npz``, never unpickled; any problem raises ``error_type`` naming the file."""
+    import numpy as np
+
     try:
         with np.load(path, allow_pickle=False) as data:
             return {key: data[key] for key in data.files}
