@@ -137,3 +137,173 @@ def test_timed_runs_export_every_timed_batch_size_up_front():
     assert run._batches(Spec) == [None, 8]
     run.options = orchestrate.Options(threads=1)
     assert run._batches(Spec) == [None]
+
+
+class _Pool:
+    """A worker pool that records each call: (group, task, fresh) and answers from ``answers`` (task -> value)."""
+
+    def __init__(self, current=None, answers=None):
+        self.current, self.answers, self.calls = current, answers or {}, []
+
+    def current_group(self):
+        return self.current
+
+    def call(self, group, task, fresh=False, **kwargs):
+        self.calls.append((group, task.split(":")[1], fresh))
+        self.current = group
+        answer = self.answers.get(task.split(":")[1], {})
+        return answer(**kwargs) if callable(answer) else answer
+
+
+def _bench_fixture(pool, groups=("onnx", "tf")):
+    """A run with one passing path per group (no exports), timed at one batch size without a training step."""
+    from types import SimpleNamespace
+
+    from parity.bench import plan
+
+    class Spec:
+        name, timed_batch_sizes = "m", (1,)
+
+    def path(group):
+        return SimpleNamespace(id=f"p-{group}", exports=(), runtime=SimpleNamespace(group=group), precision="fp32",
+                               device="cpu", differentiable=False, baseline=f"p-{group}")
+
+    run = SimpleNamespace(workspace=SimpleNamespace(root="/ws", golden_dir=lambda name: f"/ws/golden/{name}"),
+                          options=SimpleNamespace(threads=1), progress=lambda *a, **k: None)
+    pending = [(Spec, {}, path(group), {"verdict": "pass"}) for group in groups]
+    plan.bench(run, pool, pending, BenchOptions(budget_s=0.01))
+    return {item[2].runtime.group: item[3] for item in pending}
+
+
+def test_the_timing_starts_with_the_check_workers_group_and_its_fresh_copy(monkeypatch):
+    """The group still running from the checks goes first: its first results come from the copy it kept while
+    fresh, its series run in that same worker; every other group gets a worker started fresh."""
+    monkeypatch.setattr("sys.platform", "linux")
+    pool = _Pool(current="tf", answers={"first_result_held": {"load_s": 1.0}, "first_result_forked": {"load_s": 2.0},
+                                        "time_batch": {"verdict": "pass"}})
+    results = _bench_fixture(pool)
+    assert pool.calls == [("tf", "first_result_held", False), ("tf", "release_fresh_copy", False),
+                          ("tf", "time_batch", False),
+                          ("onnx", "first_result_forked", True), ("onnx", "time_batch", False)]
+    assert results["tf"]["timing"]["first_result"] == {"load_s": 1.0}
+    assert results["onnx"]["timing"]["first_result"] == {"load_s": 2.0}
+
+
+def test_without_a_fresh_copy_the_first_results_come_from_a_fresh_worker(monkeypatch):
+    monkeypatch.setattr("sys.platform", "linux")
+    pool = _Pool(current="tf", answers={"first_result_held": None, "first_result_forked": {"load_s": 2.0},
+                                        "time_batch": {"verdict": "pass"}})
+    results = _bench_fixture(pool, groups=("tf",))
+    assert pool.calls == [("tf", "first_result_held", False), ("tf", "first_result_forked", True),
+                          ("tf", "time_batch", False)]
+    assert results["tf"]["timing"]["first_result"] == {"load_s": 2.0}
+
+
+def test_a_fresh_copy_is_held_only_where_the_groups_worker_starts_anyway(monkeypatch):
+    from parity.bench import plan
+
+    monkeypatch.setattr("sys.platform", "linux")
+    running = _Pool(current="tf")
+    plan.hold_fresh_copy(running, "tf", BenchOptions())
+    assert running.calls == []  # that worker has run other tasks: not fresh
+    other = _Pool(current="onnx")
+    plan.hold_fresh_copy(other, "tf", BenchOptions())
+    assert other.calls == [("tf", "hold_fresh_copy", False)]
+    for options in (None, BenchOptions(first_result=False)):
+        idle = _Pool()
+        plan.hold_fresh_copy(idle, "tf", options)
+        assert idle.calls == []
+
+
+def test_checks_run_the_running_group_first_and_tensorflow_last():
+    from types import SimpleNamespace
+
+    from parity.pipeline.orchestrate import _check_order
+
+    def item(group):
+        return None, None, SimpleNamespace(runtime=SimpleNamespace(group=group)), None
+
+    pending = [item(g) for g in ("tf", "torch", "jax", "onnx", "tf", "jax")]
+    groups = [i[2].runtime.group for i in _check_order(_Pool(current="onnx"), pending)]
+    assert groups == ["onnx", "jax", "jax", "torch", "tf", "tf"]
+    groups = [i[2].runtime.group for i in _check_order(_Pool(current="tf"), pending)]
+    assert groups == ["tf", "tf", "jax", "jax", "onnx", "torch"]
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="forks a copy of this process")
+def test_a_held_fresh_copy_answers_first_results_from_another_process(monkeypatch):
+    import os
+
+    from parity.bench import tasks
+
+    def fake_first_result(**kwargs):  # what the copy runs for each request (it is forked after this is set)
+        if kwargs["n"] < 0:
+            raise ValueError("no such path")
+        return {"n": kwargs["n"], "pid": os.getpid()}
+
+    monkeypatch.setattr(tasks, "first_result_forked", fake_first_result)
+    assert tasks.first_result_held(n=1) is None  # nothing held yet
+    try:
+        assert tasks.hold_fresh_copy() is True
+        assert tasks.hold_fresh_copy() is False  # one at a time
+        first, second = tasks.first_result_held(n=1), tasks.first_result_held(n=2)
+        assert first["n"] == 1 and second["n"] == 2 and first["pid"] == second["pid"] != os.getpid()
+        with pytest.raises(RuntimeError, match="no such path"):
+            tasks.first_result_held(n=-1)
+        assert tasks.first_result_held(n=3)["n"] == 3  # an error ends the request, not the copy
+    finally:
+        tasks.release_fresh_copy()
+    assert tasks.first_result_held(n=1) is None
+
+
+def test_the_training_step_reuses_the_runner_of_its_batch_series_and_never_the_golden_weights(monkeypatch):
+    """The series at the spec's batch size leaves its runner (forward runs only) to the training step that follows;
+    any other series in between, or another path, gets a runner built anew; every runner gets its own weights."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from parity.bench import tasks
+    from parity.check import training
+
+    golden_weights = {"w": np.ones(3, np.float32)}
+    spec = SimpleNamespace(batch_size=2, outputs=["y"], output_tolerances=lambda p: SimpleNamespace(for_name=lambda n: None),
+                           gradient_tolerances=lambda p: None)
+    verified = SimpleNamespace(arrays={"weights.npz": golden_weights, "gradients.npz": {},
+                                       "eval.npz": {"x": np.zeros((4, 1), np.float32)},
+                                       "reference.npz": {"eval/logits": np.zeros((4, 1), np.float32)},
+                                       "inputs.npz": {"x": np.zeros((2, 1), np.float32), "labels": np.zeros(2, int)}})
+    built = []
+
+    class Runner:
+        differentiable = True
+
+        def __init__(self, weights):
+            assert weights["w"] is not golden_weights["w"] and np.array_equal(weights["w"], golden_weights["w"])
+            self.weights = weights
+            built.append(self)
+
+        def run(self, x):
+            return {"y": np.zeros((len(x), 1), np.float32)}
+
+        def train_step(self, x, labels, lr):
+            pass
+
+    monkeypatch.setattr(tasks, "_setup", lambda *a, **k: (spec, SimpleNamespace(device_kind="cpu"), verified))
+    monkeypatch.setattr(tasks, "build_runner", lambda spec, path, weights, *a: Runner(weights))
+    monkeypatch.setattr(tasks.compare, "error_stats", lambda *a: {"ok": True})
+    monkeypatch.setattr(training, "check_step", lambda runner, *a: {"ok": True, "runner": runner})
+    timing = {"budget_s": 0.001, "min_runs": 1, "target_rel_ci": 0.5}
+    common = {"workspace": "/ws", "model": "m", "path_id": "p", "golden_dir": "/g", "precision": "fp32", "threads": 1}
+    tasks.time_batch(batch_size=2, timing=timing, **common)
+    step = tasks.time_train_step(lr=0.1, timing=timing, **common)
+    assert len(built) == 1 and step["verified"]["runner"] is built[0]
+    tasks.time_batch(batch_size=2, timing=timing, **common)
+    tasks.time_batch(batch_size=1, timing=timing, **common)
+    step = tasks.time_train_step(lr=0.1, timing=timing, **common)
+    assert len(built) == 4 and step["verified"]["runner"] is built[3]
+    tasks.time_batch(batch_size=2, timing=timing, **common)
+    step = tasks.time_train_step(lr=0.1, timing=timing, **{**common, "path_id": "q"})
+    assert len(built) == 6 and step["verified"]["runner"] is built[5]
+    tasks.time_train_step(lr=0.1, timing=timing, **common)  # used once only: a step changes its weights
+    assert len(built) == 7

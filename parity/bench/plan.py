@@ -90,13 +90,31 @@ def _trains(path, result) -> bool:
     return bool(path.differentiable and result.get("gradients") and all(s["ok"] for s in result["gradients"].values()))
 
 
+def hold_fresh_copy(pool, group: str, options: BenchOptions | None) -> None:
+    """Before the checks of ``group`` when they are the last of the run: start its worker, fresh, and have it keep
+    a copy of itself forked before it runs anything (``parity.bench.tasks.hold_fresh_copy``). The benchmark then
+    starts with that group in that same worker: the first results forked from the copy, the timed series in the
+    worker itself, without starting it again. Only when the worker starts now anyway (another group's is running,
+    or none), on Linux, for a run that times first results."""
+    if options is None or not options.first_result or not sys.platform.startswith("linux"):
+        return
+    if hasattr(pool, "current_group") and pool.current_group() == group:
+        return  # that worker has run other tasks already: the benchmark starts a fresh one instead
+    try:
+        pool.call(group, "parity.bench.tasks:hold_fresh_copy")
+    except TaskFailed:
+        pass  # the checks of the group report why its worker cannot run
+
+
 def bench(run, pool, pending, options: BenchOptions) -> None:
     """Time every passing path of ``pending`` ((spec, manifest, path, result) tuples) into ``result["timing"]``.
 
-    One worker per runtime group, started fresh: first each of its paths' time to first result, each in a
-    process forked from that fresh worker before it has run anything else (nothing of another path loaded;
-    the framework import is the fresh worker's own, timed once), then every series of the group's paths in
-    that same worker. Off Linux, each path's first result gets a fresh worker of its own instead.
+    One worker per runtime group: first each of its paths' time to first result, each in a process forked from
+    the group's worker while it was fresh, before it had run anything else (nothing of another path loaded; the
+    framework import is the fresh worker's own, timed once), then every series of the group's paths in that
+    worker. The group whose worker is still running from the checks goes first, reusing it where it kept a copy
+    of itself forked while fresh (``hold_fresh_copy``); every other group gets a worker started fresh. Off Linux,
+    each path's first result gets a fresh worker of its own instead.
     """
     passing = [item for item in pending if item[3]["verdict"] == "pass"]
     batches = {(spec.name, path.id): options.batch_sizes or spec.timed_batch_sizes for spec, _, path, _ in passing}
@@ -110,22 +128,31 @@ def bench(run, pool, pending, options: BenchOptions) -> None:
     series = sum(len(batches[(spec.name, path.id)]) + _trains(path, result) for spec, _, path, result in passing)
     budget = Budget(options.budget_s, options.total_budget_s, series)
     forks = sys.platform.startswith("linux")  # fork after a framework import is only safe to count on there
-    ordered = sorted(passing, key=lambda item: item[2].runtime.group)
+    current = pool.current_group() if hasattr(pool, "current_group") else None
+    ordered = sorted(passing, key=lambda item: (item[2].runtime.group != current, item[2].runtime.group))
     step = 0
     for group, members in groupby(ordered, key=lambda item: item[2].runtime.group):
         members = list(members)
         firsts = {}
         if options.first_result:
-            for k, (spec, manifest, path, result) in enumerate(members):
+            held = forks and group == current  # the check worker may hold a copy of itself forked while fresh
+            started = False  # whether this group's fresh worker is started
+            for spec, manifest, path, result in members:
                 own = run._export(pool, spec, manifest, path, len(path.exports) - 1) if path.exports else None
                 kwargs = _common(run, spec, path) | {"precision": path.precision, "artifact_dir": own and own["dir"],
                                                        "artifact_meta": own and own["meta"]}
-                task = "parity.bench.tasks:first_result_forked" if forks else "parity.bench.tasks:first_result"
-                first = _call(pool, group, task, fresh=not forks or k == 0, **kwargs)
+                first = _call(pool, group, "parity.bench.tasks:first_result_held", **kwargs) if held else None
+                if first is None:  # none held: forked from a worker started fresh for the group
+                    held = False
+                    task = "parity.bench.tasks:first_result_forked" if forks else "parity.bench.tasks:first_result"
+                    first = _call(pool, group, task, fresh=not forks or not started, **kwargs)
+                    started = True
                 if own is not None and "verdict" not in first:
                     first["export_s"] = own["meta"].get("export_s")
                     first["export_cached"] = bool(own.get("cached"))
                 firsts[(spec.name, path.id)] = first
+            if held:
+                _call(pool, group, "parity.bench.tasks:release_fresh_copy")
         for spec, manifest, path, result in members:
             step += 1
             run.progress(f"{spec.name}: time {path.id}", step, len(passing))

@@ -27,13 +27,38 @@ from parity.run import paths
 from parity.run.tasks import build_runner
 
 
+# each model's spec and verified golden data, loaded once in this worker (and inherited by the processes forked
+# from it): (workspace, model, golden_dir) -> (spec, golden). Runners get copies of the weights, never these arrays.
+_LOADED: dict[tuple[str, str, str], tuple] = {}
+
+
 def _setup(workspace: str, model: str, path_id: str, golden_dir: str, device: str = "cpu", precision: str = "fp32"):
-    spec = Workspace(workspace).load_spec(model)
-    return spec, paths.by_id(path_id, device, precision), golden.load(Path(golden_dir), spec)
+    key = (workspace, model, golden_dir)
+    if key not in _LOADED:
+        spec = Workspace(workspace).load_spec(model)
+        _LOADED[key] = spec, golden.load(Path(golden_dir), spec)
+    spec, verified = _LOADED[key]
+    return spec, paths.by_id(path_id, device, precision), verified
 
 
-def _runner(spec, path, verified, batch_size: int, threads: int, artifact_dir, artifact_meta):
-    return build_runner(spec, path, verified.arrays["weights.npz"], batch_size, threads, artifact_dir, artifact_meta)
+def _weights(verified) -> dict:
+    """A copy of the golden weights for one runner (a training step changes its runner's weights, never the golden
+    ones it is checked against)."""
+    return {name: np.array(value) for name, value in verified.arrays["weights.npz"].items()}
+
+
+def _runner(spec, path, verified, batch_size: int, threads: int, artifact_dir, artifact_meta, weights=None):
+    return build_runner(spec, path, _weights(verified) if weights is None else weights, batch_size, threads,
+                        artifact_dir, artifact_meta)
+
+
+# the runner the last verified batch series timed at the spec's batch size, kept for that path's training step
+# (built the same way from the same weights and artifact, and only run forward since): (key, runner) or None
+_SPARE_RUNNER: tuple | None = None
+
+
+def _runner_key(model, path_id, precision, device, threads, batch_size, artifact_dir) -> tuple:
+    return model, path_id, precision, device, threads, batch_size, artifact_dir
 
 
 def eval_slice(spec, verified, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -48,6 +73,8 @@ def time_batch(workspace: str, model: str, path_id: str, golden_dir: str, precis
                batch_size: int, timing: dict, artifact_dir: str | None = None, artifact_meta: dict | None = None,
                device: str = "cpu") -> dict:
     """Verify ``batch_size`` (outputs on eval samples against the golden), then time it; never time a failure."""
+    global _SPARE_RUNNER
+    _SPARE_RUNNER = None
     spec, path, verified = _setup(workspace, model, path_id, golden_dir, device, precision)
     x, reference = eval_slice(spec, verified, batch_size)
     runner = _runner(spec, path, verified, batch_size, threads, artifact_dir, artifact_meta)
@@ -60,6 +87,8 @@ def time_batch(workspace: str, model: str, path_id: str, golden_dir: str, precis
     result = {"verdict": "pass", "verified": check, **stats.summarize(measured["samples_ms"], batch_size), **measured}
     if path.device_kind == "cuda":
         result["gpu"] = gpu_figures(runner, x, timing, batch_size)
+    if batch_size == spec.batch_size and runner.differentiable:
+        _SPARE_RUNNER = _runner_key(model, path_id, precision, device, threads, batch_size, artifact_dir), runner
     return result
 
 
@@ -93,10 +122,16 @@ def time_train_step(workspace: str, model: str, path_id: str, golden_dir: str, p
     """One SGD step verified from the golden weights (``parity.check.training.check_step``), then timed."""
     from parity.check.training import check_step
 
+    global _SPARE_RUNNER
     spec, path, verified = _setup(workspace, model, path_id, golden_dir, device, precision)
     inputs = verified.arrays["inputs.npz"]
     x, labels = inputs["x"], inputs["labels"]
-    runner = _runner(spec, path, verified, spec.batch_size, threads, artifact_dir, artifact_meta)
+    # the runner the batch series at this batch size was timed on, if it was the last one: it has only run forward,
+    # so it still holds the golden weights (``check_step`` checks that the step starts from them)
+    key, runner = _SPARE_RUNNER or (None, None)
+    _SPARE_RUNNER = None
+    if key != _runner_key(model, path_id, precision, device, threads, spec.batch_size, artifact_dir):
+        runner = _runner(spec, path, verified, spec.batch_size, threads, artifact_dir, artifact_meta)
     check = check_step(runner, x, labels, lr, verified.arrays["weights.npz"], verified.arrays["gradients.npz"],
                        spec.gradient_tolerances(precision))
     if not check["ok"]:
@@ -147,11 +182,12 @@ def first_result(workspace: str, model: str, path_id: str, golden_dir: str, thre
     path = paths.by_id(path_id, device, precision)
     parts = {"import_s": _import_runtime(path) if import_s is None else import_s}
     spec, path, verified = _setup(workspace, model, path_id, golden_dir, device, precision)
+    weights = _weights(verified)
     baseline_mb = _rss_mb()
     inputs = verified.arrays["inputs.npz"]
     x = inputs["x"]
     t0 = time.perf_counter()
-    runner = _runner(spec, path, verified, spec.batch_size, threads, artifact_dir, artifact_meta)
+    runner = _runner(spec, path, verified, spec.batch_size, threads, artifact_dir, artifact_meta, weights)
     parts["load_s"] = time.perf_counter() - t0
     for name in ("first_inference_s", "second_inference_s"):
         t0 = time.perf_counter()
@@ -170,11 +206,14 @@ def first_result(workspace: str, model: str, path_id: str, golden_dir: str, thre
 
 def first_result_forked(**kwargs) -> dict:
     """``first_result`` in a process forked from this worker, which must be fresh: it has imported its frameworks
-    (and this path's runtime packages, timed here once per worker) and run nothing else. The child loads and
-    runs only this path, so each path's first result starts from the same fresh state, without paying the
-    framework import again for every path of the group."""
+    (and this path's runtime packages, timed here once per worker) and run nothing else (it only holds the specs
+    and golden data it loaded for its children). The child loads and runs only this path, so each path's first
+    result starts from the same fresh state, without paying the framework import again for every path of the
+    group."""
     path = paths.by_id(kwargs["path_id"], kwargs.get("device", "cpu"), kwargs.get("precision", "fp32"))
     import_s = _import_runtime(path)
+    # the model's spec and golden data, loaded here once for every path of the model (data, no path run)
+    _setup(kwargs["workspace"], kwargs["model"], kwargs["path_id"], kwargs["golden_dir"], path.device, path.precision)
     sys.stdout.flush()
     sys.stderr.flush()
     read_end, write_end = os.pipe()
@@ -212,3 +251,94 @@ def first_result_forked(**kwargs) -> dict:
         raise RuntimeError(payload)
     payload["process"] = "forked from a fresh worker (framework import timed there)"
     return payload
+
+
+# a copy of this worker forked while it was fresh (frameworks imported, no task run), waiting to fork each path's
+# first-result process: (pid, requests, replies) or None
+_HELD: tuple | None = None
+
+
+def hold_fresh_copy() -> bool:
+    """Fork a copy of this worker now, while it is fresh, and keep it waiting: ``first_result_held`` later forks
+    each path's first-result process from that copy, so this worker can run other tasks (checks, then timed
+    series) in between and still give every first result the fresh state of ``first_result_forked``. The copy
+    dies with this worker. Linux only (False elsewhere, and when one is already held)."""
+    global _HELD
+    if _HELD is not None or not sys.platform.startswith("linux"):
+        return False
+    request_read, request_write = os.pipe()
+    reply_read, reply_write = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # the copy: serves requests until this worker closes the pipe or dies; never returns
+        status = 1
+        try:
+            os.close(request_write)
+            os.close(reply_read)
+            from parity.run.worker import die_with_parent
+
+            die_with_parent(parent)
+            _serve_held(request_read, reply_write)
+            status = 0
+        finally:
+            from parity.run.worker import quick_exit
+
+            quick_exit(status)
+    os.close(request_read)
+    os.close(reply_write)
+    _HELD = pid, os.fdopen(request_write, "w"), os.fdopen(reply_read)
+    return True
+
+
+def _serve_held(request_fd: int, reply_fd: int) -> None:
+    from parity.run.worker import reason_of
+
+    with os.fdopen(request_fd) as requests, os.fdopen(reply_fd, "w") as replies:
+        for line in requests:
+            try:
+                reply = ("ok", first_result_forked(**json.loads(line)))
+            except BaseException as error:  # noqa: BLE001 - the worker reports it as the task's error
+                reply = ("error", reason_of(error))
+            replies.write(json.dumps(reply, default=float) + "\n")
+            replies.flush()
+
+
+def first_result_held(**kwargs) -> dict | None:
+    """``first_result_forked`` in the fresh copy ``hold_fresh_copy`` kept (the path's process is forked from it);
+    None when this worker holds none (the caller then measures it in a fresh worker)."""
+    if _HELD is None:
+        return None
+    _, requests, replies = _HELD
+    try:
+        requests.write(json.dumps(kwargs, default=float) + "\n")
+        requests.flush()
+        line = replies.readline()
+    except OSError:
+        line = ""
+    if not line:
+        release_fresh_copy()
+        raise RuntimeError("the fresh copy of the worker that measures first results died; see the worker log")
+    kind, payload = json.loads(line)
+    if kind != "ok":
+        raise RuntimeError(payload)
+    return payload
+
+
+def release_fresh_copy() -> None:
+    """End the fresh copy ``hold_fresh_copy`` kept, if any."""
+    global _HELD
+    if _HELD is None:
+        return
+    pid, requests, replies = _HELD
+    _HELD = None
+    for stream in (requests, replies):
+        try:
+            stream.close()
+        except OSError:
+            pass
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
