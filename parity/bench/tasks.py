@@ -26,7 +26,6 @@ from parity.model.workspace import Workspace
 from parity.run import paths
 from parity.run.tasks import build_runner
 
-
 # each model's spec and verified golden data, loaded once in this worker (and inherited by the processes forked
 # from it): (workspace, model, golden_dir) -> (spec, golden). Runners get copies of the weights, never these arrays.
 _LOADED: dict[tuple[str, str, str], tuple] = {}
