@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from itertools import groupby
 
 from parity.bench import stats
-from parity.run.worker import TaskFailed
+from parity.run.worker import TaskFailed, running_first
 
 # the least a series is given when a total budget is nearly spent (``min_runs`` still wins over it)
 MIN_SERIES_S = 0.02
@@ -98,7 +98,7 @@ def hold_fresh_copy(pool, group: str, options: BenchOptions | None) -> None:
     or none), on Linux, for a run that times first results."""
     if options is None or not options.first_result or not sys.platform.startswith("linux"):
         return
-    if hasattr(pool, "current_group") and pool.current_group() == group:
+    if pool.current_group() == group:
         return  # that worker has run other tasks already: the benchmark starts a fresh one instead
     try:
         pool.call(group, "parity.bench.tasks:hold_fresh_copy")
@@ -120,16 +120,14 @@ def bench(run, pool, pending, options: BenchOptions) -> None:
     batches = {(spec.name, path.id): options.batch_sizes or spec.timed_batch_sizes for spec, _, path, _ in passing}
     artifacts = {}
     exported = [item for item in passing if item[2].exports]
-    current = pool.current_group() if hasattr(pool, "current_group") else None
-    for spec, manifest, path, result in sorted(exported, key=lambda item: (item[2].exports[-1].group != current,
-                                                                           item[2].exports[-1].group)):
+    for spec, manifest, path, result in running_first(pool, exported, lambda item: item[2].exports[-1].group):
         for batch in batches[(spec.name, path.id)]:
             artifacts[(spec.name, path.id, batch)] = run._export(pool, spec, manifest, path, len(path.exports) - 1, batch)
     series = sum(len(batches[(spec.name, path.id)]) + _trains(path, result) for spec, _, path, result in passing)
     budget = Budget(options.budget_s, options.total_budget_s, series)
     forks = sys.platform.startswith("linux")  # fork after a framework import is only safe to count on there
-    current = pool.current_group() if hasattr(pool, "current_group") else None
-    ordered = sorted(passing, key=lambda item: (item[2].runtime.group != current, item[2].runtime.group))
+    current = pool.current_group()  # after the exports above: the worker the timing can start in
+    ordered = running_first(pool, passing, lambda item: item[2].runtime.group)
     step = 0
     for group, members in groupby(ordered, key=lambda item: item[2].runtime.group):
         members = list(members)

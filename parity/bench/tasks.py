@@ -14,6 +14,7 @@ import os
 import resource
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,7 @@ from parity.golden import store as golden
 from parity.model.workspace import Workspace
 from parity.run import paths
 from parity.run.tasks import build_runner
+from parity.run.worker import die_with_parent, quick_exit, reason_of, startup_seconds
 
 # each model's spec and verified golden data, loaded once in this worker (and inherited by the processes forked
 # from it): (workspace, model, golden_dir) -> (spec, golden). Runners get copies of the weights, never these arrays.
@@ -157,8 +159,6 @@ _IMPORT_S: dict[str, float] = {}
 
 def _import_runtime(path) -> float:
     """Import ``path``'s runtime packages here (each timed the first time); seconds they took, start-up included."""
-    from parity.run.worker import startup_seconds
-
     for package in path.runtime.packages:
         if package not in _IMPORT_S:
             started = time.perf_counter()
@@ -213,32 +213,14 @@ def first_result_forked(**kwargs) -> dict:
     import_s = _import_runtime(path)
     # the model's spec and golden data, loaded here once for every path of the model (data, no path run)
     _setup(kwargs["workspace"], kwargs["model"], kwargs["path_id"], kwargs["golden_dir"], path.device, path.precision)
-    sys.stdout.flush()
-    sys.stderr.flush()
     read_end, write_end = os.pipe()
-    parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns
-        status = 1
-        try:
-            os.close(read_end)
-            from parity.run.worker import die_with_parent, reason_of
 
-            die_with_parent(parent)
-            try:
-                payload = ("ok", first_result(**kwargs, import_s=import_s))
-            except BaseException as error:  # noqa: BLE001 - the parent reports it as the task's error
-                import traceback
+    def child():
+        os.close(read_end)
+        with os.fdopen(write_end, "w") as out:
+            json.dump(_outcome(lambda: first_result(**kwargs, import_s=import_s)), out, default=float)
 
-                traceback.print_exc()
-                payload = ("error", reason_of(error))
-            with os.fdopen(write_end, "w") as out:
-                json.dump(payload, out, default=float)  # NumPy scalars as numbers
-            status = 0
-        finally:
-            from parity.run.worker import quick_exit
-
-            quick_exit(status)
+    pid = _fork(child)
     os.close(write_end)
     with os.fdopen(read_end) as incoming:
         data = incoming.read()
@@ -250,6 +232,34 @@ def first_result_forked(**kwargs) -> dict:
         raise RuntimeError(payload)
     payload["process"] = "forked from a fresh worker (framework import timed there)"
     return payload
+
+
+def _fork(child) -> int:
+    """Fork this worker: the child dies with it, runs ``child()`` and exits without the interpreter's teardown;
+    returns the child's pid."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        status = 1
+        try:
+            die_with_parent(parent)
+            child()
+            status = 0
+        finally:
+            quick_exit(status)
+    return pid
+
+
+def _outcome(task) -> tuple:
+    """``("ok", task())``, or ``("error", reason)`` with the traceback in the worker log: a reply across a pipe
+    as JSON (NumPy scalars written as numbers)."""
+    try:
+        return "ok", task()
+    except BaseException as error:  # noqa: BLE001 - the receiving side reports it as the task's error
+        traceback.print_exc()
+        return "error", reason_of(error)
 
 
 # a copy of this worker forked while it was fresh (frameworks imported, no task run), waiting to fork each path's
@@ -267,24 +277,13 @@ def hold_fresh_copy() -> bool:
         return False
     request_read, request_write = os.pipe()
     reply_read, reply_write = os.pipe()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:  # the copy: serves requests until this worker closes the pipe or dies; never returns
-        status = 1
-        try:
-            os.close(request_write)
-            os.close(reply_read)
-            from parity.run.worker import die_with_parent
 
-            die_with_parent(parent)
-            _serve_held(request_read, reply_write)
-            status = 0
-        finally:
-            from parity.run.worker import quick_exit
+    def copy():  # serves requests until this worker closes the pipe or dies
+        os.close(request_write)
+        os.close(reply_read)
+        _serve_held(request_read, reply_write)
 
-            quick_exit(status)
+    pid = _fork(copy)
     os.close(request_read)
     os.close(reply_write)
     _HELD = pid, os.fdopen(request_write, "w"), os.fdopen(reply_read)
@@ -292,14 +291,9 @@ def hold_fresh_copy() -> bool:
 
 
 def _serve_held(request_fd: int, reply_fd: int) -> None:
-    from parity.run.worker import reason_of
-
     with os.fdopen(request_fd) as requests, os.fdopen(reply_fd, "w") as replies:
         for line in requests:
-            try:
-                reply = ("ok", first_result_forked(**json.loads(line)))
-            except BaseException as error:  # noqa: BLE001 - the worker reports it as the task's error
-                reply = ("error", reason_of(error))
+            reply = _outcome(lambda: first_result_forked(**json.loads(line)))
             replies.write(json.dumps(reply, default=float) + "\n")
             replies.flush()
 

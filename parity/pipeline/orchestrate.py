@@ -25,7 +25,7 @@ from parity.platform.errors import GoldenError, SpecError, UsageError, one_line
 from parity.platform.safefs import owned_tempdir, sha256_file, sweep
 from parity.run import paths, provenance
 from parity.run.cache import META_FILE, ExportCache, content_key
-from parity.run.worker import TaskFailed, WorkerPool
+from parity.run.worker import TaskFailed, WorkerPool, running_first
 
 NOCACHE_PREFIX = "parity-nocache-"
 
@@ -255,7 +255,7 @@ class Run:
                 done = 0
                 for depth in range(max((len(p.exports) for _, _, p, _ in pending), default=0)):
                     todo = [item for item in pending if len(item[2].exports) > depth]
-                    for spec, manifest, path, _ in _current_first(pool, todo, lambda item: item[2].exports[depth].group):
+                    for spec, manifest, path, _ in running_first(pool, todo, lambda item: item[2].exports[depth].group):
                         for batch in self._batches(spec):
                             done += 1
                             self._export(pool, spec, manifest, path, depth, batch, at_step=(done, len(exports)))
@@ -365,22 +365,10 @@ class _Background:
         return self._value
 
 
-def _current_first(pool, items, group_of) -> list:
-    """``items`` grouped by worker group (stable), the group of the worker already running first."""
-    current = pool.current_group() if hasattr(pool, "current_group") else None
-    return sorted(items, key=lambda item: (group_of(item) != current, group_of(item)))
-
-
 def _check_order(pool, pending) -> list:
     """``pending`` grouped by worker group: the group of the worker already running first, the groups that import
     TensorFlow (the slowest worker to start) last, so that the worker the timing starts with is that one."""
-    current = pool.current_group() if hasattr(pool, "current_group") else None
-
-    def key(item):
-        group = item[2].runtime.group
-        return group != current, "tf" in group.split("+"), group
-
-    return sorted(pending, key=key)
+    return running_first(pool, pending, lambda item: item[2].runtime.group, lambda group: "tf" in group.split("+"))
 
 
 def _apply_expectation(spec, result: dict) -> None:
@@ -420,6 +408,6 @@ def check(workspace, model_names, options: Options, progress=lambda message: Non
     every check and diagnosis of every model and before any timing, with the report as it is then (the final
     report's shape, ``timing`` still None). ``report["stage_seconds"]`` says how long each stage that ran took
     (``verify``, ``export``, ``check``, ``diagnose``, ``bench``; a timed run's exports at its extra batch sizes
-    count as ``bench``).
+    count as ``export``).
     """
     return Run(workspace, options, progress, on_checked).execute(model_names)

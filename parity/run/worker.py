@@ -4,9 +4,9 @@ TensorFlow, PyTorch and JAX never share a process, their thread pools never comp
 timing (only one worker runs tasks at a time; a spare started ahead of need, while the parent
 verifies goldens, only imports NumPy and parity and then waits for its group), and a crash or
 hang in one task becomes that task's error instead of the run's end. A worker ends without the
-interpreter's teardown once told to (seconds saved per TensorFlow worker). A worker dies with its parent (parent-death signal on
-Linux, a watchdog on the parent's pid elsewhere), so a killed run leaves no process behind and
-nothing writes after it. Worker output (framework logs) goes to one log folder per run under
+interpreter's teardown once told to (seconds saved per TensorFlow worker). A worker dies with its
+parent (parent-death signal on Linux, a watchdog on the parent's pid elsewhere), so a killed run
+leaves no process behind and nothing writes after it. Worker output (framework logs) goes to one log folder per run under
 the cache, kept when a task of the run failed and removed otherwise; old ones are pruned.
 """
 
@@ -305,6 +305,13 @@ class WorkerPool:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def running_first(pool, items, group_of, then=lambda group: ()) -> list:
+    """``items`` grouped by worker group (stable), the group of the worker ``pool`` has running first, so it is
+    not started again; ``then(group)`` orders the other groups before their names do."""
+    current = pool.current_group()
+    return sorted(items, key=lambda item: (group_of(item) != current, then(group_of(item)), group_of(item)))
 
 
 def prune_logs(logs_root: Path) -> None:
