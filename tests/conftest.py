@@ -88,3 +88,10 @@ def dead_owner_tag() -> str:
     start = round(psutil.Process(child.pid).create_time() * 100)
     child.wait()
     return f"{child.pid}-{start}"
+
+
+def sleep(seconds: float) -> None:
+    """A worker task that hangs for ``seconds``."""
+    import time
+
+    time.sleep(seconds)

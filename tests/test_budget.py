@@ -106,23 +106,6 @@ def test_on_checked_hears_the_verdicts_before_timing(tmp_path, monkeypatch):
     assert "verify" in report["stage_seconds"]
 
 
-def test_a_spare_worker_is_adopted_by_the_first_call_and_closed_when_unused(tmp_path):
-    from parity.run import worker
-
-    with worker.WorkerPool(1, tmp_path, timeout_s=120) as pool:
-        pool.prestart()
-        spare = pool.spare
-        assert pool.current_group() is None
-        assert pool.call("onnx", "parity.check.metrics:accuracy", logits=[[0.0, 1.0]], labels=[1]) == 1.0
-        assert pool.current is spare and pool.spare is None and pool.current_group() == "onnx"
-        assert spare.log_path.name == "worker-onnx.log"
-    assert not spare.alive
-    with worker.WorkerPool(1, tmp_path, timeout_s=120) as pool:
-        pool.prestart()
-        unused = pool.spare
-    assert not unused.alive  # closed with the pool, never given a group
-
-
 def test_timed_runs_export_every_timed_batch_size_up_front():
     from parity.pipeline import orchestrate
 
@@ -155,7 +138,7 @@ class _Pool:
         return answer(**kwargs) if callable(answer) else answer
 
 
-def _bench_fixture(pool, groups=("onnx", "tf")):
+def _bench_fixture(pool, groups=("onnx", "tf"), first_result=True):
     """A run with one passing path per group (no exports), timed at one batch size without a training step."""
     from types import SimpleNamespace
 
@@ -171,51 +154,27 @@ def _bench_fixture(pool, groups=("onnx", "tf")):
     run = SimpleNamespace(workspace=SimpleNamespace(root="/ws", golden_dir=lambda name: f"/ws/golden/{name}"),
                           options=SimpleNamespace(threads=1), progress=lambda *a, **k: None)
     pending = [(Spec, {}, path(group), {"verdict": "pass"}) for group in groups]
-    plan.bench(run, pool, pending, BenchOptions(budget_s=0.01))
+    plan.bench(run, pool, pending, BenchOptions(budget_s=0.01, first_result=first_result))
     return {item[2].runtime.group: item[3] for item in pending}
 
 
-def test_the_timing_starts_with_the_check_workers_group_and_its_fresh_copy(monkeypatch):
-    """The group still running from the checks goes first: its first results come from the copy it kept while
-    fresh, its series run in that same worker; every other group gets a worker started fresh."""
-    monkeypatch.setattr("sys.platform", "linux")
-    pool = _Pool(current="tf", answers={"first_result_held": {"load_s": 1.0}, "first_result_forked": {"load_s": 2.0},
-                                        "time_batch": {"verdict": "pass"}})
-    results = _bench_fixture(pool)
-    assert pool.calls == [("tf", "first_result_held", False), ("tf", "release_fresh_copy", False),
-                          ("tf", "time_batch", False),
-                          ("onnx", "first_result_forked", True), ("onnx", "time_batch", False)]
+def test_every_path_is_timed_in_a_fresh_worker_of_its_own_after_its_first_result():
+    """No path is timed in a worker that ran anything else: each path's first result starts a fresh worker, its
+    series follow in it; without first results each path's first series starts one; the running group first."""
+    pool = _Pool(current="tf", answers={"first_result": {"load_s": 1.0}, "time_batch": {"verdict": "pass"}})
+    results = _bench_fixture(pool, groups=("onnx", "tf"))
+    assert pool.calls == [("tf", "first_result", True), ("tf", "time_batch", False),
+                          ("onnx", "first_result", True), ("onnx", "time_batch", False)]
     assert results["tf"]["timing"]["first_result"] == {"load_s": 1.0}
-    assert results["onnx"]["timing"]["first_result"] == {"load_s": 2.0}
+    failed = _Pool(answers={"first_result": {"verdict": "error", "reason": "died"}, "time_batch": {"verdict": "pass"}})
+    _bench_fixture(failed, groups=("onnx",))
+    assert failed.calls == [("onnx", "first_result", True), ("onnx", "time_batch", True)]
+    without = _Pool(answers={"time_batch": {"verdict": "pass"}})
+    _bench_fixture(without, groups=("onnx", "tf"), first_result=False)
+    assert without.calls == [("onnx", "time_batch", True), ("tf", "time_batch", True)]
 
 
-def test_without_a_fresh_copy_the_first_results_come_from_a_fresh_worker(monkeypatch):
-    monkeypatch.setattr("sys.platform", "linux")
-    pool = _Pool(current="tf", answers={"first_result_held": None, "first_result_forked": {"load_s": 2.0},
-                                        "time_batch": {"verdict": "pass"}})
-    results = _bench_fixture(pool, groups=("tf",))
-    assert pool.calls == [("tf", "first_result_held", False), ("tf", "first_result_forked", True),
-                          ("tf", "time_batch", False)]
-    assert results["tf"]["timing"]["first_result"] == {"load_s": 2.0}
-
-
-def test_a_fresh_copy_is_held_only_where_the_groups_worker_starts_anyway(monkeypatch):
-    from parity.bench import plan
-
-    monkeypatch.setattr("sys.platform", "linux")
-    running = _Pool(current="tf")
-    plan.hold_fresh_copy(running, "tf", BenchOptions())
-    assert running.calls == []  # that worker has run other tasks: not fresh
-    other = _Pool(current="onnx")
-    plan.hold_fresh_copy(other, "tf", BenchOptions())
-    assert other.calls == [("tf", "hold_fresh_copy", False)]
-    for options in (None, BenchOptions(first_result=False)):
-        idle = _Pool()
-        plan.hold_fresh_copy(idle, "tf", options)
-        assert idle.calls == []
-
-
-def test_checks_run_the_running_group_first_and_tensorflow_last():
+def test_checks_run_the_running_group_first():
     from types import SimpleNamespace
 
     from parity.pipeline.orchestrate import _check_order
@@ -225,40 +184,15 @@ def test_checks_run_the_running_group_first_and_tensorflow_last():
 
     pending = [item(g) for g in ("tf", "torch", "jax", "onnx", "tf", "jax")]
     groups = [i[2].runtime.group for i in _check_order(_Pool(current="onnx"), pending)]
-    assert groups == ["onnx", "jax", "jax", "torch", "tf", "tf"]
+    assert groups == ["onnx", "jax", "jax", "tf", "tf", "torch"]
     groups = [i[2].runtime.group for i in _check_order(_Pool(current="tf"), pending)]
     assert groups == ["tf", "tf", "jax", "jax", "onnx", "torch"]
 
 
-@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="forks a copy of this process")
-def test_a_held_fresh_copy_answers_first_results_from_another_process(monkeypatch):
-    import os
-
-    from parity.bench import tasks
-
-    def fake_first_result(**kwargs):  # what the copy runs for each request (it is forked after this is set)
-        if kwargs["n"] < 0:
-            raise ValueError("no such path")
-        return {"n": kwargs["n"], "pid": os.getpid()}
-
-    monkeypatch.setattr(tasks, "first_result_forked", fake_first_result)
-    assert tasks.first_result_held(n=1) is None  # nothing held yet
-    try:
-        assert tasks.hold_fresh_copy() is True
-        assert tasks.hold_fresh_copy() is False  # one at a time
-        first, second = tasks.first_result_held(n=1), tasks.first_result_held(n=2)
-        assert first["n"] == 1 and second["n"] == 2 and first["pid"] == second["pid"] != os.getpid()
-        with pytest.raises(RuntimeError, match="no such path"):
-            tasks.first_result_held(n=-1)
-        assert tasks.first_result_held(n=3)["n"] == 3  # an error ends the request, not the copy
-    finally:
-        tasks.release_fresh_copy()
-    assert tasks.first_result_held(n=1) is None
-
-
 def test_the_training_step_reuses_the_runner_of_its_batch_series_and_never_the_golden_weights(monkeypatch):
-    """The series at the spec's batch size leaves its runner (forward runs only) to the training step that follows;
-    any other series in between, or another path, gets a runner built anew; every runner gets its own weights."""
+    """The series at the spec's batch size leaves its runner (forward runs only) to the training step that follows,
+    also across a series at another batch size; another path gets a runner built anew; every runner gets its own
+    weights."""
     from types import SimpleNamespace
 
     import numpy as np
@@ -299,11 +233,11 @@ def test_the_training_step_reuses_the_runner_of_its_batch_series_and_never_the_g
     step = tasks.time_train_step(lr=0.1, timing=timing, **common)
     assert len(built) == 1 and step["verified"]["runner"] is built[0]
     tasks.time_batch(batch_size=2, timing=timing, **common)
-    tasks.time_batch(batch_size=1, timing=timing, **common)
+    tasks.time_batch(batch_size=1, timing=timing, **common)  # another batch size builds its own and keeps the spare
     step = tasks.time_train_step(lr=0.1, timing=timing, **common)
-    assert len(built) == 4 and step["verified"]["runner"] is built[3]
+    assert len(built) == 3 and step["verified"]["runner"] is built[1]
     tasks.time_batch(batch_size=2, timing=timing, **common)
     step = tasks.time_train_step(lr=0.1, timing=timing, **{**common, "path_id": "q"})
-    assert len(built) == 6 and step["verified"]["runner"] is built[5]
+    assert len(built) == 5 and step["verified"]["runner"] is built[4]
     tasks.time_train_step(lr=0.1, timing=timing, **common)  # used once only: a step changes its weights
-    assert len(built) == 7
+    assert len(built) == 6

@@ -20,7 +20,7 @@ def test_median_ci_known_order_statistics(n, lo, hi):
     assert stats.median_ci(sample) == (float(lo), float(hi))
 
 
-@pytest.mark.parametrize("n", [6, 7, 20, 31, 64, 257, 1000])
+@pytest.mark.parametrize("n", [6, 7, 20, 31, 64, 257, 1000, 20_001, 300_000])
 @pytest.mark.parametrize("confidence", [0.9, 0.95, 0.99])
 def test_median_ci_follows_binomial_rule(n, confidence):
     lo, hi = stats.median_ci_ranks(n, confidence)
@@ -240,3 +240,20 @@ def test_bad_arguments_raise(kwargs):
     with pytest.raises(ValueError):
         run(clock, **kwargs)
     assert clock.calls == 0
+
+
+def test_binomial_half_cdf_matches_scipy_to_double_precision():
+    for n in (*range(1, 200), 999, 1000, 4096, 20_001, 250_000):
+        for j in sorted({0, 1, n // 3, n // 2 - 1, n // 2, n // 2 + 1, n - 2, n - 1, n}):
+            if 0 <= j <= n:
+                exact = sps.binom.cdf(j, n, 0.5)
+                assert math.isclose(stats.binomial_half_cdf(j, n), exact, rel_tol=1e-9, abs_tol=1e-300), (j, n)
+    assert stats.binomial_half_cdf(-1, 5) == 0.0 and stats.binomial_half_cdf(5, 5) == 1.0
+
+
+def test_a_worker_that_times_never_imports_scipy():
+    import subprocess
+    import sys
+
+    code = "import sys, parity.bench.tasks; print('scipy' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"

@@ -44,3 +44,77 @@ def test_clean_run_removes_its_logs_and_a_failed_run_keeps_them(tmp_path):
         assert caught.value.kind == "raised"
         failed = pool.log_dir
     assert (failed / "worker-onnx.log").is_file()
+
+
+def loaded(name: str, load: bool = False) -> bool:
+    """A task: whether this worker has imported ``name`` (``load``: after importing it)."""
+    import importlib
+    import sys
+
+    if load:
+        importlib.import_module(name)
+    return name in sys.modules
+
+
+def pid() -> int:
+    return os.getpid()
+
+
+LINUX = pytest.mark.skipif(not worker.sys.platform.startswith("linux"), reason="workers fork from templates on Linux")
+
+
+@LINUX
+def test_a_fresh_worker_is_forked_from_its_template_and_holds_nothing_of_the_one_before(tmp_path):
+    with worker.WorkerPool(1, tmp_path, timeout_s=120) as pool:
+        first = pool.call("onnx", "tests.test_worker:pid")
+        assert pool.call("onnx", "tests.test_worker:loaded", name="tests.usermodels", load=True)
+        assert pool.call("onnx", "tests.test_worker:pid") == first  # the same worker until asked for a fresh one
+        second = pool.call("onnx", "tests.test_worker:pid", fresh=True)
+        assert second not in (first, os.getpid())
+        assert not pool.call("onnx", "tests.test_worker:loaded", name="tests.usermodels")
+        assert pool.call("onnx", "parity.run.worker:process_origin").startswith("forked from its group's template")
+        template = pool.current.template
+    with worker.WorkerPool(1, tmp_path, timeout_s=120) as pool:  # a later run reuses the template
+        pool.call("onnx", "tests.test_worker:pid")
+        assert pool.current.template is template and template.alive
+
+
+@LINUX
+def test_a_forked_worker_that_dies_or_hangs_is_that_tasks_error(tmp_path):
+    with worker.WorkerPool(1, tmp_path, timeout_s=120) as pool:
+        with pytest.raises(worker.TaskFailed, match="died \\(exit code 3\\)") as died:
+            pool.call("onnx", "os:_exit", status=3)
+        assert died.value.kind == "died"
+        with pytest.raises(worker.TaskFailed, match="timed out after 0.5 s") as hung:
+            pool.call("onnx", "tests.conftest:sleep", timeout_s=0.5, seconds=30)
+        assert hung.value.kind == "timeout" and pool.current is None
+        assert pool.call("onnx", "parity.check.metrics:accuracy", logits=[[0.0, 1.0]], labels=[1]) == 1.0
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_spare_is_adopted_by_the_first_group_and_closed_when_unused(tmp_path, monkeypatch, method):
+    if method == "fork" and not worker.sys.platform.startswith("linux"):
+        pytest.skip("workers fork from templates on Linux")
+    monkeypatch.setenv(worker.START_METHOD_VARIABLE, method)
+    worker.close_templates()  # a spare template starts only where this process has none yet
+    with worker.WorkerPool(1, tmp_path, timeout_s=120) as pool:
+        pool.prestart()
+        spare = pool.spare
+        assert spare is not None and pool.current_group() is None
+        assert pool.call("onnx", "parity.check.metrics:accuracy", logits=[[0.0, 1.0]], labels=[1]) == 1.0
+        assert pool.spare is None and pool.current_group() == "onnx"
+        assert (pool.current.template if method == "fork" else pool.current) is spare
+        assert pool.call("onnx", "parity.run.worker:process_origin") == (
+            "spawned" if method == "spawn" else "forked from its group's template (framework import timed there)")
+    with worker.WorkerPool(1, tmp_path, timeout_s=120) as pool:
+        pool.prestart()
+        unused = pool.spare
+    assert unused is None if method == "fork" else not unused.alive  # a template for these settings exists now
+
+
+def test_an_unknown_start_method_is_one_clear_error(monkeypatch, tmp_path):
+    from parity.platform.errors import ParityError
+
+    monkeypatch.setenv(worker.START_METHOD_VARIABLE, "thread")
+    with pytest.raises(ParityError, match="PARITY_WORKER_START='thread': use fork or spawn"):
+        worker.WorkerPool(1, tmp_path, timeout_s=10)

@@ -2,8 +2,7 @@
 
 For each passing path and each batch size: export at that batch (static, cached), verify its outputs
 on eval samples against the golden, then time it; a verified training step on differentiable paths
-whose gradients passed; time to first result by part and the path's peak memory in a fresh process
-(forked from a fresh worker of its group); then each series against its baseline (ratio of medians with
+whose gradients passed; time to first result by part and the path's peak memory in a fresh worker; then each series against its baseline (ratio of medians with
 a 95 % CI, Welch's t-test on log-times). Each series stops once its median's CI is within the target or
 its budget is spent (``BenchOptions``: a budget per series, optionally a total spread over the series).
 Runs in the orchestrator (no framework imports); every measurement runs in a worker.
@@ -11,9 +10,7 @@ Runs in the orchestrator (no framework imports); every measurement runs in a wor
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
-from itertools import groupby
 
 from parity.bench import stats
 from parity.run.worker import TaskFailed, running_first
@@ -90,31 +87,14 @@ def _trains(path, result) -> bool:
     return bool(path.differentiable and result.get("gradients") and all(s["ok"] for s in result["gradients"].values()))
 
 
-def hold_fresh_copy(pool, group: str, options: BenchOptions | None) -> None:
-    """Before the checks of ``group`` when they are the last of the run: start its worker, fresh, and have it keep
-    a copy of itself forked before it runs anything (``parity.bench.tasks.hold_fresh_copy``). The benchmark then
-    starts with that group in that same worker: the first results forked from the copy, the timed series in the
-    worker itself, without starting it again. Only when the worker starts now anyway (another group's is running,
-    or none), on Linux, for a run that times first results."""
-    if options is None or not options.first_result or not sys.platform.startswith("linux"):
-        return
-    if pool.current_group() == group:
-        return  # that worker has run other tasks already: the benchmark starts a fresh one instead
-    try:
-        pool.call(group, "parity.bench.tasks:hold_fresh_copy")
-    except TaskFailed:
-        pass  # the checks of the group report why its worker cannot run
-
-
 def bench(run, pool, pending, options: BenchOptions) -> None:
     """Time every passing path of ``pending`` ((spec, manifest, path, result) tuples) into ``result["timing"]``.
 
-    One worker per runtime group: first each of its paths' time to first result, each in a process forked from
-    the group's worker while it was fresh, before it had run anything else (nothing of another path loaded; the
-    framework import is the fresh worker's own, timed once), then every series of the group's paths in that
-    worker. The group whose worker is still running from the checks goes first, reusing it where it kept a copy
-    of itself forked while fresh (``hold_fresh_copy``); every other group gets a worker started fresh. Off Linux,
-    each path's first result gets a fresh worker of its own instead.
+    Each path in a fresh worker of its own (forked from its group's template on Linux, where the framework
+    import is the template's, timed once; spawned elsewhere), that has run nothing before: first the path's time
+    to first result, then its series at every batch size and its training step, on the runner the first result
+    built where the batch size is the same. No path is timed in a process that checked, exported or timed
+    anything else.
     """
     passing = [item for item in pending if item[3]["verdict"] == "pass"]
     batches = {(spec.name, path.id): options.batch_sizes or spec.timed_batch_sizes for spec, _, path, _ in passing}
@@ -125,38 +105,21 @@ def bench(run, pool, pending, options: BenchOptions) -> None:
             artifacts[(spec.name, path.id, batch)] = run._export(pool, spec, manifest, path, len(path.exports) - 1, batch)
     series = sum(len(batches[(spec.name, path.id)]) + _trains(path, result) for spec, _, path, result in passing)
     budget = Budget(options.budget_s, options.total_budget_s, series)
-    forks = sys.platform.startswith("linux")  # fork after a framework import is only safe to count on there
-    current = pool.current_group()  # after the exports above: the worker the timing can start in
     ordered = running_first(pool, passing, lambda item: item[2].runtime.group)
-    step = 0
-    for group, members in groupby(ordered, key=lambda item: item[2].runtime.group):
-        members = list(members)
-        firsts = {}
-        if options.first_result:
-            held = forks and group == current  # the check worker may hold a copy of itself forked while fresh
-            started = False  # whether this group's fresh worker is started
-            for spec, manifest, path, result in members:
-                own = run._export(pool, spec, manifest, path, len(path.exports) - 1) if path.exports else None
-                kwargs = _common(run, spec, path) | {"precision": path.precision, "artifact_dir": own and own["dir"],
-                                                       "artifact_meta": own and own["meta"]}
-                first = _call(pool, group, "parity.bench.tasks:first_result_held", **kwargs) if held else None
-                if first is None:  # none held: forked from a worker started fresh for the group
-                    held = False
-                    task = "parity.bench.tasks:first_result_forked" if forks else "parity.bench.tasks:first_result"
-                    first = _call(pool, group, task, fresh=not forks or not started, **kwargs)
-                    started = True
-                if own is not None and "verdict" not in first:
-                    first["export_s"] = own["meta"].get("export_s")
-                    first["export_cached"] = bool(own.get("cached"))
-                firsts[(spec.name, path.id)] = first
-            if held:
-                _call(pool, group, "parity.bench.tasks:release_fresh_copy")
-        for spec, manifest, path, result in members:
-            step += 1
-            run.progress(f"{spec.name}: time {path.id}", step, len(passing))
-            result["timing"] = _time_path(run, pool, spec, manifest, path, result, options, budget, artifacts,
-                                          batches[(spec.name, path.id)])
-            result["timing"]["first_result"] = firsts.get((spec.name, path.id))
+    for step, (spec, manifest, path, result) in enumerate(ordered, 1):
+        run.progress(f"{spec.name}: time {path.id}", step, len(passing))
+        first = None
+        if options.first_result:  # in a fresh worker, which then times the path's series on the runner it built
+            own = run._export(pool, spec, manifest, path, len(path.exports) - 1) if path.exports else None
+            first = _call(pool, path.runtime.group, "parity.bench.tasks:first_result", fresh=True,
+                          **_common(run, spec, path), precision=path.precision, artifact_dir=own and own["dir"],
+                          artifact_meta=own and own["meta"])
+            if own is not None and "verdict" not in first:
+                first["export_s"] = own["meta"].get("export_s")
+                first["export_cached"] = bool(own.get("cached"))
+        result["timing"] = _time_path(run, pool, spec, manifest, path, result, options, budget, artifacts,
+                                      batches[(spec.name, path.id)], fresh=first is None or "verdict" in first)
+        result["timing"]["first_result"] = first
     for _, _, _, result in passing:
         result["timing"]["budget"] = budget.to_json()
     _compare_to_baselines(pending, options)
@@ -168,7 +131,9 @@ def _common(run, spec, path) -> dict:
             "device": path.device}
 
 
-def _time_path(run, pool, spec, manifest, path, result, options, budget: Budget, artifacts, batches) -> dict:
+def _time_path(run, pool, spec, manifest, path, result, options, budget: Budget, artifacts, batches,
+               fresh: bool) -> dict:
+    """``fresh``: the first series starts a new worker (else it runs in the one that measured the first result)."""
     common = _common(run, spec, path)
     timing = {"export": "static batch per exported artifact" if path.exports else None, "batches": {}}
     for batch in batches:
@@ -178,10 +143,10 @@ def _time_path(run, pool, spec, manifest, path, result, options, budget: Budget,
             budget.spend(0.0)
             continue
         allotted = budget.allot()
-        entry = _call(pool, path.runtime.group, "parity.bench.tasks:time_batch", precision=path.precision,
+        entry = _call(pool, path.runtime.group, "parity.bench.tasks:time_batch", fresh=fresh, precision=path.precision,
                       batch_size=batch, timing={**options.measure, "budget_s": allotted},
                       artifact_dir=artifact and artifact["dir"], artifact_meta=artifact and artifact["meta"], **common)
-        entry["budget_s"] = allotted
+        entry["budget_s"], fresh = allotted, False
         budget.spend(_measured_s(entry))
         timing["batches"][str(batch)] = entry
     # the artifact the path was checked with (the run already holds it)
@@ -189,7 +154,7 @@ def _time_path(run, pool, spec, manifest, path, result, options, budget: Budget,
     timing["train_step"] = None
     if _trains(path, result):
         allotted = budget.allot()
-        timing["train_step"] = _call(pool, path.runtime.group, "parity.bench.tasks:time_train_step",
+        timing["train_step"] = _call(pool, path.runtime.group, "parity.bench.tasks:time_train_step", fresh=fresh,
                                      precision=path.precision, lr=options.lr,
                                      timing={**options.measure, "budget_s": allotted},
                                      artifact_dir=own and own["dir"], artifact_meta=own and own["meta"], **common)

@@ -1,15 +1,16 @@
 """Statistics of timing samples: distribution-free median CIs, summaries, and comparisons of two series.
 
-NumPy and SciPy only (no framework imports). Times are positive durations, usually in milliseconds.
+NumPy only, and SciPy for Welch's test (imported there: a worker that times never loads it). Times are
+positive durations, usually in milliseconds.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import statistics
 
 import numpy as np
-from scipy import stats as _sps
 
 CV_WARNING = 0.025
 """Coefficient of variation above which a timing is noisy (trtexec warns at 2.5 %)."""
@@ -51,6 +52,26 @@ def _check_confidence(confidence: float) -> None:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
 
 
+def binomial_half_cdf(j: int, n: int) -> float:
+    """``P(B <= j)`` for ``B ~ Binomial(n, 1/2)``, to double precision for ``j`` at or below ``n / 2``: the term
+    at ``j`` from log-gamma, then the terms below it summed down (each ``i / (n - i + 1)`` times the one above)
+    until they no longer change the sum (``O(sqrt(n))`` terms near the median's CI ranks)."""
+    if j < 0:
+        return 0.0
+    if j >= n:
+        return 1.0
+    if j > n / 2:
+        return 1.0 - binomial_half_cdf(n - j - 1, n)
+    log_top = math.lgamma(n + 1) - math.lgamma(j + 1) - math.lgamma(n - j + 1) - n * math.log(2.0)
+    total, term = 0.0, 1.0
+    for i in range(j, -1, -1):
+        total += term
+        term *= i / (n - i + 1)
+        if term <= total * 1e-17:
+            break
+    return math.exp(log_top) * total
+
+
 @functools.lru_cache(maxsize=4096)
 def median_ci_ranks(n: int, confidence: float = 0.95) -> tuple[int, int]:
     """0-based ranks ``(lo, hi)`` into the sorted sample of the median's distribution-free CI.
@@ -65,11 +86,12 @@ def median_ci_ranks(n: int, confidence: float = 0.95) -> tuple[int, int]:
         raise ValueError("median_ci needs at least one sample")
     _check_confidence(confidence)
     alpha = (1.0 - confidence) / 2.0
-    # j = largest count with P(B <= j) <= alpha (-1 when there is none); ppf gives a start, cdf settles it.
-    j = int(_sps.binom.ppf(alpha, n, 0.5))
-    while j >= 0 and _sps.binom.cdf(j, n, 0.5) > alpha:
+    # j = largest count with P(B <= j) <= alpha (-1 when there is none); the normal approximation gives a start,
+    # the exact cdf settles it
+    j = min(max(math.floor(n / 2 + statistics.NormalDist().inv_cdf(alpha) * math.sqrt(n) / 2), -1), n - 1)
+    while j >= 0 and binomial_half_cdf(j, n) > alpha:
         j -= 1
-    while j + 1 < n and _sps.binom.cdf(j + 1, n, 0.5) <= alpha:
+    while j + 1 < n and binomial_half_cdf(j + 1, n) <= alpha:
         j += 1
     lo_rank = max(j + 1, 1)           # 1-based l
     hi_rank = n + 1 - lo_rank         # 1-based n + 1 - l
@@ -175,6 +197,8 @@ def welch_log(a_ms, b_ms) -> dict:
     b = np.log(_as_samples(b_ms, "b_ms", positive=True))
     if a.size < 2 or b.size < 2:
         raise ValueError("welch_log needs at least two samples in each series")
+    from scipy import stats as _sps  # here only: the orchestrator compares, workers never do
+
     res = _sps.ttest_ind(a, b, equal_var=False)
     return {"t": float(res.statistic), "df": float(res.df), "p": float(res.pvalue)}
 

@@ -9,12 +9,9 @@ JAX results materialised with ``np.asarray``, which waits for them).
 from __future__ import annotations
 
 import importlib
-import json
-import os
 import resource
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import numpy as np
@@ -26,10 +23,9 @@ from parity.golden import store as golden
 from parity.model.workspace import Workspace
 from parity.run import paths
 from parity.run.tasks import build_runner
-from parity.run.worker import die_with_parent, quick_exit, reason_of, startup_seconds
+from parity.run.worker import process_origin, startup_seconds
 
-# each model's spec and verified golden data, loaded once in this worker (and inherited by the processes forked
-# from it): (workspace, model, golden_dir) -> (spec, golden). Runners get copies of the weights, never these arrays.
+# each model's spec and verified golden data, loaded once in this worker: (workspace, model, golden_dir) -> (spec, golden). Runners get copies of the weights, never these arrays.
 _LOADED: dict[tuple[str, str, str], tuple] = {}
 
 
@@ -53,8 +49,9 @@ def _runner(spec, path, verified, batch_size: int, threads: int, artifact_dir, a
                         artifact_dir, artifact_meta)
 
 
-# the runner the last verified batch series timed at the spec's batch size, kept for that path's training step
-# (built the same way from the same weights and artifact, and only run forward since): (key, runner) or None
+# the runner the path's first result built, or its last verified batch series timed at the spec's batch size, kept
+# for the series or training step that follows (built the same way from the same weights and artifact, and only
+# run forward and backward since, never updated): (key, runner) or None
 _SPARE_RUNNER: tuple | None = None
 
 
@@ -75,10 +72,13 @@ def time_batch(workspace: str, model: str, path_id: str, golden_dir: str, precis
                device: str = "cpu") -> dict:
     """Verify ``batch_size`` (outputs on eval samples against the golden), then time it; never time a failure."""
     global _SPARE_RUNNER
-    _SPARE_RUNNER = None
+    key = _runner_key(model, path_id, precision, device, threads, batch_size, artifact_dir)
     spec, path, verified = _setup(workspace, model, path_id, golden_dir, device, precision)
     x, reference = eval_slice(spec, verified, batch_size)
-    runner = _runner(spec, path, verified, batch_size, threads, artifact_dir, artifact_meta)
+    if _SPARE_RUNNER is not None and _SPARE_RUNNER[0] == key:
+        runner, _SPARE_RUNNER = _SPARE_RUNNER[1], None
+    else:  # a spare of another batch size stays for the series or training step at its own
+        runner = _runner(spec, path, verified, batch_size, threads, artifact_dir, artifact_meta)
     output = spec.outputs[0]
     check = compare.error_stats(runner.run(x)[output], reference, spec.output_tolerances(precision).for_name(output))
     if not check["ok"]:
@@ -89,7 +89,7 @@ def time_batch(workspace: str, model: str, path_id: str, golden_dir: str, precis
     if path.device_kind == "cuda":
         result["gpu"] = gpu_figures(runner, x, timing, batch_size)
     if batch_size == spec.batch_size and runner.differentiable:
-        _SPARE_RUNNER = _runner_key(model, path_id, precision, device, threads, batch_size, artifact_dir), runner
+        _SPARE_RUNNER = key, runner
     return result
 
 
@@ -152,8 +152,8 @@ def _rss_mb() -> float:
     return psutil.Process().memory_info().rss / 2**20
 
 
-# seconds each runtime package took to import in this worker (packages it imported before its first task: 0, their
-# import is in ``startup_seconds``); read by every first result forked from it
+# seconds each runtime package took to import in this worker (packages it or its template imported before its first
+# task: 0, their import is in ``startup_seconds``)
 _IMPORT_S: dict[str, float] = {}
 
 
@@ -170,16 +170,17 @@ def _import_runtime(path) -> float:
 
 def first_result(workspace: str, model: str, path_id: str, golden_dir: str, threads: int,
                  artifact_dir: str | None = None, artifact_meta: dict | None = None, device: str = "cpu",
-                 precision: str = "fp32", import_s: float | None = None) -> dict:
-    """In a fresh worker: the runtime's framework import, load/compile, first inference, first backward,
-    each timed alone (an exported path imports only its runtime, not the framework it came from).
-    ``import_s``: the import, already timed by the fresh worker this process was forked from.
+                 precision: str = "fp32") -> dict:
+    """In a fresh worker, that has run nothing before: the runtime's framework import, load/compile, first
+    inference, first backward, each timed alone (an exported path imports only its runtime, not the framework
+    it came from). A worker forked from its group's template counts the template's import of the frameworks.
 
     Memory: the high-water mark of resident memory (``ru_maxrss``) minus the resident memory
     after the framework import, i.e. what loading and running this path added.
     """
+    global _SPARE_RUNNER
     path = paths.by_id(path_id, device, precision)
-    parts = {"import_s": _import_runtime(path) if import_s is None else import_s}
+    parts = {"import_s": _import_runtime(path)}
     spec, path, verified = _setup(workspace, model, path_id, golden_dir, device, precision)
     weights = _weights(verified)
     baseline_mb = _rss_mb()
@@ -199,139 +200,7 @@ def first_result(workspace: str, model: str, path_id: str, golden_dir: str, thre
         parts["first_backward_s"] = time.perf_counter() - t0
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     parts["device_peak_mb"] = runner.device_memory_peak_mb()
+    # forward and gradients only, its weights still the golden ones: the path's series and training step may use it
+    _SPARE_RUNNER = _runner_key(model, path_id, precision, device, threads, spec.batch_size, artifact_dir), runner
     return {**parts, "baseline_rss_mb": baseline_mb, "peak_rss_mb": peak_mb,
-            "path_peak_mb": max(peak_mb - baseline_mb, 0.0)}
-
-
-def first_result_forked(**kwargs) -> dict:
-    """``first_result`` in a process forked from this worker, which must be fresh: it has imported its frameworks
-    (and this path's runtime packages, timed here once per worker) and run nothing else (it only holds the specs
-    and golden data it loaded for its children). The child loads and runs only this path, so each path's first
-    result starts from the same fresh state, without paying the framework import again for every path of the
-    group."""
-    path = paths.by_id(kwargs["path_id"], kwargs.get("device", "cpu"), kwargs.get("precision", "fp32"))
-    import_s = _import_runtime(path)
-    # the model's spec and golden data, loaded here once for every path of the model (data, no path run)
-    _setup(kwargs["workspace"], kwargs["model"], kwargs["path_id"], kwargs["golden_dir"], path.device, path.precision)
-    read_end, write_end = os.pipe()
-
-    def child():
-        os.close(read_end)
-        with os.fdopen(write_end, "w") as out:
-            json.dump(_outcome(lambda: first_result(**kwargs, import_s=import_s)), out, default=float)
-
-    pid = _fork(child)
-    os.close(write_end)
-    with os.fdopen(read_end) as incoming:
-        data = incoming.read()
-    _, status = os.waitpid(pid, 0)
-    if not data:
-        raise RuntimeError(f"the process measuring the first result died (wait status {status})")
-    kind, payload = json.loads(data)
-    if kind != "ok":
-        raise RuntimeError(payload)
-    payload["process"] = "forked from a fresh worker (framework import timed there)"
-    return payload
-
-
-def _fork(child) -> int:
-    """Fork this worker: the child dies with it, runs ``child()`` and exits without the interpreter's teardown;
-    returns the child's pid."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns
-        status = 1
-        try:
-            die_with_parent(parent)
-            child()
-            status = 0
-        finally:
-            quick_exit(status)
-    return pid
-
-
-def _outcome(task) -> tuple:
-    """``("ok", task())``, or ``("error", reason)`` with the traceback in the worker log: a reply across a pipe
-    as JSON (NumPy scalars written as numbers)."""
-    try:
-        return "ok", task()
-    except BaseException as error:  # noqa: BLE001 - the receiving side reports it as the task's error
-        traceback.print_exc()
-        return "error", reason_of(error)
-
-
-# a copy of this worker forked while it was fresh (frameworks imported, no task run), waiting to fork each path's
-# first-result process: (pid, requests, replies) or None
-_HELD: tuple | None = None
-
-
-def hold_fresh_copy() -> bool:
-    """Fork a copy of this worker now, while it is fresh, and keep it waiting: ``first_result_held`` later forks
-    each path's first-result process from that copy, so this worker can run other tasks (checks, then timed
-    series) in between and still give every first result the fresh state of ``first_result_forked``. The copy
-    dies with this worker. Linux only (False elsewhere, and when one is already held)."""
-    global _HELD
-    if _HELD is not None or not sys.platform.startswith("linux"):
-        return False
-    request_read, request_write = os.pipe()
-    reply_read, reply_write = os.pipe()
-
-    def copy():  # serves requests until this worker closes the pipe or dies
-        os.close(request_write)
-        os.close(reply_read)
-        _serve_held(request_read, reply_write)
-
-    pid = _fork(copy)
-    os.close(request_read)
-    os.close(reply_write)
-    _HELD = pid, os.fdopen(request_write, "w"), os.fdopen(reply_read)
-    return True
-
-
-def _serve_held(request_fd: int, reply_fd: int) -> None:
-    with os.fdopen(request_fd) as requests, os.fdopen(reply_fd, "w") as replies:
-        for line in requests:
-            reply = _outcome(lambda: first_result_forked(**json.loads(line)))
-            replies.write(json.dumps(reply, default=float) + "\n")
-            replies.flush()
-
-
-def first_result_held(**kwargs) -> dict | None:
-    """``first_result_forked`` in the fresh copy ``hold_fresh_copy`` kept (the path's process is forked from it);
-    None when this worker holds none (the caller then measures it in a fresh worker)."""
-    if _HELD is None:
-        return None
-    _, requests, replies = _HELD
-    try:
-        requests.write(json.dumps(kwargs, default=float) + "\n")
-        requests.flush()
-        line = replies.readline()
-    except OSError:
-        line = ""
-    if not line:
-        release_fresh_copy()
-        raise RuntimeError("the fresh copy of the worker that measures first results died; see the worker log")
-    kind, payload = json.loads(line)
-    if kind != "ok":
-        raise RuntimeError(payload)
-    return payload
-
-
-def release_fresh_copy() -> None:
-    """End the fresh copy ``hold_fresh_copy`` kept, if any."""
-    global _HELD
-    if _HELD is None:
-        return
-    pid, requests, replies = _HELD
-    _HELD = None
-    for stream in (requests, replies):
-        try:
-            stream.close()
-        except OSError:
-            pass
-    try:
-        os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass
+            "path_peak_mb": max(peak_mb - baseline_mb, 0.0), "process": process_origin()}

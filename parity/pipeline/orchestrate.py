@@ -261,17 +261,10 @@ class Run:
                             self._export(pool, spec, manifest, path, depth, batch, at_step=(done, len(exports)))
                 if exports:
                     self._stage("export", started)
-                # every check and diagnosis of every model before any timing, one worker per group; the last
-                # group's worker is still running when the timing starts, which then begins with that group
+                # every check and diagnosis of every model before any timing, one worker per group
                 started = time.perf_counter()
                 order = _check_order(pool, pending)
-                last = order[-1][2].runtime.group if order else None
                 for k, (spec, manifest, path, result) in enumerate(order, 1):
-                    if self.options.timing is not None and path.runtime.group == last and (
-                            k == 1 or order[k - 2][2].runtime.group != last):
-                        from parity.bench import plan as benchmark
-
-                        benchmark.hold_fresh_copy(pool, last, self.options.timing)
                     self._check(pool, spec, manifest, path, result, step=(k, len(order)))
                 self._stage("check", started)
                 if self.options.diagnose:
@@ -366,9 +359,8 @@ class _Background:
 
 
 def _check_order(pool, pending) -> list:
-    """``pending`` grouped by worker group: the group of the worker already running first, the groups that import
-    TensorFlow (the slowest worker to start) last, so that the worker the timing starts with is that one."""
-    return running_first(pool, pending, lambda item: item[2].runtime.group, lambda group: "tf" in group.split("+"))
+    """``pending`` grouped by worker group, the group of the worker already running (from the exports) first."""
+    return running_first(pool, pending, lambda item: item[2].runtime.group)
 
 
 def _apply_expectation(spec, result: dict) -> None:

@@ -1,18 +1,21 @@
-"""Worker processes: one per group (source framework), started with spawn.
+"""Worker processes: one per group (source framework), each forked from a template of its group on Linux
+(a process that imported the group's frameworks once and runs nothing), spawned elsewhere.
 
 TensorFlow, PyTorch and JAX never share a process, their thread pools never compete while
-timing (only one worker runs tasks at a time; a spare started ahead of need, while the parent
-verifies goldens, only imports NumPy and parity and then waits for its group), and a crash or
-hang in one task becomes that task's error instead of the run's end. A worker ends without the
-interpreter's teardown once told to (seconds saved per TensorFlow worker). A worker dies with its
-parent (parent-death signal on Linux, a watchdog on the parent's pid elsewhere), so a killed run
-leaves no process behind and nothing writes after it. Worker output (framework logs) goes to one log folder per run under
-the cache, kept when a task of the run failed and removed otherwise; old ones are pruned.
+timing (only one worker runs tasks at a time; templates only wait; a spare started ahead of need, while
+the parent verifies goldens, only imports NumPy and parity and then waits for its group), and a crash or
+hang in one task becomes that task's error instead of the run's end. A fresh worker costs a fork, so
+every first result and every timed group can have one. A worker ends without the interpreter's teardown
+once told to (seconds saved per TensorFlow worker). A worker dies with its parent (parent-death signal on
+Linux, a watchdog on the parent's pid elsewhere), so a killed run leaves no process behind and nothing
+writes after it. Worker output (framework logs) goes to one log folder per run under the cache, kept when
+a task of the run failed and removed otherwise; old ones are pruned.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.connection
 import os
 import shutil
 import signal
@@ -93,6 +96,10 @@ def _import_frameworks(group: str, threads: int) -> None:
 
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(1)
+    if "jax" in group.split("+"):
+        import jax  # noqa: F401 - no backend is started here (that is the first task's)
+    if group == "onnx":
+        import onnxruntime  # noqa: F401 - no session (and no device) is created here
 
 
 def reason_of(error: BaseException) -> str:
@@ -107,11 +114,17 @@ def reason_of(error: BaseException) -> str:
 
 
 _STARTUP_SECONDS = 0.0
+_FORKED = False  # forked from a template (which imported the frameworks)
 
 
 def startup_seconds() -> float:
     """Seconds this worker spent importing its frameworks before its first task (0 in other processes)."""
     return _STARTUP_SECONDS
+
+
+def process_origin() -> str:
+    """How this worker started, for a first result's record."""
+    return "forked from its group's template (framework import timed there)" if _FORKED else "spawned"
 
 
 def quick_exit(status: int) -> None:
@@ -134,36 +147,48 @@ def _redirect_output(log_path: str) -> None:
     os.close(log_fd)
 
 
-def _main(conn, group: str | None, threads: int, log_path: str, parent_pid: int, env: dict) -> None:
-    """A worker's loop. ``group`` None: a spare, started ahead of need: it imports what every task needs, then
-    waits for ``("group", group, log_path)`` before it imports that group's frameworks."""
+def _wait_for_group(conn) -> tuple[str, str]:
+    """A spare's wait: NumPy and parity's own modules load now, while the parent plans; then its group and log."""
+    try:
+        import parity.run.tasks  # noqa: F401 - numpy and parity's own modules
+        from parity.model import manifest
+
+        manifest._validator()  # the golden manifest's schema checker, which every task's golden load needs
+    except Exception:  # noqa: BLE001 - the task that needs it reports it
+        traceback.print_exc()
+    message = conn.recv()
+    if message is None:
+        quick_exit(0)
+    _, group, log_path = message
+    _redirect_output(log_path)
+    return group, log_path
+
+
+def _start(conn, group: str | None, threads: int, log_path: str, parent_pid: int, env: dict) -> str | None:
+    """A new process's start: tied to its parent, output to its log, thread settings, then (a spare: once its
+    group is known) the group's frameworks imported. The reason they failed to import, or None."""
     global _STARTUP_SECONDS
     die_with_parent(parent_pid)
     _redirect_output(log_path)
     _thread_environment(threads, env)
     if group is None:
-        try:
-            import parity.run.tasks  # noqa: F401 - numpy and parity's own modules, while the parent plans
-            from parity.model import manifest
-
-            manifest._validator()  # the golden manifest's schema checker, which every task's golden load needs
-        except Exception:  # noqa: BLE001 - the task that needs it reports it
-            traceback.print_exc()
-        message = conn.recv()
-        if message is None:
-            quick_exit(0)
-        _, group, log_path = message
-        _redirect_output(log_path)
-    from parity.run.paths import load_target
+        group, log_path = _wait_for_group(conn)
+    import parity.run.paths  # noqa: F401 - what every task's target is loaded with
 
     started = time.perf_counter()
     try:
         _import_frameworks(group, threads)
-    except Exception as error:  # a framework that fails to import: every task reports it
-        startup_error = reason_of(error)
-    else:
-        startup_error = None
-    _STARTUP_SECONDS = time.perf_counter() - started
+    except Exception as error:  # noqa: BLE001 - a framework that fails to import: every task reports it
+        return reason_of(error)
+    finally:
+        _STARTUP_SECONDS = time.perf_counter() - started
+    return None
+
+
+def _serve(conn, startup_error: str | None) -> None:
+    """A worker's loop: ``(target, kwargs)`` tasks until told to stop; ends the process."""
+    from parity.run.paths import load_target
+
     while True:
         try:
             message = conn.recv()
@@ -180,28 +205,225 @@ def _main(conn, group: str | None, threads: int, log_path: str, parent_pid: int,
         except BaseException as error:  # noqa: BLE001 - every failure becomes the task's reason
             traceback.print_exc()
             conn.send(("error", reason_of(error)))
+    quick_exit(0)
+
+
+def _main(conn, group: str | None, threads: int, log_path: str, parent_pid: int, env: dict) -> None:
+    """A spawned worker. ``group`` None: a spare, started ahead of need, that waits for ``("group", group,
+    log_path)`` before it imports that group's frameworks."""
+    _serve(conn, _start(conn, group, threads, log_path, parent_pid, env))
+
+
+def _template_main(conn, group: str | None, threads: int, log_path: str, parent_pid: int, env: dict) -> None:
+    """A template: started like a worker, it runs no task; it forks a worker from itself for each ``("fork",
+    log_path, cwd, sys_path)`` (the worker's end of its pipe follows as a passed descriptor) and answers its pid,
+    and answers ``("status", pid, wait)`` with the exit code of a worker that ended (None while it runs)."""
+    import socket
+
+    global _FORKED
+    startup_error = _start(conn, group, threads, log_path, parent_pid, env)
+    ended: dict[int, int] = {}
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:
+            quick_exit(0)
+        if message is None:
+            quick_exit(0)
+        if message[0] == "status":
+            _, pid, wait = message
+            if pid not in ended:
+                try:
+                    done, status = os.waitpid(pid, 0 if wait else os.WNOHANG)
+                except ChildProcessError:
+                    done, status = pid, 0
+                if done:
+                    ended[pid] = os.waitstatus_to_exitcode(status)
+            conn.send(ended.get(pid))
+            continue
+        _, log, cwd, sys_path = message
+        with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as control:
+            _, (fd,), _, _ = socket.recv_fds(control, 1, 1)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the worker: never returns
+            _FORKED = True
+            try:
+                conn.close()  # only the parent and the template hold the template's pipe
+                die_with_parent(os.getppid())
+                _redirect_output(log)
+                os.chdir(cwd)
+                sys.path[:] = sys_path
+                _serve(multiprocessing.connection.Connection(fd), startup_error)
+            finally:
+                quick_exit(1)
+        os.close(fd)
+        conn.send(pid)
+
+
+class Template:
+    """A spawned process that has imported one group's frameworks (and NumPy and parity) and runs nothing: each
+    worker of the group is forked from it, so a fresh worker costs a fork, not a framework import (seconds for
+    TensorFlow). Linux only. ``group`` None: a spare that waits for ``adopt(group)``."""
+
+    def __init__(self, group: str | None, threads: int, log_path: Path, env: dict):
+        context = multiprocessing.get_context("spawn")
+        self.group, self.in_use = group, 0
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=_template_main, args=(child, group, threads, str(log_path),
+                                                                    os.getpid(), env), daemon=True)
+        self.process.start()
+        child.close()
+        self.lock = threading.Lock()
+
+    def adopt(self, group: str, log_path: Path) -> None:
+        self.group = group
+        self.conn.send(("group", group, str(log_path)))
+
+    @property
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    def _ask(self, message, timeout_s: float | None = None, fd: int | None = None):
+        import socket
+
+        with self.lock:
+            self.conn.send(message)
+            if fd is not None:
+                with socket.fromfd(self.conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as control:
+                    socket.send_fds(control, [b"w"], [fd])
+            if timeout_s is not None and not self.conn.poll(timeout_s):
+                self.close()
+                raise TaskFailed(f"timed out after {timeout_s:g} s starting the {self.group} worker (its frameworks' "
+                                 "import did not finish)", "timeout")
+            return self.conn.recv()
+
+    def fork(self, log_path: Path, timeout_s: float) -> tuple[int, multiprocessing.connection.Connection]:
+        """A new worker: its pid and the parent's end of its pipe."""
+        ours, theirs = multiprocessing.Pipe()
+        try:
+            pid = self._ask(("fork", str(log_path), os.getcwd(), list(sys.path)), timeout_s, theirs.fileno())
+        except (EOFError, OSError):
+            ours.close()
+            self.process.join(5)
+            raise TaskFailed(f"the {self.group} worker's template died (exit code {self.process.exitcode})",
+                             "died") from None
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        return pid, ours
+
+    def exit_code(self, pid: int, wait: bool = False) -> int | None:
+        """The exit code of a worker forked from here (negative: the signal that ended it); None while it runs."""
+        try:
+            return self._ask(("status", pid, wait))
+        except (EOFError, OSError):  # the template is gone, and its workers died with it
+            return -signal.SIGKILL
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            try:
+                self.conn.send(None)
+            except OSError:
+                pass
+            self.process.join(10)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(5)
+        self.conn.close()
+
+
+class _Forked:
+    """A worker forked from a template, seen like a ``multiprocessing.Process``: its exit code comes from the
+    template (its parent)."""
+
+    def __init__(self, template: Template, pid: int):
+        self.template, self.pid, self._exitcode = template, pid, None
+
+    @property
+    def exitcode(self) -> int | None:
+        if self._exitcode is None:
+            self._exitcode = self.template.exit_code(self.pid)
+        return self._exitcode
+
+    def is_alive(self) -> bool:
+        return self.exitcode is None
+
+    def join(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._exitcode = self.template.exit_code(self.pid, wait=True)
+
+
+# templates of this process, kept across runs (a test session or a notebook pays each import once) and ended
+# with it: (group, threads, worker environment, this process's environment) -> Template, least recently used first
+_TEMPLATES: dict[tuple, Template] = {}
+MAX_TEMPLATES = 6
+START_METHOD_VARIABLE = "PARITY_WORKER_START"
+
+
+def forks() -> bool:
+    """Whether workers are forked from templates: on Linux, unless ``PARITY_WORKER_START=spawn`` asks for a new
+    interpreter per worker (what every other platform gets: fork after a framework import is only safe to count
+    on under Linux)."""
+    method = os.environ.get(START_METHOD_VARIABLE, "fork" if sys.platform.startswith("linux") else "spawn")
+    if method not in ("fork", "spawn"):
+        raise ParityError(f"{START_METHOD_VARIABLE}={method!r}: use fork or spawn")
+    return method == "fork" and sys.platform.startswith("linux")
+
+
+def _environment_key(threads: int, env: dict) -> tuple:
+    """What a template's imports depend on: thread count and environment (pytest's per-test variable aside)."""
+    outer = sorted((k, v) for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST")
+    return threads, tuple(sorted((k, str(v)) for k, v in env.items())), tuple(outer)
+
+
+def close_templates() -> None:
+    """End every template of this process (workers forked from them end with them)."""
+    while _TEMPLATES:
+        _TEMPLATES.popitem()[1].close()
 
 
 class Worker:
-    """A spawned process that runs ``module:function`` tasks for one group."""
+    """A process that runs ``module:function`` tasks for one group: forked from the group's template, or spawned
+    (off Linux, and as a spare started before its group is known)."""
 
-    def __init__(self, group: str | None, threads: int, log_dir: Path, env: dict | None = None):
+    def __init__(self, group: str | None, log_path: Path, conn, process, template: Template | None = None):
+        self.group, self.log_path, self.conn, self.process, self.template = group, log_path, conn, process, template
+        if template is not None:
+            template.in_use += 1
+
+    @classmethod
+    def spawn(cls, group: str | None, threads: int, log_dir: Path, env: dict) -> Worker:
         """``group`` None: a spare that waits for ``adopt(group)``."""
         context = multiprocessing.get_context("spawn")
-        self.group = group
-        log_dir.mkdir(parents=True, exist_ok=True)
-        self.log_dir = log_dir
-        self.log_path = log_dir / f"worker-{group or 'spare'}.log"
-        self.conn, child = context.Pipe()
-        self.process = context.Process(target=_main, args=(child, group, threads, str(self.log_path), os.getpid(),
-                                                                 env or {}),
-                                       daemon=True)
-        self.process.start()
+        log_path = log_dir / f"worker-{group or 'spare'}.log"
+        conn, child = context.Pipe()
+        process = context.Process(target=_main, args=(child, group, threads, str(log_path), os.getpid(), env),
+                                  daemon=True)
+        process.start()
         child.close()
+        return cls(group, log_path, conn, process)
+
+    @classmethod
+    def fork(cls, template: Template, log_dir: Path, timeout_s: float) -> Worker:
+        log_path = log_dir / f"worker-{template.group}.log"
+        pid, conn = template.fork(log_path, timeout_s)
+        return cls(template.group, log_path, conn, _Forked(template, pid), template)
 
     def adopt(self, group: str) -> None:
         """Make a spare the worker of ``group`` (it imports the group's frameworks now)."""
-        self.group, self.log_path = group, self.log_dir / f"worker-{group}.log"
+        self.group, self.log_path = group, self.log_path.with_name(f"worker-{group}.log")
         self.conn.send(("group", group, str(self.log_path)))
 
     def call(self, target: str, kwargs: dict, timeout_s: float):
@@ -239,10 +461,14 @@ class Worker:
             self.process.kill()
             self.process.join(5)
         self.conn.close()
+        if self.template is not None:
+            self.template.in_use -= 1
+            self.template = None
 
 
 class WorkerPool:
-    """At most one live worker: switching groups closes the previous one, so nothing competes.
+    """At most one live worker: switching groups closes the previous one, so nothing competes (templates only
+    wait). Workers are forked from their group's template where ``forks()``, else spawned.
 
     Logs go to ``logs_root/run-<owner>-<random>/worker-<group>.log``: kept if any task failed
     (messages point there), removed after a clean run.
@@ -256,46 +482,78 @@ class WorkerPool:
         prune_logs(logs_root)
         self.log_dir = owned_tempdir(logs_root, LOG_PREFIX)
         self.failed = False
+        self.forks = forks()
         self.current: Worker | None = None
-        self.spare: Worker | None = None
+        self.spare: Worker | Template | None = None
 
     def prestart(self) -> None:
-        """Start a worker ahead of need, before its group is known: Python, NumPy and parity's modules load while
-        the caller does its own work (e.g. verifying goldens); the first ``call`` adopts it. Only while no worker
-        is running, so a spare never competes with a task."""
-        if self.spare is None and self.current is None:
-            self.spare = Worker(None, self.threads, self.log_dir, self.env)
+        """Start a process ahead of need, before its group is known: Python, NumPy and parity's modules load while
+        the caller does its own work (e.g. verifying goldens); the first group that needs a new one adopts it (a
+        spare template where workers fork, else a spare worker). Only while no worker is running, so a spare never
+        competes with a task, and not where this process already has templates for these settings."""
+        if self.spare is not None or self.current is not None:
+            return
+        if not self.forks:
+            self.spare = Worker.spawn(None, self.threads, self.log_dir, self.env)
+        elif not any(key[1:] == _environment_key(self.threads, self.env) for key in _TEMPLATES):
+            self.spare = Template(None, self.threads, self.log_dir / "template-spare.log", self.env)
 
     def current_group(self) -> str | None:
         """The group of the live worker, if one is running (a caller orders its tasks to start it again less)."""
         return self.current.group if self.current is not None and self.current.alive else None
 
+    def _template(self, group: str) -> Template:
+        """The group's template for this pool's settings: kept from before, the spare adopted, or started now."""
+        key = (group, *_environment_key(self.threads, self.env))
+        template = _TEMPLATES.pop(key, None)
+        if template is None or not template.alive:
+            if template is not None:
+                template.close()
+            spare, self.spare = (self.spare, None) if isinstance(self.spare, Template) else (None, self.spare)
+            if spare is not None and spare.alive:
+                spare.adopt(group, self.log_dir / f"template-{group}.log")
+                template = spare
+            else:
+                if spare is not None:
+                    spare.close()
+                template = Template(group, self.threads, self.log_dir / f"template-{group}.log", self.env)
+            idle = [k for k, t in _TEMPLATES.items() if t.in_use == 0]
+            for old in idle[: max(len(_TEMPLATES) + 1 - MAX_TEMPLATES, 0)]:
+                _TEMPLATES.pop(old).close()
+        _TEMPLATES[key] = template  # most recently used last
+        return template
+
+    def _start(self, group: str) -> Worker:
+        if self.forks:
+            return Worker.fork(self._template(group), self.log_dir, self.timeout_s)
+        spare, self.spare = self.spare, None
+        if spare is not None and spare.alive:
+            spare.adopt(group)
+            return spare
+        if spare is not None:
+            spare.kill()
+        return Worker.spawn(group, self.threads, self.log_dir, self.env)
+
     def call(self, group: str, task: str, timeout_s: float | None = None, fresh: bool = False, **kwargs):
-        """Run ``task`` in the worker of ``group`` (``fresh``: in a newly started one)."""
+        """Run ``task`` in the worker of ``group`` (``fresh``: in a new one, that has run nothing before)."""
         if self.current is not None and (fresh or self.current.group != group or not self.current.alive):
             self.current.close()
             self.current = None
-        if self.current is None:
-            spare, self.spare = self.spare, None
-            if spare is not None and spare.alive:
-                spare.adopt(group)
-                self.current = spare
-            else:
-                if spare is not None:
-                    spare.kill()
-                self.current = Worker(group, self.threads, self.log_dir, self.env)
         try:
+            if self.current is None:
+                self.current = self._start(group)
             return self.current.call(task, kwargs, timeout_s or self.timeout_s)
         except TaskFailed:
             self.failed = True
-            if not self.current.alive:
+            if self.current is not None and not self.current.alive:
+                self.current.kill()
                 self.current = None
             raise
 
     def close(self) -> None:
-        for worker in (self.current, self.spare):
-            if worker is not None:
-                worker.close()
+        for process in (self.current, self.spare):
+            if process is not None:
+                process.close()
         self.current = self.spare = None
         if not self.failed:
             shutil.rmtree(self.log_dir, ignore_errors=True)
@@ -307,11 +565,11 @@ class WorkerPool:
         self.close()
 
 
-def running_first(pool, items, group_of, then=lambda group: ()) -> list:
+def running_first(pool, items, group_of) -> list:
     """``items`` grouped by worker group (stable), the group of the worker ``pool`` has running first, so it is
-    not started again; ``then(group)`` orders the other groups before their names do."""
+    not started again."""
     current = pool.current_group()
-    return sorted(items, key=lambda item: (group_of(item) != current, then(group_of(item)), group_of(item)))
+    return sorted(items, key=lambda item: (group_of(item) != current, group_of(item)))
 
 
 def prune_logs(logs_root: Path) -> None:
