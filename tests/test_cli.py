@@ -257,4 +257,4 @@ def test_the_orchestrator_sees_that_progress_takes_step_numbers():
 
 def test_run_help_says_what_a_full_cycle_costs():
     text = " ".join(invoke("run", "--help").output.split())
-    assert "about 3-4 minutes" in text and "2 cores" in text and "cold export cache" in text
+    assert "about 2-3 minutes" in text and "2 cores" in text and "cold export cache" in text
