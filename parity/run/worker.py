@@ -396,7 +396,7 @@ def close_templates() -> None:
 
 class Worker:
     """A process that runs ``module:function`` tasks for one group: forked from the group's template, or spawned
-    (off Linux, and as a spare started before its group is known)."""
+    where workers do not fork (there a spare, started before its group is known, is a spawned worker too)."""
 
     def __init__(self, group: str | None, log_path: Path, conn, process, template: Template | None = None):
         self.group, self.log_path, self.conn, self.process, self.template = group, log_path, conn, process, template
