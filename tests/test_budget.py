@@ -145,7 +145,7 @@ def _bench_fixture(pool, groups=("onnx", "tf"), first_result=True):
     from parity.bench import plan
 
     class Spec:
-        name, timed_batch_sizes = "m", (1,)
+        name, timed_batch_sizes, batch_size = "m", (1,), 1
 
     def path(group):
         return SimpleNamespace(id=f"p-{group}", exports=(), runtime=SimpleNamespace(group=group), precision="fp32",
@@ -174,6 +174,34 @@ def test_every_path_is_timed_in_a_fresh_worker_of_its_own_after_its_first_result
     assert without.calls == [("onnx", "time_batch", True), ("tf", "time_batch", True)]
 
 
+def test_a_paths_series_start_at_its_own_batch_size_then_its_training_step_and_keep_their_order():
+    """The spec's batch size runs first, on the runner the first result built, the training step next on that same
+    runner, then the other batch sizes; the JSON keeps the declared order."""
+    from types import SimpleNamespace
+
+    from parity.bench import plan
+
+    class Spec:
+        name, timed_batch_sizes, batch_size = "m", (1, 64), 64
+
+    calls = []
+
+    class Pool(_Pool):
+        def call(self, group, task, fresh=False, **kwargs):
+            calls.append((task.split(":")[1], kwargs.get("batch_size"), fresh))
+            return {"load_s": 1.0} if task.endswith("first_result") else {"verdict": "pass"}
+
+    path = SimpleNamespace(id="torch", exports=(), runtime=SimpleNamespace(group="torch"), precision="fp32",
+                           device="cpu", differentiable=True, baseline="torch")
+    run = SimpleNamespace(workspace=SimpleNamespace(root="/ws", golden_dir=lambda name: f"/ws/golden/{name}"),
+                          options=SimpleNamespace(threads=1), progress=lambda *a, **k: None)
+    result = {"verdict": "pass", "gradients": {"w": {"ok": True}}}
+    plan.bench(run, Pool(), [(Spec, {}, path, result)], BenchOptions(budget_s=0.01))
+    assert calls == [("first_result", None, True), ("time_batch", 64, False), ("time_train_step", None, False),
+                     ("time_batch", 1, False)]
+    assert list(result["timing"]["batches"]) == ["1", "64"] and result["timing"]["train_step"]["verdict"] == "pass"
+
+
 def test_checks_run_the_running_group_first():
     from types import SimpleNamespace
 
@@ -190,9 +218,8 @@ def test_checks_run_the_running_group_first():
 
 
 def test_the_training_step_reuses_the_runner_of_its_batch_series_and_never_the_golden_weights(monkeypatch):
-    """The series at the spec's batch size leaves its runner (forward runs only) to the training step that follows,
-    also across a series at another batch size; another path gets a runner built anew; every runner gets its own
-    weights."""
+    """The series at the spec's batch size leaves its runner (forward runs only) to the training step that follows;
+    any other series in between, or another path, gets a runner built anew; every runner gets its own weights."""
     from types import SimpleNamespace
 
     import numpy as np
@@ -233,11 +260,11 @@ def test_the_training_step_reuses_the_runner_of_its_batch_series_and_never_the_g
     step = tasks.time_train_step(lr=0.1, timing=timing, **common)
     assert len(built) == 1 and step["verified"]["runner"] is built[0]
     tasks.time_batch(batch_size=2, timing=timing, **common)
-    tasks.time_batch(batch_size=1, timing=timing, **common)  # another batch size builds its own and keeps the spare
+    tasks.time_batch(batch_size=1, timing=timing, **common)
     step = tasks.time_train_step(lr=0.1, timing=timing, **common)
-    assert len(built) == 3 and step["verified"]["runner"] is built[1]
+    assert len(built) == 4 and step["verified"]["runner"] is built[3]
     tasks.time_batch(batch_size=2, timing=timing, **common)
     step = tasks.time_train_step(lr=0.1, timing=timing, **{**common, "path_id": "q"})
-    assert len(built) == 5 and step["verified"]["runner"] is built[4]
+    assert len(built) == 6 and step["verified"]["runner"] is built[5]
     tasks.time_train_step(lr=0.1, timing=timing, **common)  # used once only: a step changes its weights
-    assert len(built) == 6
+    assert len(built) == 7

@@ -133,13 +133,31 @@ def _common(run, spec, path) -> dict:
 
 def _time_path(run, pool, spec, manifest, path, result, options, budget: Budget, artifacts, batches,
                fresh: bool) -> dict:
-    """``fresh``: the first series starts a new worker (else it runs in the one that measured the first result)."""
+    """The path's series: the spec's batch size first (on the runner its first result built), then its training
+    step (on that runner again), then every other batch size on a runner of its own; recorded in ``batches``'
+    order. ``fresh``: the first series starts a new worker (else it runs in the one that measured the first
+    result)."""
     common = _common(run, spec, path)
-    timing = {"export": "static batch per exported artifact" if path.exports else None, "batches": {}}
-    for batch in batches:
+    timing = {"export": "static batch per exported artifact" if path.exports else None, "train_step": None}
+    entries = {}
+    steps = [*(b for b in batches if b == spec.batch_size), "train", *(b for b in batches if b != spec.batch_size)]
+    for batch in steps:
+        if batch == "train":
+            if _trains(path, result):
+                # the artifact the path was checked with (the run already holds it)
+                own = run._export(pool, spec, manifest, path, len(path.exports) - 1) if path.exports else None
+                allotted = budget.allot()
+                timing["train_step"] = _call(pool, path.runtime.group, "parity.bench.tasks:time_train_step",
+                                             fresh=fresh, precision=path.precision, lr=options.lr,
+                                             timing={**options.measure, "budget_s": allotted},
+                                             artifact_dir=own and own["dir"], artifact_meta=own and own["meta"],
+                                             **common)
+                timing["train_step"]["budget_s"], fresh = allotted, False
+                budget.spend(_measured_s(timing["train_step"]))
+            continue
         artifact = artifacts.get((spec.name, path.id, batch))
         if artifact is not None and "error" in artifact:
-            timing["batches"][str(batch)] = {"verdict": "error", "reason": artifact["error"]}
+            entries[batch] = {"verdict": "error", "reason": artifact["error"]}
             budget.spend(0.0)
             continue
         allotted = budget.allot()
@@ -148,18 +166,8 @@ def _time_path(run, pool, spec, manifest, path, result, options, budget: Budget,
                       artifact_dir=artifact and artifact["dir"], artifact_meta=artifact and artifact["meta"], **common)
         entry["budget_s"], fresh = allotted, False
         budget.spend(_measured_s(entry))
-        timing["batches"][str(batch)] = entry
-    # the artifact the path was checked with (the run already holds it)
-    own = run._export(pool, spec, manifest, path, len(path.exports) - 1) if path.exports else None
-    timing["train_step"] = None
-    if _trains(path, result):
-        allotted = budget.allot()
-        timing["train_step"] = _call(pool, path.runtime.group, "parity.bench.tasks:time_train_step", fresh=fresh,
-                                     precision=path.precision, lr=options.lr,
-                                     timing={**options.measure, "budget_s": allotted},
-                                     artifact_dir=own and own["dir"], artifact_meta=own and own["meta"], **common)
-        timing["train_step"]["budget_s"] = allotted
-        budget.spend(_measured_s(timing["train_step"]))
+        entries[batch] = entry
+    timing["batches"] = {str(batch): entries[batch] for batch in batches}
     return timing
 
 

@@ -53,7 +53,8 @@ def _check_confidence(confidence: float) -> None:
 
 
 def binomial_half_cdf(j: int, n: int) -> float:
-    """``P(B <= j)`` for ``B ~ Binomial(n, 1/2)``, to double precision for ``j`` at or below ``n / 2``: the term
+    """``P(B <= j)`` for ``B ~ Binomial(n, 1/2)``, to about 1e-8 relative or better (log-gamma's cancellation at
+    large ``n``): the term
     at ``j`` from log-gamma, then the terms below it summed down (each ``i / (n - i + 1)`` times the one above)
     until they no longer change the sum (``O(sqrt(n))`` terms near the median's CI ranks)."""
     if j < 0:

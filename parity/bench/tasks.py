@@ -75,9 +75,9 @@ def time_batch(workspace: str, model: str, path_id: str, golden_dir: str, precis
     key = _runner_key(model, path_id, precision, device, threads, batch_size, artifact_dir)
     spec, path, verified = _setup(workspace, model, path_id, golden_dir, device, precision)
     x, reference = eval_slice(spec, verified, batch_size)
-    if _SPARE_RUNNER is not None and _SPARE_RUNNER[0] == key:
-        runner, _SPARE_RUNNER = _SPARE_RUNNER[1], None
-    else:  # a spare of another batch size stays for the series or training step at its own
+    spare_key, runner = _SPARE_RUNNER or (None, None)
+    _SPARE_RUNNER = None  # a spare of another batch size is not kept alive while this one is timed
+    if spare_key != key:
         runner = _runner(spec, path, verified, batch_size, threads, artifact_dir, artifact_meta)
     output = spec.outputs[0]
     check = compare.error_stats(runner.run(x)[output], reference, spec.output_tolerances(precision).for_name(output))

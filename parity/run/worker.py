@@ -259,6 +259,7 @@ def _template_main(conn, group: str | None, threads: int, log_path: str, parent_
             finally:
                 quick_exit(1)
         os.close(fd)
+        ended.pop(pid, None)  # a pid the kernel gave again: not the worker that ended before
         conn.send(pid)
 
 
@@ -289,21 +290,27 @@ class Template:
         import socket
 
         with self.lock:
-            self.conn.send(message)
-            if fd is not None:
-                with socket.fromfd(self.conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as control:
-                    socket.send_fds(control, [b"w"], [fd])
-            if timeout_s is not None and not self.conn.poll(timeout_s):
+            try:
+                self.conn.send(message)
+                if fd is not None:
+                    with socket.fromfd(self.conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as control:
+                        socket.send_fds(control, [b"w"], [fd])
+                if timeout_s is not None and not self.conn.poll(timeout_s):
+                    raise TaskFailed(f"timed out after {timeout_s:g} s starting the {self.group} worker (its "
+                                     "frameworks' import did not finish)", "timeout")
+                return self.conn.recv()
+            except BaseException:  # an answer may still be on its way (an interrupt, a timeout): never ask again
                 self.close()
-                raise TaskFailed(f"timed out after {timeout_s:g} s starting the {self.group} worker (its frameworks' "
-                                 "import did not finish)", "timeout")
-            return self.conn.recv()
+                raise
 
     def fork(self, log_path: Path, timeout_s: float) -> tuple[int, multiprocessing.connection.Connection]:
         """A new worker: its pid and the parent's end of its pipe."""
         ours, theirs = multiprocessing.Pipe()
         try:
             pid = self._ask(("fork", str(log_path), os.getcwd(), list(sys.path)), timeout_s, theirs.fileno())
+            if not isinstance(pid, int) or pid <= 0:
+                self.close()
+                raise OSError(f"the template answered {pid!r} for a pid")
         except (EOFError, OSError):
             ours.close()
             self.process.join(5)
@@ -329,7 +336,7 @@ class Template:
                 self.conn.send(None)
             except OSError:
                 pass
-            self.process.join(10)
+            self.process.join(1)  # it ends at once once it is waiting; one still importing is killed
         if self.process.is_alive():
             self.process.kill()
             self.process.join(5)
