@@ -2,9 +2,10 @@
 
 For each passing path and each batch size: export at that batch (static, cached), verify its outputs
 on eval samples against the golden, then time it; a verified training step on differentiable paths
-whose gradients passed; time to first result by part and the path's peak memory in a fresh worker; then each series against its baseline (ratio of medians with
-a 95 % CI, Welch's t-test on log-times). Each series stops once its median's CI is within the target or
-its budget is spent (``BenchOptions``: a budget per series, optionally a total spread over the series).
+whose gradients passed; time to first result by part and the path's peak memory in a fresh worker;
+then each series against its baseline (ratio of medians with a 95 % CI, Welch's t-test on log-times).
+Each series stops once its median's CI is within the target or its budget is spent (``BenchOptions``: a
+budget per series, optionally a total spread over the series).
 Runs in the orchestrator (no framework imports); every measurement runs in a worker.
 """
 
@@ -102,7 +103,8 @@ def bench(run, pool, pending, options: BenchOptions) -> None:
     exported = [item for item in passing if item[2].exports]
     for spec, manifest, path, result in running_first(pool, exported, lambda item: item[2].exports[-1].group):
         for batch in batches[(spec.name, path.id)]:
-            artifacts[(spec.name, path.id, batch)] = run._export(pool, spec, manifest, path, len(path.exports) - 1, batch)
+            artifacts[(spec.name, path.id, batch)] = run._export(pool, spec, manifest, path, len(path.exports) - 1,
+                                                                 batch)
     series = sum(len(batches[(spec.name, path.id)]) + _trains(path, result) for spec, _, path, result in passing)
     budget = Budget(options.budget_s, options.total_budget_s, series)
     ordered = running_first(pool, passing, lambda item: item[2].runtime.group)
@@ -139,34 +141,31 @@ def _time_path(run, pool, spec, manifest, path, result, options, budget: Budget,
     result)."""
     common = _common(run, spec, path)
     timing = {"export": "static batch per exported artifact" if path.exports else None, "train_step": None}
-    entries = {}
-    steps = [*(b for b in batches if b == spec.batch_size), "train", *(b for b in batches if b != spec.batch_size)]
-    for batch in steps:
-        if batch == "train":
-            if _trains(path, result):
-                # the artifact the path was checked with (the run already holds it)
-                own = run._export(pool, spec, manifest, path, len(path.exports) - 1) if path.exports else None
-                allotted = budget.allot()
-                timing["train_step"] = _call(pool, path.runtime.group, "parity.bench.tasks:time_train_step",
-                                             fresh=fresh, precision=path.precision, lr=options.lr,
-                                             timing={**options.measure, "budget_s": allotted},
-                                             artifact_dir=own and own["dir"], artifact_meta=own and own["meta"],
-                                             **common)
-                timing["train_step"]["budget_s"], fresh = allotted, False
-                budget.spend(_measured_s(timing["train_step"]))
-            continue
-        artifact = artifacts.get((spec.name, path.id, batch))
-        if artifact is not None and "error" in artifact:
-            entries[batch] = {"verdict": "error", "reason": artifact["error"]}
-            budget.spend(0.0)
-            continue
+
+    def series(task: str, **kwargs) -> dict:
+        nonlocal fresh
         allotted = budget.allot()
-        entry = _call(pool, path.runtime.group, "parity.bench.tasks:time_batch", fresh=fresh, precision=path.precision,
-                      batch_size=batch, timing={**options.measure, "budget_s": allotted},
-                      artifact_dir=artifact and artifact["dir"], artifact_meta=artifact and artifact["meta"], **common)
+        entry = _call(pool, path.runtime.group, f"parity.bench.tasks:{task}", fresh=fresh, precision=path.precision,
+                      timing={**options.measure, "budget_s": allotted}, **kwargs, **common)
         entry["budget_s"], fresh = allotted, False
         budget.spend(_measured_s(entry))
-        entries[batch] = entry
+        return entry
+
+    def batch_series(batch: int) -> dict:
+        artifact = artifacts.get((spec.name, path.id, batch))
+        if artifact is not None and "error" in artifact:
+            budget.spend(0.0)
+            return {"verdict": "error", "reason": artifact["error"]}
+        return series("time_batch", batch_size=batch, artifact_dir=artifact and artifact["dir"],
+                      artifact_meta=artifact and artifact["meta"])
+
+    entries = {batch: batch_series(batch) for batch in batches if batch == spec.batch_size}
+    if _trains(path, result):
+        # the artifact the path was checked with (the run already holds it)
+        own = run._export(pool, spec, manifest, path, len(path.exports) - 1) if path.exports else None
+        timing["train_step"] = series("time_train_step", lr=options.lr, artifact_dir=own and own["dir"],
+                                      artifact_meta=own and own["meta"])
+    entries.update({batch: batch_series(batch) for batch in batches if batch != spec.batch_size})
     timing["batches"] = {str(batch): entries[batch] for batch in batches}
     return timing
 

@@ -25,7 +25,8 @@ from parity.run import paths
 from parity.run.tasks import build_runner
 from parity.run.worker import process_origin, startup_seconds
 
-# each model's spec and verified golden data, loaded once in this worker: (workspace, model, golden_dir) -> (spec, golden). Runners get copies of the weights, never these arrays.
+# each model's spec and verified golden data, loaded once in this worker: (workspace, model, golden_dir) ->
+# (spec, golden). Runners get copies of the weights, never these arrays.
 _LOADED: dict[tuple[str, str, str], tuple] = {}
 
 
@@ -59,6 +60,15 @@ def _runner_key(model, path_id, precision, device, threads, batch_size, artifact
     return model, path_id, precision, device, threads, batch_size, artifact_dir
 
 
+def _spare_or_new(key: tuple, build):
+    """The spare runner if it is the one ``key`` names, else ``build()``; either way no spare is kept any more
+    (one of another batch size is not kept alive while this one runs)."""
+    global _SPARE_RUNNER
+    spare_key, runner = _SPARE_RUNNER or (None, None)
+    _SPARE_RUNNER = None
+    return runner if spare_key == key else build()
+
+
 def eval_slice(spec, verified, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
     """The first ``batch_size`` eval samples and their golden logits (what a batch size is verified on)."""
     x = verified.arrays["eval.npz"]["x"]
@@ -75,10 +85,7 @@ def time_batch(workspace: str, model: str, path_id: str, golden_dir: str, precis
     key = _runner_key(model, path_id, precision, device, threads, batch_size, artifact_dir)
     spec, path, verified = _setup(workspace, model, path_id, golden_dir, device, precision)
     x, reference = eval_slice(spec, verified, batch_size)
-    spare_key, runner = _SPARE_RUNNER or (None, None)
-    _SPARE_RUNNER = None  # a spare of another batch size is not kept alive while this one is timed
-    if spare_key != key:
-        runner = _runner(spec, path, verified, batch_size, threads, artifact_dir, artifact_meta)
+    runner = _spare_or_new(key, lambda: _runner(spec, path, verified, batch_size, threads, artifact_dir, artifact_meta))
     output = spec.outputs[0]
     check = compare.error_stats(runner.run(x)[output], reference, spec.output_tolerances(precision).for_name(output))
     if not check["ok"]:
@@ -123,16 +130,13 @@ def time_train_step(workspace: str, model: str, path_id: str, golden_dir: str, p
     """One SGD step verified from the golden weights (``parity.check.training.check_step``), then timed."""
     from parity.check.training import check_step
 
-    global _SPARE_RUNNER
     spec, path, verified = _setup(workspace, model, path_id, golden_dir, device, precision)
     inputs = verified.arrays["inputs.npz"]
     x, labels = inputs["x"], inputs["labels"]
     # the runner the batch series at this batch size was timed on, if it was the last one: it has only run forward,
     # so it still holds the golden weights (``check_step`` checks that the step starts from them)
-    key, runner = _SPARE_RUNNER or (None, None)
-    _SPARE_RUNNER = None
-    if key != _runner_key(model, path_id, precision, device, threads, spec.batch_size, artifact_dir):
-        runner = _runner(spec, path, verified, spec.batch_size, threads, artifact_dir, artifact_meta)
+    runner = _spare_or_new(_runner_key(model, path_id, precision, device, threads, spec.batch_size, artifact_dir),
+                           lambda: _runner(spec, path, verified, spec.batch_size, threads, artifact_dir, artifact_meta))
     check = check_step(runner, x, labels, lr, verified.arrays["weights.npz"], verified.arrays["gradients.npz"],
                        spec.gradient_tolerances(precision))
     if not check["ok"]:

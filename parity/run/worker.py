@@ -19,6 +19,7 @@ import multiprocessing.connection
 import os
 import shutil
 import signal
+import socket
 import sys
 import threading
 import time
@@ -147,7 +148,7 @@ def _redirect_output(log_path: str) -> None:
     os.close(log_fd)
 
 
-def _wait_for_group(conn) -> tuple[str, str]:
+def _wait_for_group(conn) -> str:
     """A spare's wait: NumPy and parity's own modules load now, while the parent plans; then its group and log."""
     try:
         import parity.run.tasks  # noqa: F401 - numpy and parity's own modules
@@ -161,7 +162,7 @@ def _wait_for_group(conn) -> tuple[str, str]:
         quick_exit(0)
     _, group, log_path = message
     _redirect_output(log_path)
-    return group, log_path
+    return group
 
 
 def _start(conn, group: str | None, threads: int, log_path: str, parent_pid: int, env: dict) -> str | None:
@@ -172,7 +173,7 @@ def _start(conn, group: str | None, threads: int, log_path: str, parent_pid: int
     _redirect_output(log_path)
     _thread_environment(threads, env)
     if group is None:
-        group, log_path = _wait_for_group(conn)
+        group = _wait_for_group(conn)
     import parity.run.paths  # noqa: F401 - what every task's target is loaded with
 
     started = time.perf_counter()
@@ -218,8 +219,6 @@ def _template_main(conn, group: str | None, threads: int, log_path: str, parent_
     """A template: started like a worker, it runs no task; it forks a worker from itself for each ``("fork",
     log_path, cwd, sys_path)`` (the worker's end of its pipe follows as a passed descriptor) and answers its pid,
     and answers ``("status", pid, wait)`` with the exit code of a worker that ended (None while it runs)."""
-    import socket
-
     global _FORKED
     startup_error = _start(conn, group, threads, log_path, parent_pid, env)
     ended: dict[int, int] = {}
@@ -263,20 +262,24 @@ def _template_main(conn, group: str | None, threads: int, log_path: str, parent_
         conn.send(pid)
 
 
+def _spawn(main, group: str | None, threads: int, log_path: Path, env: dict):
+    """A new interpreter running ``main`` (a worker's or a template's): the parent's end of its pipe, its process."""
+    context = multiprocessing.get_context("spawn")
+    conn, child = context.Pipe()
+    process = context.Process(target=main, args=(child, group, threads, str(log_path), os.getpid(), env), daemon=True)
+    process.start()
+    child.close()
+    return conn, process
+
+
 class Template:
     """A spawned process that has imported one group's frameworks (and NumPy and parity) and runs nothing: each
     worker of the group is forked from it, so a fresh worker costs a fork, not a framework import (seconds for
     TensorFlow). Linux only. ``group`` None: a spare that waits for ``adopt(group)``."""
 
     def __init__(self, group: str | None, threads: int, log_path: Path, env: dict):
-        context = multiprocessing.get_context("spawn")
-        self.group, self.in_use = group, 0
-        self.conn, child = context.Pipe()
-        self.process = context.Process(target=_template_main, args=(child, group, threads, str(log_path),
-                                                                    os.getpid(), env), daemon=True)
-        self.process.start()
-        child.close()
-        self.lock = threading.Lock()
+        self.group, self.in_use, self.lock = group, 0, threading.Lock()
+        self.conn, self.process = _spawn(_template_main, group, threads, log_path, env)
 
     def adopt(self, group: str, log_path: Path) -> None:
         self.group = group
@@ -287,8 +290,6 @@ class Template:
         return self.process.is_alive()
 
     def _ask(self, message, timeout_s: float | None = None, fd: int | None = None):
-        import socket
-
         with self.lock:
             try:
                 self.conn.send(message)
@@ -413,14 +414,8 @@ class Worker:
     @classmethod
     def spawn(cls, group: str | None, threads: int, log_dir: Path, env: dict) -> Worker:
         """``group`` None: a spare that waits for ``adopt(group)``."""
-        context = multiprocessing.get_context("spawn")
         log_path = log_dir / f"worker-{group or 'spare'}.log"
-        conn, child = context.Pipe()
-        process = context.Process(target=_main, args=(child, group, threads, str(log_path), os.getpid(), env),
-                                  daemon=True)
-        process.start()
-        child.close()
-        return cls(group, log_path, conn, process)
+        return cls(group, log_path, *_spawn(_main, group, threads, log_path, env))
 
     @classmethod
     def fork(cls, template: Template, log_dir: Path, timeout_s: float) -> Worker:
@@ -516,7 +511,7 @@ class WorkerPool:
         if template is None or not template.alive:
             if template is not None:
                 template.close()
-            spare, self.spare = (self.spare, None) if isinstance(self.spare, Template) else (None, self.spare)
+            spare, self.spare = self.spare, None  # where workers fork, a spare is a template
             if spare is not None and spare.alive:
                 spare.adopt(group, self.log_dir / f"template-{group}.log")
                 template = spare
