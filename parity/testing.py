@@ -32,7 +32,8 @@ def assert_parity(make_model, inputs, paths=("torch/onnx/ort",), atol: float = 1
 
     ``make_model``: a module-level function returning a ``torch.nn.Module`` (paths ``torch*``) or a
     ``keras.Model`` (paths ``tf*``), or the path of an ONNX file (paths ``onnx/*``). ``inputs``: one
-    batch, batch first (an array, or ``{name: array}`` with one entry). ``labels`` (integers, one per
+    batch, batch first: an array, or ``{name: array}`` for a model with several inputs (a torch module gets them
+    as keywords, a Keras model as a dict). ``labels`` (integers, one per
     sample) also checks gradients of the cross-entropy and the task metrics. Returns the result (the
     ``parity.result/2`` dict) when every path passes.
     """
@@ -49,14 +50,15 @@ def assert_parity(make_model, inputs, paths=("torch/onnx/ort",), atol: float = 1
     if len(sources) != 1 or not paths:
         raise ValueError(f"paths must share one source framework, got {paths}")
     kind = sources.pop()
-    name, x = _single_input(inputs)
+    feeds = _feeds(inputs)
     root = Path(tempfile.mkdtemp(prefix="parity-assert-"))
     try:
-        data = {"x": x} if labels is None else {"x": x, "labels": np.asarray(labels, dtype=np.int64)}
+        data = dict(feeds) if labels is None else {**feeds, "labels": np.asarray(labels, dtype=np.int64)}
         golden.save_npz(root / "inputs.npz", data)
+        decls = tuple(scaffold.InputDecl(name, tuple(x.shape), str(x.dtype) if x.dtype.kind in "iub" else "float32")
+                      for name, x in feeds.items())
         request = scaffold.Request(
-            name="model_under_test", kind=kind, reference=_reference(make_model, kind), input_name=name,
-            input_shape=tuple(x.shape), input_dtype=str(x.dtype) if x.dtype.kind in "iu" else "float32",
+            name="model_under_test", kind=kind, reference=_reference(make_model, kind), inputs=decls,
             inputs_file="inputs.npz", tolerance=(atol, rtol), builder=SOURCES.get(kind))
         scaffold.init(root, request, force=False, threads=threads, timeout_s=timeout_s)
         workspace = Workspace(root)
@@ -75,17 +77,14 @@ def assert_parity(make_model, inputs, paths=("torch/onnx/ort",), atol: float = 1
     return report
 
 
-def _single_input(inputs) -> tuple[str, np.ndarray]:
-    if isinstance(inputs, dict):
-        if len(inputs) != 1:
-            raise ValueError(f"parity checks models with one input; got {len(inputs)} ({', '.join(inputs)})")
-        (name, value), = inputs.items()
-    else:
-        name, value = "x", inputs
-    value = np.asarray(value)
-    if value.ndim < 1 or value.dtype.kind not in "fiu":
-        raise ValueError(f"inputs must be a numeric array with a batch axis, not {value.dtype}{list(value.shape)}")
-    return name, value
+def _feeds(inputs) -> dict[str, np.ndarray]:
+    feeds = {name: np.asarray(value) for name, value in (inputs.items() if isinstance(inputs, dict) else [("x", inputs)])}
+    if not feeds or any(name in ("labels", "y") for name in feeds):
+        raise ValueError(f"inputs must name at least one input, none called labels or y (got {', '.join(feeds)})")
+    for name, value in feeds.items():
+        if value.ndim < 1 or value.dtype.kind not in "fiub":
+            raise ValueError(f"input {name!r} must be a numeric array with a batch axis, not {value.dtype}{list(value.shape)}")
+    return feeds
 
 
 def _reference(make_model, kind: str) -> str:

@@ -229,7 +229,7 @@ def test_the_training_step_reuses_the_runner_of_its_batch_series_and_never_the_g
 
     golden_weights = {"w": np.ones(3, np.float32)}
     spec = SimpleNamespace(batch_size=2, outputs=["y"], output_tolerances=lambda p: SimpleNamespace(for_name=lambda n: None),
-                           gradient_tolerances=lambda p: None)
+                           gradient_tolerances=lambda p: None, model_inputs=(SimpleNamespace(name="x", batched=True),))
     verified = SimpleNamespace(arrays={"weights.npz": golden_weights, "gradients.npz": {},
                                        "eval.npz": {"x": np.zeros((4, 1), np.float32)},
                                        "reference.npz": {"eval/logits": np.zeros((4, 1), np.float32)},
@@ -245,7 +245,7 @@ def test_the_training_step_reuses_the_runner_of_its_batch_series_and_never_the_g
             built.append(self)
 
         def run(self, x):
-            return {"y": np.zeros((len(x), 1), np.float32)}
+            return {"y": np.zeros((len(x["x"]), 1), np.float32)}
 
         def train_step(self, x, labels, lr):
             pass

@@ -12,12 +12,12 @@ import pytest
 from parity.diagnose import onnx_graph as og
 from parity.diagnose import onnx_taps as ot
 from parity.golden import store as golden
-from parity.model import layouts
 from parity.model.workspace import Workspace
 from parity.pipeline import orchestrate
 from parity.platform.cache_dir import cache_root
 from parity.run import paths
 from parity.run.worker import WorkerPool
+from parity.runtimes.onnx_common import onnx_feed
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
@@ -40,8 +40,7 @@ class Artifact:
         reference = np.load(REPO / "golden" / spec.name / "reference.npz")
         self.golden = {tap: reference[f"tap/{tap}"] for tap in spec.taps}
         x = np.load(REPO / "golden" / spec.name / "inputs.npz")["x"]
-        self.feed = {self.meta["input_name"]: np.ascontiguousarray(
-            layouts.to_layout(x, spec.input.layout, self.meta["input_layout"]), dtype=np.float32)}
+        self.feed = onnx_feed(spec, self.meta, {spec.model_inputs[0].name: x})
         self.layout = self.meta["input_layout"]
 
     def candidates(self):
@@ -112,7 +111,7 @@ def test_every_tap_found_and_matches_golden(artifacts, model, exporter):
     mapped = {tap: loc for tap, loc in mapping.items() if loc["tensor"] is not None}
     values = og.run_tensors("ort", art.model, art.feed, [loc["tensor"] for loc in mapped.values()])
     for tap, loc in mapped.items():
-        assert loc["layout"] in ("nchw", "nhwc", art.spec.input.layout)
+        assert loc["layout"] in ("nchw", "nhwc", art.spec.model_inputs[0].layout)
         canonical = ot.to_canonical(values[loc["tensor"]], loc, art.golden[tap].shape)
         assert canonical.shape == art.golden[tap].shape
         worst = float(np.max(np.abs(canonical - art.golden[tap])))

@@ -32,7 +32,7 @@ def tiny_onnx(folder):
         [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     onnx.save_model(model, str(folder / "model.onnx"))
-    meta = {"format": "onnx", "file": "model.onnx", "input_name": "x", "output_names": ["y"],
+    meta = {"format": "onnx", "file": "model.onnx", "input_names": ["x"], "output_names": ["y"],
             "input_layout": "flat", "canonical_layout": "flat"}
     return meta, w, b
 

@@ -192,4 +192,5 @@ def test_the_worker_refuses_a_huge_sample_before_drawing_it(tmp_path):
     from parity.model.user import UserModelError
 
     with pytest.raises(UserModelError, match=r"input 'x' of shape \(100000, 100000, 1000\) float32 would take"):
-        inspect_model("torch", f"{MODELS}:make_net", str(tmp_path), "x", [100000, 100000, 1000], "float32")
+        inspect_model("torch", f"{MODELS}:make_net", str(tmp_path),
+                      [{"name": "x", "shape": [100000, 100000, 1000], "dtype": "float32", "values": None}])

@@ -135,7 +135,7 @@ TOKENS = """
 
 def test_token_ids_are_traced_as_integers_over_the_embeddings_range(tmp_path):
     user_workspace(tmp_path, {"tokens.py": TOKENS}, "tagger", "tokens.py:make", "--input", "ids=4x6:int64")
-    assert 'InputData(distribution="integers", low=0, high=50' in (tmp_path / "models" / "tagger.py").read_text()
+    assert 'values=Values("integers", low=0, high=50)' in (tmp_path / "models" / "tagger.py").read_text()
     with np.load(tmp_path / "golden" / "tagger" / "inputs.npz") as data:
         ids = data["x"]
     assert ids.dtype == np.int64 and ids.min() >= 0 and ids.max() < 50 and len(np.unique(ids)) > 10

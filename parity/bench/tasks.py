@@ -20,6 +20,7 @@ from parity.bench import measure as bench
 from parity.bench import stats
 from parity.check import closeness as compare
 from parity.golden import store as golden
+from parity.model import feeds
 from parity.model.workspace import Workspace
 from parity.run import paths
 from parity.run.tasks import build_runner
@@ -69,12 +70,13 @@ def _spare_or_new(key: tuple, build):
     return runner if spare_key == key else build()
 
 
-def eval_slice(spec, verified, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """The first ``batch_size`` eval samples and their golden logits (what a batch size is verified on)."""
-    x = verified.arrays["eval.npz"]["x"]
-    if batch_size > len(x):
-        raise ValueError(f"batch size {batch_size} is larger than the eval split ({len(x)} samples) it is verified on")
-    return x[:batch_size], verified.arrays["reference.npz"]["eval/logits"][:batch_size]
+def eval_slice(spec, verified, batch_size: int) -> tuple[dict, np.ndarray]:
+    """The first ``batch_size`` eval samples and their golden first output (what a batch size is verified on)."""
+    x = feeds.from_arrays(spec, verified.arrays["eval.npz"])
+    available = feeds.samples(spec, x)
+    if batch_size > available:
+        raise ValueError(f"batch size {batch_size} is larger than the eval split ({available} samples) it is verified on")
+    return feeds.rows(spec, x, 0, batch_size), verified.arrays["reference.npz"]["eval/logits"][:batch_size]
 
 
 def time_batch(workspace: str, model: str, path_id: str, golden_dir: str, precision: str, threads: int,
@@ -100,7 +102,7 @@ def time_batch(workspace: str, model: str, path_id: str, golden_dir: str, precis
     return result
 
 
-def gpu_figures(runner, x: np.ndarray, timing: dict, batch_size: int) -> dict:
+def gpu_figures(runner, x: dict, timing: dict, batch_size: int) -> dict:
     """On a GPU, beside the host-to-host latency timed by ``time_batch``: GPU compute alone (input already on
     the device, outputs left there, synchronised after every call), the GPU's name, driver and clocks and
     whether they were locked, board energy per inference sampled over the compute window, and peak device
@@ -132,7 +134,7 @@ def time_train_step(workspace: str, model: str, path_id: str, golden_dir: str, p
 
     spec, path, verified = _setup(workspace, model, path_id, golden_dir, device, precision)
     inputs = verified.arrays["inputs.npz"]
-    x, labels = inputs["x"], inputs["labels"]
+    x, labels = feeds.from_arrays(spec, inputs), inputs["labels"]
     # the runner the batch series at this batch size was timed on, if it was the last one: it has only run forward,
     # so it still holds the golden weights (``check_step`` checks that the step starts from them)
     runner = _spare_or_new(_runner_key(model, path_id, precision, device, threads, spec.batch_size, artifact_dir),
@@ -189,7 +191,7 @@ def first_result(workspace: str, model: str, path_id: str, golden_dir: str, thre
     weights = _weights(verified)
     baseline_mb = _rss_mb()
     inputs = verified.arrays["inputs.npz"]
-    x = inputs["x"]
+    x = feeds.from_arrays(spec, inputs)
     t0 = time.perf_counter()
     runner = _runner(spec, path, verified, spec.batch_size, threads, artifact_dir, artifact_meta, weights)
     parts["load_s"] = time.perf_counter() - t0

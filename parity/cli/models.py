@@ -14,7 +14,11 @@ from parity.cli.common import EXISTING_FILE, EXISTING_FOLDER, FOLDER, handle_err
 @click.option("--keras", "keras_ref", metavar="FILE", help="A Keras model file (.keras).")
 @click.option("--jax", "jax_ref", metavar="MODULE:FUNCTION,PARAMS.npz", help="apply(params, x) and its weights.")
 @click.option("--onnx", "onnx_ref", metavar="FILE", help="An ONNX file: the file itself is the source model.")
-@click.option("--input", "input_decl", metavar="NAME=BATCHxDIMx...[:DTYPE]", help="The input, batch first, e.g. x=1x3x224x224.")
+@click.option("--input", "input_decls", metavar="NAME=BATCHxDIMx...[:DTYPE[:VALUES]]", multiple=True,
+              help="An input, batch first (one --input per input), e.g. x=1x3x224x224, ids=2x16:int64:30522 (ids 0 "
+                   "to 30521), mask=2x16:int64:mask, or with a named dynamic axis input_ids=2,sequence:int64.")
+@click.option("--axis", "axes", metavar="NAME=SIZE", multiple=True,
+              help="The golden size of a named axis of the inputs, e.g. sequence=16.")
 @click.option("--inputs", "inputs_file", type=EXISTING_FILE,
               help=".npz with the input (and optional labels, eval_x, eval_labels); default: seeded random.")
 @click.option("--test-data", type=EXISTING_FOLDER,
@@ -28,7 +32,7 @@ from parity.cli.common import EXISTING_FILE, EXISTING_FOLDER, FOLDER, handle_err
 @click.option("--workspace", "-w", type=FOLDER, default=None,
               help="Folder to write models/NAME.py into (default: the current folder).")
 @handle_errors
-def init(name, torch_ref, keras_ref, jax_ref, onnx_ref, input_decl, inputs_file, test_data, polygraphy_inputs,
+def init(name, torch_ref, keras_ref, jax_ref, onnx_ref, input_decls, axes, inputs_file, test_data, polygraphy_inputs,
          polygraphy_outputs, seed, force, workspace):
     """Write models/NAME.py for your own model: a short spec to edit, then golden build and run.
 
@@ -37,11 +41,13 @@ def init(name, torch_ref, keras_ref, jax_ref, onnx_ref, input_decl, inputs_file,
         parity init resnet --torch mymodels.py:make_model --input x=1x3x224x224
         parity golden build --model resnet
         parity run --model resnet
+        parity init bert --torch mymodels.py:make_bert --input input_ids=2,sequence:int64 \\
+            --input attention_mask=2,sequence:int64:mask --axis sequence=16
     """
     from parity.pipeline import jobs
 
     written, info, kind = jobs.init_model(
-        name, {"torch": torch_ref, "tf": keras_ref, "jax": jax_ref, "onnx": onnx_ref}, input_decl,
+        name, {"torch": torch_ref, "tf": keras_ref, "jax": jax_ref, "onnx": onnx_ref}, input_decls, axes,
         {"inputs_file": inputs_file, "test_data": test_data, "polygraphy_inputs": polygraphy_inputs,
          "polygraphy_outputs": polygraphy_outputs}, seed, force, workspace)
     taps = len(info.get("taps") or [])
@@ -69,4 +75,5 @@ def export_testdata(model, out_dir, workspace):
     from parity.pipeline import jobs
 
     written, spec = jobs.export_test_data(workspace, model, out_dir, notice=note)
-    click.echo(f"wrote {written} (input {spec.input.name!r}, outputs {', '.join(spec.outputs)}; batch {spec.batch_size})")
+    inputs = ", ".join(i.name for i in spec.model_inputs)
+    click.echo(f"wrote {written} (inputs {inputs}, outputs {', '.join(spec.outputs)}; batch {spec.batch_size})")

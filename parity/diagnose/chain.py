@@ -13,6 +13,7 @@ from parity.check import closeness as compare
 from parity.diagnose import drift, patterns
 from parity.diagnose.collect import ONNX_RUNTIMES
 from parity.golden import store as golden
+from parity.model import feeds
 from parity.run import paths
 from parity.run.worker import TaskFailed
 
@@ -102,7 +103,7 @@ def _test_cause(spec, tap: str, arrays: dict, observed: dict, golden_taps: dict,
     inputs, provenance = [], []
     for name in spec.layer_inputs(tap):
         if name == drift.INPUT:
-            inputs.append(arrays["inputs.npz"]["x"].astype(np.float64))
+            inputs.append(feeds.from_arrays(spec, arrays["inputs.npz"])[spec.model_inputs[0].name].astype(np.float64))
             provenance.append("the model input")
         elif name in observed["taps"]:
             inputs.append(np.asarray(observed["taps"][name], dtype=np.float64))

@@ -10,10 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from parity.golden import store as golden
-from parity.model import layouts
+from parity.model import feeds
 from parity.model.workspace import Workspace
 from parity.run import paths
 from parity.run.tasks import build_runner, perturbed
+from parity.runtimes.onnx_common import onnx_feed
 
 ONNX_RUNTIMES = ("ort", "ort-noopt", "onnxref")
 SAVEDMODEL_REASON = "a SavedModel made by jax2tf exposes only its outputs, not its layers"
@@ -32,7 +33,7 @@ def collect(workspace: str, model: str, path_id: str, golden_dir: str, precision
     path = paths.by_id(path_id, device, precision)
     verified = golden.load(Path(golden_dir), spec)
     inputs = verified.arrays["inputs.npz"]
-    x, labels = inputs["x"], inputs.get("labels")
+    x, labels = feeds.from_arrays(spec, inputs), inputs.get("labels")
     if artifact_dir is not None and path.runtime.name in ONNX_RUNTIMES and path.device == "cpu":
         golden_taps = {t: verified.arrays["reference.npz"][f"tap/{t}"] for t in spec.taps}
         return _collect_onnx(spec, path, artifact_dir, artifact_meta, x, golden_taps, precision, threads, runtime_link)
@@ -50,14 +51,12 @@ def collect(workspace: str, model: str, path_id: str, golden_dir: str, precision
 
 
 def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, precision, threads, runtime_link) -> dict:
-    import numpy as np
     import onnx
 
     from parity.diagnose import onnx_graph, onnx_taps
 
     model = onnx.load(str(Path(artifact_dir) / meta["file"]))
-    x = layouts.to_layout(x, spec.input.layout, meta["input_layout"])
-    feed = {meta["input_name"]: x if x.dtype.kind in "iu" else x.astype(np.float32)}
+    feed = onnx_feed(spec, meta, x)
     candidates = onnx_taps.candidate_names(model, spec, golden_taps, meta["input_layout"]) if spec.taps else []
     names = list(dict.fromkeys([*meta["output_names"], *candidates]))
     values = onnx_graph.run_tensors(path.runtime.name, onnx_graph.with_outputs(model, names), feed, names, threads)

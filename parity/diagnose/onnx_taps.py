@@ -38,6 +38,7 @@ from parity.diagnose.onnx_graph import _Graph
 from parity.model import layouts
 
 TORCH_SCOPES_KEY = "pkg.torch.onnx.name_scopes"
+WRAPPED = "model"  # the attribute of torch_onnx's wrapper that holds the module
 EXPORTERS = ("torch.onnx", "tf2onnx", "jax2onnx")
 # an alignment cost above this (relative L2 error) is no match: the tap is left out instead
 VALUE_SKIP_COST = 0.5
@@ -57,7 +58,8 @@ def torch_scope(node) -> str | None:
             scopes = ast.literal_eval(prop.value)
         except (ValueError, SyntaxError):
             scopes = [s.strip(" '\"") for s in prop.value.strip("[]").split(",")]
-        scopes = [s for s in scopes if isinstance(s, str) and s]
+        # the exporter's wrapper (parity.exporters.torch_onnx) holds the user's module as ``model``
+        scopes = [s.removeprefix(f"{WRAPPED}.") for s in scopes if isinstance(s, str) and s and s != WRAPPED]
         return scopes[0].split(".")[0] if scopes else None
     return None
 
@@ -177,7 +179,7 @@ def candidate_names(model, spec, golden_taps: dict[str, np.ndarray], input_layou
     (canonical or ``NHWC``), plus every scope boundary output that metadata or names point at."""
     graph = _Graph(model)
     golden = _golden(golden_taps)
-    canonical = spec.input.layout
+    canonical = spec.model_inputs[0].layout
     shapes = {tuple(g.shape) for g in golden.values()}
     chosen = set()
     for name in graph.names:
@@ -271,7 +273,7 @@ def map_taps(model, spec, exporter: str, golden_taps: dict[str, np.ndarray], val
     graph = _Graph(model)
     golden = _golden(golden_taps)
     values = values or {}
-    canonical = spec.input.layout
+    canonical = spec.model_inputs[0].layout
     taps = list(spec.taps)
     kind = _scope_kind(exporter)
     result: dict[str, dict] = {}

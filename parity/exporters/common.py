@@ -29,12 +29,20 @@ class ExportJob:
     golden_manifest: dict | None = None
     device: str = "cpu"  # steps that build for a device (a TensorRT engine) read these two
     precision: str = "fp32"
-    inputs: np.ndarray | None = None  # the golden input batch, canonical layout (a TensorRT build is checked on it)
+    inputs: dict[str, np.ndarray] | None = None  # the golden feeds at the batch size (canonical layout)
 
 
-def onnx_meta(spec, input_name: str, output_names: list[str], input_layout: str) -> dict:
-    return {"format": "onnx", "file": ONNX_FILE, "input_name": input_name, "output_names": output_names,
-            "input_layout": input_layout, "canonical_layout": spec.input.layout}
+def onnx_meta(spec, input_names: list[str], output_names: list[str], input_layout: str) -> dict:
+    """An ONNX artifact's metadata: its graph inputs in the spec's input order, its outputs in the spec's
+    output order, and the layout a single image input takes."""
+    return {"format": "onnx", "file": ONNX_FILE, "input_names": list(input_names), "output_names": list(output_names),
+            "input_layout": input_layout, "canonical_layout": spec.model_inputs[0].layout}
+
+
+def graph_input_names(model) -> list[str]:
+    """The graph's inputs that are not initializers, in graph order."""
+    initializers = {t.name for t in model.graph.initializer}
+    return [i.name for i in model.graph.input if i.name not in initializers]
 
 
 def check_onnx_ops(model, converter: str, converter_log: str = "") -> None:

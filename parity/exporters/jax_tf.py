@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from parity.exporters.common import ExportJob
 from parity.model import layouts
-from parity.runtimes.base import as_tuple
+from parity.exporters import tf_onnx
+from parity.sources.jax import forward_outputs, packed
 
 
 def export(job: ExportJob) -> dict:
@@ -24,17 +25,18 @@ def export(job: ExportJob) -> dict:
         for n in names
     ]
 
-    def apply(param_values, x):
-        return as_tuple(spec.jax_apply(dict(zip(names, param_values)), x, None))
+    inputs = [i.name for i in spec.model_inputs]
+
+    def apply(param_values, *xs):
+        return forward_outputs(spec, spec.jax_apply(dict(zip(names, param_values)), packed(dict(zip(inputs, xs))), None))
 
     converted = jax2tf.convert(apply, with_gradient=True)
-    signature = [tf.TensorSpec((job.batch_size, *spec.input.shape), tf.as_dtype(spec.input.dtype), name=spec.input.name)]
 
-    @tf.function(autograph=False, input_signature=signature)
-    def forward(x):
-        return converted(list(module.param_list), x)
+    @tf.function(autograph=False, input_signature=tf_onnx.signature(tf, spec, job.batch_size, spec.model_inputs[0].layout))
+    def forward(*xs):
+        return converted(list(module.param_list), *xs)
 
     module.forward = forward
     tf.saved_model.save(module, str(job.out_dir), options=tf.saved_model.SaveOptions(experimental_custom_gradients=True))
-    return {"format": "tf-savedmodel", "param_names": names, "input_layout": spec.input.layout,
-            "canonical_layout": spec.input.layout, "output_names": list(spec.outputs)}
+    return {"format": "tf-savedmodel", "param_names": names, "input_layout": spec.model_inputs[0].layout,
+            "canonical_layout": spec.model_inputs[0].layout, "output_names": list(spec.outputs)}

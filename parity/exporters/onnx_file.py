@@ -27,4 +27,7 @@ def export(job: ExportJob) -> dict:
     inputs, outputs = interop.graph_signature(model)
     if outputs != list(spec.outputs):
         raise GoldenError(f"{source} has outputs {outputs}; the spec names {list(spec.outputs)}")
-    return onnx_meta(spec, next(iter(inputs)), outputs, spec.input.layout)
+    names = [i.name for i in spec.model_inputs]
+    if sorted(inputs) != sorted(names):
+        raise GoldenError(f"{source} has inputs {list(inputs)}; the spec names {names}")
+    return onnx_meta(spec, names, outputs, spec.model_inputs[0].layout)

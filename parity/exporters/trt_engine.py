@@ -18,10 +18,11 @@ from pathlib import Path
 import numpy as np
 
 from parity.exporters.common import ExportJob
-from parity.model import layouts
+from parity.model import feeds
 from parity.platform.cache_dir import cache_root, named_lock
 from parity.platform.errors import ExportError, Unavailable, one_line
 from parity.platform.safefs import write_bytes_atomic
+from parity.runtimes.onnx_common import onnx_feed
 from parity.runtimes.trt import cudart, gpu_info, import_tensorrt, logger, run_plan
 
 PLAN_FILE = "model.plan"
@@ -41,17 +42,13 @@ def export(job: ExportJob) -> dict:
     if job.inputs is None:
         raise ExportError("a TensorRT build is checked on the golden inputs, and none were given")
     parent = job.parent_meta
-    x = np.asarray(job.inputs)
-    x = np.resize(x, (job.batch_size, *x.shape[1:]))  # the engine's static batch; rows repeat if there are fewer
-    x = layouts.to_layout(x, job.spec.input.layout, parent["input_layout"])
-    x = x.astype(np.float32) if x.dtype.kind == "f" else x
-    feed = {parent["input_name"]: x}
+    feed = onnx_feed(job.spec, parent, feeds.padded(job.spec, job.inputs, job.batch_size))
 
     builder = trt.Builder(logger())
     if "FP16" in flags and not getattr(builder, "platform_has_fast_fp16", True):  # the query is gone in 11
         raise Unavailable(f"{gpu['name']} has no fast float16 (TensorRT's platform_has_fast_fp16 is false)")
     network, parser = parse(trt, builder, Path(job.parent_dir) / parent["file"])
-    shapes = dynamic_input_shapes(network, parent["input_name"], x.shape)
+    shapes = dynamic_input_shapes(network, {name: value.shape for name, value in feed.items()})
 
     cache_path = timing_cache_path(trt, gpu)
     with _lock(cache_path):
@@ -66,7 +63,7 @@ def export(job: ExportJob) -> dict:
     determinism = compare(run_plan(plan, feed, outputs), run_plan(second_plan, feed, outputs))
     return {
         "format": "tensorrt", "file": PLAN_FILE,
-        **{key: parent[key] for key in ("input_name", "output_names", "input_layout", "canonical_layout")},
+        **{key: parent[key] for key in ("input_names", "output_names", "input_layout", "canonical_layout")},
         "tensorrt": trt.__version__,
         "gpu": gpu,
         "builder": {"precision": job.precision, "flags": flags, "cleared": cleared,
@@ -99,21 +96,23 @@ def parse(trt, builder, onnx_path: Path):
     return network, parser
 
 
-def dynamic_input_shapes(network, input_name: str, shape: tuple) -> dict[str, tuple]:
-    """The static shape for each network input with dynamic dimensions (an optimization profile pins it)."""
+def dynamic_input_shapes(network, fed: dict[str, tuple]) -> dict[str, tuple]:
+    """The static shape for each network input with dynamic dimensions (an optimization profile pins it), from
+    the shapes of the arrays ``fed`` by input name."""
     shapes = {}
     for i in range(network.num_inputs):
         tensor = network.get_input(i)
         dims = tuple(tensor.shape)
-        fits = len(dims) == len(shape) and all(d < 0 or d == s for d, s in zip(dims, shape))
-        if tensor.name != input_name:
+        if tensor.name not in fed:
             if any(d < 0 for d in dims):
                 raise ExportError(f"ONNX input {tensor.name!r} has dynamic shape {dims} and parity feeds only "
-                                  f"{input_name!r}")
-        elif not fits:
-            raise ExportError(f"the ONNX model takes {input_name!r} with shape {dims}; the batch has shape {shape}")
-        elif any(d < 0 for d in dims):
-            shapes[tensor.name] = tuple(shape)
+                                  f"{', '.join(map(repr, fed))}")
+            continue
+        shape = tuple(fed[tensor.name])
+        if not (len(dims) == len(shape) and all(d < 0 or d == s for d, s in zip(dims, shape))):
+            raise ExportError(f"the ONNX model takes {tensor.name!r} with shape {dims}; the batch has shape {shape}")
+        if any(d < 0 for d in dims):
+            shapes[tensor.name] = shape
     return shapes
 
 

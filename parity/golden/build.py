@@ -28,7 +28,7 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
     started = time.perf_counter()
     scratch = new_scratch(workspace, spec)
     try:
-        split = digits_split(spec.input.shape)
+        split = digits_split(spec.model_inputs[0].shape)
         save_npz(scratch / "train.npz", {"x": split.train_x, "y": split.train_y})
         save_npz(scratch / "eval.npz", {"x": split.eval_x.astype(np.float32), "y": split.eval_y})
         save_npz(scratch / "inputs.npz", {"x": split.eval_x[:spec.batch_size].astype(np.float32),

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from parity import __version__
+from parity.model import feeds
 from parity.model import manifest as manifest_lib
 from parity.platform.errors import GoldenError
 from parity.platform.safefs import owned_tempdir, read_npz, replace_dir, sha256_file, sweep, write_json_atomic
@@ -159,11 +160,13 @@ def _check_against_spec(golden: Golden, spec) -> None:
     extra = sorted(set(arrays["weights.npz"]) - set(spec.params))
     if extra:
         problems.append(f"weights.npz has parameters the spec does not declare: {extra}")
-    batch = (spec.batch_size, *spec.input.shape)
-    n_eval = len(arrays["eval.npz"].get("x", ()))
+    first = feeds.key(spec, spec.model_inputs[0].name)
+    n_eval = len(arrays["eval.npz"].get(first, ())) if spec.model_inputs[0].batched else spec.batch_size
     labelled = not spec.weights_from_model or "y" in arrays["eval.npz"]
-    expect("inputs.npz", "x", batch, spec.input.dtype)
-    expect("eval.npz", "x", (n_eval, *spec.input.shape), spec.input.dtype)
+    for i in spec.model_inputs:
+        stored = "float32" if i.dtype == "bfloat16" else i.dtype
+        expect("inputs.npz", feeds.key(spec, i.name), spec.input_shape(i.name), stored)
+        expect("eval.npz", feeds.key(spec, i.name), spec.input_shape(i.name, n_eval), stored)
     if labelled:
         expect("eval.npz", "y", (n_eval,), "integer")
     if spec.loss is not None:
@@ -176,7 +179,8 @@ def _check_against_spec(golden: Golden, spec) -> None:
     if spec.loss is not None:
         for name in spec.trainable_params:
             expect("gradients.npz", name, spec.params[name].shape, "float64")
-        expect("gradients.npz", spec.input_grad_name, batch, "float64")
+        for name, grad in spec.input_grad_names.items():
+            expect("gradients.npz", grad, spec.input_shape(name), "float64")
     elif arrays["gradients.npz"]:
         problems.append("gradients.npz has gradients but the spec declares no loss")
     for key, array in arrays["reference.npz"].items():

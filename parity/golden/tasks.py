@@ -9,7 +9,7 @@ import numpy as np
 from parity import sources
 from parity.golden.store import load_arrays, save_npz
 from parity.model.workspace import Workspace
-from parity.runtimes.base import run_batched
+from parity.model import feeds
 
 
 def train_weights(workspace: str, model: str, train_file: str, eval_file: str, out_file: str) -> dict:
@@ -47,27 +47,23 @@ def fp64_reference(workspace: str, model: str, framework: str, scratch: str, out
     spec = Workspace(workspace).load_spec(model)
     scratch = Path(scratch)
     arrays = reference_arrays(spec, framework, load_arrays(scratch, "weights.npz"),
-                              load_arrays(scratch, "inputs.npz"), load_arrays(scratch, "eval.npz")["x"],
-                              "float64")
+                              load_arrays(scratch, "inputs.npz"), load_arrays(scratch, "eval.npz"), "float64")
     save_npz(Path(out_file), arrays)
 
 
-def reference_arrays(spec, framework: str, weights: dict, inputs: dict, eval_x: np.ndarray, dtype: str) -> dict:
+def reference_arrays(spec, framework: str, weights: dict, inputs: dict, evals: dict, dtype: str) -> dict:
     """A native source's outputs, taps, eval outputs (``eval/logits``) and, with a loss, gradients (``grad/…``),
-    all computed in ``dtype``; a definition that returns another dtype anywhere raises ``TypeError``."""
-
-    def cast(x):
-        return x if x.dtype.kind in "iu" else x.astype(dtype)  # token ids stay integers
-
+    all computed in ``dtype`` from the golden ``inputs.npz`` and ``eval.npz`` arrays; a definition that returns
+    another floating dtype anywhere raises ``TypeError`` (integer and bool outputs are compared as they are)."""
     source = sources.native(framework)(spec, weights, spec.batch_size, dtype)  # each source holds every weight as layouts.held_dtype says
-    x = cast(inputs["x"])
+    x = feeds.from_arrays(spec, inputs)  # floating feeds are cast to ``dtype`` by the runner; token ids stay integers
     arrays = dict(source.run(x))
     if spec.taps:
         arrays.update({f"tap/{name}": v for name, v in source.taps(x).items()})
-    arrays["eval/logits"] = run_batched(source, cast(eval_x), spec.batch_size)[spec.outputs[0]]
+    arrays["eval/logits"] = feeds.run_batched(source, feeds.from_arrays(spec, evals), spec.batch_size)[spec.outputs[0]]
     if spec.loss is not None:
         arrays.update({f"grad/{name}": v for name, v in source.gradients(x, inputs["labels"]).items()})
     for key, value in arrays.items():
-        if value.dtype != np.dtype(dtype):
+        if value.dtype.kind == "f" and value.dtype != np.dtype(dtype):
             raise TypeError(f"{framework} returned {value.dtype} for {key} in a {dtype} run")
     return arrays

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from parity.golden import store as golden
+from parity.model import feeds
 from parity.model import user as usermodel
 from parity.model.user import InputData, UserModelError
 from parity.platform.errors import ParityError
@@ -28,7 +29,9 @@ FLOAT32_TOLERANCE_FACTOR = usermodel.FLOAT32_TOLERANCE_FACTOR  # derived by user
 def build(workspace, spec, pool, progress=lambda message: None) -> dict:
     """Inputs, weights, reference and gradients of a user model into ``golden/<model>/``, atomically."""
     spec = workspace.load_spec(spec.name, attach_golden=False)  # tolerances as declared, not as last widened
-    usermodel.check_data_size("inputs and eval inputs", (spec.batch_size, *spec.input.shape), spec.input.dtype, copies=2)
+    for i in spec.model_inputs:
+        usermodel.check_data_size("inputs and eval inputs" + (f" {i.name!r}" if len(spec.model_inputs) > 1 else ""),
+                                  spec.input_shape(i.name), i.dtype, copies=2)
     framework = spec.frameworks[0]
     data = spec.inputs or InputData()
     started = time.perf_counter()
@@ -60,7 +63,7 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
             "cross_framework_fp64_by_tap": {},
             "metrics": _metrics(spec, reference["eval/logits"], eval_data.get("y")),
             "training": {},
-            "data": {"dataset": data.describe(), "split_seed": data.seed, "train": 0, "eval": int(len(eval_data["x"])),
+            "data": {"dataset": data.describe(), "split_seed": data.seed, "train": 0, "eval": feeds.samples(spec, feeds.from_arrays(spec, eval_data)),
                      "inputs": spec.batch_size},
             "reference": {"dtype": info["dtype"], "reason": info["reason"], "tolerance_factor": factor,
                           "outputs_from": given["from"] if given is not None else f"{framework} reference",
@@ -81,57 +84,85 @@ def _prepare_inputs(workspace, spec, data: InputData, pool, scratch: Path) -> di
         pool.call("onnx", "parity.golden.user_tasks:given_data", workspace=str(workspace.root), model=spec.name,
                   out_file=str(scratch / "given.npz"))
         arrays = golden.load_arrays(scratch, "given.npz")
-        x, labels, eval_x, eval_y = arrays["x"], None, arrays["x"], None
+        x = eval_x = feeds.from_arrays(spec, arrays)
+        labels = eval_y = None
         if any(k.startswith("output/") for k in arrays):
-            given = {"from": data.describe(), **arrays}
+            given = {"from": data.describe(), "samples": feeds.samples(spec, x), **arrays}
     elif data.file:
         arrays = read_npz(workspace.root / data.file, UserModelError, ".npz")
-        key = spec.input.name if spec.input.name in arrays else "x"
-        if key not in arrays:
-            raise ParityError(f"{data.file} has no array {spec.input.name!r} or 'x' (it has {', '.join(arrays) or 'none'})")
-        x, labels = arrays[key], arrays.get("labels", arrays.get("y"))
-        eval_x = arrays.get("eval_x", x)
-        eval_y = arrays.get("eval_labels", labels if "eval_x" not in arrays else None)
+        x, eval_x = _file_feeds(spec, data, arrays)
+        labels = arrays.get("labels", arrays.get("y"))
+        eval_y = arrays.get("eval_labels", labels if eval_x is x else None)
     else:
-        x = eval_x = _random(spec, data)
+        x = eval_x = feeds.generate(spec, spec.batch_size, data.values(), np.random.default_rng(data.seed))
         labels = eval_y = None
     _check_samples(spec, x, "inputs")
     _check_samples(spec, eval_x, "eval inputs")
-    if len(x) < spec.batch_size:
-        raise ParityError(f"{data.describe()}: {len(x)} samples, fewer than the batch size {spec.batch_size}")
-    dtype = spec.input.dtype
-    inputs = {"x": x[:spec.batch_size].astype(dtype)}
-    evals = {"x": eval_x.astype(dtype)}
+    available = feeds.samples(spec, x)
+    if available < spec.batch_size:
+        raise ParityError(f"{data.describe()}: {available} samples, fewer than the batch size {spec.batch_size}")
+    inputs = feeds.to_arrays(spec, {name: _stored(spec, name, value)
+                                    for name, value in feeds.rows(spec, x, 0, spec.batch_size).items()})
+    evals = feeds.to_arrays(spec, {name: _stored(spec, name, value) for name, value in eval_x.items()})
     if spec.loss is not None:
         if labels is None:
             raise ParityError(f"model {spec.name!r} declares loss {spec.loss!r}, which needs labels; "
                               f"{data.describe()} has none (set loss=None for no gradients)")
         inputs["labels"] = np.asarray(labels[:spec.batch_size], dtype=np.int64)
     if eval_y is not None:
-        if len(eval_y) != len(eval_x):
-            raise ParityError(f"{data.describe()}: {len(eval_y)} labels for {len(eval_x)} eval samples")
+        if len(eval_y) != feeds.samples(spec, eval_x):
+            raise ParityError(f"{data.describe()}: {len(eval_y)} labels for {feeds.samples(spec, eval_x)} eval samples")
         evals["y"] = np.asarray(eval_y, dtype=np.int64)
     golden.save_npz(scratch / "inputs.npz", inputs)
     golden.save_npz(scratch / "eval.npz", evals)
     return given
 
 
-def _random(spec, data: InputData) -> np.ndarray:
-    rng = np.random.default_rng(data.seed)
-    shape = (spec.batch_size, *spec.input.shape)
-    if data.distribution == "integers":
-        return rng.integers(int(data.low), int(data.high), size=shape)
-    if data.distribution == "uniform":
-        return rng.uniform(data.low, data.high, size=shape)
-    return rng.normal(data.mean, data.std, size=shape)
+def _file_feeds(spec, data: InputData, arrays: dict) -> tuple[dict, dict]:
+    """Inputs and eval inputs from a user's ``.npz``: each input under its name (``x`` for a model with one
+    input too), eval inputs under ``eval_<name>`` (``eval_x``; default: the inputs themselves)."""
+    single = len(spec.model_inputs) == 1
+    x, eval_x = {}, {}
+    for i in spec.model_inputs:
+        key = i.name if i.name in arrays or not single else "x"
+        if key not in arrays:
+            raise ParityError(f"{data.file} has no array {i.name!r}{' or x' if single else ''} (it has "
+                              f"{', '.join(arrays) or 'none'})")
+        x[i.name] = arrays[key]
+        eval_key = f"eval_{key}"
+        eval_x[i.name] = arrays.get(eval_key, arrays.get("eval_x") if single else None)
+    if all(v is None for v in eval_x.values()):
+        return x, x
+    missing = [name for name, v in eval_x.items() if v is None]
+    if missing:
+        raise ParityError(f"{data.file} has eval arrays for some inputs but not for {', '.join(missing)}")
+    return x, eval_x
 
 
-def _check_samples(spec, x: np.ndarray, what: str) -> None:
-    if x.ndim < 1 or tuple(x.shape[1:]) != tuple(spec.input.shape):
-        raise ParityError(f"{what} have shape {tuple(x.shape)}; model {spec.name!r} takes input {spec.input.name!r} "
-                          f"of shape (batch, {', '.join(map(str, spec.input.shape))})")
-    if (x.dtype.kind in "iu") != (np.dtype(spec.input.dtype).kind in "iu"):
-        raise ParityError(f"{what} are {x.dtype}; model {spec.name!r} takes {spec.input.dtype}")
+def _stored(spec, name: str, value: np.ndarray) -> np.ndarray:
+    """An input array in the dtype golden data keeps it in: its declared one (bfloat16 as float32)."""
+    dtype = next(i.dtype for i in spec.model_inputs if i.name == name)
+    return np.asarray(value, dtype="float32" if dtype == "bfloat16" else dtype)
+
+
+def _check_samples(spec, x: dict, what: str) -> None:
+    """Every input of the model, each with the declared rank and sizes (named axes at their golden size, the batch
+    axis any), integer inputs given integers, all with one number of samples."""
+    for i in spec.model_inputs:
+        value = np.asarray(x[i.name])
+        want = i.full_shape(value.shape[0] if i.batched and value.ndim else 0, spec.axes)
+        if value.shape != want:
+            shown = ", ".join(map(str, (("batch",) if i.batched else ()) + tuple(
+                f"{d}={spec.axes[d]}" if isinstance(d, str) else d for d in i.shape)))
+            raise ParityError(f"{what}: input {i.name!r} has shape {tuple(value.shape)}; model {spec.name!r} takes "
+                              f"({shown})")
+        if not i.floating and value.dtype.kind not in "iub":
+            raise ParityError(f"{what}: input {i.name!r} is {value.dtype}; model {spec.name!r} takes {i.dtype}")
+        if i.floating and value.dtype.kind not in "f":
+            raise ParityError(f"{what}: input {i.name!r} is {value.dtype}; model {spec.name!r} takes {i.dtype}")
+    counts = {i.name: len(x[i.name]) for i in spec.model_inputs if i.batched}
+    if len(set(counts.values())) > 1:
+        raise ParityError(f"{what}: inputs have different numbers of samples ({counts})")
 
 
 def _replace_outputs(spec, reference: dict, given: dict) -> float:
@@ -142,7 +173,7 @@ def _replace_outputs(spec, reference: dict, given: dict) -> float:
         if key not in given:
             raise ParityError(f"{given['from']} has no output {i} ({name!r})")
         value = np.asarray(given[key], dtype=np.float64)
-        _check_batched_output(spec, f"{given['from']}: output", name, value.shape, len(given["x"]))
+        _check_batched_output(spec, f"{given['from']}: output", name, value.shape, given["samples"])
         _check_batched_output(spec, "the model's output", name, reference[name].shape, spec.batch_size)
         if value.shape[1:] != reference[name].shape[1:]:
             raise ParityError(f"{given['from']}: output {name!r} has shape {value.shape}, the model gives "
@@ -157,9 +188,9 @@ def _replace_outputs(spec, reference: dict, given: dict) -> float:
 def _check_batched_output(spec, what: str, name: str, shape: tuple, samples: int) -> None:
     """Refuse an output that does not follow the inputs' batch axis (batch first, one row per sample)."""
     if len(shape) == 0 or shape[0] != samples:
-        sample = ", ".join(map(str, spec.input.shape))
-        raise ParityError(f"{what} {name!r} has shape {tuple(shape)} for {samples} samples of input {spec.input.name!r} "
-                          f"(shape (batch, {sample})); parity needs outputs batched like the input, batch first")
+        inputs = ", ".join(repr(i.name) for i in spec.model_inputs)
+        raise ParityError(f"{what} {name!r} has shape {tuple(shape)} for {samples} samples of input {inputs}; parity "
+                          f"needs outputs batched like the input, batch first")
 
 
 def _metrics(spec, logits: np.ndarray, labels) -> dict:

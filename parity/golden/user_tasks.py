@@ -9,6 +9,7 @@ import numpy as np
 
 from parity.golden import store as golden
 from parity.golden.tasks import reference_arrays
+from parity.model import feeds
 from parity.interop.given import given_feeds
 from parity.model.user import UserModelError, native_params
 from parity.model.workspace import Workspace
@@ -73,7 +74,7 @@ def reference(workspace: str, model: str, scratch: str, shapes: dict, params: di
     scratch = Path(scratch)
     weights = golden.load_arrays(scratch, "weights.npz")
     inputs = golden.load_arrays(scratch, "inputs.npz")
-    eval_x = golden.load_arrays(scratch, "eval.npz")["x"]
+    evals = golden.load_arrays(scratch, "eval.npz")
     framework = spec.frameworks[0]
 
     def compute(*args):
@@ -81,36 +82,37 @@ def reference(workspace: str, model: str, scratch: str, shapes: dict, params: di
 
     reason = None
     try:
-        arrays = compute(weights, inputs, eval_x, "float64")
+        arrays = compute(weights, inputs, evals, "float64")
         dtype = "float64"
     except Exception as error:  # noqa: BLE001 - any float64 failure falls back to float32, with the reason
         reason = f"the model does not run in float64 ({one_line(f'{type(error).__name__}: {error}', 300)})"
-        arrays = compute(weights, inputs, eval_x, "float32")
+        arrays = compute(weights, inputs, evals, "float32")
         dtype = "float32"
     golden.save_npz(Path(out_file), {k: np.asarray(v, dtype=np.float64) for k, v in arrays.items()})
     return {"dtype": dtype, "reason": reason}
 
 
-def _onnx_reference(spec, _weights, inputs, eval_x, dtype: str) -> dict:
+def _onnx_reference(spec, _weights, inputs, evals, dtype: str) -> dict:
     from parity.interop import onnx_file as onnx_source
-    from parity.runtimes.base import run_batched
 
     model = onnx_source.load_checked(spec.onnx_model_path)
-    input_name = model.graph.input[0].name
 
     class Evaluator:
+        def __init__(self):
+            self.spec = spec
+
         def run(self, x):
-            outputs = onnx_source.reference_outputs(model, {input_name: x}, dtype)
+            outputs = onnx_source.reference_outputs(model, x, dtype)  # every input in its own dtype
             return {name: outputs[name] for name in spec.outputs}
 
-    arrays = Evaluator().run(inputs["x"])
-    arrays["eval/logits"] = run_batched(Evaluator(), eval_x, spec.batch_size)[spec.outputs[0]]
+    arrays = Evaluator().run(feeds.from_arrays(spec, inputs))
+    arrays["eval/logits"] = feeds.run_batched(Evaluator(), feeds.from_arrays(spec, evals), spec.batch_size)[spec.outputs[0]]
     return arrays
 
 
 def given_data(workspace: str, model: str, out_file: str) -> None:
-    """The inputs (``x``) and golden outputs (``output/<i>``) given with a user model, all sets concatenated
-    along the batch axis, checked against the ONNX graph when the source is one."""
+    """The inputs (as ``inputs.npz`` keys them) and golden outputs (``output/<i>``) given with a user model, all sets
+    concatenated along the batch axis, checked against the ONNX graph when the source is one."""
     from parity.interop import onnx_file as onnx_source
     from parity.interop import onnx_test_data as interop
 
@@ -119,9 +121,15 @@ def given_data(workspace: str, model: str, out_file: str) -> None:
     if spec.onnx_model is not None:
         graph_inputs, graph_outputs = interop.graph_signature(onnx_source.load_checked(spec.onnx_model_path))
     data = spec.inputs
-    arrays, outputs = given_feeds(Path(workspace), data.__dict__, graph_inputs, graph_outputs)
+    sets, outputs = given_feeds(Path(workspace), data.__dict__, graph_inputs, graph_outputs)
+    declared = [i.name for i in spec.model_inputs]
+    if len(sets[0]) != len(declared) or (set(sets[0]) != set(declared) and graph_inputs is not None):
+        raise UserModelError(f"{data.describe()} gives inputs {', '.join(sets[0])}; the model takes {', '.join(declared)}")
+    by_name = set(sets[0]) == set(declared)  # else in order: test data written without names
     try:
-        result = {"x": np.concatenate(arrays)}
+        stacked = {name: np.concatenate([s[name if by_name else list(s)[k]] for s in sets])
+                   for k, name in enumerate(declared)}
+        result = feeds.to_arrays(spec, stacked)
         if outputs is not None:
             result.update({f"output/{i}": np.concatenate([o[i] for o in outputs]) for i in range(len(outputs[0]))})
     except ValueError as error:

@@ -9,8 +9,9 @@ from parity.interop.onnx_test_data import InteropError
 
 
 def given_feeds(root, given: dict, graph_inputs: dict | None, graph_outputs: list | None):
-    """Inputs (one array per test-data set or Polygraphy iteration) and golden outputs (a list of arrays in
-    output order per set; None when none were given) from an ONNX test-data folder or Polygraphy files."""
+    """Inputs (one ``{input name: array}`` per test-data set or Polygraphy iteration) and golden outputs (a list
+    of arrays in output order per set; None when none were given) from an ONNX test-data folder or Polygraphy
+    files."""
     root = Path(root)
     if given.get("test_data"):
         source = root / given["test_data"]
@@ -27,8 +28,7 @@ def given_feeds(root, given: dict, graph_inputs: dict | None, graph_outputs: lis
         feeds, outputs = onnx_test_data.match_graph(sets, graph_inputs, graph_outputs, str(source))
     else:
         feeds, outputs = [s.inputs for s in sets], [s.outputs for s in sets]
-    if any(len(feed) != 1 for feed in feeds):
-        raise InteropError(f"{source}: parity checks models with one input; a set has {len(feeds[0])}")
-    arrays = [next(iter(feed.values())) for feed in feeds]
+    if any(list(feed) != list(feeds[0]) for feed in feeds):
+        raise InteropError(f"{source}: the sets name different inputs ({list(feeds[0])} and others)")
     golden_outputs = [list(out.values()) for out in outputs] if all(outputs) else None
-    return arrays, golden_outputs
+    return feeds, golden_outputs

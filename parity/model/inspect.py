@@ -15,104 +15,144 @@ from parity.platform.errors import one_line
 from parity.platform.safefs import read_npz
 
 
-def _sample(shape, dtype: str, values: int | None = None, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    if np.dtype(dtype).kind in "iu":  # ids 0 to values - 1; the smallest id alone until the range is known
-        return rng.integers(0, values or 1, size=shape).astype(dtype)
-    return rng.standard_normal(shape).astype(dtype)
+def _sample(decl: dict, seed: int = 0) -> np.ndarray:
+    """A sample of one declared input (``{"name", "shape", "dtype", "values"}``, shape batch first and concrete)."""
+    from parity.model.feeds import draw
+    from parity.model.spec import Values
+
+    values = decl.get("values")
+    if isinstance(values, dict):
+        values = Values(**values)
+    elif np.dtype(decl["dtype"]).kind in "iub":  # ids 0 to N - 1; the smallest id alone until the range is known
+        values = Values("integers", high=max(int(values or 0), 2)) if values else Values("fixed", value=0)
+    else:
+        values = Values()
+    return draw(values, tuple(decl["shape"]), decl["dtype"], np.random.default_rng(seed))
 
 
-def _rejects(input_name: str, shape, error: BaseException) -> UserModelError:
-    return UserModelError(f"the model does not run on input {input_name!r} of shape {tuple(shape)}: "
-                          f"{one_line(f'{type(error).__name__}: {error}', 300)}")
+def _rejects(inputs: list[dict], error: BaseException) -> UserModelError:
+    shown = ", ".join(f"{d['name']!r} of shape {tuple(d['shape'])} {d['dtype']}" for d in inputs)
+    return UserModelError(f"the model does not run on input {shown}: {one_line(f'{type(error).__name__}: {error}', 300)}")
 
 
-def _output_names(count: int) -> list[str]:
-    return ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
+def _outputs(returned, is_tensor, shape) -> dict:
+    """Output names (flattened as ``parity.model.outputs`` names them) and shapes."""
+    from parity.model.outputs import OutputError, flatten
+
+    try:
+        leaves = flatten(returned, is_tensor)
+    except OutputError as error:
+        raise UserModelError(str(error)) from None
+    if not leaves:
+        raise UserModelError("the model returns no tensor")
+    return {"outputs": [name for name, _ in leaves], "output_shapes": [list(shape(value)) for _, value in leaves]}
 
 
-def inspect_model(kind: str, reference: str, root: str, input_name: str, shape: list[int] | None, dtype: str,
-                  params_file: str | None = None, given: dict | None = None, values: int | None = None) -> dict:
-    """Build the model, run it once on a sample of ``shape`` (batch first), and report what a spec needs:
-    output names and shapes, default taps (top-level layers whose output is one tensor), parameter count.
+def inspect_model(kind: str, reference: str, root: str, inputs: list[dict], params_file: str | None = None,
+                  given: dict | None = None) -> dict:
+    """Build the model, run it once on a sample of each declared input (``{"name", "shape", "dtype", "values"}``,
+    batch first), and report what a spec needs: output names and shapes, default taps (top-level layers whose
+    output is one tensor), parameter count, and the number of ids of each integer input an embedding reads.
     An ONNX file is only read (its graph says it all); ``given`` data (test data, Polygraphy inputs) gives
-    its input shape."""
+    its input shapes."""
     if kind == "onnx":
         return _inspect_onnx(reference, root, given or {})
-    check_data_size(f"input {input_name!r}", shape, dtype)  # before _sample draws it
+    for decl in inputs:
+        check_data_size(f"input {decl['name']!r}", decl["shape"], decl["dtype"])  # before _sample draws it
     inspector = {"torch": _inspect_torch, "tf": _inspect_keras, "jax": _inspect_jax}[kind]
-    return inspector(reference, root, input_name, shape, dtype, params_file, values)
+    return inspector(reference, root, inputs, params_file)
 
 
-def _inspect_torch(reference, root, input_name, shape, dtype, _params_file, values):
+def _inspect_torch(reference, root, inputs, _params_file):
     import torch
 
+    from parity.model.feeds import call_torch as call
+
     module = torch_factory(reference, root)().eval()
-    x = torch.from_numpy(_sample(shape, dtype, values))
-    recorded, handles, embedding_sizes = {}, [], []
+    tensors = {d["name"]: torch.from_numpy(_sample(d)) for d in inputs}
+    recorded, handles, embedding_sizes = {}, [], {}
     for name, child in module.named_children():
         handles.append(child.register_forward_hook(lambda _m, _i, out, n=name: recorded.setdefault(n, out)))
-    for child in module.modules():  # an embedding that reads the input itself says how many ids it takes
+
+    def reads(m, args, kwargs):  # an embedding that reads an input itself says how many ids it takes
+        first = args[0] if args else kwargs.get("input")
+        for name, tensor in tensors.items():
+            if first is tensor:
+                embedding_sizes[name] = min(embedding_sizes.get(name, m.num_embeddings), m.num_embeddings)
+
+    for child in module.modules():
         if isinstance(child, torch.nn.Embedding):
-            handles.append(child.register_forward_pre_hook(
-                lambda m, args: embedding_sizes.append(m.num_embeddings) if args and args[0] is x else None))
+            handles.append(child.register_forward_pre_hook(reads, with_kwargs=True))
     try:
         with torch.inference_mode():
-            outputs = module(x)
+            returned = call(module, tensors)
     except Exception as error:  # noqa: BLE001 - the model's own failure on this input
-        raise _rejects(input_name, shape, error) from None
+        raise _rejects(inputs, error) from None
     finally:
         for handle in handles:
             handle.remove()
-    outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
-    if not all(isinstance(o, torch.Tensor) for o in outputs):
-        raise UserModelError(f"{reference}: forward returns {type(outputs[0]).__name__}; parity needs a tensor or a tuple of tensors")
     taps = [n for n, _ in module.named_children() if isinstance(recorded.get(n), torch.Tensor)]
-    return {"outputs": _output_names(len(outputs)), "output_shapes": [list(o.shape) for o in outputs], "taps": taps,
-            "n_params": int(sum(p.numel() for p in module.parameters())),
-            "input_values": min(embedding_sizes, default=None)}
+    return {**_outputs(returned, torch.is_tensor, lambda t: t.shape), "taps": taps,
+            "n_params": int(sum(p.numel() for p in module.parameters())), "input_values": embedding_sizes}
 
 
-def _inspect_keras(reference, root, input_name, shape, dtype, _params_file, values):
+def _inspect_keras(reference, root, inputs, _params_file):
     import keras
 
+    from parity.model.feeds import call_keras as call
+
     model = keras_file(reference, root)("float32")
-    if len(model.inputs) != 1:
-        raise UserModelError(f"{reference} has {len(model.inputs)} inputs; parity checks models with one input")
-    embedding_sizes = [layer.input_dim for layer in model.layers if isinstance(layer, keras.layers.Embedding)
-                       and layer.input is model.inputs[0]]
+    names = [t.name for t in model.inputs]
+    if len(names) != len(inputs):
+        raise UserModelError(f"{reference} has {len(names)} inputs ({', '.join(names)}); "
+                             f"{len(inputs)} were declared ({', '.join(d['name'] for d in inputs)})")
+    embedding_sizes = {}
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.Embedding):
+            for name, tensor in zip(names, model.inputs):
+                if layer.input is tensor:
+                    embedding_sizes[name] = layer.input_dim
     try:
-        outputs = model(_sample(shape, dtype, values), training=False)
+        returned = call(model, {d["name"]: _sample(d) for d in inputs})
     except Exception as error:  # noqa: BLE001
-        raise _rejects(input_name, shape, error) from None
-    outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
+        raise _rejects(inputs, error) from None
     taps = [layer.name for layer in model.layers if type(layer).__name__ != "InputLayer"
             and not isinstance(layer.output, (list, tuple, dict))]
-    return {"outputs": _output_names(len(outputs)), "output_shapes": [list(o.shape) for o in outputs], "taps": taps,
-            "n_params": int(model.count_params()), "input_values": min(embedding_sizes, default=None)}
+    import tensorflow as tf
+
+    return {**_outputs(returned, tf.is_tensor, lambda t: t.shape), "taps": taps,
+            "n_params": int(model.count_params()), "input_values": embedding_sizes}
 
 
-def _inspect_jax(reference, root, input_name, shape, dtype, params_file, values):
+def _inspect_jax(reference, root, inputs, params_file):
+    import jax
+
     apply = jax_function(reference, params_file, root)
     params = read_npz(apply.params_path, UserModelError, ".npz")
     names = []
+    samples = {d["name"]: _sample(d) for d in inputs}
     try:
-        outputs = apply(params, _sample(shape, dtype, values), tap=lambda name, _value: names.append(name))
+        returned = apply(params, samples if len(samples) > 1 else next(iter(samples.values())),
+                         tap=lambda name, _value: names.append(name))
     except Exception as error:  # noqa: BLE001
-        raise _rejects(input_name, shape, error) from None
-    outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
-    return {"outputs": _output_names(len(outputs)), "output_shapes": [list(np.shape(o)) for o in outputs],
-            "taps": list(dict.fromkeys(names)), "n_params": int(sum(v.size for v in params.values()))}
+        raise _rejects(inputs, error) from None
+    return {**_outputs(returned, lambda v: isinstance(v, (jax.Array, np.ndarray)), np.shape),
+            "taps": list(dict.fromkeys(names)), "n_params": int(sum(v.size for v in params.values())),
+            "input_values": {}}
 
 
 def _inspect_onnx(reference, root, given: dict):
     model = onnx_source.load_checked(Path(root) / reference)
     inputs, outputs = interop.graph_signature(model)
-    if len(inputs) != 1:
-        raise UserModelError(f"{reference} has {len(inputs)} inputs ({', '.join(inputs)}); parity checks models with one input")
-    (name, (graph_shape, graph_dtype)), = inputs.items()
-    feeds = given_feeds(root, given, inputs, outputs)[0] if any(given.values()) else None
-    return {"input_name": name, "input_shape": [d if isinstance(d, int) else None for d in graph_shape],
-            "input_dtype": str(np.dtype(graph_dtype)), "given_shape": list(feeds[0].shape) if feeds else None,
-            "outputs": list(outputs), "output_shapes": None, "taps": [],
-            "n_params": int(sum(np.prod(i.dims) for i in model.graph.initializer))}
+    sets = given_feeds(root, given, inputs, outputs)[0] if any(given.values()) else None
+    described = []
+    for name, (graph_shape, graph_dtype) in inputs.items():
+        if graph_shape is None or graph_dtype is None:
+            raise UserModelError(f"{reference}: input {name!r} is not a tensor of known rank and type; parity feeds "
+                                 f"tensors only")
+        described.append({"name": name, "shape": [d if isinstance(d, int) else None for d in graph_shape],
+                          "axis_names": [d if isinstance(d, str) else None for d in graph_shape],
+                          "dtype": str(np.dtype(graph_dtype)),
+                          "given_shape": list(sets[0][name].shape) if sets else None})
+    return {"inputs": described, "outputs": list(outputs), "output_shapes": None, "taps": [],
+            "n_params": int(sum(np.prod(i.dims) for i in model.graph.initializer)), "input_values": {}}

@@ -59,18 +59,91 @@ class Tolerances:
         return {"default": self.default.to_json(), "overrides": {k: v.to_json() for k, v in self.overrides.items()}}
 
 
+INPUT_DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64", "bool")
+VALUE_KINDS = ("normal", "uniform", "integers", "mask", "fixed")
+BATCH = "batch"  # the axis name of the leading batch axis (its size is the spec's batch size)
+
+
+@dataclass(frozen=True)
+class Values:
+    """The value domain of an input's generated golden data.
+
+    ``normal`` (``mean``, ``std``); ``uniform`` (``low`` to ``high``); ``integers`` (``low`` to ``high``,
+    high excluded: token ids are ``Values("integers", high=VOCAB_SIZE)``); ``mask``: an attention mask of
+    ones with a padded tail of zeros along the last axis (each row keeps at least one 1, and the first row
+    none padded); ``fixed``: every element ``value``.
+    """
+
+    kind: str = "normal"
+    low: float = 0.0
+    high: float = 1.0
+    mean: float = 0.0
+    std: float = 1.0
+    value: float = 0.0
+
+    def __post_init__(self):
+        if self.kind not in VALUE_KINDS:
+            raise ValueError(f"input values {self.kind!r} are not one of {VALUE_KINDS}")
+        if self.kind == "integers" and int(self.high) - int(self.low) < 2:
+            raise ValueError(f"integer values from {self.low:g} to {self.high:g} (excluded) take one value: declare "
+                             "the range the ids cover, e.g. Values(\"integers\", high=VOCAB_SIZE)")
+
+    def describe(self) -> str:
+        if self.kind == "normal":
+            return f"normal(mean {self.mean:g}, std {self.std:g})"
+        if self.kind == "fixed":
+            return f"fixed {self.value:g}"
+        if self.kind == "mask":
+            return "attention mask (padded tails)"
+        return f"{self.kind}[{self.low:g}, {self.high:g})"
+
+
 @dataclass(frozen=True)
 class InputSpec:
-    """The model input: name, per-sample shape in canonical layout, dtype (``float32`` or an integer type)."""
+    """One model input: name, per-sample shape in canonical layout, dtype, value domain.
+
+    ``shape`` leaves out the leading batch axis (there is one unless ``batched=False``); an entry that is
+    a string names a dynamic axis (``"sequence"``) whose golden size ``ModelSpec.axes`` gives. ``dtype``
+    is one of ``INPUT_DTYPES``; ``values`` how generated golden data is drawn (default: the model's
+    ``InputData``).
+    """
 
     name: str
-    shape: tuple[int, ...]
+    shape: tuple[int | str, ...]
     layout: str = "flat"
     dtype: str = "float32"
+    values: Values | None = None
+    batched: bool = True
 
     def __post_init__(self):
         if self.layout not in INPUT_LAYOUTS:
             raise ValueError(f"input layout {self.layout!r} is not one of {INPUT_LAYOUTS}")
+        if self.dtype not in INPUT_DTYPES:
+            raise ValueError(f"input {self.name!r}: dtype {self.dtype!r} is not one of {INPUT_DTYPES}")
+        for dim in self.shape:
+            if not (isinstance(dim, str) and dim.isidentifier() and dim != BATCH) and \
+                    not (isinstance(dim, int) and not isinstance(dim, bool) and dim >= 0):
+                raise ValueError(f"input {self.name!r}: shape {self.shape!r} has {dim!r}, neither a size nor an axis "
+                                 f"name (a Python identifier other than {BATCH!r}, which is implicit)")
+
+    @property
+    def floating(self) -> bool:
+        return self.dtype.startswith(("float", "bfloat"))
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        """Every axis of the full shape by name: ``batch`` first where batched, sizes as ``""``."""
+        sample = tuple(d if isinstance(d, str) else "" for d in self.shape)
+        return ((BATCH,) if self.batched else ()) + sample
+
+    def full_shape(self, batch_size: int, axes: dict[str, int]) -> tuple[int, ...]:
+        """The concrete shape at ``batch_size`` and the named axes' sizes ``axes``."""
+        sample = tuple(axes[d] if isinstance(d, str) else d for d in self.shape)
+        return ((batch_size,) if self.batched else ()) + sample
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, "batched": self.batched,
+                "values": None if self.values is None else self.values.describe()}
 
 
 @dataclass(frozen=True)
@@ -171,8 +244,13 @@ class ModelSpec:
     Arguments:
         name: model name (the file name in ``models/`` without ``.py``).
         description: one line.
-        input: the single model input (``InputSpec``).
-        outputs: output names, in the order the definitions return them.
+        input: the model input (``InputSpec``), or a tuple of them for a model with several inputs (a torch
+            module gets them as keywords, a Keras model as a dict, a JAX function positionally, in order).
+        outputs: output names: the names the model's returned structure flattens to (``parity.model.outputs``:
+            dict keys, dataclass fields, ``out.<i>`` for sequence items, joined with ``.``), or, for a model
+            returning one tensor or a plain tuple, names given to its outputs in order.
+        axes: golden sizes of the named dynamic axes of the inputs (``{"sequence": 16}``); the batch axis's
+            is ``batch_size``.
         num_classes: classifier width, for metrics.
         params: canonical parameter names -> ``ParamSpec``, in network order.
         taps: named layer boundaries in network order (used for drift diagnosis).
@@ -204,8 +282,9 @@ class ModelSpec:
 
     name: str
     description: str
-    input: InputSpec
+    input: InputSpec | tuple[InputSpec, ...]
     outputs: tuple[str, ...]
+    axes: dict[str, int] = field(default_factory=dict)
     num_classes: int = 0
     params: dict[str, ParamSpec] = field(default_factory=dict)
     taps: tuple[str, ...] = ()
@@ -251,8 +330,24 @@ class ModelSpec:
         return [name for name, p in self.params.items() if p.trainable]
 
     @property
+    def model_inputs(self) -> tuple[InputSpec, ...]:
+        """Every input, in the declared order."""
+        return self.input if isinstance(self.input, tuple) else (self.input,)
+
+    @property
     def input_grad_name(self) -> str:
-        return f"input:{self.input.name}"
+        """The gradient name of the first input (``input:<name>``); see ``input_grad_names``."""
+        return f"input:{self.model_inputs[0].name}"
+
+    @property
+    def input_grad_names(self) -> dict[str, str]:
+        """Input name -> its gradient's name, for every floating-point input (integer and bool ones have none)."""
+        return {i.name: f"input:{i.name}" for i in self.model_inputs if i.floating}
+
+    def input_shape(self, name: str, batch_size: int | None = None, axes: dict[str, int] | None = None) -> tuple:
+        """The concrete shape of input ``name`` (default: at the golden batch size and axis sizes)."""
+        spec = next(i for i in self.model_inputs if i.name == name)
+        return spec.full_shape(self.batch_size if batch_size is None else batch_size, {**self.axes, **(axes or {})})
 
     def output_tolerances(self, precision: str) -> Tolerances:
         """Output tolerances at ``precision``: declared, else derived from the dtype (``parity.platform.precision``)."""
@@ -280,6 +375,23 @@ class ModelSpec:
     def validate(self) -> None:
         if not self.outputs:
             raise ValueError("a model needs at least one output")
+        if len(set(self.outputs)) != len(self.outputs):
+            raise ValueError(f"output names must be unique: {self.outputs}")
+        if not self.model_inputs or not all(isinstance(i, InputSpec) for i in self.model_inputs):
+            raise ValueError("input is an InputSpec or a tuple of InputSpec")
+        names = [i.name for i in self.model_inputs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"input names must be unique: {names}")
+        for i in self.model_inputs:
+            unsized = [d for d in i.shape if isinstance(d, str) and d not in self.axes]
+            if unsized:
+                raise ValueError(f"input {i.name!r} names axis {unsized[0]!r}, which axes does not size "
+                                 f"(axes={self.axes})")
+            if len(self.model_inputs) > 1 and i.layout not in ("flat", "native", "tokens"):
+                raise ValueError(f"input {i.name!r}: layout {i.layout!r} is for a single-input model")
+        bad = {k: v for k, v in self.axes.items() if not isinstance(v, int) or isinstance(v, bool) or v < 1}
+        if bad:
+            raise ValueError(f"axes sizes must be positive integers: {bad}")
         for precision in list(self.tolerances) + list(self.grad_tolerances):
             if precision not in PRECISIONS:
                 raise ValueError(f"unknown precision {precision!r} in tolerances; known: {PRECISIONS}")

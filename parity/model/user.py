@@ -70,6 +70,16 @@ class InputData:
         if self.polygraphy_outputs and not self.polygraphy_inputs:
             raise ValueError("polygraphy_outputs needs the polygraphy_inputs they were computed from")
 
+    def values(self):
+        """The ``Values`` domain of generated inputs that declare none of their own."""
+        from parity.model.spec import Values
+
+        if self.distribution == "integers":
+            return Values("integers", low=self.low, high=self.high)
+        if self.distribution == "uniform":
+            return Values("uniform", low=self.low, high=self.high)
+        return Values("normal", mean=self.mean, std=self.std)
+
     def describe(self) -> str:
         if self.file:
             return f"inputs from {self.file}"
@@ -211,9 +221,10 @@ def jax_function(reference: str, params_file: str, root: str | Path):
         if function is None:
             function = resolve(reference, root)
         nested = unflatten({name: params[name] for name in params})
+        args = tuple(x.values()) if isinstance(x, dict) else (x,)  # several inputs: positionally, in the spec's order
         if tap is not None and "tap" in inspect.signature(function).parameters:
-            return function(nested, x, tap=tap)
-        return function(nested, x)
+            return function(nested, *args, tap=tap)
+        return function(nested, *args)
 
     jax_apply.params_path = Path(root) / params_file
     jax_apply.source_files = (*_reference_files(reference, root), jax_apply.params_path)

@@ -207,6 +207,7 @@ def export_test_data(workspace: str | None, model: str, out_dir: str, notice=_qu
 
     from parity.golden import store
     from parity.interop import onnx_test_data as interop
+    from parity.model import feeds
 
     ws = open_workspace(workspace, notice)
     (name,) = ws.select([model])
@@ -214,14 +215,14 @@ def export_test_data(workspace: str | None, model: str, out_dir: str, notice=_qu
     verified = store.load(ws.golden_dir(name), spec)
     reference = verified.arrays["reference.npz"]
     written = interop.write_test_data(
-        Path(out_dir), {spec.input.name: verified.arrays["inputs.npz"]["x"]},
+        Path(out_dir), feeds.from_arrays(spec, verified.arrays["inputs.npz"]),
         {out: reference[out].astype(np.float32) if reference[out].dtype.kind == "f" else reference[out]
          for out in spec.outputs})
     return written, spec
 
 
-def init_model(name: str, sources: dict[str, str | None], input_decl: str | None, files: dict[str, str | None],
-               seed: int, force: bool, workspace: str | None) -> tuple[Path, dict, str]:
+def init_model(name: str, sources: dict[str, str | None], input_decls: tuple[str, ...], axes: tuple[str, ...],
+               files: dict[str, str | None], seed: int, force: bool, workspace: str | None) -> tuple[Path, dict, str]:
     """``parity init``: ``sources`` maps torch/tf/jax/onnx to what was given (exactly one), ``files`` the data
     files (inputs_file, test_data, polygraphy_inputs, polygraphy_outputs). Returns the spec written, what the
     model said about itself, and the source kind."""
@@ -239,10 +240,10 @@ def init_model(name: str, sources: dict[str, str | None], input_decl: str | None
         if not params_file:
             raise UsageError("--jax takes MODULE:FUNCTION,PARAMS.npz (the apply function and its weights)")
         params_file = scaffold.workspace_reference(params_file, root)
-    input_name, shape, dtype, values = scaffold.parse_input(input_decl) if input_decl else (None, None, "float32", None)
     request = scaffold.Request(
         name=name, kind=kind, reference=scaffold.workspace_reference(reference, root), params_file=params_file,
-        input_name=input_name, input_shape=shape, input_dtype=dtype, input_values=values, seed=seed,
+        inputs=tuple(scaffold.parse_input(text) for text in input_decls),
+        axes=tuple(scaffold.parse_axis(text) for text in axes), seed=seed,
         **{key: value and scaffold.workspace_reference(value, root) for key, value in files.items()})
     written, info = scaffold.init(root, request, force, default_threads())
     return written, info, kind

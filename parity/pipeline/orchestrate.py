@@ -133,7 +133,9 @@ class Run:
         """Every batch size to time must fit the eval split it is verified on (an input error, before any work)."""
         if self.options.timing is None:
             return
-        available = manifest["files"]["eval.npz"]["arrays"]["x"]["shape"][0]
+        from parity.model import feeds
+
+        available = manifest["files"]["eval.npz"]["arrays"][feeds.key(spec, spec.model_inputs[0].name)]["shape"][0]
         for batch in self.options.timing.batch_sizes or spec.timed_batch_sizes:
             if batch > available:
                 raise UsageError(f"batch size {batch} cannot be verified for model {spec.name!r}: its eval split has "

@@ -30,17 +30,27 @@ TAP_ORIGIN = {"torch": "the model's top-level submodules (named children)", "tf"
 
 
 @dataclass(frozen=True)
+class InputDecl:
+    """One input as ``--input`` declares it: shape batch first (a string entry names a dynamic axis, sized by
+    ``Request.axes``), dtype, and the values generated data takes (``None``; an int: ids 0 to N-1; ``"mask"``:
+    an attention mask; ``(low, high)``: a uniform or integer range)."""
+
+    name: str
+    shape: tuple[int | str, ...]
+    dtype: str = "float32"
+    values: int | str | tuple[float, float] | None = None
+
+
+@dataclass(frozen=True)
 class Request:
-    """What ``parity init`` was asked: the source (``kind`` + ``reference``), the input, the data."""
+    """What ``parity init`` was asked: the source (``kind`` + ``reference``), the inputs, the data."""
 
     name: str
     kind: str  # torch, tf, jax, onnx
     reference: str  # module:function, file.py:function, a .keras file or an .onnx file
     params_file: str | None = None  # jax: the weights .npz
-    input_name: str | None = None
-    input_shape: tuple[int, ...] | None = None  # batch first
-    input_dtype: str = "float32"
-    input_values: int | None = None  # integer inputs: ids 0 to input_values - 1
+    inputs: tuple[InputDecl, ...] = ()
+    axes: tuple[tuple[str, int], ...] = ()  # golden sizes of named axes
     inputs_file: str | None = None
     test_data: str | None = None
     polygraphy_inputs: str | None = None
@@ -49,23 +59,73 @@ class Request:
     tolerance: tuple[float, float] = DEFAULT_TOLERANCE  # atol, rtol of the outputs
     builder: str | None = None  # the builder helper (default: the kind's own, e.g. keras_file for tf)
 
+    def concrete(self, decl: InputDecl) -> tuple[int, ...]:
+        """``decl``'s shape with its named axes at their golden sizes."""
+        sizes = dict(self.axes)
+        return tuple(sizes[d] if isinstance(d, str) else d for d in decl.shape)
 
-def parse_input(text: str) -> tuple[str, tuple[int, ...], str, int | None]:
-    """``x=1x3x32x32``, ``ids=8x128:int64`` or ``ids=8x128:int64:30522`` -> name, shape (batch first), dtype, and
-    for integers the number of values (ids 0 to N-1; None: taken from the embedding that reads the input)."""
-    match = re.fullmatch(r"([A-Za-z_][\w.:/-]*?)=(\d+(?:x\d+)*)(?::(\w+)(?::(\d+))?)?", text.strip())
+    def worker_inputs(self) -> list[dict]:
+        """The declared inputs as a worker task takes them (concrete shapes, values as ``_sample`` reads them)."""
+        result = []
+        for d in self.inputs:
+            values = d.values
+            if values == "mask":
+                values = {"kind": "mask"}
+            elif isinstance(values, tuple):
+                kind = "integers" if np.dtype(d.dtype).kind in "iu" else "uniform"
+                values = {"kind": kind, "low": values[0], "high": values[1]}
+            result.append({"name": d.name, "shape": list(self.concrete(d)), "dtype": d.dtype, "values": values})
+        return result
+
+
+INPUT_DTYPES = ("float32", "float64", "float16", "int32", "int64", "bool")
+_DIM = r"(?:\d+|[A-Za-z_]\w*)"
+
+
+def parse_input(text: str) -> InputDecl:
+    """``x=1x3x32x32``, ``ids=8x128:int64``, ``ids=8x128:int64:30522``, ``input_ids=2,sequence:int64:30522``,
+    ``attention_mask=2,sequence:int64:mask`` or ``x=4x8:float32:-1..1`` -> an ``InputDecl``.
+
+    Dimensions are separated by ``x`` (sizes) or ``,`` (sizes and axis names); the first is the batch. VALUES
+    is a number of ids (integers 0 to N-1), ``mask`` (ones with padded tails), or a range ``LOW..HIGH``."""
+    match = re.fullmatch(r"([A-Za-z_][\w.:/-]*?)=((?:\d+(?:x\d+)*)|(?:" + _DIM + r"(?:," + _DIM + r")*))"
+                         r"(?::(\w+)(?::([\w.+-]+))?)?", text.strip())
     if not match:
-        raise UsageError(f"--input {text!r} is not NAME=BATCHxDIMx...[:DTYPE[:VALUES]] (e.g. x=1x3x224x224, or "
-                         f"ids=8x128:int64:30522)")
-    name, dims, dtype = match.group(1), tuple(int(d) for d in match.group(2).split("x")), match.group(3) or "float32"
-    values = int(match.group(4)) if match.group(4) else None
-    if any(d < 1 for d in dims):
+        raise UsageError(f"--input {text!r} is not NAME=BATCHxDIMx...[:DTYPE[:VALUES]] (e.g. x=1x3x224x224, "
+                         f"ids=8x128:int64:30522, or with a named axis input_ids=2,sequence:int64:30522)")
+    name, dims_text, dtype, values_text = match.group(1), match.group(2), match.group(3) or "float32", match.group(4)
+    dims = tuple(int(d) if d.isdigit() else d for d in re.split(r"[x,]" if "," not in dims_text else ",", dims_text))
+    if any(isinstance(d, int) and d < 1 for d in dims):
         raise UsageError(f"--input {text!r}: every dimension must be at least 1")
-    if dtype not in ("float32", "int32", "int64"):
-        raise UsageError(f"--input {text!r}: dtype {dtype!r} is not float32, int32 or int64")
-    if values is not None and (dtype == "float32" or values < 2):
-        raise UsageError(f"--input {text!r}: a number of values is for integer inputs, and at least 2")
-    return name, dims, dtype, values
+    if not isinstance(dims[0], int):
+        raise UsageError(f"--input {text!r}: the first dimension is the batch size, a number")
+    if dtype not in INPUT_DTYPES:
+        raise UsageError(f"--input {text!r}: dtype {dtype!r} is not one of {', '.join(INPUT_DTYPES)}")
+    integer = np.dtype(dtype).kind in "iub"
+    values: int | str | tuple | None = None
+    if values_text == "mask":
+        values = "mask"
+    elif values_text and ".." in values_text:
+        try:
+            low, high = (float(v) for v in values_text.split(".."))
+        except ValueError:
+            raise UsageError(f"--input {text!r}: {values_text!r} is not a range LOW..HIGH") from None
+        if not high > low:
+            raise UsageError(f"--input {text!r}: the range {values_text} is empty")
+        values = (low, high)
+    elif values_text:
+        if not values_text.isdigit() or not integer or int(values_text) < 2:
+            raise UsageError(f"--input {text!r}: a number of values ({values_text}) is for integer inputs, and at least 2")
+        values = int(values_text)
+    return InputDecl(name, dims, dtype, values)
+
+
+def parse_axis(text: str) -> tuple[str, int]:
+    """``sequence=16`` -> the golden size of a named axis."""
+    match = re.fullmatch(r"([A-Za-z_]\w*)=(\d+)", text.strip())
+    if not match or int(match.group(2)) < 1:
+        raise UsageError(f"--axis {text!r} is not NAME=SIZE with a size of at least 1 (e.g. sequence=16)")
+    return match.group(1), int(match.group(2))
 
 
 def check_name(name: str) -> None:
@@ -89,17 +149,22 @@ def workspace_reference(reference: str, root: Path) -> str:
     return f"{shown}{sep}{attribute}"
 
 
-def npz_facts(path: Path, input_name: str) -> dict:
-    """Shape and labels of a user's ``.npz`` (never unpickled), for the spec."""
+def npz_facts(path: Path, names: list[str]) -> dict:
+    """Shapes, dtypes and labels of a user's ``.npz`` (never unpickled), for the spec: each input under its name
+    (``x`` too for a model with one input)."""
     from parity.model.user import UserModelError
     from parity.platform.safefs import read_npz
 
     arrays = read_npz(path, UserModelError, ".npz")
-    key = input_name if input_name in arrays else "x"
-    if key not in arrays:
-        raise UsageError(f"{path} has no array {input_name!r} or 'x' (it has {', '.join(arrays) or 'none'})")
+    found = {}
+    for name in names:
+        key = name if name in arrays or len(names) > 1 else "x"
+        if key not in arrays:
+            raise UsageError(f"{path} has no array {name!r}{' or x' if len(names) == 1 else ''} (it has "
+                             f"{', '.join(arrays) or 'none'})")
+        found[name] = (tuple(arrays[key].shape), str(arrays[key].dtype))
     labels = arrays.get("labels", arrays.get("y"))
-    return {"shape": tuple(arrays[key].shape), "dtype": str(arrays[key].dtype), "labelled": labels is not None,
+    return {"inputs": found, "labelled": labels is not None,
             "classes": int(labels.max()) + 1 if labels is not None and labels.size else 0}
 
 
@@ -115,7 +180,7 @@ def _py(value) -> str:
 def render(request: Request, info: dict) -> str:
     """The text of ``models/<name>.py``."""
     kind, builder = request.kind, request.builder or BUILDERS[request.kind]
-    batch, sample = request.input_shape[0], tuple(request.input_shape[1:])
+    batch = request.inputs[0].shape[0]
     labelled = info.get("labelled", False)
     if kind == "onnx":
         source = f"onnx_model={_py(request.reference)}"
@@ -124,7 +189,14 @@ def render(request: Request, info: dict) -> str:
     else:
         source = f"{ {'torch': 'torch_module', 'tf': 'keras_model'}[kind]}={builder}({_py(request.reference)}, root=WORKSPACE)"
     width = info["output_shapes"][0][-1] if info.get("output_shapes") else 0
+    specs = [_input_spec(d) for d in request.inputs]
     spec_imports = ["InputSpec", "ModelSpec", "Tolerance", "Tolerances"] + (["MetricRules"] if labelled and width < 3 else [])
+    if any("Values(" in text for text in specs):
+        spec_imports.append("Values")
+    if len(specs) == 1:
+        input_lines = [f"    input={specs[0]},"]
+    else:
+        input_lines = ["    input=(", *[f"        {text}," for text in specs], "    ),"]
     lines = [
         f'"""{request.name}: a {kind} model ({request.reference}), written by `parity init`; edit freely.',
         "",
@@ -144,8 +216,8 @@ def render(request: Request, info: dict) -> str:
         f"    description={_py(f'{kind} model {request.reference}')},",
         f"    {source},",
         "    weights_from_model=True,  # the weights are the model's own, checksummed into the golden data",
-        (f"    input=InputSpec({_py(info.get('input_name', request.input_name))}, {_py(sample)}, layout=\"native\", "
-         f"dtype={_py(request.input_dtype)}),"),
+        *input_lines,
+        *([f"    axes={dict(request.axes)!r},  # golden sizes of the named axes"] if request.axes else []),
         f"    batch_size={batch},",
         f"    inputs={_input_data(request)},",
         f"    outputs={_py(tuple(info['outputs']))},",
@@ -169,6 +241,19 @@ def render(request: Request, info: dict) -> str:
     return "\n".join(lines)
 
 
+def _input_spec(decl: InputDecl) -> str:
+    """``InputSpec(...)`` for one declared input (its shape without the batch axis)."""
+    text = f"InputSpec({_py(decl.name)}, {_py(tuple(decl.shape[1:]))}, layout=\"native\", dtype={_py(decl.dtype)}"
+    integer = np.dtype(decl.dtype).kind in "iub"
+    if decl.values == "mask":
+        text += ", values=Values(\"mask\")"
+    elif isinstance(decl.values, int):
+        text += f", values=Values(\"integers\", low=0, high={decl.values})"
+    elif isinstance(decl.values, tuple):
+        text += f", values=Values({_py('integers' if integer else 'uniform')}, low={decl.values[0]:g}, high={decl.values[1]:g})"
+    return text + ")"
+
+
 def _input_data(request: Request) -> str:
     if request.inputs_file:
         return f"InputData(file={_py(request.inputs_file)})"
@@ -177,8 +262,6 @@ def _input_data(request: Request) -> str:
     if request.polygraphy_inputs:
         outputs = f", polygraphy_outputs={_py(request.polygraphy_outputs)}" if request.polygraphy_outputs else ""
         return f"InputData(polygraphy_inputs={_py(request.polygraphy_inputs)}{outputs})"
-    if np.dtype(request.input_dtype).kind in "iu":
-        return f"InputData(distribution=\"integers\", low=0, high={request.input_values}, seed={request.seed})"
     return f"InputData(distribution=\"normal\", mean=0.0, std=1.0, seed={request.seed})"
 
 
@@ -203,32 +286,56 @@ def init(root: Path, request: Request, force: bool, threads: int, timeout_s: flo
     if target.exists() and not force:
         raise UsageError(f"{target} exists; pass --force to replace it (its golden data stays until you rebuild it)")
     labelled = False
-    if request.inputs_file:
-        facts = npz_facts(root / request.inputs_file, request.input_name or "x")
+    if request.inputs_file and request.kind != "onnx":
+        facts = npz_facts(root / request.inputs_file, [d.name for d in request.inputs] or ["x"])
         labelled = facts["labelled"]
-        if request.input_shape is None:
-            check_batched(request.input_name or "x", facts["shape"], request.inputs_file)
-            request = _with(request, input_shape=(min(facts["shape"][0], 32), *facts["shape"][1:]),
-                            input_dtype="float32" if facts["dtype"].startswith("float") else facts["dtype"])
+        if not request.inputs:
+            (name, (shape, dtype)), = facts["inputs"].items()
+            check_batched(name, shape, request.inputs_file)
+            request = _with(request, inputs=(InputDecl(name, (min(shape[0], 32), *shape[1:]),
+                                                       "float32" if dtype.startswith("float") else dtype),))
     with WorkerPool(threads, cache_root() / "logs", timeout_s) as pool:
         try:
             if request.kind == "onnx":
                 graph = pool.call("onnx", "parity.model.inspect:inspect_model", kind="onnx", reference=request.reference,
-                                  root=str(root), input_name=request.input_name, shape=None, dtype=request.input_dtype,
-                                  given={"test_data": request.test_data, "polygraphy_inputs": request.polygraphy_inputs})
-                request = _onnx_input(request, graph)
-            if request.input_shape is None:
-                raise UsageError("give the model's input with --input NAME=BATCHxDIMx... (e.g. x=1x3x224x224)")
-            check_data_size(f"input {request.input_name or 'x'!r}", request.input_shape, request.input_dtype)
+                                  root=str(root), inputs=[],
+                                  given={"test_data": request.test_data, "polygraphy_inputs": request.polygraphy_inputs,
+                                         "polygraphy_outputs": None})
+                request = _onnx_inputs(request, graph)
+                if request.inputs_file:
+                    labelled = npz_facts(root / request.inputs_file, [d.name for d in request.inputs])["labelled"]
+            if not request.inputs:
+                raise UsageError("give the model's inputs with --input NAME=BATCHxDIMx... (e.g. x=1x3x224x224), one "
+                                 "--input per input")
+            _check_axes(request)
+            for decl in request.inputs:
+                check_data_size(f"input {decl.name!r}", request.concrete(decl), decl.dtype)
             info = pool.call(request.kind, "parity.model.inspect:inspect_model", kind=request.kind,
-                             reference=request.reference, root=str(root), input_name=request.input_name or "x",
-                             shape=list(request.input_shape), dtype=request.input_dtype,
-                             params_file=request.params_file, values=request.input_values)
+                             reference=request.reference, root=str(root), inputs=request.worker_inputs(),
+                             params_file=request.params_file)
         except TaskFailed as error:
             raise ParityError(str(error)) from None
     info = {**info, "labelled": labelled}
-    request = _integer_range(request, info)
+    request = _integer_ranges(request, info)
     return write(root, request, info, force), info
+
+
+def _check_axes(request: Request) -> None:
+    """Every named axis sized, every size named by an input, one batch size."""
+    sizes = dict(request.axes)
+    named = {d for decl in request.inputs for d in decl.shape if isinstance(d, str)}
+    unsized = sorted(named - set(sizes))
+    if unsized:
+        raise UsageError(f"axis {unsized[0]!r} has no size: give it with --axis {unsized[0]}=SIZE")
+    unused = sorted(set(sizes) - named)
+    if unused:
+        raise UsageError(f"--axis {unused[0]} names no axis of the inputs")
+    batches = {decl.shape[0] for decl in request.inputs}
+    if len(batches) > 1:
+        raise UsageError(f"the inputs have different batch sizes {sorted(batches)}; give them one batch size")
+    names = [decl.name for decl in request.inputs]
+    if len(set(names)) != len(names):
+        raise UsageError(f"input {next(n for n in names if names.count(n) > 1)!r} is declared twice")
 
 
 def check_batched(name: str, shape, source: str) -> None:
@@ -238,35 +345,54 @@ def check_batched(name: str, shape, source: str) -> None:
                          f"first and does not support scalar inputs yet")
 
 
-def _integer_range(request: Request, info: dict) -> Request:
-    """An integer input's range: declared, else the embedding that reads it (the generated ids must cover it)."""
-    if np.dtype(request.input_dtype).kind not in "iu" or request.input_values or request.inputs_file \
-            or request.test_data or request.polygraphy_inputs:
+def _integer_ranges(request: Request, info: dict) -> Request:
+    """Each integer input's values: declared; else a mask for a ``*mask*`` input; else the ids an embedding that
+    reads it takes (the generated ids must cover its range). Data given with the model needs none."""
+    if request.inputs_file or request.test_data or request.polygraphy_inputs:
         return request
-    if not info.get("input_values"):
-        name = request.input_name or "x"
-        raise UsageError(f"input {name!r} is {request.input_dtype} and no embedding reads it directly: give the number "
-                         f"of values its ids take, e.g. --input {name}={'x'.join(map(str, request.input_shape))}:"
-                         f"{request.input_dtype}:30522 (ids 0 to 30521)")
-    return _with(request, input_values=info["input_values"])
+    embedding = info.get("input_values") or {}
+    decls = []
+    for decl in request.inputs:
+        if np.dtype(decl.dtype).kind in "iub" and decl.values is None:
+            if "mask" in decl.name.lower() or decl.dtype == "bool":
+                decl = _with(decl, values="mask")
+            elif decl.name in embedding:
+                decl = _with(decl, values=int(embedding[decl.name]))
+            else:
+                shape = ",".join(map(str, decl.shape))
+                raise UsageError(f"input {decl.name!r} is {decl.dtype} and no embedding reads it directly: give the "
+                                 f"number of values its ids take, e.g. --input {decl.name}={shape}:{decl.dtype}:30522 "
+                                 f"(ids 0 to 30521), or :mask for an attention mask")
+        decls.append(decl)
+    return _with(request, inputs=tuple(decls))
 
 
-def _with(request: Request, **changes) -> Request:
-    return Request(**{**request.__dict__, **changes})
+def _with(obj, **changes):
+    return type(obj)(**{**obj.__dict__, **changes})
 
 
-def _onnx_input(request: Request, graph: dict) -> Request:
-    """The ONNX graph's own input, its shape from --input, else the data given, else the graph's static shape."""
-    name, graph_shape = graph["input_name"], graph["input_shape"]
-    if request.input_name and request.input_name != name:
-        raise UsageError(f"--input names {request.input_name!r}; the graph's input is {name!r}")
-    shape = request.input_shape or graph.get("given_shape")
-    if shape is None:
-        if any(d is None for d in graph_shape):
-            raise UsageError(f"the graph's input {name!r} has dynamic dimensions {graph_shape}: give its shape with "
-                             f"--input {name}=BATCHxDIMx...")
-        shape = tuple(graph_shape)
-    check_batched(name, shape, request.reference)
-    if len(shape) != len(graph_shape) or any(g is not None and g != d for g, d in zip(graph_shape, shape)):
-        raise UsageError(f"input {name!r} of shape {tuple(shape)} does not fit the graph's {graph_shape}")
-    return _with(request, input_name=name, input_shape=tuple(shape), input_dtype=graph["input_dtype"])
+def _onnx_inputs(request: Request, graph: dict) -> Request:
+    """The ONNX graph's own inputs (names, dtypes), each one's shape from --input, else the data given, else the
+    graph's static shape."""
+    declared = {d.name: d for d in request.inputs}
+    names = [g["name"] for g in graph["inputs"]]
+    unknown = [name for name in declared if name not in names]
+    if unknown:
+        raise UsageError(f"--input names {unknown[0]!r}; the graph's inputs are {', '.join(names)}")
+    decls = []
+    for g in graph["inputs"]:
+        name, graph_shape = g["name"], g["shape"]
+        decl = declared.get(name)
+        shape = decl.shape if decl else g.get("given_shape")
+        if shape is None:
+            if any(d is None for d in graph_shape):
+                raise UsageError(f"the graph's input {name!r} has dynamic dimensions "
+                                 f"{[a or d for a, d in zip(g['axis_names'], graph_shape)]}: give its shape with "
+                                 f"--input {name}=BATCHxDIMx...")
+            shape = tuple(graph_shape)
+        check_batched(name, shape, request.reference)
+        concrete = request.concrete(InputDecl(name, tuple(shape)))
+        if len(concrete) != len(graph_shape) or any(g_ is not None and g_ != d for g_, d in zip(graph_shape, concrete)):
+            raise UsageError(f"input {name!r} of shape {tuple(shape)} does not fit the graph's {graph_shape}")
+        decls.append(InputDecl(name, tuple(shape), g["dtype"], decl.values if decl else None))
+    return _with(request, inputs=tuple(decls))

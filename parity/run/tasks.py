@@ -11,10 +11,10 @@ from parity.check import closeness as compare
 from parity.check import metrics, training
 from parity.exporters.common import ExportJob
 from parity.golden import store as golden
+from parity.model import feeds
 from parity.model.workspace import Workspace
 from parity.platform.errors import NotDifferentiable, Unavailable
 from parity.run import paths, provenance
-from parity.runtimes.base import run_batched
 
 
 def export_step(workspace: str, model: str, target: str, golden_dir: str, opset: int, out_dir: str,
@@ -28,7 +28,7 @@ def export_step(workspace: str, model: str, target: str, golden_dir: str, opset:
     job = ExportJob(spec=spec, weights=verified.arrays["weights.npz"], batch_size=batch_size or spec.batch_size,
                     opset=opset, out_dir=Path(out_dir), parent_dir=Path(parent_dir) if parent_dir else None,
                     parent_meta=parent_meta, golden_manifest=verified.manifest, device=device, precision=precision,
-                    inputs=_input_batch(verified, batch_size or spec.batch_size))
+                    inputs=_input_batch(verified, spec, batch_size or spec.batch_size))
     meta = paths.load_target(target)(job)
     meta["export_s"] = time.perf_counter() - started
     meta["code_files"] = provenance.loaded_code_files()  # re-checked on every cache lookup
@@ -36,10 +36,14 @@ def export_step(workspace: str, model: str, target: str, golden_dir: str, opset:
     return meta
 
 
-def _input_batch(verified, batch_size: int) -> np.ndarray:
-    """The golden input batch at ``batch_size`` (the eval split's first samples when it differs)."""
-    x = verified.arrays["inputs.npz"]["x"]
-    return x if len(x) == batch_size else verified.arrays["eval.npz"]["x"][:batch_size]
+def _input_batch(verified, spec, batch_size: int) -> dict:
+    """The golden feeds at ``batch_size`` (the eval split's first samples, filled up as ``run_batched`` does,
+    when it differs)."""
+    x = feeds.from_arrays(spec, verified.arrays["inputs.npz"])
+    if feeds.samples(spec, x) == batch_size:
+        return x
+    evals = feeds.from_arrays(spec, verified.arrays["eval.npz"])
+    return feeds.padded(spec, feeds.rows(spec, evals, 0, batch_size), batch_size)
 
 
 def perturbed(weights: dict, perturbation: dict | None) -> dict:
@@ -88,7 +92,7 @@ def _check_path(workspace, model, path_id, golden_dir, precision, threads, artif
     inputs, eval_data = verified.arrays["inputs.npz"], verified.arrays["eval.npz"]
     reference, golden_grads = verified.arrays["reference.npz"], verified.arrays["gradients.npz"]
     tolerances = spec.output_tolerances(precision)
-    x = inputs["x"]
+    x = feeds.from_arrays(spec, inputs)
 
     started = time.perf_counter()
     runner = build_runner(spec, path, perturbed(verified.arrays["weights.npz"], weight_perturbation), spec.batch_size,
@@ -102,7 +106,7 @@ def _check_path(workspace, model, path_id, golden_dir, precision, threads, artif
     deterministic, nondeterminism = compare.bitwise_equal(outputs, runner.run(x))
     result["deterministic"] = deterministic
     result["determinism_max_diff"] = nondeterminism
-    eval_logits = run_batched(runner, eval_data["x"], spec.batch_size)[spec.outputs[0]]
+    eval_logits = feeds.run_batched(runner, feeds.from_arrays(spec, eval_data), spec.batch_size)[spec.outputs[0]]
     result["eval_outputs"] = compare.compare_named({spec.outputs[0]: eval_logits},
                                                    {spec.outputs[0]: reference["eval/logits"]}, tolerances.for_name)
     result["metrics"] = None
@@ -166,7 +170,7 @@ def verify_step(workspace: str, model: str, framework: str, lr: float = 0.1, sab
     started = time.perf_counter()
     runner = build_runner(spec, path, weights, spec.batch_size, 1, artifact_dir, artifact_meta, runner_class)
     build_s = time.perf_counter() - started
-    x, labels = inputs["x"], inputs["labels"]
+    x, labels = feeds.from_arrays(spec, inputs), inputs["labels"]
     result = training.check_step(runner, x, labels, lr, weights, grads, spec.gradient_tolerances(precision))
     result["build_s"] = build_s
     return result

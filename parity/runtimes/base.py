@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from parity.model.feeds import as_feeds
 from parity.platform.errors import NotDifferentiable, ParityError
 
 
@@ -12,30 +13,56 @@ class ShapeMismatch(ParityError):
 
 
 class Runner:
-    """Runs one model on a batch in canonical layout and returns named outputs.
+    """Runs one model on a batch of feeds (``{input name: array}``, canonical layout) and returns named outputs.
 
-    Subclasses implement ``run_impl``; differentiable ones set ``differentiable = True`` and
-    implement ``gradients_impl``, ``train_step_impl`` and ``trainable_weights_impl``; those that
-    can report intermediate layers implement ``taps_impl``. The public methods check the feed first.
+    Subclasses implement ``run_impl`` (feeds in, the model's returned structure or a tuple in output order
+    out: ``parity.model.outputs`` names it); differentiable ones set ``differentiable = True`` and implement
+    ``gradients_impl``, ``train_step_impl`` and ``trainable_weights_impl``; those that can report
+    intermediate layers implement ``taps_impl``. The public methods check the feeds first; a model with one
+    input may be given its array alone.
     """
 
     differentiable = False
 
     def __init__(self, spec, batch_size: int, dtype: str = "float32", device: str = "cpu", precision: str = "fp32"):
         self.spec = spec
-        self.dtype = dtype  # the host dtype of feeds (float32, or float64 for a reference); see ``precision``
+        self.dtype = dtype  # the host dtype of float feeds (float32, or float64 for a reference); see ``precision``
         self.device = device  # "cpu" or "cuda:N" (inside a worker the chosen GPU is CUDA device 0)
         self.precision = precision
         self.numerics: dict = {}  # every flag that changes numerics, as the runner set it (in the result)
-        self.expected_shape = (batch_size, *spec.input.shape)
+        self.batch_size = batch_size
 
-    def check_feed(self, x: np.ndarray) -> np.ndarray:
-        if tuple(x.shape) != self.expected_shape:
-            raise ShapeMismatch(
-                f"input {self.spec.input.name!r} has shape {tuple(x.shape)}, the model takes {self.expected_shape}"
-            )
-        integer = np.dtype(self.spec.input.dtype).kind in "iu"  # token ids stay integers
-        return np.ascontiguousarray(x, dtype=self.spec.input.dtype if integer else self.dtype)
+    @property
+    def expected_shape(self) -> tuple[int, ...]:
+        """The shape of the first input at this runner's batch size (and the golden axis sizes)."""
+        return self.spec.input_shape(self.spec.model_inputs[0].name, self.batch_size)
+
+    def check_feed(self, feeds) -> dict[str, np.ndarray]:
+        """``feeds`` checked against the spec (every input, nothing else; rank, fixed sizes, this runner's batch
+        size; integer inputs given integers) and converted: float inputs to the runner's host dtype, others to
+        their declared dtype."""
+        spec = self.spec
+        feeds = as_feeds(spec, feeds)
+        declared = [i.name for i in spec.model_inputs]
+        unknown = [name for name in feeds if name not in declared]
+        if unknown:
+            raise ShapeMismatch(f"input {unknown[0]!r} is not an input of model {spec.name!r} (it takes "
+                                f"{', '.join(declared)})")
+        checked = {}
+        for i in spec.model_inputs:
+            if i.name not in feeds:
+                raise ShapeMismatch(f"input {i.name!r} of model {spec.name!r} is missing")
+            x = np.asarray(feeds[i.name])
+            expected = i.full_shape(self.batch_size, {**spec.axes, **{d: None for d in i.shape if isinstance(d, str)}})
+            if x.ndim != len(expected) or any(e is not None and e != a for e, a in zip(expected, x.shape)):
+                shown = tuple("?" if e is None else e for e in expected)
+                raise ShapeMismatch(f"input {i.name!r} has shape {tuple(x.shape)}, the model takes {shown}")
+            if not i.floating and x.dtype.kind == "f":
+                raise ShapeMismatch(f"input {i.name!r} is {i.dtype}; it was given {x.dtype} values")
+            # floating inputs in the runner's host dtype, a float64 input always in float64 (the model's own type)
+            dtype = ("float64" if i.dtype == "float64" else self.dtype) if i.floating else i.dtype
+            checked[i.name] = np.ascontiguousarray(x, dtype=dtype)
+        return checked
 
     @property
     def compute_dtype(self) -> str:
@@ -44,23 +71,24 @@ class Runner:
 
         return "float64" if self.dtype == "float64" else get(self.precision).dtype
 
-    def run(self, x: np.ndarray) -> dict[str, np.ndarray]:
-        """Outputs by name for input batch ``x`` (canonical layout); float16 / bfloat16 results as float32."""
+    def run(self, x) -> dict[str, np.ndarray]:
+        """Outputs by the spec's names for the batch of feeds ``x`` (canonical layout); float16 / bfloat16 results
+        as float32."""
         outputs = self.run_impl(self.check_feed(x))
-        return widened(dict(zip(self.spec.outputs, outputs)))
+        return widened(named_outputs(self.spec, outputs))
 
-    def taps(self, x: np.ndarray) -> dict[str, np.ndarray]:
+    def taps(self, x) -> dict[str, np.ndarray]:
         """Intermediate layer outputs by tap name, in canonical layout."""
         return widened(self.taps_impl(self.check_feed(x)))
 
-    def gradients(self, x: np.ndarray, labels: np.ndarray) -> dict[str, np.ndarray]:
-        """Gradients of mean cross-entropy(logits, labels) w.r.t. every trainable parameter
-        (canonical names and layout) and the input (``input:<name>``)."""
+    def gradients(self, x, labels: np.ndarray) -> dict[str, np.ndarray]:
+        """Gradients of mean cross-entropy(first output, labels) w.r.t. every trainable parameter (canonical
+        names and layout) and every floating-point input (``input:<name>``; integer and bool inputs have none)."""
         if not self.differentiable:
             raise NotDifferentiable(f"{type(self).__name__} cannot differentiate")
         return widened(self.gradients_impl(self.check_feed(x), np.asarray(labels, dtype=np.int64)))
 
-    def train_step(self, x: np.ndarray, labels: np.ndarray, lr: float) -> None:
+    def train_step(self, x, labels: np.ndarray, lr: float) -> None:
         """One plain-SGD step in place: forward, mean cross-entropy of the first output vs ``labels``
         (the loss ``gradients`` differentiates), backward, ``w -= lr * grad`` for every parameter
         ``optimized_params`` names. Nothing is left pending when it returns: it is the timed region
@@ -80,8 +108,8 @@ class Runner:
         every trainable parameter. Read once, when a runner builds its step."""
         return list(self.spec.trainable_params)
 
-    def device_compute(self, x: np.ndarray):
-        """On a GPU: a zero-argument function that runs the model once on ``x`` (a checked feed, see
+    def device_compute(self, x: dict):
+        """On a GPU: a zero-argument function that runs the model once on feeds ``x`` (checked, see
         ``check_feed``), put on the device beforehand, and returns when the device has finished (no host
         copies): what GPU compute time is measured on.
         None where the runner has no device-resident form (CPU runners, the host-only reference)."""
@@ -89,16 +117,16 @@ class Runner:
     def device_memory_peak_mb(self) -> float | None:
         """Peak device memory this runner's allocator has held, in MiB, where it can tell (else None)."""
 
-    def run_impl(self, x: np.ndarray) -> tuple[np.ndarray, ...]:
+    def run_impl(self, x: dict):
         raise NotImplementedError
 
-    def taps_impl(self, x: np.ndarray) -> dict[str, np.ndarray]:
+    def taps_impl(self, x: dict) -> dict[str, np.ndarray]:
         raise NotImplementedError(f"{type(self).__name__} does not report taps")
 
-    def gradients_impl(self, x: np.ndarray, labels: np.ndarray) -> dict[str, np.ndarray]:
+    def gradients_impl(self, x: dict, labels: np.ndarray) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
-    def train_step_impl(self, x: np.ndarray, labels: np.ndarray, lr: float) -> None:
+    def train_step_impl(self, x: dict, labels: np.ndarray, lr: float) -> None:
         raise NotImplementedError(f"{type(self).__name__} does not implement a training step")
 
     def trainable_weights_impl(self) -> dict[str, np.ndarray]:
@@ -111,19 +139,19 @@ def widened(arrays: dict) -> dict:
             for k, v in arrays.items()}
 
 
+def is_array(value) -> bool:
+    """A host array (what runners hand to ``named_outputs``; framework tensors are converted first)."""
+    return isinstance(value, np.ndarray) or np.isscalar(value) and not isinstance(value, (str, bytes))
+
+
+def named_outputs(spec, returned) -> dict[str, np.ndarray]:
+    """A runner's returned structure of host arrays as ``{output name: array}`` in the spec's order."""
+    from parity.model import outputs
+
+    return {name: np.asarray(value) for name, value in outputs.named(spec.outputs, outputs.flatten(returned, is_array)).items()}
+
+
 def as_tuple(outputs) -> tuple:
     if isinstance(outputs, (list, tuple)):
         return tuple(outputs)
     return (outputs,)
-
-
-def run_batched(runner, x: np.ndarray, batch_size: int) -> dict[str, np.ndarray]:
-    """Run a static-batch runner over any number of samples (the last batch zero-padded)."""
-    n = len(x)
-    chunks = []
-    for start in range(0, n, batch_size):
-        block = x[start:start + batch_size]
-        if len(block) < batch_size:
-            block = np.concatenate([block, np.zeros((batch_size - len(block), *x.shape[1:]), x.dtype)])
-        chunks.append(runner.run(block))
-    return {name: np.concatenate([c[name] for c in chunks])[:n] for name in chunks[0]}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from parity.model import layouts
 from parity.runtimes.base import Runner
 
@@ -15,10 +17,26 @@ class OnnxRunner(Runner):
                  precision: str = "fp32"):
         super().__init__(spec, batch_size, "float32", device, precision)
         self.model_path = str(Path(artifact_dir) / meta["file"])
-        self.input_name = meta["input_name"]
+        self.meta = meta
+        self.input_names = meta["input_names"]
         self.output_names = meta["output_names"]
         self.layout = meta["input_layout"]
         self.threads = threads
 
-    def feed(self, x):
-        return {self.input_name: layouts.to_layout(x, self.spec.input.layout, self.layout)}
+    def feed(self, x: dict) -> dict:
+        return onnx_feed(self.spec, self.meta, x)
+
+
+def onnx_feed(spec, meta: dict, feeds: dict) -> dict:
+    """Feeds by the graph's input names (``meta["input_names"]``, in the spec's order); a single input in the
+    artifact's layout; floating inputs in their declared dtype (float16, float64), else float32 (a bfloat16
+    input, and the float32 inputs an exporter's float16 graph keeps)."""
+    result = {}
+    for i, graph_name in zip(spec.model_inputs, meta["input_names"]):
+        value = feeds[i.name]
+        if len(spec.model_inputs) == 1:
+            value = layouts.to_layout(value, i.layout, meta["input_layout"])
+        if value.dtype.kind == "f":
+            value = value.astype(i.dtype if i.dtype in ("float16", "float64") else np.float32)
+        result[graph_name] = value
+    return result

@@ -5,15 +5,27 @@ from __future__ import annotations
 
 import numpy as np
 
-from parity.model import layouts
+from parity.model import layouts, outputs
 from parity.platform.errors import Unavailable
-from parity.runtimes.base import as_tuple
 
 
-def outputs_in_order(spec, outputs) -> tuple:
-    if isinstance(outputs, dict):
-        return tuple(outputs[name] for name in spec.outputs)
-    return as_tuple(outputs)
+def outputs_in_order(spec, returned) -> tuple:
+    """The spec's outputs of a returned structure (list, dict, ...), in the spec's order."""
+    import tensorflow as tf
+
+    return tuple(outputs.named(spec.outputs, outputs.flatten(returned, tf.is_tensor)).values())
+
+
+def to_tf(tf, spec, feeds: dict, layout: str, device: str, dtype: str | None = None) -> dict:
+    """Feeds as constants on ``device``, a single input in the activation ``layout``, floating ones cast to
+    ``dtype`` (given)."""
+    with tf.device(device):
+        tensors = {}
+        for i in spec.model_inputs:
+            value = layouts.to_layout(feeds[i.name], i.layout, layout) if len(spec.model_inputs) == 1 else feeds[i.name]
+            tensor = tf.constant(value)
+            tensors[i.name] = tf.cast(tensor, dtype) if dtype and tensor.dtype.is_floating else tensor
+        return tensors
 
 
 def tf_device(tf, device: str) -> str:
@@ -25,23 +37,28 @@ def tf_device(tf, device: str) -> str:
     return "/GPU:0"
 
 
-def tape_gradients(tf, spec, forward, variables: dict, x_t, labels, input_layout: str, param_layout: str) -> dict:
-    """Gradients of mean cross-entropy w.r.t. trainable ``variables`` (by canonical name) and the input.
+def tape_gradients(tf, spec, forward, variables: dict, inputs: dict, labels, input_layout: str, param_layout: str) -> dict:
+    """Gradients of mean cross-entropy w.r.t. trainable ``variables`` (by canonical name) and every floating
+    input (``inputs``: name -> tensor, as ``forward`` takes them).
 
     ``param_layout`` is the layout the variables are stored in (``"tf"`` for Keras, ``"spec"``
     for canonical); results come back in canonical layout.
     """
     trainable = [variables[name] for name in spec.trainable_params]
+    watched = {name: inputs[name] for name in spec.input_grad_names}
     with tf.GradientTape() as tape:
-        tape.watch(x_t)
-        logits = _loss_dtype(tf, outputs_in_order(spec, forward(x_t))[0])
+        for tensor in watched.values():
+            tape.watch(tensor)
+        logits = _loss_dtype(tf, outputs_in_order(spec, forward(inputs))[0])
         loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
-    grads = tape.gradient(loss, [*trainable, x_t])
+    grads = tape.gradient(loss, [*trainable, *watched.values()])
     result = {
         name: layouts.param_from_framework(param_layout, spec.params[name].kind, dense_gradient(tf, g, variable))
         for name, variable, g in zip(spec.trainable_params, trainable, grads)
     }
-    result[spec.input_grad_name] = layouts.from_layout(dense_gradient(tf, grads[-1], x_t), spec.input.layout, input_layout)
+    for (name, tensor), g in zip(watched.items(), grads[len(trainable):]):
+        layout = next(i.layout for i in spec.model_inputs if i.name == name)
+        result[spec.input_grad_names[name]] = layouts.from_layout(dense_gradient(tf, g, tensor), layout, input_layout)
     return result
 
 
@@ -54,14 +71,14 @@ def sgd_step(tf, spec, forward, variables: list):
     """One ``tf.function``: forward, mean cross-entropy, ``GradientTape``, ``assign_sub(lr * grad)`` on
     every variable in ``variables`` (a variable the loss does not reach has no gradient: left as it is).
 
-    Called as ``step(x_t, labels, lr)`` with tensors (``lr`` a scalar tensor, so a new rate does not
-    retrace); returns the loss.
+    Called as ``step(inputs, labels, lr)`` with tensors (``inputs`` as ``forward`` takes them; ``lr`` a scalar
+    tensor, so a new rate does not retrace); returns the loss.
     """
 
     @tf.function
-    def step(x_t, labels, lr):
+    def step(inputs, labels, lr):
         with tf.GradientTape() as tape:
-            logits = _loss_dtype(tf, outputs_in_order(spec, forward(x_t))[0])
+            logits = _loss_dtype(tf, outputs_in_order(spec, forward(inputs))[0])
             loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
         grads = tape.gradient(loss, variables)
         for variable, grad in zip(variables, grads):
@@ -72,9 +89,9 @@ def sgd_step(tf, spec, forward, variables: list):
     return step
 
 
-def run_sgd_step(tf, step, x_t, labels, lr: float, dtype: str) -> None:
+def run_sgd_step(tf, step, inputs, labels, lr: float, dtype: str) -> None:
     """Call a ``sgd_step`` function and wait for it (reading the loss back ends the step)."""
-    step(x_t, tf.constant(labels), tf.constant(lr, dtype=dtype)).numpy()
+    step(inputs, tf.constant(labels), tf.constant(lr, dtype=dtype)).numpy()
 
 
 def variable_values(spec, variables: dict, param_layout: str) -> dict[str, np.ndarray]:

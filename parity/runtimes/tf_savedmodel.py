@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from parity.model import layouts
 from parity.platform.precision import tf_flags
 from parity.runtimes.base import Runner
-from parity.runtimes.tf_common import run_sgd_step, sgd_step, tape_gradients, tf_device, variable_values
+from parity.runtimes.tf_common import run_sgd_step, sgd_step, tape_gradients, tf_device, to_tf, variable_values
 
 
 class SavedModelRunner(Runner):
@@ -30,20 +29,23 @@ class SavedModelRunner(Runner):
         self._step = None  # the SGD step's tf.function, made by the first train_step
 
     def _to_tf(self, x):
-        with self.tf.device(self.tf_device):
-            return self.tf.constant(layouts.to_layout(x, self.spec.input.layout, self.layout))
+        return to_tf(self.tf, self.spec, x, self.layout, self.tf_device)
+
+    def _forward(self, inputs: dict):
+        """The saved ``forward``, which takes the inputs positionally in the spec's order."""
+        return self.loaded.forward(*inputs.values())
 
     def run_impl(self, x):
         with self.tf.device(self.tf_device):
-            return tuple(t.numpy() for t in self.loaded.forward(self._to_tf(x)))
+            return tuple(t.numpy() for t in self._forward(self._to_tf(x)))
 
     def gradients_impl(self, x, labels):
-        return tape_gradients(self.tf, self.spec, self.loaded.forward, self.variables, self._to_tf(x), labels,
+        return tape_gradients(self.tf, self.spec, self._forward, self.variables, self._to_tf(x), labels,
                               self.layout, param_layout="spec")
 
     def train_step_impl(self, x, labels, lr):
         if self._step is None:
-            self._step = sgd_step(self.tf, self.spec, self.loaded.forward, self._updatable(self.optimized_params()))
+            self._step = sgd_step(self.tf, self.spec, self._forward, self._updatable(self.optimized_params()))
         run_sgd_step(self.tf, self._step, self._to_tf(x), labels, lr, self.dtype)
 
     def trainable_weights_impl(self):

@@ -197,14 +197,16 @@ class TrtRunner(OnnxRunner):
         check_engine_target(meta, trt, gpu_info(cudart()))
         with open(self.model_path, "rb") as f:
             plan = f.read()
-        shape = self.feed(np.zeros(self.expected_shape, np.float32))[self.input_name].shape
-        self.session = EngineSession(plan, {self.input_name: shape})
+        zeros = {i.name: np.zeros(spec.input_shape(i.name, batch_size), np.float32 if i.floating else i.dtype)
+                 for i in spec.model_inputs}
+        self.session = EngineSession(plan, {name: value.shape for name, value in self.feed(zeros).items()})
         self.numerics = {"tensorrt": trt.__version__, "precision": precision, "builder": meta["builder"],
                          "device": device}
 
     def run_impl(self, x):
         outputs = self.session.run(self.feed(x), self.output_names)
-        return tuple(np.asarray(out, dtype=np.float32) for out in outputs)
+        return tuple(np.asarray(out, dtype=np.float32) if np.asarray(out).dtype.kind == "f" else np.asarray(out)
+                     for out in outputs)
 
     def device_compute(self, x):
         self.session.upload(self.feed(x))

@@ -9,7 +9,8 @@ import numpy as np
 from parity.model import layouts
 from parity.platform.errors import Unavailable, WeightsMismatch, one_line
 from parity.platform.precision import jax_flags
-from parity.runtimes.base import Runner, as_tuple
+from parity.model import outputs
+from parity.runtimes.base import Runner
 
 
 class _ReadRecorder(Mapping):
@@ -43,7 +44,9 @@ def check_definition(spec, params, batch_size: int) -> None:
     """Trace the definition once and raise ``WeightsMismatch`` for missing / unused / mis-shaped names."""
     import jax
 
-    x = jax.ShapeDtypeStruct((batch_size, *spec.input.shape), next(iter(params.values())).dtype)
+    dtype = next(iter(params.values())).dtype
+    x = packed({i.name: jax.ShapeDtypeStruct(spec.input_shape(i.name, batch_size), dtype if i.floating else i.dtype)
+                for i in spec.model_inputs})
     recorder = None
 
     def traced(p, x):
@@ -62,12 +65,24 @@ def check_definition(spec, params, batch_size: int) -> None:
         raise WeightsMismatch("jax", unexpected=unused)
 
 
+def packed(feeds: dict):
+    """What ``jax_apply`` takes as its input: the only input's array, or the dict of several."""
+    return next(iter(feeds.values())) if len(feeds) == 1 else dict(feeds)
+
+
+def forward_outputs(spec, returned) -> tuple:
+    """The spec's outputs of what ``jax_apply`` returned (an array, a tuple, a dict, ...), in the spec's order."""
+    import jax
+
+    return tuple(outputs.named(spec.outputs, outputs.flatten(returned, lambda v: isinstance(v, jax.Array))).values())
+
+
 def make_loss(spec):
     import jax
     import jax.numpy as jnp
 
     def loss(params, x, labels):
-        logits = as_tuple(spec.jax_apply(params, x, None))[0]
+        logits = forward_outputs(spec, spec.jax_apply(params, x, None))[0]
         # the loss of reduced-precision logits in float32, as mixed-precision training computes it
         log_probs = jax.nn.log_softmax(logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), axis=-1)
         return -jnp.mean(jnp.take_along_axis(log_probs, labels[:, None], axis=-1))
@@ -102,7 +117,7 @@ class JaxSource(Runner):
         self.params = {name: jax.device_put(jnp.asarray(self._held(name, weights[name])), self.jax_device)
                        for name in spec.params}
         check_definition(spec, self.params, batch_size)
-        self._forward = jax.jit(lambda p, x: as_tuple(spec.jax_apply(p, x, None)))
+        self._forward = jax.jit(lambda p, x: forward_outputs(spec, spec.jax_apply(p, x, None)))
         self._step = None  # the jitted SGD update, made by the first train_step
 
     def _held(self, name: str, value: np.ndarray) -> np.ndarray:
@@ -113,10 +128,15 @@ class JaxSource(Runner):
                               f"{self.precision} run): JAX would narrow it to float32")
         return layouts.held_array(param, value, self.compute_dtype)
 
-    def _input(self, x):
-        if x.dtype.kind == "f":
-            x = x.astype(self.jax.numpy.dtype(self.compute_dtype))
-        return self.jax.device_put(x, self.jax_device)
+    def _on_device(self, feeds: dict) -> dict:
+        """Feeds on the device, floating ones in the compute dtype."""
+        dtype = self.jax.numpy.dtype(self.compute_dtype)
+        return {name: self.jax.device_put(x.astype(dtype) if x.dtype.kind == "f" else x, self.jax_device)
+                for name, x in feeds.items()}
+
+    def _input(self, feeds: dict):
+        """What ``jax_apply`` takes (``packed``), on the device."""
+        return packed(self._on_device(feeds))
 
     def run_impl(self, x):
         return tuple(np.asarray(t) for t in self._forward(self.params, self._input(x)))
@@ -149,10 +169,18 @@ class JaxSource(Runner):
         trainable = {name: self.params[name] for name in spec.trainable_params}
         frozen = {name: v for name, v in self.params.items() if name not in trainable}
         loss = make_loss(spec)
-        grad_fn = self.jax.jit(self.jax.grad(lambda t, x: loss({**frozen, **t}, x, labels), argnums=(0, 1)))
-        param_grads, input_grad = grad_fn(trainable, self._input(x))
+        inputs = self._on_device(x)
+        differentiated = {name: inputs[name] for name in spec.input_grad_names}
+        fixed = {name: value for name, value in inputs.items() if name not in differentiated}  # integer ids, masks
+
+        def objective(t, d):
+            return loss({**frozen, **t}, packed({i.name: {**fixed, **d}[i.name] for i in spec.model_inputs}), labels)
+
+        grad_fn = self.jax.jit(self.jax.grad(objective, argnums=(0, 1)))
+        param_grads, input_grads = grad_fn(trainable, differentiated)
         result = {name: np.asarray(g) for name, g in param_grads.items()}
-        result[spec.input_grad_name] = np.asarray(input_grad)
+        for name, g in input_grads.items():
+            result[spec.input_grad_names[name]] = np.asarray(g)
         return result
 
     def train_step_impl(self, x, labels, lr):

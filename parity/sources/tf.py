@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from parity.model import layouts
+from parity.model.feeds import call_keras as call
 from parity.platform.precision import tf_flags
 from parity.runtimes.base import Runner, as_tuple
 from parity.runtimes.tf_common import (
@@ -13,6 +14,7 @@ from parity.runtimes.tf_common import (
     sgd_step,
     tape_gradients,
     tf_device,
+    to_tf,
     variable_values,
 )
 
@@ -49,16 +51,12 @@ class KerasSource(Runner):
         self.numerics = tf_flags(tf, precision, device)
         with tf.device(self.tf_device):
             self.model = build_model(spec, weights, self.compute_dtype)
-        self.layout = layouts.activation_layout("tf", spec.input.layout)
-        model = self.model
-        self._forward = tf.function(lambda x: outputs_in_order(spec, model(x, training=False)))
+        self.layout = layouts.activation_layout("tf", spec.model_inputs[0].layout)
+        self._forward = tf.function(lambda inputs: outputs_in_order(spec, call(self.model, inputs)))
         self._step = None  # the SGD step's tf.function, made by the first train_step
 
     def _to_tf(self, x):
-        tf = self.tf
-        with tf.device(self.tf_device):
-            x_t = tf.constant(layouts.to_layout(x, self.spec.input.layout, self.layout))
-            return tf.cast(x_t, self.compute_dtype) if x_t.dtype.is_floating else x_t
+        return to_tf(self.tf, self.spec, x, self.layout, self.tf_device, self.compute_dtype)
 
     def run_impl(self, x):
         with self.tf.device(self.tf_device):
@@ -81,21 +79,21 @@ class KerasSource(Runner):
         import keras
 
         tap_model = keras.Model(self.model.inputs, [self.model.get_layer(t).output for t in self.spec.taps])
-        values = as_tuple(tap_model(self._to_tf(x), training=False))
+        values = as_tuple(call(tap_model, self._to_tf(x)))
         return {
-            name: layouts.from_layout(v.numpy(), self.spec.input.layout, self.layout)
+            name: layouts.from_layout(v.numpy(), self.spec.model_inputs[0].layout, self.layout)
             for name, v in zip(self.spec.taps, values)
         }
 
     def gradients_impl(self, x, labels):
         variables = {v.path: v for v in self.model.weights}
-        return tape_gradients(self.tf, self.spec, lambda x_t: self.model(x_t, training=False), variables,
+        return tape_gradients(self.tf, self.spec, lambda inputs: call(self.model, inputs), variables,
                               self._to_tf(x), labels, self.layout, param_layout="tf")
 
     def train_step_impl(self, x, labels, lr):
         if self._step is None:
             variables = {v.path: v for v in self.model.weights}
-            self._step = sgd_step(self.tf, self.spec, lambda x_t: self.model(x_t, training=False),
+            self._step = sgd_step(self.tf, self.spec, lambda inputs: call(self.model, inputs),
                                   [variables[name] for name in self.optimized_params()])
         run_sgd_step(self.tf, self._step, self._to_tf(x), labels, lr, self.compute_dtype)
 

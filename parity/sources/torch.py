@@ -7,7 +7,9 @@ import numpy as np
 from parity.model import layouts
 from parity.platform.errors import Unavailable
 from parity.platform.precision import torch_flags
-from parity.runtimes.base import Runner, as_tuple
+from parity.model import outputs
+from parity.model.feeds import call_torch as call
+from parity.runtimes.base import Runner
 
 _TORCH_DTYPES = {"float32": "float32", "float64": "float64"}
 _SKIPPED_STATE = ("num_batches_tracked",)
@@ -86,9 +88,16 @@ class TorchSource(Runner):
         self.module = hold_in(torch, module, self.torch_dtype).to(self.torch_device)
         self._optimizer = None  # torch.optim.SGD over optimized_params(), made by the first train_step
 
-    def _input(self, x):
-        tensor = self.torch.from_numpy(x).to(self.torch_device)
-        return tensor.to(self.torch_dtype) if tensor.is_floating_point() else tensor
+    def _inputs(self, feeds: dict) -> dict:
+        """Feeds as tensors on the device, floating ones in the compute dtype."""
+        tensors = {}
+        for name, x in feeds.items():
+            tensor = self.torch.from_numpy(x).to(self.torch_device)
+            tensors[name] = tensor.to(self.torch_dtype) if tensor.is_floating_point() else tensor
+        return tensors
+
+    def _forward(self, tensors: dict):
+        return call(self.module, tensors)
 
     def _host(self, tensor) -> np.ndarray:
         """A result on the host: reduced-precision values widened to float32 (exact), others as they are."""
@@ -100,16 +109,16 @@ class TorchSource(Runner):
     def run_impl(self, x):
         torch = self.torch
         with torch.inference_mode():
-            return tuple(self._host(t) for t in as_tuple(self.module(self._input(x))))
+            return {name: self._host(t) for name, t in outputs.flatten(self._forward(self._inputs(x)), torch.is_tensor)}
 
     def device_compute(self, x):
         if self.device == "cpu":
             return None
-        torch, x_t = self.torch, self._input(x)
+        torch, x_t = self.torch, self._inputs(x)
 
         def compute():
             with torch.inference_mode():
-                self.module(x_t)
+                self._forward(x_t)
             torch.cuda.synchronize()
 
         return compute
@@ -125,11 +134,11 @@ class TorchSource(Runner):
             handles.append(submodule.register_forward_hook(lambda _m, _i, out, n=name: recorded.__setitem__(n, out)))
         try:
             with torch.inference_mode():
-                self.module(self._input(x))
+                self._forward(self._inputs(x))
         finally:
             for handle in handles:
                 handle.remove()
-        return {name: self._host(recorded[name]) for name in self.spec.taps}
+        return {name: self._host(outputs.flatten(recorded[name], torch.is_tensor)[0][1]) for name in self.spec.taps}
 
     def gradients_impl(self, x, labels):
         torch = self.torch
@@ -139,17 +148,20 @@ class TorchSource(Runner):
         trainable = {name: params[layouts.torch_param_name(name)] for name in spec.trainable_params}
         for p in module.parameters():
             p.grad = None
-        x_t = self._input(x).requires_grad_(True)
-        logits = as_tuple(module(x_t))[0]
+        x_t = self._inputs(x)
+        differentiated = {name: x_t[name].requires_grad_(True) for name in spec.input_grad_names}
+        logits = outputs.first(spec.outputs, self._forward(x_t), torch.is_tensor)
         # the loss of reduced-precision logits in float32, as mixed-precision training computes it
         loss = torch.nn.functional.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)),
                                                  torch.from_numpy(labels).to(self.torch_device))
-        grads = torch.autograd.grad(loss, [*trainable.values(), x_t])
+        grads = torch.autograd.grad(loss, [*trainable.values(), *differentiated.values()], allow_unused=True)
+        grads = [torch.zeros_like(t) if g is None else g for t, g in zip([*trainable.values(), *differentiated.values()], grads)]
         result = {
             name: layouts.param_from_framework("torch", spec.params[name].kind, self._host(g))
             for name, g in zip(trainable, grads)
         }
-        result[spec.input_grad_name] = self._host(grads[-1])
+        for name, g in zip(differentiated, grads[len(trainable):]):
+            result[spec.input_grad_names[name]] = self._host(g)
         return result
 
     def _trainable_tensors(self, names) -> dict:
@@ -163,7 +175,7 @@ class TorchSource(Runner):
         for group in self._optimizer.param_groups:
             group["lr"] = lr
         self._optimizer.zero_grad(set_to_none=True)
-        logits = as_tuple(self.module(self._input(x)))[0]  # eval mode: BatchNorm statistics stay as they are
+        logits = outputs.first(self.spec.outputs, self._forward(self._inputs(x)), torch.is_tensor)  # eval mode: BatchNorm statistics stay as they are
         loss = torch.nn.functional.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)),
                                                  torch.from_numpy(labels).to(self.torch_device))
         loss.backward()
