@@ -7,9 +7,9 @@ the ``XlaCallModule`` op.
 
 from __future__ import annotations
 
+from parity.exporters import tf_onnx
 from parity.exporters.common import ExportJob
 from parity.model import layouts
-from parity.exporters import tf_onnx
 from parity.sources.jax import forward_outputs, packed
 
 

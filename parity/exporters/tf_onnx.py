@@ -52,8 +52,8 @@ def export_keras(job: ExportJob) -> dict:
     """The Keras source model, traced under tf.function, converted by tf2onnx."""
     import tensorflow as tf
 
-    from parity.runtimes.tf_common import outputs_in_order
     from parity.model.feeds import call_keras as call
+    from parity.runtimes.tf_common import outputs_in_order
     from parity.sources.tf import build_model
 
     spec = job.spec

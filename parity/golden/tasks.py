@@ -8,8 +8,8 @@ import numpy as np
 
 from parity import sources
 from parity.golden.store import load_arrays, save_npz
-from parity.model.workspace import Workspace
 from parity.model import feeds
+from parity.model.workspace import Workspace
 
 
 def train_weights(workspace: str, model: str, train_file: str, eval_file: str, out_file: str) -> dict:

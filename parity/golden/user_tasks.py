@@ -9,8 +9,8 @@ import numpy as np
 
 from parity.golden import store as golden
 from parity.golden.tasks import reference_arrays
-from parity.model import feeds
 from parity.interop.given import given_feeds
+from parity.model import feeds
 from parity.model.user import UserModelError, native_params
 from parity.model.workspace import Workspace
 from parity.platform.errors import one_line

@@ -74,10 +74,12 @@ def _inspect_torch(reference, root, inputs, _params_file):
     for name, child in module.named_children():
         handles.append(child.register_forward_hook(lambda _m, _i, out, n=name: recorded.setdefault(n, out)))
 
-    def reads(m, args, kwargs):  # an embedding that reads an input itself says how many ids it takes
+    def reads(m, args, kwargs):  # an embedding that reads an input (or a view of it) says how many ids it takes
         first = args[0] if args else kwargs.get("input")
+        if not isinstance(first, torch.Tensor):
+            return
         for name, tensor in tensors.items():
-            if first is tensor:
+            if first.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr():
                 embedding_sizes[name] = min(embedding_sizes.get(name, m.num_embeddings), m.num_embeddings)
 
     for child in module.modules():

@@ -217,7 +217,7 @@ def render(request: Request, info: dict) -> str:
         f"    {source},",
         "    weights_from_model=True,  # the weights are the model's own, checksummed into the golden data",
         *input_lines,
-        *([f"    axes={dict(request.axes)!r},  # golden sizes of the named axes"] if request.axes else []),
+        *([f"    axes={json.dumps(dict(request.axes))},  # golden sizes of the named axes"] if request.axes else []),
         f"    batch_size={batch},",
         f"    inputs={_input_data(request)},",
         f"    outputs={_py(tuple(info['outputs']))},",

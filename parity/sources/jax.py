@@ -6,10 +6,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from parity.model import layouts
+from parity.model import layouts, outputs
 from parity.platform.errors import Unavailable, WeightsMismatch, one_line
 from parity.platform.precision import jax_flags
-from parity.model import outputs
 from parity.runtimes.base import Runner
 
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from parity.model import layouts
+from parity.model import layouts, outputs
+from parity.model.feeds import call_torch as call
 from parity.platform.errors import Unavailable
 from parity.platform.precision import torch_flags
-from parity.model import outputs
-from parity.model.feeds import call_torch as call
 from parity.runtimes.base import Runner
 
 _TORCH_DTYPES = {"float32": "float32", "float64": "float64"}
