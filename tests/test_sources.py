@@ -60,7 +60,7 @@ def test_wrong_input_shape_is_a_clear_error(mlp, framework):
 
     spec, weights = mlp
     source = SOURCES[framework](spec, weights, spec.batch_size)
-    with pytest.raises(ShapeMismatch, match=r"has shape \(64, 65\), the model takes \(64, 64\)"):
+    with pytest.raises(ShapeMismatch, match=r"has shape \(64, 65\), the model takes \(batch, 64\)"):
         source.run(np.zeros((64, 65), np.float32))
 
 

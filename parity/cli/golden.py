@@ -44,6 +44,34 @@ def golden_build(models, workspace, threads):
         sys.exit(2)
 
 
+@golden.command("upgrade")
+@model_option
+@workspace_option
+@click.option("--threads", type=click.IntRange(1), default=None, help="Intra-op threads for the references.")
+@handle_errors
+def golden_upgrade(models, workspace, threads):
+    """Bring golden data written by an older parity to the current manifest schema.
+
+    Every file is verified against its old manifest and kept byte for byte; what the new schema adds (the
+    reference at the verification shapes) is computed by the reference framework; the manifest is resealed.
+
+    \b
+    Example:
+        parity golden upgrade --model mlp
+    """
+    from parity.pipeline import jobs
+
+    failures = 0
+    for outcome in jobs.build_goldens(workspace, models, threads, progress=say, notice=note, upgrade=True):
+        if outcome.error is not None:
+            failures += 1
+            click.echo(f"{outcome.name}: golden upgrade failed: {outcome.error}", err=True)
+            continue
+        click.echo(f"{outcome.name}: {outcome.golden_dir} is {outcome.manifest['schema']}")
+    if failures:
+        sys.exit(2)
+
+
 @golden.command("verify")
 @model_option
 @workspace_option

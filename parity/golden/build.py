@@ -10,6 +10,7 @@ import numpy as np
 
 from parity.check.metrics import task_metrics
 from parity.golden import user
+from parity.golden.shapes import build_shapes
 from parity.golden.store import load_arrays, new_scratch, publish, save_npz
 from parity.model.digits import DATASET, SPLIT_SEED, digits_split
 from parity.platform.errors import ParityError
@@ -49,6 +50,8 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
         save_npz(scratch / "reference.npz", {k: v for k, v in reference.items() if not k.startswith("grad/")})
         save_npz(scratch / "gradients.npz", {k[len("grad/"):]: v for k, v in reference.items() if k.startswith("grad/")})
 
+        progress(f"{spec.name}: float64 reference at the verification shapes")
+        build_shapes(workspace, spec, scratch, pool, spec.frameworks[0], "float64", None)
         eval_y = load_arrays(scratch, "eval.npz")["y"]
         golden_metrics = task_metrics(reference["eval/logits"], eval_y, spec.num_classes, spec.metric_rules.top_k)
         manifest = {

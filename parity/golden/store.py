@@ -24,7 +24,7 @@ from parity.platform.errors import GoldenError
 from parity.platform.safefs import owned_tempdir, read_npz, replace_dir, sha256_file, sweep, write_json_atomic
 
 SCHEMA = manifest_lib.SCHEMA
-FILES = ("weights.npz", "inputs.npz", "eval.npz", "reference.npz", "gradients.npz")
+FILES = ("weights.npz", "inputs.npz", "eval.npz", "reference.npz", "gradients.npz", "shapes.npz")
 MANIFEST = "manifest.json"
 # scratch folders of golden builds in golden/: .<model>.build-<owner>-<random> (and older names)
 SCRATCH_PATTERN = r"^\.[^/]+\.(build|staging|old)-"
@@ -183,6 +183,16 @@ def _check_against_spec(golden: Golden, spec) -> None:
             expect("gradients.npz", grad, spec.input_shape(name), "float64")
     elif arrays["gradients.npz"]:
         problems.append("gradients.npz has gradients but the spec declares no loss")
+    if golden.manifest["shapes"] != spec.check_shapes():
+        problems.append(f"the golden data is verified at shapes {golden.manifest['shapes']}, the spec declares "
+                        f"{spec.check_shapes()}")
+    else:
+        for k, shape in enumerate(spec.check_shapes()):
+            for i in spec.model_inputs:
+                expect("shapes.npz", f"{k}/input/{i.name}", i.full_shape(shape.get("batch", 1), shape),
+                       "float32" if i.dtype == "bfloat16" else i.dtype)
+            for name in spec.outputs:
+                expect("shapes.npz", f"{k}/output/{name}", None, "float64")
     for key, array in arrays["reference.npz"].items():
         if key != "eval/logits" and array.shape[:1] != (spec.batch_size,):
             problems.append(f"reference.npz {key!r} has shape {list(array.shape)}, not a batch of {spec.batch_size}")
@@ -222,7 +232,7 @@ def load_arrays(golden_dir: Path, name: str) -> dict[str, np.ndarray]:
     return read_npz(Path(golden_dir) / name, GoldenError, "golden file")
 
 
-def _describe_arrays(path: Path) -> dict:
+def describe_arrays(path: Path) -> dict:
     """Shape and dtype of every array, and how many infinite values it holds (a -inf mask) where it has any."""
     described = {}
     for key, array in read_npz(path, GoldenError, "golden file").items():
@@ -254,10 +264,11 @@ def publish(workspace, spec, scratch: Path, fields: dict, started: float) -> dic
         "schema": SCHEMA,
         "model": spec.name,
         "description": spec.description,
-        "files": {name: {"sha256": sha256_file(scratch / name), "arrays": _describe_arrays(scratch / name)} for name in FILES},
+        "files": {name: {"sha256": sha256_file(scratch / name), "arrays": describe_arrays(scratch / name)} for name in FILES},
         "tolerances": {p: t.to_json() for p, t in spec.tolerances.items()},
         "grad_tolerances": {p: t.to_json() for p, t in spec.grad_tolerances.items()},
         "batch_size": spec.batch_size,
+        "shapes": spec.check_shapes(),
         "versions": {"parity": __version__, **package_versions()},
         **fields,
         "build_seconds": round(time.perf_counter() - started, 1),

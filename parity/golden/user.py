@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from parity.golden import store as golden
+from parity.golden.shapes import build_shapes
 from parity.model import feeds
 from parity.model import user as usermodel
 from parity.model.user import InputData, UserModelError
@@ -55,6 +56,8 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
         usermodel.widen_tolerances(spec, factor)
         golden.save_npz(scratch / "reference.npz", {k: v for k, v in reference.items() if not k.startswith("grad/")})
         golden.save_npz(scratch / "gradients.npz", {k[5:]: v for k, v in reference.items() if k.startswith("grad/")})
+        progress(f"{spec.name}: {info['dtype']} reference at the verification shapes")
+        build_shapes(workspace, spec, scratch, pool, framework, info["dtype"], params)
         eval_data = golden.load_arrays(scratch, "eval.npz")
         fields = {
             "reference_framework": framework,

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from parity.platform.errors import GoldenError, one_line
 
-SCHEMA = "parity.golden/2"
+SCHEMA = "parity.golden/3"
+UPGRADABLE = ("parity.golden/2",)  # older schemas `parity golden upgrade` brings to SCHEMA
 MAX_BYTES = 16 << 20
 
 
@@ -72,8 +73,14 @@ def rebuild_hint(model: str) -> str:
     return f"rebuild deliberately with `parity golden build --model {model}`"
 
 
-def read(path: Path) -> dict:
+def upgrade_hint(model: str) -> str:
+    return f"upgrade it with `parity golden upgrade --model {model}` (its arrays stay as they are)"
+
+
+def read(path: Path, allow_older: bool = False) -> dict:
     """Parse, schema-check and digest-check ``path``; raise ``GoldenError`` (one line) on any problem.
+    ``allow_older``: a manifest of an ``UPGRADABLE`` schema is read too (its digest checked, its schema not:
+    this parity ships only the current schema), for ``parity golden upgrade``.
 
     Every read parses the file's bytes afresh and checks the digest and the folder; the schema check is skipped
     only for bytes (by their sha256) this process has already found valid."""
@@ -97,12 +104,15 @@ def read(path: Path) -> dict:
         raise GoldenError(f"{path}: malformed manifest ({one_line(error, 160)}); {rebuild_hint(model)}") from None
     if not isinstance(manifest, dict):
         raise GoldenError(f"{path}: malformed manifest (a JSON object expected, got {type(manifest).__name__})")
-    if manifest.get("schema") != SCHEMA:
+    if manifest.get("schema") in UPGRADABLE and not allow_older:
+        raise GoldenError(f"{path}: manifest schema is {manifest['schema']!r}, this parity reads {SCHEMA!r}; "
+                          f"{upgrade_hint(model)}")
+    if manifest.get("schema") != SCHEMA and not (allow_older and manifest.get("schema") in UPGRADABLE):
         found = manifest.get("schema")
         found = one_line(repr(found), 60) if found is not None else "none"
         raise GoldenError(f"{path}: manifest schema is {found}, this parity reads {SCHEMA!r}; {rebuild_hint(model)}")
     try:
-        if sha256 not in _SCHEMA_VALID:
+        if sha256 not in _SCHEMA_VALID and manifest["schema"] == SCHEMA:
             from jsonschema.exceptions import best_match
 
             error = best_match(_validator().iter_errors(manifest))
@@ -112,11 +122,11 @@ def read(path: Path) -> dict:
         digest = canonical_digest(manifest)
     except RecursionError:
         raise GoldenError(f"{path}: malformed manifest (nested too deeply); {rebuild_hint(model)}") from None
-    if digest != manifest["digest"]:
+    if digest != manifest.get("digest"):
         raise GoldenError(
-            f"{path}: manifest digest mismatch: recorded {manifest['digest']}, content {digest}. The manifest was "
+            f"{path}: manifest digest mismatch: recorded {manifest.get('digest')}, content {digest}. The manifest was "
             f"edited after it was built; parity will not use it. Restore it, or {rebuild_hint(model)}"
         )
-    if manifest["model"] != model:
-        raise GoldenError(f"{path}: manifest is for model {manifest['model']!r}, the folder is {model!r}")
+    if manifest.get("model") != model:
+        raise GoldenError(f"{path}: manifest is for model {manifest.get('model')!r}, the folder is {model!r}")
     return manifest

@@ -251,6 +251,9 @@ class ModelSpec:
             returning one tensor or a plain tuple, names given to its outputs in order.
         axes: golden sizes of the named dynamic axes of the inputs (``{"sequence": 16}``); the batch axis's
             is ``batch_size``.
+        verify_shapes: the shapes besides the golden one every path is verified at, each ``{axis: size}`` (axes
+            left out keep their golden size); default ``default_shapes``: batch 1, and batch 3 with every
+            named axis at half its golden size (2 for a size of 1). ``()``: the golden shape alone.
         num_classes: classifier width, for metrics.
         params: canonical parameter names -> ``ParamSpec``, in network order.
         taps: named layer boundaries in network order (used for drift diagnosis).
@@ -285,6 +288,7 @@ class ModelSpec:
     input: InputSpec | tuple[InputSpec, ...]
     outputs: tuple[str, ...]
     axes: dict[str, int] = field(default_factory=dict)
+    verify_shapes: tuple[dict[str, int], ...] | None = None
     num_classes: int = 0
     params: dict[str, ParamSpec] = field(default_factory=dict)
     taps: tuple[str, ...] = ()
@@ -349,6 +353,26 @@ class ModelSpec:
         spec = next(i for i in self.model_inputs if i.name == name)
         return spec.full_shape(self.batch_size if batch_size is None else batch_size, {**self.axes, **(axes or {})})
 
+    def default_shapes(self) -> tuple[dict[str, int], ...]:
+        """Batch 1, and batch 3 with every named axis at half its golden size (2 for a size of 1); none for a model
+        without a batch axis or a named one."""
+        batched = any(i.batched for i in self.model_inputs)
+        second = {name: size // 2 if size > 1 else 2 for name, size in self.axes.items()}
+        shapes = ([{BATCH: 1}, {BATCH: 3, **second}] if batched else [second] if second else [])
+        return tuple(shapes)
+
+    def check_shapes(self) -> list[dict[str, int]]:
+        """Every verification shape besides the golden one, with every axis's size (``batch`` too where batched),
+        in declared order, without repeats or the golden shape itself."""
+        golden = {**({BATCH: self.batch_size} if any(i.batched for i in self.model_inputs) else {}), **self.axes}
+        declared = self.default_shapes() if self.verify_shapes is None else self.verify_shapes
+        shapes = []
+        for shape in declared:
+            full = {**golden, **shape}
+            if full != golden and full not in shapes:
+                shapes.append(full)
+        return shapes
+
     def output_tolerances(self, precision: str) -> Tolerances:
         """Output tolerances at ``precision``: declared, else derived from the dtype (``parity.platform.precision``)."""
         return _at_precision(self.tolerances, precision, gradients=False)
@@ -392,6 +416,12 @@ class ModelSpec:
         bad = {k: v for k, v in self.axes.items() if not isinstance(v, int) or isinstance(v, bool) or v < 1}
         if bad:
             raise ValueError(f"axes sizes must be positive integers: {bad}")
+        known = {BATCH, *self.axes}
+        for shape in self.verify_shapes or ():
+            if not isinstance(shape, dict) or any(k not in known for k in shape) or \
+                    any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in shape.values()):
+                raise ValueError(f"verify_shapes entry {shape!r} is not {{axis: positive size}} over the axes "
+                                 f"{sorted(known)}")
         for precision in list(self.tolerances) + list(self.grad_tolerances):
             if precision not in PRECISIONS:
                 raise ValueError(f"unknown precision {precision!r} in tolerances; known: {PRECISIONS}")

@@ -143,22 +143,26 @@ class GoldenOutcome:
 
 
 def build_goldens(workspace: str | None, models, threads: int | None, progress=_quiet,
-                  notice=_quiet) -> Iterator[GoldenOutcome]:
-    """Build each selected model's golden data in turn (one model's failure does not stop the next)."""
+                  notice=_quiet, upgrade: bool = False) -> Iterator[GoldenOutcome]:
+    """Build each selected model's golden data in turn (one model's failure does not stop the next); ``upgrade``:
+    bring golden data of an older schema to the current one instead (``parity.golden.shapes.upgrade``)."""
     from parity.golden import build as golden_build
+    from parity.golden import shapes
     from parity.platform.cache_dir import cache_root
     from parity.platform.env import default_threads
     from parity.run.worker import TaskFailed, WorkerPool
 
     ws = open_workspace(workspace, notice)
     if ws.is_fallback:
-        raise UsageError(f"golden build writes only into a workspace you name: run it in a folder with models/, "
-                         f"or pass --workspace {ws.root} to rebuild the built-in zoo")
+        raise UsageError(f"golden {'upgrade' if upgrade else 'build'} writes only into a workspace you name: run it "
+                         f"in a folder with models/, or pass --workspace {ws.root} for the built-in zoo")
     with WorkerPool(threads or default_threads(), cache_root() / "logs", timeout_s=1800) as pool:
         for name in ws.select(models):
             try:
                 # the spec as declared: the golden data it replaces may be what is refused
-                manifest = golden_build.build(ws, ws.load_spec(name, attach_golden=False), pool, progress=progress)
+                spec = ws.load_spec(name, attach_golden=False)
+                step = shapes.upgrade if upgrade else golden_build.build
+                manifest = step(ws, spec, pool, progress=progress)
             except (ParityError, TaskFailed) as error:
                 yield GoldenOutcome(name, ws.golden_dir(name), error=str(error))
                 continue

@@ -353,6 +353,9 @@ def _integer_ranges(request: Request, info: dict) -> Request:
     embedding = info.get("input_values") or {}
     decls = []
     for decl in request.inputs:
+        if isinstance(decl.values, int) and decl.name in embedding and decl.values > embedding[decl.name]:
+            raise UsageError(f"input {decl.name!r}: ids 0 to {decl.values - 1} were declared, but the embedding that "
+                             f"reads it has {embedding[decl.name]} rows (ids 0 to {embedding[decl.name] - 1})")
         if np.dtype(decl.dtype).kind in "iub" and decl.values is None:
             if "mask" in decl.name.lower() or decl.dtype == "bool":
                 decl = _with(decl, values="mask")

@@ -10,10 +10,11 @@ import numpy as np
 from parity.check import closeness as compare
 from parity.check import metrics, training
 from parity.exporters.common import ExportJob
+from parity.golden import shapes
 from parity.golden import store as golden
 from parity.model import feeds
 from parity.model.workspace import Workspace
-from parity.platform.errors import NotDifferentiable, Unavailable
+from parity.platform.errors import NotDifferentiable, Unavailable, one_line
 from parity.run import paths, provenance
 
 
@@ -113,6 +114,7 @@ def _check_path(workspace, model, path_id, golden_dir, precision, threads, artif
     if "y" in eval_data:  # a user model without labels has no metrics
         result["metrics"] = metrics.check_metrics(eval_logits, eval_data["y"], reference["eval/logits"], verified.metrics,
                                                   spec.metric_rules, precision, spec.num_classes)
+    result["shapes"] = check_shapes(spec, runner, verified, tolerances, artifact_meta)
     result["gradients"] = None
     result["time_to_first_gradient_s"] = None
     if path.differentiable and spec.loss is not None:
@@ -125,8 +127,48 @@ def _check_path(workspace, model, path_id, golden_dir, precision, threads, artif
     return result
 
 
+def check_shapes(spec, runner, verified, tolerances, meta: dict | None) -> list[dict]:
+    """The path at every verification shape: its outputs against the golden ones there, or the error it raised,
+    with the axes its export fixed (``meta["axes"]["static"]``) named."""
+    arrays = verified.arrays["shapes.npz"]
+    checked = []
+    for k, shape in enumerate(verified.manifest["shapes"]):
+        entry = {"shape": shape}
+        try:
+            outputs = runner.run(shapes.feeds_at(spec, arrays, k))
+            entry["outputs"] = compare.compare_named(outputs, {n: arrays[f"{k}/output/{n}"] for n in spec.outputs},
+                                                     tolerances.for_name)
+            entry["ok"] = compare.first_failure(entry["outputs"]) is None
+        except Exception as error:  # noqa: BLE001 - the runtime's own refusal of this shape is the finding
+            entry.update(ok=False, error=one_line(f"{type(error).__name__}: {error}", 300))
+        if not entry["ok"]:
+            entry["baked"] = baked_axes(spec, meta, shape)
+        checked.append(entry)
+    return checked
+
+
+def baked_axes(spec, meta: dict | None, shape: dict) -> list[str]:
+    """``axis 'batch' of input 'x' fixed at 2`` for each axis the export fixed to a size other than ``shape``'s."""
+    static = ((meta or {}).get("axes") or {}).get("static") or {}
+    found = []
+    for name, axes in static.items():
+        for index, fixed in axes.items():
+            if shape.get(fixed["axis"], fixed["size"]) != fixed["size"]:
+                found.append(f"axis {fixed['axis']!r} of input {name!r} (dimension {index}) fixed at {fixed['size']}")
+    return found
+
+
+def _shape_failure(entry: dict) -> str:
+    where = f"at {shapes.describe(entry['shape'])}"
+    baked = f"the export baked a shape in: {'; '.join(entry['baked'])}; " if entry.get("baked") else ""
+    if "error" in entry:
+        return f"{where}: {baked}{entry['error']}"
+    return f"{where}: {baked}{compare.describe('output', *compare.first_failure(entry['outputs']))}"
+
+
 def _verdict(spec, result: dict) -> tuple[str, str | None]:
-    """fail naming every failing category (outputs, eval-split outputs, gradients, metrics, determinism)."""
+    """fail naming every failing category (outputs, eval-split outputs, verification shapes, gradients, metrics,
+    determinism)."""
     failures = []
     worst = compare.first_failure(result["outputs"])
     if worst:
@@ -134,6 +176,7 @@ def _verdict(spec, result: dict) -> tuple[str, str | None]:
     worst = compare.first_failure(result.get("eval_outputs") or {})
     if worst:
         failures.append(compare.describe("output on the eval split", *worst))
+    failures += [_shape_failure(entry) for entry in result.get("shapes") or () if not entry["ok"]]
     if result["gradients"] is not None:
         failing = [name for name, s in result["gradients"].items() if not s["ok"]]
         if failing:

@@ -38,8 +38,9 @@ class Runner:
         return self.spec.input_shape(self.spec.model_inputs[0].name, self.batch_size)
 
     def check_feed(self, feeds) -> dict[str, np.ndarray]:
-        """``feeds`` checked against the spec (every input, nothing else; rank, fixed sizes, this runner's batch
-        size; integer inputs given integers) and converted: float inputs to the runner's host dtype, others to
+        """``feeds`` checked against the spec (every input, nothing else; rank, fixed sizes, one size per named
+        axis and the batch axis across inputs, any size: a runtime that fixed one says so itself; integer inputs
+        given integers) and converted: float inputs to the runner's host dtype, others to
         their declared dtype."""
         spec = self.spec
         feeds = as_feeds(spec, feeds)
@@ -48,15 +49,19 @@ class Runner:
         if unknown:
             raise ShapeMismatch(f"input {unknown[0]!r} is not an input of model {spec.name!r} (it takes "
                                 f"{', '.join(declared)})")
-        checked = {}
+        checked, sizes = {}, {}
         for i in spec.model_inputs:
             if i.name not in feeds:
                 raise ShapeMismatch(f"input {i.name!r} of model {spec.name!r} is missing")
             x = np.asarray(feeds[i.name])
-            expected = i.full_shape(self.batch_size, {**spec.axes, **{d: None for d in i.shape if isinstance(d, str)}})
-            if x.ndim != len(expected) or any(e is not None and e != a for e, a in zip(expected, x.shape)):
-                shown = tuple("?" if e is None else e for e in expected)
+            expected = i.full_shape(0, spec.axes)
+            shown = "(" + ", ".join(str(name or size) for name, size in zip(i.axis_names, expected)) + ")"
+            if x.ndim != len(expected) or any(not name and e != a for name, e, a in zip(i.axis_names, expected, x.shape)):
                 raise ShapeMismatch(f"input {i.name!r} has shape {tuple(x.shape)}, the model takes {shown}")
+            for name, size in zip(i.axis_names, x.shape):  # a named axis has one size across the inputs
+                if name and sizes.setdefault(name, (size, i.name))[0] != size:
+                    raise ShapeMismatch(f"axis {name!r} is {size} in input {i.name!r} but {sizes[name][0]} in input "
+                                        f"{sizes[name][1]!r}")
             if not i.floating and x.dtype.kind == "f":
                 raise ShapeMismatch(f"input {i.name!r} is {i.dtype}; it was given {x.dtype} values")
             # floating inputs in the runner's host dtype, a float64 input always in float64 (the model's own type)
