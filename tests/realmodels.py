@@ -36,6 +36,7 @@ def make_gpt2():
 
 
 def make_resnet18():
+    """``torchvision.models.resnet18(weights=None)``."""
     import torch
     import torchvision
 
@@ -44,11 +45,34 @@ def make_resnet18():
 
 
 def make_mobilenet_v3_small():
+    """``torchvision.models.mobilenet_v3_small(weights=None)``."""
     import torch
     import torchvision
 
     torch.manual_seed(0)
     return torchvision.models.mobilenet_v3_small(weights=None).eval()
+
+
+def make_hf_resnet18():
+    """ResNet-18 (basic blocks, depths 2-2-2-2) as ``transformers.ResNetForImageClassification``: pixel_values ->
+    logits. The same architecture as torchvision's, from a package that installs beside a CPU-only torch."""
+    import torch
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    torch.manual_seed(0)
+    config = ResNetConfig(embedding_size=64, hidden_sizes=[64, 128, 256, 512], depths=[2, 2, 2, 2],
+                          layer_type="basic", num_labels=10)
+    return ResNetForImageClassification(config).eval()
+
+
+def make_hf_mobilenet_v2():
+    """``transformers.MobileNetV2ForImageClassification`` (depth multiplier 0.35): pixel_values -> logits."""
+    import torch
+    from transformers import MobileNetV2Config, MobileNetV2ForImageClassification
+
+    torch.manual_seed(0)
+    config = MobileNetV2Config(depth_multiplier=0.35, image_size=96, num_labels=10)
+    return MobileNetV2ForImageClassification(config).eval()
 
 
 def save_keras_mobilenet_v2(path, size: int = 96) -> Path:

@@ -27,13 +27,16 @@ from parity.cli.common import EXISTING_FILE, EXISTING_FOLDER, FOLDER, handle_err
               help="Inputs saved by polygraphy run --save-inputs.")
 @click.option("--polygraphy-outputs", type=EXISTING_FILE,
               help="Golden outputs saved by polygraphy run --save-outputs.")
+@click.option("--opset", type=click.IntRange(1), default=None,
+              help="Convert the ONNX file to this opset first (onnx.version_converter; ONNX Runtime needs 7 or more); "
+                   "the converted file is written to models/NAME.opsetN.onnx and recorded.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of random inputs.")
 @click.option("--force", is_flag=True, help="Replace an existing models/NAME.py.")
 @click.option("--workspace", "-w", type=FOLDER, default=None,
               help="Folder to write models/NAME.py into (default: the current folder).")
 @handle_errors
 def init(name, torch_ref, keras_ref, jax_ref, onnx_ref, input_decls, axes, inputs_file, test_data, polygraphy_inputs,
-         polygraphy_outputs, seed, force, workspace):
+         polygraphy_outputs, opset, seed, force, workspace):
     """Write models/NAME.py for your own model: a short spec to edit, then golden build and run.
 
     \b
@@ -49,7 +52,7 @@ def init(name, torch_ref, keras_ref, jax_ref, onnx_ref, input_decls, axes, input
     written, info, kind = jobs.init_model(
         name, {"torch": torch_ref, "tf": keras_ref, "jax": jax_ref, "onnx": onnx_ref}, input_decls, axes,
         {"inputs_file": inputs_file, "test_data": test_data, "polygraphy_inputs": polygraphy_inputs,
-         "polygraphy_outputs": polygraphy_outputs}, seed, force, workspace)
+         "polygraphy_outputs": polygraphy_outputs}, seed, force, workspace, opset)
     taps = len(info.get("taps") or [])
     click.echo(f"wrote {written} ({kind}, {info['n_params']:,} parameters, outputs {', '.join(info['outputs'])}, "
                f"{taps} taps)")

@@ -69,6 +69,7 @@ def _inspect_torch(reference, root, inputs, _params_file):
     from parity.model.feeds import call_torch as call
 
     module = torch_factory(reference, root)().eval()
+    _check_takes(reference, module.forward, [d["name"] for d in inputs])
     tensors = {d["name"]: torch.from_numpy(_sample(d)) for d in inputs}
     recorded, handles, embedding_sizes = {}, [], {}
     for name, child in module.named_children():
@@ -96,6 +97,20 @@ def _inspect_torch(reference, root, inputs, _params_file):
     taps = [n for n, _ in module.named_children() if isinstance(recorded.get(n), torch.Tensor)]
     return {**_outputs(returned, torch.is_tensor, lambda t: t.shape), "taps": taps,
             "n_params": int(sum(p.numel() for p in module.parameters())), "input_values": embedding_sizes}
+
+
+def _check_takes(reference: str, forward, names: list[str]) -> None:
+    """Several inputs go to ``forward`` as keywords: each must be one of its parameters (a ``**kwargs`` would take
+    and ignore a misspelt one) unless it takes nothing but ``*args`` / ``**kwargs``."""
+    import inspect
+
+    if len(names) < 2:
+        return
+    parameters = inspect.signature(forward).parameters.values()
+    named = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unknown = [name for name in names if name not in named]
+    if named and unknown:
+        raise UserModelError(f"{reference}: forward takes no input {unknown[0]!r} (its inputs are {', '.join(named)})")
 
 
 def _inspect_keras(reference, root, inputs, _params_file):

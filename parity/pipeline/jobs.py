@@ -226,7 +226,8 @@ def export_test_data(workspace: str | None, model: str, out_dir: str, notice=_qu
 
 
 def init_model(name: str, sources: dict[str, str | None], input_decls: tuple[str, ...], axes: tuple[str, ...],
-               files: dict[str, str | None], seed: int, force: bool, workspace: str | None) -> tuple[Path, dict, str]:
+               files: dict[str, str | None], seed: int, force: bool, workspace: str | None,
+               opset: int | None = None) -> tuple[Path, dict, str]:
     """``parity init``: ``sources`` maps torch/tf/jax/onnx to what was given (exactly one), ``files`` the data
     files (inputs_file, test_data, polygraphy_inputs, polygraphy_outputs). Returns the spec written, what the
     model said about itself, and the source kind."""
@@ -247,7 +248,7 @@ def init_model(name: str, sources: dict[str, str | None], input_decls: tuple[str
     request = scaffold.Request(
         name=name, kind=kind, reference=scaffold.workspace_reference(reference, root), params_file=params_file,
         inputs=tuple(scaffold.parse_input(text) for text in input_decls),
-        axes=tuple(scaffold.parse_axis(text) for text in axes), seed=seed,
+        axes=tuple(scaffold.parse_axis(text) for text in axes), seed=seed, opset=opset,
         **{key: value and scaffold.workspace_reference(value, root) for key, value in files.items()})
     written, info = scaffold.init(root, request, force, default_threads())
     return written, info, kind

@@ -301,7 +301,8 @@ class Run:
             if "error" in artifact:
                 result.update(verdict="error", reason=artifact["error"], export=export, log=artifact.get("log"))
                 return
-            result["export"] = {**export, "export_s": artifact["meta"].get("export_s")}
+            result["export"] = {**export, "export_s": artifact["meta"].get("export_s"),
+                                **{key: artifact["meta"][key] for key in ("opset", "axes") if key in artifact["meta"]}}
             if "build_determinism" in artifact["meta"]:  # a TensorRT engine: built twice, both run on the golden inputs
                 result["export"]["build_determinism"] = artifact["meta"]["build_determinism"]
         self.progress(f"{spec.name}: check {path.id}", *(step or ()))
@@ -329,6 +330,12 @@ class Run:
         failed = {"model": spec.name, "path": path.id}
         if result["verdict"] == "error":
             result["diagnosis"] = {**failed, "error": f"nothing to diagnose: the path ended in error ({result['reason']})"}
+            return
+        golden_shape_ok = all(stats["ok"] for part in ("outputs", "eval_outputs", "gradients")
+                              for stats in (result.get(part) or {}).values())
+        if result["verdict"] == "fail" and golden_shape_ok and any(not s["ok"] for s in result.get("shapes") or ()):
+            result["diagnosis"] = {**failed, "error": "nothing to diagnose layer by layer: the path agrees at the golden "
+                                                      "shape and fails only at other shapes (see its reason)"}
             return
         self.progress(f"{spec.name}: diagnose {path.id}")
         try:

@@ -56,6 +56,9 @@ class Request:
     polygraphy_inputs: str | None = None
     polygraphy_outputs: str | None = None
     seed: int = 0
+    opset: int | None = None  # onnx: convert the file to this opset first (onnx.version_converter)
+    converted_from: str | None = None  # onnx: the file and opset the converted one was made from
+    fixed_batch: bool = False  # onnx: the graph fixes the batch axis, so no other batch size is verified
     tolerance: tuple[float, float] = DEFAULT_TOLERANCE  # atol, rtol of the outputs
     builder: str | None = None  # the builder helper (default: the kind's own, e.g. keras_file for tf)
 
@@ -213,11 +216,13 @@ def render(request: Request, info: dict) -> str:
         "",
         "SPEC = ModelSpec(",
         f"    name={_py(request.name)},",
-        f"    description={_py(f'{kind} model {request.reference}')},",
+        f"    description={_py(f'{kind} model {request.reference}' + (f', {request.converted_from}' if request.converted_from else ''))},",
         f"    {source},",
         "    weights_from_model=True,  # the weights are the model's own, checksummed into the golden data",
         *input_lines,
         *([f"    axes={json.dumps(dict(request.axes))},  # golden sizes of the named axes"] if request.axes else []),
+        *(["    verify_shapes=(),  # the graph fixes its batch axis: verified at the golden shape alone"]
+          if request.fixed_batch else []),
         f"    batch_size={batch},",
         f"    inputs={_input_data(request)},",
         f"    outputs={_py(tuple(info['outputs']))},",
@@ -294,6 +299,10 @@ def init(root: Path, request: Request, force: bool, threads: int, timeout_s: flo
             check_batched(name, shape, request.inputs_file)
             request = _with(request, inputs=(InputDecl(name, (min(shape[0], 32), *shape[1:]),
                                                        "float32" if dtype.startswith("float") else dtype),))
+    if request.opset is not None:
+        if request.kind != "onnx":
+            raise UsageError("--opset converts an ONNX file (--onnx); an exporter's opset is the spec's opset field")
+        request = _converted(root, request)
     with WorkerPool(threads, cache_root() / "logs", timeout_s) as pool:
         try:
             if request.kind == "onnx":
@@ -318,6 +327,36 @@ def init(root: Path, request: Request, force: bool, threads: int, timeout_s: flo
     info = {**info, "labelled": labelled}
     request = _integer_ranges(request, info)
     return write(root, request, info, force), info
+
+
+def _converted(root: Path, request: Request) -> Request:
+    """The ONNX file converted to ``request.opset`` with ``onnx.version_converter``, written beside the spec as
+    ``models/<name>.opset<N>.onnx`` (external data kept beside it), checked; the request now names that file."""
+    import onnx
+    from onnx import version_converter
+
+    from parity.interop import onnx_file as onnx_source
+    from parity.platform.errors import ParityError, one_line
+
+    source = root / request.reference
+    model = onnx_source.load_checked(source)
+    found = next((e.version for e in model.opset_import if e.domain in ("", "ai.onnx")), None)
+    try:
+        converted = version_converter.convert_version(model, request.opset)
+        onnx.checker.check_model(converted, full_check=True)
+    except Exception as error:  # noqa: BLE001 - the converter's own refusal, said in one line
+        raise ParityError(f"{request.reference}: onnx.version_converter cannot take opset {found} to "
+                          f"{request.opset}: {one_line(f'{type(error).__name__}: {error}', 300)}") from None
+    target = root / "models" / f"{request.name}.opset{request.opset}.onnx"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    large = converted.ByteSize() > 2**31 - 1 - (1 << 20)
+    scratch = target.with_name(f".{target.name}.tmp")
+    onnx.save_model(converted, str(scratch), save_as_external_data=large,
+                    location=f"{target.name}.data" if large else None)
+    scratch.replace(target)
+    return _with(request, reference=str(target.relative_to(root)),
+                 converted_from=f"converted from {request.reference} (opset {found}) to opset {request.opset} by "
+                                f"onnx.version_converter")
 
 
 def _check_axes(request: Request) -> None:
@@ -398,4 +437,5 @@ def _onnx_inputs(request: Request, graph: dict) -> Request:
         if len(concrete) != len(graph_shape) or any(g_ is not None and g_ != d for g_, d in zip(graph_shape, concrete)):
             raise UsageError(f"input {name!r} of shape {tuple(shape)} does not fit the graph's {graph_shape}")
         decls.append(InputDecl(name, tuple(shape), g["dtype"], decl.values if decl else None))
-    return _with(request, inputs=tuple(decls))
+    fixed = any(g["shape"] and g["shape"][0] is not None for g in graph["inputs"])
+    return _with(request, inputs=tuple(decls), fixed_batch=fixed)

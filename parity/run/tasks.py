@@ -32,9 +32,24 @@ def export_step(workspace: str, model: str, target: str, golden_dir: str, opset:
                     inputs=_input_batch(verified, spec, batch_size or spec.batch_size))
     meta = paths.load_target(target)(job)
     meta["export_s"] = time.perf_counter() - started
+    if meta.get("format") == "onnx":
+        meta["opset"] = exported_opset(Path(out_dir) / meta["file"], opset)
     meta["code_files"] = provenance.loaded_code_files()  # re-checked on every cache lookup
     meta["batch_size"] = job.batch_size
     return meta
+
+
+def exported_opset(path: Path, requested: int) -> dict:
+    """The default-domain opset the artifact really has, beside the one asked for; a note where they differ (an
+    exporter keeps another opset where an op has no version adapter)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    found = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), None)
+    record = {"requested": requested, "exported": found}
+    if found != requested:
+        record["note"] = f"the exporter wrote opset {found}, not the {requested} asked for"
+    return record
 
 
 def _input_batch(verified, spec, batch_size: int) -> dict:

@@ -9,6 +9,9 @@ from parity.platform.errors import Unavailable
 from parity.runtimes.onnx_common import OnnxRunner
 
 
+MIN_OPSET = 7  # ONNX Runtime has no kernels for the default domain below it
+
+
 class OrtRunner(OnnxRunner):
     """``ort``: an ONNX Runtime InferenceSession with aligned intra-op threads, all graph optimisations on.
 
@@ -45,7 +48,18 @@ class OrtRunner(OnnxRunner):
         return [(self.provider, {})]
 
     def open_session(self, options, providers):
-        return self.ort.InferenceSession(self.model_path, options, providers=providers)
+        try:
+            return self.ort.InferenceSession(self.model_path, options, providers=providers)
+        except Exception as error:
+            import onnx
+
+            model = onnx.load(self.model_path, load_external_data=False)
+            opset = next((e.version for e in model.opset_import if e.domain in ("", "ai.onnx")), None)
+            if opset is not None and opset < MIN_OPSET:
+                raise RuntimeError(f"{type(error).__name__}: {error} (the model is opset {opset}; ONNX Runtime implements opset {MIN_OPSET} and "
+                                  f"later: convert it with `parity init NAME --onnx FILE --opset 13 --force`, which runs "
+                                  f"onnx.version_converter and records it)") from None
+            raise
 
     def run_impl(self, x):
         return tuple(self.session.run(self.output_names, self.feed(x)))

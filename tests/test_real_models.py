@@ -1,0 +1,127 @@
+"""Real architectures from their packages' own constructors (random weights), through the command line as a user
+runs them: ``parity init`` -> ``golden build`` -> ``check``; and the bad declarations a user can make, each one line
+and exit 2."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from parity.cli import cli
+from tests.conftest import REPO
+
+FACTORIES = REPO / "tests" / "realmodels.py"
+BERT_INPUTS = ("--input", "input_ids=2,sequence:int64", "--input", "attention_mask=2,sequence:int64",
+               "--input", "token_type_ids=2,sequence:int64", "--axis", "sequence=16")
+
+
+def invoke(root, *args):
+    return CliRunner().invoke(cli, [*args, "--workspace", str(root)], catch_exceptions=False)
+
+
+def verdicts(root, name, *paths):
+    args = [arg for path in paths for arg in ("--path", path)]
+    result = invoke(root, "check", "--model", name, "--json", str(root / "r.json"), *args)
+    report = json.loads((root / "r.json").read_text())
+    return result, {r["path"]: r for r in report["results"]}
+
+
+@pytest.fixture
+def workspace(tmp_path, monkeypatch):
+    """A folder with the factories in it, the current folder as a user's would be."""
+    shutil.copy(FACTORIES, tmp_path / "realmodels.py")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _through(root, name, source, *init_args, paths=("torch", "torch/onnx/ort")):
+    result = invoke(root, "init", name, source, *init_args)
+    assert result.exit_code == 0, result.output
+    result = invoke(root, "golden", "build", "--model", name)
+    assert result.exit_code == 0, result.output
+    return verdicts(root, name, *paths)
+
+
+def test_bert_with_three_integer_inputs_and_two_named_outputs_passes_at_every_shape(workspace):
+    result, by_path = _through(workspace, "bert", "--torch", "realmodels.py:make_bert", *BERT_INPUTS)
+    spec = (workspace / "models" / "bert.py").read_text()
+    assert 'values=Values("mask")' in spec and 'values=Values("integers", low=0, high=512)' in spec
+    assert 'outputs=("last_hidden_state", "pooler_output")' in spec
+    assert result.exit_code == 0, result.output
+    for path, r in by_path.items():
+        assert r["verdict"] == "pass", (path, r["reason"])
+        assert set(r["outputs"]) == {"last_hidden_state", "pooler_output"}
+        assert [s["shape"] for s in r["shapes"]] == [{"batch": 1, "sequence": 16}, {"batch": 3, "sequence": 8}]
+        assert all(s["ok"] for s in r["shapes"])
+    assert by_path["torch/onnx/ort"]["export"]["opset"]["exported"] == by_path["torch/onnx/ort"]["export"]["opset"]["requested"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--input", "input_ids=2,sequence:int64:100000", "--input", "attention_mask=2,sequence:int64:mask",
+      "--input", "token_type_ids=2,sequence:int64:2", "--axis", "sequence=16"),
+     "input 'input_ids': ids 0 to 99999 were declared, but the embedding that reads it has 512 rows"),
+    (("--input", "input_ids=2,sequence:int64", "--axis", "sequence=16", "--axis", "time=3"),
+     "--axis time names no axis of the inputs"),
+    (("--input", "input_ids=2,sequence:int64",), "axis 'sequence' has no size: give it with --axis sequence=SIZE"),
+    (("--input", "input_ids=2,sequence:int64", "--input", "pixels=2x3", "--axis", "sequence=16"),
+     "forward takes no input 'pixels' (its inputs are input_ids, attention_mask, token_type_ids"),
+])
+def test_bad_declarations_are_one_line_and_exit_2(workspace, args, message):
+    result = invoke(workspace, "init", "bert", "--torch", "realmodels.py:make_bert", *args)
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_an_output_that_is_not_a_tensor_is_named_in_one_line(workspace):
+    (workspace / "cached.py").write_text(
+        "def make():\n"
+        "    import torch\n"
+        "    from transformers import GPT2Config, GPT2LMHeadModel\n"
+        "    torch.manual_seed(0)\n"
+        "    return GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=1, n_head=2)).eval()\n")
+    result = invoke(workspace, "init", "gpt", "--torch", "cached.py:make", "--input", "input_ids=2x8:int64:64")
+    assert result.exit_code == 2 and "model output 'past_key_values' is a DynamicCache, not a tensor" in result.output, \
+        result.output
+
+
+@pytest.mark.slow
+def test_gpt2_lm_head_with_a_padded_attention_mask(workspace):
+    result, by_path = _through(workspace, "gpt2", "--torch", "realmodels.py:make_gpt2", "--input",
+                               "input_ids=2,sequence:int64", "--input", "attention_mask=2,sequence:int64",
+                               "--axis", "sequence=16", paths=("torch", "torch/onnx/ort", "torch/onnx/onnxref"))
+    assert {p: r["verdict"] for p, r in by_path.items()} == dict.fromkeys(by_path, "pass"), result.output
+
+
+@pytest.mark.slow
+def test_resnet18_and_mobilenet_v2_from_transformers(workspace):
+    for name, factory, size in (("resnet", "make_hf_resnet18", 64), ("mobilenet", "make_hf_mobilenet_v2", 96)):
+        result, by_path = _through(workspace, name, "--torch", f"realmodels.py:{factory}",
+                                   "--input", f"pixel_values=2x3x{size}x{size}")
+        assert {p: r["verdict"] for p, r in by_path.items()} == dict.fromkeys(by_path, "pass"), result.output
+
+
+@pytest.mark.slow
+def test_keras_mobilenet_v2_saved_as_keras(workspace):
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-c", "import realmodels; realmodels.save_keras_mobilenet_v2('m.keras')"],
+                   cwd=workspace, check=True)
+    result, by_path = _through(workspace, "mnv2", "--keras", "m.keras", "--input", "x=2x96x96x3",
+                               paths=("tf", "tf/onnx/ort"))
+    assert {p: r["verdict"] for p, r in by_path.items()} == dict.fromkeys(by_path, "pass"), result.output
+
+
+@pytest.mark.slow
+def test_flax_linen_model_with_its_params(workspace):
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-c", "import realmodels; realmodels.save_flax_params('p.npz')"],
+                   cwd=workspace, check=True)
+    result, by_path = _through(workspace, "cnn", "--jax", "realmodels.py:flax_apply,p.npz", "--input", "x=2x16x16x3",
+                               paths=("jax", "jax/onnx/ort"))
+    assert {p: r["verdict"] for p, r in by_path.items()} == dict.fromkeys(by_path, "pass"), result.output
