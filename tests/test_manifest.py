@@ -132,7 +132,7 @@ def test_schema_violation_names_the_field(mlp_golden, edit, field):
     (b'{"schema": "parity.golden/2", "metrics": NaN}', "NaN is not a JSON number"),
     (b'{"schema": "parity.golden/2", "n": 1' + b"0" * 5000 + b"}", "malformed manifest"),
     (b"[1, 2]", "a JSON object expected"),
-    (json.dumps({"schema": "parity.golden/1"}).encode(), "this parity reads 'parity.golden/2'"),
+    (json.dumps({"schema": "parity.golden/1"}).encode(), "this parity reads 'parity.golden/3'"),
 ])
 def test_malformed_manifest_is_one_line(mlp_golden, content, needle):
     root, golden_dir = mlp_golden

@@ -22,14 +22,15 @@ def error_stats(actual: np.ndarray, golden: np.ndarray, tol: Tolerance) -> dict:
     if actual.shape != golden.shape:
         return {"ok": False, "reason": f"shape {tuple(actual.shape)} != golden {tuple(golden.shape)}"}
     a = actual.astype(np.float64)
-    infinite = ~np.isfinite(golden)  # a -inf mask's values: each must come out the same, exactly
+    infinite = ~np.isfinite(golden)  # a -inf mask's values, NaN given data: each must come out the same, exactly
     if infinite.any():
         stats = error_stats(np.where(infinite, 0.0, a), np.where(infinite, 0.0, golden), tol)
-        differ = int(np.count_nonzero(a[infinite] != golden[infinite]))
+        same = (a[infinite] == golden[infinite]) | (np.isnan(a[infinite]) & np.isnan(golden[infinite]))
+        differ = int(np.count_nonzero(~same))
         stats["infinite_golden"] = int(np.count_nonzero(infinite))
         if differ:
-            stats.update(ok=False, reason=f"{differ} of {stats['infinite_golden']} infinite golden elements differ "
-                                          f"(each must be the same infinity at the same position)")
+            stats.update(ok=False, reason=f"{differ} of {stats['infinite_golden']} non-finite golden elements differ "
+                                          f"(each must be the same infinity, or NaN, at the same position)")
         return stats
     nonfinite = int(np.size(a) - np.count_nonzero(np.isfinite(a)))
     if nonfinite:

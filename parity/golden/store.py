@@ -90,34 +90,29 @@ def _checked_arrays(path: Path, described: dict) -> dict[str, np.ndarray]:
         if list(array.shape) != expected["shape"] or str(array.dtype) != expected["dtype"]:
             raise GoldenError(f"{path}: array {key!r} is {array.dtype}{list(array.shape)}, the manifest says "
                               f"{expected['dtype']}{expected['shape']}")
-        problem = nonfinite_problem(path.name, key, array, expected.get("infinite", 0))
+        problem = nonfinite_problem(path.name, key, array, expected.get("infinite", 0), expected.get("nan", 0))
         if problem:
             raise GoldenError(f"{path}: {problem}")
     return arrays
 
 
-# files whose arrays may hold +-inf: a model's own weights (a 0/-inf attention mask) and what it computes from
-# them (a masked logit); every infinite element is compared exactly (same position, same sign)
-INFINITE_ALLOWED = ("weights.npz", "reference.npz", "gradients.npz")
-
-
-def nonfinite_problem(file: str, key: str, array: np.ndarray, declared: int) -> str | None:
-    """What is wrong with the non-finite values of a golden array, or None: NaN is never golden data, and
-    +-inf only where a model's weights and what it computes may hold it (``INFINITE_ALLOWED``), as many as
-    the manifest ``declared`` when the build found them."""
+def nonfinite_problem(file: str, key: str, array: np.ndarray, declared: int, declared_nan: int = 0) -> str | None:
+    """What is wrong with the non-finite values of a golden array, or None: NaN and +-inf where the build found
+    them (data given with a model may hold them, a -inf mask in its weights, and what the model computes from
+    them), as many as the manifest declares; a weight is never NaN. Every non-finite golden element is compared
+    exactly (the same infinity, or NaN, at the same position)."""
     if array.dtype.kind != "f":
         return None
     nan = int(np.count_nonzero(np.isnan(array)))
     inf = int(np.count_nonzero(np.isinf(array)))
     what = {"weights.npz": "weight", "reference.npz": "reference output", "gradients.npz": "reference gradient"}.get(
         file, "input")
-    if nan:
-        return (f"array {key!r} ({what}) has {nan} NaN value(s) of {array.size}; a NaN is never golden data (it "
-                f"equals nothing, so no path could be checked against it)")
-    if inf and file not in INFINITE_ALLOWED:
-        return f"array {key!r} ({what}) has {inf} infinite value(s); inputs must be finite"
+    if nan and file == "weights.npz":
+        return f"array {key!r} ({what}) has {nan} NaN value(s) of {array.size}; a NaN weight is never golden data"
     if inf != declared:
         return f"array {key!r} ({what}) has {inf} infinite value(s), the manifest records {declared}"
+    if nan != declared_nan:
+        return f"array {key!r} ({what}) has {nan} NaN value(s), the manifest records {declared_nan}"
     return None
 
 
@@ -192,9 +187,15 @@ def _check_against_spec(golden: Golden, spec) -> None:
                 expect("shapes.npz", f"{k}/input/{i.name}", i.full_shape(shape.get("batch", 1), shape),
                        "float32" if i.dtype == "bfloat16" else i.dtype)
             for name in spec.outputs:
-                expect("shapes.npz", f"{k}/output/{name}", None, "float64")
+                key = f"{k}/output/{name}"
+                expect("shapes.npz", key, None, "float64")
+                value, golden_output = arrays["shapes.npz"].get(key), arrays["reference.npz"].get(name)
+                if value is not None and golden_output is not None and (
+                        value.ndim != golden_output.ndim or value.shape[:1] != (shape.get("batch", value.shape[0]),)):
+                    problems.append(f"shapes.npz {key!r} has shape {list(value.shape)}, not an output of "
+                                    f"{golden_output.ndim} dimensions at {shape}")
     for key, array in arrays["reference.npz"].items():
-        if key != "eval/logits" and array.shape[:1] != (spec.batch_size,):
+        if key != "eval/logits" and array.shape[:1] != (spec.batch_size,) and any(i.batched for i in spec.model_inputs):
             problems.append(f"reference.npz {key!r} has shape {list(array.shape)}, not a batch of {spec.batch_size}")
     if labelled and f"top{spec.metric_rules.top_k}_accuracy" not in golden.metrics:
         problems.append(f"the manifest has no top{spec.metric_rules.top_k}_accuracy (the spec's top_k)")
@@ -222,8 +223,9 @@ def summary(manifest: dict, golden_dir: Path) -> str:
     if reference["reason"]:
         line += f" ({reference['reason']}; tolerances widened x{reference['tolerance_factor']:g})"
     if reference.get("given_vs_reference_max_abs") is not None:
-        line += (f"; golden outputs from {reference['outputs_from']} (max abs {reference['given_vs_reference_max_abs']:.3g}"
-                 f" from the reference; tolerances widened x{reference['tolerance_factor']:g})")
+        distance = reference["given_vs_reference_max_abs"]
+        line += (f"; golden outputs from {reference['outputs_from']} (max abs {distance:.3g} from the reference, "
+                 f"added to the output atol)")
     return f"{line}; {manifest['data']['dataset']}, {manifest['data']['eval']} samples; {size_mb:.1f} MB{metrics}"
 
 
@@ -237,7 +239,9 @@ def describe_arrays(path: Path) -> dict:
     described = {}
     for key, array in read_npz(path, GoldenError, "golden file").items():
         infinite = int(np.count_nonzero(np.isinf(array))) if array.dtype.kind == "f" else 0
-        described[key] = {"shape": list(array.shape), "dtype": str(array.dtype), **({"infinite": infinite} if infinite else {})}
+        nan = int(np.count_nonzero(np.isnan(array))) if array.dtype.kind == "f" else 0
+        described[key] = {"shape": list(array.shape), "dtype": str(array.dtype),
+                          **({"infinite": infinite} if infinite else {}), **({"nan": nan} if nan else {})}
     return described
 
 

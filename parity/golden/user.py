@@ -54,6 +54,7 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
             given_vs_reference = _replace_outputs(spec, reference, given)
         factor = usermodel.tolerance_factor(info["dtype"], given is not None)
         usermodel.widen_tolerances(spec, factor)
+        usermodel.widen_for_given(spec, given_vs_reference)
         golden.save_npz(scratch / "reference.npz", {k: v for k, v in reference.items() if not k.startswith("grad/")})
         golden.save_npz(scratch / "gradients.npz", {k[5:]: v for k, v in reference.items() if k.startswith("grad/")})
         progress(f"{spec.name}: {info['dtype']} reference at the verification shapes")
@@ -176,16 +177,28 @@ def _replace_outputs(spec, reference: dict, given: dict) -> float:
         if key not in given:
             raise ParityError(f"{given['from']} has no output {i} ({name!r})")
         value = np.asarray(given[key], dtype=np.float64)
-        _check_batched_output(spec, f"{given['from']}: output", name, value.shape, given["samples"])
-        _check_batched_output(spec, "the model's output", name, reference[name].shape, spec.batch_size)
-        if value.shape[1:] != reference[name].shape[1:]:
-            raise ParityError(f"{given['from']}: output {name!r} has shape {value.shape}, the model gives "
+        batched = any(i.batched for i in spec.model_inputs)
+        if batched:
+            _check_batched_output(spec, f"{given['from']}: output", name, value.shape, given["samples"])
+            _check_batched_output(spec, "the model's output", name, reference[name].shape, spec.batch_size)
+            value = value if value.shape[1:] == reference[name].shape[1:] else None
+        elif value.shape != reference[name].shape:
+            value = None
+        if value is None:
+            raise ParityError(f"{given['from']}: output {name!r} has shape {np.shape(given[key])}, the model gives "
                               f"{reference[name].shape}")
-        worst = max(worst, float(np.max(np.abs(value[:spec.batch_size] - reference[name]))))
-        reference[name] = value[:spec.batch_size]
+        head = value[:spec.batch_size] if batched else value
+        worst = max(worst, finite_distance(head, reference[name]))
+        reference[name] = head
         if i == 0:
             reference["eval/logits"] = value
     return worst
+
+
+def finite_distance(a: np.ndarray, b: np.ndarray) -> float:
+    """The largest ``|a - b|`` over the elements finite in both (0 where there are none)."""
+    both = np.isfinite(a) & np.isfinite(b)
+    return float(np.max(np.abs(a[both] - b[both]))) if both.any() else 0.0
 
 
 def _check_batched_output(spec, what: str, name: str, shape: tuple, samples: int) -> None:

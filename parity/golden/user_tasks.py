@@ -112,7 +112,8 @@ def _onnx_reference(spec, _weights, inputs, evals, dtype: str) -> dict:
 
 def given_data(workspace: str, model: str, out_file: str) -> None:
     """The inputs (as ``inputs.npz`` keys them) and golden outputs (``output/<i>``) given with a user model, all sets
-    concatenated along the batch axis, checked against the ONNX graph when the source is one."""
+    concatenated along the batch axis (the first set alone for a model without one), checked against the ONNX graph
+    when the source is one."""
     from parity.interop import onnx_file as onnx_source
     from parity.interop import onnx_test_data as interop
 
@@ -126,12 +127,16 @@ def given_data(workspace: str, model: str, out_file: str) -> None:
     if len(sets[0]) != len(declared) or (set(sets[0]) != set(declared) and graph_inputs is not None):
         raise UserModelError(f"{data.describe()} gives inputs {', '.join(sets[0])}; the model takes {', '.join(declared)}")
     by_name = set(sets[0]) == set(declared)  # else in order: test data written without names
+    if not any(i.batched for i in spec.model_inputs):  # no batch axis to stack sets along: the first set is the data
+        sets, outputs = sets[:1], outputs[:1] if outputs is not None else None
+    def stack(arrays: list):
+        return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
     try:
-        stacked = {name: np.concatenate([s[name if by_name else list(s)[k]] for s in sets])
-                   for k, name in enumerate(declared)}
+        stacked = {name: stack([s[name if by_name else list(s)[k]] for s in sets]) for k, name in enumerate(declared)}
         result = feeds.to_arrays(spec, stacked)
         if outputs is not None:
-            result.update({f"output/{i}": np.concatenate([o[i] for o in outputs]) for i in range(len(outputs[0]))})
+            result.update({f"output/{i}": stack([o[i] for o in outputs]) for i in range(len(outputs[0]))})
     except ValueError as error:
         raise UserModelError(f"{data.describe()}: the sets do not stack along the batch axis ({error})") from None
     golden.save_npz(Path(out_file), result)

@@ -69,6 +69,8 @@ def run_batched(runner, feeds, batch_size: int) -> dict[str, np.ndarray]:
     sample (a valid input for every domain: an attention mask, token ids) and the fill is dropped."""
     spec = runner.spec
     feeds = as_feeds(spec, feeds)
+    if not any(i.batched for i in spec.model_inputs):  # one whole input set, outputs as they come
+        return runner.run(feeds)
     n = samples(spec, feeds)
     chunks = [runner.run(padded(spec, rows(spec, feeds, start, start + batch_size), batch_size))
               for start in range(0, n, batch_size)]

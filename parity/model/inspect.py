@@ -162,11 +162,18 @@ def _inspect_onnx(reference, root, given: dict):
     model = onnx_source.load_checked(Path(root) / reference)
     inputs, outputs = interop.graph_signature(model)
     sets = given_feeds(root, given, inputs, outputs)[0] if any(given.values()) else None
+    for output in model.graph.output:
+        kind = output.type.WhichOneof("value")
+        if kind != "tensor_type" or output.type.tensor_type.elem_type in (0, 8):  # undefined, string
+            what = "a string tensor" if kind == "tensor_type" else f"a {kind or 'value of no type'}"
+            raise UserModelError(f"{reference}: output {output.name!r} is {what}; parity compares numeric tensors only")
     described = []
     for name, (graph_shape, graph_dtype) in inputs.items():
-        if graph_shape is None or graph_dtype is None:
-            raise UserModelError(f"{reference}: input {name!r} is not a tensor of known rank and type; parity feeds "
-                                 f"tensors only")
+        if graph_shape is None and sets:  # rank unknown to the graph: the data given says it
+            graph_shape = tuple(sets[0][name].shape)
+        if graph_shape is None or graph_dtype is None or graph_dtype == "object":
+            what = "a string tensor" if graph_dtype == "object" else "not a tensor of known rank and type"
+            raise UserModelError(f"{reference}: input {name!r} is {what}; parity feeds numeric tensors only")
         described.append({"name": name, "shape": [d if isinstance(d, int) else None for d in graph_shape],
                           "axis_names": [d if isinstance(d, str) else None for d in graph_shape],
                           "dtype": str(np.dtype(graph_dtype)),

@@ -59,7 +59,8 @@ class Tolerances:
         return {"default": self.default.to_json(), "overrides": {k: v.to_json() for k, v in self.overrides.items()}}
 
 
-INPUT_DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64", "bool")
+INPUT_DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "uint16",
+                "uint32", "uint64", "bool")
 VALUE_KINDS = ("normal", "uniform", "integers", "mask", "fixed")
 BATCH = "batch"  # the axis name of the leading batch axis (its size is the spec's batch size)
 

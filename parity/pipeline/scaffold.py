@@ -39,6 +39,7 @@ class InputDecl:
     shape: tuple[int | str, ...]
     dtype: str = "float32"
     values: int | str | tuple[float, float] | None = None
+    batched: bool = True  # False: the shape is the whole shape, with no batch axis (an ONNX graph that fixes it)
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,6 @@ class Request:
     seed: int = 0
     opset: int | None = None  # onnx: convert the file to this opset first (onnx.version_converter)
     converted_from: str | None = None  # onnx: the file and opset the converted one was made from
-    fixed_batch: bool = False  # onnx: the graph fixes the batch axis, so no other batch size is verified
     tolerance: tuple[float, float] = DEFAULT_TOLERANCE  # atol, rtol of the outputs
     builder: str | None = None  # the builder helper (default: the kind's own, e.g. keras_file for tf)
 
@@ -81,7 +81,8 @@ class Request:
         return result
 
 
-INPUT_DTYPES = ("float32", "float64", "float16", "int32", "int64", "bool")
+INPUT_DTYPES = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+                "uint64", "bool")
 _DIM = r"(?:\d+|[A-Za-z_]\w*)"
 
 
@@ -91,16 +92,17 @@ def parse_input(text: str) -> InputDecl:
 
     Dimensions are separated by ``x`` (sizes) or ``,`` (sizes and axis names); the first is the batch. VALUES
     is a number of ids (integers 0 to N-1), ``mask`` (ones with padded tails), or a range ``LOW..HIGH``."""
-    match = re.fullmatch(r"([A-Za-z_][\w.:/-]*?)=((?:\d+(?:x\d+)*)|(?:" + _DIM + r"(?:," + _DIM + r")*))"
+    match = re.fullmatch(r"([A-Za-z_][\w.:/-]*?)=((?:\d+(?:x\d+)*)|(?:" + _DIM + r"(?:," + _DIM + r")*)|)"
                          r"(?::(\w+)(?::([\w.+-]+))?)?", text.strip())
     if not match:
         raise UsageError(f"--input {text!r} is not NAME=BATCHxDIMx...[:DTYPE[:VALUES]] (e.g. x=1x3x224x224, "
                          f"ids=8x128:int64:30522, or with a named axis input_ids=2,sequence:int64:30522)")
     name, dims_text, dtype, values_text = match.group(1), match.group(2), match.group(3) or "float32", match.group(4)
-    dims = tuple(int(d) if d.isdigit() else d for d in re.split(r"[x,]" if "," not in dims_text else ",", dims_text))
+    dims = tuple(int(d) if d.isdigit() else d
+                 for d in re.split(r"[x,]" if "," not in dims_text else ",", dims_text) if d)  # empty: an ONNX scalar
     if any(isinstance(d, int) and d < 1 for d in dims):
         raise UsageError(f"--input {text!r}: every dimension must be at least 1")
-    if not isinstance(dims[0], int):
+    if dims and not isinstance(dims[0], int):
         raise UsageError(f"--input {text!r}: the first dimension is the batch size, a number")
     if dtype not in INPUT_DTYPES:
         raise UsageError(f"--input {text!r}: dtype {dtype!r} is not one of {', '.join(INPUT_DTYPES)}")
@@ -183,7 +185,7 @@ def _py(value) -> str:
 def render(request: Request, info: dict) -> str:
     """The text of ``models/<name>.py``."""
     kind, builder = request.kind, request.builder or BUILDERS[request.kind]
-    batch = request.inputs[0].shape[0]
+    batch = next((d.shape[0] for d in request.inputs if d.batched), 1)
     labelled = info.get("labelled", False)
     if kind == "onnx":
         source = f"onnx_model={_py(request.reference)}"
@@ -221,8 +223,6 @@ def render(request: Request, info: dict) -> str:
         "    weights_from_model=True,  # the weights are the model's own, checksummed into the golden data",
         *input_lines,
         *([f"    axes={json.dumps(dict(request.axes))},  # golden sizes of the named axes"] if request.axes else []),
-        *(["    verify_shapes=(),  # the graph fixes its batch axis: verified at the golden shape alone"]
-          if request.fixed_batch else []),
         f"    batch_size={batch},",
         f"    inputs={_input_data(request)},",
         f"    outputs={_py(tuple(info['outputs']))},",
@@ -247,8 +247,11 @@ def render(request: Request, info: dict) -> str:
 
 
 def _input_spec(decl: InputDecl) -> str:
-    """``InputSpec(...)`` for one declared input (its shape without the batch axis)."""
-    text = f"InputSpec({_py(decl.name)}, {_py(tuple(decl.shape[1:]))}, layout=\"native\", dtype={_py(decl.dtype)}"
+    """``InputSpec(...)`` for one declared input (its shape without the batch axis, or whole where it has none)."""
+    shape = tuple(decl.shape[1:]) if decl.batched else tuple(decl.shape)
+    text = f"InputSpec({_py(decl.name)}, {_py(shape)}, layout=\"native\", dtype={_py(decl.dtype)}"
+    if not decl.batched:
+        text += ", batched=False"
     integer = np.dtype(decl.dtype).kind in "iub"
     if decl.values == "mask":
         text += ", values=Values(\"mask\")"
@@ -369,7 +372,7 @@ def _check_axes(request: Request) -> None:
     unused = sorted(set(sizes) - named)
     if unused:
         raise UsageError(f"--axis {unused[0]} names no axis of the inputs")
-    batches = {decl.shape[0] for decl in request.inputs}
+    batches = {decl.shape[0] for decl in request.inputs if decl.batched}
     if len(batches) > 1:
         raise UsageError(f"the inputs have different batch sizes {sorted(batches)}; give them one batch size")
     names = [decl.name for decl in request.inputs]
@@ -415,7 +418,8 @@ def _with(obj, **changes):
 
 def _onnx_inputs(request: Request, graph: dict) -> Request:
     """The ONNX graph's own inputs (names, dtypes), each one's shape from --input, else the data given, else the
-    graph's static shape."""
+    graph's static shape. An input whose first axis the graph leaves dynamic is batched; one the graph fixes
+    whole (a scalar too) has no batch axis: parity never assumes one the model does not have."""
     declared = {d.name: d for d in request.inputs}
     names = [g["name"] for g in graph["inputs"]]
     unknown = [name for name in declared if name not in names]
@@ -432,10 +436,12 @@ def _onnx_inputs(request: Request, graph: dict) -> Request:
                                  f"{[a or d for a, d in zip(g['axis_names'], graph_shape)]}: give its shape with "
                                  f"--input {name}=BATCHxDIMx...")
             shape = tuple(graph_shape)
-        check_batched(name, shape, request.reference)
         concrete = request.concrete(InputDecl(name, tuple(shape)))
         if len(concrete) != len(graph_shape) or any(g_ is not None and g_ != d for g_, d in zip(graph_shape, concrete)):
             raise UsageError(f"input {name!r} of shape {tuple(shape)} does not fit the graph's {graph_shape}")
-        decls.append(InputDecl(name, tuple(shape), g["dtype"], decl.values if decl else None))
-    fixed = any(g["shape"] and g["shape"][0] is not None for g in graph["inputs"])
-    return _with(request, inputs=tuple(decls), fixed_batch=fixed)
+        if g["dtype"] not in INPUT_DTYPES:
+            raise UsageError(f"{request.reference}: input {name!r} is a {g['dtype']} tensor; parity feeds "
+                             f"{', '.join(INPUT_DTYPES)} tensors")
+        batched = bool(graph_shape) and graph_shape[0] is None
+        decls.append(InputDecl(name, tuple(shape), g["dtype"], decl.values if decl else None, batched))
+    return _with(request, inputs=tuple(decls))

@@ -1,0 +1,67 @@
+"""ONNX's own backend test cases, as scripts/onnx_corpus.py takes them: several inputs, scalars, outputs without a
+batch axis, NaN in the given data, integer outputs; parity's verdict agrees with ONNX Runtime's own."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO
+
+CASES = ("test_add", "test_matmul_2d", "test_size", "test_isnan", "test_shape", "test_reduce_sum_keepdims_example",
+         "test_where_example")
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("onnx_corpus", REPO / "scripts" / "onnx_corpus.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    script = _script()
+    root = tmp_path_factory.mktemp("corpus")
+    cases = {case.name: case for case in script.write_node_cases(root / "cases") if case.name in CASES}
+    return script, cases, root / "ws"
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_a_case_onnx_runtime_loads_is_taken_and_agrees_with_its_own_verdict(corpus, name):
+    script, cases, workspace = corpus
+    ort_says, _ = script.ort_verdict(cases[name])
+    says, reason = script.parity_verdict(cases[name], workspace)
+    assert ort_says == "pass" and says == "pass", (ort_says, says, reason)
+
+
+def test_a_runtime_that_departs_from_the_expected_outputs_fails(corpus):
+    """Given outputs set the golden; the tolerance grows only by their own distance from the float64 reference, so
+    ONNX Runtime departing from them by more than float32 explains fails (a blanket x10 once passed it)."""
+    from onnx import numpy_helper
+
+    script, cases, workspace = corpus
+    case = cases["test_add"].parent / "test_add_departs"
+    case.mkdir()
+    (case / "model.onnx").write_bytes((cases["test_add"] / "model.onnx").read_bytes())
+    data = case / "test_data_set_0"
+    data.mkdir()
+    source = cases["test_add"] / "test_data_set_0"
+    for file in source.iterdir():
+        proto = numpy_helper.to_array(_tensor(file))
+        if file.name == "input_1.pb":  # the runtime computes x + (y + 5e-4): 5e-4 more than the expected outputs
+            proto = proto + np.float32(5e-4)
+        (data / file.name).write_bytes(numpy_helper.from_array(proto, _tensor(file).name).SerializeToString())
+    # the expected outputs stay x + y: the model run on these inputs departs from them by 5e-4
+    says, reason = script.parity_verdict(case, workspace)
+    assert says == "fail" and "output sum: max_abs 0.0005" in reason, (says, reason)
+
+
+def _tensor(file):
+    from onnx import TensorProto
+
+    proto = TensorProto()
+    proto.ParseFromString(file.read_bytes())
+    return proto
