@@ -51,16 +51,27 @@ def test_gate_times_passing_paths_only(workspace_copy):
 
 
 def test_a_batch_size_that_computes_something_else_is_never_timed(workspace_copy):
-    """The torch definition is right at the checked batch (64) and wrong at batch 1: batch 1 gets no number."""
+    """The torch definition is right at the checked batch (64) and the verification shapes (1, 3) and wrong at
+    batch 2: batch 2 gets no number."""
+    root = workspace_copy(mlp_variant({"return self.logits(self.relu2(self.dense2(self.relu1(self.dense1(x)))))":
+                                       "out = self.logits(self.relu2(self.dense2(self.relu1(self.dense1(x)))))\n"
+                                       "            return out + 1.0 if x.shape[0] == 2 else out"}))
+    _, results = run_check(root, ["torch"], timing=BenchOptions(budget_s=0.05, batch_sizes=(2, 64), first_result=False))
+    batches = results["torch"]["timing"]["batches"]
+    assert results["torch"]["verdict"] == "pass"
+    assert batches["2"]["verdict"] == "fail" and "median_ms" not in batches["2"]
+    assert "output at batch 2" in batches["2"]["reason"]
+    assert batches["64"]["verdict"] == "pass" and batches["64"]["median_ms"] > 0
+
+
+def test_a_definition_wrong_at_a_verification_shape_fails_its_check(workspace_copy):
+    """Wrong at batch 1 only: the check at the verification shapes catches it before anything is timed."""
     root = workspace_copy(mlp_variant({"return self.logits(self.relu2(self.dense2(self.relu1(self.dense1(x)))))":
                                        "out = self.logits(self.relu2(self.dense2(self.relu1(self.dense1(x)))))\n"
                                        "            return out + 1.0 if x.shape[0] == 1 else out"}))
-    _, results = run_check(root, ["torch"], timing=BenchOptions(budget_s=0.05, batch_sizes=(1, 64), first_result=False))
-    batches = results["torch"]["timing"]["batches"]
-    assert results["torch"]["verdict"] == "pass"
-    assert batches["1"]["verdict"] == "fail" and "median_ms" not in batches["1"]
-    assert "output at batch 1" in batches["1"]["reason"]
-    assert batches["64"]["verdict"] == "pass" and batches["64"]["median_ms"] > 0
+    _, results = run_check(root, ["torch"], timing=BenchOptions(budget_s=0.05, batch_sizes=(64,), first_result=False))
+    assert results["torch"]["verdict"] == "fail" and results["torch"]["timing"] is None
+    assert results["torch"]["reason"].startswith("at batch=1: output logits")
 
 
 def test_every_builtin_mlp_path_checks_with_statistics(workspace_copy):

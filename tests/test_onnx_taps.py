@@ -36,11 +36,12 @@ class Artifact:
     def __init__(self, spec, entry):
         self.spec = spec
         self.meta = entry["meta"]
-        self.model = onnx.load(str(Path(entry["dir"]) / entry["meta"]["file"]))
+        model = onnx.load(str(Path(entry["dir"]) / entry["meta"]["file"]))
         reference = np.load(REPO / "golden" / spec.name / "reference.npz")
         self.golden = {tap: reference[f"tap/{tap}"] for tap in spec.taps}
         x = np.load(REPO / "golden" / spec.name / "inputs.npz")["x"]
         self.feed = onnx_feed(spec, self.meta, {spec.model_inputs[0].name: x})
+        self.model = og.pinned(model, self.feed)
         self.layout = self.meta["input_layout"]
 
     def candidates(self):

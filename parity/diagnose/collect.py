@@ -57,6 +57,7 @@ def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, precision, thr
 
     model = onnx.load(str(Path(artifact_dir) / meta["file"]))
     feed = onnx_feed(spec, meta, x)
+    model = onnx_graph.pinned(model, feed)  # an export's dynamic axes at the golden feed's sizes
     candidates = onnx_taps.candidate_names(model, spec, golden_taps, meta["input_layout"]) if spec.taps else []
     names = list(dict.fromkeys([*meta["output_names"], *candidates]))
     values = onnx_graph.run_tensors(path.runtime.name, onnx_graph.with_outputs(model, names), feed, names, threads)

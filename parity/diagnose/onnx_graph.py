@@ -26,12 +26,31 @@ def _float_types():
     return {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16}
 
 
+def pinned(model, feed: dict):
+    """A copy of ``model`` whose graph inputs' dynamic dims are the sizes of the arrays ``feed`` gives them: shape
+    inference then gives every intermediate the static shape it has on that feed (tap mapping compares shapes)."""
+    import onnx
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for graph_input in copy.graph.input:
+        value = feed.get(graph_input.name)
+        if value is None or not graph_input.type.tensor_type.HasField("shape"):
+            continue
+        dims = graph_input.type.tensor_type.shape.dim
+        if len(dims) == value.ndim:
+            for dim, size in zip(dims, value.shape):
+                if not dim.HasField("dim_value"):
+                    dim.dim_value = int(size)
+    return copy
+
+
 def _inferred(model):
     """Shape-inferred copy (never the argument itself); falls back to a plain copy on failure."""
     import onnx
 
     try:
-        return onnx.shape_inference.infer_shapes(model)
+        return onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception:  # noqa: BLE001 - a model inference cannot type is still usable
         copy = onnx.ModelProto()
         copy.CopyFrom(model)

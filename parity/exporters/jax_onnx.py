@@ -1,9 +1,16 @@
-"""JAX -> ONNX with jax2onnx (weights are folded into the graph as initializers)."""
+"""JAX -> ONNX with jax2onnx (weights are folded into the graph as initializers).
+
+The spec's named axes are traced as jax2onnx symbolic dimensions (a shape entry that is a string: one
+symbol per axis name, shared across the inputs), which the graph keeps as ``dim_param``; where JAX's
+shape polymorphism refuses them, the export is static and ``meta["axes"]["reason"]`` says why.
+"""
 
 from __future__ import annotations
 
+from parity.exporters.axes import REASON_CHARS, onnx_axes, short_reason
 from parity.exporters.common import ExportJob, check_onnx_ops, graph_input_names, onnx_meta, save_onnx
 from parity.model import layouts
+from parity.platform.errors import one_line
 from parity.sources.jax import forward_outputs, packed
 
 
@@ -19,12 +26,33 @@ def export(job: ExportJob) -> dict:
     def forward(*xs):
         return forward_outputs(spec, spec.jax_apply(params, packed(dict(zip(names, xs))), None))
 
-    shapes = [jax.ShapeDtypeStruct(spec.input_shape(i.name, job.batch_size), "float32" if i.floating else i.dtype)
-              for i in spec.model_inputs]
-    model = to_onnx(forward, shapes, model_name=spec.name, opset=job.opset, input_names=names,
-                    output_names=list(spec.outputs))
-    check_onnx_ops(model, "jax2onnx")
+    def shapes(dynamic: bool) -> list:
+        """Each input's shape (a named axis as its name where ``dynamic``) and dtype."""
+        result = []
+        for i in spec.model_inputs:
+            shape = spec.input_shape(i.name, job.batch_size)
+            if dynamic:
+                shape = tuple(axis or size for axis, size in zip(i.axis_names, shape))
+            result.append(jax.ShapeDtypeStruct(shape, "float32" if i.floating else i.dtype))
+        return result
+
+    def convert(dynamic: bool):
+        return to_onnx(forward, shapes(dynamic), model_name=spec.name, opset=job.opset, input_names=names,
+                       output_names=list(spec.outputs))
+
+    reason = None
+    model = None
+    if any(axis for i in spec.model_inputs for axis in i.axis_names):
+        try:
+            model = convert(True)
+            check_onnx_ops(model, "jax2onnx")
+        except Exception as error:  # noqa: BLE001 - converted static below; a static failure is the one raised
+            reason = one_line(f"jax2onnx could not export the dynamic axes: {short_reason(error)}", REASON_CHARS)
+            model = None
+    if model is None:
+        model = convert(False)
+        check_onnx_ops(model, "jax2onnx")
     save_onnx(model, job.out_dir)
-    return onnx_meta(spec, graph_input_names(model), [o.name for o in model.graph.output], spec.model_inputs[0].layout)
-
-
+    layout = spec.model_inputs[0].layout
+    return {**onnx_meta(spec, graph_input_names(model), [o.name for o in model.graph.output], layout),
+            "axes": onnx_axes(spec, model, layout, reason)}

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import io
-from contextlib import redirect_stderr, redirect_stdout
+import re
+from contextlib import nullcontext, redirect_stderr, redirect_stdout
 
 import numpy as np
 
+from parity.exporters.axes import REASON_CHARS, onnx_axes
 from parity.exporters.common import ONNX_FILE, ExportJob, check_onnx_ops, graph_input_names, onnx_meta
+from parity.platform.errors import one_line
 
 
 def export(job: ExportJob) -> dict:
+    """Exported with the spec's named axes dynamic (``torch.export.Dim``, one per axis name, shared across the
+    inputs). torch.onnx itself makes an axis the model specialises static and keeps the others dynamic; the
+    record then carries torch.export's own message. Where the dynamic export raises, the export is static at
+    the traced shape and the record carries the error."""
     import onnx
     import torch
 
@@ -23,14 +30,88 @@ def export(job: ExportJob) -> dict:
                     for i in spec.model_inputs)
     names = [i.name for i in spec.model_inputs]
     path = job.out_dir / ONNX_FILE
+    dynamic = dynamic_shapes(spec)
+    reason = None
+    if dynamic is not None:
+        try:
+            _export(module, example, path, names, spec, job.opset, dynamic)
+        except Exception as error:  # noqa: BLE001 - exported static below; a static failure is the one raised
+            reason = f"torch.onnx could not export the dynamic axes: {_torch_reason(error)}"
+            dynamic = None
+    if dynamic is None:
+        _export(module, example, path, names, spec, job.opset, None)
+    model = onnx.load(str(path))
+    check_onnx_ops(model, "torch.onnx")
+    layout = spec.model_inputs[0].layout
+    axes = onnx_axes(spec, model, layout, reason)
+    if axes["static"] and reason is None:  # torch.onnx specialised axes without an error: torch.export says why
+        axes["reason"] = _specialised(module, example, dynamic) or axes["reason"]
+    if axes["reason"]:
+        axes["reason"] = one_line(axes["reason"], REASON_CHARS)
+    return {**onnx_meta(spec, graph_input_names(model), [o.name for o in model.graph.output], layout), "axes": axes}
+
+
+def dynamic_shapes(spec):
+    """``dynamic_shapes`` for the ``_Flat`` module (whose ``forward(*args)`` takes the inputs as one varargs
+    tuple, so the per-input entries are nested in it): ``{axis index: Dim}`` per input (None for an input
+    without named axes), one ``Dim`` per axis name; None where no input has a named axis."""
+    from torch.export import Dim
+
+    dims: dict[str, object] = {}
+    per_input = []
+    for i in spec.model_inputs:
+        axes = {k: dims.setdefault(axis, Dim(axis)) for k, axis in enumerate(i.axis_names) if axis}
+        per_input.append(axes or None)
+    return (tuple(per_input),) if dims else None
+
+
+def _specialised(module, example, dynamic) -> str | None:
+    """Why torch.export will not keep ``dynamic`` dynamic (its constraint violation), or None where it does.
+
+    torch.onnx catches torch.export's constraint violations and exports again with the axes it names made
+    static (``refine_dynamic_shapes_from_suggested_fixes``), so its export succeeds and the message is lost:
+    it is asked again here, with the exporter's own settings, only when declared axes came out static."""
+    import torch
+
+    try:  # as torch.onnx exports: sizes 0 and 1 are not specialised
+        from torch.fx.experimental import _config
+
+        oblivious = _config.patch(backed_size_oblivious=True)
+    except Exception:  # noqa: BLE001 - a torch without the switch: export as it does by default
+        oblivious = nullcontext()
+    try:
+        with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()), oblivious:
+            torch.export.export(module, example, dynamic_shapes=dynamic, strict=False)
+    except Exception as error:  # noqa: BLE001 - the message is the point
+        return f"torch.export specialised the dynamic axes ({_torch_reason(error)})"
+    return None
+
+
+def _torch_reason(error) -> str:
+    """The innermost cause of a torch export error (torch.onnx wraps torch.export's), as ``Type: message``."""
+    while error.__cause__ is not None and error.__cause__ is not error:
+        error = error.__cause__
+    return f"{type(error).__name__}: {_violations(error)}"
+
+
+def _violations(error) -> str:
+    """A constraint violation's message without its advice, stack and repeats: ``Constraints violated (batch)!
+    - You marked batch as dynamic but your code specialized it to be a constant (4).``"""
+    text = " ".join(str(getattr(error, "msg", None) or error).split())
+    text = re.sub(r"For more information, run with TORCH_LOGS=\S* ?|(If you're using|User stack:).*?(?= - |$)",
+                  "", text)
+    parts = [part.strip() for part in text.split(" - ")]
+    return " - ".join(dict.fromkeys(part for part in parts if part))
+
+
+def _export(module, example, path, names, spec, opset, dynamic) -> None:
+    import torch
+
     with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
         torch.onnx.export(
             module, example, str(path), input_names=names, output_names=list(spec.outputs),
-            opset_version=job.opset, dynamo=True, external_data=False, verbose=False,
+            opset_version=opset, dynamo=True, external_data=False, verbose=False, dynamic_shapes=dynamic,
         )
-    model = onnx.load(str(path))
-    check_onnx_ops(model, "torch.onnx")
-    return onnx_meta(spec, graph_input_names(model), [o.name for o in model.graph.output], spec.model_inputs[0].layout)
 
 
 def _host(dtype: str) -> str:

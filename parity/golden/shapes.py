@@ -84,6 +84,33 @@ def reference_outputs(spec, arrays: dict, run) -> dict[str, np.ndarray]:
     return outputs
 
 
+def shape_references(workspace: str, model: str, framework: str, scratch: str, dtype: str, params: dict | None) -> None:
+    """The reference outputs at every verification shape into ``shapes.npz`` (beside its inputs), in ``dtype``."""
+    from parity import sources
+    from parity.golden.store import load_arrays, save_npz
+    from parity.model.user import native_params
+    from parity.model.workspace import Workspace
+
+    spec = Workspace(workspace).load_spec(model, attach_golden=False)
+    scratch = Path(scratch)
+    weights = load_arrays(scratch, "weights.npz")
+    if params is not None:
+        spec.params = native_params({k: list(v.shape) for k, v in weights.items()}, params)
+    arrays = load_arrays(scratch, FILE)
+    if framework == "onnx":
+        from parity.interop import onnx_file as onnx_source
+
+        graph = onnx_source.load_checked(spec.onnx_model_path)
+
+        def run(x, _batch):
+            return onnx_source.reference_outputs(graph, x, dtype)
+    else:
+        def run(x, batch):
+            return sources.native(framework)(spec, weights, batch, dtype).run(x)
+
+    save_npz(scratch / FILE, {**arrays, **reference_outputs(spec, arrays, run)})
+
+
 def upgrade(workspace, spec, pool, progress=lambda message: None) -> dict:
     """Golden data of an older schema (``manifest.UPGRADABLE``) to the current one: every file verified against
     the old manifest, ``shapes.npz`` computed by the reference framework, the manifest resealed; nothing else
@@ -142,5 +169,5 @@ def build_shapes(workspace, spec, scratch: Path, pool, framework: str, dtype: st
 
     evals = feeds.from_arrays(spec, load_arrays(scratch, "eval.npz"))
     save_npz(scratch / FILE, shape_inputs(spec, evals, spec.inputs if spec.weights_from_model else None))
-    pool.call(framework, "parity.golden.tasks:shape_references", workspace=str(workspace.root), model=spec.name,
+    pool.call(framework, "parity.golden.shapes:shape_references", workspace=str(workspace.root), model=spec.name,
               framework=framework, scratch=str(scratch), dtype=dtype, params=params)

@@ -51,31 +51,6 @@ def fp64_reference(workspace: str, model: str, framework: str, scratch: str, out
     save_npz(Path(out_file), arrays)
 
 
-def shape_references(workspace: str, model: str, framework: str, scratch: str, dtype: str, params: dict | None) -> None:
-    """The reference outputs at every verification shape into ``shapes.npz`` (beside its inputs), in ``dtype``."""
-    from parity.golden import shapes
-    from parity.model.user import native_params
-
-    spec = Workspace(workspace).load_spec(model, attach_golden=False)
-    scratch = Path(scratch)
-    weights = load_arrays(scratch, "weights.npz")
-    if params is not None:
-        spec.params = native_params({k: list(v.shape) for k, v in weights.items()}, params)
-    arrays = load_arrays(scratch, shapes.FILE)
-    if framework == "onnx":
-        from parity.interop import onnx_file as onnx_source
-
-        graph = onnx_source.load_checked(spec.onnx_model_path)
-
-        def run(x, _batch):
-            return onnx_source.reference_outputs(graph, x, dtype)
-    else:
-        def run(x, batch):
-            return sources.native(framework)(spec, weights, batch, dtype).run(x)
-
-    save_npz(scratch / shapes.FILE, {**arrays, **shapes.reference_outputs(spec, arrays, run)})
-
-
 def reference_arrays(spec, framework: str, weights: dict, inputs: dict, evals: dict, dtype: str) -> dict:
     """A native source's outputs, taps, eval outputs (``eval/logits``) and, with a loss, gradients (``grad/…``),
     all computed in ``dtype`` from the golden ``inputs.npz`` and ``eval.npz`` arrays; a definition that returns

@@ -21,10 +21,10 @@ def _sample(decl: dict, seed: int = 0) -> np.ndarray:
     from parity.model.spec import Values
 
     values = decl.get("values")
-    if isinstance(values, dict):
+    if np.dtype(decl["dtype"]).kind in "iub":  # id 0 alone (valid whatever the range, checked later), or a mask
+        values = Values("mask") if isinstance(values, dict) and values.get("kind") == "mask" else Values("fixed", value=0)
+    elif isinstance(values, dict):
         values = Values(**values)
-    elif np.dtype(decl["dtype"]).kind in "iub":  # ids 0 to N - 1; the smallest id alone until the range is known
-        values = Values("integers", high=max(int(values or 0), 2)) if values else Values("fixed", value=0)
     else:
         values = Values()
     return draw(values, tuple(decl["shape"]), decl["dtype"], np.random.default_rng(seed))
