@@ -36,11 +36,11 @@ FOLDERS = ("pytorch-converted", "pytorch-operator", "simple")
 
 def write_node_cases(out: Path) -> list[Path]:
     """The node cases as ``onnx.backend.test.cmd_tools generate-data`` writes cases: model and data sets."""
+    import warnings
+
     import numpy as np
     from onnx import numpy_helper
     from onnx.backend.test.case.node import collect_testcases
-
-    import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -125,3 +125,27 @@ def test_flax_linen_model_with_its_params(workspace):
     result, by_path = _through(workspace, "cnn", "--jax", "realmodels.py:flax_apply,p.npz", "--input", "x=2x16x16x3",
                                paths=("jax", "jax/onnx/ort"))
     assert {p: r["verdict"] for p, r in by_path.items()} == dict.fromkeys(by_path, "pass"), result.output
+
+
+def test_an_export_that_baked_the_batch_in_fails_naming_the_axis_and_its_size(workspace):
+    """The model runs at any batch, but its batch-4 branch makes torch.export specialise the batch axis: the export
+    comes out fixed at 4, and the check at batch 1 says so instead of passing or crashing."""
+    (workspace / "branchy.py").write_text(
+        "def make():\n"
+        "    import torch\n"
+        "    class Net(torch.nn.Module):\n"
+        "        def __init__(self):\n"
+        "            super().__init__()\n"
+        "            self.fc = torch.nn.Linear(6, 3)\n"
+        "        def forward(self, x):\n"
+        "            y = self.fc(x)\n"
+        "            return y * 1.0 if x.shape[0] == 4 else y\n"
+        "    torch.manual_seed(0)\n"
+        "    return Net().eval()\n")
+    result, by_path = _through(workspace, "branchy", "--torch", "branchy.py:make", "--input", "x=4x6")
+    assert by_path["torch"]["verdict"] == "pass", result.output
+    onnx = by_path["torch/onnx/ort"]
+    assert onnx["verdict"] == "fail", result.output
+    assert onnx["export"]["axes"]["static"] == {"x": {"0": {"axis": "batch", "size": 4}}}
+    assert onnx["reason"].startswith("at batch=1: the export baked a shape in: axis 'batch' of input 'x' (dimension 0) "
+                                     "fixed at 4")
