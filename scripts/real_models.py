@@ -121,19 +121,20 @@ def render(rows: list[dict]) -> None:
     from rich.table import Table
 
     table = Table(title="Real architectures: init -> golden build -> check (random weights, CPU)")
-    for column in ("model", "params", "inputs", "pass", "fail", "error", "golden s", "check s", "golden MB",
+    for column in ("model", "params", "inputs", "pass", "fail", "error", "xerror", "golden s", "check s", "golden MB",
                    "peak RSS MB"):
         table.add_column(column, justify="right" if column not in ("model", "inputs") else "left")
     notes = []
     for row in rows:
         paths = row.get("paths", {})
-        counts = {v: sum(1 for verdict, _ in paths.values() if verdict.startswith(v)) for v in ("pass", "fail", "error")}
-        counts["error"] += sum(1 for verdict, _ in paths.values() if verdict in ("xerror", "skip"))
+        counts = {v: sum(1 for verdict, _ in paths.values() if verdict == v) for v in ("pass", "fail", "error", "xerror")}
+        counts["error"] += sum(1 for verdict, _ in paths.values() if verdict in ("skip", "XPASS"))
         table.add_row(row["model"], f"{row['params']:,}" if "params" in row else "-", row.get("inputs", "-"),
-                      str(counts["pass"]), str(counts["fail"]), str(counts["error"]),
+                      *(str(counts[v]) for v in ("pass", "fail", "error", "xerror")),
                       f"{row['golden_s']:.1f}" if "golden_s" in row else "-",
                       f"{row['check_s']:.1f}" if "check_s" in row else "-",
-                      f"{row['golden_mb']:.1f}" if "golden_mb" in row else "-", f"{row.get('peak_rss_mb', 0):.0f}")
+                      f"{row['golden_mb']:.1f}" if "golden_mb" in row else "-",
+                      f"{row['peak_rss_mb']:.0f}" if "params" in row else "-")
         if "error" in row:
             notes.append(f"{row['model']}: {row['error']}")
         notes += [f"{row['model']} {path}: {verdict}: {reason}" for path, (verdict, reason) in paths.items()
