@@ -149,3 +149,61 @@ def test_an_export_that_baked_the_batch_in_fails_naming_the_axis_and_its_size(wo
     assert onnx["export"]["axes"]["static"] == {"x": {"0": {"axis": "batch", "size": 4}}}
     assert onnx["reason"].startswith("at batch=1: the export baked a shape in: axis 'batch' of input 'x' (dimension 0) "
                                      "fixed at 4")
+
+
+def test_taps_declared_on_an_onnx_source_are_its_tensors(workspace):
+    """An ONNX file's taps are the names of tensors its graph computes: the golden holds them from the float64
+    reference, the diagnosis finds each by name; a name the graph does not compute is refused in one line."""
+    import torch
+
+    from tests import usermodels
+
+    torch.onnx.export(usermodels.make_net(), (torch.zeros(2, 3, 8, 8),), str(workspace / "net.onnx"), input_names=["x"],
+                      output_names=["y"], dynamo=True, dynamic_shapes=({0: torch.export.Dim("batch")},))
+    assert invoke(workspace, "init", "net", "--onnx", "net.onnx", "--input", "x=2x3x8x8").exit_code == 0
+    spec = workspace / "models" / "net.py"
+    spec.write_text(spec.read_text().replace("    taps=(),", '    taps=("relu", "mean"),'))
+    result = invoke(workspace, "golden", "build", "--model", "net")
+    assert result.exit_code == 0, result.output
+    result = invoke(workspace, "diagnose", "--model", "net", "--path", "onnx/ort", "--json", str(workspace / "d.json"))
+    (diagnosis,) = [r["diagnosis"] for r in json.loads((workspace / "d.json").read_text())["results"]]
+    assert [(t["tap"], t["found"]) for t in diagnosis["taps"]] == [("relu", "name"), ("mean", "name")], diagnosis
+
+    spec.write_text(spec.read_text().replace('taps=("relu", "mean")', 'taps=("nowhere",)'))
+    result = invoke(workspace, "golden", "build", "--model", "net")
+    assert result.exit_code == 2 and "no node computes tap 'nowhere'" in result.output, result.output
+
+
+def test_an_onnx_source_with_external_data_is_checked_with_its_data_beside_it(workspace):
+    """Tensors in a data file beside the model load, check and export; the data file is part of the source's
+    digest (changed: refused), and a data file named outside the model's folder is never read."""
+    import onnx
+    import torch
+
+    from tests import usermodels
+
+    torch.onnx.export(usermodels.make_net(), (torch.zeros(2, 3, 8, 8),), str(workspace / "plain.onnx"),
+                      input_names=["x"], output_names=["y"], dynamo=True)
+    model = onnx.load(str(workspace / "plain.onnx"))
+    (workspace / "m").mkdir()
+    onnx.save_model(model, str(workspace / "m" / "net.onnx"), save_as_external_data=True, location="net.data",
+                    size_threshold=0)
+    assert invoke(workspace, "init", "net", "--onnx", "m/net.onnx").exit_code == 0
+    assert invoke(workspace, "golden", "build", "--model", "net").exit_code == 0
+    result, by_path = verdicts(workspace, "net", "onnx/ort", "onnx/onnxref")
+    assert {p: r["verdict"] for p, r in by_path.items()} == {"onnx/ort": "pass", "onnx/onnxref": "pass"}, result.output
+
+    data = workspace / "m" / "net.data"
+    raw = data.read_bytes()
+    data.write_bytes(raw[:-1] + bytes([raw[-1] ^ 0x40]))
+    result = invoke(workspace, "check", "--model", "net")
+    assert result.exit_code == 2 and "changed since the golden data was built from it" in result.output, result.output
+
+    outside = onnx.load(str(workspace / "m" / "net.onnx"), load_external_data=False)
+    for tensor in outside.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = "../secret.data"
+    onnx.save_model(outside, str(workspace / "m" / "evil.onnx"))
+    result = invoke(workspace, "init", "evil", "--onnx", "m/evil.onnx", "--input", "x=2x3x8x8")
+    assert result.exit_code == 2 and "external data '../secret.data' lies outside the model's folder" in result.output

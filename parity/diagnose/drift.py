@@ -88,7 +88,8 @@ def gradient_layers(spec, grad_stats: dict | None, forward_divergent: str | None
         return {"layers": layers, "first_departing_param": None,
                 "note": f"{len(failing)} gradient(s) differ, inherited from the forward divergence at "
                         f"{forward_divergent}: no parameter is blamed for it"}
-    backward = [name for name in reversed(list(spec.params)) if name in grad_stats] + [spec.input_grad_name]
+    backward = [name for name in reversed(list(spec.params)) if name in grad_stats] + [
+        name for name in spec.input_grad_names.values() if name in grad_stats]
     first = next(name for name in backward if name in failing)
     return {"layers": layers, "first_departing_param": first,
             "note": f"the forward taps agree; in backward order the first gradient that departs is {first} "

@@ -39,7 +39,7 @@ from parity.model import layouts
 
 TORCH_SCOPES_KEY = "pkg.torch.onnx.name_scopes"
 WRAPPED = "model"  # the attribute of torch_onnx's wrapper that holds the module
-EXPORTERS = ("torch.onnx", "tf2onnx", "jax2onnx")
+EXPORTERS = ("torch.onnx", "tf2onnx", "jax2onnx", "onnx file")  # an ONNX source's taps are its tensors' names
 # an alignment cost above this (relative L2 error) is no match: the tap is left out instead
 VALUE_SKIP_COST = 0.5
 _TIE_BREAK = 1e-12  # per topological position: among equally close tensors, the earliest wins
@@ -115,7 +115,7 @@ def _scope_kind(exporter: str) -> str | None:
         return "metadata"
     if exporter == "tf2onnx":
         return "name"
-    if exporter == "jax2onnx":
+    if exporter in ("jax2onnx", "onnx file"):
         return None
     raise ValueError(f"exporter {exporter!r} is not one of {EXPORTERS}")
 
@@ -279,6 +279,11 @@ def map_taps(model, spec, exporter: str, golden_taps: dict[str, np.ndarray], val
     result: dict[str, dict] = {}
     notes: dict[str, str] = {}
 
+    # 0. an ONNX source's taps name its own tensors
+    if exporter == "onnx file":
+        for tap in taps:
+            result[tap] = _entry(tap, "name") if tap in graph.shapes else _entry(
+                reason=f"the graph has no tensor {tap!r}")
     # 1. metadata / names: the scope's boundary output, whatever the values
     if kind is not None:
         for tap, nodes in _scopes(graph, taps, kind).items():

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from parity.exporters.common import ONNX_FILE, ExportJob, onnx_meta
 from parity.platform.errors import GoldenError
-from parity.platform.safefs import sha256_file
+
+LARGE_BYTES = 2**31 - (64 << 20)  # a model larger than this is saved with its tensors in a data file
 
 
 def export(job: ExportJob) -> dict:
-    """The source file (external data, if any, folded in) as the artifact.
+    """The source file as the artifact (its external data folded in, or, past protobuf's 2 GiB, in a data file beside
+    it).
 
     The graph is not rewritten: a static batch other than the file's own is the runtime's to accept
     (a fixed batch dimension makes other batch sizes an error, reported as such).
@@ -21,9 +23,11 @@ def export(job: ExportJob) -> dict:
     spec = job.spec
     source = spec.onnx_model_path  # golden.load (export_step) verified it is the file the golden was built from
     model = onnx_source.load_checked(source)
-    if sha256_file(source) != job.golden_manifest.get("source_sha256"):
+    if onnx_source.source_digest(source) != job.golden_manifest.get("source_sha256"):
         raise GoldenError(f"{source} changed while it was read; try again")
-    onnx.save_model(model, str(job.out_dir / ONNX_FILE))
+    large = model.ByteSize() > LARGE_BYTES  # beyond protobuf's 2 GiB: its tensors in a data file beside it
+    onnx.save_model(model, str(job.out_dir / ONNX_FILE), save_as_external_data=large,
+                    location=f"{ONNX_FILE}.data" if large else None)
     inputs, outputs = interop.graph_signature(model)
     if outputs != list(spec.outputs):
         raise GoldenError(f"{source} has outputs {outputs}; the spec names {list(spec.outputs)}")

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from parity import __version__
+from parity.interop.onnx_file import source_digest
 from parity.model import feeds
 from parity.model import manifest as manifest_lib
 from parity.platform.errors import GoldenError
@@ -203,7 +204,7 @@ def _check_against_spec(golden: Golden, spec) -> None:
         source = spec.onnx_model_path
         if not source.is_file():
             problems.append(f"the source model {source} is missing")
-        elif sha256_file(source) != golden.manifest.get("source_sha256"):
+        elif source_digest(source) != golden.manifest.get("source_sha256"):
             problems.append(f"the source model {source} changed since the golden data was built from it")
     if problems:
         raise GoldenError(f"{golden.dir}: golden data does not match the model spec ({spec.source_file}): "

@@ -22,7 +22,7 @@ from parity.model import feeds
 from parity.model import user as usermodel
 from parity.model.user import InputData, UserModelError
 from parity.platform.errors import ParityError
-from parity.platform.safefs import read_npz, sha256_file
+from parity.platform.safefs import read_npz
 
 FLOAT32_TOLERANCE_FACTOR = usermodel.FLOAT32_TOLERANCE_FACTOR  # derived by usermodel.tolerance_factor
 
@@ -75,7 +75,9 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
             "params": params,
         }
         if spec.onnx_model is not None:
-            fields["source_sha256"] = sha256_file(spec.onnx_model_path)
+            from parity.interop.onnx_file import source_digest
+
+            fields["source_sha256"] = source_digest(spec.onnx_model_path)
         return golden.publish(workspace, spec, scratch, fields, started)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -96,6 +96,16 @@ def _onnx_reference(spec, _weights, inputs, evals, dtype: str) -> dict:
     from parity.interop import onnx_file as onnx_source
 
     model = onnx_source.load_checked(spec.onnx_model_path)
+    if spec.taps:  # an ONNX source's taps are tensors of its graph: made outputs of the reference run
+        import onnx
+
+        known = {name for node in model.graph.node for name in node.output}
+        missing = [tap for tap in spec.taps if tap not in known]
+        if missing:
+            raise UserModelError(f"{spec.onnx_model_path}: no node computes tap {missing[0]!r} (a tap of an ONNX source "
+                                 f"is the name of a tensor its graph computes)")
+        model.graph.output.extend(onnx.helper.make_empty_tensor_value_info(tap) for tap in spec.taps
+                                  if tap not in {o.name for o in model.graph.output})
 
     class Evaluator:
         def __init__(self):
@@ -105,7 +115,11 @@ def _onnx_reference(spec, _weights, inputs, evals, dtype: str) -> dict:
             outputs = onnx_source.reference_outputs(model, x, dtype)  # every input in its own dtype
             return {name: outputs[name] for name in spec.outputs}
 
-    arrays = Evaluator().run(feeds.from_arrays(spec, inputs))
+    x = feeds.from_arrays(spec, inputs)
+    arrays = Evaluator().run(x)
+    if spec.taps:
+        computed = onnx_source.reference_outputs(model, x, dtype)
+        arrays.update({f"tap/{tap}": np.asarray(computed[tap], dtype=np.float64) for tap in spec.taps})
     arrays["eval/logits"] = feeds.run_batched(Evaluator(), feeds.from_arrays(spec, evals), spec.batch_size)[spec.outputs[0]]
     return arrays
 

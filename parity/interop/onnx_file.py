@@ -43,6 +43,10 @@ def load_checked(path) -> onnx.ModelProto:
         raise OnnxFileError(f"{path}: no such file")
     if not path.is_file():
         raise OnnxFileError(f"{path}: not a file")
+    outside = [location for location in external_locations(path) if not _inside(path.parent, location)]
+    if outside:
+        raise OnnxFileError(f"{path}: external data {outside[0]!r} lies outside the model's folder; parity reads data "
+                            f"files only beside the model")
     try:
         model = onnx.load(str(path), load_external_data=True)
     except Exception as error:  # noqa: BLE001 - a parse error or missing external data
@@ -131,6 +135,39 @@ def _cast(value, type_proto):
     if kind == "optional_type" and value is not None:
         return _cast(value, type_proto.optional_type.elem_type)
     return value
+
+
+def external_locations(path) -> list[str]:
+    """The external data files an ONNX file names (relative to its folder), in order, each once; none for a file
+    that does not parse (``load_checked`` says why)."""
+    import onnx
+
+    try:
+        bare = onnx.load(str(path), load_external_data=False)
+    except Exception:  # noqa: BLE001 - reported by load_checked
+        return []
+    return list(dict.fromkeys(entry.value for tensor in _external_tensors(bare) for entry in tensor.external_data
+                              if entry.key == "location"))
+
+
+def _inside(folder: Path, location: str) -> bool:
+    target = (Path(folder) / location).resolve()
+    return Path(location).is_absolute() is False and Path(folder).resolve() in target.parents
+
+
+def source_digest(path) -> str:
+    """sha256 of an ONNX source: of the file alone, or, where it keeps tensors in external data files, of the
+    file's and each data file's sha256 together (a changed data file is a changed model)."""
+    import hashlib
+
+    from parity.platform.safefs import sha256_file
+
+    path = Path(path)
+    locations = external_locations(path)
+    if not locations:
+        return sha256_file(path)
+    parts = [sha256_file(path), *(f"{location}:{sha256_file(path.parent / location)}" for location in locations)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
 def _external_tensors(model):

@@ -340,11 +340,6 @@ class ModelSpec:
         return self.input if isinstance(self.input, tuple) else (self.input,)
 
     @property
-    def input_grad_name(self) -> str:
-        """The gradient name of the first input (``input:<name>``); see ``input_grad_names``."""
-        return f"input:{self.model_inputs[0].name}"
-
-    @property
     def input_grad_names(self) -> dict[str, str]:
         """Input name -> its gradient's name, for every floating-point input (integer and bool ones have none)."""
         return {i.name: f"input:{i.name}" for i in self.model_inputs if i.floating}

@@ -32,11 +32,6 @@ class Runner:
         self.numerics: dict = {}  # every flag that changes numerics, as the runner set it (in the result)
         self.batch_size = batch_size
 
-    @property
-    def expected_shape(self) -> tuple[int, ...]:
-        """The shape of the first input at this runner's batch size (and the golden axis sizes)."""
-        return self.spec.input_shape(self.spec.model_inputs[0].name, self.batch_size)
-
     def check_feed(self, feeds) -> dict[str, np.ndarray]:
         """``feeds`` checked against the spec (every input, nothing else; rank, fixed sizes, one size per named
         axis and the batch axis across inputs, any size: a runtime that fixed one says so itself; integer inputs
