@@ -207,3 +207,39 @@ def test_an_onnx_source_with_external_data_is_checked_with_its_data_beside_it(wo
     onnx.save_model(outside, str(workspace / "m" / "evil.onnx"))
     result = invoke(workspace, "init", "evil", "--onnx", "m/evil.onnx", "--input", "x=2x3x8x8")
     assert result.exit_code == 2 and "external data '../secret.data' lies outside the model's folder" in result.output
+
+
+@pytest.mark.slow
+def test_keras_and_jax_models_with_two_inputs_and_named_outputs(workspace):
+    """The contract in the other sources: a Keras functional model taking a dict and returning a dict, a JAX
+    function taking two arrays and returning a dict; gradients of the float input only."""
+    import subprocess
+    import sys
+
+    (workspace / "two.py").write_text(
+        "import numpy as np\n"
+        "def save_keras(path):\n"
+        "    import keras\n"
+        "    keras.utils.set_random_seed(0)\n"
+        "    ids = keras.Input((5,), dtype='int32', name='ids')\n"
+        "    feats = keras.Input((3,), name='feats')\n"
+        "    pooled = keras.layers.GlobalAveragePooling1D(name='pool')(keras.layers.Embedding(20, 4, name='emb')(ids))\n"
+        "    both = keras.layers.Concatenate(name='cat')([pooled, feats])\n"
+        "    keras.Model({'ids': ids, 'feats': feats}, {'logits': keras.layers.Dense(2, name='head')(both),\n"
+        "                'pooled': pooled}).save(path)\n"
+        "def save_params(path):\n"
+        "    rng = np.random.default_rng(0)\n"
+        "    np.savez(path, **{'emb/table': rng.normal(size=(20, 4)).astype('float32'),\n"
+        "                      'head/kernel': rng.normal(size=(7, 2)).astype('float32')})\n"
+        "def apply(params, ids, feats):\n"
+        "    import jax.numpy as jnp\n"
+        "    pooled = params['emb']['table'][ids].mean(axis=1)\n"
+        "    return {'logits': jnp.concatenate([pooled, feats], -1) @ params['head']['kernel'], 'pooled': pooled}\n")
+    subprocess.run([sys.executable, "-c", "import two; two.save_keras('two.keras'); two.save_params('p.npz')"],
+                   cwd=workspace, check=True)
+    inputs = ("--input", "ids=4x5:int32:20", "--input", "feats=4x3")
+    for name, source, reference, paths in (("k", "--keras", "two.keras", ("tf", "tf/onnx/ort")),
+                                           ("j", "--jax", "two.py:apply,p.npz", ("jax", "jax/onnx/ort"))):
+        result, by_path = _through(workspace, name, source, reference, *inputs, paths=paths)
+        assert 'outputs=("logits", "pooled")' in (workspace / "models" / f"{name}.py").read_text()
+        assert {p: r["verdict"] for p, r in by_path.items()} == dict.fromkeys(paths, "pass"), result.output

@@ -19,7 +19,9 @@ def export(job: ExportJob) -> dict:
     from jax2onnx import to_onnx
 
     spec = job.spec
-    params = {name: layouts.held_array(p, job.weights[name], "float32") for name, p in spec.params.items()}
+    # jax arrays, not NumPy ones: a definition may index a weight with a traced array (an embedding lookup)
+    params = {name: jax.numpy.asarray(layouts.held_array(p, job.weights[name], "float32"))
+              for name, p in spec.params.items()}
 
     names = [i.name for i in spec.model_inputs]
 

@@ -149,7 +149,7 @@ def _inspect_jax(reference, root, inputs, params_file):
     names = []
     samples = {d["name"]: _sample(d) for d in inputs}
     try:
-        returned = apply(params, samples if len(samples) > 1 else next(iter(samples.values())),
+        returned = apply(params, tuple(samples.values()) if len(samples) > 1 else next(iter(samples.values())),
                          tap=lambda name, _value: names.append(name))
     except Exception as error:  # noqa: BLE001
         raise _rejects(inputs, error) from None

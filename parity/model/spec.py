@@ -246,7 +246,7 @@ class ModelSpec:
         name: model name (the file name in ``models/`` without ``.py``).
         description: one line.
         input: the model input (``InputSpec``), or a tuple of them for a model with several inputs (a torch
-            module gets them as keywords, a Keras model as a dict, a JAX function positionally, in order).
+            module gets them as keywords, a Keras model as a dict, a JAX ``jax_apply`` as one tuple in order, a user's ``apply(params, *inputs)`` positionally).
         outputs: output names: the names the model's returned structure flattens to (``parity.model.outputs``:
             dict keys, dataclass fields, ``out.<i>`` for sequence items, joined with ``.``), or, for a model
             returning one tensor or a plain tuple, names given to its outputs in order.

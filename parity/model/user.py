@@ -221,7 +221,7 @@ def jax_function(reference: str, params_file: str, root: str | Path):
         if function is None:
             function = resolve(reference, root)
         nested = unflatten({name: params[name] for name in params})
-        args = tuple(x.values()) if isinstance(x, dict) else (x,)  # several inputs: positionally, in the spec's order
+        args = x if isinstance(x, tuple) else (x,)  # several inputs: positionally, in the spec's order
         if tap is not None and "tap" in inspect.signature(function).parameters:
             return function(nested, *args, tap=tap)
         return function(nested, *args)

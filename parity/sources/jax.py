@@ -65,8 +65,9 @@ def check_definition(spec, params, batch_size: int) -> None:
 
 
 def packed(feeds: dict):
-    """What ``jax_apply`` takes as its input: the only input's array, or the dict of several."""
-    return next(iter(feeds.values())) if len(feeds) == 1 else dict(feeds)
+    """What ``jax_apply`` takes as its input: the only input's array, or a tuple of several in the order of
+    ``feeds`` (the spec's; not a dict, whose keys JAX's pytrees would sort)."""
+    return next(iter(feeds.values())) if len(feeds) == 1 else tuple(feeds.values())
 
 
 def forward_outputs(spec, returned) -> tuple:
