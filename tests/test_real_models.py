@@ -56,7 +56,19 @@ def test_bert_with_three_integer_inputs_and_two_named_outputs_passes_at_every_sh
         assert set(r["outputs"]) == {"last_hidden_state", "pooler_output"}
         assert [s["shape"] for s in r["shapes"]] == [{"batch": 1, "sequence": 16}, {"batch": 3, "sequence": 8}]
         assert all(s["ok"] for s in r["shapes"])
-    assert by_path["torch/onnx/ort"]["export"]["opset"]["exported"] == by_path["torch/onnx/ort"]["export"]["opset"]["requested"]
+    opset = by_path["torch/onnx/ort"]["export"]["opset"]
+    assert opset["exported"] == opset["requested"]
+
+
+@pytest.mark.slow
+def test_bert_is_timed_at_its_batch_size_and_each_sequence_length_it_was_verified_at(workspace):
+    _through(workspace, "bert", "--torch", "realmodels.py:make_bert", *BERT_INPUTS, paths=("torch/onnx/ort",))
+    result = invoke(workspace, "run", "--model", "bert", "--path", "torch/onnx/ort", "--budget", "0.02",
+                    "--json", str(workspace / "t.json"))
+    (timed,) = json.loads((workspace / "t.json").read_text())["results"]
+    assert list(timed["timing"]["batches"]) == ["2"] and timed["timing"]["batches"]["2"]["verdict"] == "pass"
+    assert {k: v["verdict"] for k, v in timed["timing"]["shapes"].items()} == {
+        "batch=1, sequence=16": "pass", "batch=3, sequence=8": "pass"}, result.output
 
 
 @pytest.mark.parametrize("args, message", [

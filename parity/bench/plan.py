@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from parity.bench import stats
+from parity.golden.shapes import describe
 from parity.run.worker import TaskFailed, running_first
 
 # the least a series is given when a total budget is nearly spent (``min_runs`` still wins over it)
@@ -105,7 +106,8 @@ def bench(run, pool, pending, options: BenchOptions) -> None:
         for batch in batches[(spec.name, path.id)]:
             artifacts[(spec.name, path.id, batch)] = run._export(pool, spec, manifest, path, len(path.exports) - 1,
                                                                  batch)
-    series = sum(len(batches[(spec.name, path.id)]) + _trains(path, result) for spec, _, path, result in passing)
+    series = sum(len(batches[(spec.name, path.id)]) + _trains(path, result) + len(_shapes(spec))
+                 for spec, _, path, result in passing)
     budget = Budget(options.budget_s, options.total_budget_s, series)
     ordered = running_first(pool, passing, lambda item: item[2].runtime.group)
     for step, (spec, manifest, path, result) in enumerate(ordered, 1):
@@ -167,7 +169,18 @@ def _time_path(run, pool, spec, manifest, path, result, options, budget: Budget,
                                       artifact_meta=own and own["meta"])
     entries.update({batch: batch_series(batch) for batch in batches if batch != spec.batch_size})
     timing["batches"] = {str(batch): entries[batch] for batch in batches}
+    if _shapes(spec):  # the named axes' other sizes, on the artifact the path was checked with (dynamic there)
+        own = run._export(pool, spec, manifest, path, len(path.exports) - 1) if path.exports else None
+        timing["shapes"] = {describe(shape): series("time_shape", index=k, artifact_dir=own and own["dir"],
+                                                    artifact_meta=own and own["meta"])
+                            for k, shape in _shapes(spec)}
     return timing
+
+
+def _shapes(spec) -> list[tuple[int, dict]]:
+    """The verification shapes that are timed: every one of a model with named axes (its sequence lengths), by
+    index in ``shapes.npz``; none for a model whose only dynamic axis is the batch (its batch sizes are timed)."""
+    return list(enumerate(spec.check_shapes())) if spec.axes else []
 
 
 def _compare_to_baselines(pending, options: BenchOptions) -> None:
@@ -179,13 +192,14 @@ def _compare_to_baselines(pending, options: BenchOptions) -> None:
             continue
         baseline_id = options.baseline or path.baseline
         base = timed.get((spec.name, baseline_id))
-        for batch, entry in timing["batches"].items():
+        for kind, batch, entry in [(kind, key, entry) for kind in ("batches", "shapes")
+                                   for key, entry in (timing.get(kind) or {}).items()]:
             if entry.get("verdict") != "pass":
                 continue
             if baseline_id == path.id:
                 entry["vs_baseline"] = {"baseline": baseline_id, "self": True}
                 continue
-            other = (base or {}).get("timing", {}).get("batches", {}).get(batch, {}) if base else {}
+            other = (base or {}).get("timing", {}).get(kind, {}).get(batch, {}) if base else {}
             if other.get("verdict") != "pass":
                 entry["vs_baseline"] = {"baseline": baseline_id,
                                         "reason": "the baseline was not timed at this batch (select it with --path)"}

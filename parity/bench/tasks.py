@@ -105,6 +105,31 @@ def time_batch(workspace: str, model: str, path_id: str, golden_dir: str, precis
     return result
 
 
+def time_shape(workspace: str, model: str, path_id: str, golden_dir: str, precision: str, threads: int, index: int,
+               timing: dict, artifact_dir: str | None = None, artifact_meta: dict | None = None,
+               device: str = "cpu") -> dict:
+    """Verify the path at verification shape ``index`` (its outputs there against the golden ones), then time it
+    there; never time a failure."""
+    from parity.golden import shapes
+
+    spec, path, verified = _setup(workspace, model, path_id, golden_dir, device, precision)
+    shape = verified.manifest["shapes"][index]
+    arrays = verified.arrays["shapes.npz"]
+    x = shapes.feeds_at(spec, arrays, index)
+    runner = _runner(spec, path, verified, spec.batch_size, threads, artifact_dir, artifact_meta)
+    tolerances = spec.output_tolerances(precision)
+    check = compare.compare_named(runner.run(x), {n: arrays[f"{index}/output/{n}"] for n in spec.outputs},
+                                  tolerances.for_name)
+    failing = compare.first_failure(check)
+    if failing:
+        return {"verdict": "fail", "reason": compare.describe(f"output at {shapes.describe(shape)}", *failing),
+                "verified": check}
+    measured = bench.measure(lambda: runner.run(x), **timing)
+    batch = shape.get("batch", 1)
+    return {"verdict": "pass", "shape": shape, "verified": check, **stats.summarize(measured["samples_ms"], batch),
+            **measured}
+
+
 def gpu_figures(runner, x: dict, timing: dict, batch_size: int) -> dict:
     """On a GPU, beside the host-to-host latency timed by ``time_batch``: GPU compute alone (input already on
     the device, outputs left there, synchronised after every call), the GPU's name, driver and clocks and

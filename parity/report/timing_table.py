@@ -64,7 +64,8 @@ def _batch_rows(r: dict) -> list[tuple]:
     if not timing:  # the gate: listed with its verdict, no number
         return [(r["model"], r["path"], _label(r), "-", "-", "-", "-", "-", "-", "not timed: did not pass")]
     rows = []
-    for batch, e in timing["batches"].items():
+    # the batch sizes, then a model's other axis sizes (its verification shapes, e.g. "batch=3, sequence=8")
+    for batch, e in [*timing["batches"].items(), *(timing.get("shapes") or {}).items()]:
         if e.get("verdict") != "pass":
             rows.append((r["model"], r["path"], e.get("verdict", "error").upper(), batch, "-", "-", "-", "-", "-",
                          f"not timed: {' '.join(str(e.get('reason', '')).split())[:80]}"))
