@@ -8,7 +8,6 @@ import numpy as np
 from parity.platform.errors import Unavailable
 from parity.runtimes.onnx_common import OnnxRunner
 
-
 MIN_OPSET = 7  # ONNX Runtime has no kernels for the default domain below it
 
 
