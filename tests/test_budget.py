@@ -145,7 +145,7 @@ def _bench_fixture(pool, groups=("onnx", "tf"), first_result=True):
     from parity.bench import plan
 
     class Spec:
-        name, timed_batch_sizes, batch_size = "m", (1,), 1
+        name, timed_batch_sizes, batch_size, axes = "m", (1,), 1, {}
 
     def path(group):
         return SimpleNamespace(id=f"p-{group}", exports=(), runtime=SimpleNamespace(group=group), precision="fp32",
@@ -182,7 +182,7 @@ def test_a_paths_series_start_at_its_own_batch_size_then_its_training_step_and_k
     from parity.bench import plan
 
     class Spec:
-        name, timed_batch_sizes, batch_size = "m", (1, 64), 64
+        name, timed_batch_sizes, batch_size, axes = "m", (1, 64), 64, {}
 
     calls = []
 

@@ -111,6 +111,6 @@ def test_a_runner_that_cannot_differentiate_takes_no_step():
     spec = Workspace(REPO).load_spec("mlp")
     runner = Runner(spec, spec.batch_size)
     with pytest.raises(NotDifferentiable):
-        runner.train_step(np.zeros(runner.expected_shape, np.float32), np.zeros(spec.batch_size, np.int64), LR)
+        runner.train_step(np.zeros(spec.input_shape("x"), np.float32), np.zeros(spec.batch_size, np.int64), LR)
     with pytest.raises(NotDifferentiable):
         runner.trainable_weights()
