@@ -27,11 +27,13 @@ def _collect(run, pool, spec, path, artifact, precision: str, **options) -> dict
                      artifact_meta=artifact and artifact["meta"], device=path.device, **options)
 
 
-def diagnose(run, pool, spec, manifest, path: paths.PathDef, artifact: dict | None = None) -> dict:
+def diagnose(run, pool, spec, manifest, path: paths.PathDef, artifact: dict | None = None,
+             failing: list[str] | None = None) -> dict:
     """The diagnosis of ``path`` (a dict for the result JSON), or ``{"error": why}`` when nothing can be diagnosed.
 
     ``artifact`` overrides the path's exported artifact (``{"dir", "meta"}``), e.g. a graph
-    edited on purpose; by default the run's (cached) export is used.
+    edited on purpose; by default the run's (cached) export is used. ``failing``: the outputs the path's check
+    found out of tolerance, which the instrumented run must reproduce before anything it shows is trusted.
     """
     if path.exports and artifact is None:
         artifact = run._export(pool, spec, manifest, path, len(path.exports) - 1)
@@ -52,11 +54,13 @@ def diagnose(run, pool, spec, manifest, path: paths.PathDef, artifact: dict | No
     except TaskFailed as error:
         return {"model": spec.name, "path": path.id, "error": f"nothing to diagnose: the path did not run ({error})"}
     arrays = golden.load(run.workspace.golden_dir(spec.name), spec).arrays
-    return analyse(spec, path, arrays, observed, source)
+    return analyse(spec, path, arrays, observed, source, failing)
 
 
-def analyse(spec, path, arrays: dict, observed: dict, source: dict) -> dict:
-    """Everything a diagnosis says, from the collected arrays (see ``diagnose``)."""
+def analyse(spec, path, arrays: dict, observed: dict, source: dict, failing: list[str] | None = None) -> dict:
+    """Everything a diagnosis says, from the collected arrays (see ``diagnose``). Where the instrumented run no
+    longer reproduces a failing output of the check (``failing``), that is said first and the chain of links is
+    not reported as ok: what the instrumented run shows is not what failed."""
     reference = arrays["reference.npz"]
     golden_taps = {t: reference[f"tap/{t}"] for t in spec.taps}
     tolerances = spec.output_tolerances(path.precision)
@@ -77,11 +81,19 @@ def analyse(spec, path, arrays: dict, observed: dict, source: dict) -> dict:
         grad_stats = compare.compare_named(observed["gradients"], arrays["gradients.npz"],
                                            spec.gradient_tolerances(path.precision).for_name)
     output = spec.outputs[0]
+    output_stats = _output_stats(spec, observed, reference, tolerances)
+    vanished = [name for name in failing or () if output_stats.get(name, {}).get("ok")]
+    if vanished:
+        notes.insert(0, f"the failure disappears under instrumentation: output {', '.join(vanished)} is out of "
+                        f"tolerance in the check but within it when the taps are read too; an optimisation that "
+                        f"depends on which tensors are graph outputs changes the result (the taps, the chain and the "
+                        f"cause below describe the instrumented graph, not the failing one)")
     return {
+        "reproduces": not vanished,
         "model": spec.name, "path": path.id, "tolerance": tolerances.default.to_json(), "taps": rows,
         "first_divergent_tap": first, "cause": cause, "cause_test": cause_test,
         "gradients": drift.gradient_layers(spec, grad_stats, first),
-        "links": _links(spec, path, observed, source,
+        "links": {"checks": [], "unreliable": True} if vanished else _links(spec, path, observed, source,
                         {"taps": golden_taps, "outputs": {n: reference[n] for n in spec.outputs}}, tolerances),
         "patterns": patterns.output_patterns(observed["outputs"][output], reference[output], tolerances.for_name(output)),
         "notes": notes,

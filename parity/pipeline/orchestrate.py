@@ -339,7 +339,8 @@ class Run:
             return
         self.progress(f"{spec.name}: diagnose {path.id}")
         try:
-            result["diagnosis"] = chain.diagnose(self, pool, spec, manifest, path)
+            failing = [name for name, stats in (result.get("outputs") or {}).items() if not stats["ok"]]
+            result["diagnosis"] = chain.diagnose(self, pool, spec, manifest, path, failing=failing)
         except Exception as error:  # noqa: BLE001 - a diagnosis that breaks must not cost the run its results
             reason = one_line(f"{type(error).__name__}: {error}", 300)
             result["diagnosis"] = {**failed, "error": f"the diagnosis itself failed: {reason}"}

@@ -41,6 +41,8 @@ def _cause_lines(d: dict) -> list[str]:
 
 def _link_lines(d: dict) -> list[str]:
     links = d.get("links") or {}
+    if links.get("unreliable"):
+        return ["  chain: not judged (the instrumented run does not reproduce the failure)"]
     parts = []
     for check in links.get("checks", []):
         where = check.get("first_divergent_tap") or (check.get("first_divergent_node") or {}).get("node")

@@ -214,6 +214,9 @@ def _cause_test(ct: dict) -> str:
 
 
 def _links(links: dict) -> str:
+    if links.get("unreliable"):
+        return ("<h3>Where the drift enters: not judged</h3><p>The instrumented run does not reproduce the failure "
+                "(see the notes).</p>")
     rows = []
     for c in links.get("checks") or []:
         node = c.get("first_divergent_node") or {}

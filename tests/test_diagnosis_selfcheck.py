@@ -1,0 +1,35 @@
+"""A diagnosis checks itself: an instrumented run that no longer reproduces the failing outputs is said so, and
+its chain of links is never reported as ok."""
+
+from __future__ import annotations
+
+from parity.diagnose import chain
+from parity.golden import store
+from parity.model.workspace import Workspace
+from parity.report import diagnosis
+from parity.run import paths
+from tests.conftest import REPO
+
+
+def _observed(spec, arrays) -> dict:
+    """What an instrumented run of a path that computes exactly the golden collects (outputs, taps)."""
+    reference = arrays["reference.npz"]
+    return {"outputs": {n: reference[n] for n in spec.outputs},
+            "taps": {t: reference[f"tap/{t}"] for t in spec.taps},
+            "located": {t: {"found": "metadata"} for t in spec.taps}, "gradients": None, "runtime_compare": None}
+
+
+def test_a_failure_that_vanishes_under_instrumentation_is_never_every_link_ok():
+    spec = Workspace(REPO).load_spec("mlp")
+    arrays = store.load(Workspace(REPO).golden_dir("mlp"), spec).arrays
+    observed = _observed(spec, arrays)
+    path = paths.by_id("torch/onnx/ort")
+    # the check found logits out of tolerance; the instrumented run computes them exactly
+    vanished = chain.analyse(spec, path, arrays, observed, observed, failing=["logits"])
+    assert vanished["reproduces"] is False and vanished["links"]["unreliable"]
+    text = diagnosis.render(vanished)
+    assert "the failure disappears under instrumentation: output logits" in text
+    assert "chain: not judged" in text and "ok |" not in text
+    # a path diagnosed without a failing output (diagnose --all) is judged as before
+    judged = chain.analyse(spec, path, arrays, observed, observed, failing=[])
+    assert judged["reproduces"] is True and "unreliable" not in judged["links"]
