@@ -33,3 +33,14 @@ def test_a_failure_that_vanishes_under_instrumentation_is_never_every_link_ok():
     # a path diagnosed without a failing output (diagnose --all) is judged as before
     judged = chain.analyse(spec, path, arrays, observed, observed, failing=[])
     assert judged["reproduces"] is True and "unreliable" not in judged["links"]
+
+
+def test_an_error_where_the_tolerance_allows_nothing_is_said_in_words_not_as_infinity():
+    import numpy as np
+
+    from parity.check.closeness import describe, error_stats
+    from parity.model.spec import Tolerance
+
+    stats = error_stats(np.array([0.0, 1e-3]), np.array([0.0, 0.0]), Tolerance(0.0, 1e-5))
+    text = describe("output", "y", stats)
+    assert "inf" not in text and "the tolerance allows nothing (atol 0), 1 of 2 elements out" in text

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from parity.model.spec import Tolerance
@@ -81,6 +83,9 @@ def describe(kind: str, name: str, stats: dict) -> str:
     """One line for a failing output or gradient: how far off it is and how many elements are out."""
     if "reason" in stats:
         return f"{kind} {name}: {stats['reason']}"
+    if not math.isfinite(stats["tol_units"]):  # an allowance of 0: atol 0 where the golden element is 0
+        return (f"{kind} {name}: max_abs {stats['max_abs']:.3g}, and elements whose golden value is 0 differ where "
+                f"the tolerance allows nothing (atol 0), {stats['n_bad']} of {stats['size']} elements out")
     return (f"{kind} {name}: max_abs {stats['max_abs']:.3g} is {stats['tol_units']:.3g}x the tolerance, "
             f"{stats['n_bad']} of {stats['size']} elements out")
 
