@@ -37,6 +37,14 @@ def workspace(tmp_path, monkeypatch):
     return tmp_path
 
 
+def _prepare(root, code: str) -> None:
+    """Run ``code`` in a fresh interpreter in ``root`` (a model file saved as a user would save it)."""
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-c", code], cwd=root, check=True)
+
+
 def _through(root, name, source, *init_args, paths=("torch", "torch/onnx/ort")):
     result = invoke(root, "init", name, source, *init_args)
     assert result.exit_code == 0, result.output
@@ -117,11 +125,7 @@ def test_resnet18_and_mobilenet_v2_from_transformers(workspace):
 
 @pytest.mark.slow
 def test_keras_mobilenet_v2_saved_as_keras(workspace):
-    import subprocess
-    import sys
-
-    subprocess.run([sys.executable, "-c", "import realmodels; realmodels.save_keras_mobilenet_v2('m.keras')"],
-                   cwd=workspace, check=True)
+    _prepare(workspace, "import realmodels; realmodels.save_keras_mobilenet_v2('m.keras')")
     result, by_path = _through(workspace, "mnv2", "--keras", "m.keras", "--input", "x=2x96x96x3",
                                paths=("tf", "tf/onnx/ort"))
     assert {p: r["verdict"] for p, r in by_path.items()} == dict.fromkeys(by_path, "pass"), result.output
@@ -129,11 +133,7 @@ def test_keras_mobilenet_v2_saved_as_keras(workspace):
 
 @pytest.mark.slow
 def test_flax_linen_model_with_its_params(workspace):
-    import subprocess
-    import sys
-
-    subprocess.run([sys.executable, "-c", "import realmodels; realmodels.save_flax_params('p.npz')"],
-                   cwd=workspace, check=True)
+    _prepare(workspace, "import realmodels; realmodels.save_flax_params('p.npz')")
     result, by_path = _through(workspace, "cnn", "--jax", "realmodels.py:flax_apply,p.npz", "--input", "x=2x16x16x3",
                                paths=("jax", "jax/onnx/ort"))
     assert {p: r["verdict"] for p, r in by_path.items()} == dict.fromkeys(by_path, "pass"), result.output
@@ -225,9 +225,6 @@ def test_an_onnx_source_with_external_data_is_checked_with_its_data_beside_it(wo
 def test_keras_and_jax_models_with_two_inputs_and_named_outputs(workspace):
     """The contract in the other sources: a Keras functional model taking a dict and returning a dict, a JAX
     function taking two arrays and returning a dict; gradients of the float input only."""
-    import subprocess
-    import sys
-
     (workspace / "two.py").write_text(
         "import numpy as np\n"
         "def save_keras(path):\n"
@@ -247,8 +244,7 @@ def test_keras_and_jax_models_with_two_inputs_and_named_outputs(workspace):
         "    import jax.numpy as jnp\n"
         "    pooled = params['emb']['table'][ids].mean(axis=1)\n"
         "    return {'logits': jnp.concatenate([pooled, feats], -1) @ params['head']['kernel'], 'pooled': pooled}\n")
-    subprocess.run([sys.executable, "-c", "import two; two.save_keras('two.keras'); two.save_params('p.npz')"],
-                   cwd=workspace, check=True)
+    _prepare(workspace, "import two; two.save_keras('two.keras'); two.save_params('p.npz')")
     inputs = ("--input", "ids=4x5:int32:20", "--input", "feats=4x3")
     for name, source, reference, paths in (("k", "--keras", "two.keras", ("tf", "tf/onnx/ort")),
                                            ("j", "--jax", "two.py:apply,p.npz", ("jax", "jax/onnx/ort"))):

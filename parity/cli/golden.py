@@ -33,13 +33,19 @@ def golden_build(models, workspace, threads):
     """
     from parity.pipeline import jobs
 
+    _report(jobs.build_goldens(workspace, models, threads, progress=say, notice=note), "build",
+            lambda outcome: f"wrote {outcome.golden_dir} | {outcome.summary}")
+
+
+def _report(outcomes, action: str, done) -> None:
+    """One line per model (``done(outcome)``, or why its golden ``action`` failed, on stderr); exit 2 if any failed."""
     failures = 0
-    for outcome in jobs.build_goldens(workspace, models, threads, progress=say, notice=note):
+    for outcome in outcomes:
         if outcome.error is not None:
             failures += 1
-            click.echo(f"{outcome.name}: golden build failed: {outcome.error}", err=True)
+            click.echo(f"{outcome.name}: golden {action} failed: {outcome.error}", err=True)
             continue
-        click.echo(f"{outcome.name}: wrote {outcome.golden_dir} | {outcome.summary}")
+        click.echo(f"{outcome.name}: {done(outcome)}")
     if failures:
         sys.exit(2)
 
@@ -61,15 +67,8 @@ def golden_upgrade(models, workspace, threads):
     """
     from parity.pipeline import jobs
 
-    failures = 0
-    for outcome in jobs.build_goldens(workspace, models, threads, progress=say, notice=note, upgrade=True):
-        if outcome.error is not None:
-            failures += 1
-            click.echo(f"{outcome.name}: golden upgrade failed: {outcome.error}", err=True)
-            continue
-        click.echo(f"{outcome.name}: {outcome.golden_dir} is {outcome.manifest['schema']}")
-    if failures:
-        sys.exit(2)
+    _report(jobs.build_goldens(workspace, models, threads, progress=say, notice=note, upgrade=True), "upgrade",
+            lambda outcome: f"{outcome.golden_dir} is {outcome.manifest['schema']}")
 
 
 @golden.command("verify")

@@ -29,7 +29,7 @@ from pathlib import Path
 from parity.platform.errors import ParityError, one_line
 
 DISTRIBUTIONS = ("normal", "uniform", "integers")
-FLOAT32_TOLERANCE_FACTOR = 10.0  # tolerances of a float32 reference, or of golden outputs given as float32
+FLOAT32_TOLERANCE_FACTOR = 10.0  # tolerances of a float32 reference
 GOLDEN_DATA_CEILING = 8 << 30  # bytes of declared-shape arrays parity allocates at most (less where memory is short)
 
 
@@ -87,9 +87,7 @@ class InputData:
             return f"ONNX test data in {self.test_data}"
         if self.polygraphy_inputs:
             return f"Polygraphy inputs {self.polygraphy_inputs}"
-        if self.distribution == "normal":
-            return f"random normal(mean {self.mean:g}, std {self.std:g}), seed {self.seed}"
-        return f"random {self.distribution}[{self.low:g}, {self.high:g}), seed {self.seed}"
+        return f"random {self.values().describe()}, seed {self.seed}"
 
 
 def resolve(reference: str, root: str | Path):
@@ -266,12 +264,11 @@ def attach_golden(spec, golden_dir: Path) -> None:
     widen_for_given(spec, (manifest.get("reference") or {}).get("given_vs_reference_max_abs"))
 
 
-def tolerance_factor(reference_dtype: str, outputs_given: bool) -> float:
+def tolerance_factor(reference_dtype: str) -> float:
     """The factor a user model's tolerances are widened by, from how its golden data was made: 1 for a float64
     reference, ``FLOAT32_TOLERANCE_FACTOR`` for a float32 one. Golden outputs given with the inputs are not
     widened by a factor: their own measured distance from the float64 reference is added to the output atol
     (``widen_for_given``), so a path that departs from them by more than float32 arithmetic explains fails."""
-    del outputs_given  # given outputs widen by their measured distance, not by a factor
     return 1.0 if reference_dtype == "float64" else FLOAT32_TOLERANCE_FACTOR
 
 
@@ -302,7 +299,7 @@ def checked_tolerance_factor(manifest: dict, path: Path) -> float:
         return 1.0
     given = (reference.get("given_vs_reference_max_abs") is not None
              or reference["outputs_from"] != f"{manifest['reference_framework']} reference")
-    derived = tolerance_factor(reference["dtype"], given)
+    derived = tolerance_factor(reference["dtype"])
     if reference["tolerance_factor"] != derived:
         made = f"{reference['dtype']} reference, outputs {'given' if given else 'computed'}"
         raise GoldenError(f"{path}: reference.tolerance_factor is {reference['tolerance_factor']:g}, but how the "
