@@ -79,6 +79,13 @@ def first_failure(stats: dict) -> tuple[str, dict] | None:
     return max(failing, key=lambda item: (("tol_units" not in item[1]), item[1].get("tol_units", 0.0)))
 
 
+def times(tol_units: float) -> str:
+    """An error in tolerance units as words: ``3.4x the tolerance``, or what an infinite multiple means."""
+    if math.isnan(tol_units) or math.isinf(tol_units):
+        return "non-finite or beyond any multiple of the tolerance"
+    return f"{tol_units:.3g}x the tolerance"
+
+
 def describe(kind: str, name: str, stats: dict) -> str:
     """One line for a failing output or gradient: how far off it is and how many elements are out."""
     if "reason" in stats:

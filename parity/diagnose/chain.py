@@ -6,6 +6,7 @@ framework runs in a worker through ``parity.diagnose.collect``.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 
@@ -69,7 +70,8 @@ def analyse(spec, path, arrays: dict, observed: dict, source: dict, failing: lis
     notes = []
     if not spec.taps:
         notes.append("the model declares no taps: only outputs and gradients are compared")
-    if first is None and any(not s["ok"] for s in _output_stats(spec, observed, reference, tolerances).values()):
+    output_stats = _output_stats(spec, observed, reference, tolerances)
+    if spec.taps and first is None and any(not s["ok"] for s in output_stats.values()):
         notes.append("the outputs differ but no tap does: the drift is after the last compared tap or in a tap "
                      "that could not be compared")
     cause_test = _test_cause(spec, first, arrays, observed, golden_taps, tolerances) if first else None
@@ -81,23 +83,44 @@ def analyse(spec, path, arrays: dict, observed: dict, source: dict, failing: lis
         grad_stats = compare.compare_named(observed["gradients"], arrays["gradients.npz"],
                                            spec.gradient_tolerances(path.precision).for_name)
     output = spec.outputs[0]
-    output_stats = _output_stats(spec, observed, reference, tolerances)
     vanished = [name for name in failing or () if output_stats.get(name, {}).get("ok")]
     if vanished:
         notes.insert(0, f"the failure disappears under instrumentation: output {', '.join(vanished)} is out of "
                         f"tolerance in the check but within it when the taps are read too; an optimisation that "
                         f"depends on which tensors are graph outputs changes the result (the taps, the chain and the "
                         f"cause below describe the instrumented graph, not the failing one)")
+    instrumentation = observed.get("instrumentation")
+    if instrumentation:
+        notes.insert(0, _instrumentation_note(instrumentation))
+    optimiser = observed.get("optimiser")
+    runtime = observed.get("runtime_compare") or {}
+    node_cause = runtime.get("node_cause")
+    if optimiser:
+        from parity.diagnose.optimiser import describe
+
+        removed = optimiser["rewritten"]["removed"] or optimiser["rewritten"]["added"] or [(None, None)]
+        node_cause = {"cause": "optimiser_rewrite", "node": removed[0][0], "op_type": removed[0][1],
+                      "description": describe(optimiser), "fix": optimiser["fix"], "fix_tested": True,
+                      "trusted": "ort-noopt", "nodes": optimiser["rewritten"]}
     return {
         "reproduces": not vanished,
         "model": spec.name, "path": path.id, "tolerance": tolerances.default.to_json(), "taps": rows,
-        "first_divergent_tap": first, "cause": cause, "cause_test": cause_test,
+        "first_divergent_tap": first, "cause": cause, "cause_test": cause_test, "node_cause": node_cause,
+        "instrumentation": instrumentation, "optimiser": optimiser,
         "gradients": drift.gradient_layers(spec, grad_stats, first),
         "links": {"checks": [], "unreliable": True} if vanished else _links(spec, path, observed, source,
                         {"taps": golden_taps, "outputs": {n: reference[n] for n in spec.outputs}}, tolerances),
         "patterns": patterns.output_patterns(observed["outputs"][output], reference[output], tolerances.for_name(output)),
         "notes": notes,
     }
+
+
+def _instrumentation_note(seen: dict) -> str:
+    disturbing = ", ".join(f"{d['tap']} ({d['tensor']})" for d in seen["disturbing"]) or "none alone"
+    return (f"reading every tap changes what the graph computes: marking a tensor as a graph output stops an "
+            f"optimisation that depends on it not being one, so the failure disappears under full instrumentation; "
+            f"{len(seen['observable'])} tap(s) were read without changing the outputs ({seen['runs']} runs, "
+            f"bisecting the taps); unobservable: {disturbing}")
 
 
 def _output_stats(spec, observed, reference, tolerances) -> dict:
@@ -146,8 +169,10 @@ def _links(spec, path, observed, source, golden_reference: dict, tolerances) -> 
         checks.append(_link(spec, "converter", f"{'/'.join(path.stages[:-1])} ({path.runtime.name}) vs {path.source} "
                                                f"on the same inputs", source, observed, tolerances))
     runtime = observed.get("runtime_compare")
-    if runtime is not None:
-        checks.append(_runtime_link(runtime))
+    if observed.get("optimiser"):
+        checks.append(_optimiser_link(observed["optimiser"]))
+    elif runtime is not None:
+        checks.append(_runtime_link(runtime, path.runtime.name))
     by_link = {c["link"]: c for c in checks}
     if not by_link["definition"]["ok"]:
         enters = "definition"
@@ -155,28 +180,53 @@ def _links(spec, path, observed, source, golden_reference: dict, tolerances) -> 
         why = f"{path.definition} itself departs from the golden ({where}): every path of this source inherits it"
     elif "runtime" in by_link and not by_link["runtime"]["ok"]:
         enters = "runtime"
-        node = by_link["runtime"]["first_divergent_node"]
-        why = (f"ONNX Runtime and the reference evaluator disagree on the same file, first at node {node['node']} "
-               f"({node['op_type']}, {node['tol_units']:.3g}x the tolerance)")
+        why = by_link["runtime"]["explanation"]
     elif "converter" in by_link and not by_link["converter"]["ok"]:
         enters = "converter"
         first = by_link["converter"]["first_divergent_tap"]
         why = (f"{path.source} matches the golden but the exported model departs from it "
                f"({f'first at {first}' if first else 'at the outputs'})")
         if "runtime" in by_link:
-            why += "; both runtimes agree on the exported file"
+            why += f"; {by_link['runtime'].get('note') or 'both runtimes agree on the exported file'}"
+    elif path.source not in paths.NATIVE and by_link.get("runtime", {}).get("other_off_spec"):
+        enters, why = _off_spec_golden(spec, by_link["runtime"])
     else:
         enters = None
         why = "no link departs on the taps or the outputs"
     return {"enters_at": enters, "explanation": why, "checks": checks}
 
 
-def _runtime_link(runtime: dict) -> dict:
+def _off_spec_golden(spec, runtime: dict) -> tuple[str, str]:
+    """An ONNX file whose golden (onnx.reference in float64) does not follow the ONNX spec where this path's runtime
+    does: the converter when the file was version-converted (the conversion changed what the node computes, which
+    onnx.reference hides), else the definition (the golden's own evaluator)."""
+    converted = re.search(r"converted from .+? \(opset (\d+)\) to opset (\d+) by onnx.version_converter",
+                          spec.description or "")
+    if converted:
+        return "converter", (f"{runtime['note']}; the golden, made by onnx.reference, computes what the model did "
+                             f"before onnx.version_converter took it from opset {converted[1]} to {converted[2]}: "
+                             f"the conversion changed what the node computes")
+    return "definition", (f"{runtime['note']}; the golden was computed by onnx.reference, which departs from the ONNX "
+                          f"spec there: this path computes the file as the spec defines it")
+
+
+def _optimiser_link(effect: dict) -> dict:
+    """The runtime link when the failure depends on ONNX Runtime's optimisation level: the optimiser is the link."""
+    from parity.diagnose.optimiser import describe
+
+    return {"link": "runtime", "compared": "ort at each graph optimisation level vs the golden", "ok": False,
+            "first_divergent_node": None, "worst_tol_units": effect["levels"][effect["appears_at"]],
+            "explanation": describe(effect)}
+
+
+def _runtime_link(runtime: dict, runtime_name: str) -> dict:
     """ORT vs the reference evaluator: judged on the tensors that carry a tap or an output.
 
     Inside a layer the two may legitimately differ by float32 summation order a little beyond
     the tap tolerance (large attention scores); what matters is whether a tap or an output
-    differs. When one does, the first node where the disagreement starts and grows is named.
+    differs. When one does, the first node where the disagreement starts and grows is named, and a third opinion
+    (the node in float64 against its ONNX definition, on each runtime's own inputs) says which runtime follows the
+    spec: the link fails only where the path's own runtime does not.
     """
     compared = "ort vs onnxref on the same file (every tensor; judged at taps and outputs)"
     if runtime.get("error"):
@@ -185,8 +235,27 @@ def _runtime_link(runtime: dict) -> dict:
     boundary = set(runtime.get("boundary_tensors", []))
     at_boundary = [n for n in runtime["nodes"] if n["tensor"] in boundary]
     worst = max((n["tol_units"] for n in at_boundary), default=0.0)
-    ok = worst <= 1.0
-    node = None
-    if not ok:
-        node = runtime.get("first_divergent") or next(n for n in at_boundary if not n["tol_units"] <= 1.0)
-    return {"link": "runtime", "compared": compared, "ok": ok, "first_divergent_node": node, "worst_tol_units": worst}
+    if worst <= 1.0:
+        return {"link": "runtime", "compared": compared, "ok": True, "first_divergent_node": None,
+                "worst_tol_units": worst}
+    node = runtime.get("first_divergent") or next(n for n in at_boundary if not n["tol_units"] <= 1.0)
+    where = f"node {node['node']} ({node['op_type']}, {compare.times(node['tol_units'])})"
+    opinion = runtime.get("third_opinion") or {}
+    follows = opinion.get("follows_spec")
+    entry = {"link": "runtime", "compared": compared, "ok": False, "first_divergent_node": node,
+             "worst_tol_units": worst, "third_opinion": opinion or None,
+             "explanation": f"ONNX Runtime and the reference evaluator disagree on the same file, first at {where}"}
+    runtime_name = "ort" if runtime_name.startswith("ort") else runtime_name  # ort-noopt: the same kernels
+    if follows in ("both", runtime_name):
+        other = "onnxref" if runtime_name == "ort" else "ort"
+        entry["ok"] = True
+        entry["other_off_spec"] = follows != "both"
+        entry["note"] = (f"the runtimes disagree first at {where}, and {runtime_name} follows the ONNX definition of "
+                         f"{node['op_type']} at opset {opinion['opset']} (checked with {opinion['evaluator']})"
+                         + (" as does " + other + " on its own inputs: the node amplifies a difference of its inputs"
+                            if follows == "both" else f"; {other} does not"))
+    elif follows is not None:
+        entry["explanation"] += (f"; {runtime_name} does not follow the ONNX definition of {node['op_type']} at opset "
+                                 f"{opinion['opset']} there (checked with {opinion['evaluator']}"
+                                 + (f"; {follows} does" if follows not in ("neither",) else "; neither does") + ")")
+    return entry

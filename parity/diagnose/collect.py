@@ -35,8 +35,10 @@ def collect(workspace: str, model: str, path_id: str, golden_dir: str, precision
     inputs = verified.arrays["inputs.npz"]
     x, labels = feeds.from_arrays(spec, inputs), inputs.get("labels")
     if artifact_dir is not None and path.runtime.name in ONNX_RUNTIMES and path.device == "cpu":
-        golden_taps = {t: verified.arrays["reference.npz"][f"tap/{t}"] for t in spec.taps}
-        return _collect_onnx(spec, path, artifact_dir, artifact_meta, x, golden_taps, precision, threads, runtime_link)
+        reference = verified.arrays["reference.npz"]
+        golden_taps = {t: reference[f"tap/{t}"] for t in spec.taps}
+        return _collect_onnx(spec, path, artifact_dir, artifact_meta, x, golden_taps, reference, precision, threads,
+                             runtime_link)
     runner = build_runner(spec, path, perturbed(verified.arrays["weights.npz"], weight_perturbation), spec.batch_size,
                           threads, artifact_dir, artifact_meta)
     if artifact_dir is None:  # a native source reports its taps itself
@@ -47,36 +49,65 @@ def collect(workspace: str, model: str, path_id: str, golden_dir: str, precision
         taps, located = {}, {t: {"found": "unmapped", "reason": reason} for t in spec.taps}
     return {"outputs": runner.run(x), "taps": taps, "located": located,
             "gradients": runner.gradients(x, labels) if gradients and runner.differentiable and spec.loss else None,
-            "runtime_compare": None}
+            "runtime_compare": None, "instrumentation": None, "optimiser": None}
 
 
-def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, precision, threads, runtime_link) -> dict:
+def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, reference, precision, threads,
+                  runtime_link) -> dict:
+    """An ONNX path: the plain run's outputs (what the check saw), the taps from the largest set of tap tensors
+    whose marking as outputs leaves those outputs unchanged, the optimiser's part (ONNX Runtime) and the runtime
+    link with its third opinion."""
     import onnx
 
-    from parity.diagnose import onnx_graph, onnx_taps
+    from parity.diagnose import instrument, onnx_graph, onnx_taps
 
     model = onnx.load(str(Path(artifact_dir) / meta["file"]))
     feed = onnx_feed(spec, meta, x)
     model = onnx_graph.pinned(model, feed)  # an export's dynamic axes at the golden feed's sizes
+    graph_outputs = list(meta["output_names"])
+    tolerances = spec.output_tolerances(precision)
+    by_graph_name = dict(zip(graph_outputs, spec.outputs))
+    tolerance_for = lambda name: tolerances.for_name(by_graph_name.get(name, name))  # noqa: E731
+
+    def run(names):
+        return onnx_graph.run_tensors(path.runtime.name, model, feed, names, threads)
+
+    plain = run(graph_outputs)
     candidates = onnx_taps.candidate_names(model, spec, golden_taps, meta["input_layout"]) if spec.taps else []
-    names = list(dict.fromkeys([*meta["output_names"], *candidates]))
-    values = onnx_graph.run_tensors(path.runtime.name, onnx_graph.with_outputs(model, names), feed, names, threads)
-    outputs = {name: values[tensor] for name, tensor in zip(spec.outputs, meta["output_names"])}
-    exporter = path.exports[-1].name  # jax2tf's graphs carry no Keras names: tf2onnx mapping falls back to values
-    located, taps = {}, {}
+    values = run(list(dict.fromkeys([*graph_outputs, *candidates])))
+    located, taps, instrumentation = {}, {}, None
     if spec.taps:
+        exporter = path.exports[-1].name  # jax2tf's graphs carry no Keras names: tf2onnx mapping falls back to values
         mapped = onnx_taps.map_taps(model, spec, exporter, golden_taps, values, meta["input_layout"])
+        if not instrument.same_outputs(plain, values, tolerance_for):
+            tap_tensors = {t: w["tensor"] for t, w in mapped.items() if w.get("tensor") and w["how"] != "fused"}
+            seen = instrument.observe(run, plain, tap_tensors, tolerance_for)
+            values = seen["values"]
+            instrumentation = {"reproduces_with_every_tap": False, "observable": seen["observable"],
+                               "disturbing": seen["disturbing"], "runs": seen["runs"]}
+            for item in seen["disturbing"]:
+                mapped[item["tap"]] = {**mapped[item["tap"]], "how": "unobservable",
+                                       "reason": f"marking {item['tensor']!r} as a graph output changes the outputs"}
         for tap, where in mapped.items():
             located[tap] = {"found": where["how"], "tensor": where.get("tensor"), "fused_into": where.get("fused_into"),
                             "reason": where.get("reason")}
-            if where["how"] not in ("fused", "unmapped") and where.get("tensor") in values:
+            if where["how"] not in ("fused", "unmapped", "unobservable") and where.get("tensor") in values:
                 try:
                     taps[tap] = onnx_taps.to_canonical(values[where["tensor"]], where, golden_taps[tap].shape)
                 except ValueError as error:  # the tensor found does not fit the tap: report it, compare the rest
                     located[tap] = {"found": "unmapped", "tensor": where.get("tensor"), "reason": str(error)}
+    expected = {name: reference[by_graph_name[name]] for name in graph_outputs}
+    optimiser = None
+    if path.runtime.name == "ort":
+        from parity.diagnose.optimiser import optimiser_effect
+
+        optimiser = optimiser_effect(model, feed, graph_outputs, expected, tolerance_for, threads)
     runtime_compare = None
     if runtime_link:
-        runtime_compare = onnx_graph.compare_runtimes(model, feed, spec.output_tolerances(precision).default, threads)
-        runtime_compare["boundary_tensors"] = list(meta["output_names"]) + [
+        runtime_compare = onnx_graph.compare_runtimes(model, feed, tolerances.default, threads, expected=expected,
+                                                      tolerance_for=tolerance_for)
+        runtime_compare["boundary_tensors"] = graph_outputs + [
             where["tensor"] for where in located.values() if where.get("tensor")]
-    return {"outputs": outputs, "taps": taps, "located": located, "gradients": None, "runtime_compare": runtime_compare}
+    outputs = {name: plain[tensor] for name, tensor in zip(spec.outputs, graph_outputs)}
+    return {"outputs": outputs, "taps": taps, "located": located, "gradients": None, "runtime_compare": runtime_compare,
+            "instrumentation": instrumentation, "optimiser": optimiser}

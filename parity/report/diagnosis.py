@@ -39,6 +39,14 @@ def _cause_lines(d: dict) -> list[str]:
     return []
 
 
+def _node_cause_lines(d: dict) -> list[str]:
+    cause = d.get("node_cause")
+    if not cause or cause["cause"] == "optimiser_rewrite":  # the optimiser is told with the runtime link
+        return []
+    fix = f"; fix: {cause['fix']}" if cause.get("fix") else ""
+    return [f"  node cause: {cause['description']} (at {cause['op_type']} {cause['node']}){fix}"]
+
+
 def _link_lines(d: dict) -> list[str]:
     links = d.get("links") or {}
     if links.get("unreliable"):
@@ -68,7 +76,7 @@ def render(d: dict) -> str:
     first = d.get("first_divergent_tap")
     notes = [f"  first divergent tap: {first}" if first else
              "  first divergent tap: none (no tap is over tolerance and growing)"]
-    notes += _cause_lines(d) + _link_lines(d)
+    notes += _cause_lines(d) + _node_cause_lines(d) + _link_lines(d)
     holding = [p["detail"] for p in d.get("patterns", []) if p["holds"]]
     notes.append(f"  output pattern: {'; '.join(holding)}" if holding else
                  "  output patterns: no class permutation, constant scale, offset or grid shift explains the outputs")
