@@ -143,7 +143,7 @@ def make_conv_scale():
     """A per-channel scale after a convolution, subnormal in float32 (1e-42), between two large ones: ONNX
     Runtime's ConvMulFusion folds it into the convolution's weights, where the products are subnormal and lose
     their digits. Marking the convolution's output as a graph output stops the fusion, so the failure vanishes
-    when that tap is read. Feed it positive inputs (``x=2x3x6x6:0..1``)."""
+    when that tap is read."""
     import torch
     from torch import nn
 
