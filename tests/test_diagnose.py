@@ -172,7 +172,8 @@ def test_converter_fault_transpose_perm(tmp_path, pool):
 
 
 def test_runtime_fault_dropout_in_training_mode(tmp_path, pool):
-    """A Dropout exported with training_mode=True: each runtime draws its own mask, so they disagree on one file."""
+    """A Dropout exported with training_mode=True: each runtime draws its own mask, so they disagree on one file
+    (where the Dropout is kept: ONNX Runtime's optimiser removes it from the graph it runs)."""
     import onnx
 
     ws = make_workspace(tmp_path / "ws", "cnn")
@@ -190,7 +191,11 @@ def test_runtime_fault_dropout_in_training_mode(tmp_path, pool):
                                                                          "dropout_training"], [dropped]))
 
     artifact = _edited(_export(ws, "cnn", "torch/onnx/ort", pool), tmp_path, training_dropout)
-    d = diagnose(ws, "cnn", "torch/onnx/ort", pool, artifact)
+    # ONNX Runtime's optimiser removes the Dropout from the graph as it runs: the path computes the golden there
+    assert diagnose(ws, "cnn", "torch/onnx/ort", pool, artifact)["first_divergent_tap"] is None
+    # onnx.reference draws a mask on every run: no run reproduces another, which the diagnosis says
+    d = diagnose(ws, "cnn", "torch/onnx/onnxref", pool, artifact)
+    assert d["instrumentation"] == {"nondeterministic": True}
     assert d["first_divergent_tap"] == "logits"
     assert d["links"]["enters_at"] == "runtime", d["links"]
     assert d["links"]["checks"][-1]["first_divergent_node"]["op_type"] == "Dropout"

@@ -116,6 +116,9 @@ def analyse(spec, path, arrays: dict, observed: dict, source: dict, failing: lis
 
 
 def _instrumentation_note(seen: dict) -> str:
+    if seen.get("nondeterministic"):
+        return ("the graph is not deterministic (two plain runs give different outputs): the taps come from one "
+                "instrumented run, and whether reading them changes the result cannot be checked")
     disturbing = ", ".join(f"{d['tap']} ({d['tensor']})" for d in seen["disturbing"]) or "none alone"
     return (f"reading every tap changes what the graph computes: marking a tensor as a graph output stops an "
             f"optimisation that depends on it not being one, so the failure disappears under full instrumentation; "
