@@ -44,3 +44,41 @@ def test_an_error_where_the_tolerance_allows_nothing_is_said_in_words_not_as_inf
     stats = error_stats(np.array([0.0, 1e-3]), np.array([0.0, 0.0]), Tolerance(0.0, 1e-5))
     text = describe("output", "y", stats)
     assert "inf" not in text and "the tolerance allows nothing (atol 0), 1 of 2 elements out" in text
+
+
+def _cnn():
+    spec = Workspace(REPO).load_spec("cnn")
+    return spec, store.load(Workspace(REPO).golden_dir("cnn"), spec).arrays
+
+
+def test_a_tap_read_in_the_wrong_layout_on_a_passing_path_is_put_right_not_reported_as_drift():
+    import numpy as np
+
+    spec, arrays = _cnn()
+    observed = _observed(spec, arrays)
+    tap = next(t for t in spec.taps if observed["taps"][t].ndim == 4 and observed["taps"][t].shape[2] ==
+               observed["taps"][t].shape[3])
+    observed["taps"][tap] = np.swapaxes(observed["taps"][tap], 2, 3)  # H and W read swapped
+    d = chain.analyse(spec, paths.by_id("torch/onnx/ort"), arrays, observed, _observed(spec, arrays))
+    assert d["first_divergent_tap"] is None
+    row = next(r for r in d["taps"] if r["tap"] == tap)
+    assert row["stats"]["ok"] and "another axis order" in row["reason"]
+
+
+def test_a_scrambled_tap_on_a_passing_path_is_unobservable_and_on_a_failing_path_stays_a_divergence():
+    import numpy as np
+
+    spec, arrays = _cnn()
+    observed = _observed(spec, arrays)
+    tap = spec.taps[1]
+    scrambled = np.random.default_rng(0).permutation(observed["taps"][tap].ravel()).reshape(observed["taps"][tap].shape)
+    observed["taps"][tap] = scrambled
+    d = chain.analyse(spec, paths.by_id("torch/onnx/ort"), arrays, observed, _observed(spec, arrays))
+    row = next(r for r in d["taps"] if r["tap"] == tap)
+    assert d["first_divergent_tap"] is None and row["found"] == "unobservable" and row["stats"] is None
+    # the same values in another order where the outputs fail: the order may be the fault (a flatten order)
+    failing = _observed(spec, arrays)
+    failing["taps"][tap] = scrambled
+    failing["outputs"] = {n: v + 1.0 for n, v in failing["outputs"].items()}
+    assert chain.analyse(spec, paths.by_id("torch/onnx/ort"), arrays, failing, _observed(spec, arrays))[
+        "first_divergent_tap"] == tap

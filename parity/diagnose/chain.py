@@ -11,7 +11,7 @@ import re
 import numpy as np
 
 from parity.check import closeness as compare
-from parity.diagnose import drift, patterns
+from parity.diagnose import drift, mapping_check, patterns
 from parity.diagnose.collect import ONNX_RUNTIMES
 from parity.golden import store as golden
 from parity.model import feeds
@@ -65,12 +65,16 @@ def analyse(spec, path, arrays: dict, observed: dict, source: dict, failing: lis
     reference = arrays["reference.npz"]
     golden_taps = {t: reference[f"tap/{t}"] for t in spec.taps}
     tolerances = spec.output_tolerances(path.precision)
+    output_stats = _output_stats(spec, observed, reference, tolerances)
+    if path.exports:  # a tap read from a graph is trusted only where its mapping holds
+        observed = {**observed, "taps": mapping_check.verify(observed["taps"], golden_taps, observed["located"],
+                                                             tolerances.for_name,
+                                                             all(s["ok"] for s in output_stats.values()))}
     rows = drift.tap_rows(spec, golden_taps, observed["taps"], observed["located"], tolerances.for_name)
     first = drift.first_divergent(rows)
     notes = []
     if not spec.taps:
         notes.append("the model declares no taps: only outputs and gradients are compared")
-    output_stats = _output_stats(spec, observed, reference, tolerances)
     if spec.taps and first is None and any(not s["ok"] for s in output_stats.values()):
         notes.append("the outputs differ but no tap does: the drift is after the last compared tap or in a tap "
                      "that could not be compared")
