@@ -136,3 +136,24 @@ def test_bisection_keeps_every_tap_that_does_not_disturb_and_counts_its_runs():
     assert [d["tap"] for d in seen["disturbing"]] == ["tap3", "tap6"]
     assert seen["observable"] == [f"tap{i}" for i in (0, 1, 2, 4, 5, 7)]
     assert seen["runs"] < 2 * len(taps) and set(seen["values"]) >= {"t0", "t7"}
+
+
+def test_a_failure_on_the_eval_split_only_is_diagnosed_on_the_eval_samples_that_fail(workspace_copy):
+    from tests.conftest import mlp_variant
+
+    # the export clamps the first hidden layer at 4: no sample of the fixed set reaches it, four eval samples do
+    root = workspace_copy(mlp_variant({
+        "    from torch import nn\n": "    import torch\n    from torch import nn\n",
+        "return self.logits(self.relu2(self.dense2(self.relu1(self.dense1(x)))))":
+            "h = self.relu1(self.dense1(x))\n"
+            "            if torch.onnx.is_in_onnx_export():\n"
+            "                h = torch.clamp(h, max=4.0)\n"
+            "            return self.logits(self.relu2(self.dense2(h)))"}))
+    result = _invoke("check", "--workspace", root, "--path", "torch/onnx/ort", "--json", "-")
+    checked = json.loads(result.output[result.output.index("{"):])["results"][0]
+    assert checked["verdict"] == "fail" and all(s["ok"] for s in checked["outputs"].values())
+    diagnosis = checked["diagnosis"]
+    assert diagnosis["split"]["name"] == "eval" and 1 <= len(set(diagnosis["split"]["rows"])) <= 10
+    assert diagnosis["first_divergent_tap"] == "relu1"  # the clamp follows the ReLU inside the exported graph
+    assert diagnosis["links"]["enters_at"] == "converter"
+    assert "fails on the eval split only" in diagnosis["notes"][0]

@@ -29,33 +29,71 @@ def _collect(run, pool, spec, path, artifact, precision: str, **options) -> dict
 
 
 def diagnose(run, pool, spec, manifest, path: paths.PathDef, artifact: dict | None = None,
-             failing: list[str] | None = None) -> dict:
+             failing: list[str] | None = None, split: str = "inputs") -> dict:
     """The diagnosis of ``path`` (a dict for the result JSON), or ``{"error": why}`` when nothing can be diagnosed.
 
     ``artifact`` overrides the path's exported artifact (``{"dir", "meta"}``), e.g. a graph
     edited on purpose; by default the run's (cached) export is used. ``failing``: the outputs the path's check
     found out of tolerance, which the instrumented run must reproduce before anything it shows is trusted.
+    ``split="eval"``: the path fails on the eval split only; it is diagnosed on the eval samples that fail.
     """
     if path.exports and artifact is None:
         artifact = run._export(pool, spec, manifest, path, len(path.exports) - 1)
         if "error" in artifact:
             return {"model": spec.name, "path": path.id,
                     "error": f"nothing to diagnose: the export failed ({artifact['error']})"}
+    arrays = golden.load(run.workspace.golden_dir(spec.name), spec).arrays
+    definition = path
+    if path.exports and path.definition != path.id:
+        definition = paths.by_id(path.definition, path.device if path.definition in paths.NATIVE else "cpu",
+                                 path.precision)
     try:
+        extra, note = {}, None
+        if split == "eval":
+            extra, arrays, note = _eval_rows(run, pool, spec, path, definition, artifact, arrays)
+            if not extra:
+                return {"model": spec.name, "path": path.id, "error": note}
         observed = _collect(run, pool, spec, path, artifact, path.precision,
-                            runtime_link=path.runtime.name in ONNX_RUNTIMES,
-                            weight_perturbation=run.options.weight_perturbation.get((spec.name, path.id)))
+                            runtime_link=path.runtime.name in ONNX_RUNTIMES, gradients=split != "eval",
+                            weight_perturbation=run.options.weight_perturbation.get((spec.name, path.id)), **extra)
         source = observed
-        if path.exports and path.definition != path.id:
-            definition = paths.by_id(path.definition, path.device if path.definition in paths.NATIVE else "cpu",
-                                     path.precision)
+        if definition is not path:
             artifact_of_definition = (run._export(pool, spec, manifest, definition, len(definition.exports) - 1)
                                       if definition.exports else None)
-            source = _collect(run, pool, spec, definition, artifact_of_definition, path.precision, gradients=False)
+            source = _collect(run, pool, spec, definition, artifact_of_definition, path.precision, gradients=False,
+                              **extra)
     except TaskFailed as error:
         return {"model": spec.name, "path": path.id, "error": f"nothing to diagnose: the path did not run ({error})"}
-    arrays = golden.load(run.workspace.golden_dir(spec.name), spec).arrays
-    return analyse(spec, path, arrays, observed, source, failing)
+    result = analyse(spec, path, arrays, observed, source, failing if split != "eval" else None)
+    if note:
+        result["split"] = {"name": "eval", "rows": extra["rows"]}
+        result["notes"].insert(0, note)
+    return result
+
+
+def _eval_rows(run, pool, spec, path, definition, artifact, arrays) -> tuple[dict, dict, str]:
+    """``({"rows", "eval_reference"}, arrays on those rows, note)`` for a path failing on the eval split only:
+    the failing rows (worst first, repeated up to the golden batch size so a graph of static batch runs them),
+    and the float64 reference of the model's own source on them; ``({}, arrays, why)`` when no row fails again."""
+    common = dict(workspace=str(run.workspace.root), model=spec.name,
+                  golden_dir=str(run.workspace.golden_dir(spec.name)))
+    bad = pool.call(path.runtime.group, "parity.diagnose.eval_split:failing_rows", path_id=path.id,
+                    precision=path.precision, threads=run.options.threads, artifact_dir=artifact and artifact["dir"],
+                    artifact_meta=artifact and artifact["meta"], device=path.device, **common)
+    if not bad:
+        return {}, arrays, "nothing to diagnose: no eval sample fails when the path runs the eval split again"
+    rows = (bad * spec.batch_size)[:spec.batch_size]
+    framework = spec.frameworks[0]
+    source_group = paths.by_id(framework if framework in paths.NATIVE else "onnx/onnxref").runtime.group
+    reference = pool.call(source_group, "parity.diagnose.eval_split:reference_rows", rows=rows, **common)
+    evals = arrays["eval.npz"]
+    picked = {k: v[np.asarray(rows)] for k, v in evals.items() if v.ndim}
+    arrays = {**arrays, "inputs.npz": picked,
+              "reference.npz": {**reference["outputs"], **{f"tap/{t}": v for t, v in reference["taps"].items()}}}
+    note = (f"the path agrees on the fixed input set and fails on the eval split only: diagnosed on the "
+            f"{len(set(rows))} eval sample(s) that fail (rows {', '.join(map(str, sorted(set(rows))[:8]))}"
+            f"{', ...' if len(set(rows)) > 8 else ''}), against the float64 reference of {spec.frameworks[0]} on them")
+    return {"rows": rows, "eval_reference": reference}, arrays, note
 
 
 def analyse(spec, path, arrays: dict, observed: dict, source: dict, failing: list[str] | None = None) -> dict:

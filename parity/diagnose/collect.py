@@ -24,19 +24,27 @@ GPU_RUNTIME_REASON = ("taps are read from ONNX graphs on the CPU runtimes only; 
 
 def collect(workspace: str, model: str, path_id: str, golden_dir: str, precision: str, threads: int,
             artifact_dir: str | None = None, artifact_meta: dict | None = None, runtime_link: bool = False,
-            gradients: bool = True, weight_perturbation: dict | None = None, device: str = "cpu") -> dict:
+            gradients: bool = True, weight_perturbation: dict | None = None, device: str = "cpu",
+            rows: list[int] | None = None, eval_reference: dict | None = None) -> dict:
     """``{"outputs", "taps", "located", "gradients", "runtime_compare"}`` for one path (canonical layout).
 
     ``gradients`` False skips them (a source run only for the converter link needs none);
-    ``weight_perturbation`` is the deliberate drift a check may add to a native source's weights."""
+    ``weight_perturbation`` is the deliberate drift a check may add to a native source's weights; ``rows``: eval
+    rows to run instead of the fixed input set, with ``eval_reference`` (``{"outputs", "taps"}``) their float64
+    reference (``parity.diagnose.eval_split``)."""
     spec = Workspace(workspace).load_spec(model)
     path = paths.by_id(path_id, device, precision)
     verified = golden.load(Path(golden_dir), spec)
     inputs = verified.arrays["inputs.npz"]
     x, labels = feeds.from_arrays(spec, inputs), inputs.get("labels")
+    reference = verified.arrays["reference.npz"]
+    golden_taps = {t: reference[f"tap/{t}"] for t in spec.taps}
+    if rows is not None:  # eval rows that fail, against the float64 reference on them (``eval_split``)
+        from parity.diagnose.eval_split import eval_rows
+
+        x, labels = eval_rows(spec, verified.arrays["eval.npz"], rows), None
+        reference, golden_taps = eval_reference["outputs"], eval_reference["taps"]
     if artifact_dir is not None and path.runtime.name in ONNX_RUNTIMES and path.device == "cpu":
-        reference = verified.arrays["reference.npz"]
-        golden_taps = {t: reference[f"tap/{t}"] for t in spec.taps}
         return _collect_onnx(spec, path, artifact_dir, artifact_meta, x, golden_taps, reference, precision, threads,
                              runtime_link)
     runner = build_runner(spec, path, perturbed(verified.arrays["weights.npz"], weight_perturbation), spec.batch_size,

@@ -340,7 +340,9 @@ class Run:
         self.progress(f"{spec.name}: diagnose {path.id}")
         try:
             failing = [name for name, stats in (result.get("outputs") or {}).items() if not stats["ok"]]
-            result["diagnosis"] = chain.diagnose(self, pool, spec, manifest, path, failing=failing)
+            eval_only = not failing and any(not s["ok"] for s in (result.get("eval_outputs") or {}).values())
+            result["diagnosis"] = chain.diagnose(self, pool, spec, manifest, path, failing=failing,
+                                                 split="eval" if eval_only else "inputs")
         except Exception as error:  # noqa: BLE001 - a diagnosis that breaks must not cost the run its results
             reason = one_line(f"{type(error).__name__}: {error}", 300)
             result["diagnosis"] = {**failed, "error": f"the diagnosis itself failed: {reason}"}
