@@ -157,3 +157,17 @@ def test_a_failure_on_the_eval_split_only_is_diagnosed_on_the_eval_samples_that_
     assert diagnosis["first_divergent_tap"] == "relu1"  # the clamp follows the ReLU inside the exported graph
     assert diagnosis["links"]["enters_at"] == "converter"
     assert "fails on the eval split only" in diagnosis["notes"][0]
+
+
+def test_a_gradient_only_failure_gets_a_backward_chain_naming_the_stopped_gradient(workspace_copy):
+    from tests.conftest import mlp_variant
+
+    root = workspace_copy(mlp_variant({"self.relu2(self.dense2(self.relu1(self.dense1(x))))":
+                                       "self.relu2(self.dense2(self.relu1(self.dense1(x)))).detach()"}))
+    result = _invoke("check", "--workspace", root, "--path", "torch", "--json", "-")
+    checked = json.loads(result.output[result.output.index("{"):])["results"][0]
+    assert checked["verdict"] == "fail" and all(s["ok"] for s in checked["outputs"].values())
+    gradients = checked["diagnosis"]["gradients"]
+    assert checked["diagnosis"]["first_divergent_tap"] is None
+    assert gradients["first_departing_param"] == "dense2/bias" and "stopped gradient" in gradients["note"]
+    assert set(gradients["stopped"]) == {"dense2/bias", "dense2/kernel", "dense1/bias", "dense1/kernel", "input:x"}

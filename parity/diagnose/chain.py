@@ -149,12 +149,21 @@ def analyse(spec, path, arrays: dict, observed: dict, source: dict, failing: lis
         "model": spec.name, "path": path.id, "tolerance": tolerances.default.to_json(), "taps": rows,
         "first_divergent_tap": first, "cause": cause, "cause_test": cause_test, "node_cause": node_cause,
         "instrumentation": instrumentation, "optimiser": optimiser,
-        "gradients": drift.gradient_layers(spec, grad_stats, first),
+        "gradients": drift.gradient_layers(spec, grad_stats, first, _stopped(observed["gradients"],
+                                                                              arrays.get("gradients.npz"))),
         "links": {"checks": [], "unreliable": True} if vanished else _links(spec, path, observed, source,
                         {"taps": golden_taps, "outputs": {n: reference[n] for n in spec.outputs}}, tolerances),
         "patterns": patterns.output_patterns(observed["outputs"][output], reference[output], tolerances.for_name(output)),
         "notes": notes,
     }
+
+
+def _stopped(observed: dict | None, golden_gradients: dict | None) -> set[str]:
+    """Gradients that are exactly zero where the golden's are not."""
+    if not observed or not golden_gradients:
+        return set()
+    return {name for name, value in observed.items()
+            if name in golden_gradients and not np.any(value) and np.any(golden_gradients[name])}
 
 
 def _instrumentation_note(seen: dict) -> str:

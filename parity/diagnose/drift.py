@@ -63,12 +63,13 @@ def layer_of(param: str) -> str:
     return INPUT if param.startswith("input:") else param.split("/", 1)[0]
 
 
-def gradient_layers(spec, grad_stats: dict | None, forward_divergent: str | None) -> dict | None:
+def gradient_layers(spec, grad_stats: dict | None, forward_divergent: str | None, zero: set | None = None) -> dict | None:
     """Gradient statistics grouped by layer in network order, and the parameter to blame, if any.
 
     When the forward taps diverge, every gradient inherits that fault (downstream parameters see
     different activations, upstream ones a different backward signal), so no parameter is named.
-    When the forward pass agrees, the first parameter in backward order whose gradient departs is.
+    When the forward pass agrees, the first parameter in backward order whose gradient departs is; ``zero`` names the
+    gradients that are exactly zero where the golden's are not: a stopped gradient, said so.
     """
     if grad_stats is None:
         return None
@@ -91,9 +92,16 @@ def gradient_layers(spec, grad_stats: dict | None, forward_divergent: str | None
     backward = [name for name in reversed(list(spec.params)) if name in grad_stats] + [
         name for name in spec.input_grad_names.values() if name in grad_stats]
     first = next(name for name in backward if name in failing)
-    return {"layers": layers, "first_departing_param": first,
-            "note": f"the forward taps agree; in backward order the first gradient that departs is {first} "
-                    f"({grad_stats[first].get('tol_units', math.inf):.3g}x the tolerance)"}
+    note = (f"the forward taps agree; in backward order the first gradient that departs is {first} "
+            f"({grad_stats[first].get('tol_units', math.inf):.3g}x the tolerance)")
+    stopped = [name for name in backward if name in (zero or ())]
+    if first in stopped:
+        note += (f": it is exactly zero where the golden's is not, as are {len(stopped) - 1} more upstream; a "
+                 f"stopped gradient (a detach, no_grad, or a non-differentiable op) between the loss and "
+                 f"{layer_of(first)}") if len(stopped) > 1 else (
+            ": it is exactly zero where the golden's is not: a stopped gradient (a detach, no_grad, or a "
+            "non-differentiable op) between the loss and it")
+    return {"layers": layers, "first_departing_param": first, "stopped": stopped, "note": note}
 
 
 def _position(order: list[str], layer: str) -> int:
