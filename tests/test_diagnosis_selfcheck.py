@@ -82,3 +82,18 @@ def test_a_scrambled_tap_on_a_passing_path_is_unobservable_and_on_a_failing_path
     failing["outputs"] = {n: v + 1.0 for n, v in failing["outputs"].items()}
     assert chain.analyse(spec, paths.by_id("torch/onnx/ort"), arrays, failing, _observed(spec, arrays))[
         "first_divergent_tap"] == tap
+
+
+def test_per_column_output_patterns_are_not_claimed_on_one_sample():
+    import numpy as np
+
+    from parity.diagnose import patterns
+    from parity.model.spec import Tolerance
+
+    golden = np.array([[0.1, 0.7, 0.2]])
+    observed = golden + np.array([[0.3, -0.2, 0.05]])  # any offset per column fits one row
+    found = {p["name"]: p for p in patterns.output_patterns(observed, golden, Tolerance(1e-6, 1e-6))}
+    assert not found["offset"]["holds"] and not found["permutation"]["holds"]
+    rows = np.random.default_rng(0).standard_normal((4, 3))
+    shifted = {p["name"]: p for p in patterns.output_patterns(rows + [0.3, -0.2, 0.05], rows, Tolerance(1e-6, 1e-6))}
+    assert shifted["offset"]["holds"] and "per column" in shifted["offset"]["detail"]
