@@ -260,6 +260,11 @@ def _diagnosis(i: int, r: dict) -> str:
         parts.append("<p>No taps were recorded.</p>")
     if d.get("cause_test"):
         parts.append(_cause_test(d["cause_test"]))
+    if d.get("node_cause"):
+        cause = d["node_cause"]
+        fix = f" Fix: {_e(cause['fix'])}." if cause.get("fix") else ""
+        parts.append(f"<h3>Cause on the graph: {_e(cause['op_type'])} {_e(cause['node'])}</h3>"
+                     f"<p>{_e(cause['description'])}.{fix}</p>")
     if d.get("links"):
         parts.append(_links(d["links"]))
     if d.get("patterns"):
