@@ -117,8 +117,13 @@ def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, reference, pre
         optimiser = optimiser_effect(model, feed, graph_outputs, expected, tolerance_for, threads)
     runtime_compare = None
     if runtime_link:
-        runtime_compare = onnx_graph.compare_runtimes(model, feed, tolerances.default, threads, expected=expected,
-                                                      tolerance_for=tolerance_for)
+        from parity.diagnose.node_causes import judge
+
+        values_by_runtime: dict = {}
+        runtime_compare = onnx_graph.compare_runtimes(model, feed, tolerances.default, threads, keep=values_by_runtime)
+        if values_by_runtime:
+            runtime_compare.update(judge(model, feed, values_by_runtime, runtime_compare["first_divergent"], expected,
+                                         tolerance_for, tolerances.default, threads))
         runtime_compare["boundary_tensors"] = graph_outputs + [
             where["tensor"] for where in located.values() if where.get("tensor")]
     outputs = {name: plain[tensor] for name, tensor in zip(spec.outputs, graph_outputs)}

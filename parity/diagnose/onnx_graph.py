@@ -223,16 +223,14 @@ def _one_line(error: BaseException) -> str:
     return line if len(line) <= _REASON_CHARS else line[:_REASON_CHARS - 3] + "..."
 
 
-def compare_runtimes(model, feed: dict, tol, threads: int = 1, expected: dict | None = None,
-                     tolerance_for=None) -> dict:
+def compare_runtimes(model, feed: dict, tol, threads: int = 1, keep: dict | None = None) -> dict:
     """ONNX Runtime against ``onnx.reference`` on every intermediate tensor (one inference each,
     every intermediate an output), in topological order, and the first node that diverges.
 
     When a runtime cannot run the graph (``onnx.reference`` lacks an op, e.g. a ``com.microsoft``
     contrib op): ``{"nodes": [], "first_divergent": None, "error": "<one line reason>"}``.
 
-    With ``expected`` (the golden outputs by graph output name) the result also says which runtime's outputs
-    pass, which one follows the ONNX spec at the first divergent node, and a node cause where one is reproduced
+    ``keep``, a dict, receives each runtime's tensors (graph inputs included) for a closer look at the nodes
     (``parity.diagnose.node_causes.judge``).
     """
     graph = _Graph(model)
@@ -251,11 +249,6 @@ def compare_runtimes(model, feed: dict, tol, threads: int = 1, expected: dict | 
         entries.append({"node": node.name, "op_type": node.op_type, "tensor": name,
                         "max_abs": stats.get("max_abs", math.inf), "tol_units": stats.get("tol_units", math.inf)})
         inputs_of[name] = [i for i in node.input if i]
-    first = first_divergent_node(entries, inputs_of)
-    result = {"nodes": entries, "first_divergent": first}
-    if expected is not None:
-        from parity.diagnose.node_causes import judge
-
-        full = {runtime: {**feed, **tensors} for runtime, tensors in values.items()}
-        result.update(judge(model, feed, full, first, expected, tolerance_for, tol, threads))
-    return result
+    if keep is not None:
+        keep.update({runtime: {**feed, **tensors} for runtime, tensors in values.items()})
+    return {"nodes": entries, "first_divergent": first_divergent_node(entries, inputs_of)}
