@@ -252,3 +252,67 @@ def init_model(name: str, sources: dict[str, str | None], input_decls: tuple[str
         **{key: value and scaffold.workspace_reference(value, root) for key, value in files.items()})
     written, info = scaffold.init(root, request, force, default_threads())
     return written, info, kind
+
+
+def repro(workspace: str | None, model: str, path_id: str, out_dir: str, force: bool, precision: str, threads: int,
+          timeout_s: float, command: str, progress=_quiet, notice=_quiet) -> tuple[int, str]:
+    """``parity repro``: check and diagnose one path, reduce its exported graph, write the bug report folder.
+
+    Returns ``(exit code, one line)``: 0 with the folder written, or when the path passes (nothing to reduce); 1 when
+    the failure stops reproducing during the reduction; 2 when there is no exported graph to reduce (an error, a
+    skip, a native path, a drift that enters at the definition). A non-empty ``out_dir`` needs ``force``."""
+    from parity.diagnose.repro import trusted_for
+    from parity.golden import store as golden
+    from parity.pipeline import orchestrate
+    from parity.platform.env import environment
+    from parity.run import paths
+    from parity.platform.cache_dir import cache_root
+    from parity.run.worker import TaskFailed, WorkerPool
+
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        raise UsageError(f"--out {out} is not an empty folder: choose another or pass --force to replace it")
+    path = paths.by_id(path_id, "cpu", precision)
+    ws = open_workspace(workspace, notice)
+    names = ws.select([model])
+    options = orchestrate.Options(threads=threads, patterns=(path_id,), precision=precision, timeout_s=timeout_s)
+    report = orchestrate.check(ws, names, options, progress=progress)
+    result = next((r for r in report["results"] if r["path"] == path.id), None)
+    if result is None:
+        errors = "; ".join(str(e) for e in report.get("model_errors") or []) or "not checked"
+        return 2, f"nothing to reduce: {model} {path.id} was not checked ({errors})"
+    where = f"{model} {path.id}"
+    if result["verdict"] == "pass":
+        return 0, f"nothing to reduce: {where} passes"
+    if result["verdict"] != "fail":
+        return 2, f"nothing to reduce: {where} is {result['verdict']} ({result.get('reason') or 'no reason'})"
+    if not path.exports or path.runtime.name not in ("ort", "ort-noopt", "onnxref"):
+        return 2, f"nothing to reduce: {where} has no ONNX graph run on a CPU ONNX runtime"
+    diagnosis = result.get("diagnosis") or {}
+    if diagnosis.get("error"):
+        return 2, f"nothing to reduce: {diagnosis['error']}"
+    if trusted_for(diagnosis, path.runtime.name) is None:
+        link = (diagnosis.get("links") or {}).get("enters_at")
+        return 2, (f"nothing to reduce: {where}'s drift enters at the {link}, not in the exported graph" if link else
+                   f"nothing to reduce: the diagnosis of {where} names no link that a graph could reproduce")
+    spec = ws.load_spec(model)
+    with WorkerPool(threads, cache_root() / "logs", timeout_s) as pool:
+        run = orchestrate.Run(ws, options)
+        manifest = golden.verify(ws.golden_dir(model), spec)
+        artifact = run._export(pool, spec, manifest, path, len(path.exports) - 1)
+        progress(f"{model}: reduce {path.id}")
+        try:
+            outcome = pool.call(path.runtime.group, "parity.diagnose.repro:write", workspace=str(ws.root),
+                                model=model, path_id=path.id, golden_dir=str(ws.golden_dir(model)),
+                                precision=precision, threads=threads, artifact_dir=artifact["dir"],
+                                artifact_meta=artifact["meta"], diagnosis=diagnosis, out_dir=str(out),
+                                environment=environment(threads), command=command)
+        except TaskFailed as error:
+            return 1, f"the reduction of {where} failed: {error}"
+    counts = (f"{outcome['nodes_before']} nodes -> {outcome['nodes_after']}, {outcome['checks']} checks, "
+              f"{outcome['seconds']:.2f} s")
+    if not outcome["written"]:
+        return 1, (f"the failure of {where} stopped reproducing during the reduction: {outcome['reason']} (it "
+                   f"reproduced in {outcome['reproduced']} of {outcome['checks']} candidate checks)")
+    return 0, (f"wrote {out}: {where} reduced to {' -> '.join(outcome['ops'])} ({counts}); "
+               f"`python {out / 'repro.py'}` exits 1 while the bug is present")
