@@ -95,7 +95,8 @@ def _position(model) -> dict[str, int]:
     return {name: i for i, node in enumerate(model.graph.node) for name in node.output if name}
 
 
-def reduce(model, known: dict[str, np.ndarray], run: Callable, tolerance_for, order: list[str] | None = None) -> Reduced:
+def reduce(model, known: dict[str, np.ndarray], run: Callable, tolerance_for,
+           order: list[str] | None = None) -> Reduced:
     """The smallest subgraph found that still fails (see the module docstring). ``run(model, feed) -> value`` runs
     a candidate on the failing runtime and returns its one output; ``tolerance_for(tensor)`` the tolerance it is
     judged with; ``order``: the known tensors to try as outputs (default every known tensor a node computes)."""

@@ -62,7 +62,8 @@ else:
     options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_DISABLE_ALL if RUNTIME == "ort-noopt"
                                         else ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
     options.intra_op_num_threads = THREADS
-    got = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(names, inputs)
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    got = session.run(names, inputs)
 bad = False
 for name, value in zip(names, got):
     value, want = np.asarray(value, np.float64), np.asarray(expected[name], np.float64)

@@ -264,9 +264,9 @@ def repro(workspace: str | None, model: str, path_id: str, out_dir: str, force: 
     from parity.diagnose.repro import trusted_for
     from parity.golden import store as golden
     from parity.pipeline import orchestrate
+    from parity.platform.cache_dir import cache_root
     from parity.platform.env import environment
     from parity.run import paths
-    from parity.platform.cache_dir import cache_root
     from parity.run.worker import TaskFailed, WorkerPool
 
     out = Path(out_dir)
