@@ -25,8 +25,8 @@ from parity.platform import safefs
 from parity.run import paths
 from parity.runtimes.onnx_common import onnx_feed
 
-SCRIPT = '''"""Runs model.onnx on test_data_set_0 with @RUNTIME@ and compares with the expected outputs (the values known
-to be right): exits 1 while they differ beyond atol + rtol * |expected|, 0 once they agree."""
+SCRIPT = '''"""Runs model.onnx on test_data_set_0 with @RUNTIME@ and compares with the expected outputs (the
+values known to be right): exits 1 while they differ beyond atol + rtol * |expected|, 0 once they agree."""
 import sys
 from pathlib import Path
 
