@@ -291,6 +291,9 @@ def repro(workspace: str | None, model: str, path_id: str, out_dir: str, force: 
     diagnosis = result.get("diagnosis") or {}
     if diagnosis.get("error"):
         return 2, f"nothing to reduce: {diagnosis['error']}"
+    if diagnosis.get("split"):
+        return 2, (f"nothing to reduce on the fixed input set: {where} fails on the eval split only (rows "
+                   f"{', '.join(map(str, sorted(set(diagnosis['split']['rows']))))}); see its diagnosis")
     if trusted_for(diagnosis, path.runtime.name) is None:
         link = (diagnosis.get("links") or {}).get("enters_at")
         return 2, (f"nothing to reduce: {where}'s drift enters at the {link}, not in the exported graph" if link else
