@@ -172,3 +172,57 @@ def make_conv_scale():
             return self.out(self.act(self.post(self.conv(self.pre(x)))))
 
     return Net().eval()
+
+
+def make_fp16_clipped_weights():
+    """Weights up to 3.5e4: onnxconverter-common clips every weight beyond its max_finite_val (1e4 by default) to
+    1e4 when it converts the graph to float16, so the float16 path computes another model."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(8, 16)
+            self.norm = nn.LayerNorm(16)
+            self.act = nn.GELU()
+            self.head = nn.Linear(16, 3)
+            with torch.no_grad():
+                self.proj.weight.mul_(1e5)
+
+        def forward(self, x):
+            return self.head(self.act(self.norm(self.proj(x))))
+
+    return Net().eval()
+
+
+def make_fp16_offsets():
+    """Adds 1000.3, then takes 1000 away: in float16 the constant 1000.3 is 1000.5 (its resolution there is 0.5), so
+    the float16 path is off by 0.2 where float32 is exact to 1e-4; the first Add must stay in float32."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+
+    class Offset(nn.Module):
+        def __init__(self, amount: float):
+            super().__init__()
+            self.amount = amount
+
+        def forward(self, x):
+            return x + self.amount
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(8, 16)
+            self.shift = Offset(1000.3)
+            self.unshift = Offset(-1000.0)
+            self.head = nn.Linear(16, 3)
+
+        def forward(self, x):
+            return self.head(self.unshift(self.shift(self.proj(x))))
+
+    return Net().eval()

@@ -65,6 +65,14 @@ def diagnose(run, pool, spec, manifest, path: paths.PathDef, artifact: dict | No
     except TaskFailed as error:
         return {"model": spec.name, "path": path.id, "error": f"nothing to diagnose: the path did not run ({error})"}
     result = analyse(spec, path, arrays, observed, source, failing if split != "eval" else None)
+    if path.precision == "fp16" and path.exports and path.exports[-1].name == "float16" and failing:
+        parent = run._export(pool, spec, manifest, path, len(path.exports) - 2)
+        if "error" not in parent:
+            result["repair"] = pool.call(path.runtime.group, "parity.diagnose.precision_repair:repair_task",
+                                         workspace=str(run.workspace.root), model=spec.name,
+                                         golden_dir=str(run.workspace.golden_dir(spec.name)), precision=path.precision,
+                                         threads=run.options.threads, artifact_dir=parent["dir"],
+                                         artifact_meta=parent["meta"])
     if note:
         result["split"] = {"name": "eval", "rows": extra["rows"]}
         result["notes"].insert(0, note)
@@ -153,7 +161,8 @@ def analyse(spec, path, arrays: dict, observed: dict, source: dict, failing: lis
                                                                               arrays.get("gradients.npz"))),
         "links": {"checks": [], "unreliable": True} if vanished else _links(spec, path, observed, source,
                         {"taps": golden_taps, "outputs": {n: reference[n] for n in spec.outputs}}, tolerances),
-        "patterns": patterns.output_patterns(observed["outputs"][output], reference[output], tolerances.for_name(output)),
+        "patterns": patterns.output_patterns(observed["outputs"][output], reference[output],
+                                             tolerances.for_name(output)),
         "notes": notes,
     }
 

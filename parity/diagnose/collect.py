@@ -85,7 +85,9 @@ def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, reference, pre
     values = run(list(dict.fromkeys([*graph_outputs, *candidates])))
     located, taps, instrumentation = {}, {}, None
     if spec.taps:
-        exporter = path.exports[-1].name  # jax2tf's graphs carry no Keras names: tf2onnx mapping falls back to values
+        # the exporter that named the nodes (the float16 conversion keeps them); jax2tf's graphs carry no Keras names:
+        # tf2onnx mapping falls back to values
+        exporter = next(e.name for e in reversed(path.exports) if e.name != "float16")
         mapped = onnx_taps.map_taps(model, spec, exporter, golden_taps, values, meta["input_layout"])
         if not instrument.same_outputs(plain, values, tolerance_for) and not instrument.same_outputs(
                 plain, run(graph_outputs), tolerance_for):

@@ -82,6 +82,10 @@ def render(d: dict) -> str:
                  "  output patterns: no class permutation, constant scale, offset or grid shift explains the outputs")
     if d.get("gradients"):
         notes.append(f"  gradients: {d['gradients']['note']}")
+    if d.get("repair"):
+        from parity.diagnose.precision_repair import render as render_repair
+
+        notes += render_repair(d["repair"])
     notes += [f"  note: {note}" for note in d.get("notes", [])]
     for note in notes:
         lines += textwrap.wrap(note, WRAP, subsequent_indent="    ", break_long_words=False, break_on_hyphens=False)
