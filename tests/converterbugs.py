@@ -226,3 +226,39 @@ def make_fp16_offsets():
             return self.head(self.unshift(self.shift(self.proj(x))))
 
     return Net().eval()
+
+
+def make_typed_net():
+    """One of each kind `parity init` types, in a chain (each reads the previous): grouped and depthwise
+    convolutions, BatchNorm, activations, max and average pooling (with a divisor), flatten, dropout, dense,
+    LayerNorm, GELU."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(4, 8, 3, padding=1, groups=2)
+            self.depthwise = nn.Conv2d(8, 8, 3, stride=2, padding=1, groups=8)
+            self.bn = nn.BatchNorm2d(8)
+            self.relu = nn.ReLU()
+            self.maxpool = nn.MaxPool2d(2, ceil_mode=True)
+            self.avgpool = nn.AvgPool2d(3, stride=1, padding=1, divisor_override=4)
+            self.flat = nn.Flatten()
+            self.drop = nn.Dropout(0.1)
+            self.dense = nn.Linear(8 * 2 * 2, 16)
+            self.norm = nn.LayerNorm(16)
+            self.act = nn.GELU(approximate="tanh")
+            self.leaky = nn.LeakyReLU(0.1)
+            self.head = nn.Linear(16, 3)
+            with torch.no_grad():
+                self.bn.running_mean.uniform_(-0.5, 0.5)
+                self.bn.running_var.uniform_(0.5, 2.0)
+
+        def forward(self, x):
+            h = self.avgpool(self.maxpool(self.relu(self.bn(self.depthwise(self.conv(x))))))
+            return self.head(self.leaky(self.act(self.norm(self.dense(self.drop(self.flat(h)))))))
+
+    return Net().eval()

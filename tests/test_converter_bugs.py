@@ -95,11 +95,13 @@ def test_a_version_converted_softmax_is_the_converter_not_onnx_runtime(root, tmp
     assert cause["cause"] == "opset_axis" and cause["op_type"] == "Softmax" and cause["fix_tested"]
 
 
-def test_a_dropped_pool_attribute_is_the_converter_with_both_runtimes_agreeing(root):
+def test_a_dropped_pool_attribute_is_the_converter_and_the_tested_cause(root):
     diagnosis, _ = _diagnosed(root, "pool", "make_pool_divisor", "x=2x3x6x6", "torch/onnx/ort")
     assert diagnosis["first_divergent_tap"] == "pool"
     assert diagnosis["links"]["enters_at"] == "converter"
     assert diagnosis["node_cause"] is None and diagnosis["optimiser"] is None
+    # init typed the pool (with its divisor): the dropped attribute is the tested cause
+    assert diagnosis["cause"]["variant"] == "divisor_dropped" and diagnosis["cause"]["after"]["tol_units"] <= 1
 
 
 def test_third_opinion_on_a_handmade_softmax_below_opset_13():

@@ -224,3 +224,25 @@ def test_attention_causal_mask():
     x2[0, 1:] += 1.0
     assert np.allclose(out[0, 0], get("attention").forward([x2], weights, attrs)[0, 0])
     assert [v.name for v in get("attention").variants(attrs)][-1] == "non_causal"
+
+
+def test_generic_variants_find_a_dropout_inside_a_layer_typed_otherwise_and_float16_rounding():
+    import numpy as np
+
+    from parity.diagnose.cause import test_layer
+    from parity.model.spec import Layer, Tolerance
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 32))
+    layer = Layer("activation", {"form": "gelu_erf"})
+    from parity.diagnose.layers import get
+
+    declared = get("activation").forward([x], {}, {"form": "gelu_erf"})
+    mask = rng.random(declared.shape) < 0.2
+    dropped = np.where(mask, 0.0, declared / 0.8)  # a dropout (rate 0.2) left on inside the activation
+    result = test_layer(layer, [x], {}, dropped, Tolerance(1e-6, 1e-6))
+    assert result["cause"]["variant"] == "dropout_active_inside"
+    x16 = x.astype(np.float16).astype(np.float64)  # the layer ran in float16 on float16 inputs
+    rounded = get("activation").forward([x16], {}, {"form": "gelu_erf"}).astype(np.float16).astype(np.float64)
+    result = test_layer(layer, [x16], {}, rounded, Tolerance(1e-6, 1e-6))
+    assert result["cause"]["variant"] == "float16_rounding"

@@ -19,14 +19,88 @@ import math
 import numpy as np
 
 from parity.check.closeness import error_stats
-from parity.diagnose.layers import get
+from parity.diagnose.layers import NotApplicable, Variant, get
+
+# a user's torch module keeps its own weight names (``proj.weight``): the canonical name and layout per kind
+TORCH_NAMES = {"dense": {"weight": ("kernel", np.transpose), "bias": ("bias", None)},
+               "conv": {"weight": ("kernel", None), "bias": ("bias", None)},
+               "batch_norm": {"weight": ("gamma", None), "bias": ("beta", None), "running_mean": ("moving_mean", None),
+                              "running_var": ("moving_variance", None)},
+               "layer_norm": {"weight": ("gamma", None), "bias": ("beta", None)}}
+GENERIC = ("float16_rounding", "bfloat16_rounding", "dropout_active_inside", "layer_skipped")
 
 
-def layer_weights(all_weights: dict, prefix: str) -> dict:
-    """The weights named ``prefix/...``, keyed by what follows ``prefix/``, as float64."""
+def layer_weights(all_weights: dict, prefix: str, kind: str | None = None) -> dict:
+    """The weights named ``prefix/...``, keyed by what follows ``prefix/``, as float64; for a user's torch module,
+    its ``prefix.weight``-style names mapped to the kind's canonical names and layouts (``TORCH_NAMES``)."""
     head = f"{prefix}/"
-    return {name[len(head):]: np.asarray(value, np.float64) for name, value in all_weights.items()
-            if name.startswith(head)}
+    own = {name[len(head):]: np.asarray(value, np.float64) for name, value in all_weights.items()
+           if name.startswith(head)}
+    if own or kind not in TORCH_NAMES:
+        return own
+    for suffix, (name, layout) in TORCH_NAMES[kind].items():
+        value = all_weights.get(f"{prefix}.{suffix}")
+        if value is not None:
+            value = np.asarray(value, np.float64)
+            own[name] = layout(value) if layout is not None else value
+    return own
+
+
+def _rounded(forward, dtype_name: str):
+    def compute(inputs, weights, attrs, observed):
+        if dtype_name == "bfloat16":
+            import ml_dtypes
+
+            dtype = ml_dtypes.bfloat16
+        else:
+            dtype = np.float16
+
+        def r(a):
+            return np.asarray(a, np.float64).astype(dtype).astype(np.float64)
+
+        return r(forward([r(x) for x in inputs], {k: r(v) for k, v in weights.items()}, attrs))
+
+    return compute
+
+
+def _dropout_inside(forward):
+    from parity.diagnose.layers.dropout import observed_mask
+
+    def compute(inputs, weights, attrs, observed):
+        y = np.asarray(forward(inputs, weights, attrs), np.float64)
+        observed = np.asarray(observed, np.float64)
+        live = y != 0
+        zeroed = live & (observed == 0)
+        kept = live & ~zeroed & (np.abs(y) > 1e-12)
+        if not zeroed.any() or not kept.any():
+            raise NotApplicable("no dropout pattern in the observed activation")
+        scale = float(np.median(observed[kept] / y[kept]))  # 1/(1-rate): the survivors' rescale
+        rate = 1.0 - 1.0 / scale if scale > 1.0 else zeroed.sum() / live.sum()
+        if observed_mask(y, observed, rate) is None:
+            raise NotApplicable("no dropout pattern in the observed activation")
+        return np.where(zeroed, 0.0, y * scale)
+
+    return compute
+
+
+def _skipped(inputs, weights, attrs, observed):
+    if len(inputs) != 1 or np.shape(inputs[0]) != np.shape(observed):
+        raise NotApplicable("the layer changes the shape: it cannot have been skipped")
+    return inputs[0]
+
+
+def generic_variants(kind: str, forward) -> list:
+    """Variants of what any layer may do wrong, whatever its declared kind: computed in float16 or bfloat16, a
+    dropout left active inside it (a dropout in a layer typed otherwise), or skipped (the identity)."""
+    found = [Variant("float16_rounding", "computed in float16 (inputs, weights and output rounded)",
+                     _rounded(forward, "float16")),
+             Variant("bfloat16_rounding", "computed in bfloat16 (inputs, weights and output rounded)",
+                     _rounded(forward, "bfloat16")),
+             Variant("layer_skipped", "the layer skipped: its output is its input", _skipped)]
+    if kind != "dropout":
+        found.insert(2, Variant("dropout_active_inside", "a dropout active at inference inside the layer (elements "
+                                "zeroed, the rest scaled by 1/(1-rate))", _dropout_inside(forward)))
+    return found
 
 
 def _error(recomputed, observed, tol) -> tuple[dict, str | None]:
@@ -56,7 +130,7 @@ def test_layer(layer, inputs, weights, observed, tol, prefix: str | None = None)
     module = get(layer.kind)
     attrs = dict(layer.attrs)
     prefix = prefix if prefix is not None else layer.params
-    own = layer_weights(weights, prefix) if prefix is not None else {k: np.asarray(v, np.float64)
+    own = layer_weights(weights, prefix, layer.kind) if prefix is not None else {k: np.asarray(v, np.float64)
                                                                        for k, v in weights.items()}
     inputs = [np.asarray(x, np.float64) for x in inputs]
     observed = np.asarray(observed, np.float64)
@@ -69,7 +143,7 @@ def test_layer(layer, inputs, weights, observed, tol, prefix: str | None = None)
         result["declared"]["error"] = problem
 
     tested = []
-    for variant in module.variants(attrs):
+    for variant in [*module.variants(attrs), *generic_variants(layer.kind, module.forward)]:
         entry = {"name": variant.name, "description": variant.description}
         value, problem = _run(variant.compute, inputs, own, attrs, observed)
         if problem is None:
@@ -83,6 +157,8 @@ def test_layer(layer, inputs, weights, observed, tol, prefix: str | None = None)
                                  or error_stats(value, declared, tol)["tol_units"] > 1.0)
         if problem:
             entry["error"] = problem
+        if variant.name in GENERIC:
+            entry["generic"] = True
         tested.append(entry)
     result["variants"] = tested
     result["cause"] = None

@@ -71,9 +71,10 @@ def _inspect_torch(reference, root, inputs, _params_file):
     module = torch_factory(reference, root)().eval()
     _check_takes(reference, module.forward, [d["name"] for d in inputs])
     tensors = {d["name"]: torch.from_numpy(_sample(d)) for d in inputs}
-    recorded, handles, embedding_sizes = {}, [], {}
+    recorded, handles, embedding_sizes, fed = {}, [], {}, {}
     for name, child in module.named_children():
         handles.append(child.register_forward_hook(lambda _m, _i, out, n=name: recorded.setdefault(n, out)))
+        handles.append(child.register_forward_pre_hook(lambda _m, args, n=name: fed.setdefault(n, args)))
 
     def reads(m, args, kwargs):  # an embedding that reads an input (or a view of it) says how many ids it takes
         first = args[0] if args else kwargs.get("input")
@@ -96,7 +97,24 @@ def _inspect_torch(reference, root, inputs, _params_file):
             handle.remove()
     taps = [n for n, _ in module.named_children() if isinstance(recorded.get(n), torch.Tensor)]
     return {**_outputs(returned, torch.is_tensor, lambda t: t.shape), "taps": taps,
-            "n_params": int(sum(p.numel() for p in module.parameters())), "input_values": embedding_sizes}
+            "n_params": int(sum(p.numel() for p in module.parameters())), "input_values": embedding_sizes,
+            "layers": _torch_layers(module, taps, recorded, fed, list(tensors.values()))}
+
+
+def _torch_layers(module, taps, recorded, fed, inputs) -> dict:
+    """``{tap: {"kind", "attrs"}}`` for each tap whose module the catalogue computes and that reads exactly the
+    previous tap's output (the model's input for the first): the cause test recomputes it from that."""
+    from parity.model.layer_types import torch_layer
+
+    children = dict(module.named_children())
+    layers, previous = {}, inputs[0] if len(inputs) == 1 else None
+    for tap in taps:
+        args = fed.get(tap) or ()
+        typed = torch_layer(children[tap])
+        if typed and previous is not None and len(args) == 1 and args[0] is previous:
+            layers[tap] = {"kind": typed[0], "attrs": typed[1]}
+        previous = recorded[tap]
+    return layers
 
 
 def _check_takes(reference: str, forward, names: list[str]) -> None:

@@ -198,6 +198,9 @@ def render(request: Request, info: dict) -> str:
     spec_imports = ["InputSpec", "ModelSpec", "Tolerance", "Tolerances"] + (["MetricRules"] if labelled and width < 3 else [])
     if any("Values(" in text for text in specs):
         spec_imports.append("Values")
+    layers = info.get("layers") or {}
+    if layers:
+        spec_imports.append("Layer")
     if len(specs) == 1:
         input_lines = [f"    input={specs[0]},"]
     else:
@@ -236,6 +239,7 @@ def render(request: Request, info: dict) -> str:
         f"    loss={loss},  # \"cross_entropy\" of the first output checks gradients; it needs labels",
         f"    # taps: {TAP_ORIGIN[kind]}; `parity diagnose` compares each one",
         f"    taps={_py(tuple(info.get('taps') or ()))},",
+        *_layer_lines(layers),
         *([f"    expected_errors={{{_py(JAX_TF_ONNX[0])}: {_py(JAX_TF_ONNX[1])}}},"] if kind == "jax" else []),
         f"    tolerances={{\"fp32\": Tolerances(Tolerance(atol={request.tolerance[0]:g}, rtol={request.tolerance[1]:g}))}},",
         (f"    grad_tolerances={{\"fp32\": Tolerances(Tolerance(atol={DEFAULT_GRAD_TOLERANCE[0]:g}, "
@@ -445,3 +449,20 @@ def _onnx_inputs(request: Request, graph: dict) -> Request:
         batched = bool(graph_shape) and graph_shape[0] is None
         decls.append(InputDecl(name, tuple(shape), g["dtype"], decl.values if decl else None, batched))
     return _with(request, inputs=tuple(decls))
+
+
+WEIGHTED = ("dense", "conv", "batch_norm", "layer_norm")  # kinds that read the tap's own weights
+
+
+def _layer_lines(layers: dict) -> list[str]:
+    """``layers={...}``: the kind ``init`` found for each tap, so ``parity diagnose`` tests causes on it."""
+    if not layers:
+        return []
+    lines = ["    # layers: the kind of each tap init recognised; the diagnosis recomputes it and tests known variants",
+             "    layers={"]
+    for tap, layer in layers.items():
+        pairs = ", ".join(f"{_py(k)}: {_py(v)}" for k, v in layer["attrs"].items())
+        attrs = f", {{{pairs}}}" if pairs else ""
+        params = f", params={_py(tap)}" if layer["kind"] in WEIGHTED else ""
+        lines.append(f"        {_py(tap)}: Layer({_py(layer['kind'])}{attrs}{params}),")
+    return [*lines, "    },"]

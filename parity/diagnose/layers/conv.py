@@ -20,7 +20,13 @@ Variants:
   Theano/Caffe-to-TF porting bug (Theano's ``conv2d`` flips, TF and PyTorch correlate);
 * ``kernel_hw_swapped``: kernel height and width swapped (an HWIO->OIHW transpose with the
   spatial axes exchanged), square kernels only;
-* ``bias_dropped``: no bias added.
+* ``bias_dropped``: no bias added;
+* ``padding_shifted``: explicit padding moved one row and column to the end (the padding-shift of a
+  port between frameworks that split odd padding differently);
+* ``groups_ignored``: a grouped or depthwise convolution computed as a dense one over all channels.
+
+``groups`` (default 1) splits the channels into groups, each with its own kernels (``groups`` equal to the
+channels: depthwise); the kernel is then ``(O, C/groups, kh, kw)``, as PyTorch and ONNX hold it.
 """
 
 from __future__ import annotations
@@ -57,24 +63,32 @@ def pads(padding, size, kernel, stride, dilation, extra_first=False):
     return tuple((int(a), int(b)) for a, b in padding)
 
 
-def conv2d(x, kernel, bias, stride, padding, dilation):
-    """Cross-correlation of NCHW ``x`` with OIHW ``kernel``; ``padding`` is ``((top, bottom), (left, right))``."""
+def conv2d(x, kernel, bias, stride, padding, dilation, groups: int = 1):
+    """Cross-correlation of NCHW ``x`` with OIHW ``kernel`` (``I`` = channels per group); ``padding`` is
+    ``((top, bottom), (left, right))``; ``groups`` splits the channels (``groups`` = channels: depthwise)."""
     (sh, sw), (dh, dw) = stride, dilation
     x = np.pad(np.asarray(x, np.float64), ((0, 0), (0, 0), *padding))
-    _, _, kh, kw = kernel.shape
+    kernel = np.asarray(kernel, np.float64)
+    _, per_group, kh, kw = kernel.shape
+    if x.shape[1] != per_group * groups:
+        raise ValueError(f"{x.shape[1]} input channels do not split into {groups} group(s) of {per_group}")
     windows = sliding_window_view(x, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(2, 3))
     windows = windows[:, :, ::sh, ::sw, ::dh, ::dw]
-    y = np.einsum("nchwuv,ocuv->nohw", windows, np.asarray(kernel, np.float64), optimize=True)
+    out = kernel.shape[0] // groups
+    y = np.concatenate([np.einsum("nchwuv,ocuv->nohw", windows[:, g * per_group:(g + 1) * per_group],
+                                  kernel[g * out:(g + 1) * out], optimize=True) for g in range(groups)], axis=1)
     return y if bias is None else y + np.asarray(bias, np.float64)[None, :, None, None]
 
 
-def _conv(inputs, weights, attrs, kernel=None, bias="declared", extra_first=False):
+def _conv(inputs, weights, attrs, kernel=None, bias="declared", extra_first=False, shift=False):
     x = inputs[0]
     kernel = weights["kernel"] if kernel is None else kernel
     bias = weights.get("bias") if isinstance(bias, str) else bias
     stride, dilation = pair(attrs.get("stride", 1)), pair(attrs.get("dilation", 1))
     padding = pads(attrs.get("padding", "valid"), x.shape[2:], kernel.shape[2:], stride, dilation, extra_first)
-    return conv2d(x, kernel, bias, stride, padding, dilation)
+    if shift:  # one row and column of padding moved from the start to the end
+        padding = tuple((max(before - 1, 0), after + (1 if before else 0)) for before, after in padding)
+    return conv2d(x, kernel, bias, stride, padding, dilation, int(attrs.get("groups", 1)))
 
 
 def forward(inputs, weights, attrs):
@@ -108,9 +122,26 @@ def _no_bias(inputs, weights, attrs, observed):
     return _conv(inputs, weights, attrs, bias=None)
 
 
+def _shifted(inputs, weights, attrs, observed):
+    if attrs.get("padding", "valid") in ("valid", "same") or not any(np.ravel(attrs["padding"])):
+        raise NotApplicable("no explicit padding to shift")
+    return _conv(inputs, weights, attrs, shift=True)
+
+
+def _groups_ignored(inputs, weights, attrs, observed):
+    groups = int(attrs.get("groups", 1))
+    if groups == 1:
+        raise NotApplicable("not a grouped convolution")
+    kernel = weights["kernel"]  # the group's kernel applied to every group's channels, as one block
+    return _conv(inputs, weights, {**attrs, "groups": 1}, kernel=np.tile(kernel, (1, groups, 1, 1)) / groups)
+
+
 def variants(attrs):
     padding = attrs.get("padding", "valid")
-    found = []
+    found = [Variant("padding_shifted", "explicit padding shifted by one pixel to the bottom/right (TF/XLA put the "
+                     "odd extra row at the end)", _shifted),
+             Variant("groups_ignored", "channels mixed across groups: the grouped (depthwise) structure lost",
+                     _groups_ignored)]
     if padding == "same":
         found += [Variant("same_top_left", "'same' padding with the extra row/column on top/left "
                           "(PyTorch padding=k//2 at stride 2, ONNX SAME_LOWER) instead of bottom/right", _top_left),

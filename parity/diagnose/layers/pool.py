@@ -5,7 +5,8 @@ Attributes: ``mode`` ``"avg"`` | ``"max"``; ``size`` int or (kh, kw); ``stride``
 ``count_include_pad`` (default False: TF 'same' pooling and ONNX ``AveragePool`` divide by the
 number of real elements; PyTorch ``AvgPool2d`` defaults to True); ``ceil_mode`` (default False:
 output ``floor((n + pads - k)/s) + 1``; True rounds up as PyTorch/ONNX ``ceil_mode`` do, the
-last window may overhang the input and never counts the overhang). Max pooling pads with -inf.
+last window may overhang the input and never counts the overhang); ``divisor_override`` (PyTorch's
+``AvgPool2d``: every window divided by this number). Max pooling pads with -inf.
 
 Variants:
 
@@ -14,7 +15,9 @@ Variants:
   window or only the real elements (PyTorch default versus TF/ONNX default); not applicable
   without padding;
 * ``ceil_mode`` / ``floor_mode``: the other output rounding; changes the output shape, not
-  applicable where both roundings agree.
+  applicable where both roundings agree;
+* ``divisor_dropped``: a declared ``divisor_override`` lost, every window divided by its full size (ONNX
+  ``AveragePool`` has no divisor attribute, and torch.onnx exports the pool without it).
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ def forward(inputs, weights, attrs):
     windows = sliding_window_view(padded, (kh, kw), axis=(2, 3))[:, :, ::sh, ::sw][:, :, :oh, :ow]
     if mode == "max":
         return windows.max(axis=(-2, -1))
+    if attrs.get("divisor_override"):  # PyTorch's AvgPool2d(divisor_override=d): every window divided by d
+        return windows.sum(axis=(-2, -1)) / float(attrs["divisor_override"])
     real = np.ones(x.shape[2:])
     if attrs.get("count_include_pad", False):
         real = np.pad(real, explicit, constant_values=1.0)
@@ -89,8 +94,18 @@ def _rounding(ceil_mode):
     return compute
 
 
+def _no_divisor(inputs, weights, attrs, observed):
+    return forward(inputs, weights, {**attrs, "divisor_override": None, "count_include_pad": True})
+
+
 def variants(attrs):
     other = "max" if attrs["mode"] == "avg" else "avg"
+    if attrs.get("divisor_override"):
+        dropped = [Variant("divisor_dropped", f"divisor_override={attrs['divisor_override']} dropped: every window "
+                                              f"divided by its size (an exported AveragePool has no divisor)",
+                           _no_divisor)]
+    else:
+        dropped = []
     include = not attrs.get("count_include_pad", False)
     ceil_mode = not attrs.get("ceil_mode", False)
     return [
@@ -100,4 +115,5 @@ def variants(attrs):
                 _count(include)),
         Variant("ceil_mode" if ceil_mode else "floor_mode",
                 f"output size rounded {'up (ceil_mode)' if ceil_mode else 'down'}", _rounding(ceil_mode)),
+        *dropped,
     ]
