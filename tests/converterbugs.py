@@ -230,8 +230,8 @@ def make_fp16_offsets():
 
 def make_typed_net():
     """One of each kind `parity init` types, in a chain (each reads the previous): grouped and depthwise
-    convolutions, BatchNorm, activations, max and average pooling (with a divisor), flatten, dropout, dense,
-    LayerNorm, GELU."""
+    convolutions, BatchNorm, activations, max and average pooling (with a divisor), a bilinear resize at a
+    non-integer scale, flatten, dropout, dense, LayerNorm, GELU."""
     import torch
     from torch import nn
 
@@ -246,9 +246,10 @@ def make_typed_net():
             self.relu = nn.ReLU()
             self.maxpool = nn.MaxPool2d(2, ceil_mode=True)
             self.avgpool = nn.AvgPool2d(3, stride=1, padding=1, divisor_override=4)
+            self.up = nn.Upsample(scale_factor=1.5, mode="bilinear")
             self.flat = nn.Flatten()
             self.drop = nn.Dropout(0.1)
-            self.dense = nn.Linear(8 * 2 * 2, 16)
+            self.dense = nn.Linear(8 * 3 * 3, 16)
             self.norm = nn.LayerNorm(16)
             self.act = nn.GELU(approximate="tanh")
             self.leaky = nn.LeakyReLU(0.1)
@@ -258,7 +259,7 @@ def make_typed_net():
                 self.bn.running_var.uniform_(0.5, 2.0)
 
         def forward(self, x):
-            h = self.avgpool(self.maxpool(self.relu(self.bn(self.depthwise(self.conv(x))))))
+            h = self.up(self.avgpool(self.maxpool(self.relu(self.bn(self.depthwise(self.conv(x)))))))
             return self.head(self.leaky(self.act(self.norm(self.dense(self.drop(self.flat(h)))))))
 
     return Net().eval()

@@ -26,7 +26,7 @@ def test_init_types_each_layer_and_the_declared_forms_reproduce_torch(tmp_path):
     spec = Workspace(tmp_path).load_spec("typed", attach_golden=False)
     kinds = {tap: layer.kind for tap, layer in spec.layers.items()}
     assert kinds == {"conv": "conv", "depthwise": "conv", "bn": "batch_norm", "relu": "activation",
-                     "maxpool": "pool", "avgpool": "pool", "flat": "flatten", "drop": "dropout", "dense": "dense",
+                     "maxpool": "pool", "avgpool": "pool", "up": "resize", "flat": "flatten", "drop": "dropout", "dense": "dense",
                      "norm": "layer_norm", "act": "activation", "leaky": "activation", "head": "dense"}
     net = make_typed_net().double()
     weights = {k: v.numpy() for k, v in net.state_dict().items()}

@@ -246,3 +246,26 @@ def test_generic_variants_find_a_dropout_inside_a_layer_typed_otherwise_and_floa
     rounded = get("activation").forward([x16], {}, {"form": "gelu_erf"}).astype(np.float16).astype(np.float64)
     result = test_layer(layer, [x16], {}, rounded, Tolerance(1e-6, 1e-6))
     assert result["cause"]["variant"] == "float16_rounding"
+
+
+def test_resize_matches_torch_and_names_a_lost_align_corners():
+    import numpy as np
+    import torch
+
+    from parity.diagnose.cause import test_layer
+    from parity.diagnose.layers import get
+    from parity.model.layer_types import torch_layer
+    from parity.model.spec import Layer, Tolerance
+
+    x = np.random.default_rng(0).standard_normal((2, 3, 5, 7))
+    for options in ({"scale_factor": 1.5, "mode": "nearest"}, {"size": (4, 11), "mode": "nearest"},
+                    {"scale_factor": 1.7, "mode": "bilinear"}, {"scale_factor": 2, "mode": "bilinear",
+                                                                 "align_corners": True}):
+        module = torch.nn.Upsample(**options)
+        kind, attrs = torch_layer(module)
+        assert np.allclose(get(kind).forward([x], {}, attrs), module(torch.from_numpy(x)).numpy(), atol=1e-12)
+    # the model declares half-pixel bilinear; what ran resized with align_corners
+    _, declared = torch_layer(torch.nn.Upsample(scale_factor=2, mode="bilinear"))
+    observed = torch.nn.Upsample(scale_factor=2, mode="bilinear", align_corners=True)(torch.from_numpy(x)).numpy()
+    result = test_layer(Layer("resize", declared), [x], {}, observed, Tolerance(1e-6, 1e-6))
+    assert result["cause"]["variant"] == "coordinates_align_corners"

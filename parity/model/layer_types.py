@@ -48,6 +48,17 @@ def torch_layer(module) -> tuple[str, dict] | None:
             if module.divisor_override:
                 attrs["divisor_override"] = int(module.divisor_override)
         return "pool", attrs
+    if isinstance(module, nn.Upsample) and module.mode in ("nearest", "bilinear"):
+        attrs = {"mode": "nearest" if module.mode == "nearest" else "linear",
+                 "coordinate_transformation_mode": "asymmetric" if module.mode == "nearest" else
+                 ("align_corners" if module.align_corners else "pytorch_half_pixel")}
+        if module.mode == "nearest":
+            attrs["nearest_mode"] = "floor"
+        if module.size is not None:
+            attrs["size"] = _pair(module.size)
+        else:
+            attrs["scale"] = _pair(module.scale_factor)
+        return "resize", attrs
     if isinstance(module, nn.Dropout):
         return "dropout", {"rate": module.p}
     if isinstance(module, nn.Flatten) and module.start_dim == 1 and module.end_dim == -1:

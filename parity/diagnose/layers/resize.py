@@ -1,0 +1,105 @@
+"""resize: nearest or (bi)linear resizing of the spatial axes of an NCHW input, as ONNX ``Resize`` defines it.
+
+For each spatial axis of input length ``n`` and output length ``m`` (``size``, or ``floor(n * scale)``), output
+index ``o`` reads input coordinate ``c`` by ``coordinate_transformation_mode`` (``s`` = ``scale`` where given,
+else ``m / n``):
+
+* ``half_pixel``: ``c = (o + 0.5) / s - 0.5``; ``pytorch_half_pixel``: the same, 0 where ``m == 1``;
+* ``align_corners``: ``c = o * (n - 1) / (m - 1)``; ``asymmetric``: ``c = o / s``.
+
+``mode`` ``"nearest"`` takes input ``nearest_mode(c)``: ``round_prefer_floor``, ``round_prefer_ceil``, ``floor``,
+``ceil`` (clamped to the input); ``"linear"`` interpolates between ``floor(c)`` and ``floor(c) + 1`` with ``c``
+clamped to ``[0, n - 1]``. PyTorch's ``nn.Upsample(mode="nearest")`` is ``asymmetric`` + ``floor``,
+``mode="bilinear"`` is ``pytorch_half_pixel`` (``align_corners=True``: ``align_corners``).
+
+Variants: every other coordinate mode, and for nearest every other rounding, that gives different values on
+these inputs: the bugs of converters and runtimes in Resize (a coordinate mode or rounding lost or changed).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from parity.diagnose.layers import NotApplicable, Variant, with_attrs
+
+KIND = "resize"
+COORDINATES = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
+ROUNDINGS = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+
+
+def _coordinates(n: int, m: int, scale: float, mode: str) -> np.ndarray:
+    o = np.arange(m, dtype=np.float64)
+    if mode == "half_pixel":
+        return (o + 0.5) / scale - 0.5
+    if mode == "pytorch_half_pixel":
+        return (o + 0.5) / scale - 0.5 if m > 1 else np.zeros(m)
+    if mode == "align_corners":
+        return o * (n - 1) / (m - 1) if m > 1 else np.zeros(m)
+    if mode == "asymmetric":
+        return o / scale
+    raise ValueError(f"unknown coordinate_transformation_mode {mode!r}; known: {', '.join(COORDINATES)}")
+
+
+def _nearest(c: np.ndarray, rounding: str, n: int) -> np.ndarray:
+    if rounding == "round_prefer_floor":
+        index = np.where(c - np.floor(c) == 0.5, np.floor(c), np.round(c))
+    elif rounding == "round_prefer_ceil":
+        index = np.floor(c + 0.5)
+    elif rounding == "floor":
+        index = np.floor(c)
+    elif rounding == "ceil":
+        index = np.ceil(c)
+    else:
+        raise ValueError(f"unknown nearest_mode {rounding!r}; known: {', '.join(ROUNDINGS)}")
+    return np.clip(index, 0, n - 1).astype(np.int64)
+
+
+def _axis(x: np.ndarray, axis: int, m: int, scale: float, attrs: dict) -> np.ndarray:
+    n = x.shape[axis]
+    c = _coordinates(n, m, scale, attrs.get("coordinate_transformation_mode", "half_pixel"))
+    if attrs.get("mode", "nearest") == "nearest":
+        return np.take(x, _nearest(c, attrs.get("nearest_mode", "round_prefer_floor"), n), axis=axis)
+    c = np.clip(c, 0, n - 1)
+    low = np.floor(c).astype(np.int64)
+    high = np.minimum(low + 1, n - 1)
+    weight = (c - low).reshape([-1 if i == axis else 1 for i in range(x.ndim)])
+    return np.take(x, low, axis=axis) * (1.0 - weight) + np.take(x, high, axis=axis) * weight
+
+
+def forward(inputs, weights, attrs):
+    x = np.asarray(inputs[0], np.float64)
+    scales = attrs.get("scale")
+    sizes = attrs.get("size")
+    for i, axis in enumerate(range(2, x.ndim)):
+        n = x.shape[axis]
+        scale = float(scales[i] if isinstance(scales, (list, tuple)) else scales) if scales is not None else None
+        m = int(sizes[i] if isinstance(sizes, (list, tuple)) else sizes) if sizes is not None else \
+            int(math.floor(n * scale))
+        x = _axis(x, axis, m, scale if scale is not None else m / n, attrs)
+    return x
+
+
+def _other(attrs, **change):
+    def compute(inputs, weights, attrs_, observed):
+        declared = forward(inputs, weights, attrs)
+        value = forward(inputs, weights, {**attrs, **change})
+        if np.array_equal(value, declared):
+            raise NotApplicable(f"{change} gives the declared values on these inputs")
+        return value
+
+    return compute
+
+
+def variants(attrs):
+    declared = attrs.get("coordinate_transformation_mode", "half_pixel")
+    found = [Variant(f"coordinates_{mode}", f"Resize coordinate_transformation_mode {mode} instead of {declared}",
+                     _other(attrs, coordinate_transformation_mode=mode)) for mode in COORDINATES if mode != declared]
+    if attrs.get("mode", "nearest") == "nearest":
+        rounding = attrs.get("nearest_mode", "round_prefer_floor")
+        found += [Variant(f"nearest_{r}", f"Resize nearest_mode {r} instead of {rounding}",
+                          _other(attrs, nearest_mode=r)) for r in ROUNDINGS if r != rounding]
+    else:
+        found.append(Variant("nearest", "nearest instead of linear interpolation", with_attrs(forward, mode="nearest")))
+    return found
