@@ -269,3 +269,29 @@ def test_resize_matches_torch_and_names_a_lost_align_corners():
     observed = torch.nn.Upsample(scale_factor=2, mode="bilinear", align_corners=True)(torch.from_numpy(x)).numpy()
     result = test_layer(Layer("resize", declared), [x], {}, observed, Tolerance(1e-6, 1e-6))
     assert result["cause"]["variant"] == "coordinates_align_corners"
+
+
+def test_recurrent_matches_torch_lstm_and_gru_and_names_a_gate_order_mix_up():
+    import numpy as np
+    import torch
+
+    from parity.diagnose.cause import layer_weights, test_layer
+    from parity.diagnose.layers import get
+    from parity.model.spec import Layer, Tolerance
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 4, dtype=torch.float64)
+    for cell, module in (("lstm", torch.nn.LSTM(4, 3, batch_first=True)), ("gru", torch.nn.GRU(4, 3, batch_first=True))):
+        module = module.double()
+        weights = layer_weights({f"rnn.{k}": v.detach().numpy() for k, v in module.state_dict().items()}, "rnn",
+                                "recurrent")
+        expected = module(x)[0].detach().numpy()
+        assert np.allclose(get("recurrent").forward([x.numpy()], weights, {"cell": cell}), expected, atol=1e-12)
+        # a runtime that read the gate blocks in ONNX's order
+        from parity.diagnose.layers.recurrent import _onnx_order
+
+        observed = _onnx_order([x.numpy()], weights, {"cell": cell}, None)
+        result = test_layer(Layer("recurrent", {"cell": cell}, params="rnn"), [x.numpy()],
+                            {f"rnn.{k}": v.detach().numpy() for k, v in module.state_dict().items()}, observed,
+                            Tolerance(1e-6, 1e-6))
+        assert result["cause"]["variant"] == "gates_onnx_order", (cell, result["explanation"])

@@ -26,7 +26,9 @@ TORCH_NAMES = {"dense": {"weight": ("kernel", np.transpose), "bias": ("bias", No
                "conv": {"weight": ("kernel", None), "bias": ("bias", None)},
                "batch_norm": {"weight": ("gamma", None), "bias": ("beta", None), "running_mean": ("moving_mean", None),
                               "running_var": ("moving_variance", None)},
-               "layer_norm": {"weight": ("gamma", None), "bias": ("beta", None)}}
+               "layer_norm": {"weight": ("gamma", None), "bias": ("beta", None)},
+               "recurrent": {"weight_ih_l0": ("w_ih", None), "weight_hh_l0": ("w_hh", None),
+                             "bias_ih_l0": ("b_ih", None), "bias_hh_l0": ("b_hh", None)}}
 GENERIC = ("float16_rounding", "bfloat16_rounding", "dropout_active_inside", "layer_skipped")
 
 

@@ -31,7 +31,7 @@ INPUT_LAYOUTS = ("flat", "tokens", "nchw", "native")  # native: the source frame
 LOSSES = ("cross_entropy",)
 MODEL_INPUT = "input"  # in Layer.inputs: the model input rather than a tap
 LAYER_KINDS = ("dense", "conv", "batch_norm", "layer_norm", "activation", "pool", "flatten", "attention", "dropout",
-               "add", "position", "mean", "resize")
+               "add", "position", "mean", "resize", "recurrent")
 
 
 @dataclass(frozen=True)
