@@ -75,7 +75,9 @@ def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, reference, pre
     graph_outputs = list(meta["output_names"])
     tolerances = spec.output_tolerances(precision)
     by_graph_name = dict(zip(graph_outputs, spec.outputs))
-    tolerance_for = lambda name: tolerances.for_name(by_graph_name.get(name, name))  # noqa: E731
+
+    def tolerance_for(name):
+        return tolerances.for_name(by_graph_name.get(name, name))
 
     def run(names):
         return onnx_graph.run_tensors(path.runtime.name, model, feed, names, threads)
@@ -89,12 +91,12 @@ def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, reference, pre
         # tf2onnx mapping falls back to values
         exporter = next(e.name for e in reversed(path.exports) if e.name != "float16")
         mapped = onnx_taps.map_taps(model, spec, exporter, golden_taps, values, meta["input_layout"])
-        if not instrument.same_outputs(plain, values, tolerance_for) and not instrument.same_outputs(
-                plain, run(graph_outputs), tolerance_for):
+        reproduced = instrument.same_outputs(plain, values, tolerance_for)
+        if not reproduced and not instrument.same_outputs(plain, run(graph_outputs), tolerance_for):
             # two plain runs differ (a random op, e.g. Dropout in training mode): no run reproduces another, so the
             # taps come from the one instrumented run, and the report says why
             instrumentation = {"nondeterministic": True}
-        elif not instrument.same_outputs(plain, values, tolerance_for):
+        elif not reproduced:
             tap_tensors = {t: w["tensor"] for t, w in mapped.items() if w.get("tensor") and w["how"] != "fused"}
             seen = instrument.observe(run, plain, tap_tensors, tolerance_for)
             values = seen["values"]
