@@ -73,7 +73,7 @@ def composite_rounding(model, values: dict, tol) -> dict | None:
             from_computed, _ = onnx_ops.evaluate(node, args, opset)
             if together is None or from_computed is None or not np.all(np.isfinite(together)):
                 continue
-            if onnx_ops._units(values[out], from_computed, tol) > 1.0:
+            if onnx_ops.units(values[out], from_computed, tol) > 1.0:
                 continue  # the producer's float32 result does not explain what the consumer computed
             what = (f"{flushed} element(s) too small for float32 (0, or off by more than half their size)" if flushed
                     else f"{overflowed} element(s) overflow to inf")
@@ -89,7 +89,7 @@ def composite_rounding(model, values: dict, tol) -> dict | None:
             if stable is not None:
                 with np.errstate(all="ignore"):
                     fixed = stable[1](x.astype(np.float32))
-                ok = onnx_ops._units(fixed, together, tol) <= 1.0
+                ok = onnx_ops.units(fixed, together, tol) <= 1.0
                 result["fix"] = (f"compute the pair as {stable[0]}: in float32 it is within "
                                  f"{'' if ok else 'NOT '}the tolerance of the float64 composite")
                 result["fix_tested"] = bool(ok)

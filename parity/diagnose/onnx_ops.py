@@ -125,7 +125,8 @@ def _inputs(node, values: dict, initializers: dict) -> list | None:
     return out
 
 
-def _units(actual, expected, tol) -> float:
+def units(actual, expected, tol) -> float:
+    """``actual``'s error against ``expected`` in tolerance units; non-finite values alike on both sides agree."""
     stats = error_stats(np.asarray(actual, np.float64), expected, tol)
     if "tol_units" in stats:
         return float(stats["tol_units"])
@@ -157,8 +158,8 @@ def third_opinion(model, node, values: dict[str, dict], tol) -> dict:
         if expected is None:
             return {"evaluator": None, "opset": opset, "runtimes": {}, "follows_spec": None,
                     "reason": f"no float64 definition of {node.op_type} here and ONNX Runtime has no float64 kernel"}
-        units = _units(tensors[node.output[0]], expected, tol)
-        judged[runtime] = {"tol_units": units, "follows": bool(units <= 1.0)}
+        off = units(tensors[node.output[0]], expected, tol)
+        judged[runtime] = {"tol_units": off, "follows": bool(off <= 1.0)}
     following = [r for r, j in judged.items() if j["follows"]]
     verdict = "both" if len(following) == len(judged) == 2 else following[0] if len(following) == 1 else "neither"
     return {"evaluator": evaluator, "opset": opset, "runtimes": judged, "follows_spec": verdict if judged else None}
