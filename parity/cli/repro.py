@@ -8,6 +8,7 @@ import sys
 import click
 
 from parity.cli.common import PRECISION_CHOICES, handle_errors, note, say, workspace_option
+from parity.platform.env import default_threads
 
 
 @click.command("repro")
@@ -18,16 +19,23 @@ from parity.cli.common import PRECISION_CHOICES, handle_errors, note, say, works
 @click.option("--force", is_flag=True, help="Replace a non-empty --out folder.")
 @click.option("--precision", type=click.Choice(PRECISION_CHOICES), default="fp32", show_default=True,
               help="Precision of the path.")
-@click.option("--threads", type=click.IntRange(1), default=1, show_default=True, help="Intra-op threads.")
+@click.option("--device", default="cpu", show_default=True, metavar="cpu",
+              help="Where the path runs; the reduction runs on the CPU runtimes only.")
+@click.option("--threads", type=click.IntRange(1), default=default_threads(), show_default=True,
+              help="Intra-op threads, for the check and for every candidate of the reduction.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=300.0, show_default=True,
               help="Seconds one export, check or reduction may take.")
 @workspace_option
 @handle_errors
-def repro(model, path_id, out_dir, force, precision, threads, timeout_s, workspace):
+def repro(model, path_id, out_dir, force, precision, device, threads, timeout_s, workspace):
     """Reduce a failing path's exported ONNX graph to the smallest subgraph that still fails on the whole input
     set, and write a bug report anyone can run: model.onnx, test_data_set_0/, repro.py (numpy, onnx and the
     failing runtime only; exits 1 while the bug is present) and README.md (what diverges, the node, the tested
     cause, the link, the environment).
+
+    Exit codes: 0 written, or the path passes (nothing to reduce); 1 the failure stopped reproducing during the
+    reduction; 2 nothing to reduce (an error or skip verdict, a native path, a drift entering at the definition)
+    or bad input (a non-empty --out without --force).
 
     \b
     Example:
@@ -35,8 +43,10 @@ def repro(model, path_id, out_dir, force, precision, threads, timeout_s, workspa
     """
     from parity.pipeline import jobs
 
-    command = "parity repro " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else "parity repro"
+    given = [("--workspace", workspace), ("--model", model), ("--path", path_id), ("--out", out_dir),
+             ("--precision", precision if precision != "fp32" else None)]
+    command = " ".join(["parity repro", *(f"{flag} {shlex.quote(str(value))}" for flag, value in given if value)])
     code, line = jobs.repro(workspace, model, path_id, out_dir, force, precision, threads, timeout_s, command,
-                            progress=say, notice=note)
+                            progress=say, notice=note, device=device)
     click.echo(line, err=code != 0)
     sys.exit(code)

@@ -4,7 +4,15 @@
 under diagnosis) and compares every form against the activation observed at its output. A
 cause is named only when the declared form does *not* reproduce the observed activation
 (``tol_units > 1``) and a variant *does* (``tol_units <= 1``), distinguishably from the declared
-form; of several, the lowest ``tol_units`` wins.
+form; of several, the lowest ``tol_units`` wins. Besides its kind's variants, every layer is tried with a few
+that depend on what it does rather than on its declared kind (``generic_variants``: run in float16 or bfloat16,
+a dropout left active inside it, skipped), named under the same rule and marked ``"generic": true``. Observed NaN
+or infinite elements are explained only by a form that gives the same NaN or infinity at the same places (a fully
+masked attention row giving NaN, a float16 overflow).
+
+The layer's weights and activations may be its framework's own (a user's torch or Keras model):
+``parity.diagnose.layers.native`` maps them to the kind's canonical form, so the comparison is always made in
+the tap's own layout.
 
 Beyond the documented result, each tested variant carries ``distinct`` (False when it is
 within tolerance of the declared form on these inputs: it cannot be told apart, so it is never
@@ -19,36 +27,34 @@ import math
 import numpy as np
 
 from parity.check.closeness import error_stats
-from parity.diagnose.layers import NotApplicable, Variant, get
+from parity.diagnose.layers import NotApplicable, Variant
+from parity.diagnose.layers.native import bind, canonical_weights
 
-# a user's torch module keeps its own weight names (``proj.weight``): the canonical name and layout per kind
-TORCH_NAMES = {"dense": {"weight": ("kernel", np.transpose), "bias": ("bias", None)},
-               "conv": {"weight": ("kernel", None), "bias": ("bias", None)},
-               "batch_norm": {"weight": ("gamma", None), "bias": ("beta", None), "running_mean": ("moving_mean", None),
-                              "running_var": ("moving_variance", None)},
-               "layer_norm": {"weight": ("gamma", None), "bias": ("beta", None)},
-               "recurrent": {"weight_ih_l0": ("w_ih", None), "weight_hh_l0": ("w_hh", None),
-                             "bias_ih_l0": ("b_ih", None), "bias_hh_l0": ("b_hh", None)}}
 GENERIC = ("float16_rounding", "bfloat16_rounding", "dropout_active_inside", "layer_skipped")
 
 
-def layer_weights(all_weights: dict, prefix: str, kind: str | None = None) -> dict:
-    """The weights named ``prefix/...``, keyed by what follows ``prefix/``, as float64; for a user's torch module,
-    its ``prefix.weight``-style names mapped to the kind's canonical names and layouts (``TORCH_NAMES``)."""
-    head = f"{prefix}/"
-    own = {name[len(head):]: np.asarray(value, np.float64) for name, value in all_weights.items()
-           if name.startswith(head)}
-    if own or kind not in TORCH_NAMES:
-        return own
-    for suffix, (name, layout) in TORCH_NAMES[kind].items():
-        value = all_weights.get(f"{prefix}.{suffix}")
-        if value is not None:
-            value = np.asarray(value, np.float64)
-            own[name] = layout(value) if layout is not None else value
-    return own
+def layer_weights(all_weights: dict, prefix: str, kind: str | None = None, attrs: dict | None = None) -> dict:
+    """The weights of the layer at ``prefix`` under its kind's canonical names and layouts, as float64: those named
+    ``prefix/...``, a user's torch module's ``prefix.weight``-style names, or a Keras layer's own layouts where
+    ``attrs`` declare ``weight_layout`` (``parity.diagnose.layers.native``)."""
+    return canonical_weights(all_weights, prefix, kind, attrs)
+
+
+def recompute(layer, inputs, weights, prefix: str | None = None) -> np.ndarray:
+    """The declared form of ``layer`` on ``inputs``, in the tap's own layout (``weights`` and ``prefix`` as for
+    ``test_layer``): what the spec says the layer computes."""
+    attrs = dict(layer.attrs)
+    prefix = prefix if prefix is not None else layer.params
+    own = layer_weights(weights, prefix, layer.kind, attrs) if prefix is not None else \
+        {k: np.asarray(v, np.float64) for k, v in weights.items()}
+    return bind(layer.kind, attrs).forward([np.asarray(x, np.float64) for x in inputs], own)
 
 
 def _rounded(forward, dtype_name: str):
+    """The declared form with inputs, weights and output rounded through ``dtype_name``. A reduced-precision kernel
+    rounds its result correctly only up to one unit in the last place (accumulation order, double rounding): where
+    the observed element is exactly the rounded value's neighbour in that type, it is taken as reproduced."""
+
     def compute(inputs, weights, attrs, observed):
         if dtype_name == "bfloat16":
             import ml_dtypes
@@ -61,7 +67,16 @@ def _rounded(forward, dtype_name: str):
             return np.asarray(a, np.float64).astype(dtype).astype(np.float64)
 
         with np.errstate(over="ignore"):  # beyond float16's range is inf, as in float16
-            return r(forward([r(x) for x in inputs], {k: r(v) for k, v in weights.items()}, attrs))
+            value = np.asarray(forward([r(x) for x in inputs], {k: r(v) for k, v in weights.items()}, attrs))
+            value = value.astype(dtype)
+            if observed is None or np.shape(observed) != value.shape:
+                return value.astype(np.float64)
+            observed = np.asarray(observed, np.float64)
+            near = observed.astype(dtype)
+        bits = value.view(np.uint16)  # the neighbours in the reduced type: one unit in the last place either way
+        up, down = (bits + np.uint16(1)).view(dtype), (bits - np.uint16(1)).view(dtype)
+        snap = ((near == up) | (near == down)) & (near.astype(np.float64) == observed)
+        return np.where(snap, observed, value.astype(np.float64))
 
     return compute
 
@@ -107,9 +122,10 @@ def generic_variants(kind: str, forward) -> list:
 
 
 def _error(recomputed, observed, tol) -> tuple[dict, str | None]:
-    """``{"max_abs", "tol_units"}`` of ``recomputed`` against ``observed`` (inf with a reason if incomparable)."""
+    """``{"max_abs", "tol_units"}`` of ``recomputed`` against ``observed`` (inf with a reason if incomparable: another
+    shape, or non-finite elements that are not the observed ones, the same NaN or infinity at the same place)."""
     stats = error_stats(recomputed, observed, tol)
-    if "tol_units" not in stats:
+    if "tol_units" not in stats or "reason" in stats:
         reason = stats.get("reason", "not comparable").replace("golden", "observed")
         return {"max_abs": math.inf, "tol_units": math.inf}, reason
     return {"max_abs": stats["max_abs"], "tol_units": stats["tol_units"]}, None
@@ -130,23 +146,23 @@ def test_layer(layer, inputs, weights, observed, tol, prefix: str | None = None)
     ``weights`` is the full canonical weight dict; the layer's own are those under ``prefix``
     (default ``layer.params``; with neither, ``weights`` are taken as the layer's own).
     """
-    module = get(layer.kind)
     attrs = dict(layer.attrs)
+    module = bind(layer.kind, attrs)
     prefix = prefix if prefix is not None else layer.params
-    own = layer_weights(weights, prefix, layer.kind) if prefix is not None else {k: np.asarray(v, np.float64)
-                                                                       for k, v in weights.items()}
+    own = layer_weights(weights, prefix, layer.kind, attrs) if prefix is not None else \
+        {k: np.asarray(v, np.float64) for k, v in weights.items()}
     inputs = [np.asarray(x, np.float64) for x in inputs]
     observed = np.asarray(observed, np.float64)
     result = {"kind": layer.kind, "attrs": attrs}
 
-    declared, problem = _run(module.forward, inputs, own, attrs)
+    declared, problem = _run(module.forward, inputs, own)
     result["declared"], reason = ({"max_abs": math.inf, "tol_units": math.inf}, problem) if problem else \
         _error(declared, observed, tol)
     if problem:
         result["declared"]["error"] = problem
 
     tested = []
-    for variant in [*module.variants(attrs), *generic_variants(layer.kind, module.forward)]:
+    for variant in [*module.variants, *generic_variants(layer.kind, module.forward)]:
         entry = {"name": variant.name, "description": variant.description}
         value, problem = _run(variant.compute, inputs, own, attrs, observed)
         if problem is None:
@@ -156,8 +172,8 @@ def test_layer(layer, inputs, weights, observed, tol, prefix: str | None = None)
         entry.update(stats)
         entry["reproduces"] = bool(stats["tol_units"] <= 1.0)
         # a variant within tolerance of the declared form cannot be told apart from it at this tolerance
-        entry["distinct"] = bool(problem is not None or declared is None or value.shape != declared.shape
-                                 or error_stats(value, declared, tol)["tol_units"] > 1.0)
+        entry["distinct"] = bool(problem is not None or declared is None or _error(value, declared, tol)[0]["tol_units"]
+                                 > 1.0)
         if problem:
             entry["error"] = problem
         if variant.name in GENERIC:
@@ -168,15 +184,12 @@ def test_layer(layer, inputs, weights, observed, tol, prefix: str | None = None)
 
     nonfinite = int(observed.size - np.count_nonzero(np.isfinite(observed)))
     before = result["declared"]
-    if nonfinite:
-        result["explanation"] = (f"the observed activation has {nonfinite} of {observed.size} non-finite elements "
-                                 f"(NaN/Inf): no recomputation explains them, so no cause is named")
-        return result
     if before["tol_units"] <= 1.0:
         result["explanation"] = (f"the {layer.kind} layer computes what the spec declares ({before['tol_units']:.3g} "
                                  f"tolerance units from its observed output): the drift is inherited from its "
                                  f"inputs or arises elsewhere")
         return result
+    # a variant reproduces non-finite observed elements only with the same NaN or infinity at the same places
     causes = [v for v in tested if v["reproduces"] and v["distinct"]]
     if causes:
         best = min(causes, key=lambda v: v["tol_units"])
@@ -187,6 +200,10 @@ def test_layer(layer, inputs, weights, observed, tol, prefix: str | None = None)
         result["explanation"] = (f"{best['description']}: this reproduces the observed {layer.kind} output "
                                  f"({after['tol_units']:.3g} tolerance units; the declared form is off by "
                                  f"{before['tol_units']:.3g})")
+        return result
+    if nonfinite:
+        result["explanation"] = (f"the observed activation has {nonfinite} of {observed.size} non-finite elements "
+                                 f"(NaN/Inf): no recomputation explains them, so no cause is named")
         return result
     off = "cannot be recomputed" if math.isinf(before["tol_units"]) else f"is off by {before['tol_units']:.3g}"
     finite = [v for v in tested if math.isfinite(v["tol_units"])]

@@ -5,7 +5,6 @@ framework runs in a worker through ``parity.diagnose.collect``.
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from parity.check import closeness as compare
@@ -66,11 +65,11 @@ def diagnose(run, pool, spec, manifest, path: paths.PathDef, artifact: dict | No
     if path.precision == "fp16" and path.exports and path.exports[-1].name == "float16" and failing:
         parent = run._export(pool, spec, manifest, path, len(path.exports) - 2)
         if "error" not in parent:
-            result["repair"] = pool.call(path.runtime.group, "parity.diagnose.precision_repair:repair_task",
+            result["repair"] = pool.call(path.runtime.group, "parity.diagnose.repair:repair_for_diagnosis",
                                          workspace=str(run.workspace.root), model=spec.name,
                                          golden_dir=str(run.workspace.golden_dir(spec.name)), precision=path.precision,
                                          threads=run.options.threads, artifact_dir=parent["dir"],
-                                         artifact_meta=parent["meta"])
+                                         artifact_meta=parent["meta"], path_id=path.id, device=path.device)
     if note:
         result["split"] = {"name": "eval", "rows": extra["rows"]}
         result["notes"].insert(0, note)

@@ -1,18 +1,23 @@
-"""A failing ONNX graph reduced to a small subgraph that still fails on the whole input set.
+"""A failing ONNX graph reduced to a small subgraph that still fails, judged on the whole input set at every step.
 
-``known`` maps tensors to values known to be right (graph inputs always; every intermediate where a trusted
-evaluator ran the graph; only the taps and outputs where the source is the reference). A candidate is the set of
-nodes that computes one known tensor (its output, compared with the known value) from a set of known tensors (its
-inputs, fed their known values). The reduction keeps the failure at every step, judged on every sample at once:
+``known`` maps tensors to values known to be right: the graph inputs always; every intermediate where a trusted
+evaluator ran the graph (``onnx.reference``, or ONNX Runtime with its optimisations off); only the mapped taps and
+the outputs where the model's source is the reference (a converter fault). A candidate is the set of nodes that
+computes one known tensor (its only output, compared with the known value) from a set of cut tensors (its inputs,
+fed their known values); initializers it does not read are pruned, the opset imports are the graph's, and it must
+pass ``onnx.checker.check_model(full_check=True)``. The reduction keeps the failure at every accepted step:
 
-1. the output side: the earliest known tensor, in topological order, whose subgraph from the graph inputs fails
-   (bisected over the order, then confirmed);
-2. the input side: the known tensors nearest the output are tried as cuts one by one, latest first; a cut that
-   keeps the failure is kept (the subgraph shrinks towards the output).
+0. the whole graph must fail on the failing runtime (else there is nothing to reduce, and that is said);
+1. the output side: the earliest known tensor in topological order whose subgraph from the graph inputs fails,
+   bisected over the known tensors upstream of the failing output;
+2. the input side: the cuts move forward, bisected over the topological order: the latest boundary (every node
+   before it replaced by the known values it hands on) at which the subgraph still fails;
+3. node removal: each remaining node but the output's, latest first, is cut away (its outputs fed their known
+   values) where the rest still fails.
 
-Each candidate runs alone, with only its output marked: marking intermediates would change what an optimiser does.
-Polygraphy's ``debug reduce`` and the former ``torch.onnx`` ``find_mismatch`` are the anchors; they need a
-user-written check and judge one sample, this needs neither. NumPy at import; onnx / onnxruntime inside.
+Each candidate runs alone with only its output marked: marking intermediates as outputs would change what an
+optimiser fuses. Polygraphy's ``debug reduce`` and the former ``torch.onnx`` ``find_mismatch`` are the anchors;
+they need a user-written check and judge one sample, this needs neither. NumPy at import; onnx / onnxruntime inside.
 """
 
 from __future__ import annotations
@@ -23,21 +28,25 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from parity.check.closeness import error_stats
+from parity.check.closeness import error_stats, times
 
 
 @dataclass
 class Reduced:
-    model: object | None  # the reduced ModelProto, or None when the failure did not reproduce
-    inputs: dict[str, np.ndarray] = field(default_factory=dict)  # graph input -> known value
+    """The outcome of ``reduce``: the smallest failing subgraph found, or ``model`` None and the ``reason``."""
+
+    model: object | None  # the reduced ModelProto
+    failing: str = "ort"
+    inputs: dict[str, np.ndarray] = field(default_factory=dict)  # its graph inputs -> known values
     output: str | None = None
-    expected: np.ndarray | None = None
-    stats: dict = field(default_factory=dict)  # error of the failing runtime on the reduced graph
+    expected: np.ndarray | None = None  # the known value of ``output``
+    stats: dict = field(default_factory=dict)  # the failing runtime's error on ``output``
     nodes_before: int = 0
     nodes_after: int = 0
-    checks: int = 0
-    reproduced: int = 0
+    checks: int = 0  # candidates run on the failing runtime (the whole graph included)
+    reproduced: int = 0  # of which failed
     seconds: float = 0.0
+    steps: list[str] = field(default_factory=list)  # what each phase did, one line each
     reason: str | None = None
 
 
@@ -45,25 +54,24 @@ def _producers(model) -> dict[str, int]:
     return {name: i for i, node in enumerate(model.graph.node) for name in node.output if name}
 
 
-def _needed(model, output: str, cuts: set[str]) -> list[int]:
+def _needed(model, output: str, cuts: set[str], producers: dict[str, int] | None = None) -> list[int]:
     """Indices of the nodes that compute ``output`` from ``cuts``, the graph inputs and the initializers."""
-    producers = _producers(model)
+    producers = producers if producers is not None else _producers(model)
     keep, stack = set(), [output]
     while stack:
         name = stack.pop()
-        if name in cuts or name not in producers:
+        if name in cuts or name not in producers or producers[name] in keep:
             continue
-        index = producers[name]
-        if index in keep:
-            continue
-        keep.add(index)
-        stack.extend(i for i in model.graph.node[index].input if i)
+        keep.add(producers[name])
+        stack.extend(i for i in model.graph.node[producers[name]].input if i)
     return sorted(keep)
 
 
 def subgraph(model, output: str, cuts: set[str], known: dict):
-    """The nodes computing ``output`` from ``cuts`` as a model of its own: its inputs are the tensors it reads that
-    no kept node computes (cuts and graph inputs; initializers stay initializers), fed their known values."""
+    """The nodes computing ``output`` from ``cuts`` as a checker-valid model of its own, and its feed: its inputs
+    are the tensors it reads that no kept node computes (cuts and graph inputs; initializers stay initializers),
+    typed by their known values, as is its one output. Raises KeyError when an input has no known value, ValueError
+    when it reads none."""
     import onnx
     from onnx import helper
 
@@ -75,78 +83,172 @@ def subgraph(model, output: str, cuts: set[str], known: dict):
     missing = [name for name in inputs if name not in known]
     if missing:
         raise KeyError(f"no known value for {missing[0]!r}")
-    infos = []
-    for name in inputs:
+    if not inputs:  # a subgraph of constants only: nothing of the input set reaches it
+        raise ValueError(f"the nodes computing {output!r} read no graph input")
+
+    def info(name):
         value = np.asarray(known[name])
-        infos.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(value.dtype), value.shape))
-    graph = helper.make_graph(nodes, "reduced", infos, [helper.make_empty_tensor_value_info(output)],
+        return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(value.dtype), value.shape)
+
+    graph = helper.make_graph(nodes, "reduced", [info(name) for name in inputs], [info(output)],
                               initializer=[initializers[name] for name in read if name in initializers])
     reduced = helper.make_model(graph, opset_imports=list(model.opset_import))
     reduced.ir_version = model.ir_version
-    reduced = onnx.shape_inference.infer_shapes(reduced)
-    typed = {v.name: v for v in reduced.graph.value_info}
-    if output in typed:
-        del reduced.graph.output[:]
-        reduced.graph.output.append(typed[output])
+    used = {(node.domain, node.op_type) for node in nodes}
+    reduced.functions.extend(f for f in model.functions if (f.domain, f.name) in used)
+    onnx.checker.check_model(reduced, full_check=True)
     return reduced, {name: np.asarray(known[name]) for name in inputs}
 
 
-def _position(model) -> dict[str, int]:
-    return {name: i for i, node in enumerate(model.graph.node) for name in node.output if name}
+class _Search:
+    """One reduction's state: every candidate judged once, keyed by its output and node set."""
+
+    def __init__(self, model, known, failing, tolerance_for, threads, result: Reduced):
+        self.model, self.known, self.failing, self.threads = model, known, failing, threads
+        self.tolerance_for, self.result = tolerance_for, result
+        self.producers = _producers(model)
+        self.seen: dict[tuple, tuple | None] = {}
+        self.errors: list[str] = []
+
+    def nodes(self, output: str, cuts: set[str]) -> list[int]:
+        return _needed(self.model, output, cuts, self.producers)
+
+    def run(self, candidate, feed: dict, names: list[str]) -> dict:
+        from parity.diagnose.onnx_graph import run_tensors
+
+        return run_tensors(self.failing, candidate, feed, names, self.threads)
+
+    def compare(self, name: str, value) -> dict:
+        return error_stats(np.asarray(value), np.asarray(self.known[name], np.float64), self.tolerance_for(name))
+
+    def fails(self, output: str, cuts: set[str]) -> tuple | None:
+        """``(candidate, feed, stats)`` when the subgraph fails on every sample at once, else None."""
+        key = (output, frozenset(self.nodes(output, cuts)))
+        if key not in self.seen:
+            self.seen[key] = None
+            try:
+                candidate, feed = subgraph(self.model, output, cuts, self.known)
+            except Exception:  # noqa: BLE001 - an input without a known value, or a candidate the checker refuses
+                return None
+            self.result.checks += 1
+            try:
+                stats = self.compare(output, self.run(candidate, feed, [output])[output])
+            except Exception as error:  # noqa: BLE001 - a runtime that cannot run a candidate: not this failure
+                self.errors.append(f"{type(error).__name__}: {' '.join(str(error).split())[:200]}")
+                return None
+            if not stats.get("ok", False):
+                self.result.reproduced += 1
+                self.seen[key] = (candidate, feed, stats)
+        return self.seen[key]
 
 
-def reduce(model, known: dict[str, np.ndarray], run: Callable, tolerance_for,
-           order: list[str] | None = None) -> Reduced:
-    """The smallest subgraph found that still fails (see the module docstring). ``run(model, feed) -> value`` runs
-    a candidate on the failing runtime and returns its one output; ``tolerance_for(tensor)`` the tolerance it is
-    judged with; ``order``: the known tensors to try as outputs (default every known tensor a node computes)."""
+def _boundaries(model, needed: list[int], known: dict) -> list[set[str]]:
+    """For each node of ``needed`` (topological order) whose predecessors hand on only known tensors: the cut set
+    that leaves that node and the ones after it (the boundary), earliest first."""
+    nodes = model.graph.node
+    last_use: dict[str, int] = {}
+    for index in needed:
+        for name in nodes[index].input:
+            if name:
+                last_use[name] = index
+    produced: set[str] = set()
+    found = []
+    for index in needed:
+        boundary = {name for name in produced if last_use.get(name, -1) >= index}
+        if all(name in known for name in boundary):
+            found.append(boundary)
+        produced.update(name for name in nodes[index].output if name)
+    return found
+
+
+def _stop(result: Reduced, search: _Search, started: float, reason: str) -> Reduced:
+    rate = f"it reproduced in {result.reproduced} of {result.checks} candidate checks"
+    errors = search.errors and f"; the runtime refused {len(search.errors)} candidate(s), first: {search.errors[0]}"
+    result.reason, result.seconds = f"{reason} ({rate}{errors or ''})", time.perf_counter() - started
+    return result
+
+
+def reduce(model, feed: dict, failing: str, known: dict, tolerance, threads: int = 1) -> Reduced:
+    """The smallest subgraph of ``model`` found that still fails on ``failing`` ("ort", "ort-noopt" or "onnxref")
+    against ``known`` (see the module docstring), judged on all of ``feed`` (the whole input set) at once.
+    ``tolerance``: a ``parity.model.spec.Tolerance``, or a function of the tensor name giving one."""
     started = time.perf_counter()
-    result = Reduced(None, nodes_before=len(model.graph.node))
-    positions = _position(model)
-    graph_inputs = {i.name for i in model.graph.input}
-    outputs = sorted(order or [t for t in known if t in positions], key=positions.__getitem__)
-
-    def fails(output: str, cuts: set[str]):
-        result.checks += 1
-        candidate, feed = subgraph(model, output, cuts, known)
-        value = np.asarray(run(candidate, feed), np.float64)
-        stats = error_stats(value, np.asarray(known[output], np.float64), tolerance_for(output))
-        bad = not stats.get("ok", False)
-        result.reproduced += bad
-        return (candidate, feed, stats) if bad else None
-
-    # 1. the output side: bisect for the earliest failing output (failure is assumed to persist downstream)
-    low, high = 0, len(outputs) - 1
-    if not outputs or fails(outputs[high], set()) is None:
-        result.reason = ("the whole graph's " + (f"{outputs[-1]!r} " if outputs else "") +
-                         "does not fail on the failing runtime when run alone")
-        result.seconds = time.perf_counter() - started
-        return result
+    tolerance_for: Callable = tolerance if callable(tolerance) else (lambda name: tolerance)
+    known = {**known, **feed}
+    result = Reduced(None, failing=failing, nodes_before=len(model.graph.node))
+    search = _Search(model, known, failing, tolerance_for, threads, result)
+    # 0. the whole graph, every known output judged
+    outputs = [o.name for o in model.graph.output if o.name in known]
+    if not outputs:
+        return _stop(result, search, started, "no graph output has a known value to compare with")
+    result.checks += 1
+    try:
+        whole = search.run(model, feed, outputs)
+    except Exception as error:  # noqa: BLE001 - a graph the failing runtime cannot run is not a wrong answer
+        return _stop(result, search, started, f"{failing} cannot run the whole graph: {type(error).__name__}: "
+                                              f"{' '.join(str(error).split())[:200]}")
+    bad = [name for name in outputs if name in search.producers
+           and not search.compare(name, whole[name]).get("ok", False)]
+    if not bad:
+        return _stop(result, search, started, f"the whole graph does not fail on {failing}: every output is within "
+                                              f"tolerance of the known values")
+    result.reproduced += 1
+    target = min(bad, key=lambda name: search.producers.get(name, -1))
+    # 1. the output side: the earliest known tensor upstream of the failing output whose subgraph fails
+    upstream = {name for i in search.nodes(target, set()) for name in model.graph.node[i].output}
+    order = sorted((t for t in known if t in upstream and t in search.producers), key=search.producers.__getitem__)
+    if search.fails(target, set()) is None:
+        return _stop(result, search, started, f"the failure stopped reproducing: output {target!r} fails when the "
+                                              f"whole graph runs but not when only its own nodes run")
+    low, high = 0, order.index(target)
     while low < high:
         middle = (low + high) // 2
-        if fails(outputs[middle], set()) is not None:
+        if search.fails(order[middle], set()) is not None:
             high = middle
         else:
             low = middle + 1
-    output = outputs[high]
-    found = fails(output, set())
-    if found is None:
-        result.reason = f"the failure stopped reproducing at {output!r} (the bisection was not monotone)"
-        result.seconds = time.perf_counter() - started
-        return result
-    # 2. the input side: cut at known tensors nearest the output first
-    cuts: set[str] = set()
-    ancestors = {name for i in _needed(model, output, set()) for name in model.graph.node[i].output}
-    for tensor in sorted((t for t in known if t in ancestors and t != output and t not in graph_inputs),
-                         key=positions.__getitem__, reverse=True):
-        if tensor in cuts or not set(_needed(model, output, cuts)) - set(_needed(model, output, cuts | {tensor})):
+    output = order[high]
+    needed = search.nodes(output, set())
+    result.steps.append(f"output side: {output!r}, the earliest of {len(order)} known tensors upstream of {target!r} "
+                        f"that fails ({len(needed)} nodes)")
+    # 2. the input side: the latest boundary that keeps the failure, bisected (the first boundary is no cut at all)
+    bounds = _boundaries(model, needed, known)
+    low, high = 0, len(bounds) - 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        if search.fails(output, bounds[middle]) is not None:
+            low = middle
+        else:
+            high = middle - 1
+    cuts = set(bounds[low])
+    result.steps.append(f"input side: {len(search.nodes(output, cuts))} node(s) from "
+                        f"{', '.join(sorted(cuts)) or 'the graph inputs'} ({len(bounds)} boundaries with known values)")
+    # 3. node removal: each remaining node cut away where the rest still fails, latest first
+    removed = 0
+    for index in reversed(search.nodes(output, cuts)):
+        kept = search.nodes(output, cuts)
+        if index == search.producers[output] or index not in kept:
             continue
-        attempt = fails(output, cuts | {tensor})
-        if attempt is not None:
-            cuts.add(tensor)
-            found = attempt
+        handed = {name for name in model.graph.node[index].output if name}
+        if search.fails(output, cuts | handed) is not None:
+            cuts |= handed
+            removed += 1
+    result.steps.append(f"node removal: {removed} node(s) cut away where the rest still fails")
+    found = search.fails(output, cuts)
+    if found is None:  # every accepted step failed when it was judged; a runtime that stopped failing since
+        return _stop(result, search, started, f"the failure stopped reproducing at {output!r}")
     result.model, result.inputs, result.stats = found
     result.output, result.expected = output, np.asarray(known[output])
     result.nodes_after = len(result.model.graph.node)
     result.seconds = time.perf_counter() - started
     return result
+
+
+def summary(result: Reduced) -> str:
+    """One line: what the reduction found, or why it stopped."""
+    if result.model is None:
+        return f"no reduction: {result.reason}"
+    ops = " -> ".join(node.op_type for node in result.model.graph.node)
+    return (f"{result.failing} fails on {result.output!r} by {times(result.stats.get('tol_units', float('inf')))}: "
+            f"{ops} ({result.nodes_before} nodes -> {result.nodes_after}, {result.checks} checks, "
+            f"{result.seconds:.2f} s)")

@@ -1,14 +1,14 @@
-"""``parity repro``'s worker task: a failing path's exported graph reduced (``parity.diagnose.reduce``) and written
-as a bug report anyone can run.
+"""A failing path's exported graph reduced (``parity.diagnose.reduce``) and written as a bug report anyone can run.
 
-The folder holds ``model.onnx`` (checker-valid), ``test_data_set_0/`` in the ONNX test-data layout (inputs, and as
-outputs the values known to be right), ``repro.py`` (numpy, onnx and the failing runtime only; exits 1 while the
-outputs differ, 0 once they agree) and ``README.md`` (what diverges and by how much, the node, the tested cause,
-the link, the reduction, the environment with versions first).
+The folder holds ``model.onnx`` (checker-valid), ``test_data_set_0/`` in the ONNX test-data layout (its inputs, and
+as outputs the values known to be right), ``repro.py`` (numpy, onnx and the failing runtime only, with the session
+options the path used; exits 1 while the outputs differ, 0 once they agree) and ``README.md`` (the environment with
+versions first, what diverges and by how much, the node, the tested cause, the link, the reduction, the command).
 
-Which values are right comes from the diagnosis: the runtime that follows the spec (or ONNX Runtime with its
-optimisations off, for an optimiser fault) gives every tensor; for a converter fault, the source's golden
-activations at the mapped taps and the golden outputs.
+Which values are right comes from the diagnosis (``trusted_for``): the evaluator it names, else for a runtime fault
+``onnx.reference`` (or ONNX Runtime with its optimisations off, where the failing runtime is ``onnx.reference``,
+where the optimiser is to blame, or where ``onnx.reference`` cannot run the graph), which gives every tensor; for a
+converter fault, the float64 golden of the model's source at the mapped taps and the outputs.
 """
 
 from __future__ import annotations
@@ -18,15 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from parity.golden import store as golden
-from parity.model import feeds
-from parity.model.workspace import Workspace
 from parity.platform import safefs
-from parity.run import paths
-from parity.runtimes.onnx_common import onnx_feed
 
-SCRIPT = '''"""Runs model.onnx on test_data_set_0 with @RUNTIME@ and compares with the expected outputs (the
-values known to be right): exits 1 while they differ beyond atol + rtol * |expected|, 0 once they agree."""
+SCRIPT = '''"""Runs model.onnx on test_data_set_0 with @RUNTIME@ and compares with the expected outputs (the values
+known to be right): exits 1 while they differ beyond atol + rtol * |expected|, 0 once they agree."""
 import sys
 from pathlib import Path
 
@@ -40,12 +35,7 @@ HERE = Path(__file__).resolve().parent
 
 def tensors(kind):
     files = sorted((HERE / "test_data_set_0").glob(f"{kind}_*.pb"), key=lambda f: int(f.stem.split("_")[1]))
-    out = {}
-    for file in files:
-        proto = onnx.TensorProto()
-        proto.ParseFromString(file.read_bytes())
-        out[proto.name] = numpy_helper.to_array(proto)
-    return out
+    return {t.name: numpy_helper.to_array(t) for t in (onnx.load_tensor(str(f)) for f in files)}
 
 
 model = onnx.load(str(HERE / "model.onnx"))
@@ -55,26 +45,32 @@ if RUNTIME == "onnxref":
     from onnx.reference import ReferenceEvaluator
 
     got = ReferenceEvaluator(model).run(names, inputs)
-else:
+else:  # the session options of the path: optimisation level, intra-op threads, one inter-op thread
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_DISABLE_ALL if RUNTIME == "ort-noopt"
                                         else ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
-    options.intra_op_num_threads = THREADS
+    options.intra_op_num_threads, options.inter_op_num_threads = THREADS, 1
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     got = session.run(names, inputs)
 bad = False
 for name, value in zip(names, got):
     value, want = np.asarray(value, np.float64), np.asarray(expected[name], np.float64)
+    if value.shape != want.shape:
+        print(f"{name}: shape {value.shape} where {want.shape} is expected")
+        bad = True
+        continue
     finite = np.isfinite(value) & np.isfinite(want)
-    alike = finite | (value == want) | (np.isnan(value) & np.isnan(want))
+    same = (value == want) | (np.isnan(value) & np.isnan(want))
+    nonfinite = int(np.count_nonzero(~finite & ~same))  # NaN or Inf where the expected value is not the same
     error = np.where(finite, np.abs(value - want), 0.0)
-    units = np.max(error / (ATOL + RTOL * np.abs(want)), initial=0.0)
-    out = int(np.count_nonzero(~alike) + np.count_nonzero(error > ATOL + RTOL * np.abs(want)))
-    print(f"{name}: {out} of {value.size} elements out of tolerance; max abs error {np.max(error, initial=0.0):.3g} "
-          f"({units:.3g}x atol {ATOL:g} + rtol {RTOL:g} |expected|); {np.count_nonzero(~alike)} non-finite where "
-          f"the expected value is not")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        units = np.where(error == 0, 0.0, error / (ATOL + RTOL * np.abs(np.where(finite, want, 0.0))))
+    out = int(np.count_nonzero(units > 1)) + nonfinite
+    print(f"{name}: max abs error {np.max(error, initial=0.0):.3g} = {np.max(units, initial=0.0):.3g} tolerance units "
+          f"(atol {ATOL:g} + rtol {RTOL:g} * |expected|) on the finite elements; {nonfinite} NaN or Inf where the "
+          f"expected value is not; {out} of {value.size} elements out of tolerance")
     bad = bad or out > 0
 print("the bug is present" if bad else "the outputs agree: fixed")
 sys.exit(1 if bad else 0)
@@ -82,15 +78,14 @@ sys.exit(1 if bad else 0)
 
 
 def trusted_for(diagnosis: dict, runtime: str) -> str | None:
-    """The evaluator whose values are right, from the diagnosis (None: nothing in a graph to reduce)."""
+    """The evaluator whose values are right ("onnxref", "ort-noopt", or "source" for the golden taps), from the
+    diagnosis; None where no link in an exported graph is named (nothing in a graph to reduce)."""
     links = diagnosis.get("links") or {}
     cause = diagnosis.get("node_cause") or {}
     if cause.get("trusted"):
         return cause["trusted"]
     if links.get("enters_at") == "runtime":
-        if diagnosis.get("optimiser"):
-            return "ort-noopt"
-        return "onnxref" if runtime.startswith("ort") else "ort-noopt"
+        return "ort-noopt" if diagnosis.get("optimiser") or runtime == "onnxref" else "onnxref"
     if links.get("enters_at") == "converter":
         return "source"
     return None
@@ -129,110 +124,144 @@ def _as_graph_types(model, known: dict) -> dict:
             if types.get(name) else np.asarray(value) for name, value in known.items()}
 
 
-def _runner(runtime: str, threads: int):
-    def run(model, feed):
-        from parity.diagnose.onnx_graph import run_tensors
+def _evaluated(trusted: str, graph, feed: dict, threads: int) -> tuple[str, dict]:
+    """Every intermediate as ``trusted`` computes it; ``onnx.reference`` that cannot run the graph gives way to ONNX
+    Runtime with its optimisations off."""
+    from parity.diagnose import onnx_graph
 
-        output = model.graph.output[0].name
-        return run_tensors(runtime, model, feed, [output], threads)[output]
-
-    return run
+    names = onnx_graph.intermediate_names(graph)
+    try:
+        return trusted, onnx_graph.run_tensors(trusted, graph, feed, names, threads)
+    except Exception:
+        if trusted != "onnxref":
+            raise
+        return "ort-noopt", onnx_graph.run_tensors("ort-noopt", graph, feed, names, threads)
 
 
 def write(workspace: str, model: str, path_id: str, golden_dir: str, precision: str, threads: int, artifact_dir: str,
           artifact_meta: dict, diagnosis: dict, out_dir: str, environment: dict, command: str) -> dict:
-    """Reduce the path's graph and write the folder; ``{"written": bool, ...the reduction's numbers, "reason"}``."""
+    """Worker task: reduce the path's graph and write the folder; ``{"written", "ops", "output", "stats", the
+    reduction's numbers, "trusted", "runtime", "reason"}``."""
     import onnx
 
     from parity.diagnose import onnx_graph
     from parity.diagnose.reduce import reduce
+    from parity.golden import store as golden
+    from parity.model import feeds
+    from parity.model.workspace import Workspace
+    from parity.run import paths
+    from parity.runtimes.onnx_common import onnx_feed
 
     spec = Workspace(workspace).load_spec(model)
-    path = paths.by_id(path_id, "cpu", precision)
+    runtime = paths.by_id(path_id, "cpu", precision).runtime.name
     verified = golden.load(Path(golden_dir), spec)
-    reference = verified.arrays["reference.npz"]
     graph = onnx.load(str(Path(artifact_dir) / artifact_meta["file"]))
     feed = onnx_feed(spec, artifact_meta, feeds.from_arrays(spec, verified.arrays["inputs.npz"]))
     graph = onnx_graph.pinned(graph, feed)
-    runtime = path.runtime.name
     trusted = trusted_for(diagnosis, runtime)
     if trusted == "source":
+        reference = verified.arrays["reference.npz"]
         known = _as_graph_types(graph, _golden_known(spec, graph, diagnosis, reference, artifact_meta, feed))
     else:
-        known = {**feed, **onnx_graph.run_tensors(trusted, graph, feed, onnx_graph.intermediate_names(graph), threads)}
+        trusted, known = _evaluated(trusted, graph, feed, threads)
     tolerances = spec.output_tolerances(precision)
     names = {**{r["tensor"]: r["tap"] for r in diagnosis.get("taps") or [] if r.get("tensor")},
              **dict(zip(artifact_meta["output_names"], spec.outputs))}
-    reduced = reduce(graph, known, _runner(runtime, threads), lambda tensor: tolerances.for_name(names.get(tensor, "")))
+
+    def tolerance_for(tensor):
+        return tolerances.for_name(names.get(tensor, ""))
+
+    reduced = reduce(graph, feed, runtime, known, tolerance_for, threads)
     numbers = {"nodes_before": reduced.nodes_before, "nodes_after": reduced.nodes_after, "checks": reduced.checks,
                "reproduced": reduced.reproduced, "seconds": reduced.seconds, "trusted": trusted, "runtime": runtime}
     if reduced.model is None:
         return {"written": False, "reason": reduced.reason, **numbers}
-    onnx.checker.check_model(reduced.model, full_check=True)
-    tol = tolerances.for_name(names.get(reduced.output, ""))
-    _write_folder(Path(out_dir), reduced, runtime, threads, tol, diagnosis, environment, command, numbers)
-    ops = [node.op_type for node in reduced.model.graph.node]
-    return {"written": True, "ops": ops, "output": reduced.output, "stats": _plain(reduced.stats), **numbers}
+    write_report(Path(out_dir), reduced, tolerance_for(reduced.output), threads, diagnosis=diagnosis,
+                 environment=environment, command=command, trusted=trusted)
+    return {"written": True, "ops": [node.op_type for node in reduced.model.graph.node], "output": reduced.output,
+            "stats": {k: v for k, v in reduced.stats.items() if isinstance(v, (int, float, str))}, **numbers}
 
 
-def _plain(stats: dict) -> dict:
-    return {k: (float(v) if isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool) else v)
-            for k, v in stats.items()}
-
-
-def _write_folder(out: Path, reduced, runtime: str, threads: int, tol, diagnosis: dict, environment: dict,
-                  command: str, numbers: dict) -> None:
-    """Everything into a scratch folder beside ``out``, then put in place at once."""
+def write_report(out: Path, reduced, tolerance, threads: int = 1, *, diagnosis: dict | None = None,
+                 environment: dict | None = None, command: str | None = None, trusted: str | None = None) -> Path:
+    """Write the bug-report folder of ``reduced`` (a ``Reduced`` with a model) at ``out``, replacing what is there:
+    everything goes into a scratch folder beside it, which is then exchanged with ``out`` at once."""
     from parity.interop.onnx_test_data import write_test_data
+    from parity.platform.env import environment as current
 
+    out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     scratch = safefs.owned_tempdir(out.parent, f".{out.name}.tmp-")
     try:
         (scratch / "model.onnx").write_bytes(reduced.model.SerializeToString())
-        expected = np.asarray(reduced.expected).astype(_dtype(reduced.model))
-        write_test_data(scratch, reduced.inputs, {reduced.output: expected})
-        script = SCRIPT.replace("@RUNTIME@", runtime).replace("@THREADS@", str(threads))
-        script = script.replace("@ATOL@", repr(float(tol.atol))).replace("@RTOL@", repr(float(tol.rtol)))
+        write_test_data(scratch, reduced.inputs, {reduced.output: _typed(reduced.model, reduced.expected)})
+        script = SCRIPT.replace("@RUNTIME@", reduced.failing).replace("@THREADS@", str(threads))
+        script = script.replace("@ATOL@", repr(float(tolerance.atol))).replace("@RTOL@", repr(float(tolerance.rtol)))
         (scratch / "repro.py").write_text(script)
-        (scratch / "README.md").write_text(_readme(reduced, runtime, diagnosis, environment, command, numbers, tol))
-        if out.exists():
-            shutil.rmtree(out)
+        readme = _readme(reduced, diagnosis or {}, environment or current(threads), command, trusted, tolerance,
+                         threads)
+        (scratch / "README.md").write_text(readme)
         safefs.replace_dir(scratch, out)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    return out
 
 
-def _dtype(model):
+def _typed(model, value) -> np.ndarray:
+    """The expected output in the dtype the reduced graph's output has."""
     from onnx import helper
 
     elem = model.graph.output[0].type.tensor_type.elem_type
-    return helper.tensor_dtype_to_np_dtype(elem) if elem else np.float32
+    return np.asarray(value).astype(helper.tensor_dtype_to_np_dtype(elem)) if elem else np.asarray(value)
 
 
-def _readme(reduced, runtime, diagnosis, environment, command, numbers, tol) -> str:
+def _first_node(reduced, diagnosis: dict) -> str:
+    cause = diagnosis.get("node_cause") or {}
+    if cause.get("node"):
+        return f"{cause['node']} ({cause.get('op_type')}), as the diagnosis names it"
+    for check in (diagnosis.get("links") or {}).get("checks") or []:
+        node = check.get("first_divergent_node")
+        if check.get("link") == "runtime" and node:
+            return f"{node['node']} ({node['op_type']}), as the diagnosis names it"
+    last = reduced.model.graph.node[-1]
+    return f"{last.name or '(unnamed)'} ({last.op_type}): it computes the earliest known tensor that fails"
+
+
+def _readme(reduced, diagnosis, environment, command, trusted, tol, threads) -> str:
     from parity.check.closeness import describe
 
     versions = environment.get("packages", {})
     cause = diagnosis.get("node_cause") or diagnosis.get("cause") or {}
     links = diagnosis.get("links") or {}
+    samples = next(iter(reduced.inputs.values())).shape[0] if reduced.inputs else 1
+    level = {"ort": "ORT_ENABLE_ALL", "ort-noopt": "ORT_DISABLE_ALL"}.get(reduced.failing)
+    title = " ".join(str(p) for p in (diagnosis.get("model"), diagnosis.get("path")) if p) or "ONNX graph"
     lines = [
-        f"# {diagnosis.get('model')} {diagnosis.get('path')}: {runtime} departs from the known values", "",
+        f"# {title}: {reduced.failing} departs from the known values", "",
         "## Environment", "",
-        *[f"- {name} {version}" for name, version in sorted(versions.items())],
-        f"- python {environment.get('python', '?')}; {environment.get('cpu', '?')}", "",
+        *[f"- {name} {version}" for name, version in sorted(versions.items()) if version],
+        f"- python {environment.get('python', '?')}; {environment.get('platform', '')}; {environment.get('cpu', '?')}",
+        "",
         "## What diverges", "",
-        f"- {describe('tensor', reduced.output, reduced.stats)} (atol {tol.atol:g}, rtol {tol.rtol:g}), judged on "
-        f"all {next(iter(reduced.inputs.values())).shape[0] if reduced.inputs else 1} samples at once",
-        f"- nodes: {' -> '.join(n.op_type + ' ' + n.name for n in reduced.model.graph.node)}",
+        f"- {describe('tensor', reduced.output, reduced.stats)} (atol {tol.atol:g}, rtol {tol.rtol:g}), judged on the "
+        f"first axis's {samples} samples at once",
+        f"- runtime: {reduced.failing}" + (f" (CPU, graph optimisation level {level}, {threads} intra-op thread(s))"
+                                           if level else " (onnx.reference.ReferenceEvaluator)"),
+        f"- nodes: {' -> '.join(f'{n.op_type} {n.name}'.strip() for n in reduced.model.graph.node)}",
+        f"- first divergent node: {_first_node(reduced, diagnosis)}",
         f"- first divergent tap of the diagnosis: {diagnosis.get('first_divergent_tap') or 'none'}",
         f"- tested cause: {cause.get('description') or 'none confirmed'}",
         *([f"- fix: {cause['fix']}"] if cause.get("fix") else []),
-        f"- link: {links.get('enters_at') or 'none'}: {links.get('explanation', '')}",
-        f"- right values from: {numbers['trusted']} ('source': the float64 golden of the model's source)", "",
+        f"- link: {links.get('enters_at') or 'not diagnosed'}" + (f": {links['explanation']}"
+                                                                  if links.get("explanation") else ""),
+        f"- right values from: {trusted or 'given'} ('source': the float64 golden of the model's source; "
+        f"'onnxref': onnx.reference; 'ort-noopt': ONNX Runtime with graph optimisations off)", "",
         "## Reduction", "",
-        f"- {numbers['nodes_before']} nodes -> {numbers['nodes_after']}, {numbers['checks']} candidate checks "
-        f"({numbers['reproduced']} failed), {numbers['seconds']:.2f} s", "",
+        f"- {reduced.nodes_before} nodes -> {reduced.nodes_after}, {reduced.checks} candidate checks "
+        f"({reduced.reproduced} failed), {reduced.seconds:.2f} s",
+        *[f"- {step}" for step in reduced.steps], "",
         "## Reproduce", "",
         "    python repro.py    # exits 1 while the bug is present, 0 once fixed", "",
-        f"Made by `{command}`.", ""]
+        *([f"Made by `{command}`.", ""] if command else []),
+    ]
     return "\n".join(lines)

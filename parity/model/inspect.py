@@ -72,9 +72,22 @@ def _inspect_torch(reference, root, inputs, _params_file):
     _check_takes(reference, module.forward, [d["name"] for d in inputs])
     tensors = {d["name"]: torch.from_numpy(_sample(d)) for d in inputs}
     recorded, handles, embedding_sizes, fed = {}, [], {}, {}
+
+    def keep_output(name):
+        def hook(_module, _args, output):  # returns None: the output is left as it is
+            recorded.setdefault(name, output)
+
+        return hook
+
+    def keep_inputs(name):
+        def hook(_module, args, kwargs):  # returns None: the call goes on as it was
+            fed.setdefault(name, (args, kwargs))
+
+        return hook
+
     for name, child in module.named_children():
-        handles.append(child.register_forward_hook(lambda _m, _i, out, n=name: recorded.setdefault(n, out)))
-        handles.append(child.register_forward_pre_hook(lambda _m, args, n=name: fed.setdefault(n, args)))
+        handles.append(child.register_forward_hook(keep_output(name)))
+        handles.append(child.register_forward_pre_hook(keep_inputs(name), with_kwargs=True))
 
     def reads(m, args, kwargs):  # an embedding that reads an input (or a view of it) says how many ids it takes
         first = args[0] if args else kwargs.get("input")
@@ -95,25 +108,40 @@ def _inspect_torch(reference, root, inputs, _params_file):
     finally:
         for handle in handles:
             handle.remove()
-    taps = [n for n, _ in module.named_children() if isinstance(recorded.get(n), torch.Tensor)]
+    taps = [n for n, child in module.named_children() if _torch_tap(child, recorded.get(n))]
     return {**_outputs(returned, torch.is_tensor, lambda t: t.shape), "taps": taps,
             "n_params": int(sum(p.numel() for p in module.parameters())), "input_values": embedding_sizes,
             "layers": _torch_layers(module, taps, recorded, fed, list(tensors.values()))}
 
 
-def _torch_layers(module, taps, recorded, fed, inputs) -> dict:
-    """``{tap: {"kind", "attrs"}}`` for each tap whose module the catalogue computes and that reads exactly the
-    previous tap's output (the model's input for the first): the cause test recomputes it from that."""
+def _torch_tap(child, output) -> bool:
+    """A top-level module is a tap when it returns one tensor, or is a recurrent or attention layer the catalogue
+    types (they return a tuple whose first element is the layer's output, which the tap reads)."""
+    import torch
+
     from parity.model.layer_types import torch_layer
+
+    if isinstance(output, torch.Tensor):
+        return True
+    typed = torch_layer(child) if isinstance(output, tuple) and output and isinstance(output[0], torch.Tensor) \
+        else None
+    return typed is not None and typed[0] in ("recurrent", "attention")
+
+
+def _torch_layers(module, taps, recorded, fed, inputs) -> dict:
+    """``{tap: {"kind", "attrs", "params"}}`` for each tap whose module the catalogue computes and that reads exactly
+    the previous tap's output (the model's input for the first): the cause test recomputes it from that."""
+    from parity.model.layer_types import WEIGHTED, torch_layer, torch_reads
 
     children = dict(module.named_children())
     layers, previous = {}, inputs[0] if len(inputs) == 1 else None
     for tap in taps:
-        args = fed.get(tap) or ()
+        args, kwargs = fed.get(tap) or ((), {})
         typed = torch_layer(children[tap])
-        if typed and previous is not None and len(args) == 1 and args[0] is previous:
-            layers[tap] = {"kind": typed[0], "attrs": typed[1]}
-        previous = recorded[tap]
+        if typed and previous is not None and torch_reads(children[tap], args, kwargs, previous):
+            layers[tap] = {"kind": typed[0], "attrs": typed[1], "params": tap if typed[0] in WEIGHTED else None}
+        output = recorded[tap]
+        previous = output[0] if isinstance(output, tuple) else output
     return layers
 
 
@@ -156,7 +184,25 @@ def _inspect_keras(reference, root, inputs, _params_file):
     import tensorflow as tf
 
     return {**_outputs(returned, tf.is_tensor, lambda t: t.shape), "taps": taps,
-            "n_params": int(model.count_params()), "input_values": embedding_sizes}
+            "n_params": int(model.count_params()), "input_values": embedding_sizes,
+            "layers": _keras_layers(model, taps)}
+
+
+def _keras_layers(model, taps) -> dict:
+    """``{tap: {"kind", "attrs", "params"}}`` for each Keras layer the catalogue computes that reads exactly the
+    previous tap's output (the model's input for the first), as for torch."""
+    from parity.model.layer_types import WEIGHTED, keras_layer, keras_reads
+
+    layers, previous = {}, model.inputs[0] if len(model.inputs) == 1 else None
+    for tap in taps:
+        layer = model.get_layer(tap)
+        typed = keras_layer(layer)
+        extra = keras_reads(layer, previous) if typed else None
+        if extra is not None:
+            layers[tap] = {"kind": typed[0], "attrs": {**typed[1], **extra},
+                           "params": tap if typed[0] in WEIGHTED else None}
+        previous = layer.output
+    return layers
 
 
 def _inspect_jax(reference, root, inputs, params_file):

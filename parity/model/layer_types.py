@@ -1,18 +1,69 @@
-"""The layer kind of a user's torch module, as ``parity init`` writes it into the spec (``Layer(kind, attrs,
-params=...)``), so the diagnosis can test causes on users' models without editing.
+"""The layer kind of a user's torch module or Keras layer, as ``parity init`` writes it into the spec
+(``Layer(kind, attrs, params=...)``), so the diagnosis can test causes on users' models without editing.
 
 Only what the NumPy modules of ``parity.diagnose.layers`` compute exactly is typed; anything else stays untyped
-(a container, a custom module, an option the module does not cover). Imports torch inside.
+(a container, a custom module, an option the module does not cover). A typed layer that reads weights gets
+``params=`` its tap name: golden build stores a torch module's weights by ``state_dict`` name (``conv.weight``)
+and a Keras layer's by variable path (``conv/kernel``), and the diagnosis maps either to the kind's canonical
+layout (``parity.diagnose.layers.native``; Keras kernels in their own layout are marked ``weight_layout``).
+Keras activations are channels-last: image kinds get ``layout: "nhwc"``. Imports torch or keras inside.
 """
 
 from __future__ import annotations
 
+WEIGHTED = ("dense", "conv", "batch_norm", "layer_norm", "recurrent", "attention")  # kinds that read weights
 ACTIVATIONS = {"ReLU": "relu", "ReLU6": "relu6", "Sigmoid": "sigmoid", "Tanh": "tanh", "SiLU": "silu",
-               "Hardswish": "hard_swish", "Softplus": "softplus"}
+               "Hardswish": "hard_swish", "Hardsigmoid": "hard_sigmoid", "Softplus": "softplus"}
+# Keras activation names (as its configs serialise them) -> (form, alpha); "linear" is no activation
+KERAS_ACTIVATIONS = {"relu": ("relu", None), "relu6": ("relu6", None), "sigmoid": ("sigmoid", None),
+                     "tanh": ("tanh", None), "silu": ("silu", None), "swish": ("silu", None),
+                     "gelu": ("gelu_erf", None), "softplus": ("softplus", None), "hard_sigmoid": ("hard_sigmoid", None),
+                     "hard_silu": ("hard_swish", None), "hard_swish": ("hard_swish", None),
+                     "leaky_relu": ("leaky_relu", 0.2)}
 
 
 def _pair(value):
     return list(value) if isinstance(value, (tuple, list)) else value
+
+
+# --------------------------------------------------------------------------- torch
+
+
+def _torch_pool(module, nn):
+    if isinstance(module, (nn.MaxPool1d, nn.MaxPool2d)) and (module.return_indices or
+                                                             module.dilation not in (1, (1,), (1, 1))):
+        return None
+    attrs = {"mode": "max" if isinstance(module, (nn.MaxPool1d, nn.MaxPool2d)) else "avg",
+             "size": _pair(module.kernel_size), "stride": _pair(module.stride or module.kernel_size),
+             "padding": _pair(module.padding), "ceil_mode": bool(module.ceil_mode)}
+    if attrs["mode"] == "avg":
+        attrs["count_include_pad"] = bool(module.count_include_pad)
+        if getattr(module, "divisor_override", None):
+            attrs["divisor_override"] = int(module.divisor_override)
+    return "pool", attrs
+
+
+def _torch_upsample(module):
+    if module.mode not in ("nearest", "bilinear", "linear") or module.recompute_scale_factor:
+        return None
+    nearest = module.mode == "nearest"
+    attrs = {"mode": "nearest" if nearest else "linear",
+             "coordinate_transformation_mode": "asymmetric" if nearest else
+             ("align_corners" if module.align_corners else "pytorch_half_pixel")}
+    if nearest:
+        attrs["nearest_mode"] = "floor"
+    if module.size is not None:
+        attrs["size"] = _pair(module.size)
+    else:
+        attrs["scale"] = _pair(module.scale_factor)
+    return "resize", attrs
+
+
+def _torch_recurrent(module, nn):
+    if not module.batch_first or module.num_layers != 1 or module.bidirectional or getattr(module, "proj_size", 0):
+        return None
+    return "recurrent", ({"cell": "gru", "linear_before_reset": True} if isinstance(module, nn.GRU)
+                         else {"cell": "lstm"})
 
 
 def torch_layer(module) -> tuple[str, dict] | None:
@@ -22,10 +73,10 @@ def torch_layer(module) -> tuple[str, dict] | None:
     name = type(module).__name__
     if isinstance(module, nn.Linear):
         return "dense", {}
-    if isinstance(module, nn.Conv2d) and module.padding_mode == "zeros" and not isinstance(module.padding, str):
+    if isinstance(module, (nn.Conv1d, nn.Conv2d)) and module.padding_mode == "zeros":
         return "conv", {"stride": _pair(module.stride), "padding": _pair(module.padding),
                         "dilation": _pair(module.dilation), "groups": module.groups}
-    if isinstance(module, nn.BatchNorm2d) and module.track_running_stats:
+    if isinstance(module, (nn.BatchNorm1d, nn.BatchNorm2d)) and module.track_running_stats:
         return "batch_norm", {"eps": module.eps}
     if isinstance(module, nn.LayerNorm) and len(module.normalized_shape) == 1:
         return "layer_norm", {"eps": module.eps}
@@ -37,30 +88,156 @@ def torch_layer(module) -> tuple[str, dict] | None:
         if name == "Softplus" and (module.beta != 1 or module.threshold != 20):
             return None
         return "activation", {"form": ACTIVATIONS[name]}
-    if isinstance(module, (nn.MaxPool2d, nn.AvgPool2d)):
-        if isinstance(module, nn.MaxPool2d) and module.dilation not in (1, (1, 1)):
+    if isinstance(module, (nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPool2d)):
+        return _torch_pool(module, nn)
+    if isinstance(module, nn.Upsample):
+        return _torch_upsample(module)
+    if isinstance(module, (nn.GRU, nn.LSTM)):
+        return _torch_recurrent(module, nn)
+    if isinstance(module, nn.MultiheadAttention):
+        if not module.batch_first or not module._qkv_same_embed_dim or module.bias_k is not None \
+                or module.add_zero_attn:
             return None
-        attrs = {"mode": "max" if isinstance(module, nn.MaxPool2d) else "avg", "size": _pair(module.kernel_size),
-                 "stride": _pair(module.stride or module.kernel_size), "padding": _pair(module.padding),
-                 "ceil_mode": bool(module.ceil_mode)}
-        if isinstance(module, nn.AvgPool2d):
-            attrs["count_include_pad"] = bool(module.count_include_pad)
-            if module.divisor_override:
-                attrs["divisor_override"] = int(module.divisor_override)
-        return "pool", attrs
-    if isinstance(module, nn.Upsample) and module.mode in ("nearest", "bilinear"):
-        attrs = {"mode": "nearest" if module.mode == "nearest" else "linear",
-                 "coordinate_transformation_mode": "asymmetric" if module.mode == "nearest" else
-                 ("align_corners" if module.align_corners else "pytorch_half_pixel")}
-        if module.mode == "nearest":
-            attrs["nearest_mode"] = "floor"
-        if module.size is not None:
-            attrs["size"] = _pair(module.size)
-        else:
-            attrs["scale"] = _pair(module.scale_factor)
-        return "resize", attrs
-    if isinstance(module, nn.Dropout):
+        return "attention", {"heads": module.num_heads}
+    if type(module) is nn.Dropout:
         return "dropout", {"rate": module.p}
     if isinstance(module, nn.Flatten) and module.start_dim == 1 and module.end_dim == -1:
         return "flatten", {"order": "nchw"}
     return None
+
+
+def torch_reads(module, args: tuple, kwargs: dict, previous) -> bool:
+    """Whether ``module`` was called on ``previous`` alone (self-attention: query, key and value all
+    ``previous``, no mask; a recurrent layer: no initial state), so its layer is recomputed from that tap."""
+    from torch import nn
+
+    if isinstance(module, nn.MultiheadAttention):
+        names = ("query", "key", "value")
+        fed = [args[i] if i < len(args) else kwargs.get(n) for i, n in enumerate(names)]
+        rest = {k: v for k, v in kwargs.items() if k not in names}
+        masked = len(args) > 3 and any(a is not None and not isinstance(a, bool) for a in args[3:])
+        return all(f is previous for f in fed) and not masked and rest.get("key_padding_mask") is None \
+            and rest.get("attn_mask") is None and not rest.get("is_causal", False)
+    return len(args) == 1 and args[0] is previous and all(v is None for v in kwargs.values())
+
+
+# --------------------------------------------------------------------------- Keras
+
+
+def _keras_activation(name) -> tuple[str, float | None] | None:
+    """``(form, alpha)`` of a Keras activation name, ``("linear", None)`` for none, None if not in the catalogue."""
+    if name in (None, "linear"):
+        return "linear", None
+    return KERAS_ACTIVATIONS.get(name) if isinstance(name, str) else None
+
+
+def _fused(attrs: dict, config: dict) -> dict | None:
+    found = _keras_activation(config.get("activation"))
+    if found is None:
+        return None
+    form, alpha = found
+    if form != "linear":
+        attrs["activation"] = form
+        if alpha is not None:
+            attrs["alpha"] = alpha
+    return attrs
+
+
+def _keras_image(layer, config):
+    import keras
+
+    L = keras.layers
+    last = {"layout": "nhwc"} if config.get("data_format", "channels_last") == "channels_last" else {}
+    if type(layer) in (L.Conv1D, L.Conv2D) and config["padding"] in ("same", "valid"):
+        return "conv", _fused({"stride": _pair(config["strides"]), "padding": config["padding"],
+                               "dilation": _pair(config["dilation_rate"]), "groups": config.get("groups", 1),
+                               **last, "weight_layout": "keras"}, config)
+    if type(layer) is L.DepthwiseConv2D and config["padding"] in ("same", "valid"):
+        channels = int(layer.kernel.shape[2])
+        return "conv", _fused({"stride": _pair(config["strides"]), "padding": config["padding"],
+                               "dilation": _pair(config["dilation_rate"]), "groups": channels, **last,
+                               "weight_layout": "keras_depthwise"}, config)
+    pools = {L.MaxPooling1D: "max", L.MaxPooling2D: "max", L.AveragePooling1D: "avg", L.AveragePooling2D: "avg"}
+    if type(layer) in pools:
+        return "pool", {"mode": pools[type(layer)], "size": _pair(config["pool_size"]),
+                        "stride": _pair(config["strides"] or config["pool_size"]), "padding": config["padding"],
+                        **last}
+    if type(layer) is L.UpSampling2D and config["interpolation"] in ("nearest", "bilinear"):
+        nearest = config["interpolation"] == "nearest"  # nearest repeats each pixel; bilinear is tf.image.resize's
+        return "resize", {"mode": "nearest" if nearest else "linear", "scale": _pair(config["size"]),
+                          "coordinate_transformation_mode": "asymmetric" if nearest else "half_pixel",
+                          **({"nearest_mode": "floor"} if nearest else {}), **last}
+    if type(layer) is L.Resizing and config["interpolation"] in ("nearest", "bilinear") \
+            and not config.get("crop_to_aspect_ratio") and not config.get("pad_to_aspect_ratio") \
+            and not config.get("antialias"):
+        nearest = config["interpolation"] == "nearest"  # tf.image.resize: half-pixel centres, nearest rounds up
+        return "resize", {"mode": "nearest" if nearest else "linear", "size": [config["height"], config["width"]],
+                          "coordinate_transformation_mode": "half_pixel",
+                          **({"nearest_mode": "round_prefer_ceil"} if nearest else {}), **last}
+    if type(layer) is L.Flatten:
+        return "flatten", {"order": "nhwc", **last} if last else {"order": "nchw"}
+    return None
+
+
+def keras_layer(layer) -> tuple[str, dict] | None:
+    """``(kind, attrs)`` for a Keras layer the catalogue computes, else None."""
+    import keras
+
+    L = keras.layers
+    config = layer.get_config()
+    if type(layer) is L.Dense:
+        attrs = _fused({}, config)
+        return ("dense", attrs) if attrs is not None else None
+    if type(layer) is L.BatchNormalization and config["axis"] in (-1, [-1]):
+        return "batch_norm", {"eps": config["epsilon"], "layout": "nhwc"}
+    if type(layer) is L.LayerNormalization and config["axis"] in (-1, [-1]) and not config.get("rms_scaling"):
+        return "layer_norm", {"eps": config["epsilon"]}
+    if type(layer) is L.Activation:
+        found = _keras_activation(config["activation"])
+        if found is None or found[0] == "linear":
+            return None
+        return "activation", {"form": found[0], **({"alpha": found[1]} if found[1] is not None else {})}
+    if type(layer) is L.ReLU and not config.get("threshold") and config.get("max_value") in (None, 6, 6.0):
+        slope = float(config.get("negative_slope") or 0.0)
+        if slope:
+            return ("activation", {"form": "leaky_relu", "alpha": slope}) if config.get("max_value") is None else None
+        return "activation", {"form": "relu" if config.get("max_value") is None else "relu6"}
+    if type(layer) is L.LeakyReLU:
+        return "activation", {"form": "leaky_relu", "alpha": float(config["negative_slope"])}
+    if type(layer) in (L.GRU, L.LSTM):
+        if config["go_backwards"] or config["stateful"] or config["return_state"] \
+                or config["activation"] != "tanh" or config["recurrent_activation"] != "sigmoid":
+            return None
+        attrs = {"cell": "gru" if type(layer) is L.GRU else "lstm", "sequences": bool(config["return_sequences"])}
+        if type(layer) is L.GRU:
+            attrs["linear_before_reset"] = bool(config["reset_after"])
+        return "recurrent", {**attrs, "weight_layout": "keras"}
+    if type(layer) is L.MultiHeadAttention:
+        if config.get("value_dim") not in (None, config["key_dim"]) or config.get("output_shape") is not None \
+                or config.get("attention_axes") not in (None, (1,), [1]) or config.get("use_gate") \
+                or config.get("sliding_window"):
+            return None
+        return "attention", {"heads": config["num_heads"], "weight_layout": "keras"}
+    if type(layer) is L.Dropout and not config.get("noise_shape"):
+        return "dropout", {"rate": config["rate"]}
+    return _keras_image(layer, config)
+
+
+def keras_reads(layer, previous) -> dict | None:
+    """``{}`` (or the attributes the call adds: ``causal`` for ``use_causal_mask``) when ``layer`` was called once,
+    on ``previous`` alone (attention: as query and value, no mask tensor), else None."""
+    nodes = getattr(layer, "_inbound_nodes", [])
+    if len(nodes) != 1 or previous is None:
+        return None
+    try:
+        fed = layer.input
+    except (AttributeError, ValueError):
+        return None
+    fed = list(fed) if isinstance(fed, (list, tuple)) else [fed]
+    if not fed or any(tensor is not previous for tensor in fed):
+        return None
+    arguments = getattr(nodes[0], "arguments", None)
+    kwargs = dict(getattr(arguments, "kwargs", {}) or {})
+    if kwargs.get("attention_mask") is not None:
+        return None
+    return {"causal": True} if kwargs.get("use_causal_mask") else {}

@@ -255,23 +255,28 @@ def init_model(name: str, sources: dict[str, str | None], input_decls: tuple[str
 
 
 def repro(workspace: str | None, model: str, path_id: str, out_dir: str, force: bool, precision: str, threads: int,
-          timeout_s: float, command: str, progress=_quiet, notice=_quiet) -> tuple[int, str]:
+          timeout_s: float, command: str, progress=_quiet, notice=_quiet, device: str = "cpu") -> tuple[int, str]:
     """``parity repro``: check and diagnose one path, reduce its exported graph, write the bug report folder.
 
     Returns ``(exit code, one line)``: 0 with the folder written, or when the path passes (nothing to reduce); 1 when
     the failure stops reproducing during the reduction; 2 when there is no exported graph to reduce (an error, a
-    skip, a native path, a drift that enters at the definition). A non-empty ``out_dir`` needs ``force``."""
+    skip, a native path, a drift that enters at the definition). A non-empty ``out_dir`` needs ``force``; the
+    reduction runs on the CPU runtimes only (``device`` other than cpu is a usage error)."""
     from parity.diagnose.repro import trusted_for
     from parity.golden import store as golden
     from parity.pipeline import orchestrate
     from parity.platform.cache_dir import cache_root
     from parity.platform.env import environment
+    from parity.platform.precision import parse_device
     from parity.run import paths
     from parity.run.worker import TaskFailed, WorkerPool
 
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise UsageError(f"--out {out} is not an empty folder: choose another or pass --force to replace it")
+    if parse_device(device) != "cpu":
+        raise UsageError(f"--device {device}: parity repro reduces graphs on the CPU runtimes (ort, ort-noopt, "
+                         f"onnxref) only")
     path = paths.by_id(path_id, "cpu", precision)
     ws = open_workspace(workspace, notice)
     names = ws.select([model])
@@ -286,9 +291,13 @@ def repro(workspace: str | None, model: str, path_id: str, out_dir: str, force: 
         return 0, f"nothing to reduce: {where} passes"
     if result["verdict"] != "fail":
         return 2, f"nothing to reduce: {where} is {result['verdict']} ({result.get('reason') or 'no reason'})"
-    if not path.exports or path.runtime.name not in ("ort", "ort-noopt", "onnxref"):
-        return 2, f"nothing to reduce: {where} has no ONNX graph run on a CPU ONNX runtime"
     diagnosis = result.get("diagnosis") or {}
+    if not path.exports:
+        link = (diagnosis.get("links") or {}).get("enters_at") or "definition"
+        return 2, (f"nothing to reduce: {where} is a native path; its diagnosis names the {link} link and there is no "
+                   f"ONNX graph to reduce")
+    if path.runtime.name not in ("ort", "ort-noopt", "onnxref"):
+        return 2, f"nothing to reduce: {where} runs on {path.runtime.name}, not on a CPU ONNX runtime"
     if diagnosis.get("error"):
         return 2, f"nothing to reduce: {diagnosis['error']}"
     if diagnosis.get("split"):
@@ -315,7 +324,6 @@ def repro(workspace: str | None, model: str, path_id: str, out_dir: str, force: 
     counts = (f"{outcome['nodes_before']} nodes -> {outcome['nodes_after']}, {outcome['checks']} checks, "
               f"{outcome['seconds']:.2f} s")
     if not outcome["written"]:
-        return 1, (f"the failure of {where} stopped reproducing during the reduction: {outcome['reason']} (it "
-                   f"reproduced in {outcome['reproduced']} of {outcome['checks']} candidate checks)")
+        return 1, f"no bug report: the failure of {where} does not reproduce in its reduced graph: {outcome['reason']}"
     return 0, (f"wrote {out}: {where} reduced to {' -> '.join(outcome['ops'])} ({counts}); "
                f"`python {out / 'repro.py'}` exits 1 while the bug is present")

@@ -451,11 +451,9 @@ def _onnx_inputs(request: Request, graph: dict) -> Request:
     return _with(request, inputs=tuple(decls))
 
 
-WEIGHTED = ("dense", "conv", "batch_norm", "layer_norm")  # kinds that read the tap's own weights
-
-
 def _layer_lines(layers: dict) -> list[str]:
-    """``layers={...}``: the kind ``init`` found for each tap, so ``parity diagnose`` tests causes on it."""
+    """``layers={...}``: the kind ``init`` found for each tap, so ``parity diagnose`` tests causes on it; ``params=``
+    the prefix of its weights as golden build names them (the tap's own name), for the kinds that read weights."""
     if not layers:
         return []
     lines = ["    # layers: the kind of each tap init recognised; the diagnosis recomputes it and tests known variants",
@@ -463,6 +461,6 @@ def _layer_lines(layers: dict) -> list[str]:
     for tap, layer in layers.items():
         pairs = ", ".join(f"{_py(k)}: {_py(v)}" for k, v in layer["attrs"].items())
         attrs = f", {{{pairs}}}" if pairs else ""
-        params = f", params={_py(tap)}" if layer["kind"] in WEIGHTED else ""
+        params = f", params={_py(layer['params'])}" if layer.get("params") else ""
         lines.append(f"        {_py(tap)}: Layer({_py(layer['kind'])}{attrs}{params}),")
     return [*lines, "    },"]

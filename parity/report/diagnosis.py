@@ -83,7 +83,7 @@ def render(d: dict) -> str:
     if d.get("gradients"):
         notes.append(f"  gradients: {d['gradients']['note']}")
     if d.get("repair"):
-        from parity.diagnose.precision_repair import render as render_repair
+        from parity.diagnose.repair import render_repair
 
         notes += render_repair(d["repair"])
     notes += [f"  note: {note}" for note in d.get("notes", [])]

@@ -27,6 +27,10 @@ Variants:
 
 ``groups`` (default 1) splits the channels into groups, each with its own kernels (``groups`` equal to the
 channels: depthwise); the kernel is then ``(O, C/groups, kh, kw)``, as PyTorch and ONNX hold it.
+
+A 1-D convolution (``(N, C, L)`` input, ``(O, C/groups, k)`` kernel, PyTorch's ``Conv1d``) is the 2-D one over a
+height of 1: its int or 1-tuple ``stride``, ``dilation`` and ``padding`` (or ``[[before, after]]``) act on the
+length.
 """
 
 from __future__ import annotations
@@ -80,9 +84,30 @@ def conv2d(x, kernel, bias, stride, padding, dilation, groups: int = 1):
     return y if bias is None else y + np.asarray(bias, np.float64)[None, :, None, None]
 
 
+def as_2d(x, attrs: dict, keys=("stride", "dilation")):
+    """A 1-D ``(N, C, L)`` input and its attributes as 2-D over a height of 1 (``None`` attributes left out);
+    2-D inputs are returned as they are."""
+    x = np.asarray(x, np.float64)
+    if x.ndim != 3:
+        return x, attrs
+    attrs = dict(attrs)
+    for key in keys:
+        if attrs.get(key) is not None:
+            attrs[key] = (1, int(np.ravel(attrs[key])[0]))
+    padding = attrs.get("padding", "valid")
+    if not isinstance(padding, str):
+        flat = [int(p) for p in np.ravel(padding)]
+        attrs["padding"] = [[0, 0], [flat[0], flat[-1]]]
+    return x[:, :, None, :], attrs
+
+
 def _conv(inputs, weights, attrs, kernel=None, bias="declared", extra_first=False, shift=False):
-    x = inputs[0]
     kernel = weights["kernel"] if kernel is None else kernel
+    if np.ndim(inputs[0]) == 3:  # 1-D: over a height of 1
+        x, attrs = as_2d(inputs[0], attrs)
+        kernel = np.asarray(kernel, np.float64)[:, :, None, :] if np.ndim(kernel) == 3 else kernel
+        return _conv([x], weights, attrs, kernel, bias, extra_first, shift)[:, :, 0, :]
+    x = inputs[0]
     bias = weights.get("bias") if isinstance(bias, str) else bias
     stride, dilation = pair(attrs.get("stride", 1)), pair(attrs.get("dilation", 1))
     padding = pads(attrs.get("padding", "valid"), x.shape[2:], kernel.shape[2:], stride, dilation, extra_first)
@@ -96,22 +121,24 @@ def forward(inputs, weights, attrs):
 
 
 def _top_left(inputs, weights, attrs, observed):
-    args = (attrs["padding"], inputs[0].shape[2:], weights["kernel"].shape[2:], pair(attrs.get("stride", 1)),
-            pair(attrs.get("dilation", 1)))
+    x, flat = as_2d(inputs[0], attrs)
+    kernel = weights["kernel"] if weights["kernel"].ndim == 4 else weights["kernel"][:, :, None, :]
+    args = (flat["padding"], x.shape[2:], kernel.shape[2:], pair(flat.get("stride", 1)), pair(flat.get("dilation", 1)))
     if pads(*args) == pads(*args, extra_first=True):
         raise NotApplicable("'same' padding splits evenly here: top-left equals the declared split")
     return _conv(inputs, weights, attrs, extra_first=True)
 
 
 def _flipped(inputs, weights, attrs, observed):
-    if weights["kernel"].shape[2:] == (1, 1):
+    kernel = weights["kernel"]
+    if all(k == 1 for k in kernel.shape[2:]):
         raise NotApplicable("a 1x1 kernel is its own flip")
-    return _conv(inputs, weights, attrs, kernel=weights["kernel"][:, :, ::-1, ::-1])
+    return _conv(inputs, weights, attrs, kernel=np.flip(kernel, axis=tuple(range(2, kernel.ndim))))
 
 
 def _hw_swapped(inputs, weights, attrs, observed):
     kernel = weights["kernel"]
-    if kernel.shape[2] != kernel.shape[3] or kernel.shape[2] == 1:
+    if kernel.ndim != 4 or kernel.shape[2] != kernel.shape[3] or kernel.shape[2] == 1:
         raise NotApplicable(f"kernel {kernel.shape[2:]} is not square (or is 1x1)")
     return _conv(inputs, weights, attrs, kernel=kernel.transpose(0, 1, 3, 2))
 
@@ -133,7 +160,8 @@ def _groups_ignored(inputs, weights, attrs, observed):
     if groups == 1:
         raise NotApplicable("not a grouped convolution")
     kernel = weights["kernel"]  # the group's kernel applied to every group's channels, as one block
-    return _conv(inputs, weights, {**attrs, "groups": 1}, kernel=np.tile(kernel, (1, groups, 1, 1)) / groups)
+    tiles = (1, groups) + (1,) * (kernel.ndim - 2)
+    return _conv(inputs, weights, {**attrs, "groups": 1}, kernel=np.tile(kernel, tiles) / groups)
 
 
 def variants(attrs):

@@ -6,7 +6,8 @@ Attributes: ``mode`` ``"avg"`` | ``"max"``; ``size`` int or (kh, kw); ``stride``
 number of real elements; PyTorch ``AvgPool2d`` defaults to True); ``ceil_mode`` (default False:
 output ``floor((n + pads - k)/s) + 1``; True rounds up as PyTorch/ONNX ``ceil_mode`` do, the
 last window may overhang the input and never counts the overhang); ``divisor_override`` (PyTorch's
-``AvgPool2d``: every window divided by this number). Max pooling pads with -inf.
+``AvgPool2d``: every window divided by this number). Max pooling pads with -inf. A 1-D input ``(N, C, L)`` pools
+its length (int or 1-tuple ``size``, ``stride``, ``padding``), as over a height of 1.
 
 Variants:
 
@@ -16,6 +17,9 @@ Variants:
   without padding;
 * ``ceil_mode`` / ``floor_mode``: the other output rounding; changes the output shape, not
   applicable where both roundings agree;
+* ``padding_shifted``: explicit padding moved one row and column to the end (``(p-1, p+1)``: TF/XLA put the odd
+  extra padding at the end, PyTorch pads symmetrically), or, declared ``"same"``, ``same_top_left``: the odd extra
+  padding first (ONNX ``SAME_LOWER``); not applicable without padding to move or where the split is even;
 * ``divisor_dropped``: a declared ``divisor_override`` lost, every window divided by its full size (ONNX
   ``AveragePool`` has no divisor attribute, and torch.onnx exports the pool without it).
 """
@@ -26,7 +30,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from parity.diagnose.layers import NotApplicable, Variant, with_attrs
-from parity.diagnose.layers.conv import pads, pair
+from parity.diagnose.layers.conv import as_2d, pads, pair
 
 KIND = "pool"
 
@@ -49,7 +53,15 @@ def _geometry(shape, attrs, ceil_mode):
     return size, stride, explicit, overhang, out
 
 
+def _flat(x, attrs):
+    """The input and attributes as 2-D (a 1-D pool over a height of 1)."""
+    return as_2d(x, {**attrs, "stride": attrs.get("stride", attrs["size"])}, keys=("size", "stride"))
+
+
 def forward(inputs, weights, attrs):
+    if np.ndim(inputs[0]) == 3:  # 1-D: over a height of 1
+        x, flat = _flat(inputs[0], attrs)
+        return forward([x], weights, flat)[:, :, 0, :]
     x = np.asarray(inputs[0], np.float64)
     ceil_mode = attrs.get("ceil_mode", False)
     (kh, kw), (sh, sw), explicit, overhang, (oh, ow) = _geometry(x.shape[2:], attrs, ceil_mode)
@@ -76,7 +88,8 @@ def forward(inputs, weights, attrs):
 
 def _count(include):
     def compute(inputs, weights, attrs, observed):
-        explicit = _geometry(inputs[0].shape[2:], attrs, attrs.get("ceil_mode", False))[2]
+        x, flat = _flat(inputs[0], attrs)
+        explicit = _geometry(x.shape[2:], flat, attrs.get("ceil_mode", False))[2]
         if attrs["mode"] != "avg" or not any(b or a for b, a in explicit):
             raise NotApplicable("no padding in an average pool: both counts agree")
         return forward(inputs, weights, {**attrs, "count_include_pad": include})
@@ -86,12 +99,29 @@ def _count(include):
 
 def _rounding(ceil_mode):
     def compute(inputs, weights, attrs, observed):
-        shape = inputs[0].shape[2:]
-        if _geometry(shape, attrs, ceil_mode)[4] == _geometry(shape, attrs, not ceil_mode)[4]:
+        x, flat = _flat(inputs[0], attrs)
+        if _geometry(x.shape[2:], flat, ceil_mode)[4] == _geometry(x.shape[2:], flat, not ceil_mode)[4]:
             raise NotApplicable("floor and ceil output sizes agree here")
         return forward(inputs, weights, {**attrs, "ceil_mode": ceil_mode})
 
     return compute
+
+
+def _shifted(inputs, weights, attrs, observed):
+    padding = attrs.get("padding", "valid")
+    x, flat = _flat(inputs[0], attrs)
+    size, stride = pair(flat["size"]), pair(flat["stride"])
+    if padding == "same":
+        moved = pads("same", x.shape[2:], size, stride, (1, 1), extra_first=True)
+        if moved == pads("same", x.shape[2:], size, stride, (1, 1)):
+            raise NotApplicable("'same' padding splits evenly here: top-left equals the declared split")
+    else:
+        explicit = pads(flat.get("padding", "valid"), x.shape[2:], size, stride, (1, 1))
+        if not any(before for before, _ in explicit):
+            raise NotApplicable("no explicit padding to shift")
+        moved = tuple((max(before - 1, 0), after + (1 if before else 0)) for before, after in explicit)
+    value = forward([x], weights, {**flat, "padding": [list(p) for p in moved]})
+    return value[:, :, 0, :] if np.ndim(inputs[0]) == 3 else value
 
 
 def _no_divisor(inputs, weights, attrs, observed):
@@ -115,5 +145,9 @@ def variants(attrs):
                 _count(include)),
         Variant("ceil_mode" if ceil_mode else "floor_mode",
                 f"output size rounded {'up (ceil_mode)' if ceil_mode else 'down'}", _rounding(ceil_mode)),
+        Variant("same_top_left" if attrs.get("padding") == "same" else "padding_shifted",
+                "'same' padding with the extra row/column on top/left instead of bottom/right"
+                if attrs.get("padding") == "same" else "explicit padding shifted by one pixel to the bottom/right "
+                "(TF/XLA put the odd extra row at the end)", _shifted),
         *dropped,
     ]

@@ -3,7 +3,10 @@ the hidden state at every step ``(batch, time, hidden)``.
 
 Weights, as PyTorch holds them (the gate blocks stacked along the first axis): ``w_ih`` ``(G*H, I)``, ``w_hh``
 ``(G*H, H)``, ``b_ih`` and ``b_hh`` ``(G*H,)``; LSTM gates ``i, f, g, o`` (G = 4), GRU gates ``r, z, n`` (G = 3).
-Attribute ``cell``: ``"lstm"`` or ``"gru"``.
+Attributes: ``cell`` ``"lstm"`` or ``"gru"``; ``linear_before_reset`` (GRU, default True: PyTorch's and Keras'
+``reset_after=True``; False: Keras ``reset_after=False``, ONNX's default); ``sequences`` (default True: every step,
+as PyTorch's output and Keras' ``return_sequences=True``; False: the last step only, ``(batch, hidden)``, Keras'
+default).
 
 * LSTM: ``c' = f*c + i*g``, ``h' = o*tanh(c')`` with ``i, f, o = sigmoid(.)``, ``g = tanh(.)``;
 * GRU (PyTorch): ``n = tanh(W_in x + b_in + r * (W_hn h + b_hn))`` (ONNX ``linear_before_reset=1``),
@@ -11,10 +14,10 @@ Attribute ``cell``: ``"lstm"`` or ``"gru"``.
 
 Variants (how a converter or a port can read the same weights):
 
-* ``gates_onnx_order``: the gate blocks taken in ONNX's order (LSTM ``i, o, f, c``; GRU ``z, r, h``) as if they
-  were PyTorch's;
-* ``linear_before_reset_0`` (GRU): the reset gate applied before the hidden projection, ``W_hn (r * h)``,
-  ONNX's default;
+* ``gates_onnx_order``: the gate blocks taken in ONNX's order (LSTM ``i, o, f, c``; GRU ``z, r, h``, which is also
+  Keras' GRU order) as if they were PyTorch's (LSTM ``i, f, g, o``, Keras' too; GRU ``r, z, n``);
+* ``linear_before_reset_0`` (GRU declared with it): the reset gate applied before the hidden projection,
+  ``W_hn (r * h)``, ONNX's default; ``linear_before_reset_1`` (declared without it): after, ``r * (W_hn h)``;
 * ``hidden_bias_dropped``: ``b_hh`` lost.
 """
 
@@ -76,31 +79,39 @@ def forward(inputs, weights, attrs):
     cell = attrs.get("cell", "lstm")
     if cell not in GATES:
         raise ValueError(f"unknown recurrent cell {cell!r}; known: {', '.join(GATES)}")
-    return run(inputs[0], weights, cell)
+    return _declared(inputs, weights, attrs)
+
+
+def _declared(inputs, weights, attrs, **changes):
+    """The declared layer, with ``changes`` to ``run``'s options; the last step only unless ``sequences``."""
+    options = {"linear_before_reset": bool(attrs.get("linear_before_reset", True)), **changes}
+    out = run(inputs[0], weights, attrs.get("cell", "lstm"), **options)
+    return out if attrs.get("sequences", True) else out[:, -1]
 
 
 def _onnx_order(inputs, weights, attrs, observed):
-    cell = attrs.get("cell", "lstm")
     # where PyTorch's block k sits when the blocks are read in ONNX's order: LSTM i,o,f,c; GRU z,r,h
-    order = (0, 2, 3, 1) if cell == "lstm" else (1, 0, 2)
-    return run(inputs[0], weights, cell, order=order)
+    return _declared(inputs, weights, attrs, order=(0, 2, 3, 1) if attrs.get("cell", "lstm") == "lstm" else (1, 0, 2))
 
 
-def _reset_first(inputs, weights, attrs, observed):
+def _reset_flipped(inputs, weights, attrs, observed):
     if attrs.get("cell", "lstm") != "gru":
         raise NotApplicable("an LSTM has no reset gate")
-    return run(inputs[0], weights, "gru", linear_before_reset=False)
+    return _declared(inputs, weights, attrs, linear_before_reset=not attrs.get("linear_before_reset", True))
 
 
 def _no_hidden_bias(inputs, weights, attrs, observed):
-    if weights.get("b_hh") is None:
+    if weights.get("b_hh") is None or not np.any(weights["b_hh"]):
         raise NotApplicable("the layer has no hidden bias")
-    return run(inputs[0], weights, attrs.get("cell", "lstm"), hidden_bias=False)
+    return _declared(inputs, weights, attrs, hidden_bias=False)
 
 
 def variants(attrs):
-    return [Variant("gates_onnx_order", "gate blocks read in ONNX's order (LSTM i,o,f,c; GRU z,r,h) as PyTorch's",
-                    _onnx_order),
-            Variant("linear_before_reset_0", "GRU reset gate applied before the hidden projection (ONNX's default "
-                    "linear_before_reset=0; PyTorch applies it after)", _reset_first),
+    after = bool(attrs.get("linear_before_reset", True))
+    return [Variant("gates_onnx_order", "gate blocks read in ONNX's (and Keras GRU's) order (LSTM i,o,f,c; GRU z,r,h) "
+                    "as PyTorch's", _onnx_order),
+            Variant(f"linear_before_reset_{int(not after)}",
+                    "GRU reset gate applied before the hidden projection (ONNX's default linear_before_reset=0; "
+                    "PyTorch applies it after)" if after else "GRU reset gate applied after the hidden projection "
+                    "(linear_before_reset=1, PyTorch's form) where the layer declares it before", _reset_flipped),
             Variant("hidden_bias_dropped", "the hidden-to-hidden bias b_hh lost", _no_hidden_bias)]
