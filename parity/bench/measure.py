@@ -40,7 +40,7 @@ def _ci_within(samples: list[float], rel: float, confidence: float) -> bool:
 def measure(fn, *, min_runs: int = 30, target_rel_ci: float = 0.02, budget_s: float = 2.0,
             max_runs: int = 100_000, warmup_window: int = 5, warmup_tolerance: float = 0.05,
             max_warmup_s: float | None = None, max_warmup_runs: int = 200, confidence: float = 0.95,
-            clock=time.perf_counter) -> dict:
+            clock=time.perf_counter, hook=None, hook_points=(), extra_hook=None) -> dict:
     """Warm ``fn()`` up by a rule, then time it until the median's CI is tight or the budget is spent.
 
     Warm-up: windows of ``warmup_window`` calls until two consecutive windows' medians ``m1, m2``
@@ -55,7 +55,10 @@ def measure(fn, *, min_runs: int = 30, target_rel_ci: float = 0.02, budget_s: fl
     (``"budget"``), or at ``max_runs`` calls (``"max_runs"``).
 
     Each call is timed as ``t0 = clock(); fn(); append(clock() - t0)`` and nothing else; ``clock``
-    (seconds) is injectable for tests. Returns ``{"samples_ms", "warmup_runs", "warmup_ms",
+    (seconds) is injectable for tests. ``hook(calls, timed_runs)`` (the audits of ``parity.bench.audit``) runs
+    between blocks, never inside one: after each count of timed runs in ``hook_points``, and after a stopping check
+    that does not stop where ``extra_hook(timed_seconds)`` says so; its time is not in any sample nor in the budget.
+    Returns ``{"samples_ms", "warmup_runs", "warmup_ms",
     "warmup_converged", "stopped"}``.
     """
     if not budget_s > 0:
@@ -97,13 +100,23 @@ def measure(fn, *, min_runs: int = 30, target_rel_ci: float = 0.02, budget_s: fl
     append = samples.append
     stopped = "max_runs"
     next_check = min_runs
+    points = sorted(p for p in hook_points if 0 < p <= min_runs)
+    hooked = 0.0  # seconds spent in the hook: not the series' budget
     start = clock()
     while True:
-        for _ in range(next_check - len(samples)):
+        target = min([next_check, *points[:1]])
+        for _ in range(target - len(samples)):
             t0 = clock()
             fn()
             append(clock() - t0)
-        elapsed = clock() - start
+        if points and target == points[0]:
+            points.pop(0)
+            t0 = clock()
+            hook(len(warm) + len(samples), len(samples))
+            hooked += clock() - t0
+            if target < next_check:
+                continue
+        elapsed = clock() - start - hooked
         n = len(samples)
         if _ci_within(samples, target_rel_ci, confidence):
             stopped = "ci"
@@ -119,6 +132,10 @@ def measure(fn, *, min_runs: int = 30, target_rel_ci: float = 0.02, budget_s: fl
         if per_run > 0:  # don't run much past the budget
             step = min(step, max(1, math.ceil((budget_s - elapsed) / per_run)))
         next_check = min(n + step, max_runs)
+        if hook is not None and extra_hook is not None and extra_hook(elapsed):
+            t0 = clock()
+            hook(len(warm) + len(samples), len(samples))
+            hooked += clock() - t0
 
     return {
         "samples_ms": [s * 1e3 for s in samples],

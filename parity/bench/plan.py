@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from parity.bench import stats
+from parity.bench import audit, stats
 from parity.golden.shapes import describe
 from parity.run.worker import TaskFailed, running_first
 
@@ -151,6 +151,10 @@ def _time_path(run, pool, spec, manifest, path, result, options, budget: Budget,
                       timing={**options.measure, "budget_s": allotted}, **kwargs, **common)
         entry["budget_s"], fresh = allotted, False
         budget.spend(_measured_s(entry))
+        if entry.get("verdict") == "pass" and entry.get("audit"):
+            entry["audit"]["cache"] = audit.cache_verdict(entry["samples_ms"], entry["audit"]["probe_ms"])
+        if entry.get("verdict") == "pass":
+            entry["stability"] = stats.stability(entry, options.target_rel_ci)
         return entry
 
     def batch_series(batch: int) -> dict:
@@ -203,6 +207,12 @@ def _compare_to_baselines(pending, options: BenchOptions) -> None:
             if other.get("verdict") != "pass":
                 entry["vs_baseline"] = {"baseline": baseline_id,
                                         "reason": "the baseline was not timed at this batch (select it with --path)"}
+                continue
+            unsettled = [f"{who}: {(e.get('stability') or {}).get('reason')}" for who, e in
+                         (("this series", entry), ("the baseline's", other)) if not (e.get("stability") or {}).get("ok", True)]
+            if unsettled:
+                entry["vs_baseline"] = {"baseline": baseline_id, "withheld": True,
+                                        "reason": "withheld: " + "; ".join(unsettled)}
                 continue
             entry["vs_baseline"] = {"baseline": baseline_id, **stats.compare_series(entry["samples_ms"],
                                                                                    other["samples_ms"])}

@@ -113,9 +113,11 @@ def median_ci(samples, confidence: float = 0.95) -> tuple[float, float]:
 def summarize(samples_ms, batch_size: int) -> dict:
     """Median, mean, spread, tail percentiles, the median's 95 % CI and throughput of timing samples (ms).
 
-    ``std_ms`` is the sample standard deviation (ddof=1; 0 for one sample); ``cv = std / mean`` (compare
-    with :data:`CV_WARNING`); percentiles interpolate linearly; ``throughput`` is samples per second at
-    the median, ``batch_size / median`` (None when the median is 0).
+    ``std_ms`` is the sample standard deviation (ddof=1; 0 for one sample); ``cv = std / mean``; ``spread`` the
+    interquartile range over the median (robust: a few outliers give a cv of hundreds of percent, not a wide
+    spread; compare with :data:`CV_WARNING`); ``p90_ms``/``p99_ms`` interpolate linearly, and are None below the
+    runs a claim about that percentile needs (``tail``: :func:`percentile_bound`); ``throughput`` is samples per
+    second at the median, ``batch_size / median`` (None when the median is 0).
     """
     ms = _as_samples(samples_ms, "samples_ms")
     median = _median_sorted(np.sort(ms))
@@ -123,18 +125,91 @@ def summarize(samples_ms, batch_size: int) -> dict:
     mean = float(np.ldexp(np.mean(scaled), exponent))
     std = float(np.ldexp(np.std(scaled, ddof=1), exponent)) if ms.size > 1 else 0.0
     lo, hi = median_ci(ms, 0.95)
+    q1, q3 = np.percentile(ms, [25, 75])
+    tail = {f"p{round(100 * q)}": percentile_bound(ms, q) for q in TAILS}
     return {
         "median_ms": median,
         "mean_ms": mean,
         "std_ms": std,
         "cv": std / mean if mean > 0 else float("nan"),
-        "p90_ms": float(np.percentile(ms, 90)),
-        "p99_ms": float(np.percentile(ms, 99)),
+        "spread": float((q3 - q1) / median) if median > 0 else float("nan"),
+        "p90_ms": tail["p90"]["value_ms"],
+        "p99_ms": tail["p99"]["value_ms"],
+        "tail": tail,
         "min_ms": float(np.min(ms)),
         "ci95_ms": [lo, hi],
         "runs": int(ms.size),
         "throughput": batch_size / (median / 1e3) if median > 0 else None,
     }
+
+
+TAILS = (0.9, 0.99)
+
+
+def runs_needed(q: float, confidence: float = 0.95) -> int:
+    """The fewest runs for which an order statistic bounds the ``q``-quantile from above with ``confidence``:
+    ``1 - q**n >= confidence`` (29 for p90, 299 for p99 at 95 %; MLPerf's early-stopping criterion)."""
+    return math.ceil(math.log(1.0 - confidence) / math.log(q))
+
+
+def _binomial_cdf(k: int, n: int, q: float) -> float:
+    """``P(B <= k)`` for ``B ~ Binomial(n, q)``: exact by recurrence where ``n q (1-q)`` is small, else the normal
+    approximation with continuity correction (error far below the ranks' granularity there)."""
+    if k < 0:
+        return 0.0
+    if k >= n:
+        return 1.0
+    var = n * q * (1.0 - q)
+    if var > 400:
+        return statistics.NormalDist(n * q, math.sqrt(var)).cdf(k + 0.5)
+    log_pmf = n * math.log1p(-q)  # k = 0
+    total = 0.0
+    for i in range(k + 1):
+        total += math.exp(log_pmf)
+        log_pmf += math.log((n - i) / (i + 1)) + math.log(q) - math.log1p(-q)
+    return min(total, 1.0)
+
+
+def percentile_bound(samples, q: float, confidence: float = 0.95) -> dict:
+    """The ``q``-quantile of timing samples and what may be claimed about it: ``value_ms`` (interpolated) only from
+    ``needs_runs`` runs on, with ``upper_ms``, the smallest order statistic that is at least the true quantile with
+    ``confidence`` (MLPerf's early stopping: ``x_(k)`` with ``P(Binomial(n, q) <= k - 1) >= confidence``);
+    below that, both None and the runs it needs said."""
+    ms = np.sort(_as_samples(samples))
+    n, needed = ms.size, runs_needed(q, confidence)
+    if n < needed:
+        return {"value_ms": None, "upper_ms": None, "runs": int(n), "needs_runs": needed}
+    k = min(max(math.floor(n * q), 1), n)
+    while k > 1 and _binomial_cdf(k - 2, n, q) >= confidence:
+        k -= 1
+    while k < n and _binomial_cdf(k - 1, n, q) < confidence:
+        k += 1
+    return {"value_ms": float(np.percentile(ms, 100 * q)), "upper_ms": float(ms[k - 1]), "runs": int(n),
+            "needs_runs": needed}
+
+
+def stability(entry: dict, target_rel_ci: float) -> dict:
+    """Whether a timed series settled well enough to be compared: its warm-up converged and its median's 95 % CI is
+    within ``max(5 x target, 10 %)`` of the median. ``{"ok", "reason"?}``."""
+    if entry.get("warmup_converged") is False:
+        return {"ok": False, "reason": f"warm-up did not converge in {entry.get('warmup_runs')} runs"}
+    median, (lo, hi) = entry["median_ms"], entry["ci95_ms"]
+    half = max(median - lo, hi - median) / median if median > 0 else math.inf
+    limit = max(5 * target_rel_ci, 0.10)
+    if half > limit:
+        return {"ok": False, "reason": f"its median's 95 % CI is +-{100 * half:.0f} %, wider than +-{100 * limit:.0f} %"}
+    return {"ok": True}
+
+
+def ratio_text(ratio: float) -> str:
+    """A ratio readable from 1000x faster to 1000x slower: ``1.23x``, ``0.456x``, ``1234x``, ``1/1234x``."""
+    if not math.isfinite(ratio) or ratio <= 0:
+        return str(ratio)
+    if ratio >= 100:
+        return f"{ratio:.0f}x"
+    if ratio >= 0.01:
+        return f"{ratio:.3g}x"
+    return f"1/{1 / ratio:.0f}x"
 
 
 def _bootstrap_medians(sorted_x: np.ndarray, resamples: int, rng: np.random.Generator) -> np.ndarray:

@@ -71,6 +71,17 @@ def compare_named(actual: dict, golden: dict, tolerance_for) -> dict:
     return result
 
 
+def quick_units(actual, golden, tol) -> float:
+    """The worst element's error in units of its allowance, the one figure ``error_stats`` decides ``ok`` by, at a
+    fraction of its cost (the output audits of a timed series); inf where anything is not finite or shapes differ."""
+    a = np.asarray(actual, dtype=np.float64)
+    if a.shape != np.shape(golden):
+        return float("inf")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        units = float(np.max(np.abs(a - golden) / (tol.atol + tol.rtol * np.abs(golden)), initial=0.0))
+    return units if np.isfinite(units) else float("inf")
+
+
 def first_failure(stats: dict) -> tuple[str, dict] | None:
     """The worst failing entry (NaN first, then the largest tol_units), or None if all ok."""
     failing = [(name, s) for name, s in stats.items() if not s["ok"]]

@@ -97,6 +97,7 @@ class Run:
         self.cache = ExportCache(self._scratch or cache_root(), notice=self.progress)
         self.exports: dict[str, dict] = {}  # chain key -> {"dir", "meta", "cached"} or {"error", "cached"}
         self.specs: dict = {}
+        self.host: dict | None = None  # the host audit of a timed run
 
     def progress(self, message: str, step: int | None = None, steps: int | None = None) -> None:
         """Tell the caller's ``progress`` what starts now; ``step`` of ``steps`` only where it takes them."""
@@ -280,9 +281,12 @@ class Run:
                     self.on_checked(copy.deepcopy(self._report(env_reader.result())))  # as it is now
                 if self.options.timing is not None:
                     from parity.bench import plan as benchmark
+                    from parity.platform.host import HostMonitor
 
                     started = time.perf_counter()
-                    benchmark.bench(self, pool, order, self.options.timing)
+                    with HostMonitor(self.options.threads) as monitor:
+                        benchmark.bench(self, pool, order, self.options.timing)
+                    self.host = monitor.audit({"worker_environment": worker_env})
                     self._stage("bench", started)
         finally:
             if self._scratch:
@@ -290,8 +294,11 @@ class Run:
         return self._report(env_reader.result())
 
     def _report(self, env: dict) -> dict:
-        return {"schema": RESULT_SCHEMA, "env": env, "results": self.results, "model_errors": self.model_errors,
-                "stage_seconds": {name: round(seconds, 3) for name, seconds in self.stage_seconds.items()}}
+        report = {"schema": RESULT_SCHEMA, "env": env, "results": self.results, "model_errors": self.model_errors,
+                  "stage_seconds": {name: round(seconds, 3) for name, seconds in self.stage_seconds.items()}}
+        if self.host is not None:
+            report["host"] = self.host
+        return report
 
     def _check(self, pool, spec, manifest, path, result, step=None) -> None:
         artifact = None
@@ -388,7 +395,14 @@ def _apply_expectation(spec, result: dict) -> None:
 
 
 def is_unexpected(result: dict) -> bool:
-    return (result["verdict"] in ("fail", "error") and not result.get("expected")) or bool(result.get("unexpected_pass"))
+    """A failure or error not declared, an expected error that passed, or a timing voided by its output audit."""
+    return ((result["verdict"] in ("fail", "error") and not result.get("expected")) or bool(result.get("unexpected_pass"))
+            or any(e.get("verdict") == "invalid" for e in _series(result)))
+
+
+def _series(result: dict) -> list[dict]:
+    timing = result.get("timing") or {}
+    return [*(timing.get("batches") or {}).values(), *(timing.get("shapes") or {}).values()]
 
 
 def exit_code(report: dict) -> int:

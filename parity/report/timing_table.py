@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import textwrap
 
-from parity.bench.stats import CV_WARNING
+from parity.bench.stats import CV_WARNING, ratio_text
 from parity.report.terminal import WRAP, _label, _legend, _table
 
 TIMING_LEGEND = [
@@ -14,12 +14,14 @@ TIMING_LEGEND = [
     ("", "against the golden) and timed at; every figure of the row is for one call at that batch"),
     ("median ms", "median time of one call at that batch: input ready on the host -> outputs on the host"),
     ("95% CI ms", "distribution-free 95 % confidence interval of that median"),
-    ("cv", "coefficient of variation of the timed runs (std / mean)"),
+    ("spread", "interquartile range of the timed runs / their median (robust to outliers, unlike std / mean)"),
+    ("p99 ms", "99th percentile, shown from the 299 runs a 95 % bound on it needs (-: fewer runs)"),
     ("runs", "timed runs, after the warm-up"),
     ("samples/s", "batch / median: samples per second at that batch"),
     ("vs baseline", "median / the baseline's median at the same batch [95 % CI]; faster or slower only when"),
-    ("", "Welch's t-test on log-times says so (p < 0.05)"),
-    ("verdict", "pass: verified at that batch, then timed | FAIL, ERROR: not timed (the reason follows)"),
+    ("", "that CI excludes 1 and Welch's t-test on log-times gives p < 0.05; withheld where a series did not settle"),
+    ("verdict", "pass: verified at that batch, then timed with its outputs audited | INVALID: outputs during"),
+    ("", "timing differed from the verified ones, no number | FAIL, ERROR: not timed (the reason follows)"),
 ]
 GPU_LEGEND = [
     ("batch", "the batch size of the row, as in the table above"),
@@ -52,27 +54,32 @@ def _ratio(entry: dict) -> str:
     vs = entry.get("vs_baseline") or {}
     if vs.get("self"):
         return "baseline"
+    if vs.get("withheld"):
+        return "withheld (a series did not settle)"
     if "ratio" not in vs:
         return "-"
     lo, hi = vs["ci95"]
-    word = vs["verdict"] if vs["significant"] else "no significant difference"
-    return f"{vs['ratio']:.2f}x [{lo:.2f}, {hi:.2f}] vs {vs['baseline']}: {word}"
+    word = f"{vs['verdict']} (CI excludes 1, p {vs['p']:.2g})" if vs["significant"] else "no significant difference"
+    return f"{ratio_text(vs['ratio'])} [{ratio_text(lo)}, {ratio_text(hi)}] vs {vs['baseline']}: {word}"
 
 
 def _batch_rows(r: dict) -> list[tuple]:
     timing = r.get("timing")
     if not timing:  # the gate: listed with its verdict, no number
-        return [(r["model"], r["path"], _label(r), "-", "-", "-", "-", "-", "-", "not timed: did not pass")]
+        return [(r["model"], r["path"], _label(r), "-", "-", "-", "-", "-", "-", "-", "not timed: did not pass")]
     rows = []
     # the batch sizes, then a model's other axis sizes (its verification shapes, e.g. "batch=3, sequence=8")
     for batch, e in [*timing["batches"].items(), *(timing.get("shapes") or {}).items()]:
         if e.get("verdict") != "pass":
-            rows.append((r["model"], r["path"], e.get("verdict", "error").upper(), batch, "-", "-", "-", "-", "-",
-                         f"not timed: {' '.join(str(e.get('reason', '')).split())[:80]}"))
+            rows.append((r["model"], r["path"], e.get("verdict", "error").upper(), batch, "-", "-", "-", "-", "-", "-",
+                         f"{'' if e.get('verdict') == 'invalid' else 'not timed: '}"
+                         f"{' '.join(str(e.get('reason', '')).split())[:90]}"))
             continue
         lo, hi = e["ci95_ms"]
+        spread = e.get("spread", e["cv"])
         rows.append((r["model"], r["path"], "pass", batch, f"{e['median_ms']:.4f}", f"[{lo:.4f}, {hi:.4f}]",
-                     f"{100 * e['cv']:.1f}%", str(e["runs"]), f"{e['throughput']:.0f}", _ratio(e)))
+                     f"{100 * spread:.1f}%", "-" if e.get("p99_ms") is None else f"{e['p99_ms']:.4f}", str(e["runs"]),
+                     f"{e['throughput']:.0f}", _ratio(e)))
     return rows
 
 
@@ -149,7 +156,7 @@ def render(report: dict) -> str:
     results = report["results"]
     lines = ["Timing (median of the timed runs; input ready on the host -> outputs on the host as NumPy)"]
     columns = [("model", "left"), ("path", "left"), ("verdict", "left"), ("batch", "right"), ("median ms", "right"),
-               ("95% CI ms", "right"), ("cv", "right"), ("runs", "right"), ("samples/s", "right"),
+               ("95% CI ms", "right"), ("spread", "right"), ("p99 ms", "right"), ("runs", "right"), ("samples/s", "right"),
                ("vs baseline (ratio of medians [95% CI])", "left")]
     lines += [_table(columns, [row for r in results for row in _batch_rows(r)]), "", *_legend(TIMING_LEGEND)]
     gpu, clock_warnings = _gpu_rows(results)
@@ -174,13 +181,44 @@ def render(report: dict) -> str:
                           ("export s", "right"), ("load s", "right"), ("1st run ms", "right"),
                           ("2nd run ms", "right"), ("1st backward ms", "right"), ("peak MB", "right")], first),
                   "", *_legend(FIRST_LEGEND)]
-    noisy = [f"{r['model']} {r['path']} batch {batch} {100 * e['cv']:.1f}%"
-             for r in results for batch, e in ((r.get("timing") or {}).get("batches") or {}).items()
-             if e.get("verdict") == "pass" and e["cv"] > CV_WARNING]
-    for warning in dict.fromkeys(clock_warnings):
+    for warning in [*dict.fromkeys(clock_warnings), *warnings(report)]:
         lines += ["", *textwrap.wrap(f"warning: {warning}", WRAP, subsequent_indent="  ")]
-    if noisy:
-        warning = (f"warning: coefficient of variation above {100 * CV_WARNING:.1f}% (a noisy machine: compare "
-                   f"those medians with care, by their intervals): {', '.join(noisy)}")
-        lines += ["", *textwrap.wrap(warning, WRAP, subsequent_indent="  ")]
     return "\n".join(lines)
+
+
+def _series(results: list[dict]):
+    """(label, entry) of every timed series that passed: batch sizes and other shapes."""
+    for r in results:
+        timing = r.get("timing") or {}
+        for batch, e in [*(timing.get("batches") or {}).items(), *(timing.get("shapes") or {}).items()]:
+            if e.get("verdict") == "pass":
+                yield f"{r['model']} {r['path']} batch {batch}", e
+
+
+def warnings(report: dict) -> list[str]:
+    """What a benchmarker must read before the numbers, each said once: the host audit's findings, series voided
+    or flagged by their audits, warm-ups that did not converge, and noise (one line for the machine when most
+    series are noisy, else the noisy series named)."""
+    found = list((report.get("host") or {}).get("warnings") or [])
+    series = list(_series(report["results"]))
+    for label, e in series:
+        cache = (e.get("audit") or {}).get("cache") or {}
+        if cache.get("flagged"):
+            found.append(f"{label}: {cache['reason']}")
+    cold = [label for label, e in series if e.get("warmup_converged") is False]
+    if cold:
+        found.append(f"warm-up did not converge (its timings may still include warm-up effects): {_few(cold)}")
+    noisy = [(label, e.get("spread", e["cv"])) for label, e in series if e.get("spread", e["cv"]) > CV_WARNING]
+    if series and len(noisy) > len(series) / 2:
+        spreads = sorted(v for _, v in noisy)
+        found.append(f"this machine is too noisy for the requested precision: {len(noisy)} of {len(series)} series "
+                     f"spread by more than {100 * CV_WARNING:.1f}% (median {100 * spreads[len(spreads) // 2]:.0f}%); "
+                     "comparisons of series that did not settle are withheld (see the host audit)")
+    elif noisy:
+        found.append(f"spread above {100 * CV_WARNING:.1f}% (compare those medians by their intervals): "
+                     + _few([f"{label} {100 * v:.1f}%" for label, v in noisy]))
+    return found
+
+
+def _few(items: list[str], most: int = 4) -> str:
+    return ", ".join(items[:most]) + (f" and {len(items) - most} more" if len(items) > most else "")
