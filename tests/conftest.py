@@ -27,6 +27,19 @@ def export_cache(tmp_path_factory):
         os.environ["PARITY_CACHE_DIR"] = old
 
 
+@pytest.fixture(scope="session", autouse=True)
+def results_store(tmp_path_factory):
+    """Runs the tests make are stored in a store of the test session (``$PARITY_STORE``), never in a workspace's."""
+    old = os.environ.get("PARITY_STORE")
+    store = tmp_path_factory.getbasetemp() / "results.sqlite"
+    os.environ["PARITY_STORE"] = str(store)
+    yield store
+    if old is None:
+        os.environ.pop("PARITY_STORE", None)
+    else:
+        os.environ["PARITY_STORE"] = old
+
+
 @pytest.fixture
 def workspace_copy(tmp_path):
     """A workspace with the built-in mlp model and its golden data, safe to tamper with."""

@@ -15,7 +15,7 @@ ROOT = Path(parity.__file__).resolve().parent
 
 # Bottom to top: a module may import its own stage and the stages before it, never one after it.
 STAGES = ["platform", "interop", "model", "check", "runtimes", "sources", "exporters", "golden", "run",
-          "bench", "diagnose", "report", "pipeline", "testing", "cli", "__main__"]
+          "bench", "diagnose", "report", "results", "pipeline", "testing", "cli", "__main__"]
 
 
 def module_name(path: Path) -> str:

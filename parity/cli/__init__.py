@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import click
 
-from parity.cli import compare, golden, info, models, repro, run
+from parity.cli import compare, golden, history, info, models, repro, run
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -24,7 +24,7 @@ def cli():
 
 
 for command in (run.check, run.run, run.bench, run.diagnose, compare.compare, info.paths, info.env, models.init,
-                models.export_testdata, golden.golden, repro.repro):
+                models.export_testdata, golden.golden, repro.repro, history.history):
     cli.add_command(command)
 
 

@@ -97,6 +97,20 @@ def check_options(func):
     ])
 
 
+def store_options(func):
+    """Options shared by `check`, `run` and `bench`: the results store and the baseline from it."""
+    return _apply(func, [
+        click.option("--store", default=None, metavar="URL|FILE",
+                     help="Results store every run is appended to: an SQLAlchemy URL (a shared server) or an SQLite "
+                          "file (default: $PARITY_STORE, else .parity/results.sqlite in the workspace)."),
+        click.option("--no-store", is_flag=True, help="Do not append this run to the results store."),
+        click.option("--against", default=None, metavar="last|RUN_ID",
+                     help="Compare with a stored run: a changed verdict or a timing changed beyond its noise exits 1."),
+        click.option("--allow-different-env", is_flag=True,
+                     help="Let --against compare with a run on other hardware, device or precision (listed first)."),
+    ])
+
+
 def timing_options(func):
     """Options shared by `run` and `bench`: the stopping rule, batch sizes, baseline."""
     return _apply(func, [

@@ -10,13 +10,14 @@ import sys
 
 import click
 
-from parity.cli.common import check_options, handle_errors, timing_options
+from parity.cli.common import check_options, handle_errors, store_options, timing_options
 
 # json and parity.cli.progress are imported by the command that runs: `parity --help` does not load them
 
 
 def _check_or_run(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, verbose, workspace,
-                  report_dir, timing=None, diagnose="failing"):
+                  report_dir, timing=None, diagnose="failing", command="diagnose", store=None, no_store=True,
+                  against=None, allow_different_env=False):
     from parity.cli.progress import Progress
     from parity.pipeline import jobs
 
@@ -39,13 +40,15 @@ def _check_or_run(models, patterns, device, precision, json_file, threads, timeo
             return
         if not shown:
             _print_verdicts(report, timed=timing is not None, verbose=verbose)
-        for block in (_timing_block(report, timing), _stage_block(report)):
+        for block in (_timing_block(report, timing), (report.get("against") or {}).get("text"), _stage_block(report)):
             if block:
                 click.echo("\n" + block)
 
     request = jobs.CheckRequest(workspace=workspace, models=models, patterns=patterns, device=device,
                                 precision=precision, threads=threads, timeout_s=timeout_s, use_cache=not no_cache,
-                                timing=timing, diagnose=diagnose, json_file=json_file, report_dir=report_dir)
+                                timing=timing, diagnose=diagnose, json_file=json_file, report_dir=report_dir,
+                                command=command, store=store, use_store=not no_store, against=against,
+                                allow_different_env=allow_different_env)
     mode = "off" if to_stdout else ("live" if sys.stderr.isatty() else "lines")
     with Progress(mode) as progress:
         code = jobs.check(request, progress=progress, on_checked=None if to_stdout else on_checked, show=show,
@@ -84,6 +87,7 @@ def _timing(budget_s, min_runs, target_ci, batch_sizes, baseline):
 
 @click.command()
 @check_options
+@store_options
 @handle_errors
 def check(**common):
     """Verify goldens and check every path: outputs, gradients, metrics, determinism; diagnose failing paths.
@@ -92,12 +96,13 @@ def check(**common):
     Example:
         parity check --model mlp --path 'torch*' --json check.json
     """
-    _check_or_run(**common)
+    _check_or_run(**common, command="check")
 
 
 @click.command()
 @check_options
 @timing_options
+@store_options
 @handle_errors
 def run(budget_s, min_runs, target_ci, batch_sizes, baseline, **common):
     """The main job: check every path, diagnose the ones that failed, time the ones that passed (the gate).
@@ -109,12 +114,13 @@ def run(budget_s, min_runs, target_ci, batch_sizes, baseline, **common):
     Example:
         parity run --model mlp --json r.json --report report/
     """
-    _check_or_run(**common, timing=_timing(budget_s, min_runs, target_ci, batch_sizes, baseline))
+    _check_or_run(**common, timing=_timing(budget_s, min_runs, target_ci, batch_sizes, baseline), command="run")
 
 
 @click.command()
 @check_options
 @timing_options
+@store_options
 @handle_errors
 def bench(budget_s, min_runs, target_ci, batch_sizes, baseline, **common):
     """Check every path, then time only those that passed: per batch size, training steps, first result.
@@ -127,7 +133,8 @@ def bench(budget_s, min_runs, target_ci, batch_sizes, baseline, **common):
     Example:
         parity bench --model mlp --batch-size 1 --batch-size 64 --json b.json
     """
-    _check_or_run(**common, timing=_timing(budget_s, min_runs, target_ci, batch_sizes, baseline), diagnose=None)
+    _check_or_run(**common, timing=_timing(budget_s, min_runs, target_ci, batch_sizes, baseline), diagnose=None,
+                  command="bench")
 
 
 @click.command()

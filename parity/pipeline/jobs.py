@@ -78,6 +78,11 @@ class CheckRequest:
     diagnose: str | None = "failing"
     json_file: str | None = None  # "-": the JSON goes to stdout (the caller prints it), nothing is written
     report_dir: str | None = None
+    command: str = "check"
+    store: str | None = None  # SQLAlchemy URL or SQLite file; None: the workspace's .parity/results.sqlite
+    use_store: bool = True
+    against: str | None = None  # "last" or a run id in the store
+    allow_different_env: bool = False
 
 
 def check(request: CheckRequest, *, progress=_quiet, on_checked: Callable[[dict], None] | None = None,
@@ -97,13 +102,64 @@ def check(request: CheckRequest, *, progress=_quiet, on_checked: Callable[[dict]
     device = parse_device(request.device)
     ws = open_workspace(request.workspace, notice)
     names = ws.select(request.models)
+    store, baseline, differ = _open_store(request, ws, device)  # refused here, before anything runs or is written
     options = orchestrate.Options(threads=request.threads, patterns=request.patterns, precision=request.precision,
                                   device=device, timeout_s=request.timeout_s, use_cache=request.use_cache,
                                   timing=request.timing, diagnose=request.diagnose)
     report = orchestrate.check(ws, names, options, progress=progress, on_checked=on_checked)
+    code = orchestrate.exit_code(report)
+    if store is not None:
+        report["run_id"] = store.append(report, request.command, ws.root, code)
+    if baseline is not None:
+        from parity.results import against as comparison
+
+        text, against_code = comparison.render(baseline, report, differ)
+        report["against"] = {"baseline": baseline.get("run_id"), "text": text, "exit_code": against_code}
+        code = max(code, against_code)
     show(report)
     write_results(report, None if to_stdout else request.json_file, request.report_dir, notice)
-    return orchestrate.exit_code(report)
+    if store is not None:
+        notice(f"stored as run {report['run_id']} in {store.url}")
+    return code
+
+
+def _open_store(request: CheckRequest, ws, device: str):
+    """The results store (None with ``use_store`` off), the ``--against`` baseline document and what differs from
+    it; every refusal (not a store, locked, no driver, no such run, other hardware) raised before the run."""
+    if not request.use_store:
+        if request.against:
+            raise UsageError("--against reads the results store: drop --no-store")
+        return None, None, []
+    from parity.results import store as results
+
+    store = results.Store.open(results.resolve(request.store, ws.root), create=not request.against)
+    if not request.against:
+        return store, None, []
+    from parity.platform import env
+    from parity.results.against import check_environment
+
+    baseline = store.document(request.against)
+    here = results.hardware({"cpu": env.cpu_model(), "cpu_count": os.cpu_count(), "gpu": env.gpu_info()})
+    differ = check_environment(baseline, here, device, request.precision, request.allow_different_env)
+    return store, baseline, differ
+
+
+def history(workspace: str | None, models, patterns, store: str | None, report_dir: str | None,
+            notice=_quiet) -> tuple[str, Path | None]:
+    """``parity history``: the text, and the HTML page written into ``report_dir`` (None without one)."""
+    from parity.results import history as past
+    from parity.results import store as results
+
+    ws = open_workspace(workspace, notice)
+    opened = results.Store.open(results.resolve(store, ws.root), create=False)
+    runs = opened.history(tuple(models), tuple(patterns))
+    series, envs = past.build(runs)
+    written = None
+    if report_dir:
+        from parity.results import history_html
+
+        written = history_html.write(series, envs, opened.url, Path(report_dir))
+    return past.render(series, envs, opened.url, len(runs)), written
 
 
 def write_results(report: dict, json_file: str | None, report_dir: str | None, notice=_quiet) -> None:

@@ -213,7 +213,8 @@ class Store:
         try:
             with self.engine.begin() as conn:
                 conn.execute(self.runs.insert(), [row])
-                rows = [{**r, "run_id": run_id} for r in series_rows(document)]
+                columns = [c.name for c in self.series.columns if c.name != "id"]
+                rows = [{c: r.get(c) for c in columns} | {"run_id": run_id} for r in series_rows(document)]
                 if rows:
                     conn.execute(self.series.insert(), rows)
         except self.sa.exc.OperationalError as error:
@@ -295,7 +296,8 @@ def _shown(url: str) -> str:
 
 
 def resolve(url: str | None, workspace_root: Path) -> str:
-    """``--store`` as given, a bare path as an SQLite file, or the workspace's default store."""
+    """``--store`` as given (a bare path: an SQLite file), else ``$PARITY_STORE``, else the workspace's own."""
+    url = url or os.environ.get("PARITY_STORE")
     if not url:
         return default_url(workspace_root)
     return url if "://" in url else f"sqlite:///{os.path.abspath(url)}"

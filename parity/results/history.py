@@ -1,0 +1,141 @@
+"""``parity history``: per path and series, verdict and median (with CI) over the stored runs, the versions that
+changed between runs, and where a path started failing or became slower or faster (``parity.results.steps``).
+
+Reads the store only; plots for the HTML page are drawn in ``parity.results.history_html``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from parity.bench.stats import ratio_text
+from parity.results.steps import Step, detect, se_from_ci
+
+SHOWN_RUNS = 12  # rows per series in the terminal (steps and verdict changes are always listed)
+
+
+@dataclass
+class Series:
+    """One (model, path, device, precision, kind, key) over the runs that have it, oldest first."""
+
+    model: str
+    path: str
+    device: str
+    precision: str
+    kind: str
+    key: str
+    points: list[dict] = field(default_factory=list)  # {"run", "created", "verdict", "median_ms", "ci", "hardware"}
+    steps: list[Step] = field(default_factory=list)
+    verdict_changes: list[tuple[int, str, str]] = field(default_factory=list)  # (index, before, after)
+
+    @property
+    def label(self) -> str:
+        what = {"check": "check", "batch": f"batch {self.key}", "shape": self.key, "train_step": "training step"}
+        extra = "" if (self.device, self.precision) == ("cpu", "fp32") else f" {self.device} {self.precision}"
+        return f"{self.model} {self.path}{extra} {what.get(self.kind, self.kind)}"
+
+
+def version_changes(before: dict, after: dict) -> list[str]:
+    """``name a -> b`` for every package whose version differs between two environment manifests, then Python and
+    hardware."""
+    pa, pb = before.get("packages") or {}, after.get("packages") or {}
+    lines = [f"{n} {pa.get(n) or '-'} -> {pb.get(n) or '-'}" for n in sorted(set(pa) | set(pb)) if pa.get(n) != pb.get(n)]
+    for key in ("python", "cpu", "gpu"):
+        if before.get(key) != after.get(key):
+            lines.append(f"{key} {before.get(key) or '-'} -> {after.get(key) or '-'}")
+    return lines
+
+
+def build(runs: list[dict]) -> tuple[list[Series], dict[str, dict]]:
+    """Series from the store's runs (``Store.history``), analysed; and each run's environment by id."""
+    found: dict[tuple, Series] = {}
+    envs = {}
+    for run in runs:
+        envs[run["id"]] = run["env"]
+        for row in run["rows"]:
+            key = (row["model"], row["path"], row["device"], row["precision"], row["kind"], row["key"])
+            series = found.setdefault(key, Series(*key))
+            series.points.append({"run": run["id"], "created": run["created"], "verdict": row["verdict"],
+                                  "median_ms": row["median_ms"], "ci": (row["ci_lo_ms"], row["ci_hi_ms"]),
+                                  "hardware": run["hardware"], "tol_units": row["tol_units"]})
+    for series in found.values():
+        analyse(series)
+    return list(found.values()), envs
+
+
+def analyse(series: Series) -> None:
+    """Verdict changes between consecutive runs, and steps in the medians of the runs that passed (on one hardware
+    only: the newest run's; other hardware is not a step)."""
+    points = series.points
+    series.verdict_changes = [(i, points[i - 1]["verdict"], points[i]["verdict"]) for i in range(1, len(points))
+                              if points[i]["verdict"] != points[i - 1]["verdict"]]
+    if series.kind == "check" or not points:
+        return
+    hardware = points[-1]["hardware"]
+    timed = [(i, p) for i, p in enumerate(points)
+             if p["verdict"] == "pass" and p["median_ms"] and p["hardware"] == hardware]
+    if len(timed) < 4:
+        return
+    values = [p["median_ms"] for _, p in timed]
+    ses = [se_from_ci(p["median_ms"], *p["ci"]) for _, p in timed]
+    series.steps = [Step(timed[s.index][0], s.before, s.after, s.p) for s in detect(values, ses)]
+
+
+def findings(series: list[Series], envs: dict) -> list[str]:
+    """One line per step or verdict change: the run where it happened and the versions that changed there."""
+    lines = []
+    for s in series:
+        for index, before, after in s.verdict_changes:
+            run = s.points[index]["run"]
+            changed = version_changes(envs[s.points[index - 1]["run"]], envs[run])
+            lines.append(f"{s.label}: {before} -> {after} at run {run}" + _changed(changed))
+        for step in s.steps:
+            run = s.points[step.index]["run"]
+            word = "slower" if step.ratio > 1 else "faster"
+            changed = version_changes(envs[s.points[step.index - 1]["run"]], envs[run])
+            lines.append(f"{s.label}: {ratio_text(step.ratio)} ({word}; median {step.before:.4g} -> "
+                         f"{step.after:.4g} ms, p {step.p:.2g}) from run {run}" + _changed(changed))
+    return lines
+
+
+def _changed(changed: list[str]) -> str:
+    if not changed:
+        return "; no version changed there"
+    return "; changed there: " + ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
+
+
+def _when(created: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(created))
+
+
+def render(series: list[Series], envs: dict, where: str, runs: int) -> str:
+    """The terminal text of ``parity history``."""
+    from parity.report.terminal import _table
+
+    if not series:
+        return f"{where}: {runs} run(s), none of the selected models and paths"
+    lines = [f"{where}: {runs} run(s)"]
+    found = findings(series, envs)
+    lines += ["", "Findings (steps: a permutation test on the medians, p < 0.01; verdict changes)"]
+    lines += [f"  {line}" for line in found] or ["  none: no verdict changed and no series stepped"]
+    for s in sorted(series, key=lambda s: (s.model, s.path, s.device, s.precision, s.kind != "check", s.kind, s.key)):
+        marks = {step.index: f"step {ratio_text(step.ratio)}" for step in s.steps}
+        marks.update({i: f"{b} -> {a}" for i, b, a in s.verdict_changes})
+        shown = [i for i in range(len(s.points)) if i >= len(s.points) - SHOWN_RUNS or i in marks]
+        rows = []
+        for i in shown:
+            p = s.points[i]
+            lo, hi = p["ci"]
+            changed = version_changes(envs[s.points[i - 1]["run"]], envs[p["run"]]) if i else []
+            figure = (f"{p['median_ms']:.4g}" if p["median_ms"] else
+                      (f"{p['tol_units']:.3g}x tol" if p["tol_units"] is not None else "-"))
+            rows.append((p["run"], _when(p["created"]), p["verdict"], figure,
+                         f"[{lo:.4g}, {hi:.4g}]" if lo and hi else "-", marks.get(i, ""),
+                         ", ".join(changed[:3]) + (" ..." if len(changed) > 3 else "")))
+        head = "worst error" if s.kind == "check" else "median ms"
+        lines += ["", s.label + (f" ({len(s.points) - len(shown)} older runs not shown)" if len(shown) < len(s.points)
+                                 else ""),
+                  _table([("run", "left"), ("date", "left"), ("verdict", "left"), (head, "right"),
+                          ("95% CI ms", "left"), ("", "left"), ("versions changed", "left")], rows)]
+    return "\n".join(lines)
