@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from parity.bench.plan import MIN_SERIES_S, BenchOptions, Budget, _measured_s
+from parity.bench.plan import MIN_SERIES_S, BenchOptions, Budget
 from parity.pipeline.orchestrate import accepts_steps
 
 
@@ -35,11 +35,6 @@ def test_a_spent_total_still_gives_each_series_a_floor():
     budget = Budget(1.0, 1.0, 3)
     budget.spend(5.0)  # min_runs wins over the budget: a series may overrun
     assert budget.allot() == MIN_SERIES_S
-
-
-def test_measured_seconds_count_warm_up_and_timed_runs():
-    assert _measured_s({"warmup_ms": [100.0, 100.0], "samples_ms": [50.0] * 4}) == pytest.approx(0.4)
-    assert _measured_s({"verdict": "error", "reason": "x"}) == 0.0
 
 
 def test_options_refuse_a_total_that_is_not_positive():
@@ -138,7 +133,41 @@ class _Pool:
         return answer(**kwargs) if callable(answer) else answer
 
 
-def _bench_fixture(pool, groups=("onnx", "tf"), first_result=True):
+class _Worker:
+    """A worker of ``WorkerPool.extra``: records (its id, task, series) and answers like the real tasks."""
+
+    def __init__(self, log, ident, samples_ms=1.0):
+        self.log, self.ident, self.samples_ms, self.closed = log, ident, samples_ms, False
+
+    def call(self, task, kwargs, timeout_s):
+        task = task.split(":")[1]
+        self.log.append((self.ident, task, kwargs.get("series")))
+        if task == "first_result":
+            return {"load_s": 1.0}
+        if task == "open_series":
+            return {"verdict": "pass", "verified": {"ok": True}}
+        if task == "time_block":
+            n = kwargs["timing"]["min_runs"]
+            first = kwargs["final"]
+            return {"samples_ms": [self.samples_ms] * n, "warmup_ms": [1.0] * (5 if first else 0),
+                    "warmup_runs": 5 if first else 0, "warmup_converged": True, "stopped": "max_runs", "audit": None}
+        return {}
+
+    def close(self):
+        self.closed = True
+
+
+class _Extras(_Pool):
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.log, self.workers, self.timeout_s, self.failed = [], [], 10.0, False
+
+    def extra(self, group):
+        self.workers.append(_Worker(self.log, f"{group}{len(self.workers)}"))
+        return self.workers[-1]
+
+
+def _bench_fixture(pool, groups=("onnx", "tf"), **options):
     """A run with one passing path per group (no exports), timed at one batch size without a training step."""
     from types import SimpleNamespace
 
@@ -154,52 +183,34 @@ def _bench_fixture(pool, groups=("onnx", "tf"), first_result=True):
     run = SimpleNamespace(workspace=SimpleNamespace(root="/ws", golden_dir=lambda name: f"/ws/golden/{name}"),
                           options=SimpleNamespace(threads=1), progress=lambda *a, **k: None)
     pending = [(Spec, {}, path(group), {"verdict": "pass"}) for group in groups]
-    plan.bench(run, pool, pending, BenchOptions(budget_s=0.01, first_result=first_result))
+    plan.bench(run, pool, pending, BenchOptions(budget_s=10.0, **options))
     return {item[2].runtime.group: item[3] for item in pending}
 
 
-def test_every_path_is_timed_in_a_fresh_worker_of_its_own_after_its_first_result():
-    """No path is timed in a worker that ran anything else: each path's first result starts a fresh worker, its
-    series follow in it; without first results each path's first series starts one; the running group first."""
-    pool = _Pool(current="tf", answers={"first_result": {"load_s": 1.0}, "time_batch": {"verdict": "pass"}})
-    results = _bench_fixture(pool, groups=("onnx", "tf"))
-    assert pool.calls == [("tf", "first_result", True), ("tf", "time_batch", False),
-                          ("onnx", "first_result", True), ("onnx", "time_batch", False)]
+def test_every_path_is_timed_in_fresh_workers_of_its_own_its_first_result_first():
+    """No path is timed in a worker that ran anything else: each path gets fresh workers (--processes of them), the
+    first of which measures its first result before anything else; every worker is closed afterwards."""
+    pool = _Extras()
+    results = _bench_fixture(pool, groups=("onnx", "tf"), processes=2)
+    assert [w.ident for w in pool.workers] == ["onnx0", "onnx1", "tf2", "tf3"] and all(w.closed for w in pool.workers)
+    by_worker = {w.ident: [(task, series) for ident, task, series in pool.log if ident == w.ident] for w in pool.workers}
+    assert by_worker["onnx0"][0] == ("first_result", None) and by_worker["tf2"][0] == ("first_result", None)
+    assert all(task != "first_result" for task, _ in by_worker["onnx1"] + by_worker["tf3"])
+    assert {series for ident in ("onnx0", "onnx1") for _, series in by_worker[ident] if series} == {"m|p-onnx|batch|1"}
+    entry = results["tf"]["timing"]["batches"]["1"]
+    assert entry["verdict"] == "pass" and entry["processes"]["n"] == 2 and entry["runs"] >= 30
     assert results["tf"]["timing"]["first_result"] == {"load_s": 1.0}
-    failed = _Pool(answers={"first_result": {"verdict": "error", "reason": "died"}, "time_batch": {"verdict": "pass"}})
-    _bench_fixture(failed, groups=("onnx",))
-    assert failed.calls == [("onnx", "first_result", True), ("onnx", "time_batch", True)]
-    without = _Pool(answers={"time_batch": {"verdict": "pass"}})
-    _bench_fixture(without, groups=("onnx", "tf"), first_result=False)
-    assert without.calls == [("onnx", "time_batch", True), ("tf", "time_batch", True)]
 
 
-def test_a_paths_series_start_at_its_own_batch_size_then_its_training_step_and_keep_their_order():
-    """The spec's batch size runs first, on the runner the first result built, the training step next on that same
-    runner, then the other batch sizes; the JSON keeps the declared order."""
-    from types import SimpleNamespace
-
-    from parity.bench import plan
-
-    class Spec:
-        name, timed_batch_sizes, batch_size, axes = "m", (1, 64), 64, {}
-
-    calls = []
-
-    class Pool(_Pool):
-        def call(self, group, task, fresh=False, **kwargs):
-            calls.append((task.split(":")[1], kwargs.get("batch_size"), fresh))
-            return {"load_s": 1.0} if task.endswith("first_result") else {"verdict": "pass"}
-
-    path = SimpleNamespace(id="torch", exports=(), runtime=SimpleNamespace(group="torch"), precision="fp32",
-                           device="cpu", differentiable=True, baseline="torch")
-    run = SimpleNamespace(workspace=SimpleNamespace(root="/ws", golden_dir=lambda name: f"/ws/golden/{name}"),
-                          options=SimpleNamespace(threads=1), progress=lambda *a, **k: None)
-    result = {"verdict": "pass", "gradients": {"w": {"ok": True}}}
-    plan.bench(run, Pool(), [(Spec, {}, path, result)], BenchOptions(budget_s=0.01))
-    assert calls == [("first_result", None, True), ("time_batch", 64, False), ("time_train_step", None, False),
-                     ("time_batch", 1, False)]
-    assert list(result["timing"]["batches"]) == ["1", "64"] and result["timing"]["train_step"]["verdict"] == "pass"
+def test_series_of_different_paths_alternate_in_random_rounds():
+    """Blocks of each path alternate instead of all runs of one path then the next, in an order that changes."""
+    pool = _Extras()
+    _bench_fixture(pool, groups=("onnx", "tf", "torch", "jax"), min_runs=60)
+    blocks = [series.split("|")[1] for _, task, series in pool.log if task == "time_block"]
+    assert len(blocks) >= 8
+    rounds = [blocks[k:k + 4] for k in range(0, len(blocks), 4)]
+    assert all(sorted(r) == ["p-jax", "p-onnx", "p-tf", "p-torch"] for r in rounds)  # each round: each path once
+    assert len({tuple(r) for r in rounds}) > 1  # in random order
 
 
 def test_checks_run_the_running_group_first():
@@ -217,9 +228,9 @@ def test_checks_run_the_running_group_first():
     assert groups == ["tf", "tf", "jax", "jax", "onnx", "torch"]
 
 
-def test_the_training_step_reuses_the_runner_of_its_batch_series_and_never_the_golden_weights(monkeypatch):
-    """The series at the spec's batch size leaves its runner (forward runs only) to the training step that follows;
-    any other series in between, or another path, gets a runner built anew; every runner gets its own weights."""
+def test_series_get_runners_of_their_own_and_never_the_golden_weights(monkeypatch):
+    """The first series at the spec's batch size takes the runner the first result built (forward runs only); every
+    other series, a training step included, gets one built anew; every runner gets its own copy of the weights."""
     from types import SimpleNamespace
 
     import numpy as np
@@ -228,7 +239,9 @@ def test_the_training_step_reuses_the_runner_of_its_batch_series_and_never_the_g
     from parity.check import training
 
     golden_weights = {"w": np.ones(3, np.float32)}
-    spec = SimpleNamespace(batch_size=2, outputs=["y"], output_tolerances=lambda p: SimpleNamespace(for_name=lambda n: None),
+    tolerance = SimpleNamespace(atol=1e-6, rtol=1e-6)
+    spec = SimpleNamespace(batch_size=2, outputs=["y"],
+                           output_tolerances=lambda p: SimpleNamespace(for_name=lambda n: tolerance),
                            gradient_tolerances=lambda p: None, model_inputs=(SimpleNamespace(name="x", batched=True),))
     verified = SimpleNamespace(arrays={"weights.npz": golden_weights, "gradients.npz": {},
                                        "eval.npz": {"x": np.zeros((4, 1), np.float32)},
@@ -241,30 +254,24 @@ def test_the_training_step_reuses_the_runner_of_its_batch_series_and_never_the_g
 
         def __init__(self, weights):
             assert weights["w"] is not golden_weights["w"] and np.array_equal(weights["w"], golden_weights["w"])
-            self.weights = weights
             built.append(self)
 
         def run(self, x):
             return {"y": np.zeros((len(x["x"]), 1), np.float32)}
 
-        def train_step(self, x, labels, lr):
-            pass
-
     monkeypatch.setattr(tasks, "_setup", lambda *a, **k: (spec, SimpleNamespace(device_kind="cpu"), verified))
     monkeypatch.setattr(tasks, "build_runner", lambda spec, path, weights, *a: Runner(weights))
-    monkeypatch.setattr(tasks.compare, "error_stats", lambda *a: {"ok": True})
+    monkeypatch.setattr(tasks.compare, "error_stats", lambda *a: {"ok": True, "tol_units": 0.0})
     monkeypatch.setattr(training, "check_step", lambda runner, *a: {"ok": True, "runner": runner})
-    timing = {"budget_s": 0.001, "min_runs": 1, "target_rel_ci": 0.5}
     common = {"workspace": "/ws", "model": "m", "path_id": "p", "golden_dir": "/g", "precision": "fp32", "threads": 1}
-    tasks.time_batch(batch_size=2, timing=timing, **common)
-    step = tasks.time_train_step(lr=0.1, timing=timing, **common)
-    assert len(built) == 1 and step["verified"]["runner"] is built[0]
-    tasks.time_batch(batch_size=2, timing=timing, **common)
-    tasks.time_batch(batch_size=1, timing=timing, **common)
-    step = tasks.time_train_step(lr=0.1, timing=timing, **common)
-    assert len(built) == 4 and step["verified"]["runner"] is built[3]
-    tasks.time_batch(batch_size=2, timing=timing, **common)
-    step = tasks.time_train_step(lr=0.1, timing=timing, **{**common, "path_id": "q"})
-    assert len(built) == 6 and step["verified"]["runner"] is built[5]
-    tasks.time_train_step(lr=0.1, timing=timing, **common)  # used once only: a step changes its weights
-    assert len(built) == 7
+    spare = Runner(dict(golden_weights, w=golden_weights["w"].copy()))
+    monkeypatch.setattr(tasks, "_SPARE_RUNNER", (tasks._runner_key("m", "p", "fp32", "cpu", 1, 2, None), spare))
+    assert tasks.open_series("a", "batch", batch_size=2, **common)["verdict"] == "pass"
+    assert tasks._OPEN["a"]["runner"] is spare and len(built) == 1
+    step = tasks.open_series("b", "train_step", lr=0.1, **common)
+    assert step["verified"]["runner"] is built[1] and len(built) == 2
+    tasks.open_series("c", "batch", batch_size=1, **common)
+    assert len(built) == 3 and tasks._OPEN["c"]["runner"] is built[2]
+    for name in ("a", "b", "c"):
+        tasks.close_series(name, {})
+    assert not tasks._OPEN

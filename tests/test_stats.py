@@ -49,14 +49,16 @@ def test_median_ci_small_and_bad_input():
 def test_summarize_known_array():
     ms = np.random.default_rng(0).permutation(np.arange(1.0, 11.0))
     s = stats.summarize(ms, batch_size=10)
-    assert set(s) == {"median_ms", "mean_ms", "std_ms", "cv", "p90_ms", "p99_ms", "min_ms", "ci95_ms", "runs",
-                      "throughput"}
+    assert set(s) == {"median_ms", "mean_ms", "std_ms", "cv", "spread", "p90_ms", "p99_ms", "tail", "min_ms",
+                      "ci95_ms", "runs", "throughput"}
     assert s["median_ms"] == 5.5
     assert s["mean_ms"] == 5.5
     assert s["std_ms"] == pytest.approx(math.sqrt(82.5 / 9))
     assert s["cv"] == pytest.approx(math.sqrt(82.5 / 9) / 5.5)
-    assert s["p90_ms"] == pytest.approx(9.1)
-    assert s["p99_ms"] == pytest.approx(9.91)
+    # ten runs claim no tail: a 95 % bound on p90 needs 29, on p99 299
+    assert s["p90_ms"] is None and s["p99_ms"] is None
+    assert s["tail"]["p90"] == {"value_ms": None, "upper_ms": None, "runs": 10, "needs_runs": 29}
+    assert s["spread"] == pytest.approx((np.percentile(ms, 75) - np.percentile(ms, 25)) / 5.5)
     assert s["min_ms"] == 1.0
     assert s["ci95_ms"] == [2.0, 9.0]
     assert s["runs"] == 10
@@ -257,3 +259,19 @@ def test_a_worker_that_times_never_imports_scipy():
 
     code = "import sys, parity.bench.tasks; print('scipy' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
+
+
+def test_tail_percentiles_are_claimed_from_enough_runs_with_an_upper_bound_that_holds():
+    assert stats.runs_needed(0.9) == 29 and stats.runs_needed(0.99) == 299
+    rng = np.random.default_rng(1)
+    # coverage of the 95 % upper bound of p90 on exponential samples (true p90 = ln 10)
+    covered = sum(stats.percentile_bound(rng.exponential(size=60), 0.9)["upper_ms"] >= math.log(10)
+                  for _ in range(400))
+    assert covered / 400 >= 0.93
+    big = stats.summarize(rng.exponential(size=400), batch_size=1)
+    assert big["p99_ms"] is not None and big["tail"]["p99"]["upper_ms"] >= big["p99_ms"]
+
+
+def test_ratios_read_from_a_thousand_times_faster_to_a_thousand_times_slower():
+    assert [stats.ratio_text(r) for r in (0.001, 0.0123, 0.5, 1.0, 1.234, 999.0, 1000.0)] == [
+        "1/1000x", "0.0123x", "0.5x", "1x", "1.23x", "999x", "1000x"]

@@ -31,21 +31,26 @@ MAX_FEEDS = 16  # distinct inputs a series rotates through, at most
 CACHE_RATIO = 0.9  # repeats faster than this fraction of the rotating median, with a CI below 1: flagged
 
 
-def audit_points(min_runs: int, rng: np.random.Generator) -> list[int]:
-    """Sample counts after which the audit runs within the first ``min_runs`` timed calls: ``AUDITS_MIN`` distinct
+def audit_points(min_runs: int, rng: np.random.Generator, audits: int = AUDITS_MIN) -> list[int]:
+    """Sample counts after which the audit runs within the first ``min_runs`` timed calls: ``audits`` distinct
     random ones (all of them when there are fewer calls)."""
-    k = min(AUDITS_MIN, min_runs)
+    k = min(audits, min_runs)
     return sorted(int(p) + 1 for p in rng.choice(min_runs, size=k, replace=False))
 
 
-def audited_measure(run, feeds: list, verify, timing: dict, seed: int = 0, clock=time.perf_counter) -> dict:
+def audited_measure(run, feeds: list, verify, timing: dict, seed: int = 0, audits: int = AUDITS_MIN,
+                    probe: int | None = None, final: bool = True, clock=time.perf_counter) -> dict:
     """Time ``run(feed)`` cycling through ``feeds`` under ``measure``'s rules (``timing``: its keyword arguments),
     with the output audits and repeat probe. ``verify(k, outputs) -> stats`` compares the outputs of ``feeds[k]``
-    with its verified outputs (``stats["ok"]``; ``stats["tol_units"]`` how far).
+    with its verified outputs (``stats["ok"]``; ``stats["tol_units"]`` how far). ``audits`` random audit points
+    fall within the first ``min_runs`` calls, more at stopping checks while their cost allows, and the last timed
+    call is audited where ``final``; ``probe`` repeated-input calls in all (None: at least ``PROBE_MIN``, and
+    ``PROBE_FRACTION`` of the timed calls), spread over the audit points. A series timed in blocks (interleaved
+    with others) passes fewer audits and its share of the probe for each block after its first.
 
     Returns ``measure``'s dict and ``"audit"``: ``{"feeds", "outputs": [{"call", "feed", "ok", "tol_units"}],
-    "ok", "probe_ms", "cost_fraction"}``; ``ok`` False when any audited output differs (the caller voids the
-    series)."""
+    "ok", "probe_ms", "seconds", "cost_fraction"}``; ``ok`` False when any audited output differs (the caller voids
+    the series)."""
     rng = np.random.default_rng(seed)
     last = [None]
     nxt = itertools.cycle(feeds).__next__
@@ -53,38 +58,40 @@ def audited_measure(run, feeds: list, verify, timing: dict, seed: int = 0, clock
     def timed():
         last[0] = run(nxt())
 
-    audits: list[dict] = []
-    probe: list[float] = []
+    records: list[dict] = []
+    probe_ms: list[float] = []
     state = {"seconds": 0.0}
 
     def check(calls: int) -> None:
         k = (calls - 1) % len(feeds)
         stats = verify(k, last[0])
-        audits.append({"call": calls, "feed": k, "ok": bool(stats["ok"]), "tol_units": stats.get("tol_units")})
+        records.append({"call": calls, "feed": k, "ok": bool(stats["ok"]), "tol_units": stats.get("tol_units")})
 
     def hook(calls: int, timed_runs: int) -> None:
         started = clock()
         if len(feeds) > 1:  # first, right after the timed block: the repeats see what its calls saw
             repeated = feeds[(calls - 1) % len(feeds)]
-            for _ in range(max(PROBE_MIN, math.ceil(PROBE_FRACTION * timed_runs)) - len(probe)):
+            wanted = max(PROBE_MIN, math.ceil(PROBE_FRACTION * timed_runs)) if probe is None else probe
+            for _ in range(wanted - len(probe_ms)):
                 t0 = clock()
                 run(repeated)
-                probe.append(clock() - t0)
+                probe_ms.append(clock() - t0)
         check(calls)
         state["seconds"] += clock() - started
 
     def more(timed_s: float) -> bool:  # another audit point after a stopping check: at random, within its share
         return rng.random() < 0.5 and state["seconds"] < COST_SHARE * timed_s
 
-    points = audit_points(timing.get("min_runs", 30), rng)
+    points = audit_points(timing.get("min_runs", 30), rng, audits)
     measured = measure(timed, hook=hook, hook_points=points, extra_hook=more, clock=clock, **timing)
-    started = clock()
-    check(measured["warmup_runs"] + len(measured["samples_ms"]))  # the last timed call, always
-    state["seconds"] += clock() - started
+    if final:
+        started = clock()
+        check(measured["warmup_runs"] + len(measured["samples_ms"]))  # the last timed call
+        state["seconds"] += clock() - started
     timed_s = sum(measured["samples_ms"]) / 1e3
     measured["audit"] = {
-        "feeds": len(feeds), "outputs": audits, "ok": all(a["ok"] for a in audits),
-        "probe_ms": [s * 1e3 for s in probe],
+        "feeds": len(feeds), "outputs": records, "ok": all(a["ok"] for a in records),
+        "probe_ms": [s * 1e3 for s in probe_ms], "seconds": state["seconds"],
         "cost_fraction": state["seconds"] / timed_s if timed_s > 0 else None,
     }
     return measured

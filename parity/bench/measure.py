@@ -25,7 +25,7 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def _ci_within(samples: list[float], rel: float, confidence: float) -> bool:
+def ci_within(samples: list[float], rel: float, confidence: float) -> bool:
     """Is the distribution-free CI of the median within ``±rel`` of the median? (O(n), no full sort.)"""
     n = len(samples)
     lo, hi = median_ci_ranks(n, confidence)
@@ -118,7 +118,7 @@ def measure(fn, *, min_runs: int = 30, target_rel_ci: float = 0.02, budget_s: fl
                 continue
         elapsed = clock() - start - hooked
         n = len(samples)
-        if _ci_within(samples, target_rel_ci, confidence):
+        if ci_within(samples, target_rel_ci, confidence):
             stopped = "ci"
             break
         if elapsed >= budget_s:

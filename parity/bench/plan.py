@@ -1,11 +1,12 @@
 """The benchmark step of a run, after every check: only paths that passed get numbers (the gate).
 
-For each passing path and each batch size: export at that batch (static, cached), verify its outputs
-on eval samples against the golden, then time it; a verified training step on differentiable paths
-whose gradients passed; time to first result by part and the path's peak memory in a fresh worker;
-then each series against its baseline (ratio of medians with a 95 % CI, Welch's t-test on log-times).
-Each series stops once its median's CI is within the target or its budget is spent (``BenchOptions``: a
-budget per series, optionally a total spread over the series).
+For each passing path and each batch size: export at that batch (static, cached), verify its outputs on the eval
+samples it will cycle through, then time it, audited; a verified training step on differentiable paths whose
+gradients passed; time to first result by part and the path's peak memory in a fresh worker; the series of a
+model's paths interleaved in rounds (``parity.bench.rounds``); then each series against its baseline (ratio of
+medians with a 95 % CI, Welch's t-test on log-times), withheld where either did not settle. Each series stops once
+its median's CI is within the target or its budget is spent (``BenchOptions``: a budget per series, optionally a
+total spread over the series).
 Runs in the orchestrator (no framework imports); every measurement runs in a worker.
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from parity.bench import audit, stats
+from parity.bench import stats
 from parity.golden.shapes import describe
 from parity.run.worker import TaskFailed, running_first
 
@@ -40,11 +41,14 @@ class BenchOptions:
     lr: float = 0.1
     first_result: bool = True
     total_budget_s: float | None = None
+    processes: int = 1  # fresh worker processes each path's series run in, their samples pooled
     measure: dict = field(init=False)
 
     def __post_init__(self):
         if not self.budget_s > 0:
             raise ValueError(f"the time budget must be positive, not {self.budget_s:g} s")
+        if self.processes < 1:
+            raise ValueError(f"the number of processes must be at least 1, not {self.processes}")
         if self.total_budget_s is not None and not self.total_budget_s > 0:
             raise ValueError(f"the total time budget must be positive, not {self.total_budget_s:g} s")
         self.measure = {"budget_s": self.budget_s, "min_runs": self.min_runs, "target_rel_ci": self.target_rel_ci}
@@ -73,31 +77,39 @@ class Budget:
         return {"per_series_s": self.per_series_s, "total_s": self.total_s, "spent_s": round(self.spent_s, 3)}
 
 
-def _measured_s(entry: dict) -> float:
-    """Seconds a series took in warm-up and timed runs (0 for one that was not timed)."""
-    return (sum(entry.get("warmup_ms") or ()) + sum(entry.get("samples_ms") or ())) / 1e3
-
-
-def _call(pool, group: str, task: str, **kwargs) -> dict:
-    try:
-        return pool.call(group, task, **kwargs)
-    except TaskFailed as error:
-        return {"verdict": "error", "reason": str(error)}
-
-
 def _trains(path, result) -> bool:
     return bool(path.differentiable and result.get("gradients") and all(s["ok"] for s in result["gradients"].values()))
+
+
+class _Replica:
+    """A worker of its own for one path's series (``WorkerPool.extra``): a task that fails marks the pool's run as
+    failed (its logs are kept), as ``pool.call`` does."""
+
+    def __init__(self, pool, group: str):
+        self.pool, self.worker = pool, pool.extra(group)
+
+    def call(self, task: str, kwargs: dict):
+        try:
+            return self.worker.call(task, kwargs, self.pool.timeout_s)
+        except TaskFailed:
+            self.pool.failed = True
+            raise
+
+    def close(self) -> None:
+        self.worker.close()
 
 
 def bench(run, pool, pending, options: BenchOptions) -> None:
     """Time every passing path of ``pending`` ((spec, manifest, path, result) tuples) into ``result["timing"]``.
 
-    Each path in a fresh worker of its own (forked from its group's template on Linux, where the framework
-    import is the template's, timed once; spawned elsewhere), that has run nothing before: first the path's time
-    to first result, then its series at every batch size and its training step, on the runner the first result
-    built where the batch size is the same. No path is timed in a process that checked, exported or timed
-    anything else.
+    Model by model: each passing path gets ``options.processes`` fresh workers of its own (forked from its group's
+    template on Linux, spawned elsewhere) that have run nothing before; the first measures the path's time to first
+    result; then the series of every path of the model (batch sizes, other shapes, training steps) are timed in
+    rounds, interleaved in random order (``parity.bench.rounds``), each verified in its worker before it is timed.
+    No path is timed in a process that checked, exported or timed another path.
     """
+    from parity.bench import rounds
+
     passing = [item for item in pending if item[3]["verdict"] == "pass"]
     batches = {(spec.name, path.id): options.batch_sizes or spec.timed_batch_sizes for spec, _, path, _ in passing}
     artifacts = {}
@@ -106,27 +118,61 @@ def bench(run, pool, pending, options: BenchOptions) -> None:
         for batch in batches[(spec.name, path.id)]:
             artifacts[(spec.name, path.id, batch)] = run._export(pool, spec, manifest, path, len(path.exports) - 1,
                                                                  batch)
-    series = sum(len(batches[(spec.name, path.id)]) + _trains(path, result) + len(_shapes(spec))
-                 for spec, _, path, result in passing)
-    budget = Budget(options.budget_s, options.total_budget_s, series)
-    ordered = running_first(pool, passing, lambda item: item[2].runtime.group)
-    for step, (spec, manifest, path, result) in enumerate(ordered, 1):
-        run.progress(f"{spec.name}: time {path.id}", step, len(passing))
-        first = None
-        if options.first_result:  # in a fresh worker, which then times the path's series on the runner it built
-            own = run._export(pool, spec, manifest, path, len(path.exports) - 1) if path.exports else None
-            first = _call(pool, path.runtime.group, "parity.bench.tasks:first_result", fresh=True,
-                          **_common(run, spec, path), precision=path.precision, artifact_dir=own and own["dir"],
-                          artifact_meta=own and own["meta"])
-            if own is not None and "verdict" not in first:
-                first["export_s"] = own["meta"].get("export_s")
-                first["export_cached"] = bool(own.get("cached"))
-        result["timing"] = _time_path(run, pool, spec, manifest, path, result, options, budget, artifacts,
-                                      batches[(spec.name, path.id)], fresh=first is None or "verdict" in first)
-        result["timing"]["first_result"] = first
+    count = sum(len(batches[(spec.name, path.id)]) + _trains(path, result) + len(_shapes(spec))
+                for spec, _, path, result in passing)
+    budget = Budget(options.budget_s, options.total_budget_s, count)
+    models = list(dict.fromkeys(spec.name for spec, _, _, _ in passing))
+    done = 0
+    for name in models:
+        items = [item for item in passing if item[0].name == name]
+        replicas: dict[str, list[_Replica]] = {}
+        try:
+            series = []
+            for spec, manifest, path, result in items:
+                done += 1
+                run.progress(f"{spec.name}: first result of {path.id}", done, len(passing))
+                first, replicas[path.id] = _first_result(run, pool, spec, manifest, path, options)
+                result["timing"] = {"export": "static batch per exported artifact" if path.exports else None,
+                                    "train_step": None, "first_result": first}
+                series += _series_of(run, pool, spec, manifest, path, result, options, budget, artifacts,
+                                     batches[(spec.name, path.id)], replicas[path.id])
+            rounds.open_all(series)
+            rounds.run(series, options.min_runs, options.target_rel_ci,
+                       progress=lambda message, name=name: run.progress(f"{name}: time {message}"))
+            for s in series:
+                budget.spend(s.spent_s)
+                _place(s, options)
+        finally:
+            for workers in replicas.values():
+                for replica in workers:
+                    replica.close()
     for _, _, _, result in passing:
         result["timing"]["budget"] = budget.to_json()
     _compare_to_baselines(pending, options)
+
+
+def _first_result(run, pool, spec, manifest, path, options: BenchOptions) -> tuple[dict | None, list]:
+    """The path's workers (``options.processes``), the first of which measures its time to first result."""
+    workers, first = [], None
+    try:
+        for _ in range(options.processes):
+            workers.append(_Replica(pool, path.runtime.group))
+    except TaskFailed as error:
+        for replica in workers:
+            replica.close()
+        return {"verdict": "error", "reason": str(error)}, []
+    if options.first_result:
+        own = run._export(pool, spec, manifest, path, len(path.exports) - 1) if path.exports else None
+        try:
+            first = workers[0].call("parity.bench.tasks:first_result", {
+                **_common(run, spec, path), "precision": path.precision, "artifact_dir": own and own["dir"],
+                "artifact_meta": own and own["meta"]})
+        except TaskFailed as error:
+            first = {"verdict": "error", "reason": str(error)}
+        if own is not None and "verdict" not in first:
+            first["export_s"] = own["meta"].get("export_s")
+            first["export_cached"] = bool(own.get("cached"))
+    return first, workers
 
 
 def _common(run, spec, path) -> dict:
@@ -135,50 +181,51 @@ def _common(run, spec, path) -> dict:
             "device": path.device}
 
 
-def _time_path(run, pool, spec, manifest, path, result, options, budget: Budget, artifacts, batches,
-               fresh: bool) -> dict:
-    """The path's series: the spec's batch size first (on the runner its first result built), then its training
-    step (on that runner again), then every other batch size on a runner of its own; recorded in ``batches``'
-    order. ``fresh``: the first series starts a new worker (else it runs in the one that measured the first
-    result)."""
-    common = _common(run, spec, path)
-    timing = {"export": "static batch per exported artifact" if path.exports else None, "train_step": None}
+def _series_of(run, pool, spec, manifest, path, result, options, budget: Budget, artifacts, batches, workers) -> list:
+    """The path's series: every batch size (on its static-batch artifact), the training step where the path
+    trains, the named axes' other sizes (on the artifact the path was checked with)."""
+    from parity.bench.rounds import Series
 
-    def series(task: str, **kwargs) -> dict:
-        nonlocal fresh
-        allotted = budget.allot()
-        entry = _call(pool, path.runtime.group, f"parity.bench.tasks:{task}", fresh=fresh, precision=path.precision,
-                      timing={**options.measure, "budget_s": allotted}, **kwargs, **common)
-        entry["budget_s"], fresh = allotted, False
-        budget.spend(_measured_s(entry))
-        if entry.get("verdict") == "pass" and entry.get("audit"):
-            entry["audit"]["cache"] = audit.cache_verdict(entry["samples_ms"], entry["audit"]["probe_ms"])
-        if entry.get("verdict") == "pass":
-            entry["stability"] = stats.stability(entry, options.target_rel_ci)
-        return entry
+    common = {**_common(run, spec, path), "precision": path.precision}
+    own = run._export(pool, spec, manifest, path, len(path.exports) - 1) if path.exports else None
+    own_kwargs = {"artifact_dir": own and own["dir"], "artifact_meta": own and own["meta"]}
+    made = []
 
-    def batch_series(batch: int) -> dict:
+    def add(kind: str, key: str, batch: int, **kwargs):
+        name = f"{spec.name}|{path.id}|{kind}|{key}"
+        made.append(Series(name, path, kind, key, batch, {**common, **kwargs}, budget.allot(), workers,
+                           result["timing"]))
+        if not workers:
+            made[-1].entry, made[-1].stopped = {"verdict": "error", "reason": result["timing"]["first_result"][
+                "reason"]}, "error"
+
+    for batch in batches:
         artifact = artifacts.get((spec.name, path.id, batch))
         if artifact is not None and "error" in artifact:
             budget.spend(0.0)
-            return {"verdict": "error", "reason": artifact["error"]}
-        return series("time_batch", batch_size=batch, artifact_dir=artifact and artifact["dir"],
-                      artifact_meta=artifact and artifact["meta"])
-
-    entries = {batch: batch_series(batch) for batch in batches if batch == spec.batch_size}
+            result["timing"].setdefault("batches", {})[str(batch)] = {"verdict": "error", "reason": artifact["error"]}
+            continue
+        add("batch", str(batch), batch, batch_size=batch, artifact_dir=artifact and artifact["dir"],
+            artifact_meta=artifact and artifact["meta"])
     if _trains(path, result):
-        # the artifact the path was checked with (the run already holds it)
-        own = run._export(pool, spec, manifest, path, len(path.exports) - 1) if path.exports else None
-        timing["train_step"] = series("time_train_step", lr=options.lr, artifact_dir=own and own["dir"],
-                                      artifact_meta=own and own["meta"])
-    entries.update({batch: batch_series(batch) for batch in batches if batch != spec.batch_size})
-    timing["batches"] = {str(batch): entries[batch] for batch in batches}
-    if _shapes(spec):  # the named axes' other sizes, on the artifact the path was checked with (dynamic there)
-        own = run._export(pool, spec, manifest, path, len(path.exports) - 1) if path.exports else None
-        timing["shapes"] = {describe(shape): series("time_shape", index=k, artifact_dir=own and own["dir"],
-                                                    artifact_meta=own and own["meta"])
-                            for k, shape in _shapes(spec)}
-    return timing
+        add("train_step", "", spec.batch_size, lr=options.lr, **own_kwargs)
+    for k, shape in _shapes(spec):
+        add("shape", describe(shape), shape.get("batch", 1), index=k, **own_kwargs)
+    result["timing"]["batches"] = {str(b): result["timing"].get("batches", {}).get(str(b)) for b in batches}
+    return made
+
+
+def _place(s, options: BenchOptions) -> None:
+    """A finished series' entry into its path's timing, with whether it settled enough to be compared."""
+    if s.entry.get("verdict") == "pass":
+        s.entry["stability"] = stats.stability(s.entry, options.target_rel_ci)
+    timing = s.target
+    if s.kind == "batch":
+        timing["batches"][s.key] = s.entry
+    elif s.kind == "train_step":
+        timing["train_step"] = s.entry
+    else:
+        timing.setdefault("shapes", {})[s.key] = s.entry
 
 
 def _shapes(spec) -> list[tuple[int, dict]]:

@@ -1,5 +1,6 @@
-"""Worker tasks of a benchmark: each batch size verified then timed, a verified training step timed, and
-the time to first result broken into parts in a fresh worker.
+"""Worker tasks of a benchmark: series opened (each batch size, shape and training step verified before it is timed),
+timed in blocks the orchestrator interleaves with other paths' (``parity.bench.rounds``), closed; and the time to
+first result broken into parts in a fresh worker.
 
 The timed region is the same for every path: an input already prepared as a host NumPy array ->
 outputs ready as host NumPy arrays (``Runner.run``: torch tensors converted, TF eager results read,
@@ -52,9 +53,9 @@ def _runner(spec, path, verified, batch_size: int, threads: int, artifact_dir, a
                         artifact_dir, artifact_meta)
 
 
-# the runner the path's first result built, or its last verified batch series timed at the spec's batch size, kept
-# for the series or training step that follows (built the same way from the same weights and artifact, and only
-# run forward and backward since, never updated): (key, runner) or None
+# the runner the path's first result built, kept for the first series at the spec's batch size opened after it
+# (built the same way from the same weights and artifact, and only run forward and backward since, never updated):
+# (key, runner) or None
 _SPARE_RUNNER: tuple | None = None
 
 
@@ -86,22 +87,32 @@ def rotation(spec, verified, batch_size: int, most: int = audit.MAX_FEEDS) -> li
             for k in range(min(available // batch_size, most))]
 
 
-def _audited(runner, feeds_and_expected: list, check, timing: dict) -> dict:
-    """``audit.audited_measure`` of ``runner`` over verified inputs; ``check(outputs, expected) -> stats``."""
-    inputs = [x for x, _ in feeds_and_expected]
-    return audit.audited_measure(runner.run, inputs, lambda k, out: check(out, feeds_and_expected[k][1]), timing)
+# series open in this worker, timed block by block in rounds with other paths' series (``parity.bench.rounds``):
+# name -> {"kind", "batch", "runner", "run" + "feeds" + "verify" (audited forward calls) or "call" (a training step)}
+_OPEN: dict[str, dict] = {}
 
 
-def time_batch(workspace: str, model: str, path_id: str, golden_dir: str, precision: str, threads: int,
-               batch_size: int, timing: dict, artifact_dir: str | None = None, artifact_meta: dict | None = None,
-               device: str = "cpu") -> dict:
-    """Verify ``batch_size`` on every input it will be timed on (outputs against the golden), then time it,
-    audited; never time a failure."""
-    global _SPARE_RUNNER
-    key = _runner_key(model, path_id, precision, device, threads, batch_size, artifact_dir)
+def open_series(series: str, kind: str, workspace: str, model: str, path_id: str, golden_dir: str, precision: str,
+                threads: int, artifact_dir: str | None = None, artifact_meta: dict | None = None, device: str = "cpu",
+                batch_size: int | None = None, index: int | None = None, lr: float | None = None) -> dict:
+    """Set series ``series`` up in this worker, verified before it is ever timed: a batch size on every input it will
+    cycle through (outputs against the golden), a verification shape on its inputs, a training step from the
+    golden weights. A failure is returned (``"verdict": "fail"``) and the series is not kept."""
     spec, path, verified = _setup(workspace, model, path_id, golden_dir, device, precision)
+    build = (lambda b: _runner(spec, path, verified, b, threads, artifact_dir, artifact_meta))
+    key = _runner_key(model, path_id, precision, device, threads, batch_size or spec.batch_size, artifact_dir)
+    opened = {"batch": _open_batch, "shape": _open_shape, "train_step": _open_train}[kind](
+        spec, path, verified, precision, key, build, batch_size=batch_size, index=index, lr=lr)
+    if opened.pop("verdict", "pass") != "pass":
+        return {"verdict": "fail", **opened}
+    meta = opened.pop("meta")
+    _OPEN[series] = {**opened, "kind": kind, "device_kind": path.device_kind}
+    return {"verdict": "pass", **meta}
+
+
+def _open_batch(spec, path, verified, precision, key, build, batch_size, **_) -> dict:
     inputs = rotation(spec, verified, batch_size)
-    runner = _spare_or_new(key, lambda: _runner(spec, path, verified, batch_size, threads, artifact_dir, artifact_meta))
+    runner = _spare_or_new(key, lambda: build(batch_size))
     output = spec.outputs[0]
     tolerance = spec.output_tolerances(precision).for_name(output)
 
@@ -114,56 +125,78 @@ def time_batch(workspace: str, model: str, path_id: str, golden_dir: str, precis
 
     checks = [check(runner.run(x), expected) for x, expected in inputs]
     audit_check(runner.run(inputs[0][0]), inputs[0][1])  # its first call's set-up outside the timed series
-    worst = max(range(len(checks)), key=lambda k: (not checks[k]["ok"], checks[k]["tol_units"]))
+    worst = max(range(len(checks)), key=lambda k: (not checks[k]["ok"], checks[k].get("tol_units", 0.0)))
     if not checks[worst]["ok"]:
         return {"verdict": "fail", "verified": checks[worst],
                 "reason": compare.describe(f"output at batch {batch_size} (input {worst})", output, checks[worst])}
-    measured = _audited(runner, inputs, audit_check, timing)
-    result = {"verdict": "pass", "verified": checks[worst], **stats.summarize(measured["samples_ms"], batch_size),
-              **measured}
-    if not measured["audit"]["ok"]:
-        return audit.void(result)
-    if path.device_kind == "cuda":
-        result["gpu"] = gpu_figures(runner, inputs[0][0], timing, batch_size)
-    if batch_size == spec.batch_size and runner.differentiable:
-        _SPARE_RUNNER = key, runner
-    return result
+    return {"meta": {"verified": checks[worst]}, "batch": batch_size, "runner": runner, "run": runner.run,
+            "feeds": [x for x, _ in inputs], "verify": lambda k, out: audit_check(out, inputs[k][1])}
 
 
-def time_shape(workspace: str, model: str, path_id: str, golden_dir: str, precision: str, threads: int, index: int,
-               timing: dict, artifact_dir: str | None = None, artifact_meta: dict | None = None,
-               device: str = "cpu") -> dict:
-    """Verify the path at verification shape ``index`` (its outputs there against the golden ones), then time it
-    there; never time a failure."""
+def _open_shape(spec, path, verified, precision, key, build, index, **_) -> dict:
     from parity.golden import shapes
 
-    spec, path, verified = _setup(workspace, model, path_id, golden_dir, device, precision)
     shape = verified.manifest["shapes"][index]
     arrays = verified.arrays["shapes.npz"]
     x = shapes.feeds_at(spec, arrays, index)
-    runner = _runner(spec, path, verified, spec.batch_size, threads, artifact_dir, artifact_meta)
+    runner = build(spec.batch_size)
     tolerances = spec.output_tolerances(precision)
-    check = compare.compare_named(runner.run(x), {n: arrays[f"{index}/output/{n}"] for n in spec.outputs},
-                                  tolerances.for_name)
+    expected = {n: arrays[f"{index}/output/{n}"] for n in spec.outputs}
+    check = compare.compare_named(runner.run(x), expected, tolerances.for_name)
     failing = compare.first_failure(check)
     if failing:
         return {"verdict": "fail", "reason": compare.describe(f"output at {shapes.describe(shape)}", *failing),
                 "verified": check}
-    expected = {n: arrays[f"{index}/output/{n}"] for n in spec.outputs}
 
-    def audit_check(outputs, _) -> dict:
+    def verify(_, outputs) -> dict:
         failing = compare.first_failure(compare.compare_named(outputs, expected, tolerances.for_name))
         return {"ok": True} if failing is None else failing[1]
 
-    measured = _audited(runner, [(x, None)], audit_check, timing)
-    batch = shape.get("batch", 1)
-    result = {"verdict": "pass", "shape": shape, "verified": check, **stats.summarize(measured["samples_ms"], batch),
-              **measured}
-    return result if measured["audit"]["ok"] else audit.void(result)
+    return {"meta": {"verified": check, "shape": shape}, "batch": shape.get("batch", 1), "runner": runner,
+            "run": runner.run, "feeds": [x], "verify": verify}
+
+
+def _open_train(spec, path, verified, precision, key, build, lr, **_) -> dict:
+    """One SGD step verified from the golden weights (``parity.check.training.check_step``), on a runner of its own
+    (the one the path's first result built, where it is still here: it has only run forward)."""
+    from parity.check.training import check_step
+
+    inputs = verified.arrays["inputs.npz"]
+    x, labels = feeds.from_arrays(spec, inputs), inputs["labels"]
+    runner = _spare_or_new(key, lambda: build(spec.batch_size))
+    check = check_step(runner, x, labels, lr, verified.arrays["weights.npz"], verified.arrays["gradients.npz"],
+                       spec.gradient_tolerances(precision))
+    if not check["ok"]:
+        worst = check["params"][check["worst"]]
+        return {"verdict": "fail", "verified": check,
+                "reason": f"one SGD step (lr {lr:g}) differs from golden weights - lr x golden gradient at "
+                          f"{check['worst']}: {worst['tol_units']:.3g}x the tolerance"}
+    return {"meta": {"verified": check}, "batch": spec.batch_size, "runner": runner,
+            "call": lambda: runner.train_step(x, labels, lr)}
+
+
+def time_block(series: str, timing: dict, seed: int = 0, audits: int = audit.AUDITS_MIN, probe: int | None = None,
+               final: bool = True) -> dict:
+    """One block of timed calls of an open series under ``measure``'s rules (``timing``; the series' first block
+    warms it up, the next ones pass ``max_warmup_runs=0``), with its output audits and share of the repeat probe
+    (``parity.bench.audit``; a training step changes its weights, so its outputs are not audited)."""
+    state = _OPEN[series]
+    if "call" in state:
+        return {**bench.measure(state["call"], **timing), "audit": None}
+    return audit.audited_measure(state["run"], state["feeds"], state["verify"], timing, seed=seed, audits=audits,
+                                 probe=probe, final=final)
+
+
+def close_series(series: str, timing: dict) -> dict:
+    """Forget an open series; for a batch size on a GPU, its GPU figures first (``gpu_figures``)."""
+    state = _OPEN.pop(series)
+    if state["kind"] == "batch" and state["device_kind"] == "cuda":
+        return {"gpu": gpu_figures(state["runner"], state["feeds"][0], timing, state["batch"])}
+    return {}
 
 
 def gpu_figures(runner, x: dict, timing: dict, batch_size: int) -> dict:
-    """On a GPU, beside the host-to-host latency timed by ``time_batch``: GPU compute alone (input already on
+    """On a GPU, beside the host-to-host latency of a batch series: GPU compute alone (input already on
     the device, outputs left there, synchronised after every call), the GPU's name, driver and clocks and
     whether they were locked, board energy per inference sampled over the compute window, and peak device
     memory. What cannot be measured says so instead of a number."""
@@ -184,32 +217,6 @@ def gpu_figures(runner, x: dict, timing: dict, batch_size: int) -> dict:
     figures["energy"]["window"] = "warm-up and timed runs of GPU compute"
     figures["peak_device_memory_mb"] = runner.device_memory_peak_mb() or figures.get("peak_process_memory_mb")
     return figures
-
-
-def time_train_step(workspace: str, model: str, path_id: str, golden_dir: str, precision: str, threads: int,
-                    lr: float, timing: dict, artifact_dir: str | None = None, artifact_meta: dict | None = None,
-                    device: str = "cpu") -> dict:
-    """One SGD step verified from the golden weights (``parity.check.training.check_step``), then timed."""
-    from parity.check.training import check_step
-
-    spec, path, verified = _setup(workspace, model, path_id, golden_dir, device, precision)
-    inputs = verified.arrays["inputs.npz"]
-    x, labels = feeds.from_arrays(spec, inputs), inputs["labels"]
-    # the runner the batch series at this batch size was timed on, if it was the last one: it has only run forward,
-    # so it still holds the golden weights (``check_step`` checks that the step starts from them)
-    runner = _spare_or_new(_runner_key(model, path_id, precision, device, threads, spec.batch_size, artifact_dir),
-                           lambda: _runner(spec, path, verified, spec.batch_size, threads, artifact_dir, artifact_meta))
-    check = check_step(runner, x, labels, lr, verified.arrays["weights.npz"], verified.arrays["gradients.npz"],
-                       spec.gradient_tolerances(precision))
-    if not check["ok"]:
-        worst = check["params"][check["worst"]]
-        return {"verdict": "fail", "verified": check,
-                "reason": f"one SGD step (lr {lr:g}) differs from golden weights - lr x golden gradient at "
-                          f"{check['worst']}: {worst['tol_units']:.3g}x the tolerance"}
-    measured = bench.measure(lambda: runner.train_step(x, labels, lr), **timing)
-    summary = stats.summarize(measured["samples_ms"], spec.batch_size)
-    return {"verdict": "pass", "verified": check, **summary, **measured,
-            "steps_per_s": 1e3 / summary["median_ms"], "samples_per_s": summary["throughput"]}
 
 
 def _rss_mb() -> float:

@@ -122,4 +122,7 @@ def timing_options(func):
         click.option("--batch-size", "batch_sizes", type=int, multiple=True,
                      help="Batch size to time (repeatable; default: the spec's bench_batch_sizes)."),
         click.option("--baseline", default=None, help="Path id every path is compared with (default: its native source)."),
+        click.option("--processes", type=click.IntRange(1), default=1, show_default=True,
+                     help="Fresh worker processes each path's series run in (pooled; process-to-process variation "
+                          "reported apart from run-to-run)."),
     ])

@@ -79,10 +79,10 @@ def _stage_block(report: dict) -> str:
     return terminal.stage_seconds(report)
 
 
-def _timing(budget_s, min_runs, target_ci, batch_sizes, baseline):
+def _timing(budget_s, min_runs, target_ci, batch_sizes, baseline, processes):
     from parity.pipeline import jobs
 
-    return jobs.bench_options(budget_s, min_runs, target_ci, batch_sizes, baseline)
+    return jobs.bench_options(budget_s, min_runs, target_ci, batch_sizes, baseline, processes)
 
 
 @click.command()
@@ -104,7 +104,7 @@ def check(**common):
 @timing_options
 @store_options
 @handle_errors
-def run(budget_s, min_runs, target_ci, batch_sizes, baseline, **common):
+def run(budget_s, min_runs, target_ci, batch_sizes, baseline, processes, **common):
     """The main job: check every path, diagnose the ones that failed, time the ones that passed (the gate).
 
     A full cycle of the built-in zoo takes about 2-3 minutes on 2 cores with a cold export cache, about 1.5
@@ -114,7 +114,7 @@ def run(budget_s, min_runs, target_ci, batch_sizes, baseline, **common):
     Example:
         parity run --model mlp --json r.json --report report/
     """
-    _check_or_run(**common, timing=_timing(budget_s, min_runs, target_ci, batch_sizes, baseline), command="run")
+    _check_or_run(**common, timing=_timing(budget_s, min_runs, target_ci, batch_sizes, baseline, processes), command="run")
 
 
 @click.command()
@@ -122,7 +122,7 @@ def run(budget_s, min_runs, target_ci, batch_sizes, baseline, **common):
 @timing_options
 @store_options
 @handle_errors
-def bench(budget_s, min_runs, target_ci, batch_sizes, baseline, **common):
+def bench(budget_s, min_runs, target_ci, batch_sizes, baseline, processes, **common):
     """Check every path, then time only those that passed: per batch size, training steps, first result.
 
     Every batch size is verified before it is timed; statistics per series: median with its 95 % CI,
@@ -133,7 +133,7 @@ def bench(budget_s, min_runs, target_ci, batch_sizes, baseline, **common):
     Example:
         parity bench --model mlp --batch-size 1 --batch-size 64 --json b.json
     """
-    _check_or_run(**common, timing=_timing(budget_s, min_runs, target_ci, batch_sizes, baseline), diagnose=None,
+    _check_or_run(**common, timing=_timing(budget_s, min_runs, target_ci, batch_sizes, baseline, processes), diagnose=None,
                   command="bench")
 
 

@@ -44,7 +44,8 @@ def check_targets(json_file: str | None, report_dir: str | None) -> None:
         check_writable(report / "index.html" if os.path.lexists(report) else report, "--report", make_parents=False)
 
 
-def bench_options(budget_s: float, min_runs: int, target_ci: float, batch_sizes, baseline: str | None):
+def bench_options(budget_s: float, min_runs: int, target_ci: float, batch_sizes, baseline: str | None,
+                  processes: int = 1):
     """The timing options of ``run`` and ``bench``, refused with a usage error when out of range."""
     from parity.bench.plan import BenchOptions
     from parity.run import paths as path_registry
@@ -59,7 +60,7 @@ def bench_options(budget_s: float, min_runs: int, target_ci: float, batch_sizes,
     if baseline and baseline not in path_registry.CHAIN_IDS:
         raise UsageError(f"--baseline {baseline!r} is not a path; known paths: {', '.join(path_registry.CHAIN_IDS)}")
     return BenchOptions(budget_s=budget_s, min_runs=min_runs, target_rel_ci=target_ci,
-                        batch_sizes=tuple(dict.fromkeys(batch_sizes)), baseline=baseline)
+                        batch_sizes=tuple(dict.fromkeys(batch_sizes)), baseline=baseline, processes=processes)
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ def check(request: CheckRequest, *, progress=_quiet, on_checked: Callable[[dict]
         code = max(code, against_code)
     show(report)
     write_results(report, None if to_stdout else request.json_file, request.report_dir, notice)
-    if store is not None:
+    if store is not None and not to_stdout:  # JSON on stdout: its run_id says it, nothing else is printed
         notice(f"stored as run {report['run_id']} in {store.url}")
     return code
 

@@ -5,15 +5,20 @@ Each run contributes its median (on a log scale, so a step is a ratio) and the 9
 detection (a penalised piecewise-constant fit weighting points by their CIs) is the anchor; this differs in how a
 step is accepted:
 
+* **outliers**: values are pulled in to 4 robust standard deviations of the median first (a run twice as slow is
+  not a level of its own: asv reports steps at such runs, see the script);
 * **weights**: a run's weight is ``1 / (se_i^2 + tau^2)``: ``se_i`` from its own CI, ``tau^2`` the variation between
   runs beyond what their CIs show (machines drift between runs more than within one), estimated robustly from
   successive differences, so a run with a tight CI on a noisy machine is not over-trusted;
 * **the test**: binary segmentation on the likelihood-ratio statistic of one step at each split (the weighted mean
-  difference studentised by the residual variance of the two-level fit); the largest one is accepted only when a permutation test of that maximum, over the same points
+  difference studentised by the residual variance of the two-level fit; a segment found inside another is tested at
+  half its parent's level); the largest one is accepted only when a permutation test of that maximum, over the same points
   shuffled, gives ``p < alpha``. The permutation distribution is the maximum's own null, so on exchangeable noise
   a false step is found with probability about ``alpha`` whatever the noise's distribution and the history's length
   (``scripts/step_detection.py`` measures both rates);
-* **a step must matter**: the change must exceed ``min_change`` (relative) as well as be significant.
+* **a step must matter**: the change must exceed ``min_change`` (relative) as well as be significant;
+* **a drift is not a step**: where the step does not improve on a straight line through the segment by an F
+  statistic of ``TREND_F``, there is no run at which the change happened, and none is named.
 
 NumPy only.
 """
@@ -29,13 +34,15 @@ ALPHA = 0.01
 MIN_SIZE = 2  # runs on each side of a step at least (one run after a change is an outlier until another agrees)
 PERMUTATIONS = 999
 MIN_CHANGE = 0.01
+CLIP = 4.0  # robust standard deviations beyond which a run's value is pulled in
+TREND_F = 7.0  # how much better than a straight line a step must fit (F statistic of the step given the line)
 
 
 @dataclass(frozen=True)
 class Step:
     index: int  # the first run after the step
-    before: float  # the segment's typical value before it (weighted mean, back on the original scale)
-    after: float
+    before: float  # the typical value between the step before it (or the start) and it: weighted mean, original scale
+    after: float  # the same between it and the next step (or the end)
     p: float
 
     @property
@@ -48,6 +55,14 @@ def se_from_ci(median: float, lo: float, hi: float) -> float:
     if not (lo and hi and lo > 0 and hi > 0 and median > 0):
         return 0.0
     return (math.log(hi) - math.log(lo)) / (2 * 1.959964)
+
+
+def _clipped(y: np.ndarray, k: float = CLIP) -> np.ndarray:
+    """``y`` with outliers pulled in to ``k`` robust standard deviations (1.4826 MAD) of the median: one run twice as
+    slow is not a level of its own. A function of the set of values, so the permutation test stays exact."""
+    med = float(np.median(y))
+    scale = 1.4826 * float(np.median(np.abs(y - med)))
+    return np.clip(y, med - k * scale, med + k * scale) if scale > 0 else y
 
 
 def _between_run_variance(y: np.ndarray, se: np.ndarray) -> float:
@@ -76,6 +91,23 @@ def _max_statistic(y: np.ndarray, w: np.ndarray, min_size: int) -> tuple[np.ndar
     return stat[np.arange(stat.shape[0]), best], k[best]
 
 
+def _wls_rss(columns: list[np.ndarray], y: np.ndarray, w: np.ndarray) -> float:
+    sw = np.sqrt(w)
+    design = np.stack(columns, axis=1) * sw[:, None]
+    coef, *_ = np.linalg.lstsq(design, y * sw, rcond=None)
+    return float(np.sum(w * (y - np.stack(columns, axis=1) @ coef) ** 2))
+
+
+def _trend_explains(y: np.ndarray, w: np.ndarray, k: int, f_min: float = TREND_F) -> bool:
+    """Whether a straight line through the segment explains it: the step at ``k`` added to the line does not
+    improve the fit by an F statistic of ``f_min``. A slow drift (a machine warming, a cache filling over runs) has
+    no run where it happened, so it is not called a step."""
+    x = np.arange(y.size, dtype=np.float64)
+    ones, after = np.ones_like(x), (x >= k).astype(np.float64)
+    line, both = _wls_rss([ones, x], y, w), _wls_rss([ones, x, after], y, w)
+    return y.size <= 4 or (line - both) / max(both / (y.size - 4), 1e-300) < f_min
+
+
 def detect(values, ses=None, alpha: float = ALPHA, min_change: float = MIN_CHANGE, min_size: int = MIN_SIZE,
            permutations: int = PERMUTATIONS, seed: int = 0) -> list[Step]:
     """Steps in ``values`` (positive, in run order; e.g. medians in ms) given each one's standard error of its log
@@ -84,15 +116,16 @@ def detect(values, ses=None, alpha: float = ALPHA, min_change: float = MIN_CHANG
     se = np.zeros_like(y) if ses is None else np.asarray(ses, dtype=np.float64)
     if y.size < 2 * min_size:
         return []
+    y = _clipped(y)
     tau2 = _between_run_variance(y, se)
     var = se**2 + tau2
     if not np.any(var > 0):  # identical values, no CIs: nothing varies, so any change is a step
         var = np.full_like(y, 1e-12)
     w = 1.0 / np.maximum(var, 1e-300)
     rng = np.random.default_rng(seed)
-    steps: list[Step] = []
+    found: list[tuple[int, float]] = []
 
-    def segment(a: int, b: int) -> None:
+    def segment(a: int, b: int, level: float) -> None:
         if b - a < 2 * min_size:
             return
         ys, ws = y[a:b], w[a:b]
@@ -101,13 +134,15 @@ def detect(values, ses=None, alpha: float = ALPHA, min_change: float = MIN_CHANG
         null, _ = _max_statistic(ys[order], ws[order], min_size)
         p = (1 + int(np.count_nonzero(null >= observed[0] - 1e-12))) / (permutations + 1)
         k = int(split[0])
-        before = float(np.exp(np.sum(ws[:k] * ys[:k]) / np.sum(ws[:k])))
-        after = float(np.exp(np.sum(ws[k:] * ys[k:]) / np.sum(ws[k:])))
-        if p >= alpha or abs(after / before - 1.0) < min_change:
+        change = np.sum(ws[k:] * ys[k:]) / np.sum(ws[k:]) - np.sum(ws[:k] * ys[:k]) / np.sum(ws[:k])
+        if p >= level or abs(math.expm1(change)) < min_change or _trend_explains(ys, ws, k):
             return
-        steps.append(Step(a + k, before, after, p))
-        segment(a, a + k)
-        segment(a + k, b)
+        found.append((a + k, p))
+        segment(a, a + k, level / 2)  # each level of the recursion tests twice the segments: half the level each
+        segment(a + k, b, level / 2)
 
-    segment(0, y.size)
-    return sorted(steps, key=lambda s: s.index)
+    segment(0, y.size, alpha)
+    found.sort()
+    bounds = [0, *(i for i, _ in found), y.size]
+    level = [float(np.exp(np.sum(w[a:b] * y[a:b]) / np.sum(w[a:b]))) for a, b in zip(bounds, bounds[1:])]
+    return [Step(i, level[j], level[j + 1], p) for j, (i, p) in enumerate(found)]

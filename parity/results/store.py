@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from parity.platform.errors import UsageError, one_line
+from parity.report.json_report import sanitize
 
 SCHEMA, VERSION = "parity.store", 1
 DEFAULT = Path(".parity") / "results.sqlite"
@@ -209,7 +210,8 @@ class Store:
         row = {"id": run_id, "created": time.time(), "command": command, "workspace": str(workspace),
                "git_commit": git_commit(workspace), "hardware": hardware(env),
                "device": results[0].get("device") or "cpu", "precision": results[0].get("precision") or "fp32",
-               "exit_code": exit_code, "document": json.dumps({**document, "run_id": run_id}, allow_nan=False)}
+               "exit_code": exit_code,
+               "document": json.dumps(sanitize({**document, "run_id": run_id}), allow_nan=False)}
         try:
             with self.engine.begin() as conn:
                 conn.execute(self.runs.insert(), [row])

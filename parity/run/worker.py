@@ -536,6 +536,18 @@ class WorkerPool:
             spare.kill()
         return Worker.spawn(group, self.threads, self.log_dir, self.env)
 
+    def extra(self, group: str) -> Worker:
+        """A new worker of ``group`` that the caller holds, calls (``Worker.call``) and closes itself, beside this
+        pool's own (which is closed first, so it does not sit idle): a benchmark keeps one per path it interleaves."""
+        if self.current is not None:
+            self.current.close()
+            self.current = None
+        try:
+            return self._start(group)
+        except TaskFailed:
+            self.failed = True
+            raise
+
     def call(self, group: str, task: str, timeout_s: float | None = None, fresh: bool = False, **kwargs):
         """Run ``task`` in the worker of ``group`` (``fresh``: in a new one, that has run nothing before)."""
         if self.current is not None and (fresh or self.current.group != group or not self.current.alive):
