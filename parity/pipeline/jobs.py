@@ -111,6 +111,8 @@ def check(request: CheckRequest, *, progress=_quiet, on_checked: Callable[[dict]
     code = orchestrate.exit_code(report)
     if store is not None:
         report["run_id"] = store.append(report, request.command, ws.root, code)
+        if request.report_dir:  # the HTML report links the history of its paths over the stored runs
+            _history_page(store, report, Path(request.report_dir))
     if baseline is not None:
         from parity.results import against as comparison
 
@@ -161,6 +163,20 @@ def history(workspace: str | None, models, patterns, store: str | None, report_d
 
         written = history_html.write(series, envs, opened.url, Path(report_dir))
     return past.render(series, envs, opened.url, len(runs)), written
+
+
+def _history_page(store, report: dict, out_dir: Path) -> None:
+    from parity.results import history as past
+    from parity.results import history_html
+
+    paths = tuple(dict.fromkeys(r["path"] for r in report["results"]))
+    models = tuple(dict.fromkeys(r["model"] for r in report["results"]))
+    series, envs = past.build(store.history(models, paths))
+    try:
+        history_html.write([s for s in series if s.path in paths], envs, store.url, out_dir)
+    except OSError as error:
+        raise ParityError(f"--report {out_dir}: history.html could not be written: {error.strerror or error}") from None
+    report["history_page"] = "history.html"
 
 
 def write_results(report: dict, json_file: str | None, report_dir: str | None, notice=_quiet) -> None:

@@ -40,8 +40,8 @@ class HostMonitor:
     """``with HostMonitor(threads) as monitor: ...`` samples, every ``interval_s``, the machine's busy CPU time and
     that of this process and its descendants; ``monitor.audit()`` is the record and its warnings."""
 
-    def __init__(self, threads: int, interval_s: float = 0.5):
-        self.threads, self.interval_s = threads, interval_s
+    def __init__(self, threads: int, interval_s: float = 0.5, cpu_root: Path = CPU_ROOT):
+        self.threads, self.interval_s, self.cpu_root = threads, interval_s, cpu_root
         self.others: list[float] = []  # CPU cores used by other processes, per interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
@@ -89,7 +89,7 @@ class HostMonitor:
         """The record (``frequency``, ``other_load_cores``, ``swap``, ``cpus``, ``threads``) and its ``warnings``."""
         import psutil
 
-        frequency = frequency_settings()
+        frequency = frequency_settings(self.cpu_root)
         swap = psutil.swap_memory()
         swapped = (swap.sin - self._swap_before.sin) + (swap.sout - self._swap_before.sout)
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()

@@ -306,6 +306,11 @@ def render(report: dict) -> str:
         body.append("<h2>Model errors</h2>" + _table(["model", "reason"], [
             ("hl", [_e(p.get("model")), _e(p.get("reason"))]) for p in errors if isinstance(p, dict)]))
     body += [_diagnosis(i, r) for i, r in enumerate(results) if r.get("diagnosis")]
+    from parity.report import bench_html
+
+    body.append(bench_html.render(report))
+    if report.get("history_page"):
+        body.append(f'<p><a href="{_e(report["history_page"])}">History of these paths over the stored runs</a></p>')
     env = _flatten(report.get("env") or {})
     body.append("<h2>Environment</h2>" + _table(["key", "value"], [("", [f"<code>{_e(k)}</code>", _e(v)])
                                                                     for k, v in env if k]))
