@@ -104,7 +104,7 @@ def test_a_path_faster_on_repeated_inputs_is_flagged(tmp_path):
     assert entry["verdict"] == "pass" and entry["audit"]["ok"]
     cache = entry["audit"]["cache"]
     assert cache["flagged"], cache
-    assert cache["ratio"] < 0.5 and cache["ci95"][1] < 1
+    assert cache["ratio"] < 0.5 and (cache["rule"] == "order" or cache["ci95"][1] < 1)
     assert "faster on a repeated input" in result.output
 
 
@@ -135,7 +135,7 @@ def test_audit_points_sit_between_blocks_and_a_steady_path_passes_with_a_small_c
     # the timed calls rotate: consecutive timed calls never repeat one input
     timed = measured["warmup_runs"]
     assert not np.array_equal(calls[timed], calls[timed + 1])
-    assert len(a["probe_ms"]) >= audit.PROBE_MIN
+    assert len(a["probe_ms"]) >= audit.probe_target(len(measured["samples_ms"])) >= 1
 
 
 def test_a_runtime_that_changes_after_warm_up_is_caught_by_the_sampled_audits():
@@ -158,3 +158,14 @@ def test_a_runtime_that_changes_after_warm_up_is_caught_by_the_sampled_audits():
     voided = audit.void({"verified": None, **measured})
     assert voided["verdict"] == "invalid" and "median_ms" not in voided
     assert "x the tolerance" in voided["reason"]
+
+
+def test_the_cache_verdict_needs_repeats_beyond_the_noise():
+    rng = np.random.default_rng(4)
+    rotating = list(np.exp(rng.normal(0, 0.05, 200)))
+    assert not audit.cache_verdict(rotating, list(np.exp(rng.normal(0, 0.05, 8))))["flagged"]
+    assert audit.cache_verdict(rotating, list(0.1 * np.exp(rng.normal(0, 0.05, 8))))["flagged"]
+    few = audit.cache_verdict(rotating[:30], [0.2, 0.3])  # a slow series' two repeats: the order rule
+    assert few["flagged"] and few["rule"] == "order"
+    assert not audit.cache_verdict(rotating[:30], [0.2, 1.0])["flagged"]
+    assert audit.probe_target(24) == 1 and audit.probe_target(60) == 2 and audit.probe_target(1000) == 20

@@ -9,7 +9,6 @@ import multiprocessing
 import sqlite3
 
 import numpy as np
-import pytest
 from click.testing import CliRunner
 
 from parity.cli import cli

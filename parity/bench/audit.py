@@ -25,10 +25,18 @@ from parity.check.closeness import times
 
 AUDITS_MIN = 3  # output audits a series gets at least (its last timed call is always one more)
 PROBE_FRACTION = 0.02  # repeated-input calls per timed call, topped up at each audit point
-PROBE_MIN = 3  # repeated-input calls a series gets at least
+PROBE_MIN = 3  # repeated-input calls a series gets where they cost under PROBE_CAP of its timed calls
+PROBE_CAP = 0.04  # below PROBE_MIN, no more repeated-input calls than this share of the timed calls (one at least)
+ORDER_RULE = 5  # fewer repeats than this are judged by the order rule of ``cache_verdict``
 COST_SHARE = 0.03  # audits beyond the first ones only while they have cost less than this share of the timed time
 MAX_FEEDS = 16  # distinct inputs a series rotates through, at most
 CACHE_RATIO = 0.9  # repeats faster than this fraction of the rotating median, with a CI below 1: flagged
+
+
+def probe_target(timed_runs: int) -> int:
+    """Repeated-input calls a series of ``timed_runs`` calls gets in all: ``PROBE_FRACTION`` of them, at least
+    ``PROBE_MIN`` where that costs under ``PROBE_CAP`` of the timed calls, and one at least."""
+    return max(1, min(PROBE_MIN, int(PROBE_CAP * timed_runs)), math.ceil(PROBE_FRACTION * timed_runs))
 
 
 def audit_points(min_runs: int, rng: np.random.Generator, audits: int = AUDITS_MIN) -> list[int]:
@@ -44,8 +52,8 @@ def audited_measure(run, feeds: list, verify, timing: dict, seed: int = 0, audit
     with the output audits and repeat probe. ``verify(k, outputs) -> stats`` compares the outputs of ``feeds[k]``
     with its verified outputs (``stats["ok"]``; ``stats["tol_units"]`` how far). ``audits`` random audit points
     fall within the first ``min_runs`` calls, more at stopping checks while their cost allows, and the last timed
-    call is audited where ``final``; ``probe`` repeated-input calls in all (None: at least ``PROBE_MIN``, and
-    ``PROBE_FRACTION`` of the timed calls), spread over the audit points. A series timed in blocks (interleaved
+    call is audited where ``final``; ``probe`` repeated-input calls in all (None: ``probe_target``), spread over the
+    audit points. A series timed in blocks (interleaved
     with others) passes fewer audits and its share of the probe for each block after its first.
 
     Returns ``measure``'s dict and ``"audit"``: ``{"feeds", "outputs": [{"call", "feed", "ok", "tol_units"}],
@@ -71,7 +79,7 @@ def audited_measure(run, feeds: list, verify, timing: dict, seed: int = 0, audit
         started = clock()
         if len(feeds) > 1:  # first, right after the timed block: the repeats see what its calls saw
             repeated = feeds[(calls - 1) % len(feeds)]
-            wanted = max(PROBE_MIN, math.ceil(PROBE_FRACTION * timed_runs)) if probe is None else probe
+            wanted = probe_target(timed_runs) if probe is None else probe
             for _ in range(wanted - len(probe_ms)):
                 t0 = clock()
                 run(repeated)
@@ -108,16 +116,24 @@ def void(entry: dict) -> dict:
 
 
 def cache_verdict(samples_ms: list[float], probe_ms: list[float]) -> dict:
-    """Repeated-input timing against the rotating series (in the orchestrator: it needs SciPy): ``ratio`` =
-    median(repeats) / median(rotating) with its 95 % CI; ``flagged`` when the CI lies below 1 and the ratio below
-    ``CACHE_RATIO`` (faster on repeats beyond the series' noise)."""
-    from parity.bench.stats import compare_series
-
-    if len(probe_ms) < 2 or len(samples_ms) < 2:
+    """Repeated-input timing against the rotating series (in the orchestrator: it needs SciPy). ``ratio`` =
+    median(repeats) / median(rotating). With ``ORDER_RULE`` repeats or more, ``flagged`` when its 95 % CI lies
+    below 1 and the ratio below ``CACHE_RATIO``; with fewer (a slow series, whose few repeats must stay cheap),
+    when every repeat is faster than ``CACHE_RATIO`` x the fastest rotating call, which a path that does not cache
+    shows with probability below ``1 / (n + 1)`` per repeat."""
+    if not probe_ms or len(samples_ms) < 2:
         return {"flagged": False, "reason": "not probed: one verified input at this size, nothing to rotate"}
-    c = compare_series(probe_ms, samples_ms)
-    flagged = bool(c["ci95"][1] < 1.0 and c["ratio"] < CACHE_RATIO)
-    return {"flagged": flagged, "ratio": c["ratio"], "ci95": c["ci95"], "p": c["p"], "repeats": len(probe_ms),
-            **({"reason": f"{1 / c['ratio']:.3g}x faster on a repeated input than on rotating verified inputs "
-                          "(a result or input cache): its timing does not show the work of new inputs"}
-               if flagged else {})}
+    ratio = float(np.median(probe_ms) / np.median(samples_ms))
+    if len(probe_ms) < ORDER_RULE:
+        flagged = max(probe_ms) < CACHE_RATIO * min(samples_ms)
+        found = {"flagged": bool(flagged), "ratio": ratio, "rule": "order", "repeats": len(probe_ms)}
+    else:
+        from parity.bench.stats import compare_series
+
+        c = compare_series(probe_ms, samples_ms)
+        found = {"flagged": bool(c["ci95"][1] < 1.0 and c["ratio"] < CACHE_RATIO), "ratio": c["ratio"],
+                 "ci95": c["ci95"], "p": c["p"], "rule": "ci", "repeats": len(probe_ms)}
+    if found["flagged"]:
+        found["reason"] = (f"{1 / ratio:.3g}x faster on a repeated input than on rotating verified inputs (a result "
+                           "or input cache): its timing does not show the work of new inputs")
+    return found

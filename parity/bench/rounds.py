@@ -110,7 +110,7 @@ def _block(s: Series, r: int, seed: int) -> None:
     first = not s.blocks[r]
     done = len(s.samples)
     probed = sum(len((b.get("audit") or {}).get("probe_ms") or ()) for b in s.blocks[r])
-    want = max(audit.PROBE_MIN, math.ceil(audit.PROBE_FRACTION * (done + s.block_runs) / len(s.replicas)))
+    want = audit.probe_target(math.ceil((done + s.block_runs) / len(s.replicas)))
     timing = {"min_runs": s.block_runs, "max_runs": s.block_runs, "target_rel_ci": 0.0,
               "budget_s": max(s.budget_s - s.spent_s, 1e-3), "max_warmup_s": s.budget_s,
               **({} if first else {"max_warmup_runs": 0})}

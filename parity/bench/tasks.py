@@ -17,9 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from parity.bench import audit
+from parity.bench import audit, stats
 from parity.bench import measure as bench
-from parity.bench import stats
 from parity.check import closeness as compare
 from parity.golden import store as golden
 from parity.model import feeds

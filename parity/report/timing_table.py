@@ -71,9 +71,9 @@ def _batch_rows(r: dict) -> list[tuple]:
     # the batch sizes, then a model's other axis sizes (its verification shapes, e.g. "batch=3, sequence=8")
     for batch, e in [*timing["batches"].items(), *(timing.get("shapes") or {}).items()]:
         if e.get("verdict") != "pass":
+            prefix = "" if e.get("verdict") == "invalid" else "not timed: "
             rows.append((r["model"], r["path"], e.get("verdict", "error").upper(), batch, "-", "-", "-", "-", "-", "-",
-                         f"{'' if e.get('verdict') == 'invalid' else 'not timed: '}"
-                         f"{' '.join(str(e.get('reason', '')).split())[:90]}"))
+                         prefix + " ".join(str(e.get("reason", "")).split())[:90]))
             continue
         lo, hi = e["ci95_ms"]
         spread = e.get("spread", e["cv"])

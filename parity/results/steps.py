@@ -25,6 +25,7 @@ NumPy only.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -144,5 +145,5 @@ def detect(values, ses=None, alpha: float = ALPHA, min_change: float = MIN_CHANG
     segment(0, y.size, alpha)
     found.sort()
     bounds = [0, *(i for i, _ in found), y.size]
-    level = [float(np.exp(np.sum(w[a:b] * y[a:b]) / np.sum(w[a:b]))) for a, b in zip(bounds, bounds[1:])]
+    level = [float(np.exp(np.sum(w[a:b] * y[a:b]) / np.sum(w[a:b]))) for a, b in itertools.pairwise(bounds)]
     return [Step(i, level[j], level[j + 1], p) for j, (i, p) in enumerate(found)]
