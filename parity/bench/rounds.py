@@ -5,8 +5,8 @@ a difference between paths timed one after the other.
 Each series runs in ``processes`` worker processes of its own path (``--processes N``; fresh ones, forked from the
 group's template), each a replica with its own runner; its samples are pooled and its process-to-process variation
 reported apart from the run-to-run spread. After every round a series stops when its pooled median's 95 % CI is
-within the target (and it has ``min_runs``), its budget is spent, or it reached ``max_runs``. A block is a fixed
-number of calls (growing from round to round, never much past the budget), timed by
+within the target or its budget is spent (either only once it has ``min_runs``), or at ``max_runs``. A block is a
+fixed number of calls (growing from round to round, never much past the budget), timed by
 ``parity.bench.tasks.time_block``; its first block warms the replica up and holds three of its output audits, every
 later block one and its share of the repeat probe. Runs in the orchestrator: no framework imports.
 """
@@ -130,16 +130,19 @@ def _decide(s: Series, min_runs: int, target_rel_ci: float, max_runs: int) -> No
     if s.stopped is not None:
         return
     samples = s.samples
-    if len(samples) >= min_runs and ci_within(samples, target_rel_ci, 0.95):
+    enough = len(samples) >= min_runs  # min_runs wins over the budget
+    if enough and ci_within(samples, target_rel_ci, 0.95):
         s.stopped = "ci"
-    elif s.spent_s >= s.budget_s:
+    elif enough and s.spent_s >= s.budget_s:
         s.stopped = "budget"
     elif len(samples) >= max_runs:
         s.stopped = "max_runs"
     else:
         per_call_s = max(float(np.median(samples)) / 1e3, 1e-9)
-        left = max(math.floor((s.budget_s - s.spent_s) / per_call_s / len(s.replicas)), 1)
-        s.block_runs = max(min(math.ceil(s.block_runs * GROWTH), left, max_runs - len(samples)), 1)
+        replicas = len(s.replicas)
+        left = math.floor((s.budget_s - s.spent_s) / per_call_s / replicas)
+        floor = max(left, math.ceil((min_runs - len(samples)) / replicas), 1)
+        s.block_runs = max(min(math.ceil(s.block_runs * GROWTH), floor, max_runs - len(samples)), 1)
 
 
 def _entry(s: Series) -> dict:

@@ -12,7 +12,7 @@ import io
 import re
 
 from parity.bench.stats import ratio_text
-from parity.report.html import _badge, _e, _n, _table
+from parity.report.html_parts import _badge, _e, _n, _table
 from parity.report.timing_table import warnings
 
 MAX_PLOTTED = 2000  # samples per series drawn (evenly spaced order statistics beyond that)

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from parity.platform.safefs import write_text_atomic
-from parity.report.html import CSS, _e
+from parity.report.html_parts import CSS, _e
 from parity.results.history import Series, findings
 
 
