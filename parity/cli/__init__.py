@@ -24,7 +24,7 @@ def cli():
 
 
 for command in (run.check, run.run, run.bench, run.diagnose, compare.compare, info.paths, info.env, models.init,
-                models.export_testdata, golden.golden, repro.repro, history.history):
+                models.export_testdata, golden.golden, repro.repro, history.history, info.worker_resources):
     cli.add_command(command)
 
 

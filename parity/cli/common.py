@@ -111,6 +111,18 @@ def store_options(func):
     ])
 
 
+def executor_options(func):
+    """Options shared by `check`, `run` and `bench`: where the cells run."""
+    return _apply(func, [
+        click.option("--executor", type=click.Choice(("local", "ray")), default="local", show_default=True,
+                     help="Run every (model, path) cell here, or each as a task on a Ray cluster."),
+        click.option("--address", default=None, metavar="ADDR",
+                     help="The Ray cluster to use with --executor ray (default: start one on this machine)."),
+        click.option("--resume", default=None, metavar="RUN_ID",
+                     help="With --executor ray: keep the finished cells of a stored run, run only the others."),
+    ])
+
+
 def timing_options(func):
     """Options shared by `run` and `bench`: the stopping rule, batch sizes, baseline."""
     return _apply(func, [

@@ -42,3 +42,19 @@ def env(threads):
     from parity.platform.env import default_threads, environment
 
     click.echo(json.dumps(environment(threads or default_threads()), indent=2))
+
+
+@click.command("worker-resources")
+def worker_resources():
+    """What this node should advertise to a Ray cluster for `--executor ray`: its installed stacks and one
+    parity-bench unit (Ray adds its CPUs, GPUs and accelerator_type itself). Prints the JSON for `ray start`.
+
+    \b
+    Example:
+        ray start --address HEAD:6379 --resources "$(parity worker-resources)"
+    """
+    import json
+
+    from parity.run import stacks
+
+    click.echo(json.dumps(stacks.advertised()))

@@ -10,14 +10,14 @@ import sys
 
 import click
 
-from parity.cli.common import check_options, handle_errors, store_options, timing_options
+from parity.cli.common import check_options, executor_options, handle_errors, store_options, timing_options
 
 # json and parity.cli.progress are imported by the command that runs: `parity --help` does not load them
 
 
 def _check_or_run(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, verbose, workspace,
                   report_dir, timing=None, diagnose="failing", command="diagnose", store=None, no_store=True,
-                  against=None, allow_different_env=False):
+                  against=None, allow_different_env=False, executor="local", address=None, resume=None):
     from parity.cli.progress import Progress
     from parity.pipeline import jobs
 
@@ -48,7 +48,8 @@ def _check_or_run(models, patterns, device, precision, json_file, threads, timeo
                                 precision=precision, threads=threads, timeout_s=timeout_s, use_cache=not no_cache,
                                 timing=timing, diagnose=diagnose, json_file=json_file, report_dir=report_dir,
                                 command=command, store=store, use_store=not no_store, against=against,
-                                allow_different_env=allow_different_env)
+                                allow_different_env=allow_different_env, executor=executor, address=address,
+                                resume=resume)
     mode = "off" if to_stdout else ("live" if sys.stderr.isatty() else "lines")
     with Progress(mode) as progress:
         code = jobs.check(request, progress=progress, on_checked=None if to_stdout else on_checked, show=show,
@@ -88,6 +89,7 @@ def _timing(budget_s, min_runs, target_ci, batch_sizes, baseline, processes):
 @click.command()
 @check_options
 @store_options
+@executor_options
 @handle_errors
 def check(**common):
     """Verify goldens and check every path: outputs, gradients, metrics, determinism; diagnose failing paths.
@@ -103,6 +105,7 @@ def check(**common):
 @check_options
 @timing_options
 @store_options
+@executor_options
 @handle_errors
 def run(budget_s, min_runs, target_ci, batch_sizes, baseline, processes, **common):
     """The main job: check every path, diagnose the ones that failed, time the ones that passed (the gate).
@@ -121,6 +124,7 @@ def run(budget_s, min_runs, target_ci, batch_sizes, baseline, processes, **commo
 @check_options
 @timing_options
 @store_options
+@executor_options
 @handle_errors
 def bench(budget_s, min_runs, target_ci, batch_sizes, baseline, processes, **common):
     """Check every path, then time only those that passed: per batch size, training steps, first result.

@@ -84,6 +84,9 @@ class CheckRequest:
     use_store: bool = True
     against: str | None = None  # "last" or a run id in the store
     allow_different_env: bool = False
+    executor: str = "local"  # or "ray"
+    address: str | None = None  # the Ray cluster (None: one of this machine's own)
+    resume: str | None = None  # a run id in the store whose finished cells are kept (ray)
 
 
 def check(request: CheckRequest, *, progress=_quiet, on_checked: Callable[[dict], None] | None = None,
@@ -99,6 +102,8 @@ def check(request: CheckRequest, *, progress=_quiet, on_checked: Callable[[dict]
     from parity.platform.precision import parse_device
 
     to_stdout = request.json_file == "-"
+    if request.resume and request.executor != "ray":
+        raise UsageError("--resume reruns the cells of a run on a cluster: use it with --executor ray")
     check_targets(None if to_stdout else request.json_file, request.report_dir)
     device = parse_device(request.device)
     ws = open_workspace(request.workspace, notice)
@@ -107,10 +112,21 @@ def check(request: CheckRequest, *, progress=_quiet, on_checked: Callable[[dict]
     options = orchestrate.Options(threads=request.threads, patterns=request.patterns, precision=request.precision,
                                   device=device, timeout_s=request.timeout_s, use_cache=request.use_cache,
                                   timing=request.timing, diagnose=request.diagnose)
-    report = orchestrate.check(ws, names, options, progress=progress, on_checked=on_checked)
+    run_id = None
+    if request.executor == "ray":
+        from parity.pipeline import ray_executor
+        from parity.results.store import new_run_id
+
+        resumed = store.cell_results(request.resume) if request.resume else None
+        run_id = new_run_id() if store is not None else None
+        report = ray_executor.check(ws, names, options, request.address, store, run_id, resumed, progress=progress)
+        if request.resume:
+            report["executor"]["resumed_from"] = request.resume
+    else:
+        report = orchestrate.check(ws, names, options, progress=progress, on_checked=on_checked)
     code = orchestrate.exit_code(report)
     if store is not None:
-        report["run_id"] = store.append(report, request.command, ws.root, code)
+        report["run_id"] = store.append(report, request.command, ws.root, code, run_id=run_id)
         if request.report_dir:  # the HTML report links the history of its paths over the stored runs
             _history_page(store, report, Path(request.report_dir))
     if baseline is not None:
@@ -130,8 +146,8 @@ def _open_store(request: CheckRequest, ws, device: str):
     """The results store (None with ``use_store`` off), the ``--against`` baseline document and what differs from
     it; every refusal (not a store, locked, no driver, no such run, other hardware) raised before the run."""
     if not request.use_store:
-        if request.against:
-            raise UsageError("--against reads the results store: drop --no-store")
+        if request.against or request.resume:
+            raise UsageError("--against and --resume read the results store: drop --no-store")
         return None, None, []
     from parity.results import store as results
 

@@ -74,7 +74,13 @@ def _tables(sa):
         sa.Column("spread", sa.Float),
         sa.Column("runs", sa.Integer),
         sa.Column("samples_ms", sa.Text))
-    return metadata, meta, runs, series
+    cells = sa.Table(
+        "cells", metadata,  # each cell of a distributed run as it finishes: what --resume keeps
+        sa.Column("run_id", sa.String(40), primary_key=True),
+        sa.Column("cell", sa.String(400), primary_key=True),
+        sa.Column("created", sa.Float, nullable=False),
+        sa.Column("result", sa.Text, nullable=False))
+    return metadata, meta, runs, series, cells
 
 
 def hardware(env: dict) -> str:
@@ -138,7 +144,7 @@ class Store:
 
     def __init__(self, engine, url: str, sa):
         self.engine, self.url, self.sa = engine, url, sa
-        self.metadata, self.meta, self.runs, self.series = _tables(sa)
+        self.metadata, self.meta, self.runs, self.series, self.cells = _tables(sa)
 
     @classmethod
     def open(cls, url: str, create: bool = True) -> Store:
@@ -202,9 +208,32 @@ class Store:
             raise self._refuse(f"written by store schema version {version}, this parity reads version {VERSION} "
                                "(no migration between them): use a parity of that version, or a new --store")
 
-    def append(self, document: dict, command: str, workspace: Path, exit_code: int) -> str:
-        """Append one run (its document and series rows) in one transaction; its run id."""
-        run_id = new_run_id()
+    def add_cell(self, run_id: str, cell: str, result: dict) -> None:
+        """One finished cell of a distributed run, kept so that ``--resume`` reruns only the cells without one."""
+        row = {"run_id": run_id, "cell": cell, "created": time.time(),
+               "result": json.dumps(sanitize(result), allow_nan=False)}
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(self.cells.delete().where((self.cells.c.run_id == run_id) & (self.cells.c.cell == cell)))
+                conn.execute(self.cells.insert(), [row])
+        except self.sa.exc.OperationalError as error:
+            raise self._refuse(_operational(error)) from None
+
+    def cell_results(self, run_id: str) -> dict[str, dict]:
+        """The finished cells of ``run_id`` (cell -> result); a run id the store has never seen is refused."""
+        sa = self.sa
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(self.cells.c.cell, self.cells.c.result)
+                                .where(self.cells.c.run_id == run_id)).all()
+            known = rows or conn.execute(sa.select(self.runs.c.id).where(self.runs.c.id == run_id)).first()
+        if not known:
+            raise self._refuse(f"has no run {run_id!r} to resume")
+        return {cell: json.loads(result) for cell, result in rows}
+
+    def append(self, document: dict, command: str, workspace: Path, exit_code: int, run_id: str | None = None) -> str:
+        """Append one run (its document and series rows) in one transaction; its run id (``run_id``: one given
+        before the run, under which its cells were kept)."""
+        run_id = run_id or new_run_id()
         env = document.get("env") or {}
         results = document.get("results") or [{}]
         row = {"id": run_id, "created": time.time(), "command": command, "workspace": str(workspace),
