@@ -193,6 +193,13 @@ def render(report: dict) -> str:
                           ("export s", "right"), ("load s", "right"), ("1st run ms", "right"),
                           ("2nd run ms", "right"), ("1st backward ms", "right"), ("peak MB", "right")], first),
                   "", *_legend(FIRST_LEGEND)]
+    hardware: dict[str, list[str]] = {}
+    for r in results:
+        if r.get("timing") and r.get("node"):
+            hardware.setdefault(r["node"]["hardware"], []).append(f"{r['model']} {r['path']}")
+    if len(hardware) > 1:  # cells timed on different nodes: each figure belongs to its hardware
+        lines += ["", "Timed on different hardware (compared with a baseline only on the same hardware):"]
+        lines += [f"  {name}: {', '.join(cells)}" for name, cells in hardware.items()]
     for warning in [*dict.fromkeys(clock_warnings), *warnings(report)]:
         lines += ["", *textwrap.wrap(f"warning: {warning}", WRAP, subsequent_indent="  ")]
     return "\n".join(lines)
