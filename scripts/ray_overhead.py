@@ -1,5 +1,7 @@
 """Per-cell overhead of ``--executor ray`` against local execution: the same ``parity check`` of the same models,
-side by side in one run, each repeated; prints the medians, seconds per cell and their ratio.
+side by side in one run, each repeated; prints the medians, seconds per cell and their ratio. Then the choice the
+executor made, measured: the same cells as Ray tasks (what ``--executor ray`` does) against one Ray actor per
+framework group that runs its group's cells one after another, in one Ray session.
 
     python scripts/ray_overhead.py [--model mlp ...] [--repeats 2]
 
@@ -53,6 +55,54 @@ def main() -> None:
     print(f"local {local:7.1f} s  ({local / cells:5.2f} s per cell)")
     print(f"ray   {ray:7.1f} s  ({ray / cells:5.2f} s per cell)")
     print(f"ray/local {ray / local:.2f}; overhead per cell {(ray - local) / cells:+.2f} s")
+    tasks, actors = _tasks_and_actors(models, args.repeats)
+    print(f"in one Ray session: tasks {tasks:.1f} s, actors per group {actors:.1f} s, actors/tasks {actors / tasks:.2f}")
+
+
+def _tasks_and_actors(models: list[str], repeats: int) -> tuple[float, float]:
+    """Medians of the same cells run one at a time as tasks and as calls of one actor per framework group (the
+    first round of each warms its processes; alternated after that)."""
+    import ray
+
+    from parity.model.workspace import Workspace
+    from parity.pipeline import orchestrate, ray_executor
+    from parity.pipeline.bundle import pack
+    from parity.run import stacks
+
+    ray.init(logging_level="ERROR", log_to_driver=False, include_dashboard=False, resources=stacks.advertised())
+    try:
+        ws = Workspace(REPO)
+        options = orchestrate.Options(threads=1, diagnose=None)
+        plan = orchestrate.Run(ws, options)._plan(models)
+        bundle = ray.put(pack(ws.root, models))
+        task = ray.remote(ray_executor.run_cell)
+
+        @ray.remote
+        class Group:
+            def run(self, model, path_id):
+                return ray_executor.run_cell(ray.get(bundle), model, path_id, options)
+
+        # actors hold no CPU (five of them would not fit two cores): both ways run one cell at a time
+        actors = {g: Group.options(num_cpus=0).remote() for g in {path.runtime.group for _, _, path in plan}}
+
+        def as_tasks():
+            for spec, _, path in plan:
+                ray.get(task.options(num_cpus=1).remote(bundle, spec.name, path.id, options))
+
+        def as_actors():
+            for spec, _, path in plan:
+                ray.get(actors[path.runtime.group].run.remote(spec.name, path.id))
+
+        as_tasks(), as_actors()  # warm both
+        times = {"tasks": [], "actors": []}
+        for _ in range(repeats):
+            for name, fn in (("tasks", as_tasks), ("actors", as_actors)):
+                started = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - started)
+        return statistics.median(times["tasks"]), statistics.median(times["actors"])
+    finally:
+        ray.shutdown()
 
 
 if __name__ == "__main__":
