@@ -37,6 +37,16 @@ def test_a_bundle_arrives_verified_and_a_tampered_one_is_refused(tmp_path):
 def test_a_cell_requests_the_stacks_of_its_steps_and_a_node_advertises_what_it_has():
     assert stacks.needed(paths.by_id("tf/onnx/ort", "cpu", "fp32")) == {"parity-tf": 1.0, "parity-onnx": 1.0}
     assert stacks.needed(paths.by_id("torch", "cpu", "fp32")) == {"parity-torch": 1.0}
+    from parity.pipeline.ray_executor import _missing, _request
+
+    gpu = paths.by_id("torch/onnx/ort", "cuda", "fp32")
+    timed = _request(gpu, timing=True, threads=4, accelerator="H100")
+    assert timed == {"num_cpus": 4.0, "num_gpus": 1.0, "resources": {"parity-torch": 1.0, "parity-onnx": 1.0,
+                                                                     "parity-bench": 1.0,
+                                                                     "accelerator_type:H100": 0.001}}
+    assert _request(gpu, timing=False, threads=4)["num_gpus"] == 0.25
+    assert _missing(timed, {"CPU": 8.0, "GPU": 1.0, "parity-torch": 1e3, "parity-onnx": 1e3, "parity-bench": 1.0}) == [
+        "accelerator_type:H100 0.001"]
     out = CliRunner().invoke(cli, ["worker-resources"])
     advertised = json.loads(out.output)
     assert advertised["parity-bench"] == 1.0 and advertised["parity-torch"] > 1 and "parity-trt" not in advertised

@@ -120,6 +120,9 @@ def executor_options(func):
                      help="The Ray cluster to use with --executor ray (default: start one on this machine)."),
         click.option("--resume", default=None, metavar="RUN_ID",
                      help="With --executor ray: keep the finished cells of a stored run, run only the others."),
+        click.option("--accelerator", default=None, metavar="MODEL",
+                     help="With --executor ray and a CUDA device: GPU cells only on nodes whose GPU is this model "
+                          "(Ray's accelerator_type, e.g. H100)."),
     ])
 
 

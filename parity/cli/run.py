@@ -17,7 +17,8 @@ from parity.cli.common import check_options, executor_options, handle_errors, st
 
 def _check_or_run(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, verbose, workspace,
                   report_dir, timing=None, diagnose="failing", command="diagnose", store=None, no_store=True,
-                  against=None, allow_different_env=False, executor="local", address=None, resume=None):
+                  against=None, allow_different_env=False, executor="local", address=None, resume=None,
+                  accelerator=None):
     from parity.cli.progress import Progress
     from parity.pipeline import jobs
 
@@ -49,7 +50,7 @@ def _check_or_run(models, patterns, device, precision, json_file, threads, timeo
                                 timing=timing, diagnose=diagnose, json_file=json_file, report_dir=report_dir,
                                 command=command, store=store, use_store=not no_store, against=against,
                                 allow_different_env=allow_different_env, executor=executor, address=address,
-                                resume=resume)
+                                resume=resume, accelerator=accelerator)
     mode = "off" if to_stdout else ("live" if sys.stderr.isatty() else "lines")
     with Progress(mode) as progress:
         code = jobs.check(request, progress=progress, on_checked=None if to_stdout else on_checked, show=show,

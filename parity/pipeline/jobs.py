@@ -87,6 +87,7 @@ class CheckRequest:
     executor: str = "local"  # or "ray"
     address: str | None = None  # the Ray cluster (None: one of this machine's own)
     resume: str | None = None  # a run id in the store whose finished cells are kept (ray)
+    accelerator: str | None = None  # GPU cells only on nodes with accelerator_type:<this> (ray)
 
 
 def check(request: CheckRequest, *, progress=_quiet, on_checked: Callable[[dict], None] | None = None,
@@ -102,8 +103,8 @@ def check(request: CheckRequest, *, progress=_quiet, on_checked: Callable[[dict]
     from parity.platform.precision import parse_device
 
     to_stdout = request.json_file == "-"
-    if request.resume and request.executor != "ray":
-        raise UsageError("--resume reruns the cells of a run on a cluster: use it with --executor ray")
+    if (request.resume or request.accelerator) and request.executor != "ray":
+        raise UsageError("--resume and --accelerator place cells on a cluster: use them with --executor ray")
     check_targets(None if to_stdout else request.json_file, request.report_dir)
     device = parse_device(request.device)
     ws = open_workspace(request.workspace, notice)
@@ -119,7 +120,8 @@ def check(request: CheckRequest, *, progress=_quiet, on_checked: Callable[[dict]
 
         resumed = store.cell_results(request.resume) if request.resume else None
         run_id = new_run_id() if store is not None else None
-        report = ray_executor.check(ws, names, options, request.address, store, run_id, resumed, progress=progress)
+        report = ray_executor.check(ws, names, options, request.address, store, run_id, resumed, progress=progress,
+                                    accelerator=request.accelerator)
         if request.resume:
             report["executor"]["resumed_from"] = request.resume
     else:

@@ -3,7 +3,7 @@
 A cell is one Ray task running parity's own pipeline for that one path on the node Ray places it on (golden
 verification, export through the node's export cache, check, diagnosis, timing), so a cell's verdict is the one a
 local run gives. It requests what it needs: one CPU for a check (``--threads`` for a timed cell), a GPU on a CUDA
-device (a quarter for a check, a whole one for timing), one unit of every software stack its steps import
+device (a quarter for a check, a whole one for timing; of one model with ``--accelerator``), one unit of every software stack its steps import
 (``parity.run.stacks``: ``parity-torch``, ``parity-tf``, ...) and, when it times, the node's single ``parity-bench``
 unit, so no two timing cells share a node. A cell that needs a resource no node has is ``skip`` at once with that
 reason. The workspace's models and golden data travel as one content-addressed bundle in Ray's object store,
@@ -55,10 +55,12 @@ def cell_key(model: str, path) -> str:
     return f"{model}|{path.id}|{path.device}|{path.precision}"
 
 
-def _request(path, timing: bool, threads: int) -> dict:
+def _request(path, timing: bool, threads: int, accelerator: str | None = None) -> dict:
     resources = stacks.needed(path)
     if timing:
         resources[stacks.BENCH] = 1.0
+    if accelerator and path.device_kind == "cuda":  # Ray advertises accelerator_type:<model> on GPU nodes
+        resources[f"accelerator_type:{accelerator}"] = 0.001
     gpus = (1.0 if timing else CHECK_GPU) if path.device_kind == "cuda" else 0.0
     return {"num_cpus": float(threads if timing else 1), "num_gpus": gpus, "resources": resources}
 
@@ -87,9 +89,10 @@ def _lost(error) -> str:
 
 
 def check(workspace, names, options, address: str | None = None, store=None, run_id: str | None = None,
-          resume: dict | None = None, progress=lambda message, **kw: None) -> dict:
+          resume: dict | None = None, progress=lambda message, **kw: None, accelerator: str | None = None) -> dict:
     """The merged report of every cell of ``names`` x the selected paths, run on the cluster at ``address``
-    (None: a Ray of this machine's own); ``resume``: finished cells (key -> cell) not run again."""
+    (None: a Ray of this machine's own); ``resume``: finished cells (key -> cell) not run again; ``accelerator``:
+    GPU cells only on nodes of that GPU model (``accelerator_type:<model>``, e.g. H100)."""
     from parity.pipeline import orchestrate
     from parity.pipeline.bundle import pack
     from parity.platform.env import environment
@@ -108,7 +111,7 @@ def check(workspace, names, options, address: str | None = None, store=None, run
         if resume and key in resume:
             cells[key], reused = resume[key], reused + 1
             continue
-        request = _request(path, timing, options.threads)
+        request = _request(path, timing, options.threads, accelerator)
         missing = _missing(request, totals)
         if missing:
             cells[key] = {"result": {"model": spec.name, "path": path.id, "stages": path.stages,
