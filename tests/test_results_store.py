@@ -123,6 +123,11 @@ def test_against_fails_on_a_slowed_path_and_a_changed_verdict_and_passes_an_unch
     assert code == 1 and "verdict pass -> FAIL" in text
     # a small change inside the series' own noise is not a finding even when its CI excludes 1
     assert against.render(baseline, _doc(1.01, seed=4, spread=0.1), [])[1] == 0
+    # nor a 3 % change: runs in separate processes differ by that much (the floor), or what the history shows
+    assert against.render(baseline, _doc(1.03, seed=5), [])[1] == 0
+    assert against.render(baseline, _doc(1.08, seed=6), [])[1] == 1
+    wide = {("mlp", "torch/onnx/ort", "1"): [1.0, 1.12, 0.9, 1.1, 0.93]}
+    assert against.render(baseline, _doc(1.08, seed=6), [], wide)[1] == 0
 
 
 SLOW_NET = '''

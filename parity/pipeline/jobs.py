@@ -127,6 +127,7 @@ def check(request: CheckRequest, *, progress=_quiet, on_checked: Callable[[dict]
     else:
         report = orchestrate.check(ws, names, options, progress=progress, on_checked=on_checked)
     code = orchestrate.exit_code(report)
+    history = _past_medians(store, report) if baseline is not None else None  # before this run is stored
     if store is not None:
         report["run_id"] = store.append(report, request.command, ws.root, code, run_id=run_id)
         if request.report_dir:  # the HTML report links the history of its paths over the stored runs
@@ -134,7 +135,7 @@ def check(request: CheckRequest, *, progress=_quiet, on_checked: Callable[[dict]
     if baseline is not None:
         from parity.results import against as comparison
 
-        text, against_code = comparison.render(baseline, report, differ)
+        text, against_code = comparison.render(baseline, report, differ, history)
         report["against"] = {"baseline": baseline.get("run_id"), "text": text, "exit_code": against_code}
         code = max(code, against_code)
     show(report)
@@ -181,6 +182,22 @@ def history(workspace: str | None, models, patterns, store: str | None, report_d
 
         written = history_html.write(series, envs, opened.url, Path(report_dir))
     return past.render(series, envs, opened.url, len(runs)), written
+
+
+def _past_medians(store, report: dict) -> dict:
+    """(model, path, batch) -> medians of that series in the store's earlier runs on this run's hardware."""
+    from parity.results.store import hardware
+
+    here = hardware(report.get("env") or {})
+    models = tuple(dict.fromkeys(r["model"] for r in report["results"]))
+    found: dict[tuple, list[float]] = {}
+    for run in store.history(models):
+        if run["hardware"] != here:
+            continue
+        for row in run["rows"]:
+            if row["kind"] == "batch" and row["verdict"] == "pass" and row["median_ms"]:
+                found.setdefault((row["model"], row["path"], row["key"]), []).append(row["median_ms"])
+    return found
 
 
 def _history_page(store, report: dict, out_dir: Path) -> None:

@@ -2,8 +2,11 @@
 
 Differences in environment are shown first (as ``parity compare`` does); then what fails the comparison (exit code
 1): a verdict that changed, a timing whose change is significant (the ratio's 95 % CI excludes 1 and Welch's test
-gives p < 0.05) and larger than the series' noise (half its interquartile range over its median, the larger of the
-two), and a series voided by its output audit. Comparisons with a series that did not settle are withheld and said.
+gives p < 0.05) and larger than the series' noise, and a series voided by its output audit. The noise is the largest
+of: half the interquartile range over the median of either series (run to run), the process-to-process cv where
+``--processes`` measured it, the variation of the series' medians over its earlier stored runs on this hardware
+(robust: 1.4826 MAD of their logs, from three runs on), and ``NOISE_FLOOR``: runs in separate processes differ by
+a few percent on any machine, which no single run can see. Comparisons with a series that did not settle are withheld and said.
 A baseline on other hardware, device or precision is refused unless allowed, and then every difference is listed.
 """
 
@@ -32,13 +35,28 @@ def check_environment(baseline: dict, hardware: str, device: str, precision: str
     return differ
 
 
+NOISE_FLOOR = 0.05
+
+
 def _noise(entry: dict) -> float:
     spread = entry.get("spread")
-    return 0.5 * spread if isinstance(spread, (int, float)) and math.isfinite(spread) else 0.0
+    own = 0.5 * spread if isinstance(spread, (int, float)) and math.isfinite(spread) else 0.0
+    return max(own, (entry.get("processes") or {}).get("between_processes_cv") or 0.0)
 
 
-def findings(baseline: dict, current: dict) -> tuple[list[str], list[str]]:
-    """(what fails the comparison, what was withheld), one line each."""
+def past_noise(medians: list[float]) -> float:
+    """Variation between runs from earlier medians of one series: 1.4826 MAD of their logs (0 below three)."""
+    if len(medians) < 3:
+        return 0.0
+    logs = sorted(math.log(m) for m in medians if m and m > 0)
+    mid = logs[len(logs) // 2]
+    deviations = sorted(abs(x - mid) for x in logs)
+    return 1.4826 * deviations[len(deviations) // 2]
+
+
+def findings(baseline: dict, current: dict, history: dict | None = None) -> tuple[list[str], list[str]]:
+    """(what fails the comparison, what was withheld), one line each; ``history``: (model, path, batch) -> earlier
+    medians of that series on this hardware."""
     failing, withheld = [], []
     old, new = compare._by_key(baseline), compare._by_key(current)
     for key in [k for k in new if k in old]:
@@ -67,7 +85,7 @@ def findings(baseline: dict, current: dict) -> tuple[list[str], list[str]]:
                 continue
             c = compare_series_log(sb, sa)
             ratio, (lo, hi) = math.exp(c["log_ratio"]), c["log_ci95"]
-            noise = max(_noise(ea), _noise(eb))
+            noise = max(_noise(ea), _noise(eb), past_noise((history or {}).get((*key, batch), [])), NOISE_FLOOR)
             if c["significant"] and abs(ratio - 1.0) > noise:
                 word = "slower" if ratio > 1 else "faster"
                 failing.append(f"{where}: {ratio_text(ratio)} ({word}; 95% CI [{ratio_text(math.exp(lo))}, "
@@ -76,14 +94,14 @@ def findings(baseline: dict, current: dict) -> tuple[list[str], list[str]]:
     return failing, withheld
 
 
-def render(baseline: dict, current: dict, differ: list[str]) -> tuple[str, int]:
+def render(baseline: dict, current: dict, differ: list[str], history: dict | None = None) -> tuple[str, int]:
     """The text shown after the run, and its exit code (1 when anything fails the comparison)."""
     ra, rb = compare._by_key(baseline), compare._by_key(current)
     common = [k for k in rb if k in ra]
     lines = [f"Against run {baseline.get('run_id')}"]
     lines += [f"  {line}" for line in compare._environment(baseline, current, common, ra, rb)]
     lines += [f"  warning: compared on a different {d} (--allow-different-env)" for d in differ]
-    failing, withheld = findings(baseline, current)
+    failing, withheld = findings(baseline, current, history)
     lines += [f"  changed: {line}" for line in failing]
     lines += [f"  withheld: {line}" for line in withheld]
     if not failing:
