@@ -151,9 +151,14 @@ def check(workspace, names, options, address: str | None = None, store=None, run
         results.append(result)
     compare_by_hardware(plan, results, options)
     nodes = {r["node"]["id"]: r["node"]["hardware"] for r in results if r.get("node")}
-    return {"schema": orchestrate.RESULT_SCHEMA, "env": environment(options.threads), "results": results,
-            "model_errors": plan_run.model_errors, "stage_seconds": {},
-            "executor": {"kind": "ray", "address": address, "cells": len(plan), "reused": reused, "nodes": nodes}}
+    report = {"schema": orchestrate.RESULT_SCHEMA, "env": environment(options.threads), "results": results,
+              "model_errors": plan_run.model_errors, "stage_seconds": {},
+              "executor": {"kind": "ray", "address": address, "cells": len(plan), "reused": reused, "nodes": nodes}}
+    warnings = [f"{r['node']['hostname']}: {w}" for r in results if r.get("node")
+                for w in ((r["node"].get("host") or {}).get("warnings") or [])]
+    if warnings:  # each node's host audit, said once per node and finding
+        report["host"] = {"warnings": list(dict.fromkeys(warnings))}
+    return report
 
 
 def _hardware(env: dict) -> str:
