@@ -8,11 +8,8 @@ by part with peak memory; the latency distributions as plots, one per model and 
 
 from __future__ import annotations
 
-import io
-import re
-
 from parity.bench.stats import ratio_text
-from parity.report.html_parts import _badge, _e, _n, _table
+from parity.report.html_parts import _badge, _e, _n, _table, inline_svg, plot_style
 from parity.report.timing_table import warnings
 
 MAX_PLOTTED = 2000  # samples per series drawn (evenly spaced order statistics beyond that)
@@ -114,11 +111,9 @@ def _plots(results: list[dict]) -> str:
 
 
 def _boxes(labels: list[str], data: list, salt: str) -> str:
-    import matplotlib
     from matplotlib.figure import Figure
 
-    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": salt, "font.size": 8,
-                                "font.family": "sans-serif", "text.parse_math": False, "text.usetex": False}):
+    with plot_style(salt):
         fig = Figure(figsize=(8, 0.45 * len(labels) + 0.9))
         ax = fig.add_subplot()
         ax.violinplot(data, orientation="horizontal", showmedians=True, showextrema=False)
@@ -127,11 +122,7 @@ def _boxes(labels: list[str], data: list, salt: str) -> str:
         ax.set_yticks(range(1, len(labels) + 1), labels)
         ax.set_xlabel("ms per call (log scale): distribution, median, quartiles")
         ax.grid(axis="x", color="#eaeef2", lw=0.6)
-        buf = io.StringIO()
-        fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
-    svg = buf.getvalue()
-    svg = re.sub(r"<metadata>.*?</metadata>", "", svg[svg.index("<svg"):], flags=re.DOTALL)
-    return f'<div class="plot" role="img" aria-label="latency distributions">{svg}</div>'
+        return inline_svg(fig, "latency distributions")
 
 
 def render(report: dict) -> str:

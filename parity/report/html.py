@@ -5,15 +5,13 @@ matplotlib is imported only while a plot is drawn, so importing this module stay
 
 from __future__ import annotations
 
-import io
 import math
-import re
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
 from parity.platform.safefs import write_text_atomic
-from parity.report.html_parts import CSS, LABEL_CLASS, _badge, _e, _n, _num, _Right, _table  # noqa: F401
+from parity.report.html_parts import CSS, _badge, _e, _n, _num, _Right, _table, inline_svg, plot_style
 from parity.report.terminal import placement
 
 
@@ -55,7 +53,6 @@ def _verdicts(results: list[dict]) -> str:
 
 def _plot(taps: list[dict], first: str | None, salt: str) -> str:
     """Error per tap in tolerance units (log scale) as an inline SVG; clipped and unmeasured taps are marked."""
-    import matplotlib
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter
     from matplotlib.transforms import blended_transform_factory
@@ -70,9 +67,7 @@ def _plot(taps: list[dict], first: str | None, salt: str) -> str:
                 else "zero" if v <= 0 else "measured")
         groups[kind][0].append(x)
         groups[kind][1].append({"over": top, "zero": floor}.get(kind, v))
-    # names come from user models: drawn literally, never parsed as mathtext ("a$x^2$b") or LaTeX
-    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": salt, "font.size": 8,
-                                "font.family": "sans-serif", "text.parse_math": False, "text.usetex": False}):
+    with plot_style(salt):
         fig = Figure(figsize=(8, 3))
         ax = fig.add_subplot()
         ax.set_yscale("log")
@@ -107,11 +102,7 @@ def _plot(taps: list[dict], first: str | None, salt: str) -> str:
         ax.set_ylabel("error / tolerance")
         ax.grid(axis="y", color="#eaeef2", lw=0.6)
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
-        buf = io.StringIO()
-        fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
-    svg = buf.getvalue()
-    svg = re.sub(r"<metadata>.*?</metadata>", "", svg[svg.index("<svg"):], flags=re.DOTALL)
-    return f'<div class="plot" role="img" aria-label="error per tap in tolerance units">{svg}</div>'
+        return inline_svg(fig, "error per tap in tolerance units")
 
 
 def _taps(taps: list[dict]) -> str:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import math
+import re
 from html import escape
 
 CSS = """
@@ -59,3 +61,22 @@ def _table(headers: list[str], rows: list[tuple[str, list[str]]]) -> str:
     head = "".join(f"<th>{_e(h)}</th>" for h in headers)
     body = "".join(f'<tr class="{cls}">{"".join(map(cell, cells))}</tr>' for cls, cells in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def plot_style(salt: str):
+    """The style every plot is drawn and saved in (a context manager; matplotlib is imported only here): small
+    sans-serif text kept as SVG text, a fixed hash salt so a page is reproducible, and names from users' models
+    drawn literally, never parsed as mathtext ("a$x^2$b") or LaTeX."""
+    import matplotlib
+
+    return matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": salt, "font.size": 8,
+                                  "font.family": "sans-serif", "text.parse_math": False, "text.usetex": False})
+
+
+def inline_svg(fig, label: str) -> str:
+    """``fig`` as an inline SVG block without its date or metadata (call it inside ``plot_style``)."""
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+    svg = buf.getvalue()
+    svg = re.sub(r"<metadata>.*?</metadata>", "", svg[svg.index("<svg"):], flags=re.DOTALL)
+    return f'<div class="plot" role="img" aria-label="{escape(label)}">{svg}</div>'

@@ -3,21 +3,17 @@ runs that did not pass marked, steps drawn where they were found), self-containe
 
 from __future__ import annotations
 
-import io
-import re
 from pathlib import Path
 
 from parity.platform.safefs import write_text_atomic
-from parity.report.html_parts import CSS, _e
+from parity.report.html_parts import CSS, _e, inline_svg, plot_style
 from parity.results.history import Series, findings
 
 
 def _plot(series: Series, salt: str) -> str:
-    import matplotlib
     from matplotlib.figure import Figure
 
-    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": salt, "font.size": 8,
-                                "font.family": "sans-serif", "text.parse_math": False, "text.usetex": False}):
+    with plot_style(salt):
         fig = Figure(figsize=(8, 2.6))
         ax = fig.add_subplot()
         timed = [(i, p) for i, p in enumerate(series.points) if p["verdict"] == "pass" and p["median_ms"]]
@@ -41,11 +37,7 @@ def _plot(series: Series, salt: str) -> str:
         ax.set_ylabel("ms")
         ax.grid(axis="y", color="#eaeef2", lw=0.6)
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
-        buf = io.StringIO()
-        fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
-    svg = buf.getvalue()
-    svg = re.sub(r"<metadata>.*?</metadata>", "", svg[svg.index("<svg"):], flags=re.DOTALL)
-    return f'<div class="plot" role="img" aria-label="median per run of {_e(series.label)}">{svg}</div>'
+        return inline_svg(fig, f"median per run of {series.label}")
 
 
 def render(series: list[Series], envs: dict, where: str) -> str:
