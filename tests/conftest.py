@@ -18,26 +18,24 @@ def export_cache(tmp_path_factory):
     base = tmp_path_factory.getbasetemp()
     cache = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "parity-cache"
     cache.mkdir(exist_ok=True)
-    old = os.environ.get("PARITY_CACHE_DIR")
-    os.environ["PARITY_CACHE_DIR"] = str(cache)
-    yield cache
-    if old is None:
-        os.environ.pop("PARITY_CACHE_DIR", None)
-    else:
-        os.environ["PARITY_CACHE_DIR"] = old
+    yield from _environ("PARITY_CACHE_DIR", cache)
 
 
 @pytest.fixture(scope="session", autouse=True)
 def results_store(tmp_path_factory):
     """Runs the tests make are stored in a store of the test session (``$PARITY_STORE``), never in a workspace's."""
-    old = os.environ.get("PARITY_STORE")
-    store = tmp_path_factory.getbasetemp() / "results.sqlite"
-    os.environ["PARITY_STORE"] = str(store)
-    yield store
+    yield from _environ("PARITY_STORE", tmp_path_factory.getbasetemp() / "results.sqlite")
+
+
+def _environ(name: str, value: Path):
+    """A session fixture's body: ``$name`` set to ``value`` while the session runs, as it was afterwards."""
+    old = os.environ.get(name)
+    os.environ[name] = str(value)
+    yield value
     if old is None:
-        os.environ.pop("PARITY_STORE", None)
+        os.environ.pop(name, None)
     else:
-        os.environ["PARITY_STORE"] = old
+        os.environ[name] = old
 
 
 @pytest.fixture
