@@ -23,6 +23,7 @@ from parity.platform.cache_dir import cache_root
 from parity.platform.env import environment
 from parity.platform.errors import GoldenError, SpecError, UsageError, one_line
 from parity.platform.safefs import owned_tempdir, sha256_file, sweep
+from parity.report.timing_table import series_of
 from parity.run import paths, provenance
 from parity.run.cache import META_FILE, ExportCache, content_key
 from parity.run.worker import TaskFailed, WorkerPool, running_first
@@ -397,12 +398,7 @@ def _apply_expectation(spec, result: dict) -> None:
 def is_unexpected(result: dict) -> bool:
     """A failure or error not declared, an expected error that passed, or a timing voided by its output audit."""
     return ((result["verdict"] in ("fail", "error") and not result.get("expected")) or bool(result.get("unexpected_pass"))
-            or any(e.get("verdict") == "invalid" for e in _series(result)))
-
-
-def _series(result: dict) -> list[dict]:
-    timing = result.get("timing") or {}
-    return [*(timing.get("batches") or {}).values(), *(timing.get("shapes") or {}).values()]
+            or any(e.get("verdict") == "invalid" for _, e in series_of(result)))
 
 
 def exit_code(report: dict) -> int:

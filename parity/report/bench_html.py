@@ -10,17 +10,15 @@ from __future__ import annotations
 
 from parity.bench.stats import ratio_text
 from parity.report.html_parts import _badge, _e, _n, _table, inline_svg, plot_style
-from parity.report.timing_table import warnings
+from parity.report.timing_table import series_of, warnings
 
 MAX_PLOTTED = 2000  # samples per series drawn (evenly spaced order statistics beyond that)
 
 
 def _series(results: list[dict]):
     for r in results:
-        timing = r.get("timing") or {}
-        for batch, e in [*(timing.get("batches") or {}).items(), *(timing.get("shapes") or {}).items()]:
-            if isinstance(e, dict):
-                yield r, batch, e
+        for batch, e in series_of(r):
+            yield r, batch, e
 
 
 def _ratio(e: dict) -> str:

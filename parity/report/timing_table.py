@@ -69,7 +69,7 @@ def _batch_rows(r: dict) -> list[tuple]:
         return [(r["model"], r["path"], _label(r), "-", "-", "-", "-", "-", "-", "-", "not timed: did not pass")]
     rows = []
     # the batch sizes, then a model's other axis sizes (its verification shapes, e.g. "batch=3, sequence=8")
-    for batch, e in [*timing["batches"].items(), *(timing.get("shapes") or {}).items()]:
+    for batch, e in series_of(r):
         if e.get("verdict") != "pass":
             prefix = "" if e.get("verdict") == "invalid" else "not timed: "
             rows.append((r["model"], r["path"], e.get("verdict", "error").upper(), batch, "-", "-", "-", "-", "-", "-",
@@ -205,11 +205,17 @@ def render(report: dict) -> str:
     return "\n".join(lines)
 
 
+def series_of(result: dict) -> list[tuple[str, dict]]:
+    """(batch size or shape, entry) of every timed series of a result: its batch sizes, then its other shapes."""
+    timing = result.get("timing") or {}
+    return [(key, e) for key, e in [*(timing.get("batches") or {}).items(), *(timing.get("shapes") or {}).items()]
+            if isinstance(e, dict)]
+
+
 def _series(results: list[dict]):
     """(label, entry) of every timed series that passed: batch sizes and other shapes."""
     for r in results:
-        timing = r.get("timing") or {}
-        for batch, e in [*(timing.get("batches") or {}).items(), *(timing.get("shapes") or {}).items()]:
+        for batch, e in series_of(r):
             if e.get("verdict") == "pass":
                 yield f"{r['model']} {r['path']} batch {batch}", e
 
