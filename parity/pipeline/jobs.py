@@ -191,7 +191,7 @@ def _past_medians(store, report: dict) -> dict:
     here = hardware(report.get("env") or {})
     models = tuple(dict.fromkeys(r["model"] for r in report["results"]))
     found: dict[tuple, list[float]] = {}
-    for run in store.history(models):
+    for run in store.history(models, with_env=False):
         if run["hardware"] != here:
             continue
         for row in run["rows"]:

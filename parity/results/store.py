@@ -268,26 +268,28 @@ class Store:
             raise self._refuse("holds no run yet" if run_id == "last" else f"has no run {run_id!r}")
         return json.loads(found)
 
-    def history(self, models=(), patterns=()) -> list[dict]:
+    def history(self, models=(), patterns=(), with_env: bool = True) -> list[dict]:
         """Every run (oldest first) as ``{"id", "created", "git_commit", "hardware", "env", "rows"}``, its series rows
-        restricted to ``models`` and path globs ``patterns``."""
+        (without their raw samples) restricted to ``models`` and path globs ``patterns``; ``env`` (each run's
+        environment manifest, read from its whole document) only ``with_env``."""
         from fnmatch import fnmatchcase
 
         sa = self.sa
+        columns = [self.runs.c.id, self.runs.c.created, self.runs.c.git_commit, self.runs.c.hardware]
+        series = sa.select(*(c for c in self.series.columns if c.name != "samples_ms")).order_by(self.series.c.id)
+        if models:
+            series = series.where(self.series.c.model.in_(list(models)))
         with self.engine.connect() as conn:
-            runs = conn.execute(sa.select(self.runs.c.id, self.runs.c.created, self.runs.c.git_commit,
-                                          self.runs.c.hardware, self.runs.c.document)
+            runs = conn.execute(sa.select(*columns, *([self.runs.c.document] if with_env else []))
                                 .order_by(self.runs.c.created)).all()
-            rows = conn.execute(sa.select(self.series).order_by(self.series.c.id)).mappings().all()
+            rows = conn.execute(series).mappings().all()
         by_run: dict[str, list[dict]] = {}
         for row in rows:
-            if models and row["model"] not in models:
-                continue
-            if patterns and not any(fnmatchcase(row["path"], p) for p in patterns):
-                continue
-            by_run.setdefault(row["run_id"], []).append(dict(row))
+            if not patterns or any(fnmatchcase(row["path"], p) for p in patterns):
+                by_run.setdefault(row["run_id"], []).append(dict(row))
         return [{"id": r.id, "created": r.created, "git_commit": r.git_commit, "hardware": r.hardware,
-                 "env": json.loads(r.document).get("env") or {}, "rows": by_run.get(r.id, [])} for r in runs]
+                 "env": (json.loads(r.document).get("env") or {}) if with_env else None, "rows": by_run.get(r.id, [])}
+                for r in runs]
 
 
 def _immediate_transactions(sa, engine) -> None:
