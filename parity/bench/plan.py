@@ -131,10 +131,12 @@ def bench(run, pool, pending, options: BenchOptions) -> None:
             for spec, manifest, path, result in items:
                 done += 1
                 run.progress(f"{spec.name}: first result of {path.id}", done, len(passing))
-                first, replicas[path.id] = _first_result(run, pool, spec, manifest, path, options)
+                # the artifact the path was checked with: its first result, training step and other shapes use it
+                own = run._export(pool, spec, manifest, path, len(path.exports) - 1) if path.exports else None
+                first, replicas[path.id] = _first_result(run, spec, path, own, pool, options)
                 result["timing"] = {"export": "static batch per exported artifact" if path.exports else None,
                                     "train_step": None, "first_result": first}
-                series += _series_of(run, pool, spec, manifest, path, result, options, budget, artifacts,
+                series += _series_of(run, spec, path, result, own, options, budget, artifacts,
                                      batches[(spec.name, path.id)], replicas[path.id])
             rounds.open_all(series)
             rounds.run(series, options.min_runs, options.target_rel_ci,
@@ -151,7 +153,7 @@ def bench(run, pool, pending, options: BenchOptions) -> None:
     _compare_to_baselines(pending, options)
 
 
-def _first_result(run, pool, spec, manifest, path, options: BenchOptions) -> tuple[dict | None, list]:
+def _first_result(run, spec, path, own, pool, options: BenchOptions) -> tuple[dict | None, list]:
     """The path's workers (``options.processes``), the first of which measures its time to first result."""
     workers, first = [], None
     try:
@@ -162,7 +164,6 @@ def _first_result(run, pool, spec, manifest, path, options: BenchOptions) -> tup
             replica.close()
         return {"verdict": "error", "reason": str(error)}, []
     if options.first_result:
-        own = run._export(pool, spec, manifest, path, len(path.exports) - 1) if path.exports else None
         try:
             first = workers[0].call("parity.bench.tasks:first_result", {
                 **_common(run, spec, path), "precision": path.precision, "artifact_dir": own and own["dir"],
@@ -181,13 +182,12 @@ def _common(run, spec, path) -> dict:
             "device": path.device}
 
 
-def _series_of(run, pool, spec, manifest, path, result, options, budget: Budget, artifacts, batches, workers) -> list:
+def _series_of(run, spec, path, result, own, options, budget: Budget, artifacts, batches, workers) -> list:
     """The path's series: every batch size (on its static-batch artifact), the training step where the path
     trains, the named axes' other sizes (on the artifact the path was checked with)."""
     from parity.bench.rounds import Series
 
     common = {**_common(run, spec, path), "precision": path.precision}
-    own = run._export(pool, spec, manifest, path, len(path.exports) - 1) if path.exports else None
     own_kwargs = {"artifact_dir": own and own["dir"], "artifact_meta": own and own["meta"]}
     made = []
 

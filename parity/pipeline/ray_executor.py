@@ -23,6 +23,7 @@ import time
 from dataclasses import replace
 
 from parity.platform.errors import UsageError
+from parity.results.store import hardware
 from parity.run import stacks
 
 MAX_RETRIES = 2
@@ -146,7 +147,7 @@ def check(workspace, names, options, address: str | None = None, store=None, run
         cell = cells[cell_key(spec.name, path)]
         result = dict(cell["result"])
         if cell.get("node"):
-            result["node"] = {**cell["node"], "hardware": _hardware(cell["env"]), "env": cell["env"],
+            result["node"] = {**cell["node"], "hardware": hardware(cell["env"]), "env": cell["env"],
                               "host": cell.get("host")}
         results.append(result)
     compare_by_hardware(plan, results, options)
@@ -159,12 +160,6 @@ def check(workspace, names, options, address: str | None = None, store=None, run
     if warnings:  # each node's host audit, said once per node and finding
         report["host"] = {"warnings": list(dict.fromkeys(warnings))}
     return report
-
-
-def _hardware(env: dict) -> str:
-    from parity.results.store import hardware
-
-    return hardware(env)
 
 
 def compare_by_hardware(plan, results: list[dict], options) -> None:
