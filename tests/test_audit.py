@@ -138,6 +138,29 @@ def test_audit_points_sit_between_blocks_and_a_steady_path_passes_with_a_small_c
     assert 1 <= len(a["probe_ms"]) <= audit.probe_target(len(measured["samples_ms"]))  # topped up at audit points
 
 
+def test_a_series_timed_in_blocks_goes_on_rotating_where_its_last_block_stopped():
+    """Each block of an interleaved series starts at the feed after the last one its previous block ran: started
+    again at the first feed, a block could repeat the input the last one ended on, and a caching path's hit would
+    count among the rotating times (and hide the cache from the probe)."""
+    feeds = [{"x": np.full((2, 3), float(k))} for k in range(2)]
+    ran: list[int] = []
+
+    def run(feed):
+        ran.append(int(feed["x"][0, 0]))
+        return {"y": feed["x"]}
+
+    def verify(k, out):
+        return {"ok": bool(np.array_equal(out["y"], feeds[k]["x"])), "tol_units": 0.0}
+
+    start = 1
+    for block in range(4):
+        timing = {"max_runs": 3 + block, "min_runs": 3 + block, "max_warmup_runs": 0, "budget_s": 10.0}
+        measured = audit.audited_measure(run, feeds, verify, timing, seed=block, probe=0, start=start)
+        assert measured["audit"]["ok"], measured["audit"]["outputs"]
+        start = measured["audit"]["next_feed"]
+    assert all(a != b for a, b in zip(ran, ran[1:])), ran  # never the same input twice in a row
+
+
 def test_a_runtime_that_changes_after_warm_up_is_caught_by_the_sampled_audits():
     rng = np.random.default_rng(2)
     feeds = [{"x": rng.normal(size=(4, 8))} for _ in range(3)]

@@ -246,7 +246,8 @@ def test_series_get_runners_of_their_own_and_never_the_golden_weights(monkeypatc
     verified = SimpleNamespace(arrays={"weights.npz": golden_weights, "gradients.npz": {},
                                        "eval.npz": {"x": np.zeros((4, 1), np.float32)},
                                        "reference.npz": {"eval/logits": np.zeros((4, 1), np.float32)},
-                                       "inputs.npz": {"x": np.zeros((2, 1), np.float32), "labels": np.zeros(2, int)}})
+                                       "inputs.npz": {"x": np.zeros((2, 1), np.float32), "labels": np.zeros(2, int)}},
+                               manifest={})  # golden data from before batch axes were recorded: axis 0
     built = []
 
     class Runner:

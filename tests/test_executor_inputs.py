@@ -37,7 +37,8 @@ def test_a_bundle_arrives_verified_and_a_tampered_one_is_refused(tmp_path):
 def test_a_cell_requests_the_stacks_of_its_steps_and_a_node_advertises_what_it_has():
     assert stacks.needed(paths.by_id("tf/onnx/ort", "cpu", "fp32")) == {"parity-tf": 1.0, "parity-onnx": 1.0}
     assert stacks.needed(paths.by_id("torch", "cpu", "fp32")) == {"parity-torch": 1.0}
-    from parity.pipeline.ray_executor import _missing, _request
+    from parity.pipeline.ray_executor import _request
+    from parity.pipeline.ray_nodes import missing as _missing
 
     gpu = paths.by_id("torch/onnx/ort", "cuda", "fp32")
     timed = _request(gpu, timing=True, threads=4, accelerator="H100")

@@ -111,9 +111,12 @@ def test_test_data_errors_name_the_folder_or_file(tmp_path):
 
     only_outputs = tmp_path / "a" / "test_data_set_0"
     only_outputs.mkdir(parents=True)
-    _tensor_file(only_outputs / "output_0.pb", np.zeros(1, np.float32))
-    with pytest.raises(InteropError, match=r"test_data_set_0: no input_\*\.pb files"):
+    with pytest.raises(InteropError, match=r"test_data_set_0: no input_\*\.pb or output_\*\.pb files"):
         interop.read_test_data(tmp_path / "a")
+    _tensor_file(only_outputs / "output_0.pb", np.zeros(1, np.float32))
+    sets = interop.read_test_data(tmp_path / "a")  # outputs alone: the data of a graph that takes no input
+    with pytest.raises(InteropError, match=r"test_data_set_0: 0 input files, the graph has 1 inputs"):
+        interop.match_graph(sets, {"x": ((1,), "float32")})
 
     gap = tmp_path / "b" / "test_data_set_0"
     gap.mkdir(parents=True)

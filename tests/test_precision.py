@@ -140,8 +140,10 @@ def test_tf32_on_the_cpu_and_bf16_on_onnx_runtime_skip_with_reasons():
 def test_device_cuda_without_a_gpu_skips_every_path_with_its_reason(workspace_copy):
     root = workspace_copy()
     result = invoke("check", "--workspace", str(root), "--model", "mlp", "--device", "cuda", "--json", "-")
-    assert result.exit_code == 0, result.output  # nothing failed: skips only
-    report = json.loads(result.output[result.output.index("{"):])
+    assert result.exit_code == 2, result.output  # nothing failed, but nothing was checked: said in one line
+    assert result.stderr.strip().splitlines()[-1].startswith("error: nothing was checked: every selected path")
+    assert "no NVIDIA GPU here" in result.stderr and "Traceback" not in result.output
+    report = json.loads(result.stdout)
     reasons = {r["path"]: r["reason"] for r in report["results"]}
     assert {r["verdict"] for r in report["results"]} == {"skip"} and {r["device"] for r in report["results"]} == {"cuda:0"}
     assert all(reason.startswith("no NVIDIA GPU here") for reason in reasons.values())

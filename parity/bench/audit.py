@@ -47,7 +47,7 @@ def audit_points(min_runs: int, rng: np.random.Generator, audits: int = AUDITS_M
 
 
 def audited_measure(run, feeds: list, verify, timing: dict, seed: int = 0, audits: int = AUDITS_MIN,
-                    probe: int | None = None, final: bool = True, clock=time.perf_counter) -> dict:
+                    probe: int | None = None, final: bool = True, clock=time.perf_counter, start: int = 0) -> dict:
     """Time ``run(feed)`` cycling through ``feeds`` under ``measure``'s rules (``timing``: its keyword arguments),
     with the output audits and repeat probe. ``verify(k, outputs) -> stats`` compares the outputs of ``feeds[k]``
     with its verified outputs (``stats["ok"]``; ``stats["tol_units"]`` how far). ``audits`` random audit points
@@ -61,7 +61,10 @@ def audited_measure(run, feeds: list, verify, timing: dict, seed: int = 0, audit
     the series)."""
     rng = np.random.default_rng(seed)
     last = [None]
-    nxt = itertools.cycle(feeds).__next__
+    order = itertools.count(start)
+
+    def nxt():
+        return feeds[next(order) % len(feeds)]
 
     def timed():
         last[0] = run(nxt())
@@ -71,14 +74,14 @@ def audited_measure(run, feeds: list, verify, timing: dict, seed: int = 0, audit
     state = {"seconds": 0.0}
 
     def check(calls: int) -> None:
-        k = (calls - 1) % len(feeds)
+        k = (start + calls - 1) % len(feeds)
         stats = verify(k, last[0])
         records.append({"call": calls, "feed": k, "ok": bool(stats["ok"]), "tol_units": stats.get("tol_units")})
 
     def hook(calls: int, timed_runs: int) -> None:
         started = clock()
         if len(feeds) > 1:  # first, right after the timed block: the repeats see what its calls saw
-            repeated = feeds[(calls - 1) % len(feeds)]
+            repeated = feeds[(start + calls - 1) % len(feeds)]
             wanted = probe_target(timed_runs) if probe is None else probe
             for _ in range(wanted - len(probe_ms)):
                 t0 = clock()
@@ -99,7 +102,7 @@ def audited_measure(run, feeds: list, verify, timing: dict, seed: int = 0, audit
     timed_s = sum(measured["samples_ms"]) / 1e3
     measured["audit"] = {
         "feeds": len(feeds), "outputs": records, "ok": all(a["ok"] for a in records),
-        "probe_ms": [s * 1e3 for s in probe_ms], "seconds": state["seconds"],
+        "probe_ms": [s * 1e3 for s in probe_ms], "seconds": state["seconds"], "next_feed": next(order) % len(feeds),
         "cost_fraction": state["seconds"] / timed_s if timed_s > 0 else None,
     }
     return measured

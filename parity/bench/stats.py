@@ -41,6 +41,11 @@ def _median_sorted(x: np.ndarray) -> float:
     return float(x[k]) if x.size % 2 else float(0.5 * x[k - 1] + 0.5 * x[k])
 
 
+def median(samples_ms) -> float:
+    """The median of finite samples (the mean of the two middle ones for an even count), without overflow."""
+    return _median_sorted(np.sort(_as_samples(samples_ms, "samples_ms")))
+
+
 def _scaled(ms: np.ndarray) -> tuple[np.ndarray, int]:
     """``ms / 2**e`` and ``e``: samples brought near 1 by an exact power of two, so sums cannot overflow."""
     exponent = int(np.frexp(np.max(np.abs(ms)))[1])
@@ -273,9 +278,13 @@ def welch_log(a_ms, b_ms) -> dict:
     b = np.log(_as_samples(b_ms, "b_ms", positive=True))
     if a.size < 2 or b.size < 2:
         raise ValueError("welch_log needs at least two samples in each series")
+    import warnings
+
     from scipy import stats as _sps  # here only: the orchestrator compares, workers never do
 
-    res = _sps.ttest_ind(a, b, equal_var=False)
+    with warnings.catch_warnings():  # nearly identical log-times: SciPy's precision warning is no news to a reader
+        warnings.simplefilter("ignore", RuntimeWarning)
+        res = _sps.ttest_ind(a, b, equal_var=False)
     return {"t": float(res.statistic), "df": float(res.df), "p": float(res.pvalue)}
 
 

@@ -21,7 +21,7 @@ from parity.bench import audit, stats
 from parity.bench import measure as bench
 from parity.check import closeness as compare
 from parity.golden import store as golden
-from parity.model import feeds
+from parity.model import batch_axes, feeds
 from parity.model.workspace import Workspace
 from parity.run import paths
 from parity.run.tasks import build_runner
@@ -72,9 +72,10 @@ def _spare_or_new(key: tuple, build):
 
 
 def rotation(spec, verified, batch_size: int, most: int = audit.MAX_FEEDS) -> list[tuple[dict, np.ndarray]]:
-    """Up to ``most`` consecutive slices of ``batch_size`` eval samples with their golden first output: the inputs a
-    series is verified on and cycles through while it is timed (one, the whole input set, for a model whose inputs
-    have no batch axis)."""
+    """Up to ``most`` consecutive slices of ``batch_size`` eval samples with their golden eval output (the first output
+    with a batch axis): the inputs a series is verified on and cycles through while it is timed (one, the whole input
+    set, for a model whose inputs have no batch axis; the first slice and the output whole where no output has a
+    batch axis)."""
     x = feeds.from_arrays(spec, verified.arrays["eval.npz"])
     available = feeds.samples(spec, x)
     if batch_size > available:
@@ -82,7 +83,12 @@ def rotation(spec, verified, batch_size: int, most: int = audit.MAX_FEEDS) -> li
     golden = verified.arrays["reference.npz"]["eval/logits"]
     if not any(i.batched for i in spec.model_inputs):  # one whole input set: its outputs as they are
         return [(x, golden)]
-    return [(feeds.rows(spec, x, k * batch_size, (k + 1) * batch_size), golden[k * batch_size:(k + 1) * batch_size])
+    axes = batch_axes.recorded(verified.manifest)
+    axis = batch_axes.axis_of(axes, batch_axes.eval_output(spec, axes))
+    if axis is None:
+        return [(feeds.rows(spec, x, 0, batch_size), golden)]
+    return [(feeds.rows(spec, x, k * batch_size, (k + 1) * batch_size),
+             batch_axes.rows(golden, axis, k * batch_size, (k + 1) * batch_size))
             for k in range(min(available // batch_size, most))]
 
 
@@ -112,7 +118,7 @@ def open_series(series: str, kind: str, workspace: str, model: str, path_id: str
 def _open_batch(spec, path, verified, precision, key, build, batch_size, **_) -> dict:
     inputs = rotation(spec, verified, batch_size)
     runner = _spare_or_new(key, lambda: build(batch_size))
-    output = spec.outputs[0]
+    output = batch_axes.eval_output(spec, batch_axes.recorded(verified.manifest))  # what ``rotation`` pairs
     tolerance = spec.output_tolerances(precision).for_name(output)
 
     def check(outputs, expected):
@@ -182,8 +188,10 @@ def time_block(series: str, timing: dict, seed: int = 0, audits: int = audit.AUD
     state = _OPEN[series]
     if "call" in state:
         return {**bench.measure(state["call"], **timing), "audit": None}
-    return audit.audited_measure(state["run"], state["feeds"], state["verify"], timing, seed=seed, audits=audits,
-                                 probe=probe, final=final)
+    measured = audit.audited_measure(state["run"], state["feeds"], state["verify"], timing, seed=seed, audits=audits,
+                                     probe=probe, final=final, start=state.get("next_feed", 1))
+    state["next_feed"] = measured["audit"]["next_feed"]  # the rotation goes on where this block left it
+    return measured
 
 
 def close_series(series: str, timing: dict) -> dict:

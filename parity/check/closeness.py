@@ -20,6 +20,8 @@ def error_stats(actual: np.ndarray, golden: np.ndarray, tol: Tolerance) -> dict:
     golden element is itself infinite (a masked logit): there the element must be that infinity, exactly.
     """
     actual = np.asarray(actual)
+    if np.asarray(golden).dtype.kind in "USO" or actual.dtype.kind in "USO":
+        return text_stats(actual, np.asarray(golden))
     golden = np.asarray(golden, dtype=np.float64)
     if actual.shape != golden.shape:
         return {"ok": False, "reason": f"shape {tuple(actual.shape)} != golden {tuple(golden.shape)}"}
@@ -60,6 +62,22 @@ def error_stats(actual: np.ndarray, golden: np.ndarray, tol: Tolerance) -> dict:
     }
 
 
+def text_stats(actual: np.ndarray, golden: np.ndarray) -> dict:
+    """A string output against its golden: equal element by element (no tolerance applies to text)."""
+    if actual.shape != golden.shape:
+        return {"ok": False, "reason": f"shape {tuple(actual.shape)} != golden {tuple(golden.shape)}"}
+    if actual.dtype.kind not in "USO" or golden.dtype.kind not in "USO":
+        return {"ok": False, "reason": f"{actual.dtype} values where the golden holds {golden.dtype} ones"}
+    differ = int(np.count_nonzero(actual.astype(str) != golden.astype(str)))
+    stats = {"max_abs": 0.0, "max_rel": 0.0, "mean_abs": 0.0, "cosine": 1.0, "tol_units": 0.0 if not differ else
+             float("inf"), "n_bad": differ, "size": int(golden.size), "ok": not differ}
+    if differ:
+        first = tuple(int(i) for i in np.argwhere(actual.astype(str) != golden.astype(str))[0])
+        stats["reason"] = (f"{differ} of {golden.size} strings differ (at {first}: {str(actual[first])!r}, golden "
+                           f"{str(golden[first])!r})")
+    return stats
+
+
 def compare_named(actual: dict, golden: dict, tolerance_for) -> dict:
     """``error_stats`` for every golden name; a name missing from ``actual`` is not ok."""
     result = {}
@@ -68,6 +86,52 @@ def compare_named(actual: dict, golden: dict, tolerance_for) -> dict:
             result[name] = {"ok": False, "reason": "missing"}
         else:
             result[name] = error_stats(actual[name], golden_value, tolerance_for(name))
+    return result
+
+
+# outputs a model holds in a reduced float dtype: judged at the tolerance of the precision that computes in it
+REDUCED_PRECISION = {"float16": "fp16", "bfloat16": "bf16"}
+
+
+def dtype_tolerance(declared: Tolerance, dtype: str | None, precision: str = "fp32") -> tuple[Tolerance, dict | None]:
+    """The tolerance an output held in ``dtype`` is judged at, and why (None: the declared one as it is).
+
+    An output the model computes in float16 or bfloat16 cannot be closer to a float64 golden than that dtype's
+    rounding: it is judged at the tolerance ``--precision fp16`` / ``bf16`` uses (never tighter than
+    ``declared``). A float8 or float4 output (a cast, a quantizer) is allowed one unit in the last place of its
+    dtype. Integer, bool and wider float outputs keep the declared tolerance.
+    """
+    from parity.platform.precision import default_tolerance
+
+    if dtype in REDUCED_PRECISION:
+        rule = REDUCED_PRECISION[dtype]
+        atol, rtol = default_tolerance(rule)
+        why = f"output is {dtype}: the {rule} tolerance (--precision {rule}'s rule)"
+    elif dtype and dtype.startswith(("float8", "float4")):
+        import ml_dtypes
+
+        info = ml_dtypes.finfo(dtype)
+        atol, rtol = float(info.smallest_subnormal), float(info.eps)
+        why = f"output is {dtype}: one unit in the last place of {dtype}"
+    else:
+        return declared, None
+    if precision != "fp32" and REDUCED_PRECISION.get(dtype) == precision:
+        return declared, None  # the precision's own tolerances already are this dtype's
+    applied = Tolerance(max(declared.atol, atol), max(declared.rtol, rtol))
+    if applied == declared:
+        return declared, None
+    return applied, {"atol": applied.atol, "rtol": applied.rtol, "dtype": dtype, "why": why}
+
+
+def compare_outputs(actual: dict, golden: dict, tolerances, dtypes: dict, precision: str = "fp32") -> dict:
+    """``compare_named`` for a path's outputs, each judged by its own dtype (``dtype_tolerance``; ``dtypes`` is
+    ``{output name: dtype}`` as the path computed them); an entry judged at a dtype's tolerance carries it
+    under ``tolerance``."""
+    rules = {name: dtype_tolerance(tolerances.for_name(name), dtypes.get(name), precision) for name in golden}
+    result = compare_named(actual, golden, lambda name: rules[name][0])
+    for name, (_, rule) in rules.items():
+        if rule is not None:
+            result[name]["tolerance"] = rule
     return result
 
 
@@ -104,7 +168,9 @@ def describe(kind: str, name: str, stats: dict) -> str:
     if not math.isfinite(stats["tol_units"]):  # an allowance of 0: atol 0 where the golden element is 0
         return (f"{kind} {name}: max_abs {stats['max_abs']:.3g}, and elements whose golden value is 0 differ where "
                 f"the tolerance allows nothing (atol 0), {stats['n_bad']} of {stats['size']} elements out")
-    return (f"{kind} {name}: max_abs {stats['max_abs']:.3g} is {stats['tol_units']:.3g}x the tolerance, "
+    rule = stats.get("tolerance")
+    which = f" ({rule['dtype']}: atol {rule['atol']:.3g}, rtol {rule['rtol']:.3g})" if rule else ""
+    return (f"{kind} {name}: max_abs {stats['max_abs']:.3g} is {stats['tol_units']:.3g}x the tolerance{which}, "
             f"{stats['n_bad']} of {stats['size']} elements out")
 
 
@@ -116,7 +182,7 @@ def bitwise_equal(first: dict, second: dict) -> tuple[bool, float]:
         other = second[name]
         if value.shape != other.shape or value.tobytes() != other.tobytes():
             identical = False
-            if value.shape == other.shape:
+            if value.shape == other.shape and value.dtype.kind not in "USO":
                 with np.errstate(invalid="ignore"):
                     worst = max(worst, float(np.nanmax(np.abs(value.astype(np.float64) - other.astype(np.float64)))))
             else:

@@ -48,6 +48,7 @@ def env(threads):
 def worker_resources():
     """What this node should advertise to a Ray cluster for `--executor ray`: its installed stacks and one
     parity-bench unit (Ray adds its CPUs, GPUs and accelerator_type itself). Prints the JSON for `ray start`.
+    A node started without it is asked the same by a probe task, and a timing cell there takes all its CPUs.
 
     \b
     Example:

@@ -20,7 +20,8 @@ from parity.cli.common import EXISTING_FILE, EXISTING_FOLDER, FOLDER, handle_err
 @click.option("--axis", "axes", metavar="NAME=SIZE", multiple=True,
               help="The golden size of a named axis of the inputs, e.g. sequence=16.")
 @click.option("--inputs", "inputs_file", type=EXISTING_FILE,
-              help=".npz with the input (and optional labels, eval_x, eval_labels); default: seeded random.")
+              help=".npz with each input under its name (optional labels, eval_<name>, eval_labels); without "
+                   "--input, the inputs' names, shapes and dtypes are the file's. Default: seeded random.")
 @click.option("--test-data", type=EXISTING_FOLDER,
               help="ONNX test-data folder (test_data_set_N/input_i.pb, output_i.pb): inputs and golden outputs.")
 @click.option("--polygraphy-inputs", type=EXISTING_FILE,

@@ -15,7 +15,7 @@ import numpy as np
 
 from parity.check import closeness
 from parity.golden import store as golden
-from parity.model import feeds
+from parity.model import batch_axes, feeds
 from parity.model.workspace import Workspace
 from parity.run import paths
 from parity.run.tasks import build_runner
@@ -31,19 +31,27 @@ def eval_rows(spec, evals: dict, rows: list[int]) -> dict[str, np.ndarray]:
 
 def failing_rows(workspace: str, model: str, path_id: str, golden_dir: str, precision: str, threads: int,
                  artifact_dir: str | None = None, artifact_meta: dict | None = None, device: str = "cpu") -> list[int]:
-    """The eval rows (at most ``LIMIT``, worst first, then in order) whose first output is out of tolerance."""
+    """The eval rows (at most ``LIMIT``, worst first, then in order) whose eval output (the golden ``eval/logits``:
+    the first output with a batch axis) is out of tolerance; an eval output without one (every output computed once
+    for the whole batch) was computed on the first batch of rows, which are the rows taken where it fails."""
     spec = Workspace(workspace).load_spec(model)
     path = paths.by_id(path_id, device, precision)
     verified = golden.load(Path(golden_dir), spec)
     runner = build_runner(spec, path, verified.arrays["weights.npz"], spec.batch_size, threads, artifact_dir,
                           artifact_meta)
-    output = spec.outputs[0]
-    logits = feeds.run_batched(runner, feeds.from_arrays(spec, verified.arrays["eval.npz"]), spec.batch_size)[output]
+    axes = batch_axes.recorded(verified.manifest)
+    output = batch_axes.eval_output(spec, axes)
+    evals = feeds.from_arrays(spec, verified.arrays["eval.npz"])
+    logits = feeds.run_batched(runner, evals, spec.batch_size, axes)[output]
     reference = verified.arrays["reference.npz"]["eval/logits"]
     tol = spec.output_tolerances(precision).for_name(output)
+    axis = batch_axes.axis_of(axes, output)
+    if axis is None:
+        stats = closeness.error_stats(logits, reference, tol)
+        return [] if stats.get("ok") else list(range(min(spec.batch_size, feeds.samples(spec, evals))))
     units = []
-    for row in range(reference.shape[0]):
-        stats = closeness.error_stats(logits[row], reference[row], tol)
+    for row in range(reference.shape[axis]):
+        stats = closeness.error_stats(np.take(logits, row, axis), np.take(reference, row, axis), tol)
         units.append(np.inf if not stats.get("ok") and "tol_units" not in stats else stats.get("tol_units", np.inf))
     bad = [row for row in range(len(units)) if not units[row] <= 1.0]
     worst = sorted(bad, key=lambda row: -units[row])[:LIMIT]

@@ -185,11 +185,12 @@ def write(workspace: str, model: str, path_id: str, golden_dir: str, precision: 
 def write_report(out: Path, reduced, tolerance, threads: int = 1, *, diagnosis: dict | None = None,
                  environment: dict | None = None, command: str | None = None, trusted: str | None = None) -> Path:
     """Write the bug-report folder of ``reduced`` (a ``Reduced`` with a model) at ``out``, replacing what is there:
-    everything goes into a scratch folder beside it, which is then exchanged with ``out`` at once."""
+    everything goes into a scratch folder beside it, which is then exchanged with ``out`` at once (a symlink at
+    ``out`` is followed: the folder it leads to is replaced, the link stays)."""
     from parity.interop.onnx_test_data import write_test_data
     from parity.platform.env import environment as current
 
-    out = Path(out)
+    out = safefs.resolve_target(out)  # a symlink is followed and kept: its target is what is exchanged
     out.parent.mkdir(parents=True, exist_ok=True)
     scratch = safefs.owned_tempdir(out.parent, f".{out.name}.tmp-")
     try:

@@ -36,7 +36,7 @@ def onnx_meta(spec, input_names: list[str], output_names: list[str], input_layou
     """An ONNX artifact's metadata: its graph inputs in the spec's input order, its outputs in the spec's
     output order, and the layout a single image input takes."""
     return {"format": "onnx", "file": ONNX_FILE, "input_names": list(input_names), "output_names": list(output_names),
-            "input_layout": input_layout, "canonical_layout": spec.model_inputs[0].layout}
+            "input_layout": input_layout, "canonical_layout": spec.model_inputs[0].layout if spec.model_inputs else "flat"}
 
 
 def graph_input_names(model) -> list[str]:

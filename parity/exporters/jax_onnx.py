@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from parity.exporters.axes import REASON_CHARS, onnx_axes, short_reason
 from parity.exporters.common import ExportJob, check_onnx_ops, graph_input_names, onnx_meta, save_onnx
+from parity.exporters.onnx_names import name_graph
 from parity.model import layouts
 from parity.platform.errors import one_line
 from parity.sources.jax import forward_outputs, packed
@@ -39,8 +40,10 @@ def export(job: ExportJob) -> dict:
         return result
 
     def convert(dynamic: bool):
-        return to_onnx(forward, shapes(dynamic), model_name=spec.name, opset=job.opset, input_names=names,
-                       output_names=list(spec.outputs))
+        # named here, not by jax2onnx, which refuses a key that names an inner value or one array under two keys
+        model = to_onnx(forward, shapes(dynamic), model_name=spec.name, opset=job.opset)
+        name_graph(model, names, list(spec.outputs))
+        return model
 
     reason = None
     model = None

@@ -34,4 +34,4 @@ def export(job: ExportJob) -> dict:
     names = [i.name for i in spec.model_inputs]
     if sorted(inputs) != sorted(names):
         raise GoldenError(f"{source} has inputs {list(inputs)}; the spec names {names}")
-    return onnx_meta(spec, names, outputs, spec.model_inputs[0].layout)
+    return onnx_meta(spec, names, outputs, spec.model_inputs[0].layout if spec.model_inputs else "flat")

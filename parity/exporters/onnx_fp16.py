@@ -21,6 +21,7 @@ from collections import Counter
 import numpy as np
 
 from parity.exporters.common import ONNX_FILE, ExportJob, save_onnx
+from parity.exporters.onnx_names import detach_outputs, free_names
 from parity.platform.errors import ExportError
 
 CONVERTER_MAX_FINITE = 1e4  # onnxconverter-common's default max_finite_val: larger weights are clipped to it
@@ -32,15 +33,34 @@ def convert(model, node_block_list=(), max_finite_val: float | None = None, stri
     keep_io_types=True, op_block_list=DEFAULT_OP_BLOCK_LIST, node_block_list=...)``, with ``max_finite_val`` when
     given (default: the converter's 1e4), then ``keep_float32`` for the blocked nodes (``strict=False``: the
     converter's model as it is). The converter warns once per weight it clips: ``clipped_weights`` counts them."""
+    from onnx import ModelProto
     from onnxconverter_common import float16
 
     options = {} if max_finite_val is None else {"max_finite_val": float(max_finite_val)}
+    model, original = ModelProto(), model
+    model.CopyFrom(original)
+    detach_outputs(model)  # the converter's output cast must not replace the value inner nodes read
+    free_names(model, cast_names(model))  # the converter names its casts without looking at the graph's names
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         converted = float16.convert_float_to_float16(model, keep_io_types=True,
                                                      op_block_list=float16.DEFAULT_OP_BLOCK_LIST,
                                                      node_block_list=list(node_block_list), **options)
     return keep_float32(converted, model, node_block_list) if node_block_list and strict else converted
+
+
+def cast_names(model) -> set[str]:
+    """The tensor names onnxconverter-common (1.16) gives the casts it adds: ``<input>_cast_to_<node>`` and
+    ``<node>_cast_to_<output>`` at the graph's edges, ``<node>_input_cast_<k>`` and ``<node>_output_cast_<k>``
+    around a node kept in float32."""
+    graph = model.graph
+    names = set()
+    for node in graph.node:
+        names |= {f"{node.name}_input_cast_{k}" for k in range(len(node.input))}
+        names |= {f"{node.name}_output_cast_{k}" for k in range(len(node.output))}
+        names |= {f"{i.name}_cast_to_{node.name}" for i in graph.input if i.name in node.input}
+        names |= {f"{node.name}_cast_to_{o.name}" for o in graph.output if o.name in node.output}
+    return names
 
 
 def keep_float32(converted, original, node_block_list):

@@ -17,6 +17,7 @@ from parity.exporters.common import (
     onnx_meta,
     save_onnx,
 )
+from parity.exporters.onnx_names import name_graph
 from parity.model import layouts
 from parity.platform.errors import ExportError, one_line
 
@@ -35,6 +36,7 @@ def _convert(function, input_signature, opset: int, out_dir, spec=None, layout: 
     check_onnx_ops(model, "tf2onnx", f"unsupported TensorFlow ops: {', '.join(ops)}" if ops else "")
     if spec is not None:
         name_dims(model, spec, layout)
+        name_graph(model, outputs=list(spec.outputs))  # tf2onnx writes ``Identity:0``: named by the spec's keys
     save_onnx(model, out_dir)
     return model
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from parity.exporters.axes import REASON_CHARS, onnx_axes
 from parity.exporters.common import ONNX_FILE, ExportJob, check_onnx_ops, graph_input_names, onnx_meta
+from parity.exporters.onnx_names import name_graph
 from parity.platform.errors import one_line
 
 
@@ -34,13 +35,16 @@ def export(job: ExportJob) -> dict:
     reason = None
     if dynamic is not None:
         try:
-            _export(module, example, path, names, spec, job.opset, dynamic)
+            _export(module, example, path, job.opset, dynamic)
         except Exception as error:  # noqa: BLE001 - exported static below; a static failure is the one raised
             reason = f"torch.onnx could not export the dynamic axes: {_torch_reason(error)}"
             dynamic = None
     if dynamic is None:
-        _export(module, example, path, names, spec, job.opset, None)
+        _export(module, example, path, job.opset, None)
     model = onnx.load(str(path))
+    # named here, not by torch.onnx, whose renaming leaves two definitions where a key names an inner tensor
+    name_graph(model, names, list(spec.outputs))
+    onnx.save_model(model, str(path))
     check_onnx_ops(model, "torch.onnx")
     layout = spec.model_inputs[0].layout
     axes = onnx_axes(spec, model, layout, reason)
@@ -104,13 +108,12 @@ def _violations(error) -> str:
     return " - ".join(dict.fromkeys(part for part in parts if part))
 
 
-def _export(module, example, path, names, spec, opset, dynamic) -> None:
+def _export(module, example, path, opset, dynamic) -> None:
     import torch
 
     with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
         torch.onnx.export(
-            module, example, str(path), input_names=names, output_names=list(spec.outputs),
-            opset_version=opset, dynamo=True, external_data=False, verbose=False, dynamic_shapes=dynamic,
+            module, example, str(path), opset_version=opset, dynamo=True, external_data=False, verbose=False, dynamic_shapes=dynamic,
         )
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from parity.model import feeds
+from parity.model import feeds, values
 from parity.platform.errors import ParityError
 
 FILE = "shapes.npz"
@@ -51,7 +51,7 @@ def _cut(spec, evals: dict, shape: dict) -> dict[str, np.ndarray]:
                     raise ParityError(f"verification shape {shape}: axis {dim!r} of input {i.name!r} is longer than the "
                                       f"data given ({spec.axes[dim]}); declare verify_shapes with sizes up to it")
                 value = np.take(value, np.arange(shape[dim]), axis=axis + offset)
-        out[i.name] = np.ascontiguousarray(value)
+        out[i.name] = np.asarray(value, order="C")  # a scalar stays 0-d
     return out
 
 
@@ -80,7 +80,7 @@ def reference_outputs(spec, arrays: dict, run) -> dict[str, np.ndarray]:
             raise ParityError(f"the model does not run at verification shape {describe(shape)} "
                               f"({one_line(f'{type(error).__name__}: {error}', 300)}); declare the shapes it takes "
                               f"with verify_shapes, or () for the golden shape alone") from None
-        outputs.update({f"{k}/output/{name}": np.asarray(result[name], dtype=np.float64) for name in spec.outputs})
+        outputs.update({f"{k}/output/{name}": values.golden(result[name]) for name in spec.outputs})
     return outputs
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from parity import __version__
 from parity.interop.onnx_file import source_digest
-from parity.model import feeds
+from parity.model import batch_axes, feeds, values
 from parity.model import manifest as manifest_lib
 from parity.platform.errors import GoldenError
 from parity.platform.safefs import owned_tempdir, read_npz, replace_dir, sha256_file, sweep, write_json_atomic
@@ -140,6 +140,7 @@ def _check_metrics(golden: Golden) -> None:
 def _check_against_spec(golden: Golden, spec) -> None:
     """Golden arrays must fit the model as its spec declares it now (a spec edited since the build)."""
     arrays = golden.arrays
+    axes = batch_axes.recorded(golden.manifest)
     problems = []
 
     def expect(file: str, key: str, shape: tuple | None = None, dtype: str | None = None):
@@ -148,7 +149,8 @@ def _check_against_spec(golden: Golden, spec) -> None:
             problems.append(f"{file} has no {key!r}")
         elif shape is not None and tuple(array.shape) != tuple(shape):
             problems.append(f"{file} {key!r} has shape {list(array.shape)}, the spec needs {list(shape)}")
-        elif dtype is not None and str(array.dtype) != dtype and not (dtype == "integer" and array.dtype.kind in "iu"):
+        elif dtype is not None and str(array.dtype) != dtype and not (dtype == "integer" and array.dtype.kind in "iu") \
+                and not (dtype in ("unicode", "float64") and array.dtype.kind == "U"):  # text: any width
             problems.append(f"{file} {key!r} is {array.dtype}, golden data needs {dtype}")
 
     for name, param in spec.params.items():
@@ -156,11 +158,11 @@ def _check_against_spec(golden: Golden, spec) -> None:
     extra = sorted(set(arrays["weights.npz"]) - set(spec.params))
     if extra:
         problems.append(f"weights.npz has parameters the spec does not declare: {extra}")
-    first = feeds.key(spec, spec.model_inputs[0].name)
-    n_eval = len(arrays["eval.npz"].get(first, ())) if spec.model_inputs[0].batched else spec.batch_size
+    first = spec.model_inputs[0] if spec.model_inputs else None  # an ONNX graph may take no input
+    n_eval = len(arrays["eval.npz"].get(feeds.key(spec, first.name), ())) if first and first.batched else spec.batch_size
     labelled = not spec.weights_from_model or "y" in arrays["eval.npz"]
     for i in spec.model_inputs:
-        stored = "float32" if i.dtype == "bfloat16" else i.dtype
+        stored = values.stored_dtype(i.dtype)
         expect("inputs.npz", feeds.key(spec, i.name), spec.input_shape(i.name), stored)
         expect("eval.npz", feeds.key(spec, i.name), spec.input_shape(i.name, n_eval), stored)
     if labelled:
@@ -186,18 +188,18 @@ def _check_against_spec(golden: Golden, spec) -> None:
         for k, shape in enumerate(spec.check_shapes()):
             for i in spec.model_inputs:
                 expect("shapes.npz", f"{k}/input/{i.name}", i.full_shape(shape.get("batch", 1), shape),
-                       "float32" if i.dtype == "bfloat16" else i.dtype)
+                       values.stored_dtype(i.dtype))
             for name in spec.outputs:
                 key = f"{k}/output/{name}"
                 expect("shapes.npz", key, None, "float64")
                 value, golden_output = arrays["shapes.npz"].get(key), arrays["reference.npz"].get(name)
-                if value is not None and golden_output is not None and (
-                        value.ndim != golden_output.ndim or value.shape[:1] != (shape.get("batch", value.shape[0]),)):
+                axis = batch_axes.axis_of(axes, name)
+                if value is not None and golden_output is not None and (value.ndim != golden_output.ndim or (
+                        axis is not None and "batch" in shape and value.shape[axis] != shape["batch"])):
                     problems.append(f"shapes.npz {key!r} has shape {list(value.shape)}, not an output of "
                                     f"{golden_output.ndim} dimensions at {shape}")
-    for key, array in arrays["reference.npz"].items():
-        if key != "eval/logits" and array.shape[:1] != (spec.batch_size,) and any(i.batched for i in spec.model_inputs):
-            problems.append(f"reference.npz {key!r} has shape {list(array.shape)}, not a batch of {spec.batch_size}")
+    if any(i.batched for i in spec.model_inputs):
+        problems += _batch_problems(arrays["reference.npz"], axes, spec.batch_size)
     if labelled and f"top{spec.metric_rules.top_k}_accuracy" not in golden.metrics:
         problems.append(f"the manifest has no top{spec.metric_rules.top_k}_accuracy (the spec's top_k)")
     if spec.onnx_model is not None:
@@ -209,6 +211,20 @@ def _check_against_spec(golden: Golden, spec) -> None:
     if problems:
         raise GoldenError(f"{golden.dir}: golden data does not match the model spec ({spec.source_file}): "
                           f"{'; '.join(problems[:4])}{' ...' if len(problems) > 4 else ''}; {manifest_lib.rebuild_hint(golden.dir.name)}")
+
+
+def _batch_problems(reference: dict, axes: dict, batch_size: int) -> list[str]:
+    """Every reference array with a batch axis (as the manifest records it, axis 0 where it records none) must
+    hold ``batch_size`` samples along it; one computed once for the whole batch is taken as it is."""
+    problems = []
+    for key, array in reference.items():
+        axis = batch_axes.axis_of(axes, key)
+        if key == "eval/logits" or axis is None:
+            continue
+        if array.ndim <= axis or array.shape[axis] != batch_size:
+            where = f" on axis {axis}" if axis else ""
+            problems.append(f"reference.npz {key!r} has shape {list(array.shape)}, not a batch of {batch_size}{where}")
+    return problems
 
 
 def summary(manifest: dict, golden_dir: Path) -> str:

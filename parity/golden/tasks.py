@@ -8,7 +8,7 @@ import numpy as np
 
 from parity import sources
 from parity.golden.store import load_arrays, save_npz
-from parity.model import feeds
+from parity.model import batch_axes, feeds
 from parity.model.workspace import Workspace
 
 
@@ -46,24 +46,52 @@ def fp64_reference(workspace: str, model: str, framework: str, scratch: str, out
     """Outputs, taps, eval logits and gradients of one framework's definition in float64."""
     spec = Workspace(workspace).load_spec(model)
     scratch = Path(scratch)
-    arrays = reference_arrays(spec, framework, load_arrays(scratch, "weights.npz"),
-                              load_arrays(scratch, "inputs.npz"), load_arrays(scratch, "eval.npz"), "float64")
+    arrays, _ = reference_arrays(spec, framework, load_arrays(scratch, "weights.npz"),
+                                 load_arrays(scratch, "inputs.npz"), load_arrays(scratch, "eval.npz"), "float64",
+                                 detect_axes=False)  # the zoo's outputs and taps are batched on axis 0
     save_npz(Path(out_file), arrays)
 
 
-def reference_arrays(spec, framework: str, weights: dict, inputs: dict, evals: dict, dtype: str) -> dict:
+def reference_arrays(spec, framework: str, weights: dict, inputs: dict, evals: dict, dtype: str,
+                     detect_axes: bool = True) -> tuple[dict, dict]:
     """A native source's outputs, taps, eval outputs (``eval/logits``) and, with a loss, gradients (``grad/…``),
-    all computed in ``dtype`` from the golden ``inputs.npz`` and ``eval.npz`` arrays; a definition that returns
-    another floating dtype anywhere raises ``TypeError`` (integer and bool outputs are compared as they are)."""
+    all computed in ``dtype`` from the golden ``inputs.npz`` and ``eval.npz`` arrays, and the batch axis of every
+    output and tap (``detect_axes``; else none recorded: axis 0); a definition that returns another floating dtype
+    anywhere raises ``TypeError`` (integer and bool outputs are compared as they are)."""
     source = sources.native(framework)(spec, weights, spec.batch_size, dtype)  # each source holds every weight as layouts.held_dtype says
     x = feeds.from_arrays(spec, inputs)  # floating feeds are cast to ``dtype`` by the runner; token ids stay integers
     arrays = dict(source.run(x))
     if spec.taps:
         arrays.update({f"tap/{name}": v for name, v in source.taps(x).items()})
-    arrays["eval/logits"] = feeds.run_batched(source, feeds.from_arrays(spec, evals), spec.batch_size)[spec.outputs[0]]
+
+    def run_at(other_x: dict, batch: int) -> dict:
+        other = sources.native(framework)(spec, weights, batch, dtype)
+        return {**other.run(other_x), **({f"tap/{n}": v for n, v in other.taps(other_x).items()} if spec.taps else {})}
+
+    axes = detect_batch_axes(spec, arrays, evals, run_at) if detect_axes else {}
+    arrays["eval/logits"] = feeds.run_batched(source, feeds.from_arrays(spec, evals), spec.batch_size, axes)[
+        batch_axes.eval_output(spec, axes)]
     if spec.loss is not None:
         arrays.update({f"grad/{name}": v for name, v in source.gradients(x, inputs["labels"]).items()})
     for key, value in arrays.items():
         if value.dtype.kind == "f" and value.dtype != np.dtype(dtype):
             raise TypeError(f"{framework} returned {value.dtype} for {key} in a {dtype} run")
-    return arrays
+    return arrays, axes
+
+
+def detect_batch_axes(spec, arrays: dict, evals: dict, run_at) -> dict:
+    """Output name / ``tap/<name>`` -> its batch axis or None, from ``arrays`` (computed at the golden batch size)
+    and ``run_at(feeds, batch)`` (the same outputs and taps at one sample more, the eval split's first rows): an
+    axis is the batch's where it follows the batch size. A model without a batched input has none; one that does
+    not run at another batch size keeps axis 0 where its size is the batch's."""
+    shapes = {key: tuple(np.shape(value)) for key, value in arrays.items()}
+    if not any(i.batched for i in spec.model_inputs):
+        return {key: None for key in shapes}
+    other = spec.batch_size + 1
+    x = feeds.padded(spec, feeds.rows(spec, feeds.from_arrays(spec, evals), 0, other), other)
+    try:
+        found = run_at(x, other)
+    except Exception:  # noqa: BLE001 - a model that takes one batch size only (its verification shapes say so)
+        return batch_axes.guess(shapes, spec.batch_size)
+    return batch_axes.detect(shapes, {key: tuple(np.shape(value)) for key, value in found.items()},
+                             spec.batch_size, other)

@@ -18,7 +18,7 @@ import numpy as np
 
 from parity.golden import store as golden
 from parity.golden.shapes import build_shapes
-from parity.model import feeds
+from parity.model import batch_axes, feeds, values
 from parity.model import user as usermodel
 from parity.model.user import InputData, UserModelError
 from parity.platform.errors import ParityError
@@ -42,6 +42,9 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
         progress(f"{spec.name}: reading the {framework} model's weights")
         params = pool.call(framework, "parity.golden.user_tasks:read_weights", workspace=str(workspace.root), model=spec.name,
                            out_file=str(scratch / "weights.npz"))
+        # what the model computes with and the code it runs, so every later run can tell the model has changed
+        built_from = pool.call(framework, "parity.model.identity:model_identity", workspace=str(workspace.root),
+                               model=spec.name)
         shapes = {k: list(v.shape) for k, v in golden.load_arrays(scratch, "weights.npz").items()}
         spec.params = usermodel.native_params(shapes, params)
         progress(f"{spec.name}: float64 reference in {framework}")
@@ -51,7 +54,7 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
         reference = golden.load_arrays(scratch, "reference-source.npz")
         given_vs_reference = None
         if given is not None:
-            given_vs_reference = _replace_outputs(spec, reference, given)
+            given_vs_reference = _replace_outputs(spec, reference, given, info["batch_axes"])
         factor = usermodel.tolerance_factor(info["dtype"])
         usermodel.widen_tolerances(spec, factor)
         usermodel.widen_for_given(spec, given_vs_reference)
@@ -73,6 +76,8 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
                           "outputs_from": given["from"] if given is not None else f"{framework} reference",
                           "given_vs_reference_max_abs": given_vs_reference},
             "params": params,
+            "batch_axes": info["batch_axes"],
+            "built_from": built_from,
         }
         if spec.onnx_model is not None:
             from parity.interop.onnx_file import source_digest
@@ -132,8 +137,8 @@ def _file_feeds(spec, data: InputData, arrays: dict) -> tuple[dict, dict]:
     for i in spec.model_inputs:
         key = i.name if i.name in arrays or not single else "x"
         if key not in arrays:
-            raise ParityError(f"{data.file} has no array {i.name!r}{' or x' if single else ''} (it has "
-                              f"{', '.join(arrays) or 'none'})")
+            alias = " or 'x'" if single and i.name != "x" else ""
+            raise ParityError(f"{data.file} has no array {i.name!r}{alias} (it has {', '.join(arrays) or 'none'})")
         x[i.name] = arrays[key]
         eval_key = f"eval_{key}"
         eval_x[i.name] = arrays.get(eval_key, arrays.get("eval_x") if single else None)
@@ -148,6 +153,8 @@ def _file_feeds(spec, data: InputData, arrays: dict) -> tuple[dict, dict]:
 def _stored(spec, name: str, value: np.ndarray) -> np.ndarray:
     """An input array in the dtype golden data keeps it in: its declared one (bfloat16 as float32)."""
     dtype = next(i.dtype for i in spec.model_inputs if i.name == name)
+    if dtype == values.TEXT:
+        return values.text(value)
     return np.asarray(value, dtype="float32" if dtype == "bfloat16" else dtype)
 
 
@@ -162,7 +169,10 @@ def _check_samples(spec, x: dict, what: str) -> None:
                 f"{d}={spec.axes[d]}" if isinstance(d, str) else d for d in i.shape)))
             raise ParityError(f"{what}: input {i.name!r} has shape {tuple(value.shape)}; model {spec.name!r} takes "
                               f"({shown})")
-        if not i.floating and value.dtype.kind not in "iub":
+        if i.dtype == values.TEXT:
+            if value.dtype.kind != "U":
+                raise ParityError(f"{what}: input {i.name!r} is {value.dtype}; model {spec.name!r} takes strings")
+        elif not i.floating and value.dtype.kind not in "iub":
             raise ParityError(f"{what}: input {i.name!r} is {value.dtype}; model {spec.name!r} takes {i.dtype}")
         if i.floating and value.dtype.kind not in "f":
             raise ParityError(f"{what}: input {i.name!r} is {value.dtype}; model {spec.name!r} takes {i.dtype}")
@@ -171,15 +181,16 @@ def _check_samples(spec, x: dict, what: str) -> None:
         raise ParityError(f"{what}: inputs have different numbers of samples ({counts})")
 
 
-def _replace_outputs(spec, reference: dict, given: dict) -> float:
-    """Golden outputs as given (inputs batch and eval split); returns their largest distance from the reference."""
+def _replace_outputs(spec, reference: dict, given: dict, axes: dict) -> float:
+    """Golden outputs as given (inputs batch and eval split); returns their largest distance from the reference.
+    An output the model computes without a batch axis (``axes``) is given whole, as the first set has it."""
     worst = 0.0
     for i, name in enumerate(spec.outputs):
         key = f"output/{i}"
         if key not in given:
             raise ParityError(f"{given['from']} has no output {i} ({name!r})")
-        value = np.asarray(given[key], dtype=np.float64)
-        batched = any(i.batched for i in spec.model_inputs)
+        value = values.golden(given[key])
+        batched = any(i.batched for i in spec.model_inputs) and batch_axes.axis_of(axes, name) is not None
         if batched:
             _check_batched_output(spec, f"{given['from']}: output", name, value.shape, given["samples"])
             _check_batched_output(spec, "the model's output", name, reference[name].shape, spec.batch_size)
@@ -190,9 +201,14 @@ def _replace_outputs(spec, reference: dict, given: dict) -> float:
             raise ParityError(f"{given['from']}: output {name!r} has shape {np.shape(given[key])}, the model gives "
                               f"{reference[name].shape}")
         head = value[:spec.batch_size] if batched else value
-        worst = max(worst, finite_distance(head, reference[name]))
+        if values.is_text(head) != values.is_text(reference[name]):
+            raise ParityError(f"{given['from']}: output {name!r} is {head.dtype}, the model gives "
+                              f"{reference[name].dtype}")
+        if not values.is_text(head):  # text has no distance: the given strings are the golden, compared for equality
+
+            worst = max(worst, finite_distance(head, reference[name]))
         reference[name] = head
-        if i == 0:
+        if name == batch_axes.eval_output(spec, axes):
             reference["eval/logits"] = value
     return worst
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 
 from parity.golden import store as golden
-from parity.golden.tasks import reference_arrays
+from parity.golden.tasks import detect_batch_axes, reference_arrays
 from parity.interop.given import given_feeds
-from parity.model import feeds
+from parity.model import batch_axes, feeds, values
 from parity.model.user import UserModelError, native_params
 from parity.model.workspace import Workspace
 from parity.platform.errors import one_line
@@ -68,7 +68,8 @@ def _jax_weights(spec):
 
 def reference(workspace: str, model: str, scratch: str, shapes: dict, params: dict, out_file: str) -> dict:
     """Outputs, taps, eval outputs and (with a loss) gradients in float64 where the model runs in float64,
-    else in float32 with the reason; arrays are stored as float64 either way."""
+    else in float32 with the reason; arrays are stored as float64 either way. Returns the dtype, the reason and
+    every output's and tap's batch axis (``batch_axes``), as the model's own run at two batch sizes shows."""
     spec = Workspace(workspace).load_spec(model, attach_golden=False)
     spec.params = native_params(shapes, params)
     scratch = Path(scratch)
@@ -82,17 +83,17 @@ def reference(workspace: str, model: str, scratch: str, shapes: dict, params: di
 
     reason = None
     try:
-        arrays = compute(weights, inputs, evals, "float64")
+        arrays, axes = compute(weights, inputs, evals, "float64")
         dtype = "float64"
     except Exception as error:  # noqa: BLE001 - any float64 failure falls back to float32, with the reason
         reason = f"the model does not run in float64 ({one_line(f'{type(error).__name__}: {error}', 300)})"
-        arrays = compute(weights, inputs, evals, "float32")
+        arrays, axes = compute(weights, inputs, evals, "float32")
         dtype = "float32"
-    golden.save_npz(Path(out_file), {k: np.asarray(v, dtype=np.float64) for k, v in arrays.items()})
-    return {"dtype": dtype, "reason": reason}
+    golden.save_npz(Path(out_file), {k: values.golden(v) for k, v in arrays.items()})
+    return {"dtype": dtype, "reason": reason, "batch_axes": axes}
 
 
-def _onnx_reference(spec, _weights, inputs, evals, dtype: str) -> dict:
+def _onnx_reference(spec, _weights, inputs, evals, dtype: str) -> tuple[dict, dict]:
     from parity.interop import onnx_file as onnx_source
 
     model = onnx_source.load_checked(spec.onnx_model_path)
@@ -115,13 +116,16 @@ def _onnx_reference(spec, _weights, inputs, evals, dtype: str) -> dict:
             outputs = onnx_source.reference_outputs(model, x, dtype)  # every input in its own dtype
             return {name: outputs[name] for name in spec.outputs}
 
-    x = feeds.from_arrays(spec, inputs)
-    arrays = Evaluator().run(x)
-    if spec.taps:
+    def outputs_and_taps(x) -> dict:
         computed = onnx_source.reference_outputs(model, x, dtype)
-        arrays.update({f"tap/{tap}": np.asarray(computed[tap], dtype=np.float64) for tap in spec.taps})
-    arrays["eval/logits"] = feeds.run_batched(Evaluator(), feeds.from_arrays(spec, evals), spec.batch_size)[spec.outputs[0]]
-    return arrays
+        return {**{name: computed[name] for name in spec.outputs},
+                **{f"tap/{tap}": values.golden(computed[tap]) for tap in spec.taps}}
+
+    arrays = outputs_and_taps(feeds.from_arrays(spec, inputs))
+    axes = detect_batch_axes(spec, arrays, evals, lambda x, _batch: outputs_and_taps(x))
+    arrays["eval/logits"] = feeds.run_batched(Evaluator(), feeds.from_arrays(spec, evals), spec.batch_size, axes)[
+        batch_axes.eval_output(spec, axes)]
+    return arrays, axes
 
 
 def given_data(workspace: str, model: str, out_file: str) -> None:

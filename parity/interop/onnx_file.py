@@ -130,6 +130,8 @@ def _cast(value, type_proto):
     kind = type_proto.WhichOneof("value")
     if kind == "tensor_type" and type_proto.tensor_type.elem_type in FLOATS | {DOUBLE}:
         return np.asarray(value).astype(tensor_dtype_to_np_dtype(type_proto.tensor_type.elem_type))
+    if kind == "tensor_type" and isinstance(value, np.ndarray) and value.dtype.kind == "U":
+        return value.astype(object)  # the evaluator's string kernels take Python strings
     if kind == "sequence_type" and isinstance(value, (list, tuple)):
         return [_cast(item, type_proto.sequence_type.elem_type) for item in value]
     if kind == "optional_type" and value is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from parity.model import batch_axes
 from parity.platform.errors import ParityError
 
 SINGLE_KEY = "x"
@@ -64,9 +65,10 @@ def padded(spec, feeds: dict, batch_size: int) -> dict[str, np.ndarray]:
     return out
 
 
-def run_batched(runner, feeds, batch_size: int) -> dict[str, np.ndarray]:
+def run_batched(runner, feeds, batch_size: int, axes: dict | None = None) -> dict[str, np.ndarray]:
     """Run a static-batch runner over any number of samples; the last batch is filled up by repeating its last
-    sample (a valid input for every domain: an attention mask, token ids) and the fill is dropped."""
+    sample (a valid input for every domain: an attention mask, token ids) and the fill is dropped. ``axes``: each
+    output's batch axis (``parity.model.batch_axes``; default 0): an output without one is the first batch's."""
     spec = runner.spec
     feeds = as_feeds(spec, feeds)
     if not any(i.batched for i in spec.model_inputs):  # one whole input set, outputs as they come
@@ -74,7 +76,8 @@ def run_batched(runner, feeds, batch_size: int) -> dict[str, np.ndarray]:
     n = samples(spec, feeds)
     chunks = [runner.run(padded(spec, rows(spec, feeds, start, start + batch_size), batch_size))
               for start in range(0, n, batch_size)]
-    return {name: np.concatenate([c[name] for c in chunks])[:n] for name in chunks[0]}
+    return {name: batch_axes.join([c[name] for c in chunks], batch_axes.axis_of(axes or {}, name), n)
+            for name in chunks[0]}
 
 
 def call_torch(module, tensors: dict):
@@ -109,6 +112,11 @@ def generate(spec, batch_size: int, default, rng: np.random.Generator, axes: dic
 def draw(values, shape: tuple, dtype: str, rng: np.random.Generator) -> np.ndarray:
     """One array of ``shape`` from the domain ``values``, in ``dtype`` (bfloat16 as float32)."""
     store = "float32" if dtype == "bfloat16" else dtype
+    if dtype == "str":  # an ONNX string input: short lowercase words, drawn like any other golden data
+        letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+        lengths = rng.integers(1, 9, size=shape)
+        return np.vectorize(lambda n: "".join(rng.choice(letters, n)), otypes=[str])(lengths).astype(str) \
+            if lengths.size else np.zeros(shape, dtype="<U1")
     if values.kind == "fixed":
         return np.full(shape, values.value, dtype=store)
     if values.kind == "mask":

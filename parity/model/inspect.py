@@ -49,26 +49,29 @@ def _outputs(returned, is_tensor, shape) -> dict:
 
 
 def inspect_model(kind: str, reference: str, root: str, inputs: list[dict], params_file: str | None = None,
-                  given: dict | None = None) -> dict:
+                  given: dict | None = None, names_from: str | None = None) -> dict:
     """Build the model, run it once on a sample of each declared input (``{"name", "shape", "dtype", "values"}``,
     batch first), and report what a spec needs: output names and shapes, default taps (top-level layers whose
     output is one tensor), parameter count, and the number of ids of each integer input an embedding reads.
     An ONNX file is only read (its graph says it all); ``given`` data (test data, Polygraphy inputs) gives
-    its input shapes."""
+    its input shapes. ``names_from``: the file the inputs were named after (``--inputs data.npz`` alone), so the names
+    must be the model's own (``forward``'s parameters, the Keras inputs, the JAX function's arguments); the
+    model's order of them comes back as ``input_names``."""
     if kind == "onnx":
         return _inspect_onnx(reference, root, given or {})
     for decl in inputs:
         check_data_size(f"input {decl['name']!r}", decl["shape"], decl["dtype"])  # before _sample draws it
     inspector = {"torch": _inspect_torch, "tf": _inspect_keras, "jax": _inspect_jax}[kind]
-    return inspector(reference, root, inputs, params_file)
+    return inspector(reference, root, inputs, params_file, names_from)
 
 
-def _inspect_torch(reference, root, inputs, _params_file):
+def _inspect_torch(reference, root, inputs, _params_file, names_from=None):
     import torch
 
     from parity.model.feeds import call_torch as call
 
     module = torch_factory(reference, root)().eval()
+    order = _file_names_fit(reference, "forward", module.forward, [d["name"] for d in inputs], names_from)
     _check_takes(reference, module.forward, [d["name"] for d in inputs])
     tensors = {d["name"]: torch.from_numpy(_sample(d)) for d in inputs}
     recorded, handles, embedding_sizes, fed = {}, [], {}, {}
@@ -111,7 +114,7 @@ def _inspect_torch(reference, root, inputs, _params_file):
     taps = [n for n, child in module.named_children() if _torch_tap(child, recorded.get(n))]
     return {**_outputs(returned, torch.is_tensor, lambda t: t.shape), "taps": taps,
             "n_params": int(sum(p.numel() for p in module.parameters())), "input_values": embedding_sizes,
-            "layers": _torch_layers(module, taps, recorded, fed, list(tensors.values()))}
+            "layers": _torch_layers(module, taps, recorded, fed, list(tensors.values())), "input_names": order}
 
 
 def _torch_tap(child, output) -> bool:
@@ -159,13 +162,45 @@ def _check_takes(reference: str, forward, names: list[str]) -> None:
         raise UserModelError(f"{reference}: forward takes no input {unknown[0]!r} (its inputs are {', '.join(named)})")
 
 
-def _inspect_keras(reference, root, inputs, _params_file):
+def _file_names_fit(reference: str, what: str, function, names: list[str], names_from: str | None,
+                    parameters=None) -> list[str] | None:
+    """With inputs named by a file (``names_from``): refuse names the model does not take, or a required input the
+    file lacks; return the model's order of them. One array of a model with one required input goes positionally,
+    whatever its name."""
+    import inspect
+
+    if not names_from:
+        return None
+    if parameters is None:
+        parameters = list(inspect.signature(function).parameters.values())
+    named = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    required = [p.name for p in parameters if p.default is p.empty
+                and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if len(names) == 1 and len(required) <= 1:
+        return None
+    takes_more = any(p.kind is p.VAR_KEYWORD for p in parameters)
+    unknown = [name for name in names if name not in named and not takes_more]
+    missing = [name for name in required if name not in names]
+    if unknown or missing:
+        raise _misnamed(names_from, names, f"{what} of {reference} takes", named, missing)
+    return sorted(names, key=lambda name: named.index(name) if name in named else len(named))
+
+
+def _misnamed(source: str, given: list[str], what: str, expected: list[str], missing=()) -> UserModelError:
+    needs = f" ({', '.join(missing)} required)" if missing else ""
+    return UserModelError(f"{source} has input arrays {', '.join(given)}; {what} {', '.join(expected)}{needs}: name "
+                          f"each array after the input it feeds, or declare the inputs with --input")
+
+
+def _inspect_keras(reference, root, inputs, _params_file, names_from=None):
     import keras
 
     from parity.model.feeds import call_keras as call
 
     model = keras_file(reference, root)("float32")
     names = [t.name for t in model.inputs]
+    if names_from and len(inputs) > 1 and sorted(d["name"] for d in inputs) != sorted(names):
+        raise _misnamed(names_from, [d["name"] for d in inputs], f"{reference}'s inputs are", names)
     if len(names) != len(inputs):
         raise UserModelError(f"{reference} has {len(names)} inputs ({', '.join(names)}); "
                              f"{len(inputs)} were declared ({', '.join(d['name'] for d in inputs)})")
@@ -185,7 +220,7 @@ def _inspect_keras(reference, root, inputs, _params_file):
 
     return {**_outputs(returned, tf.is_tensor, lambda t: t.shape), "taps": taps,
             "n_params": int(model.count_params()), "input_values": embedding_sizes,
-            "layers": _keras_layers(model, taps)}
+            "layers": _keras_layers(model, taps), "input_names": names if names_from and len(inputs) > 1 else None}
 
 
 def _keras_layers(model, taps) -> dict:
@@ -205,10 +240,19 @@ def _keras_layers(model, taps) -> dict:
     return layers
 
 
-def _inspect_jax(reference, root, inputs, params_file):
+def _inspect_jax(reference, root, inputs, params_file, names_from=None):
+    import inspect
+
     import jax
 
+    from parity.model.user import resolve
+
     apply = jax_function(reference, params_file, root)
+    function = resolve(reference, root)
+    arguments = [p for p in list(inspect.signature(function).parameters.values())[1:] if p.name != "tap"]
+    order = _file_names_fit(reference, "the function", function, [d["name"] for d in inputs], names_from, arguments)
+    if order:  # positionally, in the function's order
+        inputs = sorted(inputs, key=lambda d: order.index(d["name"]))
     params = read_npz(apply.params_path, UserModelError, ".npz")
     names = []
     samples = {d["name"]: _sample(d) for d in inputs}
@@ -219,7 +263,7 @@ def _inspect_jax(reference, root, inputs, params_file):
         raise _rejects(inputs, error) from None
     return {**_outputs(returned, lambda v: isinstance(v, (jax.Array, np.ndarray)), np.shape),
             "taps": list(dict.fromkeys(names)), "n_params": int(sum(v.size for v in params.values())),
-            "input_values": {}}
+            "input_values": {}, "input_names": order}
 
 
 def _inspect_onnx(reference, root, given: dict):
@@ -228,19 +272,19 @@ def _inspect_onnx(reference, root, given: dict):
     sets = given_feeds(root, given, inputs, outputs)[0] if any(given.values()) else None
     for output in model.graph.output:
         kind = output.type.WhichOneof("value")
-        if kind != "tensor_type" or output.type.tensor_type.elem_type in (0, 8):  # undefined, string
-            what = "a string tensor" if kind == "tensor_type" else f"a {kind or 'value of no type'}"
-            raise UserModelError(f"{reference}: output {output.name!r} is {what}; parity compares numeric tensors only")
+        if kind != "tensor_type" or output.type.tensor_type.elem_type == 0:  # undefined
+            what = "a tensor of no element type" if kind == "tensor_type" else f"a {kind or 'value of no type'}"
+            raise UserModelError(f"{reference}: output {output.name!r} is {what}; parity compares tensors only")
     described = []
     for name, (graph_shape, graph_dtype) in inputs.items():
         if graph_shape is None and sets:  # rank unknown to the graph: the data given says it
             graph_shape = tuple(sets[0][name].shape)
-        if graph_shape is None or graph_dtype is None or graph_dtype == "object":
-            what = "a string tensor" if graph_dtype == "object" else "not a tensor of known rank and type"
-            raise UserModelError(f"{reference}: input {name!r} is {what}; parity feeds numeric tensors only")
+        if graph_shape is None or graph_dtype is None:
+            raise UserModelError(f"{reference}: input {name!r} is not a tensor of known rank and type; parity feeds "
+                                 f"tensors only")
         described.append({"name": name, "shape": [d if isinstance(d, int) else None for d in graph_shape],
                           "axis_names": [d if isinstance(d, str) else None for d in graph_shape],
-                          "dtype": str(np.dtype(graph_dtype)),
+                          "dtype": graph_dtype if graph_dtype == "str" else str(np.dtype(graph_dtype)),
                           "given_shape": list(sets[0][name].shape) if sets else None})
     return {"inputs": described, "outputs": list(outputs), "output_shapes": None, "taps": [],
             "n_params": int(sum(np.prod(i.dims) for i in model.graph.initializer)), "input_values": {}}

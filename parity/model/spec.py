@@ -60,7 +60,7 @@ class Tolerances:
 
 
 INPUT_DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "uint16",
-                "uint32", "uint64", "bool")
+                "uint32", "uint64", "bool", "str")  # str: an ONNX string tensor, held as NumPy unicode
 VALUE_KINDS = ("normal", "uniform", "integers", "mask", "fixed")
 BATCH = "batch"  # the axis name of the leading batch axis (its size is the spec's batch size)
 
@@ -397,7 +397,8 @@ class ModelSpec:
             raise ValueError("a model needs at least one output")
         if len(set(self.outputs)) != len(self.outputs):
             raise ValueError(f"output names must be unique: {self.outputs}")
-        if not self.model_inputs or not all(isinstance(i, InputSpec) for i in self.model_inputs):
+        if not all(isinstance(i, InputSpec) for i in self.model_inputs) or \
+                (not self.model_inputs and self.frameworks != ("onnx",)):  # only an ONNX graph may take no input
             raise ValueError("input is an InputSpec or a tuple of InputSpec")
         names = [i.name for i in self.model_inputs]
         if len(set(names)) != len(names):

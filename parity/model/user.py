@@ -151,6 +151,7 @@ def torch_factory(reference: str, root: str | Path):
         return model
 
     torch_module.source_files = _reference_files(reference, root)
+    torch_module.reference, torch_module.root = reference, root  # the user's factory, for parity.model.identity
     return torch_module
 
 
@@ -183,6 +184,7 @@ def keras_factory(reference: str, root: str | Path):
         return model if dtype == "float32" else _keras_in_dtype(keras, model, dtype)
 
     keras_model.source_files = _reference_files(reference, root)
+    keras_model.reference, keras_model.root = reference, root
     return keras_model
 
 
@@ -226,6 +228,7 @@ def jax_function(reference: str, params_file: str, root: str | Path):
 
     jax_apply.params_path = Path(root) / params_file
     jax_apply.source_files = (*_reference_files(reference, root), jax_apply.params_path)
+    jax_apply.reference, jax_apply.root = reference, root
     return jax_apply
 
 
@@ -345,17 +348,19 @@ def golden_data_limit() -> tuple[int, str]:
 
 def check_data_size(what: str, shape, dtype: str, copies: int = 1) -> None:
     """Refuse (``UserModelError``), before anything is allocated, ``copies`` arrays of ``shape`` and ``dtype`` that
-    would take more than ``golden_data_limit``."""
+    would take more than ``golden_data_limit``, sized as parity holds them: 8 bytes an element at least (values are
+    drawn in float64 or int64 before the cast, and the golden reference is computed in float64)."""
     import math
 
     import numpy as np
 
-    need = copies * math.prod(int(d) for d in shape) * np.dtype(dtype).itemsize
+    itemsize = max(np.dtype("float32" if dtype == "bfloat16" else dtype).itemsize, 8)
+    need = copies * math.prod(int(d) for d in shape) * itemsize
     limit, why = golden_data_limit()
     if need > limit:
-        raise UserModelError(f"{what} of shape {tuple(int(d) for d in shape)} {dtype} would take {format_bytes(need)}; "
-                             f"parity refuses golden data over {format_bytes(limit)} ({why}): declare a smaller batch "
-                             f"or input shape")
+        raise UserModelError(f"{what} of shape {tuple(int(d) for d in shape)} {dtype} would take {format_bytes(need)} "
+                             f"as parity holds it (drawn and referenced at 8 bytes an element); parity refuses golden "
+                             f"data over {format_bytes(limit)} ({why}): declare a smaller batch or input shape")
 
 
 def format_bytes(count: int) -> str:

@@ -103,7 +103,7 @@ def check(request: CheckRequest, *, progress=_quiet, on_checked: Callable[[dict]
     from parity.platform.precision import parse_device
 
     to_stdout = request.json_file == "-"
-    if (request.resume or request.accelerator) and request.executor != "ray":
+    if (request.resume is not None or request.accelerator) and request.executor != "ray":
         raise UsageError("--resume and --accelerator place cells on a cluster: use them with --executor ray")
     check_targets(None if to_stdout else request.json_file, request.report_dir)
     device = parse_device(request.device)
@@ -118,11 +118,11 @@ def check(request: CheckRequest, *, progress=_quiet, on_checked: Callable[[dict]
         from parity.pipeline import ray_executor
         from parity.results.store import new_run_id
 
-        resumed = store.cell_results(request.resume) if request.resume else None
+        resumed = store.cell_results(request.resume) if request.resume is not None else None
         run_id = new_run_id() if store is not None else None
         report = ray_executor.check(ws, names, options, request.address, store, run_id, resumed, progress=progress,
                                     accelerator=request.accelerator)
-        if request.resume:
+        if request.resume is not None:
             report["executor"]["resumed_from"] = request.resume
     else:
         report = orchestrate.check(ws, names, options, progress=progress, on_checked=on_checked)
@@ -142,20 +142,24 @@ def check(request: CheckRequest, *, progress=_quiet, on_checked: Callable[[dict]
     write_results(report, None if to_stdout else request.json_file, request.report_dir, notice)
     if store is not None and not to_stdout:  # JSON on stdout: its run_id says it, nothing else is printed
         notice(f"stored as run {report['run_id']} in {store.url}")
+    why = orchestrate.nothing_checked(report)
+    if why:  # the verdicts and files are out; the exit code 2 is said last, in one line
+        notice(f"error: {why}")
     return code
 
 
 def _open_store(request: CheckRequest, ws, device: str):
     """The results store (None with ``use_store`` off), the ``--against`` baseline document and what differs from
-    it; every refusal (not a store, locked, no driver, no such run, other hardware) raised before the run."""
+    it; every refusal (not a store, locked, no driver, no such run, other hardware) raised before the run. An empty
+    run id is refused like any other unknown one, never taken as no ``--against``."""
     if not request.use_store:
-        if request.against or request.resume:
+        if request.against is not None or request.resume is not None:
             raise UsageError("--against and --resume read the results store: drop --no-store")
         return None, None, []
     from parity.results import store as results
 
-    store = results.Store.open(results.resolve(request.store, ws.root), create=not request.against)
-    if not request.against:
+    store = results.Store.open(results.resolve(request.store, ws.root), create=request.against is None)
+    if request.against is None:
         return store, None, []
     from parity.platform import env
     from parity.results.against import check_environment
@@ -379,9 +383,11 @@ def repro(workspace: str | None, model: str, path_id: str, out_dir: str, force: 
     from parity.run import paths
     from parity.run.worker import TaskFailed, WorkerPool
 
-    out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
-        raise UsageError(f"--out {out} is not an empty folder: choose another or pass --force to replace it")
+    from parity.platform.safefs import check_folder_target
+
+    out = check_folder_target(out_dir, "--out")  # links followed; a file in the way refused before any work
+    if out.exists() and any(out.iterdir()) and not force:
+        raise UsageError(f"--out {out_dir} is not an empty folder: choose another or pass --force to replace it")
     if parse_device(device) != "cpu":
         raise UsageError(f"--device {device}: parity repro reduces graphs on the CPU runtimes (ort, ort-noopt, "
                          f"onnxref) only")
@@ -433,5 +439,5 @@ def repro(workspace: str | None, model: str, path_id: str, out_dir: str, force: 
               f"{outcome['seconds']:.2f} s")
     if not outcome["written"]:
         return 1, f"no bug report: the failure of {where} does not reproduce in its reduced graph: {outcome['reason']}"
-    return 0, (f"wrote {out}: {where} reduced to {' -> '.join(outcome['ops'])} ({counts}); "
-               f"`python {out / 'repro.py'}` exits 1 while the bug is present")
+    return 0, (f"wrote {out_dir}: {where} reduced to {' -> '.join(outcome['ops'])} ({counts}); "
+               f"`python {Path(out_dir) / 'repro.py'}` exits 1 while the bug is present")

@@ -17,13 +17,14 @@ from pathlib import Path
 
 from parity import __version__
 from parity.golden import store as golden
+from parity.model import identity
+from parity.pipeline.outcome import apply_expectation, exit_code, is_unexpected, nothing_checked  # noqa: F401
 from parity.platform import devices
 from parity.platform import precision as precision_lib
 from parity.platform.cache_dir import cache_root
 from parity.platform.env import environment
 from parity.platform.errors import GoldenError, SpecError, UsageError, one_line
 from parity.platform.safefs import owned_tempdir, sha256_file, sweep
-from parity.report.timing_table import series_of
 from parity.run import paths, provenance
 from parity.run.cache import META_FILE, ExportCache, content_key
 from parity.run.worker import TaskFailed, WorkerPool, running_first
@@ -52,7 +53,7 @@ def _result_skeleton(model: str, path: paths.PathDef, spec_batch: int) -> dict:
     return {"model": model, "path": path.id, "stages": path.stages, "device": path.device, "precision": path.precision,
             "batch_size": spec_batch,
             "verdict": None, "reason": None, "expected": False, "outputs": None, "gradients": None, "metrics": None,
-            "deterministic": None, "timing": None, "diagnosis": None}
+            "deterministic": None, "timing": None, "diagnosis": None, "golden_changed": None}
 
 
 def _package_version(name: str) -> str | None:
@@ -98,6 +99,7 @@ class Run:
         self.cache = ExportCache(self._scratch or cache_root(), notice=self.progress)
         self.exports: dict[str, dict] = {}  # chain key -> {"dir", "meta", "cached"} or {"error", "cached"}
         self.specs: dict = {}
+        self.identities: dict[str, dict | None] = {}  # user model -> its weights digest and code now (model_identity)
         self.host: dict | None = None  # the host audit of a timed run
 
     def progress(self, message: str, step: int | None = None, steps: int | None = None) -> None:
@@ -137,7 +139,8 @@ class Run:
             return
         from parity.model import feeds
 
-        available = manifest["files"]["eval.npz"]["arrays"][feeds.key(spec, spec.model_inputs[0].name)]["shape"][0]
+        available = manifest["files"]["eval.npz"]["arrays"][feeds.key(spec, spec.model_inputs[0].name)]["shape"][0] \
+            if spec.model_inputs else 1  # a graph without inputs runs once, whole
         for batch in self.options.timing.batch_sizes or spec.timed_batch_sizes:
             if batch > available:
                 raise UsageError(f"batch size {batch} cannot be verified for model {spec.name!r}: its eval split has "
@@ -163,6 +166,8 @@ class Run:
             "parity": __version__, "parity_code": provenance.parity_digest(), "model": spec.name, "source": path.source,
             "model_file_sha256": sha256_file(Path(spec.source_file)), "builder_files": provenance.builder_files(spec),
             "weights_sha256": manifest["files"]["weights.npz"]["sha256"], "source_sha256": manifest.get("source_sha256"),
+            # the weights the model's builder holds now (a factory's checkpoint): an export is made from the model
+            "model_weights_sha256": (self.identities.get(spec.name) or {}).get("weights_sha256"),
             "steps": [{"name": s.name, "target": s.target, "versions": {p: _package_version(p) for p in s.packages}}
                       for s in steps],
             "opset": spec.opset, "batch_size": slot["batch_size"], "precision": slot["precision"], "device": slot["device"],
@@ -249,6 +254,9 @@ class Run:
                         result.update(verdict="skip", reason=reason)
                     else:
                         pending.append((spec, manifest, path, result))
+                started = time.perf_counter()
+                self._identify(pool, pending)
+                self._stage("verify", started)  # that the golden data still describes the model
                 # exports, shallow first and grouped by worker so each framework starts once per depth (the worker
                 # already running first, so a group is not started again at the next depth or for the checks)
                 # a timed run's other batch sizes too (static batch per artifact), while each group's worker is up:
@@ -277,7 +285,7 @@ class Run:
                         self._diagnose(pool, spec, manifest, path, result)
                     self._stage("diagnose", started)
                 for result in self.results:
-                    _apply_expectation(self.specs[result["model"]], result)
+                    apply_expectation(self.specs[result["model"]], result)
                 if self.on_checked is not None:
                     self.on_checked(copy.deepcopy(self._report(env_reader.result())))  # as it is now
                 if self.options.timing is not None:
@@ -293,6 +301,22 @@ class Run:
             if self._scratch:
                 shutil.rmtree(self._scratch, ignore_errors=True)
         return self._report(env_reader.result())
+
+    def _identify(self, pool, pending) -> None:
+        """Each user model as its builder makes it now (``parity.model.identity``): its weights key its exports; a
+        change since its golden build is said on every result of the model (``golden_changed``), whose verdict
+        stands."""
+        for name, (spec, manifest) in {s.name: (s, m) for s, m, _, _ in pending if s.weights_from_model}.items():
+            self.progress(f"{name}: reading the model's weights")
+            try:
+                now = pool.call(spec.frameworks[0], "parity.model.identity:model_identity",
+                                workspace=str(self.workspace.root), model=name)
+                changed = identity.changes(name, manifest.get("built_from"), now)
+            except TaskFailed as error:  # the checks say why it does not build; here, that it was not compared
+                now, changed = None, identity.not_compared(str(error))
+            self.identities[name] = now
+            for result in (r for r in self.results if r["model"] == name):
+                result["golden_changed"] = changed
 
     def _report(self, env: dict) -> dict:
         report = {"schema": RESULT_SCHEMA, "env": env, "results": self.results, "model_errors": self.model_errors,
@@ -381,36 +405,6 @@ class _Background:
 def _check_order(pool, pending) -> list:
     """``pending`` grouped by worker group, the group of the worker already running (from the exports) first."""
     return running_first(pool, pending, lambda item: item[2].runtime.group)
-
-
-def _apply_expectation(spec, result: dict) -> None:
-    """Mark declared expected errors; an expected error that passes is an unexpected pass."""
-    declared = spec.expected_error(result["path"])
-    if declared is None:
-        return
-    result["expected_reason"] = declared
-    if result["verdict"] == "error":
-        result["expected"] = True
-    elif result["verdict"] == "pass":
-        result["unexpected_pass"] = True
-
-
-def is_unexpected(result: dict) -> bool:
-    """A failure or error not declared, an expected error that passed, or a timing voided by its output audit."""
-    return ((result["verdict"] in ("fail", "error") and not result.get("expected")) or bool(result.get("unexpected_pass"))
-            or any(e.get("verdict") == "invalid" for _, e in series_of(result)))
-
-
-def exit_code(report: dict) -> int:
-    """0 when everything is as expected, 1 when any path (or model) ended unexpectedly.
-
-    2 when no model could be loaded at all: nothing ran, so it is an input error.
-    """
-    if report["model_errors"] and not report["results"]:
-        return 2
-    if report["model_errors"] or any(is_unexpected(r) for r in report["results"]):
-        return 1
-    return 0
 
 
 def check(workspace, model_names, options: Options, progress=lambda message: None, on_checked=None) -> dict:

@@ -5,10 +5,12 @@ verification, export through the node's export cache, check, diagnosis, timing),
 local run gives. It requests what it needs: one CPU for a check (``--threads`` for a timed cell), a GPU on a CUDA
 device (a quarter for a check, a whole one for timing; of one model with ``--accelerator``), one unit of every software stack its steps import
 (``parity.run.stacks``: ``parity-torch``, ``parity-tf``, ...) and, when it times, the node's single ``parity-bench``
-unit, so no two timing cells share a node. A cell that needs a resource no node has is ``skip`` at once with that
-reason. The workspace's models and golden data travel as one content-addressed bundle in Ray's object store,
-verified by sha256 where they arrive (``parity.pipeline.bundle``); exports go through each node's export cache
-(a shared ``PARITY_CACHE_DIR`` makes one export serve the cluster: entries are locked and verified).
+unit, so no two timing cells share a node. A node that declares none of these (``ray start --head`` with no
+options) is probed for the stacks installed there and given the cells it can run (``parity.pipeline.ray_nodes``).
+A cell that no node can run is ``skip`` at once with the reason. The workspace's models and golden data travel as
+one content-addressed bundle in Ray's object store, verified by sha256 where they arrive (``parity.pipeline.bundle``);
+exports go through each node's export cache (a shared ``PARITY_CACHE_DIR`` makes one export serve the cluster:
+entries are locked and verified).
 
 A node lost mid-run: Ray runs its cells again where the resources exist (``MAX_RETRIES``); a cell that still
 cannot finish is ``error`` with the reason. Each finished cell is kept in the results store at once, so
@@ -22,6 +24,7 @@ import socket
 import time
 from dataclasses import replace
 
+from parity.pipeline import ray_nodes
 from parity.platform.errors import UsageError
 from parity.results.store import hardware
 from parity.run import stacks
@@ -66,11 +69,6 @@ def _request(path, timing: bool, threads: int, accelerator: str | None = None) -
     return {"num_cpus": float(threads if timing else 1), "num_gpus": gpus, "resources": resources}
 
 
-def _missing(request: dict, totals: dict) -> list[str]:
-    wanted = {"CPU": request["num_cpus"], "GPU": request["num_gpus"], **request["resources"]}
-    return [f"{name} {amount:g}" for name, amount in wanted.items() if amount and totals.get(name, 0.0) < amount]
-
-
 def _connect(address: str | None):
     try:
         import ray
@@ -101,26 +99,24 @@ def check(workspace, names, options, address: str | None = None, store=None, run
     ray = _connect(address)
     plan_run = orchestrate.Run(workspace, options)
     plan = plan_run._plan(names)
-    totals = ray.cluster_resources()
     timing = options.timing is not None
     models = list(dict.fromkeys(spec.name for spec, _, _ in plan))
     bundle = ray.put(pack(workspace.root, models)) if plan else None
     task = ray.remote(run_cell)
+    nodes = ray_nodes.probe(ray) if any(not resume or cell_key(s.name, p) not in resume for s, _, p in plan) else []
     cells, pending, reused = {}, {}, 0
     for spec, _, path in plan:
         key = cell_key(spec.name, path)
         if resume and key in resume:
             cells[key], reused = resume[key], reused + 1
             continue
-        request = _request(path, timing, options.threads, accelerator)
-        missing = _missing(request, totals)
-        if missing:
+        placement, why = ray_nodes.place(_request(path, timing, options.threads, accelerator), nodes, timing)
+        if placement is None:
             cells[key] = {"result": {"model": spec.name, "path": path.id, "stages": path.stages,
                                      "device": path.device, "precision": path.precision, "verdict": "skip",
-                                     "reason": f"no node of the cluster has {', '.join(missing)} (a node advertises "
-                                               "what `parity worker-resources` prints there)"}}
+                                     "reason": why}}
             continue
-        ref = task.options(**request, max_retries=MAX_RETRIES, retry_exceptions=False).remote(
+        ref = task.options(**placement, max_retries=MAX_RETRIES, retry_exceptions=False).remote(
             bundle, spec.name, path.id, options)
         pending[ref] = (key, spec, path)
     done = 0

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from parity.interop.given import npz_facts
 from parity.model.user import check_data_size
 from parity.platform.errors import UsageError
 from parity.platform.safefs import write_text_atomic
@@ -134,8 +135,13 @@ def parse_axis(text: str) -> tuple[str, int]:
 
 
 def check_name(name: str) -> None:
+    """Refuse a model name that is no Python identifier, or that starts with _: ``models/_*.py`` (``__init__.py``
+    among them) are helper modules, never listed or loaded as models, so every later command would refuse it."""
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", name) or keyword.iskeyword(name):
         raise UsageError(f"model name {name!r} must be a Python identifier (letters, digits, _), like resnet18")
+    if name.startswith("_"):
+        raise UsageError(f"model name {name!r} must not start with _: models/_*.py are helper modules, not models "
+                         f"(name it like resnet18)")
 
 
 def workspace_reference(reference: str, root: Path) -> str:
@@ -152,25 +158,6 @@ def workspace_reference(reference: str, root: Path) -> str:
     except ValueError:
         shown = str(absolute)
     return f"{shown}{sep}{attribute}"
-
-
-def npz_facts(path: Path, names: list[str]) -> dict:
-    """Shapes, dtypes and labels of a user's ``.npz`` (never unpickled), for the spec: each input under its name
-    (``x`` too for a model with one input)."""
-    from parity.model.user import UserModelError
-    from parity.platform.safefs import read_npz
-
-    arrays = read_npz(path, UserModelError, ".npz")
-    found = {}
-    for name in names:
-        key = name if name in arrays or len(names) > 1 else "x"
-        if key not in arrays:
-            raise UsageError(f"{path} has no array {name!r}{' or x' if len(names) == 1 else ''} (it has "
-                             f"{', '.join(arrays) or 'none'})")
-        found[name] = (tuple(arrays[key].shape), str(arrays[key].dtype))
-    labels = arrays.get("labels", arrays.get("y"))
-    return {"inputs": found, "labelled": labels is not None,
-            "classes": int(labels.max()) + 1 if labels is not None and labels.size else 0}
 
 
 def _py(value) -> str:
@@ -201,7 +188,9 @@ def render(request: Request, info: dict) -> str:
     layers = info.get("layers") or {}
     if layers:
         spec_imports.append("Layer")
-    if len(specs) == 1:
+    if not specs:  # an ONNX graph that takes no input: its outputs are computed and compared whole
+        input_lines = ["    input=(),  # the graph takes no input"]
+    elif len(specs) == 1:
         input_lines = [f"    input={specs[0]},"]
     else:
         input_lines = ["    input=(", *[f"        {text}," for text in specs], "    ),"]
@@ -297,15 +286,12 @@ def init(root: Path, request: Request, force: bool, threads: int, timeout_s: flo
     target = root / "models" / f"{request.name}.py"
     if target.exists() and not force:
         raise UsageError(f"{target} exists; pass --force to replace it (its golden data stays until you rebuild it)")
-    labelled = False
+    labelled, names_from = False, None
     if request.inputs_file and request.kind != "onnx":
-        facts = npz_facts(root / request.inputs_file, [d.name for d in request.inputs] or ["x"])
+        facts = npz_facts(root / request.inputs_file, [d.name for d in request.inputs] or None)
         labelled = facts["labelled"]
-        if not request.inputs:
-            (name, (shape, dtype)), = facts["inputs"].items()
-            check_batched(name, shape, request.inputs_file)
-            request = _with(request, inputs=(InputDecl(name, (min(shape[0], 32), *shape[1:]),
-                                                       "float32" if dtype.startswith("float") else dtype),))
+        if not request.inputs:  # the file's arrays are the inputs: the model is asked whether it takes them
+            request, names_from = _with(request, inputs=_file_inputs(request.inputs_file, facts)), request.inputs_file
     if request.opset is not None:
         if request.kind != "onnx":
             raise UsageError("--opset converts an ONNX file (--onnx); an exporter's opset is the spec's opset field")
@@ -317,10 +303,12 @@ def init(root: Path, request: Request, force: bool, threads: int, timeout_s: flo
                                   root=str(root), inputs=[],
                                   given={"test_data": request.test_data, "polygraphy_inputs": request.polygraphy_inputs,
                                          "polygraphy_outputs": None})
+                if request.inputs_file and not request.inputs:
+                    request = _with(request, inputs=_graph_file_inputs(root, request, graph))
                 request = _onnx_inputs(request, graph)
                 if request.inputs_file:
                     labelled = npz_facts(root / request.inputs_file, [d.name for d in request.inputs])["labelled"]
-            if not request.inputs:
+            if not request.inputs and not (request.kind == "onnx" and not graph["inputs"]):
                 raise UsageError("give the model's inputs with --input NAME=BATCHxDIMx... (e.g. x=1x3x224x224), one "
                                  "--input per input")
             _check_axes(request)
@@ -328,12 +316,43 @@ def init(root: Path, request: Request, force: bool, threads: int, timeout_s: flo
                 check_data_size(f"input {decl.name!r}", request.concrete(decl), decl.dtype)
             info = pool.call(request.kind, "parity.model.inspect:inspect_model", kind=request.kind,
                              reference=request.reference, root=str(root), inputs=request.worker_inputs(),
-                             params_file=request.params_file)
+                             params_file=request.params_file, names_from=names_from)
         except TaskFailed as error:
             raise ParityError(str(error)) from None
+    if info.get("input_names"):  # the model's own order (a JAX apply takes its inputs by position)
+        order = info["input_names"]
+        request = _with(request, inputs=tuple(sorted(request.inputs, key=lambda d: order.index(d.name))))
     info = {**info, "labelled": labelled}
     request = _integer_ranges(request, info)
     return write(root, request, info, force), info
+
+
+def _file_inputs(source: str, facts: dict, batched=lambda name: True) -> tuple[InputDecl, ...]:
+    """One declaration per input array of a user's ``.npz``: its shape (at most 32 samples of a batched one) and
+    dtype (floating ones as float32), one batch size for all."""
+    decls = []
+    for name, (shape, dtype) in facts["inputs"].items():
+        check_batched(name, shape, source)
+        shape = (min(shape[0], 32), *shape[1:]) if batched(name) else shape
+        decls.append(InputDecl(name, shape, "float32" if dtype.startswith("float") else dtype, None, batched(name)))
+    sizes = {name: shape[0] for name, (shape, _) in facts["inputs"].items() if batched(name)}
+    if len(set(sizes.values())) > 1:
+        raise UsageError(f"{source}: the input arrays have different numbers of samples ({sizes})")
+    return tuple(decls)
+
+
+def _graph_file_inputs(root: Path, request: Request, graph: dict) -> tuple[InputDecl, ...]:
+    """The inputs of an ONNX graph from a user's ``.npz`` named after them (``x`` too for a one-input graph)."""
+    expected = [g["name"] for g in graph["inputs"]]
+    given = list(npz_facts(root / request.inputs_file, None)["inputs"])
+    if len(expected) == 1 and given == ["x"]:
+        given = expected
+    if sorted(given) != sorted(expected):
+        raise UsageError(f"{request.inputs_file} has input arrays {', '.join(given)}; the graph's inputs are "
+                         f"{', '.join(expected)}: name each array after the input it feeds")
+    facts = npz_facts(root / request.inputs_file, expected)
+    dynamic = {g["name"]: bool(g["shape"]) and g["shape"][0] is None for g in graph["inputs"]}
+    return _file_inputs(request.inputs_file, facts, lambda name: dynamic[name])
 
 
 def _converted(root: Path, request: Request) -> Request:
@@ -443,7 +462,7 @@ def _onnx_inputs(request: Request, graph: dict) -> Request:
         concrete = request.concrete(InputDecl(name, tuple(shape)))
         if len(concrete) != len(graph_shape) or any(g_ is not None and g_ != d for g_, d in zip(graph_shape, concrete)):
             raise UsageError(f"input {name!r} of shape {tuple(shape)} does not fit the graph's {graph_shape}")
-        if g["dtype"] not in INPUT_DTYPES:
+        if g["dtype"] not in (*INPUT_DTYPES, "str"):  # a string input: an ONNX graph's, fed as NumPy unicode
             raise UsageError(f"{request.reference}: input {name!r} is a {g['dtype']} tensor; parity feeds "
                              f"{', '.join(INPUT_DTYPES)} tensors")
         batched = bool(graph_shape) and graph_shape[0] is None

@@ -191,6 +191,25 @@ def check_writable(path: str | Path, what: str, make_parents: bool = True) -> Pa
     return path
 
 
+def check_folder_target(path: str | Path, what: str) -> Path:
+    """Where a folder written at ``path`` will land, every symlink followed (a link is kept, its target written),
+    refused now, before any work, in one line when it could not be made there: it or a folder above it is a file
+    (or another non-folder), or the nearest folder that exists above it cannot be written to."""
+    try:
+        real = resolve_target(path)
+    except OSError as error:  # a symlink loop
+        raise UsageError(f"{what} {path} cannot be written: {error.strerror or error}") from None
+    for folder in [*reversed(real.parents), real]:
+        if os.path.lexists(folder) and not folder.is_dir():
+            if folder == real:
+                raise UsageError(f"{what} {path} is {describe(folder)}, not a folder; give a folder")
+            raise UsageError(f"{what} {path} cannot be made: {folder} is {describe(folder)}, not a folder")
+    existing = next(folder for folder in [real, *real.parents] if folder.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"{what} {path} cannot be written: permission denied in {existing}")
+    return real
+
+
 def _start_ticks(process: psutil.Process) -> int:
     return round(process.create_time() * 100)
 

@@ -247,8 +247,19 @@ def _tested(sa: list[float], sb: list[float]) -> tuple[str, str, str, str]:
     return _ratio(stats["log_ratio"]), f"[{_ratio(lo)}, {_ratio(hi)}]", _p(stats["p"]), verdict
 
 
+def _sample_median(side: str, key, batch: str, median, samples: list[float], notes: list[str]) -> float:
+    """The median of ``samples``, with a note where the document's own median says otherwise."""
+    from parity.bench.stats import median as median_of
+
+    found = median_of(samples)
+    if median is not None and not math.isclose(median, found, rel_tol=1e-9):
+        notes.append(f"  note: {side} {key[0]} {key[1]} batch {batch}: its median_ms {_ms(median)} is not its samples' "
+                     f"median ({_ms(found)}), which is shown and compared")
+    return found
+
+
 def _timings(common: list[tuple[str, str]], ra: dict, rb: dict) -> list[str]:
-    rows = []
+    rows, notes = [], []
     for key in common:
         bx, by = _batches(ra[key]), _batches(rb[key])
         for batch in sorted(set(bx) & set(by), key=_batch_order):
@@ -256,7 +267,10 @@ def _timings(common: list[tuple[str, str]], ra: dict, rb: dict) -> list[str]:
             ma, mb = _number(ea.get("median_ms")), _number(eb.get("median_ms"))
             sa, sb = _samples(ea), _samples(eb)
             ratio, ci, p, verdict = _tested(sa, sb) if sa and sb else ("-", "-", "-", NO_SAMPLES)
-            if ratio == "-" and _duration(ma) and _duration(mb):
+            if ratio != "-":  # the ratio is of the samples' medians: those are the medians shown beside it
+                ma, mb = (_sample_median(side, key, batch, median, samples, notes)
+                          for side, median, samples in (("A", ma, sa), ("B", mb, sb)))
+            elif _duration(ma) and _duration(mb):
                 ratio = _ratio(math.log(mb) - math.log(ma))
             rows.append((*key, batch, _ms(ma), _ms(mb), ratio, ci, p, verdict))
     lines = ["Timing (B/A per batch)"]
@@ -266,7 +280,7 @@ def _timings(common: list[tuple[str, str]], ra: dict, rb: dict) -> list[str]:
                ("B median ms", "right"), ("B/A", "right"), ("95% CI", "left"), ("p", "right"), ("verdict", "left")]
     legend = ["  B/A: ratio of the medians (above 1: B is slower); 95% CI of that ratio and p (Welch's t-test on",
               f"  log-times) from the raw samples; a CI containing 1 reads '{NO_DIFFERENCE}'"]
-    return lines + [_table(columns, rows)] + legend
+    return lines + [_table(columns, rows)] + legend + notes
 
 
 def render(a: dict, b: dict) -> tuple[str, int]:

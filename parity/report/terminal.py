@@ -180,6 +180,19 @@ def placement(results: list[dict]) -> list[str]:
     return [*lines, ""]
 
 
+def dtype_tolerances(results: list[dict]) -> list[str]:
+    """``Tolerances by output dtype``: each output judged at its own reduced dtype's tolerance, not the run's, and
+    why (``closeness.dtype_tolerance``); nothing when none was."""
+    lines = []
+    for r in results:
+        for name, stats in (r.get("outputs") or {}).items():
+            rule = stats.get("tolerance")
+            if rule:
+                lines.append(f"  {r['model']} {r['path']} output {name}: atol {rule['atol']:.3g}, rtol "
+                             f"{rule['rtol']:.3g}; {rule['why']}")
+    return ["", "Tolerances by output dtype"] + lines if lines else []
+
+
 def render(report: dict, timed: bool, verbose: bool = False) -> str:
     """The whole terminal report as text; ``timed`` adds the median ms column (``parity run``).
 
@@ -209,6 +222,7 @@ def render(report: dict, timed: bool, verbose: bool = False) -> str:
         rows.append(row + [_timing(r)] * timed + [short])
     lines = [*head, _table(columns, rows), ""]
     lines += _legend(LEGEND + (_timing_legend(results) if timed else []) + VERDICT_LEGEND)
+    lines += dtype_tolerances(results)
     if hidden:
         lines.append("  (…: reason shortened; --verbose lists xerror and skip reasons in full; --json has all)")
     if reasons:
@@ -264,6 +278,8 @@ def summary_lines(report: dict) -> list[str]:
                      f"metrics ok {metrics_ok}/{len(with_metrics)}")
     for problem in report.get("model_errors", []):
         lines.append(f"{problem['model']}: ERROR {problem['reason']}")
+    changed = {r["model"]: r["golden_changed"]["message"] for r in report["results"] if r.get("golden_changed")}
+    lines += [f"warning: {model}: {message}" for model, message in changed.items()]
     for r in report["results"]:
         if (r.get("export") or {}).get("rebuilt"):
             lines.append(f"note: {r['model']} {r['path']}: exported again ({r['export']['rebuilt']})")

@@ -1,5 +1,7 @@
 """``parity history``: per path and series, verdict and median (with CI) over the stored runs, the versions that
 changed between runs, and where a path started failing or became slower or faster (``parity.results.steps``).
+A skip is no verdict (the path did not run there): verdict changes are read between the runs that judged the path,
+and the runs that skipped it are one line per path, with the reason.
 
 Reads the store only; plots for the HTML page are drawn in ``parity.results.history_html``.
 """
@@ -10,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from parity.bench.stats import ratio_text
+from parity.platform.errors import one_line
 from parity.results.steps import Step, detect, se_from_ci
 
 SHOWN_RUNS = 12  # rows per series in the terminal (steps and verdict changes are always listed)
@@ -27,7 +30,7 @@ class Series:
     key: str
     points: list[dict] = field(default_factory=list)  # {"run", "created", "verdict", "median_ms", "ci", "hardware"}
     steps: list[Step] = field(default_factory=list)
-    verdict_changes: list[tuple[int, str, str]] = field(default_factory=list)  # (index, before, after)
+    verdict_changes: list[tuple[int, str, str]] = field(default_factory=list)  # (index, before, after), no skips
 
     @property
     def label(self) -> str:
@@ -58,7 +61,8 @@ def build(runs: list[dict]) -> tuple[list[Series], dict[str, dict]]:
             series = found.setdefault(key, Series(*key))
             series.points.append({"run": run["id"], "created": run["created"], "verdict": row["verdict"],
                                   "median_ms": row["median_ms"], "ci": (row["ci_lo_ms"], row["ci_hi_ms"]),
-                                  "hardware": run["hardware"], "tol_units": row["tol_units"]})
+                                  "hardware": run["hardware"], "tol_units": row["tol_units"],
+                                  "reason": row.get("reason")})
     for series in found.values():
         analyse(series)
     return list(found.values()), envs
@@ -68,8 +72,9 @@ def analyse(series: Series) -> None:
     """Verdict changes between consecutive runs, and steps in the medians of the runs that passed (on one hardware
     only: the newest run's; other hardware is not a step)."""
     points = series.points
-    series.verdict_changes = [(i, points[i - 1]["verdict"], points[i]["verdict"]) for i in range(1, len(points))
-                              if points[i]["verdict"] != points[i - 1]["verdict"]]
+    judged = [i for i, p in enumerate(points) if p["verdict"] != "skip"]
+    series.verdict_changes = [(i, points[j]["verdict"], points[i]["verdict"]) for j, i in zip(judged, judged[1:])
+                              if points[i]["verdict"] != points[j]["verdict"]]
     if series.kind == "check" or not points:
         return
     hardware = points[-1]["hardware"]
@@ -88,7 +93,8 @@ def findings(series: list[Series], envs: dict) -> list[str]:
     for s in series:
         for index, before, after in s.verdict_changes:
             run = s.points[index]["run"]
-            changed = version_changes(envs[s.points[index - 1]["run"]], envs[run])
+            previous = next(p for p in reversed(s.points[:index]) if p["verdict"] != "skip")
+            changed = version_changes(envs[previous["run"]], envs[run])
             lines.append(f"{s.label}: {before} -> {after} at run {run}" + _changed(changed))
         for step in s.steps:
             run = s.points[step.index]["run"]
@@ -96,6 +102,21 @@ def findings(series: list[Series], envs: dict) -> list[str]:
             changed = version_changes(envs[s.points[step.index - 1]["run"]], envs[run])
             lines.append(f"{s.label}: {ratio_text(step.ratio)} ({word}; median {step.before:.4g} -> "
                          f"{step.after:.4g} ms, p {step.p:.2g}) from run {run}" + _changed(changed))
+    return lines
+
+
+def skipped(series: list[Series]) -> list[str]:
+    """One line per path that some runs skipped: in how many of its runs, the last one, and the newest reason."""
+    lines = []
+    for s in series:
+        skips = [p for p in s.points if p["verdict"] == "skip"]
+        if s.kind != "check" or not skips:
+            continue
+        reasons = list(dict.fromkeys(p["reason"] or "no reason recorded" for p in reversed(skips)))
+        more = f" (and {len(reasons) - 1} other reason{'s' if len(reasons) > 2 else ''})" if len(reasons) > 1 else ""
+        label = s.label.removesuffix(" check")
+        lines.append(f"{label}: skipped in {len(skips)} of {len(s.points)} runs, last at run {skips[-1]['run']}: "
+                     f"{one_line(reasons[0], 200)}{more}")
     return lines
 
 
@@ -119,6 +140,9 @@ def render(series: list[Series], envs: dict, where: str, runs: int) -> str:
     found = findings(series, envs)
     lines += ["", "Findings (steps: a permutation test on the medians, p < 0.01; verdict changes)"]
     lines += [f"  {line}" for line in found] or ["  none: no verdict changed and no series stepped"]
+    skips = skipped(series)
+    if skips:
+        lines += ["", "Skipped (not a verdict: the path did not run there)"] + [f"  {line}" for line in skips]
     for s in sorted(series, key=lambda s: (s.model, s.path, s.device, s.precision, s.kind != "check", s.kind, s.key)):
         marks = {step.index: f"step {ratio_text(step.ratio)}" for step in s.steps}
         marks.update({i: f"{b} -> {a}" for i, b, a in s.verdict_changes})

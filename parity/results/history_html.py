@@ -7,7 +7,7 @@ from pathlib import Path
 
 from parity.platform.safefs import write_text_atomic
 from parity.report.html_parts import CSS, _e, inline_svg, plot_style
-from parity.results.history import Series, findings
+from parity.results.history import Series, findings, skipped
 
 
 def _plot(series: Series, salt: str) -> str:
@@ -45,6 +45,10 @@ def render(series: list[Series], envs: dict, where: str) -> str:
     body = [f"<h1>parity history</h1><p class='muted'>{_e(where)}</p>", "<h2>Findings</h2>",
             "<ul>" + "".join(f"<li>{_e(line)}</li>" for line in found) + "</ul>" if found
             else "<p>No verdict changed and no series stepped.</p>"]
+    skips = skipped(series)
+    if skips:
+        body += ["<h2>Skipped</h2><p class='muted'>Not a verdict: the path did not run there.</p>",
+                 "<ul>" + "".join(f"<li>{_e(line)}</li>" for line in skips) + "</ul>"]
     for k, s in enumerate(x for x in series if x.kind != "check"):
         body += [f"<h3>{_e(s.label)}</h3>", _plot(s, f"h{k}")]
     head = f'<meta charset="utf-8"><title>parity history</title><style>{CSS}</style>'

@@ -1,7 +1,8 @@
 """What a cached artifact came from, and why it had to be made again.
 
 An export is keyed by everything known before it runs: the spec file, the files its builders name
-(a ``.keras`` file, a JAX params file, a model factory's ``file.py``), the golden weights, parity's own
+(a ``.keras`` file, a JAX params file, a model factory's ``file.py``), the golden weights, the weights a user
+model's builder holds now (``parity.model.identity``: a factory's checkpoint), parity's own
 code, the exporter's and runtime's versions and options, the precision. The code a builder imports
 is only known once it has run: the worker records every Python source it loaded from outside the
 installed packages (``code_files``) and the cache entry keeps their sha256, re-checked on every lookup
@@ -16,32 +17,15 @@ import functools
 import hashlib
 import json
 import os
-import site
 import sys
-import sysconfig
 from pathlib import Path
 
+from parity.model.identity import user_file
 from parity.platform.safefs import sha256_file, write_json_atomic
 
 PARITY_DIR = Path(__file__).resolve().parents[1]
 SLOTS = "slots"
 SLOT_SCHEMA = "parity.export-slot/1"
-
-
-@functools.cache
-def _installed_roots() -> tuple[str, ...]:
-    """Folders of installed code: the standard library, site-packages (every scheme), scripts."""
-    paths = sysconfig.get_paths()
-    roots = {paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib", "scripts")}
-    roots.update(site.getsitepackages())
-    roots.add(site.getusersitepackages())
-    return tuple(sorted(os.path.realpath(r) + os.sep for r in roots if r))
-
-
-def _user_file(path: str) -> bool:
-    """Whether ``path`` is a user's source: not installed, not parity's own (keyed by ``parity_digest``)."""
-    real = os.path.realpath(path)
-    return not real.startswith(str(PARITY_DIR) + os.sep) and not real.startswith(_installed_roots())
 
 
 def loaded_code_files() -> dict[str, str]:
@@ -52,7 +36,7 @@ def loaded_code_files() -> dict[str, str]:
         # "__" names are generated code (TensorFlow's autograph writes a new one per run), not the user's
         if not path or name.startswith("__") or not os.path.isfile(path):
             continue
-        if _user_file(path):
+        if user_file(path):  # not installed, not parity's own (keyed by parity_digest)
             found[os.path.realpath(path)] = sha256_file(Path(path))
     return dict(sorted(found.items()))
 
@@ -103,8 +87,9 @@ def short_names(paths, root: Path) -> str:
 
 # key parts grouped by what a user changes, in the order a reason names them
 _GROUPS = (("model code changed", ("builder_files",)), ("model spec changed", ("model_file_sha256", "opset")),
-           ("weights changed", ("weights_sha256", "source_sha256")), ("parity changed", ("parity", "parity_code")),
-           ("versions changed", ("steps",)), ("the export it is made from was made again", ("parent",)))
+           ("weights changed", ("weights_sha256", "source_sha256", "model_weights_sha256")),
+           ("parity changed", ("parity", "parity_code")), ("versions changed", ("steps",)),
+           ("the export it is made from was made again", ("parent",)))
 
 
 def why_changed(before: dict, now: dict, root: Path) -> str:

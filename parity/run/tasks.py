@@ -10,9 +10,10 @@ import numpy as np
 from parity.check import closeness as compare
 from parity.check import metrics, training
 from parity.exporters.common import ExportJob
+from parity.exporters.onnx_names import check_exported
 from parity.golden import shapes
 from parity.golden import store as golden
-from parity.model import feeds
+from parity.model import batch_axes, feeds
 from parity.model.workspace import Workspace
 from parity.platform.errors import NotDifferentiable, Unavailable, one_line
 from parity.run import paths, provenance
@@ -33,6 +34,7 @@ def export_step(workspace: str, model: str, target: str, golden_dir: str, opset:
     meta = paths.load_target(target)(job)
     meta["export_s"] = time.perf_counter() - started
     if meta.get("format") == "onnx":
+        check_exported(Path(out_dir) / meta["file"])  # an invalid graph is the converter's error, not a runtime's
         meta["opset"] = exported_opset(Path(out_dir) / meta["file"], opset)
     meta["code_files"] = provenance.loaded_code_files()  # re-checked on every cache lookup
     meta["batch_size"] = job.batch_size
@@ -116,20 +118,25 @@ def _check_path(workspace, model, path_id, golden_dir, precision, threads, artif
     outputs = runner.run(x)
     first_result_s = export_s + time.perf_counter() - started
 
-    result = {"outputs": compare.compare_named(outputs, {n: reference[n] for n in spec.outputs}, tolerances.for_name),
+    dtypes = dict(runner.output_dtypes)
+    result = {"outputs": compare.compare_outputs(outputs, {n: reference[n] for n in spec.outputs}, tolerances, dtypes,
+                                                 precision),
               "numerics": runner.numerics,
               "tolerances": {"outputs": tolerances.to_json(), "gradients": spec.gradient_tolerances(precision).to_json()}}
     deterministic, nondeterminism = compare.bitwise_equal(outputs, runner.run(x))
     result["deterministic"] = deterministic
     result["determinism_max_diff"] = nondeterminism
-    eval_logits = feeds.run_batched(runner, feeds.from_arrays(spec, eval_data), spec.batch_size)[spec.outputs[0]]
-    result["eval_outputs"] = compare.compare_named({spec.outputs[0]: eval_logits},
-                                                   {spec.outputs[0]: reference["eval/logits"]}, tolerances.for_name)
+    axes = batch_axes.recorded(verified.manifest)
+    eval_output = batch_axes.eval_output(spec, axes)  # the first output with a row per sample
+    eval_logits = feeds.run_batched(runner, feeds.from_arrays(spec, eval_data), spec.batch_size, axes)[eval_output]
+    result["eval_outputs"] = compare.compare_outputs({eval_output: eval_logits},
+                                                     {eval_output: reference["eval/logits"]}, tolerances, dtypes,
+                                                     precision)
     result["metrics"] = None
     if "y" in eval_data:  # a user model without labels has no metrics
         result["metrics"] = metrics.check_metrics(eval_logits, eval_data["y"], reference["eval/logits"], verified.metrics,
                                                   spec.metric_rules, precision, spec.num_classes)
-    result["shapes"] = check_shapes(spec, runner, verified, tolerances, artifact_meta)
+    result["shapes"] = check_shapes(spec, runner, verified, tolerances, artifact_meta, dtypes, precision)
     result["gradients"] = None
     result["time_to_first_gradient_s"] = None
     if path.differentiable and spec.loss is not None:
@@ -142,17 +149,18 @@ def _check_path(workspace, model, path_id, golden_dir, precision, threads, artif
     return result
 
 
-def check_shapes(spec, runner, verified, tolerances, meta: dict | None) -> list[dict]:
+def check_shapes(spec, runner, verified, tolerances, meta: dict | None, dtypes: dict | None = None,
+                 precision: str = "fp32") -> list[dict]:
     """The path at every verification shape: its outputs against the golden ones there, or the error it raised,
-    with the axes its export fixed (``meta["axes"]["static"]``) named."""
+    with the axes its export fixed (``meta["axes"]["static"]``) named; each output judged by its ``dtypes``."""
     arrays = verified.arrays["shapes.npz"]
     checked = []
     for k, shape in enumerate(verified.manifest["shapes"]):
         entry = {"shape": shape}
         try:
             outputs = runner.run(shapes.feeds_at(spec, arrays, k))
-            entry["outputs"] = compare.compare_named(outputs, {n: arrays[f"{k}/output/{n}"] for n in spec.outputs},
-                                                     tolerances.for_name)
+            entry["outputs"] = compare.compare_outputs(outputs, {n: arrays[f"{k}/output/{n}"] for n in spec.outputs},
+                                                       tolerances, dtypes or {}, precision)
             entry["ok"] = compare.first_failure(entry["outputs"]) is None
         except Exception as error:  # noqa: BLE001 - the runtime's own refusal of this shape is the finding
             entry.update(ok=False, error=one_line(f"{type(error).__name__}: {error}", 300))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from parity.model import values
 from parity.model.feeds import as_feeds
 from parity.platform.errors import NotDifferentiable, ParityError
 
@@ -30,6 +31,7 @@ class Runner:
         self.device = device  # "cpu" or "cuda:N" (inside a worker the chosen GPU is CUDA device 0)
         self.precision = precision
         self.numerics: dict = {}  # every flag that changes numerics, as the runner set it (in the result)
+        self.output_dtypes: dict[str, str] = {}  # the last run's outputs' dtypes, by output name
         self.batch_size = batch_size
 
     def check_feed(self, feeds) -> dict[str, np.ndarray]:
@@ -61,7 +63,13 @@ class Runner:
                 raise ShapeMismatch(f"input {i.name!r} is {i.dtype}; it was given {x.dtype} values")
             # floating inputs in the runner's host dtype, a float64 input always in float64 (the model's own type)
             dtype = ("float64" if i.dtype == "float64" else self.dtype) if i.floating else i.dtype
-            checked[i.name] = np.ascontiguousarray(x, dtype=dtype)
+            if i.dtype == values.TEXT:
+                if not values.is_text(x):
+                    raise ShapeMismatch(f"input {i.name!r} is a string tensor; it was given {x.dtype} values")
+                checked[i.name] = values.text(x)
+                continue
+            # np.asarray keeps a scalar 0-d (np.ascontiguousarray would make it shape (1,), which a runtime may refuse)
+            checked[i.name] = np.asarray(x, dtype=dtype, order="C")
         return checked
 
     @property
@@ -74,8 +82,11 @@ class Runner:
     def run(self, x) -> dict[str, np.ndarray]:
         """Outputs by the spec's names for the batch of feeds ``x`` (canonical layout); float16 / bfloat16 results
         as float32."""
-        outputs = self.run_impl(self.check_feed(x))
-        return widened(named_outputs(self.spec, outputs))
+        outputs = named_outputs(self.spec, self.run_impl(self.check_feed(x)))
+        outputs = {name: values.text(v) if values.is_text(v) else v for name, v in outputs.items()}
+        # the dtype each output was computed in, before widening: a float16 output is judged at float16's tolerance
+        self.output_dtypes = {name: str(value.dtype) for name, value in outputs.items()}
+        return widened(outputs)
 
     def taps(self, x) -> dict[str, np.ndarray]:
         """Intermediate layer outputs by tap name, in canonical layout."""

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from parity.model import layouts
+from parity.model import layouts, values
 from parity.runtimes.base import Runner
 
 
@@ -38,5 +38,5 @@ def onnx_feed(spec, meta: dict, feeds: dict) -> dict:
             value = layouts.to_layout(value, i.layout, meta["input_layout"])
         if value.dtype.kind == "f":
             value = value.astype(i.dtype if i.dtype in ("float16", "float64") else np.float32)
-        result[graph_name] = value
+        result[graph_name] = values.runtime_feed(value)
     return result

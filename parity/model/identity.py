@@ -1,0 +1,185 @@
+"""What a user's model computes with now: a digest of the weights its builder returns, and the user code it runs.
+
+A factory that opens a checkpoint or a config file gives another model once that file changes, while its golden
+data (and every export made from it) still describes the old one. ``model_identity`` runs in a worker of the
+model's framework, builds the model as the spec's builder does and digests what it holds: a torch module's
+``state_dict`` and every buffer, a Keras model's weights, a JAX model's params file, an ONNX file's initializers
+(its file and external data). The code is every source file outside the installed packages that the factory's
+module and the model's classes reach through their imports. The golden build records both
+(``built_from`` in the manifest); every run computes them again, keys its exports on the weights and says
+when either differs (``changes``). The zoo's weights are its golden data's own: it records nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import site
+import sys
+import sysconfig
+import types
+from pathlib import Path
+
+from parity.platform.safefs import sha256_file
+
+PARITY_DIR = Path(__file__).resolve().parents[1]
+
+
+@functools.cache
+def _installed_roots() -> tuple[str, ...]:
+    """Folders of installed code: the standard library, site-packages (every scheme), scripts."""
+    paths = sysconfig.get_paths()
+    roots = {paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib", "scripts")}
+    roots.update(site.getsitepackages())
+    roots.add(site.getusersitepackages())
+    return tuple(sorted(os.path.realpath(r) + os.sep for r in roots if r))
+
+
+def user_file(path: str) -> bool:
+    """Whether ``path`` is a user's source: not installed, not parity's own."""
+    real = os.path.realpath(path)
+    return not real.startswith(str(PARITY_DIR) + os.sep) and not real.startswith(_installed_roots())
+
+
+def code_files(roots, workspace: Path) -> dict[str, str]:
+    """sha256 of every user source file the ``roots`` (functions, classes, modules) reach through the modules they
+    are defined in and what those modules hold (``import x``, ``from x import Block``), by path relative to the
+    workspace where it lies inside it. Only reachable modules count: what other models loaded into the same
+    process is not this model's code."""
+    seen: dict[str, types.ModuleType] = {}
+    stack = [root if isinstance(root, types.ModuleType) else sys.modules.get(_module_of(root) or "") for root in roots]
+    while stack:
+        module = stack.pop()
+        path = getattr(module, "__file__", None)
+        # "__" names are generated code (TensorFlow's autograph writes a new one per run), not the user's
+        if (module is None or module.__name__ in seen or module.__name__.startswith("__") or not path
+                or not os.path.isfile(path) or not user_file(path)):
+            continue
+        seen[module.__name__] = module
+        for value in list(vars(module).values()):
+            stack.append(value if isinstance(value, types.ModuleType) else sys.modules.get(_module_of(value) or ""))
+    return dict(sorted((_shown(module.__file__, workspace), sha256_file(Path(module.__file__)))
+                       for module in seen.values()))
+
+
+def _module_of(value) -> str | None:
+    try:  # a lazy proxy or an odd object may raise on any attribute
+        name = getattr(value, "__module__", None)
+    except Exception:  # noqa: BLE001 - such a value names no module
+        return None
+    return name if isinstance(name, str) else None
+
+
+def _shown(path: str, workspace: Path) -> str:
+    real = Path(os.path.realpath(path))
+    try:
+        return real.relative_to(Path(workspace).resolve()).as_posix()
+    except ValueError:
+        return str(real)
+
+
+def weights_digest(arrays) -> str:
+    """sha256 over ``(name, dtype, shape, bytes)`` of every array, by name: the same weights, the same digest."""
+    digest = hashlib.sha256()
+    for name, dtype, shape, data in sorted(arrays, key=lambda item: item[0]):
+        digest.update(f"{name}\0{dtype}\0{list(shape)}\0".encode())
+        digest.update(data)
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def _torch_arrays(module):
+    """Every parameter and buffer (non-persistent ones too, which a forward reads all the same), as bytes."""
+    import torch
+
+    state = dict(module.named_buffers(remove_duplicate=False))
+    state.update(module.state_dict())
+    for name, tensor in state.items():
+        tensor = tensor.detach().cpu()
+        if tensor.is_quantized:
+            tensor = tensor.dequantize()
+        data = tensor.contiguous().reshape(-1).view(torch.uint8).numpy()
+        yield name, str(tensor.dtype), tuple(tensor.shape), data
+
+
+def _numpy_arrays(named):
+    import numpy as np
+
+    for name, value in named:
+        array = np.ascontiguousarray(value)
+        yield name, str(array.dtype), array.shape, array.reshape(-1).view(np.uint8)
+
+
+def _keras_layers(model):
+    found, stack = [], [model]
+    while stack:
+        layer = stack.pop()
+        found.append(layer)
+        stack.extend(getattr(layer, "layers", None) or ())
+    return found
+
+
+def _factory(builder):
+    """The user's own function behind a parity builder (``torch_factory`` and friends keep its reference)."""
+    from parity.model.user import resolve
+
+    reference = getattr(builder, "reference", None)
+    return resolve(reference, builder.root) if reference else builder
+
+
+def model_identity(workspace: str, model: str) -> dict | None:
+    """Worker task: ``{"weights_sha256", "code"}`` of the user model as its builder makes it now (None for a
+    model whose weights are its golden data's own)."""
+    from parity.model.workspace import Workspace
+
+    ws = Workspace(workspace)
+    spec = ws.load_spec(model, attach_golden=False)
+    if not spec.weights_from_model:
+        return None
+    framework = spec.frameworks[0]
+    if framework == "onnx":
+        from parity.interop.onnx_file import source_digest
+
+        return {"weights_sha256": source_digest(spec.onnx_model_path), "code": {}}
+    if framework == "torch":
+        built = spec.torch_module()
+        arrays = _torch_arrays(built)
+        classes = [type(m) for m in built.modules()]
+        builder = spec.torch_module
+    elif framework == "tf":
+        built = spec.keras_model("float32")
+        arrays = _numpy_arrays((f"{k}:{v.path}", v.numpy()) for k, v in enumerate(built.weights))
+        classes = [type(layer) for layer in _keras_layers(built)]
+        builder = spec.keras_model
+    else:
+        from parity.model.user import UserModelError
+        from parity.platform.safefs import read_npz
+
+        builder = spec.jax_apply
+        arrays = _numpy_arrays(read_npz(builder.params_path, UserModelError, ".npz").items())
+        classes = []
+    return {"weights_sha256": weights_digest(arrays), "code": code_files([_factory(builder), *classes], ws.root)}
+
+
+def changes(model: str, recorded: dict | None, now: dict | None) -> dict | None:
+    """What differs between the model the golden data was built from (``recorded``) and the model now:
+    ``{"weights": bool, "code": [files], "message"}``, or None when nothing does (or nothing was recorded)."""
+    if not recorded or not now:
+        return None
+    weights = recorded.get("weights_sha256") != now.get("weights_sha256")
+    old, new = recorded.get("code") or {}, now.get("code") or {}
+    code = sorted(path for path in {**old, **new} if old.get(path) != new.get(path))
+    if not weights and not code:
+        return None
+    what = " and ".join(part for part, changed in (("weights", weights), ("code", code)) if changed)
+    files = f" ({', '.join(code[:3])}{f' and {len(code) - 3} more' if len(code) > 3 else ''})" if code else ""
+    return {"weights": weights, "code": code,
+            "message": f"the model's {what} changed since its golden data was built{files}; rebuild with "
+                       f"`parity golden build --model {model}` if the change is intended"}
+
+
+def not_compared(reason: str) -> dict:
+    """``changes``'s record for a model that could not be built to compare it (``reason``: why)."""
+    return {"weights": None, "code": [], "message": "the model could not be built to compare it with the one its "
+                                                    f"golden data was built from ({reason})"}

@@ -1,0 +1,79 @@
+"""ONNX files whose tensors are not numbers, or that take no input, as scripts/onnx_corpus.py takes ONNX's own
+backend cases: string inputs and outputs (compared for equality), a graph without inputs (``Constant``: its
+outputs checked whole). parity takes them and its verdict agrees with ONNX Runtime's own."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO
+
+CASES = ("test_constant", "test_string_concat", "test_regex_full_match_basic", "test_equal_string")
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("onnx_corpus", REPO / "scripts" / "onnx_corpus.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    script = _script()
+    root = tmp_path_factory.mktemp("kinds")
+    cases = {case.name: case for case in script.write_node_cases(root / "cases") if case.name in CASES}
+    return script, cases, root / "ws"
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_a_string_or_input_free_case_is_taken_and_agrees_with_onnx_runtime(corpus, name):
+    script, cases, workspace = corpus
+    ort_says, _ = script.ort_verdict(cases[name])
+    says, reason, entry = script.parity_result(cases[name], workspace)
+    assert ort_says == "pass" and says == "pass", (ort_says, says, reason)
+    assert entry["outputs"], entry  # outputs were compared, not skipped
+
+
+def test_golden_text_is_unicode_and_loads_without_pickles(corpus):
+    script, cases, workspace = corpus
+    assert script.parity_verdict(cases["test_string_concat"], workspace)[0] == "pass"
+    golden = workspace / "golden" / "test_string_concat"
+    for file in ("inputs.npz", "reference.npz"):
+        with np.load(golden / file, allow_pickle=False) as arrays:
+            assert all(arrays[key].dtype.kind == "U" for key in arrays.files), (file, arrays.files)
+
+
+def test_a_runtime_whose_strings_differ_from_the_expected_ones_fails(corpus):
+    """Expected outputs that are not what the graph computes: the given strings are the golden, so ONNX Runtime's
+    output fails against them, naming the first string that differs, as ONNX Runtime's own check fails."""
+    from onnx import TensorProto, numpy_helper
+
+    script, cases, workspace = corpus
+    source = cases["test_string_concat"]
+    case = source.parent / "test_string_concat_wrong"
+    (case / "test_data_set_0").mkdir(parents=True)
+    (case / "model.onnx").write_bytes((source / "model.onnx").read_bytes())
+    for file in (source / "test_data_set_0").iterdir():
+        proto = TensorProto()
+        proto.ParseFromString(file.read_bytes())
+        if file.name == "output_0.pb":
+            expected = numpy_helper.to_array(proto).astype(object)
+            expected.flat[0] = str(expected.flat[0]) + "!"
+            proto = numpy_helper.from_array(expected, proto.name)
+        (case / "test_data_set_0" / file.name).write_bytes(proto.SerializeToString())
+    assert script.ort_verdict(case)[0] == "fail"
+    says, reason = script.parity_verdict(case, workspace)
+    assert says == "fail" and "1 of" in reason and "strings differ" in reason, (says, reason)
+
+
+def test_input_free_graph_has_no_inputs_and_no_batch_axis(corpus):
+    script, cases, workspace = corpus
+    assert script.parity_verdict(cases["test_constant"], workspace)[0] == "pass"
+    from parity.model.workspace import Workspace
+
+    spec = Workspace(workspace).load_spec("test_constant")
+    assert spec.model_inputs == () and spec.check_shapes() == []
