@@ -40,7 +40,7 @@ def assert_parity(make_model, inputs, paths=("torch/onnx/ort",), atol: float = 1
     from parity.golden import build as golden_build
     from parity.golden import store as golden
     from parity.model.workspace import Workspace
-    from parity.pipeline import orchestrate, scaffold
+    from parity.pipeline import orchestrate, outcome, scaffold
     from parity.platform.cache_dir import cache_root
     from parity.report import diagnosis, terminal
     from parity.run.worker import WorkerPool
@@ -68,7 +68,7 @@ def assert_parity(make_model, inputs, paths=("torch/onnx/ort",), atol: float = 1
             threads=threads, patterns=tuple(paths), timeout_s=timeout_s))
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    failing = [r for r in report["results"] if orchestrate.is_unexpected(r) or r["verdict"] == "skip"]
+    failing = [r for r in report["results"] if outcome.is_unexpected(r) or r["verdict"] == "skip"]
     if failing or report["model_errors"]:
         shown = {**report, "results": failing}
         text = terminal.render(shown, timed=False, verbose=True)

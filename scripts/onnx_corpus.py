@@ -127,13 +127,56 @@ def ort_verdict(case: Path) -> tuple[str, str | None]:
     outputs = [o.name for o in session.get_outputs()]
     try:
         for feed, expected in sets:
-            got = session.run(outputs, feed)
+            got = run_session(session, outputs, feed)
             for want, actual in zip(expected, got):
                 if not same(want, actual):
                     return "fail", "outputs differ from the expected ones"
     except Exception as error:  # noqa: BLE001
         return "cannot load", f"run: {_short(error)}"
     return "pass", None
+
+
+# ONNX element types whose arrays ONNX Runtime's NumPy API neither takes nor returns (bfloat16, the float8s, uint4,
+# int4, float4e2m1, float8e8m0), and those of them packed two to a byte
+ML_DTYPES_ELEMENTS, PACKED_ELEMENTS = frozenset({16, *range(17, 25)}), frozenset({21, 22, 23})
+
+
+def run_session(session, outputs: list[str], feed: dict) -> list:
+    """``session.run``; where an input or output is of a type ONNX Runtime's NumPy API cannot carry (bfloat16, float8,
+    4-bit), the run goes through OrtValues holding the bytes ONNX itself serialises such a tensor to
+    (``numpy_helper.from_array`` / ``to_array``), independently of parity's own conversion."""
+    import ctypes
+
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, numpy_helper
+
+    types = [arg.type for arg in (*session.get_inputs(), *session.get_outputs())]
+    if not any(any(k in (t or "") for k in ("bfloat16", "float8", "int4", "float4")) for t in types):
+        return session.run(outputs, feed)
+
+    def to_ortvalue(value):
+        value = np.asarray(value)
+        proto = numpy_helper.from_array(value)
+        if proto.data_type not in ML_DTYPES_ELEMENTS:
+            return ort.OrtValue.ortvalue_from_numpy(value)
+        ortvalue = ort.OrtValue.ortvalue_from_shape_and_type(list(value.shape), proto.data_type)
+        if proto.raw_data:
+            ctypes.memmove(ortvalue.data_ptr(), proto.raw_data, len(proto.raw_data))
+        return ortvalue
+
+    def from_ortvalue(ortvalue):
+        element = ortvalue.element_type()
+        if element not in ML_DTYPES_ELEMENTS:
+            return ortvalue.numpy()
+        count = int(np.prod(ortvalue.shape(), dtype=np.int64))
+        size = (count + 1) // 2 if element in PACKED_ELEMENTS else count * (2 if element == 16 else 1)
+        proto = TensorProto(data_type=element, dims=ortvalue.shape())
+        proto.raw_data = ctypes.string_at(ortvalue.data_ptr(), size) if size else b""
+        return numpy_helper.to_array(proto)
+
+    results = session.run_with_ort_values(outputs, {name: to_ortvalue(value) for name, value in feed.items()})
+    return [from_ortvalue(value) for value in results]
 
 
 def same(expected, actual) -> bool:
@@ -217,7 +260,7 @@ def explain(case: Path, entry: dict | None) -> str:
         names = [o.name for o in session.get_outputs()]
         worst = {}
         for feed, expected in read_case_data(case, model):
-            for name, want, got in zip(names, expected, session.run(names, feed)):
+            for name, want, got in zip(names, expected, run_session(session, names, feed)):
                 want, got = np.asarray(want), np.asarray(got)
                 if not _floating(want) or want.shape != got.shape:
                     continue

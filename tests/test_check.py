@@ -10,7 +10,7 @@ import pytest
 
 from parity.bench.plan import BenchOptions
 from parity.model.workspace import Workspace
-from parity.pipeline import orchestrate
+from parity.pipeline import orchestrate, outcome
 from tests.conftest import mlp_variant
 
 
@@ -47,7 +47,7 @@ def test_gate_times_passing_paths_only(workspace_copy):
     assert results["torch/onnx/ort"]["timing"]["train_step"] is None  # ONNX Runtime cannot differentiate
     versus = results["torch/onnx/ort"]["timing"]["batches"]["64"]["vs_baseline"]
     assert versus["baseline"] == "torch" and versus["ci95"][0] <= versus["ratio"] <= versus["ci95"][1]
-    assert orchestrate.exit_code(report) == 1
+    assert outcome.exit_code(report) == 1
 
 
 def test_a_batch_size_that_computes_something_else_is_never_timed(workspace_copy):
@@ -124,9 +124,9 @@ def test_expected_errors_and_unexpected_pass(workspace_copy):
     assert xerror["verdict"] == "error" and xerror["expected"] is True
     assert "XlaCallModule" in xerror["reason"]
     assert results["torch/onnx/ort"]["verdict"] == "pass" and results["torch/onnx/ort"]["unexpected_pass"]
-    assert orchestrate.exit_code(report) == 1
+    assert outcome.exit_code(report) == 1
     _, only_expected = run_check(root, ["jax/tf/onnx/ort"])
-    assert orchestrate.exit_code({"results": list(only_expected.values()), "model_errors": []}) == 0
+    assert outcome.exit_code({"results": list(only_expected.values()), "model_errors": []}) == 0
 
 
 def test_undeclared_export_error_is_unexpected_with_converter_reason(workspace_copy):
@@ -135,7 +135,7 @@ def test_undeclared_export_error_is_unexpected_with_converter_reason(workspace_c
     result = results["jax/tf/onnx/ort"]
     assert result["verdict"] == "error" and not result["expected"]
     assert "XlaCallModule" in result["reason"]
-    assert orchestrate.exit_code(report) == 1
+    assert outcome.exit_code(report) == 1
 
 
 def test_unsupported_tf_op_names_the_op(workspace_copy):

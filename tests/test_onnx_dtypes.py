@@ -36,19 +36,55 @@ def test_a_float16_graph_is_judged_at_float16_tolerance_and_says_so(corpus):
     json.dumps(entry, allow_nan=False)  # the result stays plain JSON
 
 
+def _spec_tolerances(declared: dict):
+    """``ModelSpec.output_tolerances`` of a spec that declares ``declared`` (precision -> Tolerances)."""
+    from parity.model.spec import _at_precision
+
+    return lambda precision: _at_precision(declared, precision, gradients=False)
+
+
+def test_bench_verifies_a_float16_output_at_the_tolerance_the_check_passed_it_at(corpus):
+    """A timed series is verified before it is timed, at the same tolerance as the check: a float16 output passed
+    at float16's tolerance is not failed by the bench at the float32 one."""
+    from click.testing import CliRunner
+
+    from parity.cli import cli
+
+    script, cases, workspace = corpus
+    says, reason, _ = script.parity_result(cases["test_attention_4d_fp16"], workspace)
+    assert says == "pass", reason
+    out = workspace / "bench.json"
+    result = CliRunner().invoke(cli, ["bench", "--workspace", str(workspace), "--model", "test_attention_4d_fp16",
+                                      "--path", "onnx/ort", "--budget", "0.05", "--no-store", "--json", str(out)])
+    (entry,) = json.loads(out.read_text())["results"]
+    series = entry["timing"]["batches"]
+    assert series and all(s["verdict"] == "pass" for s in series.values()), (result.output, series)
+
+
 def test_each_output_of_a_mixed_graph_is_judged_by_its_own_dtype():
-    declared = Tolerances(Tolerance(1e-5, 1e-5))
+    tolerances_at = _spec_tolerances({"fp32": Tolerances(Tolerance(1e-5, 1e-5))})
     golden = {"half": np.full(4, 0.5), "full": np.full(4, 0.5)}
     actual = {"half": golden["half"] + 4.9e-4, "full": golden["full"] + 4.9e-4}
-    dtypes = {"half": "float16", "full": "float32"}
-    stats = closeness.compare_outputs(actual, golden, declared, dtypes)
+    judged = closeness.OutputTolerances(tolerances_at, "fp32", {"half": "float16", "full": "float32"})
+    stats = closeness.compare_outputs(actual, golden, judged)
     assert stats["half"]["ok"] and stats["half"]["tolerance"]["dtype"] == "float16"
     assert not stats["full"]["ok"] and "tolerance" not in stats["full"]
-    bf16 = closeness.compare_outputs({"y": golden["half"] + 3e-3}, {"y": golden["half"]}, declared, {"y": "bfloat16"})
+    bf16 = closeness.compare_outputs({"y": golden["half"] + 3e-3}, {"y": golden["half"]},
+                                     closeness.OutputTolerances(tolerances_at, "fp32", {"y": "bfloat16"}))
     assert bf16["y"]["ok"] and bf16["y"]["tolerance"]["rtol"] == pytest.approx(16 * 2.0**-7)
     # a float16 path at --precision fp16 keeps its precision's own tolerances, and says nothing more
-    _, rule = closeness.dtype_tolerance(Tolerance(0.02, 0.02), "float16", "fp16")
+    _, rule = closeness.dtype_tolerance(tolerances_at, "y", "float16", "fp16")
     assert rule is None
+
+
+def test_a_float16_output_takes_the_fp16_tolerance_the_spec_declares():
+    """A spec that declares its fp16 tolerances has a float16 output judged at those, as ``--precision fp16`` judges
+    it, not at the dtype's default."""
+    tolerances_at = _spec_tolerances({"fp32": Tolerances(Tolerance(1e-5, 1e-5)),
+                                      "fp16": Tolerances(Tolerance(1e-4, 1e-4))})
+    judged = closeness.OutputTolerances(tolerances_at, "fp32", {"y": "float16"})
+    stats = closeness.compare_outputs({"y": np.full(4, 0.5 + 4.9e-4)}, {"y": np.full(4, 0.5)}, judged)
+    assert not stats["y"]["ok"] and stats["y"]["tolerance"]["atol"] == pytest.approx(1e-4)
 
 
 @pytest.mark.parametrize("name", ["test_dft", "test_stft"])

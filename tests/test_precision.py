@@ -13,7 +13,7 @@ from parity.bench.plan import BenchOptions
 from parity.cli import cli
 from parity.model.spec import Tolerance, Tolerances
 from parity.model.workspace import Workspace
-from parity.pipeline import orchestrate
+from parity.pipeline import orchestrate, outcome
 from parity.platform import devices, precision
 from parity.run import paths
 from tests.conftest import REPO
@@ -75,7 +75,7 @@ def test_bf16_native_paths_pass_with_their_tolerances_and_are_timed(workspace_co
     root = workspace_copy()
     report, results = run_check(root, "mlp", ["torch", "jax"], precision="bf16",
                                 timing=BenchOptions(budget_s=0.05, min_runs=5, batch_sizes=(64,), first_result=False))
-    assert orchestrate.exit_code(report) == 0
+    assert outcome.exit_code(report) == 0
     for path_id, dtype_flag in (("torch", "torch.backends.cuda.matmul.allow_tf32"),
                                 ("jax", "jax_default_matmul_precision")):
         result = results[path_id]
@@ -91,7 +91,7 @@ def test_bf16_native_paths_pass_with_their_tolerances_and_are_timed(workspace_co
 def test_fp16_onnx_model_is_converted_and_runs_on_onnx_runtime_cpu(workspace_copy):
     root = workspace_copy()
     report, results = run_check(root, "mlp", ["torch/onnx/*"], precision="fp16", diagnose=None)
-    assert orchestrate.exit_code(report) == 0
+    assert outcome.exit_code(report) == 0
     for path_id in ("torch/onnx/ort", "torch/onnx/onnxref"):
         result = results[path_id]
         assert result["verdict"] == "pass", result["reason"]
@@ -122,7 +122,7 @@ def test_a_bf16_path_that_loses_the_ranking_fails_the_metric_rule(tmp_path):
     report, bf16 = run_check(tmp_path, "offset", ["torch"], precision="bf16")
     result = bf16["torch"]
     assert result["diagnosis"] and "error" not in result["diagnosis"]  # diagnosed at bf16, under bf16 tolerances
-    assert result["verdict"] == "fail" and orchestrate.exit_code(report) == 1
+    assert result["verdict"] == "fail" and outcome.exit_code(report) == 1
     assert result["outputs"]["output"]["ok"]  # within the bf16 output tolerance ...
     assert not result["metrics"]["ok"] and result["metrics"]["accuracy"]["value"] < 0.9  # ... but not the metric
     assert result["reason"].startswith("metric accuracy") and "argmax agreement" in result["reason"]

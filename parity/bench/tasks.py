@@ -74,8 +74,8 @@ def _spare_or_new(key: tuple, build):
 def rotation(spec, verified, batch_size: int, most: int = audit.MAX_FEEDS) -> list[tuple[dict, np.ndarray]]:
     """Up to ``most`` consecutive slices of ``batch_size`` eval samples with their golden eval output (the first output
     with a batch axis): the inputs a series is verified on and cycles through while it is timed (one, the whole input
-    set, for a model whose inputs have no batch axis; the first slice and the output whole where no output has a
-    batch axis)."""
+    set, for a model whose inputs have no batch axis; where no output has a batch axis, the first slice and the
+    output whole, at the golden batch size only)."""
     x = feeds.from_arrays(spec, verified.arrays["eval.npz"])
     available = feeds.samples(spec, x)
     if batch_size > available:
@@ -85,7 +85,10 @@ def rotation(spec, verified, batch_size: int, most: int = audit.MAX_FEEDS) -> li
         return [(x, golden)]
     axes = batch_axes.recorded(verified.manifest)
     axis = batch_axes.axis_of(axes, batch_axes.eval_output(spec, axes))
-    if axis is None:
+    if axis is None:  # its golden is the output of the golden batch's first slice: verified at that size only
+        if batch_size != spec.batch_size:
+            raise ValueError(f"no output has a batch axis: the golden output holds at batch {spec.batch_size} only, so "
+                             f"batch size {batch_size} cannot be verified")
         return [(feeds.rows(spec, x, 0, batch_size), golden)]
     return [(feeds.rows(spec, x, k * batch_size, (k + 1) * batch_size),
              batch_axes.rows(golden, axis, k * batch_size, (k + 1) * batch_size))
@@ -119,7 +122,9 @@ def _open_batch(spec, path, verified, precision, key, build, batch_size, **_) ->
     inputs = rotation(spec, verified, batch_size)
     runner = _spare_or_new(key, lambda: build(batch_size))
     output = batch_axes.eval_output(spec, batch_axes.recorded(verified.manifest))  # what ``rotation`` pairs
-    tolerance = spec.output_tolerances(precision).for_name(output)
+    first = runner.run(inputs[0][0])
+    # judged as the check judged it: at the dtype the path computes the output in
+    tolerance = compare.OutputTolerances(spec.output_tolerances, precision, runner.output_dtypes).for_name(output)
 
     def check(outputs, expected):
         return compare.error_stats(outputs[output], expected, tolerance)
@@ -128,7 +133,7 @@ def _open_batch(spec, path, verified, precision, key, build, batch_size, **_) ->
         units = compare.quick_units(outputs[output], expected, tolerance)
         return {"ok": True, "tol_units": units} if units <= 1 else check(outputs, expected)
 
-    checks = [check(runner.run(x), expected) for x, expected in inputs]
+    checks = [check(first, inputs[0][1])] + [check(runner.run(x), expected) for x, expected in inputs[1:]]
     audit_check(runner.run(inputs[0][0]), inputs[0][1])  # its first call's set-up outside the timed series
     worst = max(range(len(checks)), key=lambda k: (not checks[k]["ok"], checks[k].get("tol_units", 0.0)))
     if not checks[worst]["ok"]:
@@ -145,9 +150,10 @@ def _open_shape(spec, path, verified, precision, key, build, index, **_) -> dict
     arrays = verified.arrays["shapes.npz"]
     x = shapes.feeds_at(spec, arrays, index)
     runner = build(spec.batch_size)
-    tolerances = spec.output_tolerances(precision)
     expected = {n: arrays[f"{index}/output/{n}"] for n in spec.outputs}
-    check = compare.compare_named(runner.run(x), expected, tolerances.for_name)
+    outputs = runner.run(x)
+    tolerances = compare.OutputTolerances(spec.output_tolerances, precision, dict(runner.output_dtypes))
+    check = compare.compare_outputs(outputs, expected, tolerances)
     failing = compare.first_failure(check)
     if failing:
         return {"verdict": "fail", "reason": compare.describe(f"output at {shapes.describe(shape)}", *failing),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -93,20 +95,24 @@ def compare_named(actual: dict, golden: dict, tolerance_for) -> dict:
 REDUCED_PRECISION = {"float16": "fp16", "bfloat16": "bf16"}
 
 
-def dtype_tolerance(declared: Tolerance, dtype: str | None, precision: str = "fp32") -> tuple[Tolerance, dict | None]:
-    """The tolerance an output held in ``dtype`` is judged at, and why (None: the declared one as it is).
+def dtype_tolerance(tolerances_at, name: str, dtype: str | None, precision: str = "fp32") -> tuple[Tolerance, dict | None]:
+    """The tolerance output ``name``, held in ``dtype``, is judged at on a path of ``precision``, and why (None: the
+    spec's as it is). ``tolerances_at(precision)`` gives the spec's ``Tolerances`` (``ModelSpec.output_tolerances``).
 
     An output the model computes in float16 or bfloat16 cannot be closer to a float64 golden than that dtype's
-    rounding: it is judged at the tolerance ``--precision fp16`` / ``bf16`` uses (never tighter than
-    ``declared``). A float8 or float4 output (a cast, a quantizer) is allowed one unit in the last place of its
-    dtype. Integer, bool and wider float outputs keep the declared tolerance.
+    rounding: it is judged at the tolerance ``--precision fp16`` / ``bf16`` judges it at (the spec's own for that
+    precision where it declares one, else the dtype's default), never tighter than the path's. A float8 or float4
+    output (a cast, a quantizer) is allowed one unit in the last place of its dtype. Integer, bool and wider float
+    outputs keep the path's tolerance.
     """
-    from parity.platform.precision import default_tolerance
-
+    declared = tolerances_at(precision).for_name(name)
     if dtype in REDUCED_PRECISION:
         rule = REDUCED_PRECISION[dtype]
-        atol, rtol = default_tolerance(rule)
-        why = f"output is {dtype}: the {rule} tolerance (--precision {rule}'s rule)"
+        if rule == precision:  # the precision's own tolerances already are this dtype's
+            return declared, None
+        reduced = tolerances_at(rule).for_name(name)
+        atol, rtol = reduced.atol, reduced.rtol
+        why = f"output is {dtype}: the {rule} tolerance, as --precision {rule} judges it"
     elif dtype and dtype.startswith(("float8", "float4")):
         import ml_dtypes
 
@@ -115,22 +121,36 @@ def dtype_tolerance(declared: Tolerance, dtype: str | None, precision: str = "fp
         why = f"output is {dtype}: one unit in the last place of {dtype}"
     else:
         return declared, None
-    if precision != "fp32" and REDUCED_PRECISION.get(dtype) == precision:
-        return declared, None  # the precision's own tolerances already are this dtype's
     applied = Tolerance(max(declared.atol, atol), max(declared.rtol, rtol))
     if applied == declared:
         return declared, None
     return applied, {"atol": applied.atol, "rtol": applied.rtol, "dtype": dtype, "why": why}
 
 
-def compare_outputs(actual: dict, golden: dict, tolerances, dtypes: dict, precision: str = "fp32") -> dict:
-    """``compare_named`` for a path's outputs, each judged by its own dtype (``dtype_tolerance``; ``dtypes`` is
-    ``{output name: dtype}`` as the path computed them); an entry judged at a dtype's tolerance carries it
-    under ``tolerance``."""
-    rules = {name: dtype_tolerance(tolerances.for_name(name), dtypes.get(name), precision) for name in golden}
-    result = compare_named(actual, golden, lambda name: rules[name][0])
-    for name, (_, rule) in rules.items():
-        if rule is not None:
+@dataclass(frozen=True)
+class OutputTolerances:
+    """The tolerance each output of a path is judged at: the spec's at the path's ``precision``, except an output
+    the path computes in a reduced dtype (``dtypes``: ``{output name: dtype}`` as the runner returned them), judged
+    at that dtype's (``dtype_tolerance``). ``tolerances_at`` is ``ModelSpec.output_tolerances``."""
+
+    tolerances_at: Callable[[str], object]
+    precision: str = "fp32"
+    dtypes: dict = field(default_factory=dict)
+
+    def rule(self, name: str) -> tuple[Tolerance, dict | None]:
+        return dtype_tolerance(self.tolerances_at, name, self.dtypes.get(name), self.precision)
+
+    def for_name(self, name: str) -> Tolerance:
+        return self.rule(name)[0]
+
+
+def compare_outputs(actual: dict, golden: dict, tolerances: OutputTolerances) -> dict:
+    """``compare_named`` for a path's outputs, each judged by its own dtype (``OutputTolerances``); an entry judged
+    at a dtype's tolerance carries it under ``tolerance``."""
+    result = compare_named(actual, golden, tolerances.for_name)
+    for name in golden:
+        rule = tolerances.rule(name)[1]
+        if rule is not None and name in result:
             result[name]["tolerance"] = rule
     return result
 

@@ -44,11 +44,11 @@ def failing_rows(workspace: str, model: str, path_id: str, golden_dir: str, prec
     evals = feeds.from_arrays(spec, verified.arrays["eval.npz"])
     logits = feeds.run_batched(runner, evals, spec.batch_size, axes)[output]
     reference = verified.arrays["reference.npz"]["eval/logits"]
-    tol = spec.output_tolerances(precision).for_name(output)
+    tol = closeness.OutputTolerances(spec.output_tolerances, precision, runner.output_dtypes).for_name(output)
     axis = batch_axes.axis_of(axes, output)
     if axis is None:
         stats = closeness.error_stats(logits, reference, tol)
-        return [] if stats.get("ok") else list(range(min(spec.batch_size, feeds.samples(spec, evals))))
+        return [] if stats.get("ok") else list(range(min(spec.batch_size, feeds.samples(spec, evals), LIMIT)))
     units = []
     for row in range(reference.shape[axis]):
         stats = closeness.error_stats(np.take(logits, row, axis), np.take(reference, row, axis), tol)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from parity.exporters.common import ONNX_FILE, ExportJob, onnx_meta
+from parity.model.containers import graph_feeds
 from parity.platform.errors import GoldenError
 
 LARGE_BYTES = 2**31 - (64 << 20)  # a model larger than this is saved with its tensors in a data file
@@ -32,6 +33,6 @@ def export(job: ExportJob) -> dict:
     if outputs != list(spec.outputs):
         raise GoldenError(f"{source} has outputs {outputs}; the spec names {list(spec.outputs)}")
     names = [i.name for i in spec.model_inputs]
-    if sorted(inputs) != sorted(names):
+    if sorted(inputs) != sorted(graph_feeds(spec, dict.fromkeys(names))):  # a sequence's elements feed one input
         raise GoldenError(f"{source} has inputs {list(inputs)}; the spec names {names}")
     return onnx_meta(spec, names, outputs, spec.model_inputs[0].layout if spec.model_inputs else "flat")

@@ -19,7 +19,7 @@ import numpy as np
 
 from parity import __version__
 from parity.interop.onnx_file import source_digest
-from parity.model import batch_axes, feeds, values
+from parity.model import batch_axes, containers, feeds, values
 from parity.model import manifest as manifest_lib
 from parity.platform.errors import GoldenError
 from parity.platform.safefs import owned_tempdir, read_npz, replace_dir, sha256_file, sweep, write_json_atomic
@@ -170,7 +170,8 @@ def _check_against_spec(golden: Golden, spec) -> None:
     if spec.loss is not None:
         expect("inputs.npz", "labels", (spec.batch_size,), "integer")
     expect("reference.npz", "eval/logits", (n_eval, spec.num_classes) if labelled else None, "float64")
-    for key in spec.outputs:
+    # a sequence's elements, an optional's value where present (their structures are the manifest's)
+    for key in containers.output_keys(spec.outputs, golden.manifest.get("containers") or {}):
         expect("reference.npz", key, None, "float64")
     for key in (f"tap/{t}" for t in spec.taps):
         expect("reference.npz", key, None, "float64")

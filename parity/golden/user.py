@@ -54,7 +54,8 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
         reference = golden.load_arrays(scratch, "reference-source.npz")
         given_vs_reference = None
         if given is not None:
-            given_vs_reference = _replace_outputs(spec, reference, given, info["batch_axes"])
+            given_vs_reference = (_replace_elements(spec, reference, given, info.get("containers") or {})
+                                  if spec.containers else _replace_outputs(spec, reference, given, info["batch_axes"]))
         factor = usermodel.tolerance_factor(info["dtype"])
         usermodel.widen_tolerances(spec, factor)
         usermodel.widen_for_given(spec, given_vs_reference)
@@ -77,8 +78,11 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
                           "given_vs_reference_max_abs": given_vs_reference},
             "params": params,
             "batch_axes": info["batch_axes"],
-            "built_from": built_from,
         }
+        if built_from is not None:  # an ONNX file is known by its own digest (source_sha256)
+            fields["built_from"] = built_from
+        if info.get("containers"):  # the lengths and presence of a graph's sequence and optional outputs
+            fields["containers"] = info["containers"]
         if spec.onnx_model is not None:
             from parity.interop.onnx_file import source_digest
 
@@ -92,13 +96,14 @@ def _prepare_inputs(workspace, spec, data: InputData, pool, scratch: Path) -> di
     """Write ``inputs.npz`` and ``eval.npz``; return golden outputs given with the inputs, if any."""
     given = None
     if data.test_data or data.polygraphy_inputs:
-        pool.call("onnx", "parity.golden.user_tasks:given_data", workspace=str(workspace.root), model=spec.name,
-                  out_file=str(scratch / "given.npz"))
+        found = pool.call("onnx", "parity.golden.user_tasks:given_data", workspace=str(workspace.root),
+                          model=spec.name, out_file=str(scratch / "given.npz"))
         arrays = golden.load_arrays(scratch, "given.npz")
         x = eval_x = feeds.from_arrays(spec, arrays)
         labels = eval_y = None
-        if any(k.startswith("output/") for k in arrays):
-            given = {"from": data.describe(), "samples": feeds.samples(spec, x), **arrays}
+        structures = (found or {}).get("containers")
+        if any(k.startswith("output/") for k in arrays) or structures is not None:
+            given = {"from": data.describe(), "samples": feeds.samples(spec, x), **arrays, "containers": structures}
     elif data.file:
         arrays = read_npz(workspace.root / data.file, UserModelError, ".npz")
         x, eval_x = _file_feeds(spec, data, arrays)
@@ -153,6 +158,8 @@ def _file_feeds(spec, data: InputData, arrays: dict) -> tuple[dict, dict]:
 def _stored(spec, name: str, value: np.ndarray) -> np.ndarray:
     """An input array in the dtype golden data keeps it in: its declared one (bfloat16 as float32)."""
     dtype = next(i.dtype for i in spec.model_inputs if i.name == name)
+    if dtype in values.LOW_PRECISION:  # float8, int4 ...: their raw bits, the spec keeps the dtype's name
+        return values.to_bits(values.as_low_precision(value, dtype))
     if dtype == values.TEXT:
         return values.text(value)
     return np.asarray(value, dtype="float32" if dtype == "bfloat16" else dtype)
@@ -169,16 +176,48 @@ def _check_samples(spec, x: dict, what: str) -> None:
                 f"{d}={spec.axes[d]}" if isinstance(d, str) else d for d in i.shape)))
             raise ParityError(f"{what}: input {i.name!r} has shape {tuple(value.shape)}; model {spec.name!r} takes "
                               f"({shown})")
-        if i.dtype == values.TEXT:
+        if i.dtype in values.LOW_PRECISION:  # raw bits (uint8), numbers, or an array of the dtype itself
+            if value.dtype.kind not in "fiuV":
+                raise ParityError(f"{what}: input {i.name!r} is {value.dtype}; model {spec.name!r} takes {i.dtype}")
+        elif i.dtype == values.TEXT:
             if value.dtype.kind != "U":
                 raise ParityError(f"{what}: input {i.name!r} is {value.dtype}; model {spec.name!r} takes strings")
         elif not i.floating and value.dtype.kind not in "iub":
             raise ParityError(f"{what}: input {i.name!r} is {value.dtype}; model {spec.name!r} takes {i.dtype}")
-        if i.floating and value.dtype.kind not in "f":
+        if i.floating and value.dtype.kind not in "f" and i.dtype not in values.LOW_PRECISION:
             raise ParityError(f"{what}: input {i.name!r} is {value.dtype}; model {spec.name!r} takes {i.dtype}")
     counts = {i.name: len(x[i.name]) for i in spec.model_inputs if i.batched}
     if len(set(counts.values())) > 1:
         raise ParityError(f"{what}: inputs have different numbers of samples ({counts})")
+
+
+def _replace_elements(spec, reference: dict, given: dict, structures: dict) -> float:
+    """``_replace_outputs`` for a graph with sequences and optionals (taken whole): the outputs as given are the
+    golden ones, a sequence's length and an optional's presence too (``structures``, the model's own, updated to
+    the given ones: a runtime that computes what the model does then fails naming the output, as it should against
+    expected outputs that say otherwise); returns their largest distance from the reference where both agree."""
+    from parity.model import containers
+
+    worst = 0.0
+    for name in spec.outputs:
+        computed_structure, given_structure = structures.get(name), given["containers"].get(name)
+        computed_keys = containers.keys(name, computed_structure) if computed_structure else [name]
+        given_keys = containers.keys(name, given_structure) if given_structure else [name]
+        computed = {key: reference.pop(key) for key in computed_keys}
+        for key in given_keys:
+            value = values.golden(given[f"given/{key}"])
+            if computed_structure == given_structure:
+                if value.shape != computed[key].shape or values.is_text(value) != values.is_text(computed[key]):
+                    raise ParityError(f"{given['from']}: output {key!r} is {value.dtype} of shape {value.shape}, the "
+                                      f"model gives {computed[key].dtype} of shape {computed[key].shape}")
+                if not values.is_text(value):
+                    worst = max(worst, finite_distance(value, computed[key]))
+            reference[key] = value
+        if given_structure:
+            structures[name] = given_structure
+    key = containers.eval_key(spec, {}, structures)
+    reference["eval/logits"] = reference[key] if key is not None else np.zeros(0)
+    return worst
 
 
 def _replace_outputs(spec, reference: dict, given: dict, axes: dict) -> float:

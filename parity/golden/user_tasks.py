@@ -10,7 +10,7 @@ import numpy as np
 from parity.golden import store as golden
 from parity.golden.tasks import detect_batch_axes, reference_arrays
 from parity.interop.given import given_feeds
-from parity.model import batch_axes, feeds, values
+from parity.model import containers, feeds, values
 from parity.model.user import UserModelError, native_params
 from parity.model.workspace import Workspace
 from parity.platform.errors import one_line
@@ -78,8 +78,12 @@ def reference(workspace: str, model: str, scratch: str, shapes: dict, params: di
     evals = golden.load_arrays(scratch, "eval.npz")
     framework = spec.frameworks[0]
 
+    structures: dict = {}  # an ONNX graph's sequence and optional outputs: their lengths and presence
+
     def compute(*args):
-        return _onnx_reference(spec, *args) if framework == "onnx" else reference_arrays(spec, framework, *args)
+        if framework == "onnx":
+            return _onnx_reference(spec, *args, structures=structures)
+        return reference_arrays(spec, framework, *args)
 
     reason = None
     try:
@@ -90,10 +94,12 @@ def reference(workspace: str, model: str, scratch: str, shapes: dict, params: di
         arrays, axes = compute(weights, inputs, evals, "float32")
         dtype = "float32"
     golden.save_npz(Path(out_file), {k: values.golden(v) for k, v in arrays.items()})
-    return {"dtype": dtype, "reason": reason, "batch_axes": axes}
+    return {"dtype": dtype, "reason": reason, "batch_axes": axes, **({"containers": structures} if structures else {})}
 
 
-def _onnx_reference(spec, _weights, inputs, evals, dtype: str) -> tuple[dict, dict]:
+def _onnx_reference(spec, _weights, inputs, evals, dtype: str, structures: dict) -> tuple[dict, dict]:
+    """The ONNX graph's outputs (a sequence's or optional's elements by key, their structures into ``structures``),
+    taps and eval outputs under ``onnx.reference``, and their batch axes."""
     from parity.interop import onnx_file as onnx_source
 
     model = onnx_source.load_checked(spec.onnx_model_path)
@@ -108,39 +114,66 @@ def _onnx_reference(spec, _weights, inputs, evals, dtype: str) -> tuple[dict, di
         model.graph.output.extend(onnx.helper.make_empty_tensor_value_info(tap) for tap in spec.taps
                                   if tap not in {o.name for o in model.graph.output})
 
+    def typed(x: dict) -> dict:  # float8, int4 ... inputs, which golden data holds as raw bits, as ml_dtypes arrays
+        return {i.name: values.as_low_precision(x[i.name], i.dtype) if i.dtype in values.LOW_PRECISION else x[i.name]
+                for i in spec.model_inputs}
+
     class Evaluator:
         def __init__(self):
             self.spec = spec
 
         def run(self, x):
-            outputs = onnx_source.reference_outputs(model, x, dtype)  # every input in its own dtype
-            return {name: outputs[name] for name in spec.outputs}
+            outputs = _reference_run(spec, model, typed(x), dtype, structures)  # every input in its own dtype
+            return {name: outputs[name] for name in containers.output_keys(spec.outputs, structures)}
 
     def outputs_and_taps(x) -> dict:
-        computed = onnx_source.reference_outputs(model, x, dtype)
-        return {**{name: computed[name] for name in spec.outputs},
+        computed = _reference_run(spec, model, typed(x), dtype, structures)
+        return {**{name: computed[name] for name in containers.output_keys(spec.outputs, structures)},
                 **{f"tap/{tap}": values.golden(computed[tap]) for tap in spec.taps}}
 
     arrays = outputs_and_taps(feeds.from_arrays(spec, inputs))
     axes = detect_batch_axes(spec, arrays, evals, lambda x, _batch: outputs_and_taps(x))
-    arrays["eval/logits"] = feeds.run_batched(Evaluator(), feeds.from_arrays(spec, evals), spec.batch_size, axes)[
-        batch_axes.eval_output(spec, axes)]
+    eval_key = containers.eval_key(spec, axes, structures)
+    arrays["eval/logits"] = np.zeros(0) if eval_key is None else feeds.run_batched(
+        Evaluator(), feeds.from_arrays(spec, evals), spec.batch_size, axes)[eval_key]
     return arrays, axes
 
 
-def given_data(workspace: str, model: str, out_file: str) -> None:
+def _reference_run(spec, model, x: dict, dtype: str, structures: dict) -> dict:
+    """``reference_outputs`` by graph name, a sequence input fed as a list (an optional as its value or None), and
+    a sequence or optional output's elements by key besides (its structure into ``structures``)."""
+    from parity.interop import onnx_file as onnx_source
+
+    if not spec.containers:
+        return onnx_source.reference_outputs(model, x, dtype)
+    computed = onnx_source.reference_outputs(model, containers.graph_feeds(spec, x), dtype)
+    arrays, found = containers.flat_outputs(spec.outputs, [computed[name] for name in spec.outputs],
+                                            containers.output_kinds(spec))
+    structures.update(found)
+    return {**computed, **arrays}
+
+
+def given_data(workspace: str, model: str, out_file: str) -> dict:
     """The inputs (as ``inputs.npz`` keys them) and golden outputs (``output/<i>``) given with a user model, all sets
     concatenated along the batch axis (the first set alone for a model without one), checked against the ONNX graph
-    when the source is one."""
+    when the source is one. A graph's sequence and optional outputs are given by element (``given/<key>``, see
+    ``parity.model.containers``); returns their structures (``{"containers": ...}``)."""
     from parity.interop import onnx_file as onnx_source
     from parity.interop import onnx_test_data as interop
 
     spec = Workspace(workspace).load_spec(model, attach_golden=False)
-    graph_inputs = graph_outputs = None
+    graph_inputs = graph_outputs = kinds = None
     if spec.onnx_model is not None:
-        graph_inputs, graph_outputs = interop.graph_signature(onnx_source.load_checked(spec.onnx_model_path))
+        graph = onnx_source.load_checked(spec.onnx_model_path)
+        graph_inputs, graph_outputs = interop.graph_signature(graph)
+        kinds = interop.graph_kinds(graph)
     data = spec.inputs
-    sets, outputs = given_feeds(Path(workspace), data.__dict__, graph_inputs, graph_outputs)
+    sets, outputs = given_feeds(Path(workspace), data.__dict__, graph_inputs, graph_outputs, kinds)
+    structures, given = {}, {}
+    if spec.containers:  # taken whole, as the first set gives it: sequences and optionals by element
+        sets, given, structures = _by_element(spec, sets[0], outputs[0] if outputs is not None else None,
+                                              data.describe())
+        outputs = None
     declared = [i.name for i in spec.model_inputs]
     if len(sets[0]) != len(declared) or (set(sets[0]) != set(declared) and graph_inputs is not None):
         raise UserModelError(f"{data.describe()} gives inputs {', '.join(sets[0])}; the model takes {', '.join(declared)}")
@@ -152,9 +185,37 @@ def given_data(workspace: str, model: str, out_file: str) -> None:
 
     try:
         stacked = {name: stack([s[name if by_name else list(s)[k]] for s in sets]) for k, name in enumerate(declared)}
-        result = feeds.to_arrays(spec, stacked)
+        # NumPy's .npz cannot hold ml_dtypes arrays without pickles: inputs as raw bits, outputs widened, exactly
+        result = feeds.to_arrays(spec, {name: values.storable(value) for name, value in stacked.items()})
         if outputs is not None:
-            result.update({f"output/{i}": stack([o[i] for o in outputs]) for i in range(len(outputs[0]))})
+            result.update({f"output/{i}": _widened(stack([o[i] for o in outputs])) for i in range(len(outputs[0]))})
     except ValueError as error:
         raise UserModelError(f"{data.describe()}: the sets do not stack along the batch axis ({error})") from None
+    result.update({f"given/{key}": _widened(value) for key, value in given.items()})
     golden.save_npz(Path(out_file), result)
+    return {"containers": structures}
+
+
+def _by_element(spec, feed: dict, outputs: list | None, source: str) -> tuple[list[dict], dict, dict | None]:
+    """One set of a graph with sequences or optionals: its inputs by the spec's names (elements), its outputs by
+    golden key and their structures (None where no outputs were given)."""
+    declared = spec.containers.get("inputs") or {}
+    flat = {}
+    for name, value in feed.items():
+        if name not in declared:
+            flat[name] = value
+            continue
+        arrays, structure = containers.flatten(name, value, containers.kind_of(declared[name]))
+        if structure != declared[name]:
+            raise UserModelError(f"{source}: input {name!r} is {containers.describe(structure)}; the model's spec "
+                                 f"declares {containers.describe(declared[name])} (run `parity init` again)")
+        flat.update(arrays)
+    if outputs is None:
+        return [flat], {}, None
+    arrays, structures = containers.flat_outputs(spec.outputs, outputs, containers.output_kinds(spec))
+    return [flat], arrays, structures
+
+
+def _widened(value):
+    """A given output of a dtype NumPy holds through ml_dtypes (bfloat16, float8, int4 ...) in float64, exactly."""
+    return values.golden(value) if values.low_precision_name(value) else value

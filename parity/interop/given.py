@@ -10,14 +10,15 @@ from parity.interop.onnx_test_data import InteropError
 from parity.platform.errors import UsageError
 
 
-def given_feeds(root, given: dict, graph_inputs: dict | None, graph_outputs: list | None):
+def given_feeds(root, given: dict, graph_inputs: dict | None, graph_outputs: list | None, kinds: dict | None = None):
     """Inputs (one ``{input name: array}`` per test-data set or Polygraphy iteration) and golden outputs (a list
     of arrays in output order per set; None when none were given) from an ONNX test-data folder or Polygraphy
-    files."""
+    files. ``kinds`` (``onnx_test_data.graph_kinds``): a sequence's value is a list of arrays, an optional's an
+    array, a list or None."""
     root = Path(root)
     if given.get("test_data"):
         source = root / given["test_data"]
-        sets = onnx_test_data.read_test_data(source)
+        sets = onnx_test_data.read_test_data(source, kinds)
     else:
         source = root / given["polygraphy_inputs"]
         feeds = polygraphy.read_inputs(source)

@@ -20,6 +20,7 @@ from parity.platform.safefs import owned_tempdir, replace_dir, sweep
 
 _SET = re.compile(r"test_data_set_(0|[1-9]\d*)")
 _PB = re.compile(r"(input|output)_(0|[1-9]\d*)\.pb")
+SEQUENCE, OPTIONAL = "sequence", "optional"  # graph kinds of values that are not tensors (``graph_kind``)
 
 
 class InteropError(ParityError):
@@ -65,18 +66,20 @@ def write_test_data(folder, inputs: dict[str, np.ndarray], outputs: dict[str, np
     return target
 
 
-def read_test_data(folder) -> list[TestDataSet]:
-    """Every ``test_data_set_N`` in ``folder``, by N (numeric order)."""
+def read_test_data(folder, kinds: dict[str, list] | None = None) -> list[TestDataSet]:
+    """Every ``test_data_set_N`` in ``folder``, by N (numeric order). ``kinds``: the graph kind (``graph_kind``) of
+    each input and output slot by position (``{"input": [...], "output": [...]}``): a sequence's file is read as a
+    ``SequenceProto`` (a list of arrays), an optional's as an ``OptionalProto`` (an array, a list or None)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise InteropError(f"{folder}: not a folder of ONNX test data")
     sets = sorted((int(m[1]), p) for p in folder.iterdir() if p.is_dir() and (m := _SET.fullmatch(p.name)))
     if not sets:
         raise InteropError(f"{folder}: no test_data_set_* folders in it (the ONNX test-data layout)")
-    return [_read_set(path) for _, path in sets]
+    return [_read_set(path, kinds or {}) for _, path in sets]
 
 
-def _read_set(path: Path) -> TestDataSet:
+def _read_set(path: Path, kinds: dict) -> TestDataSet:
     found: dict[str, dict[int, Path]] = {"input": {}, "output": {}}
     for file in path.iterdir():
         if m := _PB.fullmatch(file.name):
@@ -90,7 +93,9 @@ def _read_set(path: Path) -> TestDataSet:
                                f"{kind}_0.pb to {kind}_{len(files) - 1}.pb without gaps")
         tensors[kind] = {}
         for i in range(len(files)):
-            name, array = _read_tensor(files[i])
+            slots = kinds.get(kind) or []
+            slot = slots[i] if i < len(slots) else None
+            name, array = _read_tensor(files[i]) if slot is None else _read_container(files[i], slot)
             name = name or f"{kind}_{i}"
             if name in tensors[kind]:
                 raise InteropError(f"{files[i]}: a second {kind} named {name!r} in {path.name}")
@@ -113,6 +118,52 @@ def _read_tensor(file: Path) -> tuple[str, np.ndarray]:
         return proto.name, array
     except Exception as error:  # noqa: BLE001 - OSError, DecodeError, bad or missing data alike
         raise InteropError(f"{file}: not a serialized onnx.TensorProto ({one_line(error, 120)})") from None
+
+
+def graph_kind(type_proto) -> str | None:
+    """``"sequence"``, ``"optional"`` (of a tensor) or ``"optional sequence"`` for an ONNX ``TypeProto`` of those
+    kinds (of tensors); None for a tensor; ``"unsupported: <what>"`` for anything else (a map, a sequence of
+    sequences), which parity cannot hold as arrays."""
+    kind = type_proto.WhichOneof("value")
+    if kind == "tensor_type":
+        return None
+    if kind == "sequence_type":
+        inner = type_proto.sequence_type.elem_type.WhichOneof("value")
+        return SEQUENCE if inner == "tensor_type" else f"unsupported: a sequence of {inner or 'no type'}"
+    if kind == "optional_type":
+        inner = graph_kind(type_proto.optional_type.elem_type)
+        if inner is None:
+            return OPTIONAL
+        return f"{OPTIONAL} {SEQUENCE}" if inner == SEQUENCE else f"unsupported: an optional of {inner}"
+    return f"unsupported: a {kind or 'value of no type'}"
+
+
+def _read_container(file: Path, kind: str):
+    """A sequence or optional file: ``(name, list of arrays | array | None)``, text held as unicode."""
+    from onnx import OptionalProto, SequenceProto, numpy_helper
+
+    if kind.startswith("unsupported: "):
+        raise InteropError(f"{file}: the graph's slot is {kind[len('unsupported: '):]}; parity holds tensors, "
+                           f"sequences of tensors and optionals of those")
+    proto = SequenceProto() if kind == SEQUENCE else OptionalProto()
+    what = "onnx.SequenceProto" if kind == SEQUENCE else "onnx.OptionalProto"
+    try:
+        proto.ParseFromString(file.read_bytes())
+        value = numpy_helper.to_list(proto) if kind == SEQUENCE else numpy_helper.to_optional(proto)
+    except Exception as error:  # noqa: BLE001 - OSError, DecodeError, a value of another kind alike
+        raise InteropError(f"{file}: not a serialized {what} ({one_line(error, 120)})") from None
+    if isinstance(value, list):
+        value = [_unicode(np.asarray(item)) for item in value]
+    elif value is not None:
+        value = _unicode(np.asarray(value))
+    return proto.name, value
+
+
+def _unicode(array: np.ndarray) -> np.ndarray:
+    if array.dtype.kind not in "OS":
+        return array
+    items = [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in array.ravel().tolist()]
+    return np.array(items, dtype=str).reshape(array.shape) if items else np.zeros(array.shape, "<U1")
 
 
 def graph_signature(model) -> tuple[dict[str, tuple], list[str]]:
@@ -141,6 +192,15 @@ def graph_signature(model) -> tuple[dict[str, tuple], list[str]]:
                               for d in tensor.shape.dim)
         inputs[value.name] = (shape, dtype)
     return inputs, [value.name for value in graph.output]
+
+
+def graph_kinds(model) -> dict[str, list]:
+    """The graph kind (``graph_kind``) of each input (initializers left out) and output, by position:
+    ``{"input": [...], "output": [...]}``, None for a tensor."""
+    graph = model.graph
+    constants = {t.name for t in graph.initializer} | {t.values.name for t in graph.sparse_initializer}
+    return {"input": [graph_kind(v.type) for v in graph.input if v.name not in constants],
+            "output": [graph_kind(v.type) for v in graph.output]}
 
 
 def match_graph(sets: list[TestDataSet], graph_inputs: dict[str, tuple], graph_outputs: list[str] | None = None,

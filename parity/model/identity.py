@@ -4,7 +4,7 @@ A factory that opens a checkpoint or a config file gives another model once that
 data (and every export made from it) still describes the old one. ``model_identity`` runs in a worker of the
 model's framework, builds the model as the spec's builder does and digests what it holds: a torch module's
 ``state_dict`` and every buffer, a Keras model's weights, a JAX model's params file, an ONNX file's initializers
-(its file and external data). The code is every source file outside the installed packages that the factory's
+(an ONNX file needs none: golden verification already refuses a changed file by its ``source_sha256``). The code is every source file outside the installed packages that the factory's
 module and the model's classes reach through their imports. The golden build records both
 (``built_from`` in the manifest); every run computes them again, keys its exports on the weights and says
 when either differs (``changes``). The zoo's weights are its golden data's own: it records nothing.
@@ -130,18 +130,14 @@ def _factory(builder):
 
 def model_identity(workspace: str, model: str) -> dict | None:
     """Worker task: ``{"weights_sha256", "code"}`` of the user model as its builder makes it now (None for a
-    model whose weights are its golden data's own)."""
+    model whose weights are its golden data's own, and for an ONNX file, whose digest the golden data holds)."""
     from parity.model.workspace import Workspace
 
     ws = Workspace(workspace)
     spec = ws.load_spec(model, attach_golden=False)
-    if not spec.weights_from_model:
-        return None
     framework = spec.frameworks[0]
-    if framework == "onnx":
-        from parity.interop.onnx_file import source_digest
-
-        return {"weights_sha256": source_digest(spec.onnx_model_path), "code": {}}
+    if not spec.weights_from_model or framework == "onnx":
+        return None
     if framework == "torch":
         built = spec.torch_module()
         arrays = _torch_arrays(built)

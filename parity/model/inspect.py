@@ -248,9 +248,12 @@ def _inspect_jax(reference, root, inputs, params_file, names_from=None):
     from parity.model.user import resolve
 
     apply = jax_function(reference, params_file, root)
-    function = resolve(reference, root)
-    arguments = [p for p in list(inspect.signature(function).parameters.values())[1:] if p.name != "tap"]
-    order = _file_names_fit(reference, "the function", function, [d["name"] for d in inputs], names_from, arguments)
+    order = None
+    if names_from:  # the function's arguments after params name its inputs (``tap`` is parity's own)
+        function = resolve(reference, root)
+        arguments = [p for p in list(inspect.signature(function).parameters.values())[1:] if p.name != "tap"]
+        order = _file_names_fit(reference, "the function", function, [d["name"] for d in inputs], names_from,
+                                arguments)
     if order:  # positionally, in the function's order
         inputs = sorted(inputs, key=lambda d: order.index(d["name"]))
     params = read_npz(apply.params_path, UserModelError, ".npz")
@@ -269,14 +272,23 @@ def _inspect_jax(reference, root, inputs, params_file, names_from=None):
 def _inspect_onnx(reference, root, given: dict):
     model = onnx_source.load_checked(Path(root) / reference)
     inputs, outputs = interop.graph_signature(model)
-    sets = given_feeds(root, given, inputs, outputs)[0] if any(given.values()) else None
-    for output in model.graph.output:
-        kind = output.type.WhichOneof("value")
-        if kind != "tensor_type" or output.type.tensor_type.elem_type == 0:  # undefined
-            what = "a tensor of no element type" if kind == "tensor_type" else f"a {kind or 'value of no type'}"
-            raise UserModelError(f"{reference}: output {output.name!r} is {what}; parity compares tensors only")
+    kinds = interop.graph_kinds(model)
+    sets = given_feeds(root, given, inputs, outputs, kinds)[0] if any(given.values()) else None
+    containers = {"inputs": {}, "outputs": {}}
+    for output, kind in zip(model.graph.output, kinds["output"]):
+        if kind is not None and not kind.startswith("unsupported: "):
+            containers["outputs"][output.name] = {"kind": kind}  # its length or presence is the golden data's
+            continue
+        if kind is None and output.type.tensor_type.elem_type != 0:
+            continue
+        what = "a tensor of no element type" if kind is None else kind[len("unsupported: "):]
+        raise UserModelError(f"{reference}: output {output.name!r} is {what}; parity compares tensors, sequences of "
+                             f"tensors and optionals of those")
     described = []
-    for name, (graph_shape, graph_dtype) in inputs.items():
+    for (name, (graph_shape, graph_dtype)), kind in zip(inputs.items(), kinds["input"]):
+        if kind is not None:  # a sequence or optional: its elements are the inputs, as the data given has them
+            described += _container_input(reference, name, kind, sets, containers["inputs"])
+            continue
         if graph_shape is None and sets:  # rank unknown to the graph: the data given says it
             graph_shape = tuple(sets[0][name].shape)
         if graph_shape is None or graph_dtype is None:
@@ -286,5 +298,24 @@ def _inspect_onnx(reference, root, given: dict):
                           "axis_names": [d if isinstance(d, str) else None for d in graph_shape],
                           "dtype": graph_dtype if graph_dtype == "str" else str(np.dtype(graph_dtype)),
                           "given_shape": list(sets[0][name].shape) if sets else None})
+    found = {key: value for key, value in containers.items() if value}
     return {"inputs": described, "outputs": list(outputs), "output_shapes": None, "taps": [],
-            "n_params": int(sum(np.prod(i.dims) for i in model.graph.initializer)), "input_values": {}}
+            "n_params": int(sum(np.prod(i.dims) for i in model.graph.initializer)), "input_values": {},
+            **({"containers": found} if found else {})}
+
+
+def _container_input(reference, name: str, kind: str, sets, declared: dict) -> list[dict]:
+    """A sequence or optional input as the inputs its elements are (each fixed whole at the shape the data gives
+    it: a sequence has no batch axis), its structure recorded in ``declared``."""
+    from parity.model import containers
+
+    if kind.startswith("unsupported: "):
+        raise UserModelError(f"{reference}: input {name!r} is {kind[len('unsupported: '):]}; parity feeds tensors, "
+                             f"sequences of tensors and optionals of those")
+    if not sets:
+        raise UserModelError(f"{reference}: input {name!r} is {'a sequence' if kind == 'sequence' else 'an optional'}; "
+                             f"its value comes from the data given with the model (--test-data DIR)")
+    arrays, declared[name] = containers.flatten(name, sets[0][name], kind)
+    return [{"name": key, "shape": list(array.shape), "axis_names": [None] * array.ndim,
+             "dtype": "str" if array.dtype.kind == "U" else str(array.dtype), "given_shape": list(array.shape)}
+            for key, array in arrays.items()]

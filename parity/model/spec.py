@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from parity.model.values import LOW_PRECISION
 from parity.platform.precision import PRECISIONS as precision_names
 
 PRECISIONS = tuple(precision_names)
@@ -60,7 +61,8 @@ class Tolerances:
 
 
 INPUT_DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "uint16",
-                "uint32", "uint64", "bool", "str")  # str: an ONNX string tensor, held as NumPy unicode
+                "uint32", "uint64", "bool", "str",  # str: an ONNX string tensor, held as NumPy unicode
+                *LOW_PRECISION)  # float8, int4, uint4, float4 of an ONNX graph: golden data holds their raw bits
 VALUE_KINDS = ("normal", "uniform", "integers", "mask", "fixed")
 BATCH = "batch"  # the axis name of the leading batch axis (its size is the spec's batch size)
 
@@ -274,6 +276,8 @@ class ModelSpec:
         loss: the loss whose gradients are checked (``"cross_entropy"`` of the first output against
             the labels), or None for no gradients.
         onnx_model: an ONNX file (relative to the workspace) that is itself the source model.
+        containers: an ONNX graph's sequence and optional inputs and outputs (``parity.model.containers``):
+            ``{"inputs": {name: structure}, "outputs": {name: {"kind": ...}}}``; an input's elements are inputs.
         expected_errors: path glob -> reason. A path ending in ``error`` there is expected
             (like pytest's xfail); if it passes, that is reported as an unexpected pass.
         require_determinism: fail a path whose two runs are not bitwise identical.
@@ -311,6 +315,7 @@ class ModelSpec:
     opset: int = 18
     metric_rules: MetricRules = MetricRules()
     source_file: str | None = None
+    containers: dict = field(default_factory=dict)
 
     @property
     def frameworks(self) -> tuple[str, ...]:
@@ -360,6 +365,8 @@ class ModelSpec:
     def check_shapes(self) -> list[dict[str, int]]:
         """Every verification shape besides the golden one, with every axis's size (``batch`` too where batched),
         in declared order, without repeats or the golden shape itself."""
+        if self.containers:  # sequences and optionals have no batch axis: the graph is verified at its data's shape
+            return []
         golden = {**({BATCH: self.batch_size} if any(i.batched for i in self.model_inputs) else {}), **self.axes}
         declared = self.default_shapes() if self.verify_shapes is None else self.verify_shapes
         shapes = []
@@ -400,6 +407,8 @@ class ModelSpec:
         if not all(isinstance(i, InputSpec) for i in self.model_inputs) or \
                 (not self.model_inputs and self.frameworks != ("onnx",)):  # only an ONNX graph may take no input
             raise ValueError("input is an InputSpec or a tuple of InputSpec")
+        if self.containers and (self.frameworks != ("onnx",) or set(self.containers) - {"inputs", "outputs"}):
+            raise ValueError("containers declare an ONNX graph's sequences and optionals: {'inputs': ..., 'outputs': ...}")
         names = [i.name for i in self.model_inputs]
         if len(set(names)) != len(names):
             raise ValueError(f"input names must be unique: {names}")

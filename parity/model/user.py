@@ -354,7 +354,9 @@ def check_data_size(what: str, shape, dtype: str, copies: int = 1) -> None:
 
     import numpy as np
 
-    itemsize = max(np.dtype("float32" if dtype == "bfloat16" else dtype).itemsize, 8)
+    from parity.model.values import stored_dtype
+
+    itemsize = max(np.dtype(stored_dtype(dtype)).itemsize, 8)
     need = copies * math.prod(int(d) for d in shape) * itemsize
     limit, why = golden_data_limit()
     if need > limit:

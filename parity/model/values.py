@@ -32,9 +32,93 @@ def golden(value) -> np.ndarray:
 
 def stored_dtype(dtype: str) -> str:
     """The dtype golden data holds an input of spec dtype ``dtype`` in ("unicode" for text: any width)."""
-    return {"bfloat16": "float32", TEXT: "unicode"}.get(dtype, dtype)
+    return "uint8" if dtype in LOW_PRECISION else {"bfloat16": "float32", TEXT: "unicode"}.get(dtype, dtype)
 
 
 def runtime_feed(value: np.ndarray) -> np.ndarray:
     """A feed as ONNX runtimes take it: text as an object array of Python strings, others as they are."""
     return value.astype(object) if value.dtype.kind == "U" else value
+
+
+# ONNX element types NumPy holds only through ml_dtypes, by ml_dtypes' name and ONNX's enum. Golden data keeps
+# their raw bits (uint8, one element a byte: int4, uint4 and float4 unpacked) and the spec their name, so nothing
+# is rounded, no NaN loses its sign and no pickle is needed. bfloat16 is held as float32, which holds it exactly.
+LOW_PRECISION = {"float8_e4m3fn": 17, "float8_e4m3fnuz": 18, "float8_e5m2": 19, "float8_e5m2fnuz": 20, "uint4": 21,
+                 "int4": 22, "float4_e2m1fn": 23, "float8_e8m0fnu": 24}
+ONNX_ELEMENT_TYPES = {"bfloat16": 16, **LOW_PRECISION}
+PACKED = frozenset({"uint4", "int4", "float4_e2m1fn"})  # two to a byte in ONNX's (and ONNX Runtime's) buffers
+
+
+def ml_dtype(name: str) -> np.dtype:
+    """The NumPy dtype of ``name`` (``bfloat16``, a float8, int4 ...), registered by ``ml_dtypes``."""
+    import ml_dtypes  # noqa: F401 - registers the names with NumPy
+
+    return np.dtype(name)
+
+
+def low_precision_name(value) -> str | None:
+    """The ``ONNX_ELEMENT_TYPES`` name of an array's dtype, or None for a dtype NumPy has itself."""
+    name = np.asarray(value).dtype.name
+    return name if name in ONNX_ELEMENT_TYPES else None
+
+
+def to_bits(value) -> np.ndarray:
+    """An ml_dtypes array's raw bits, shape kept: uint16 for bfloat16, uint8 for the others (a 4-bit value in the
+    low nibble)."""
+    array = np.ascontiguousarray(value)
+    bits = array.view(np.uint16 if array.dtype.itemsize == 2 else np.uint8)
+    return bits & np.uint8(0x0F) if array.dtype.name in PACKED else bits
+
+
+def from_bits(bits, dtype: str) -> np.ndarray:
+    """``to_bits`` reversed: the array of ``dtype`` whose raw bits ``bits`` are."""
+    target = ml_dtype(dtype)
+    bits = np.ascontiguousarray(bits)
+    if bits.dtype.kind != "u" or bits.dtype.itemsize != target.itemsize:
+        raise ValueError(f"{bits.dtype} cannot hold the bits of {dtype}")
+    return bits.view(target)
+
+
+def as_low_precision(value, dtype: str) -> np.ndarray:
+    """``value`` as an array of ``dtype`` (a ``LOW_PRECISION`` name): its raw bits as golden data keeps them
+    (uint8), an array of that dtype as it is, numbers converted (a float8 value widened to float32 comes back
+    exactly)."""
+    array = np.asarray(value)
+    if array.dtype.name == dtype:
+        return array
+    if array.dtype == np.uint8 and dtype in LOW_PRECISION:
+        return from_bits(array, dtype)
+    return array.astype(ml_dtype(dtype))
+
+
+def pack4(value) -> np.ndarray:
+    """A 4-bit array as ONNX lays it out: two elements a byte, the first in the low nibble, flattened."""
+    nibbles = to_bits(value).ravel()
+    if nibbles.size % 2:
+        nibbles = np.append(nibbles, np.uint8(0))
+    return (nibbles[0::2] | (nibbles[1::2] << 4)).astype(np.uint8)
+
+
+def unpack4(packed, dtype: str, shape) -> np.ndarray:
+    """``pack4`` reversed: ``shape``'s elements of ``dtype`` from their packed bytes."""
+    packed = np.asarray(packed, dtype=np.uint8).ravel()
+    nibbles = np.stack([packed & np.uint8(0x0F), packed >> 4], axis=-1).ravel()
+    count = int(np.prod(shape, dtype=np.int64))
+    return from_bits(nibbles[:count], dtype).reshape(tuple(shape))
+
+
+def storable(value) -> np.ndarray:
+    """An input array as ``.npz`` files hold it without pickles: a ``LOW_PRECISION`` one as its raw bits (uint8),
+    bfloat16 as float32 (exactly), others as they are."""
+    name = low_precision_name(value)
+    if name is None:
+        return value
+    return to_bits(value) if name in LOW_PRECISION else np.asarray(value, dtype=np.float32)
+
+
+def dtype_kind(dtype: str) -> str:
+    """NumPy's kind letter of a spec dtype name, without importing ml_dtypes (``int4`` is ``i``, ``uint4`` ``u``,
+    bfloat16, float8 and float4 ``f``)."""
+    if dtype in ONNX_ELEMENT_TYPES:
+        return {"int4": "i", "uint4": "u"}.get(dtype, "f")
+    return np.dtype(dtype).kind

@@ -99,7 +99,7 @@ def check(request: CheckRequest, *, progress=_quiet, on_checked: Callable[[dict]
     one-line notes (a workspace fallback, each file written). A file that cannot be written after the run is a
     ``ParityError``.
     """
-    from parity.pipeline import orchestrate
+    from parity.pipeline import orchestrate, outcome
     from parity.platform.precision import parse_device
 
     to_stdout = request.json_file == "-"
@@ -126,7 +126,7 @@ def check(request: CheckRequest, *, progress=_quiet, on_checked: Callable[[dict]
             report["executor"]["resumed_from"] = request.resume
     else:
         report = orchestrate.check(ws, names, options, progress=progress, on_checked=on_checked)
-    code = orchestrate.exit_code(report)
+    code = outcome.exit_code(report)
     history = _past_medians(store, report) if baseline is not None else None  # before this run is stored
     if store is not None:
         report["run_id"] = store.append(report, request.command, ws.root, code, run_id=run_id)
@@ -142,7 +142,7 @@ def check(request: CheckRequest, *, progress=_quiet, on_checked: Callable[[dict]
     write_results(report, None if to_stdout else request.json_file, request.report_dir, notice)
     if store is not None and not to_stdout:  # JSON on stdout: its run_id says it, nothing else is printed
         notice(f"stored as run {report['run_id']} in {store.url}")
-    why = orchestrate.nothing_checked(report)
+    why = outcome.nothing_checked(report)
     if why:  # the verdicts and files are out; the exit code 2 is said last, in one line
         notice(f"error: {why}")
     return code
@@ -380,10 +380,9 @@ def repro(workspace: str | None, model: str, path_id: str, out_dir: str, force: 
     from parity.platform.cache_dir import cache_root
     from parity.platform.env import environment
     from parity.platform.precision import parse_device
+    from parity.platform.safefs import check_folder_target
     from parity.run import paths
     from parity.run.worker import TaskFailed, WorkerPool
-
-    from parity.platform.safefs import check_folder_target
 
     out = check_folder_target(out_dir, "--out")  # links followed; a file in the way refused before any work
     if out.exists() and any(out.iterdir()) and not force:
@@ -425,6 +424,7 @@ def repro(workspace: str | None, model: str, path_id: str, out_dir: str, force: 
     with WorkerPool(threads, cache_root() / "logs", timeout_s) as pool:
         run = orchestrate.Run(ws, options)
         manifest = golden.verify(ws.golden_dir(model), spec)
+        run._identify(pool, [(spec, manifest, path, None)])  # the export is keyed on the weights, as check keys it
         artifact = run._export(pool, spec, manifest, path, len(path.exports) - 1)
         progress(f"{model}: reduce {path.id}")
         try:

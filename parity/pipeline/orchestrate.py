@@ -18,7 +18,7 @@ from pathlib import Path
 from parity import __version__
 from parity.golden import store as golden
 from parity.model import identity
-from parity.pipeline.outcome import apply_expectation, exit_code, is_unexpected, nothing_checked  # noqa: F401
+from parity.pipeline.outcome import apply_expectation
 from parity.platform import devices
 from parity.platform import precision as precision_lib
 from parity.platform.cache_dir import cache_root
@@ -306,7 +306,8 @@ class Run:
         """Each user model as its builder makes it now (``parity.model.identity``): its weights key its exports; a
         change since its golden build is said on every result of the model (``golden_changed``), whose verdict
         stands."""
-        for name, (spec, manifest) in {s.name: (s, m) for s, m, _, _ in pending if s.weights_from_model}.items():
+        for name, (spec, manifest) in {s.name: (s, m) for s, m, _, _ in pending
+                                       if s.weights_from_model and s.frameworks[0] != "onnx"}.items():
             self.progress(f"{name}: reading the model's weights")
             try:
                 now = pool.call(spec.frameworks[0], "parity.model.identity:model_identity",

@@ -7,80 +7,17 @@ and meant to be edited: inputs, tolerances, taps.
 
 from __future__ import annotations
 
-import json
 import keyword
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from parity.interop.given import npz_facts
+from parity.model import values as value_kinds
 from parity.model.user import check_data_size
+from parity.pipeline.spec_file import InputDecl, Request, write
 from parity.platform.errors import UsageError
-from parity.platform.safefs import write_text_atomic
-
-DEFAULT_TOLERANCE = (1e-4, 1e-4)  # atol, rtol of outputs; a float32 model against its float64 reference
-DEFAULT_GRAD_TOLERANCE = (1e-5, 1e-3)
-BUILDERS = {"torch": "torch_factory", "tf": "keras_file", "jax": "jax_function", "onnx": None}
-# a known converter limit, declared as the zoo declares it (see models/mlp.py)
-JAX_TF_ONNX = ("jax/tf/onnx/*", "jax2tf serialises through XlaCallModule, which tf2onnx cannot convert")
-TAP_ORIGIN = {"torch": "the model's top-level submodules (named children)", "tf": "the Keras model's layers",
-              "jax": "the names your apply function passes to tap(name, value)",
-              "onnx": "none by default (a tap is a layer name the graph's node names carry)"}
-
-
-@dataclass(frozen=True)
-class InputDecl:
-    """One input as ``--input`` declares it: shape batch first (a string entry names a dynamic axis, sized by
-    ``Request.axes``), dtype, and the values generated data takes (``None``; an int: ids 0 to N-1; ``"mask"``:
-    an attention mask; ``(low, high)``: a uniform or integer range)."""
-
-    name: str
-    shape: tuple[int | str, ...]
-    dtype: str = "float32"
-    values: int | str | tuple[float, float] | None = None
-    batched: bool = True  # False: the shape is the whole shape, with no batch axis (an ONNX graph that fixes it)
-
-
-@dataclass(frozen=True)
-class Request:
-    """What ``parity init`` was asked: the source (``kind`` + ``reference``), the inputs, the data."""
-
-    name: str
-    kind: str  # torch, tf, jax, onnx
-    reference: str  # module:function, file.py:function, a .keras file or an .onnx file
-    params_file: str | None = None  # jax: the weights .npz
-    inputs: tuple[InputDecl, ...] = ()
-    axes: tuple[tuple[str, int], ...] = ()  # golden sizes of named axes
-    inputs_file: str | None = None
-    test_data: str | None = None
-    polygraphy_inputs: str | None = None
-    polygraphy_outputs: str | None = None
-    seed: int = 0
-    opset: int | None = None  # onnx: convert the file to this opset first (onnx.version_converter)
-    converted_from: str | None = None  # onnx: the file and opset the converted one was made from
-    tolerance: tuple[float, float] = DEFAULT_TOLERANCE  # atol, rtol of the outputs
-    builder: str | None = None  # the builder helper (default: the kind's own, e.g. keras_file for tf)
-
-    def concrete(self, decl: InputDecl) -> tuple[int, ...]:
-        """``decl``'s shape with its named axes at their golden sizes."""
-        sizes = dict(self.axes)
-        return tuple(sizes[d] if isinstance(d, str) else d for d in decl.shape)
-
-    def worker_inputs(self) -> list[dict]:
-        """The declared inputs as a worker task takes them (concrete shapes, values as ``_sample`` reads them)."""
-        result = []
-        for d in self.inputs:
-            values = d.values
-            if values == "mask":
-                values = {"kind": "mask"}
-            elif isinstance(values, tuple):
-                kind = "integers" if np.dtype(d.dtype).kind in "iu" else "uniform"
-                values = {"kind": kind, "low": values[0], "high": values[1]}
-            result.append({"name": d.name, "shape": list(self.concrete(d)), "dtype": d.dtype, "values": values})
-        return result
-
 
 INPUT_DTYPES = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
                 "uint64", "bool")
@@ -160,121 +97,6 @@ def workspace_reference(reference: str, root: Path) -> str:
     return f"{shown}{sep}{attribute}"
 
 
-def _py(value) -> str:
-    """A Python literal with double-quoted strings (the style of the zoo's model files)."""
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, tuple):
-        return "(" + ", ".join(_py(v) for v in value) + ("," if len(value) == 1 else "") + ")"
-    return repr(value)
-
-
-def render(request: Request, info: dict) -> str:
-    """The text of ``models/<name>.py``."""
-    kind, builder = request.kind, request.builder or BUILDERS[request.kind]
-    batch = next((d.shape[0] for d in request.inputs if d.batched), 1)
-    labelled = info.get("labelled", False)
-    if kind == "onnx":
-        source = f"onnx_model={_py(request.reference)}"
-    elif kind == "jax":
-        source = f"jax_apply=jax_function({_py(request.reference)}, {_py(request.params_file)}, root=WORKSPACE)"
-    else:
-        source = f"{ {'torch': 'torch_module', 'tf': 'keras_model'}[kind]}={builder}({_py(request.reference)}, root=WORKSPACE)"
-    width = info["output_shapes"][0][-1] if info.get("output_shapes") else 0
-    specs = [_input_spec(d) for d in request.inputs]
-    spec_imports = ["InputSpec", "ModelSpec", "Tolerance", "Tolerances"] + (["MetricRules"] if labelled and width < 3 else [])
-    if any("Values(" in text for text in specs):
-        spec_imports.append("Values")
-    layers = info.get("layers") or {}
-    if layers:
-        spec_imports.append("Layer")
-    if not specs:  # an ONNX graph that takes no input: its outputs are computed and compared whole
-        input_lines = ["    input=(),  # the graph takes no input"]
-    elif len(specs) == 1:
-        input_lines = [f"    input={specs[0]},"]
-    else:
-        input_lines = ["    input=(", *[f"        {text}," for text in specs], "    ),"]
-    lines = [
-        f'"""{request.name}: a {kind} model ({request.reference}), written by `parity init`; edit freely.',
-        "",
-        f"Check it with `parity golden build --model {request.name}`, then `parity run --model {request.name}`.",
-        "Build the golden data again after changing the model, its inputs or its weights.",
-        '"""',
-        "",
-        "from pathlib import Path",
-        "",
-        f"from parity.model.spec import {', '.join(sorted(spec_imports))}",
-        f"from parity.model.user import {', '.join(['InputData'] + ([builder] if builder else []))}",
-        "",
-        "WORKSPACE = Path(__file__).resolve().parent.parent",
-        "",
-        "SPEC = ModelSpec(",
-        f"    name={_py(request.name)},",
-        f"    description={_py(f'{kind} model {request.reference}' + (f', {request.converted_from}' if request.converted_from else ''))},",
-        f"    {source},",
-        "    weights_from_model=True,  # the weights are the model's own, checksummed into the golden data",
-        *input_lines,
-        *([f"    axes={json.dumps(dict(request.axes))},  # golden sizes of the named axes"] if request.axes else []),
-        f"    batch_size={batch},",
-        f"    inputs={_input_data(request)},",
-        f"    outputs={_py(tuple(info['outputs']))},",
-    ]
-    if labelled:
-        lines.append(f"    num_classes={width},")
-        if width < 3:
-            lines.append(f"    metric_rules=MetricRules(top_k={width}),")
-    loss = '"cross_entropy"' if labelled else "None"
-    lines += [
-        f"    loss={loss},  # \"cross_entropy\" of the first output checks gradients; it needs labels",
-        f"    # taps: {TAP_ORIGIN[kind]}; `parity diagnose` compares each one",
-        f"    taps={_py(tuple(info.get('taps') or ()))},",
-        *_layer_lines(layers),
-        *([f"    expected_errors={{{_py(JAX_TF_ONNX[0])}: {_py(JAX_TF_ONNX[1])}}},"] if kind == "jax" else []),
-        f"    tolerances={{\"fp32\": Tolerances(Tolerance(atol={request.tolerance[0]:g}, rtol={request.tolerance[1]:g}))}},",
-        (f"    grad_tolerances={{\"fp32\": Tolerances(Tolerance(atol={DEFAULT_GRAD_TOLERANCE[0]:g}, "
-         f"rtol={DEFAULT_GRAD_TOLERANCE[1]:g}))}},"),
-        ")",
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def _input_spec(decl: InputDecl) -> str:
-    """``InputSpec(...)`` for one declared input (its shape without the batch axis, or whole where it has none)."""
-    shape = tuple(decl.shape[1:]) if decl.batched else tuple(decl.shape)
-    text = f"InputSpec({_py(decl.name)}, {_py(shape)}, layout=\"native\", dtype={_py(decl.dtype)}"
-    if not decl.batched:
-        text += ", batched=False"
-    integer = np.dtype(decl.dtype).kind in "iub"
-    if decl.values == "mask":
-        text += ", values=Values(\"mask\")"
-    elif isinstance(decl.values, int):
-        text += f", values=Values(\"integers\", low=0, high={decl.values})"
-    elif isinstance(decl.values, tuple):
-        text += f", values=Values({_py('integers' if integer else 'uniform')}, low={decl.values[0]:g}, high={decl.values[1]:g})"
-    return text + ")"
-
-
-def _input_data(request: Request) -> str:
-    if request.inputs_file:
-        return f"InputData(file={_py(request.inputs_file)})"
-    if request.test_data:
-        return f"InputData(test_data={_py(request.test_data)})"
-    if request.polygraphy_inputs:
-        outputs = f", polygraphy_outputs={_py(request.polygraphy_outputs)}" if request.polygraphy_outputs else ""
-        return f"InputData(polygraphy_inputs={_py(request.polygraphy_inputs)}{outputs})"
-    return f"InputData(distribution=\"normal\", mean=0.0, std=1.0, seed={request.seed})"
-
-
-def write(root: Path, request: Request, info: dict, force: bool) -> Path:
-    """Write ``models/<name>.py`` (atomically); refuse to replace one unless ``force``."""
-    target = root / "models" / f"{request.name}.py"
-    if target.exists() and not force:
-        raise UsageError(f"{target} exists; pass --force to replace it (its golden data stays until you rebuild it)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(target, render(request, info))
-    return target
-
 
 def init(root: Path, request: Request, force: bool, threads: int, timeout_s: float = 600.0) -> tuple[Path, dict]:
     """Look at the model in a worker and write its spec; returns the file written and what was found."""
@@ -314,9 +136,10 @@ def init(root: Path, request: Request, force: bool, threads: int, timeout_s: flo
             _check_axes(request)
             for decl in request.inputs:
                 check_data_size(f"input {decl.name!r}", request.concrete(decl), decl.dtype)
-            info = pool.call(request.kind, "parity.model.inspect:inspect_model", kind=request.kind,
-                             reference=request.reference, root=str(root), inputs=request.worker_inputs(),
-                             params_file=request.params_file, names_from=names_from)
+            # an ONNX graph was read above, with the data given (a sequence input's elements are the data's)
+            info = graph if request.kind == "onnx" else pool.call(
+                request.kind, "parity.model.inspect:inspect_model", kind=request.kind, reference=request.reference,
+                root=str(root), inputs=request.worker_inputs(), params_file=request.params_file, names_from=names_from)
         except TaskFailed as error:
             raise ParityError(str(error)) from None
     if info.get("input_names"):  # the model's own order (a JAX apply takes its inputs by position)
@@ -332,7 +155,8 @@ def _file_inputs(source: str, facts: dict, batched=lambda name: True) -> tuple[I
     dtype (floating ones as float32), one batch size for all."""
     decls = []
     for name, (shape, dtype) in facts["inputs"].items():
-        check_batched(name, shape, source)
+        if batched(name):  # an input the graph fixes whole (a scalar too) has no batch axis to check
+            check_batched(name, shape, source)
         shape = (min(shape[0], 32), *shape[1:]) if batched(name) else shape
         decls.append(InputDecl(name, shape, "float32" if dtype.startswith("float") else dtype, None, batched(name)))
     sizes = {name: shape[0] for name, (shape, _) in facts["inputs"].items() if batched(name)}
@@ -369,6 +193,7 @@ def _converted(root: Path, request: Request) -> Request:
     found = next((e.version for e in model.opset_import if e.domain in ("", "ai.onnx")), None)
     try:
         converted = version_converter.convert_version(model, request.opset)
+        converted.ir_version = _lowest_ir_version(converted)
         onnx.checker.check_model(converted, full_check=True)
     except Exception as error:  # noqa: BLE001 - the converter's own refusal, said in one line
         raise ParityError(f"{request.reference}: onnx.version_converter cannot take opset {found} to "
@@ -383,6 +208,28 @@ def _converted(root: Path, request: Request) -> Request:
     return _with(request, reference=str(target.relative_to(root)),
                  converted_from=f"converted from {request.reference} (opset {found}) to opset {request.opset} by "
                                 f"onnx.version_converter")
+
+
+# the IR version that introduced an element type (float8 9, int4/uint4 10, float4 11, float8e8m0 12)
+_TYPE_IR = {17: 9, 18: 9, 19: 9, 20: 9, 21: 10, 22: 10, 23: 11, 24: 12}
+
+
+def _lowest_ir_version(model) -> int:
+    """The lowest IR version ``model``'s opsets and element types allow, never above its own: the version converter
+    moves the opset but keeps the file's IR version, which a runtime may not read (ONNX Runtime 1.31 reads IR 13
+    at most, onnx 1.23 writes 14)."""
+    import onnx
+
+    inferred = onnx.shape_inference.infer_shapes(model)
+    graph = inferred.graph
+    types = {v.type.tensor_type.elem_type for v in (*graph.input, *graph.output, *graph.value_info)}
+    types |= {t.data_type for t in graph.initializer}
+    types |= {a.i for node in graph.node for a in node.attribute if node.op_type in ("Cast", "CastLike") and a.name == "to"}
+    if any(t > max(_TYPE_IR) for t in types):  # a type newer than this table: keep the file's own version
+        return model.ir_version
+    needed = max([onnx.helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True),
+                  *(_TYPE_IR.get(t, 3) for t in types)])
+    return min(model.ir_version, needed)
 
 
 def _check_axes(request: Request) -> None:
@@ -421,7 +268,7 @@ def _integer_ranges(request: Request, info: dict) -> Request:
         if isinstance(decl.values, int) and decl.name in embedding and decl.values > embedding[decl.name]:
             raise UsageError(f"input {decl.name!r}: ids 0 to {decl.values - 1} were declared, but the embedding that "
                              f"reads it has {embedding[decl.name]} rows (ids 0 to {embedding[decl.name] - 1})")
-        if np.dtype(decl.dtype).kind in "iub" and decl.values is None:
+        if value_kinds.dtype_kind(decl.dtype) in "iub" and decl.values is None:
             if "mask" in decl.name.lower() or decl.dtype == "bool":
                 decl = _with(decl, values="mask")
             elif decl.name in embedding:
@@ -462,24 +309,13 @@ def _onnx_inputs(request: Request, graph: dict) -> Request:
         concrete = request.concrete(InputDecl(name, tuple(shape)))
         if len(concrete) != len(graph_shape) or any(g_ is not None and g_ != d for g_, d in zip(graph_shape, concrete)):
             raise UsageError(f"input {name!r} of shape {tuple(shape)} does not fit the graph's {graph_shape}")
-        if g["dtype"] not in (*INPUT_DTYPES, "str"):  # a string input: an ONNX graph's, fed as NumPy unicode
+        # a string input (fed as NumPy unicode) and the low-precision ones (through ml_dtypes) are an ONNX graph's
+        if g["dtype"] not in (*INPUT_DTYPES, "str", *value_kinds.ONNX_ELEMENT_TYPES):
             raise UsageError(f"{request.reference}: input {name!r} is a {g['dtype']} tensor; parity feeds "
                              f"{', '.join(INPUT_DTYPES)} tensors")
-        batched = bool(graph_shape) and graph_shape[0] is None
+        # a graph with sequences or optionals is taken whole, as its data gives it: they have no batch axis
+        batched = bool(graph_shape) and graph_shape[0] is None and not graph.get("containers")
         decls.append(InputDecl(name, tuple(shape), g["dtype"], decl.values if decl else None, batched))
     return _with(request, inputs=tuple(decls))
 
 
-def _layer_lines(layers: dict) -> list[str]:
-    """``layers={...}``: the kind ``init`` found for each tap, so ``parity diagnose`` tests causes on it; ``params=``
-    the prefix of its weights as golden build names them (the tap's own name), for the kinds that read weights."""
-    if not layers:
-        return []
-    lines = ["    # layers: the kind of each tap init recognised; the diagnosis recomputes it and tests known variants",
-             "    layers={"]
-    for tap, layer in layers.items():
-        pairs = ", ".join(f"{_py(k)}: {_py(v)}" for k, v in layer["attrs"].items())
-        attrs = f", {{{pairs}}}" if pairs else ""
-        params = f", params={_py(layer['params'])}" if layer.get("params") else ""
-        lines.append(f"        {_py(tap)}: Layer({_py(layer['kind'])}{attrs}{params}),")
-    return [*lines, "    },"]

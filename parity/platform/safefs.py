@@ -195,10 +195,7 @@ def check_folder_target(path: str | Path, what: str) -> Path:
     """Where a folder written at ``path`` will land, every symlink followed (a link is kept, its target written),
     refused now, before any work, in one line when it could not be made there: it or a folder above it is a file
     (or another non-folder), or the nearest folder that exists above it cannot be written to."""
-    try:
-        real = resolve_target(path)
-    except OSError as error:  # a symlink loop
-        raise UsageError(f"{what} {path} cannot be written: {error.strerror or error}") from None
+    real = resolve_target(path)  # a symlink loop resolves to the looping link: "a broken symlink, not a folder"
     for folder in [*reversed(real.parents), real]:
         if os.path.lexists(folder) and not folder.is_dir():
             if folder == real:

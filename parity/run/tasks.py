@@ -13,7 +13,7 @@ from parity.exporters.common import ExportJob
 from parity.exporters.onnx_names import check_exported
 from parity.golden import shapes
 from parity.golden import store as golden
-from parity.model import batch_axes, feeds
+from parity.model import batch_axes, containers, feeds
 from parity.model.workspace import Workspace
 from parity.platform.errors import NotDifferentiable, Unavailable, one_line
 from parity.run import paths, provenance
@@ -118,25 +118,29 @@ def _check_path(workspace, model, path_id, golden_dir, precision, threads, artif
     outputs = runner.run(x)
     first_result_s = export_s + time.perf_counter() - started
 
-    dtypes = dict(runner.output_dtypes)
-    result = {"outputs": compare.compare_outputs(outputs, {n: reference[n] for n in spec.outputs}, tolerances, dtypes,
-                                                 precision),
+    judged = compare.OutputTolerances(spec.output_tolerances, precision, dict(runner.output_dtypes))
+    # a sequence is compared element by element (each by its own dtype), after its length; an optional after its presence
+    structures = dict(verified.manifest.get("containers") or {})
+    golden_outputs = {key: reference[key] for key in containers.output_keys(spec.outputs, structures)}
+    differ = containers.compare_structures(runner.output_structures, structures)  # named first, and they win
+    compared = compare.compare_outputs(outputs, golden_outputs, judged)
+    result = {"outputs": {**differ, **{key: stats for key, stats in compared.items() if key not in differ}},
               "numerics": runner.numerics,
               "tolerances": {"outputs": tolerances.to_json(), "gradients": spec.gradient_tolerances(precision).to_json()}}
     deterministic, nondeterminism = compare.bitwise_equal(outputs, runner.run(x))
     result["deterministic"] = deterministic
     result["determinism_max_diff"] = nondeterminism
     axes = batch_axes.recorded(verified.manifest)
-    eval_output = batch_axes.eval_output(spec, axes)  # the first output with a row per sample
-    eval_logits = feeds.run_batched(runner, feeds.from_arrays(spec, eval_data), spec.batch_size, axes)[eval_output]
-    result["eval_outputs"] = compare.compare_outputs({eval_output: eval_logits},
-                                                     {eval_output: reference["eval/logits"]}, tolerances, dtypes,
-                                                     precision)
+    eval_output = containers.eval_key(spec, axes, structures)  # the first output with a row per sample
+    eval_logits = None if eval_output is None else feeds.run_batched(
+        runner, feeds.from_arrays(spec, eval_data), spec.batch_size, axes).get(eval_output)
+    result["eval_outputs"] = {} if eval_output is None else compare.compare_outputs(
+        {eval_output: eval_logits} if eval_logits is not None else {}, {eval_output: reference["eval/logits"]}, judged)
     result["metrics"] = None
     if "y" in eval_data:  # a user model without labels has no metrics
         result["metrics"] = metrics.check_metrics(eval_logits, eval_data["y"], reference["eval/logits"], verified.metrics,
                                                   spec.metric_rules, precision, spec.num_classes)
-    result["shapes"] = check_shapes(spec, runner, verified, tolerances, artifact_meta, dtypes, precision)
+    result["shapes"] = check_shapes(spec, runner, verified, judged, artifact_meta)
     result["gradients"] = None
     result["time_to_first_gradient_s"] = None
     if path.differentiable and spec.loss is not None:
@@ -149,10 +153,10 @@ def _check_path(workspace, model, path_id, golden_dir, precision, threads, artif
     return result
 
 
-def check_shapes(spec, runner, verified, tolerances, meta: dict | None, dtypes: dict | None = None,
-                 precision: str = "fp32") -> list[dict]:
-    """The path at every verification shape: its outputs against the golden ones there, or the error it raised,
-    with the axes its export fixed (``meta["axes"]["static"]``) named; each output judged by its ``dtypes``."""
+def check_shapes(spec, runner, verified, tolerances, meta: dict | None) -> list[dict]:
+    """The path at every verification shape: its outputs against the golden ones there (judged at ``tolerances``,
+    ``closeness.OutputTolerances``), or the error it raised, with the axes its export fixed (``meta["axes"]["static"]``)
+    named."""
     arrays = verified.arrays["shapes.npz"]
     checked = []
     for k, shape in enumerate(verified.manifest["shapes"]):
@@ -160,7 +164,7 @@ def check_shapes(spec, runner, verified, tolerances, meta: dict | None, dtypes: 
         try:
             outputs = runner.run(shapes.feeds_at(spec, arrays, k))
             entry["outputs"] = compare.compare_outputs(outputs, {n: arrays[f"{k}/output/{n}"] for n in spec.outputs},
-                                                       tolerances, dtypes or {}, precision)
+                                                       tolerances)
             entry["ok"] = compare.first_failure(entry["outputs"]) is None
         except Exception as error:  # noqa: BLE001 - the runtime's own refusal of this shape is the finding
             entry.update(ok=False, error=one_line(f"{type(error).__name__}: {error}", 300))

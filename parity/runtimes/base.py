@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from parity.model import values
+from parity.model import containers, values
 from parity.model.feeds import as_feeds
 from parity.platform.errors import NotDifferentiable, ParityError
 
@@ -32,6 +32,7 @@ class Runner:
         self.precision = precision
         self.numerics: dict = {}  # every flag that changes numerics, as the runner set it (in the result)
         self.output_dtypes: dict[str, str] = {}  # the last run's outputs' dtypes, by output name
+        self.output_structures: dict[str, dict] = {}  # the last run's sequence and optional outputs' structures
         self.batch_size = batch_size
 
     def check_feed(self, feeds) -> dict[str, np.ndarray]:
@@ -63,6 +64,9 @@ class Runner:
                 raise ShapeMismatch(f"input {i.name!r} is {i.dtype}; it was given {x.dtype} values")
             # floating inputs in the runner's host dtype, a float64 input always in float64 (the model's own type)
             dtype = ("float64" if i.dtype == "float64" else self.dtype) if i.floating else i.dtype
+            if i.dtype in values.LOW_PRECISION:  # golden data's raw bits, or values, in the graph's own dtype
+                checked[i.name] = values.as_low_precision(x, i.dtype)
+                continue
             if i.dtype == values.TEXT:
                 if not values.is_text(x):
                     raise ShapeMismatch(f"input {i.name!r} is a string tensor; it was given {x.dtype} values")
@@ -82,7 +86,13 @@ class Runner:
     def run(self, x) -> dict[str, np.ndarray]:
         """Outputs by the spec's names for the batch of feeds ``x`` (canonical layout); float16 / bfloat16 results
         as float32."""
-        outputs = named_outputs(self.spec, self.run_impl(self.check_feed(x)))
+        returned = self.run_impl(self.check_feed(x))
+        kinds = containers.output_kinds(self.spec)
+        if kinds:  # an ONNX graph's sequences and optionals: split into their elements, their structures kept
+            outputs, self.output_structures = containers.flat_outputs(self.spec.outputs, as_tuple(returned), kinds)
+            outputs = {name: np.asarray(value) for name, value in outputs.items()}
+        else:
+            outputs = named_outputs(self.spec, returned)
         outputs = {name: values.text(v) if values.is_text(v) else v for name, v in outputs.items()}
         # the dtype each output was computed in, before widening: a float16 output is judged at float16's tolerance
         self.output_dtypes = {name: str(value.dtype) for name, value in outputs.items()}
@@ -145,9 +155,11 @@ class Runner:
 
 
 def widened(arrays: dict) -> dict:
-    """float16 / bfloat16 arrays as float32 (exactly: every such value is a float32), others as they are."""
-    return {k: np.asarray(v, dtype=np.float32) if v.dtype.kind in "fV" and v.dtype.itemsize < 4 else v
-            for k, v in arrays.items()}
+    """float16 / bfloat16 / float8 / float4 arrays as float32 (exactly: every such value is a float32), int4 and
+    uint4 as int8 and uint8 (integers stay integers), others as they are."""
+    four_bit = {"int4": np.int8, "uint4": np.uint8}
+    return {k: np.asarray(v, dtype=four_bit.get(v.dtype.name, np.float32))
+            if v.dtype.kind in "fV" and v.dtype.itemsize < 4 else v for k, v in arrays.items()}
 
 
 def is_array(value) -> bool:

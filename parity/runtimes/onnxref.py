@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from parity.runtimes.onnx_common import OnnxRunner
+from parity.runtimes.onnx_common import OnnxRunner, low_precision_types
 
 
 class OnnxRefRunner(OnnxRunner):
@@ -13,6 +13,8 @@ class OnnxRefRunner(OnnxRunner):
         from onnx.reference import ReferenceEvaluator
 
         self.evaluator = ReferenceEvaluator(self.model_path)
+        # the evaluator takes bfloat16, float8 and 4-bit inputs as ml_dtypes arrays
+        self.graph_dtypes = low_precision_types(self.evaluator.input_names, self.evaluator.input_types)
         self.numerics = {"evaluator": "onnx.reference", "device": device, "precision": precision,
                          "float16_model": "float16" in meta}
 

@@ -3,10 +3,20 @@ put the same session on the GPU providers)."""
 
 from __future__ import annotations
 
+import ctypes
+import re
+
 import numpy as np
 
+from parity.model import values
 from parity.platform.errors import Unavailable
 from parity.runtimes.onnx_common import OnnxRunner
+
+# ONNX Runtime's names (``tensor(<name>)``) of the element types NumPy holds only through ml_dtypes
+_ORT_TYPE_NAMES = {"bfloat16": "bfloat16", "float8e4m3fn": "float8_e4m3fn", "float8e4m3fnuz": "float8_e4m3fnuz",
+                   "float8e5m2": "float8_e5m2", "float8e5m2fnuz": "float8_e5m2fnuz", "int4": "int4", "uint4": "uint4",
+                   "float4e2m1": "float4_e2m1fn", "float8e8m0": "float8_e8m0fnu"}
+_BY_ELEMENT = {element: name for name, element in values.ONNX_ELEMENT_TYPES.items()}
 
 MIN_OPSET = 7  # ONNX Runtime has no kernels for the default domain below it
 
@@ -35,6 +45,9 @@ class OrtRunner(OnnxRunner):
         options.log_severity_level = 3
         providers = self.providers()
         self.session = self.open_session(options, providers)
+        self.graph_dtypes = _low_precision(self.session.get_inputs())
+        # ONNX Runtime's Python API neither takes nor returns NumPy arrays of these: such a graph runs on OrtValues
+        self.low_precision_io = bool(self.graph_dtypes or _low_precision(self.session.get_outputs()))
         used = self.session.get_providers()
         if used[:1] != [self.provider]:
             raise Unavailable(f"ONNX Runtime did not start {self.provider} (its providers are {used}); see the worker log")
@@ -61,6 +74,9 @@ class OrtRunner(OnnxRunner):
             raise
 
     def run_impl(self, x):
+        if self.low_precision_io:
+            feed = {name: to_ortvalue(self.ort, value) for name, value in self.feed(x).items()}
+            return tuple(from_ortvalue(value) for value in self.session.run_with_ort_values(self.output_names, feed))
         return tuple(self.session.run(self.output_names, self.feed(x)))
 
     def device_compute(self, x):
@@ -85,3 +101,43 @@ class OrtNoOptRunner(OrtRunner):
     so a drift that only the optimised graph shows is told apart from one in the kernels."""
 
     optimization = "ORT_DISABLE_ALL"
+
+
+def _low_precision(node_args) -> dict[str, str]:
+    """``{name: dtype}`` of the session's inputs or outputs ONNX Runtime types as bfloat16, float8 or 4-bit."""
+    found = {}
+    for arg in node_args:
+        match = re.fullmatch(r"tensor\((\w+)\)", arg.type or "")
+        if match and match[1] in _ORT_TYPE_NAMES:
+            found[arg.name] = _ORT_TYPE_NAMES[match[1]]
+    return found
+
+
+def to_ortvalue(ort, value: np.ndarray):
+    """A CPU OrtValue holding ``value``; an ml_dtypes array (bfloat16, float8, int4 ...) copied in as its ONNX
+    element type's raw bits, 4-bit ones packed two to a byte as ONNX Runtime lays them out."""
+    name = values.low_precision_name(value)
+    if name is None:
+        return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value))
+    ortvalue = ort.OrtValue.ortvalue_from_shape_and_type(list(value.shape), values.ONNX_ELEMENT_TYPES[name])
+    raw = np.ascontiguousarray(values.pack4(value) if name in values.PACKED else values.to_bits(value))
+    if raw.nbytes:
+        ctypes.memmove(ortvalue.data_ptr(), raw.ctypes.data, raw.nbytes)
+    return ortvalue
+
+
+def from_ortvalue(ortvalue) -> np.ndarray:
+    """A CPU OrtValue as NumPy; an element type NumPy holds only through ml_dtypes (whose ``numpy()`` ONNX Runtime
+    refuses, or returns as bare bytes) read from its buffer as raw bits, as an ml_dtypes array."""
+    name = _BY_ELEMENT.get(ortvalue.element_type()) if ortvalue.is_tensor() else None
+    if name is None:
+        return ortvalue.numpy()
+    shape = tuple(ortvalue.shape())
+    count = int(np.prod(shape, dtype=np.int64))
+    width = values.ml_dtype(name).itemsize
+    raw = np.empty((count + 1) // 2 if name in values.PACKED else count * width, dtype=np.uint8)
+    if raw.nbytes:
+        ctypes.memmove(raw.ctypes.data, ortvalue.data_ptr(), raw.nbytes)
+    if name in values.PACKED:
+        return values.unpack4(raw, name, shape)
+    return values.from_bits(raw.view(np.uint16 if width == 2 else np.uint8), name).reshape(shape)
