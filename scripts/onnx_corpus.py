@@ -206,8 +206,11 @@ def _floating(array) -> bool:
 
 
 def _short(error) -> str:
+    """The error in one line of at most 200 characters, its file paths (ONNX Runtime names its own sources) cut to
+    their last part and its C++ source locations dropped, so what is left is the reason."""
     text = f"{type(error).__name__}: {error}".replace("\n", " ")
-    return text[:200]
+    text = re.sub(r"/(?:[^/\s]+/)+([^/\s]+)", r"\1", text)
+    return re.sub(r"\S+\.(?:cc|h):\d+ [\w:~<>]+\([^)]*\)\s*", "", text)[:200]  # ONNX Runtime's C++ location
 
 
 def parity_verdict(case: Path, root: Path, opset: int | None = None, path: str = "onnx/ort") -> tuple[str, str | None]:

@@ -252,6 +252,7 @@ def test_series_get_runners_of_their_own_and_never_the_golden_weights(monkeypatc
 
     class Runner:
         differentiable = True
+        output_dtypes: dict = {}
 
         def __init__(self, weights):
             assert weights["w"] is not golden_weights["w"] and np.array_equal(weights["w"], golden_weights["w"])

@@ -35,4 +35,5 @@ def export(job: ExportJob) -> dict:
     names = [i.name for i in spec.model_inputs]
     if sorted(inputs) != sorted(graph_feeds(spec, dict.fromkeys(names))):  # a sequence's elements feed one input
         raise GoldenError(f"{source} has inputs {list(inputs)}; the spec names {names}")
-    return onnx_meta(spec, names, outputs, spec.model_inputs[0].layout if spec.model_inputs else "flat")
+    meta = onnx_meta(spec, names, outputs, spec.model_inputs[0].layout if spec.model_inputs else "flat")
+    return {**meta, "user_file": True}  # the user's own graph, checked by load_checked: not an export parity wrote

@@ -33,7 +33,7 @@ def export_step(workspace: str, model: str, target: str, golden_dir: str, opset:
                     inputs=_input_batch(verified, spec, batch_size or spec.batch_size))
     meta = paths.load_target(target)(job)
     meta["export_s"] = time.perf_counter() - started
-    if meta.get("format") == "onnx":
+    if meta.get("format") == "onnx" and not meta.get("user_file"):
         check_exported(Path(out_dir) / meta["file"])  # an invalid graph is the converter's error, not a runtime's
         meta["opset"] = exported_opset(Path(out_dir) / meta["file"], opset)
     meta["code_files"] = provenance.loaded_code_files()  # re-checked on every cache lookup
