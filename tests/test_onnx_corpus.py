@@ -4,6 +4,7 @@ batch axis, NaN in the given data, integer outputs; parity's verdict agrees with
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,12 +24,34 @@ def _script():
     return module
 
 
+def corpus_of(tmp_path_factory, folder: str, names) -> tuple:
+    """The corpus script, the node cases ``names`` written as it writes them (by name), and a workspace for them."""
+    script = _script()
+    root = tmp_path_factory.mktemp(folder)
+    cases = {case.name: case for case in script.write_node_cases(root / "cases") if case.name in set(names)}
+    return script, cases, root / "ws"
+
+
+def with_expected(source: Path, name: str, change) -> Path:
+    """A copy of case ``source`` beside it as ``name``, its first expected output ``change``d (``change(array) ->
+    array``): the runtime computes what it did, so against the changed outputs it departs from them."""
+    from onnx import TensorProto, numpy_helper
+
+    case = source.parent / name
+    (case / "test_data_set_0").mkdir(parents=True)
+    (case / "model.onnx").write_bytes((source / "model.onnx").read_bytes())
+    for file in (source / "test_data_set_0").iterdir():
+        proto = TensorProto()
+        proto.ParseFromString(file.read_bytes())
+        if file.name == "output_0.pb":
+            proto = numpy_helper.from_array(change(numpy_helper.to_array(proto)), proto.name)
+        (case / "test_data_set_0" / file.name).write_bytes(proto.SerializeToString())
+    return case
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    script = _script()
-    root = tmp_path_factory.mktemp("corpus")
-    cases = {case.name: case for case in script.write_node_cases(root / "cases") if case.name in CASES}
-    return script, cases, root / "ws"
+    return corpus_of(tmp_path_factory, "corpus", CASES)
 
 
 @pytest.mark.parametrize("name", CASES)

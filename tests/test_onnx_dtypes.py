@@ -11,17 +11,14 @@ import pytest
 
 from parity.check import closeness
 from parity.model.spec import Tolerance, Tolerances
-from tests.test_onnx_corpus import _script
+from tests.test_onnx_corpus import corpus_of
 
 CASES = ("test_attention_4d_fp16", "test_dft", "test_stft", "test_identity_sequence")
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    script = _script()
-    root = tmp_path_factory.mktemp("dtypes")
-    cases = {case.name: case for case in script.write_node_cases(root / "cases") if case.name in CASES}
-    return script, cases, root / "ws"
+    return corpus_of(tmp_path_factory, "dtypes", CASES)
 
 
 def test_a_float16_graph_is_judged_at_float16_tolerance_and_says_so(corpus):

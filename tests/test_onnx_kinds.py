@@ -4,29 +4,17 @@ outputs checked whole). parity takes them and its verdict agrees with ONNX Runti
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
 
-from tests.conftest import REPO
+from tests.test_onnx_corpus import corpus_of, with_expected
 
 CASES = ("test_constant", "test_string_concat", "test_regex_full_match_basic", "test_equal_string")
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("onnx_corpus", REPO / "scripts" / "onnx_corpus.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    script = _script()
-    root = tmp_path_factory.mktemp("kinds")
-    cases = {case.name: case for case in script.write_node_cases(root / "cases") if case.name in CASES}
-    return script, cases, root / "ws"
+    return corpus_of(tmp_path_factory, "kinds", CASES)
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -50,21 +38,14 @@ def test_golden_text_is_unicode_and_loads_without_pickles(corpus):
 def test_a_runtime_whose_strings_differ_from_the_expected_ones_fails(corpus):
     """Expected outputs that are not what the graph computes: the given strings are the golden, so ONNX Runtime's
     output fails against them, naming the first string that differs, as ONNX Runtime's own check fails."""
-    from onnx import TensorProto, numpy_helper
-
     script, cases, workspace = corpus
-    source = cases["test_string_concat"]
-    case = source.parent / "test_string_concat_wrong"
-    (case / "test_data_set_0").mkdir(parents=True)
-    (case / "model.onnx").write_bytes((source / "model.onnx").read_bytes())
-    for file in (source / "test_data_set_0").iterdir():
-        proto = TensorProto()
-        proto.ParseFromString(file.read_bytes())
-        if file.name == "output_0.pb":
-            expected = numpy_helper.to_array(proto).astype(object)
-            expected.flat[0] = str(expected.flat[0]) + "!"
-            proto = numpy_helper.from_array(expected, proto.name)
-        (case / "test_data_set_0" / file.name).write_bytes(proto.SerializeToString())
+
+    def one_string_off(expected):
+        expected = expected.astype(object)
+        expected.flat[0] = str(expected.flat[0]) + "!"
+        return expected
+
+    case = with_expected(cases["test_string_concat"], "test_string_concat_wrong", one_string_off)
     assert script.ort_verdict(case)[0] == "fail"
     says, reason = script.parity_verdict(case, workspace)
     assert says == "fail" and "1 of" in reason and "strings differ" in reason, (says, reason)

@@ -5,12 +5,10 @@ own verdict, and where ONNX Runtime has no kernel the path is an error with ONNX
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
 
-from tests.conftest import REPO
+from tests.test_onnx_corpus import corpus_of, with_expected
 
 CASES = {  # case: the dtype it takes or gives that NumPy holds only through ml_dtypes
     "test_castlike_BFLOAT16_to_FLOAT": "bfloat16 in",
@@ -25,20 +23,9 @@ NO_ORT_KERNEL = "test_castlike_FLOAT_to_FLOAT4E2M1"  # ONNX Runtime 1.31 has no 
 IR14 = "test_cast_FLOAT_to_BFLOAT16"  # IR version 14, which ONNX Runtime 1.31 cannot read
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("onnx_corpus", REPO / "scripts" / "onnx_corpus.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    script = _script()
-    root = tmp_path_factory.mktemp("lowp")
-    wanted = {*CASES, NO_ORT_KERNEL, IR14}
-    cases = {case.name: case for case in script.write_node_cases(root / "cases") if case.name in wanted}
-    return script, cases, root / "ws"
+    return corpus_of(tmp_path_factory, "lowp", {*CASES, NO_ORT_KERNEL, IR14})
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -94,22 +81,15 @@ def test_a_runtime_off_by_two_float8_steps_fails(corpus):
     """Expected float8 outputs two steps away from what the graph computes: the given outputs are the golden, so ONNX
     Runtime fails against them, as its own check does."""
     import ml_dtypes
-    from onnx import TensorProto, numpy_helper
 
     script, cases, workspace = corpus
-    source = cases["test_castlike_FLOAT_to_FLOAT8E4M3FN"]
-    case = source.parent / "test_castlike_float8_departs"
-    (case / "test_data_set_0").mkdir(parents=True)
-    (case / "model.onnx").write_bytes((source / "model.onnx").read_bytes())
-    for file in (source / "test_data_set_0").iterdir():
-        proto = TensorProto()
-        proto.ParseFromString(file.read_bytes())
-        if file.name == "output_0.pb":
-            expected = numpy_helper.to_array(proto)
-            bits = expected.view(np.uint8).copy()
-            bits.flat[0] += 2  # 0.46875 -> 0.53125 in float8_e4m3fn
-            proto = numpy_helper.from_array(bits.view(ml_dtypes.float8_e4m3fn), proto.name)
-        (case / "test_data_set_0" / file.name).write_bytes(proto.SerializeToString())
+
+    def two_steps_up(expected):
+        bits = expected.view(np.uint8).copy()
+        bits.flat[0] += 2  # 0.46875 -> 0.53125 in float8_e4m3fn
+        return bits.view(ml_dtypes.float8_e4m3fn)
+
+    case = with_expected(cases["test_castlike_FLOAT_to_FLOAT8E4M3FN"], "test_castlike_float8_departs", two_steps_up)
     assert script.ort_verdict(case)[0] == "fail"
     says, reason = script.parity_verdict(case, workspace)
     assert says == "fail" and "output" in reason, (says, reason)

@@ -4,30 +4,18 @@ presence and then its value. parity takes them and its verdict agrees with ONNX 
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
 
-from tests.conftest import REPO
+from tests.test_onnx_corpus import corpus_of
 
 CASES = ("test_identity_sequence", "test_sequence_insert_at_back", "test_split_to_sequence_1", "test_identity_opt",
          "test_if_opt", "test_loop13_seq")
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("onnx_corpus", REPO / "scripts" / "onnx_corpus.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    script = _script()
-    root = tmp_path_factory.mktemp("sequences")
-    cases = {case.name: case for case in script.write_node_cases(root / "cases") if case.name in CASES}
-    return script, cases, root / "ws"
+    return corpus_of(tmp_path_factory, "sequences", CASES)
 
 
 def _case(folder, model, inputs: list, outputs: list):
