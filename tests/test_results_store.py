@@ -157,6 +157,9 @@ def make_net():
 
 
 def test_against_last_end_to_end_passes_unchanged_and_fails_once_the_path_is_slower(tmp_path):
+    """An unchanged path passes against the last run; four times slower, it fails. Beside the other tests of a
+    parallel session on two cores, the machine itself moves a 1 ms median by 5-10 % between two runs now and then
+    (the host audit says so), so the unchanged path has three tries, each against the run before it."""
     flag = tmp_path / "slow"
     (tmp_path / "net.py").write_text(SLOW_NET.format(flag=str(flag)))
     root = tmp_path / "ws"
@@ -167,8 +170,13 @@ def test_against_last_end_to_end_passes_unchanged_and_fails_once_the_path_is_slo
     bench = ["bench", "--workspace", root, "--model", "net", "--path", "torch", "--budget", "0.3", "--threads", "1",
              "--store", tmp_path / "r.sqlite"]
     assert _invoke(*bench).exit_code == 0
-    same = _invoke(*bench, "--against", "last")
-    assert same.exit_code == 0, same.output
+    tries = []
+    for _ in range(3):
+        tries.append(_invoke(*bench, "--against", "last"))
+        if tries[-1].exit_code == 0:
+            break
+    same = tries[-1]
+    assert same.exit_code == 0, "\n".join(t.output.split("Against run")[-1] for t in tries)
     assert "no verdict changed and no timing changed beyond its noise" in same.output
     flag.write_text("")
     slowed = _invoke(*bench, "--against", "last", "--json", tmp_path / "b.json")
