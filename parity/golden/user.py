@@ -162,7 +162,7 @@ def _stored(spec, name: str, value: np.ndarray) -> np.ndarray:
         return values.to_bits(values.as_low_precision(value, dtype))
     if dtype == values.TEXT:
         return values.text(value)
-    return np.asarray(value, dtype="float32" if dtype == "bfloat16" else dtype)
+    return np.asarray(value, dtype=values.stored_dtype(dtype))
 
 
 def _check_samples(spec, x: dict, what: str) -> None:
@@ -244,7 +244,6 @@ def _replace_outputs(spec, reference: dict, given: dict, axes: dict) -> float:
             raise ParityError(f"{given['from']}: output {name!r} is {head.dtype}, the model gives "
                               f"{reference[name].dtype}")
         if not values.is_text(head):  # text has no distance: the given strings are the golden, compared for equality
-
             worst = max(worst, finite_distance(head, reference[name]))
         reference[name] = head
         if name == batch_axes.eval_output(spec, axes):

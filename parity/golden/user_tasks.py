@@ -118,21 +118,20 @@ def _onnx_reference(spec, _weights, inputs, evals, dtype: str, structures: dict)
         return {i.name: values.as_low_precision(x[i.name], i.dtype) if i.dtype in values.LOW_PRECISION else x[i.name]
                 for i in spec.model_inputs}
 
-    class Evaluator:
+    def outputs(x, taps: bool = True) -> dict:  # every input in its own dtype
+        computed = _reference_run(spec, model, typed(x), dtype, structures)
+        found = {name: computed[name] for name in containers.output_keys(spec.outputs, structures)}
+        return {**found, **{f"tap/{tap}": values.golden(computed[tap]) for tap in spec.taps}} if taps else found
+
+    class Evaluator:  # the graph's outputs as a runner gives them, for ``feeds.run_batched``
         def __init__(self):
             self.spec = spec
 
         def run(self, x):
-            outputs = _reference_run(spec, model, typed(x), dtype, structures)  # every input in its own dtype
-            return {name: outputs[name] for name in containers.output_keys(spec.outputs, structures)}
+            return outputs(x, taps=False)
 
-    def outputs_and_taps(x) -> dict:
-        computed = _reference_run(spec, model, typed(x), dtype, structures)
-        return {**{name: computed[name] for name in containers.output_keys(spec.outputs, structures)},
-                **{f"tap/{tap}": values.golden(computed[tap]) for tap in spec.taps}}
-
-    arrays = outputs_and_taps(feeds.from_arrays(spec, inputs))
-    axes = detect_batch_axes(spec, arrays, evals, lambda x, _batch: outputs_and_taps(x))
+    arrays = outputs(feeds.from_arrays(spec, inputs))
+    axes = detect_batch_axes(spec, arrays, evals, lambda x, _batch: outputs(x))
     eval_key = containers.eval_key(spec, axes, structures)
     arrays["eval/logits"] = np.zeros(0) if eval_key is None else feeds.run_batched(
         Evaluator(), feeds.from_arrays(spec, evals), spec.batch_size, axes)[eval_key]

@@ -113,8 +113,7 @@ def _read_tensor(file: Path) -> tuple[str, np.ndarray]:
             raise ValueError("no element type")
         array = numpy_helper.to_array(proto)
         if proto.data_type == TensorProto.STRING:  # held as unicode: golden data never holds object arrays
-            items = [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in array.ravel().tolist()]
-            array = np.array(items, dtype=str).reshape(array.shape) if items else np.zeros(array.shape, "<U1")
+            array = unicode(array)
         return proto.name, array
     except Exception as error:  # noqa: BLE001 - OSError, DecodeError, bad or missing data alike
         raise InteropError(f"{file}: not a serialized onnx.TensorProto ({one_line(error, 120)})") from None
@@ -152,15 +151,21 @@ def _read_container(file: Path, kind: str):
         value = numpy_helper.to_list(proto) if kind == SEQUENCE else numpy_helper.to_optional(proto)
     except Exception as error:  # noqa: BLE001 - OSError, DecodeError, a value of another kind alike
         raise InteropError(f"{file}: not a serialized {what} ({one_line(error, 120)})") from None
+    def held(item):  # text as unicode, numbers as they are
+        item = np.asarray(item)
+        return unicode(item) if item.dtype.kind in "OS" else item
+
     if isinstance(value, list):
-        value = [_unicode(np.asarray(item)) for item in value]
+        value = [held(item) for item in value]
     elif value is not None:
-        value = _unicode(np.asarray(value))
+        value = held(value)
     return proto.name, value
 
 
-def _unicode(array: np.ndarray) -> np.ndarray:
-    if array.dtype.kind not in "OS":
+def unicode(array: np.ndarray) -> np.ndarray:
+    """``array`` as a fixed-width unicode array, its shape kept: bytes decoded as UTF-8, other items by ``str``
+    (golden data never holds object arrays, which need pickles)."""
+    if array.dtype.kind == "U":
         return array
     items = [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in array.ravel().tolist()]
     return np.array(items, dtype=str).reshape(array.shape) if items else np.zeros(array.shape, "<U1")

@@ -21,14 +21,13 @@ def detect(shapes: dict[str, tuple], other_shapes: dict[str, tuple], batch: int,
     axes = {}
     for key, shape in shapes.items():
         other = other_shapes.get(key)
-        axes[key] = None
-        if other is None or len(other) != len(shape):
-            axes[key] = guess({key: shape}, batch)[key] if other is None else None
-            continue
-        for axis, (size, other_size) in enumerate(zip(shape, other)):
-            if size == batch and other_size == other_batch:
-                axes[key] = axis
-                break
+        if other is None:  # not computed at the other size: as for a model that runs at one size only
+            axes[key] = guess({key: shape}, batch)[key]
+        elif len(other) != len(shape):
+            axes[key] = None
+        else:
+            axes[key] = next((axis for axis, (size, other_size) in enumerate(zip(shape, other))
+                              if size == batch and other_size == other_batch), None)
     return axes
 
 

@@ -111,11 +111,11 @@ def generate(spec, batch_size: int, default, rng: np.random.Generator, axes: dic
 
 def draw(values, shape: tuple, dtype: str, rng: np.random.Generator) -> np.ndarray:
     """One array of ``shape`` from the domain ``values``, in ``dtype`` (bfloat16 as float32)."""
-    from parity.model.values import LOW_PRECISION, ml_dtype
+    from parity.model.values import LOW_PRECISION, TEXT, ml_dtype
 
     # bfloat16 drawn as float32; float8, int4 ... rounded to their own dtype (golden data then keeps their bits)
     store = "float32" if dtype == "bfloat16" else ml_dtype(dtype) if dtype in LOW_PRECISION else dtype
-    if dtype == "str":  # an ONNX string input: short lowercase words, drawn like any other golden data
+    if dtype == TEXT:  # an ONNX string input: short lowercase words, drawn like any other golden data
         letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
         lengths = rng.integers(1, 9, size=shape)
         return np.vectorize(lambda n: "".join(rng.choice(letters, n)), otypes=[str])(lengths).astype(str) \

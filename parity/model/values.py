@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from parity.interop.onnx_test_data import unicode
+
 TEXT = "str"  # the dtype name an ONNX string tensor has in a spec
 
 
@@ -18,11 +20,7 @@ def is_text(value) -> bool:
 
 def text(value) -> np.ndarray:
     """``value`` as a unicode array (bytes decoded as UTF-8), its shape kept."""
-    array = np.asarray(value)
-    if array.dtype.kind == "U":
-        return array
-    items = [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in array.ravel().tolist()]
-    return np.array(items, dtype=str).reshape(array.shape) if items else np.zeros(array.shape, dtype="<U1")
+    return unicode(np.asarray(value))
 
 
 def golden(value) -> np.ndarray:

@@ -31,9 +31,10 @@ class Runner:
         self.device = device  # "cpu" or "cuda:N" (inside a worker the chosen GPU is CUDA device 0)
         self.precision = precision
         self.numerics: dict = {}  # every flag that changes numerics, as the runner set it (in the result)
-        self.output_dtypes: dict[str, str] = {}  # the last run's outputs' dtypes, by output name
         self.output_structures: dict[str, dict] = {}  # the last run's sequence and optional outputs' structures
         self.batch_size = batch_size
+        self._output_kinds = containers.output_kinds(spec)  # an ONNX graph's sequence and optional outputs
+        self._computed: dict[str, np.ndarray] = {}  # the last run's outputs as computed, before widening
 
     def check_feed(self, feeds) -> dict[str, np.ndarray]:
         """``feeds`` checked against the spec (every input, nothing else; rank, fixed sizes, one size per named
@@ -87,16 +88,20 @@ class Runner:
         """Outputs by the spec's names for the batch of feeds ``x`` (canonical layout); float16 / bfloat16 results
         as float32."""
         returned = self.run_impl(self.check_feed(x))
-        kinds = containers.output_kinds(self.spec)
-        if kinds:  # an ONNX graph's sequences and optionals: split into their elements, their structures kept
-            outputs, self.output_structures = containers.flat_outputs(self.spec.outputs, as_tuple(returned), kinds)
+        if self._output_kinds:  # an ONNX graph's sequences and optionals: split into elements, structures kept
+            outputs, self.output_structures = containers.flat_outputs(self.spec.outputs, as_tuple(returned),
+                                                                      self._output_kinds)
             outputs = {name: np.asarray(value) for name, value in outputs.items()}
         else:
             outputs = named_outputs(self.spec, returned)
-        outputs = {name: values.text(v) if values.is_text(v) else v for name, v in outputs.items()}
-        # the dtype each output was computed in, before widening: a float16 output is judged at float16's tolerance
-        self.output_dtypes = {name: str(value.dtype) for name, value in outputs.items()}
-        return widened(outputs)
+        self._computed = {name: values.text(v) if v.dtype.kind in "OS" else v for name, v in outputs.items()}
+        return widened(self._computed)
+
+    @property
+    def output_dtypes(self) -> dict[str, str]:
+        """The dtype each output of the last run was computed in, before widening: a float16 output is judged at
+        float16's tolerance (``parity.check.closeness.OutputTolerances``)."""
+        return {name: str(value.dtype) for name, value in self._computed.items()}
 
     def taps(self, x) -> dict[str, np.ndarray]:
         """Intermediate layer outputs by tap name, in canonical layout."""
