@@ -157,7 +157,7 @@ def test_torch_tap_without_metadata_falls_back_to_value(artifacts):
     art = _artifact(artifacts, "cnn", "torch.onnx")
     clean = art.map("torch.onnx")
     model = _copy(art.model)
-    (relu,) = [n for n in model.graph.node if ot.torch_scope(n) == "relu1"]
+    (relu,) = [n for n in model.graph.node if ot.torch_scope(n, ("relu1",)) == "relu1"]
     del relu.metadata_props[:]
     mapping = art.map("torch.onnx", model=model)
     assert mapping["relu1"]["how"] == "value" and mapping["relu1"]["tensor"] == clean["relu1"]["tensor"]
@@ -261,11 +261,14 @@ def test_scope_parsers():
     from onnx import helper
 
     node = helper.make_node("Relu", ["a"], ["b"])
-    assert ot.torch_scope(node) is None
+    taps = ("conv1", "bn1", "block0_attn", "logits")
+    assert ot.torch_scope(node, taps) is None
     entry = node.metadata_props.add()
     entry.key, entry.value = ot.TORCH_SCOPES_KEY, "['', 'block0_attn', 'block0_attn.query', 'linear_1']"
-    assert ot.torch_scope(node) == "block0_attn"
-    taps = ("conv1", "bn1", "block0_attn", "logits")
+    assert ot.torch_scope(node, taps) == "block0_attn"
+    assert ot.torch_module_paths(node) == ["block0_attn", "block0_attn.query"]  # the op's own name is no module
+    assert ot.torch_scope(node, ("block0_attn.query", "block0_attn.key")) == "block0_attn.query"
+    assert ot.torch_scope(node, ("block0",)) is None  # a name that only starts the same is not its holder
     assert ot.keras_scope("cnn_1/conv1_1/BiasAdd__7", taps) == "conv1"
     assert ot.keras_scope("transformer_1/block0_attn_1/query_1/Tensordot", taps) == "block0_attn"
     assert ot.keras_scope("cnn_1/logits_1/MatMul_Gemm__6", taps) == "logits"

@@ -27,7 +27,7 @@ import math
 import numpy as np
 
 from parity.check.closeness import error_stats
-from parity.diagnose.layers import NotApplicable, Variant
+from parity.diagnose.layers import Fitted, NotApplicable, Variant
 from parity.diagnose.layers.native import bind, canonical_weights
 
 GENERIC = ("float16_rounding", "bfloat16_rounding", "dropout_active_inside", "layer_skipped")
@@ -140,6 +140,19 @@ def _run(compute, *args):
         return None, f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
+def _fitted_into(compute, entry: dict):
+    """``compute`` whose ``Fitted`` result gives ``entry`` its description (with the fitted value) and its array."""
+
+    def run(*args):
+        value = compute(*args)
+        if isinstance(value, Fitted):
+            entry["description"] = value.description
+            return value.value
+        return value
+
+    return run
+
+
 def test_layer(layer, inputs, weights, observed, tol, prefix: str | None = None) -> dict:
     """Recompute ``layer`` (a ``parity.model.spec.Layer``) from ``inputs``; test its variants against ``observed``.
 
@@ -164,7 +177,7 @@ def test_layer(layer, inputs, weights, observed, tol, prefix: str | None = None)
     tested = []
     for variant in [*module.variants, *generic_variants(layer.kind, module.forward)]:
         entry = {"name": variant.name, "description": variant.description}
-        value, problem = _run(variant.compute, inputs, own, attrs, observed)
+        value, problem = _run(_fitted_into(variant.compute, entry), inputs, own, attrs, observed)
         if problem is None:
             stats, problem = _error(value, observed, tol)
         else:

@@ -10,6 +10,7 @@ import numpy as np
 from parity.check import closeness as compare
 from parity.diagnose import drift, links, mapping_check, patterns
 from parity.diagnose.collect import ONNX_RUNTIMES
+from parity.diagnose.descend import descend, merge_tree
 from parity.golden import store as golden
 from parity.model import feeds
 from parity.run import paths
@@ -62,6 +63,13 @@ def diagnose(run, pool, spec, manifest, path: paths.PathDef, artifact: dict | No
     except TaskFailed as error:
         return {"model": spec.name, "path": path.id, "error": f"nothing to diagnose: the path did not run ({error})"}
     result = analyse(spec, path, arrays, observed, source, failing if split != "eval" else None)
+    if split != "eval":
+        try:
+            tree = descend(run, pool, spec, path, artifact, spec.output_tolerances(path.precision),
+                           arrays["weights.npz"])
+        except TaskFailed as error:
+            tree = {"descended": False, "reason": f"the tree could not be read ({error})"}
+        merge_tree(spec, result, tree)
     if path.precision == "fp16" and path.exports and path.exports[-1].name == "float16" and failing:
         parent = run._export(pool, spec, manifest, path, len(path.exports) - 2)
         if "error" not in parent:

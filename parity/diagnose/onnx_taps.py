@@ -49,8 +49,9 @@ _NHWC = (0, 2, 3, 1)
 # --------------------------------------------------------------------------- scopes (metadata / names)
 
 
-def torch_scope(node) -> str | None:
-    """The top-level module a torch.onnx node belongs to (``''`` scopes are the root), or None."""
+def torch_module_paths(node) -> list[str]:
+    """The module paths a torch.onnx node was computed under, outermost first (the root and the op's own name left
+    out): ``['blocks', 'blocks.0', 'blocks.0.norm']``."""
     for prop in node.metadata_props:
         if prop.key != TORCH_SCOPES_KEY:
             continue
@@ -58,9 +59,19 @@ def torch_scope(node) -> str | None:
             scopes = ast.literal_eval(prop.value)
         except (ValueError, SyntaxError):
             scopes = [s.strip(" '\"") for s in prop.value.strip("[]").split(",")]
-        # the exporter's wrapper (parity.exporters.torch_onnx) holds the user's module as ``model``
-        scopes = [s.removeprefix(f"{WRAPPED}.") for s in scopes if isinstance(s, str) and s and s != WRAPPED]
-        return scopes[0].split(".")[0] if scopes else None
+        # the last entry names the op (``linear_1``), not a module; the exporter's wrapper
+        # (parity.exporters.torch_onnx) holds the user's module as ``model``
+        return [s.removeprefix(f"{WRAPPED}.") for s in scopes[:-1] if isinstance(s, str) and s and s != WRAPPED]
+    return []
+
+
+def torch_scope(node, taps) -> str | None:
+    """The tap (a module path at any depth) a torch.onnx node belongs to: the tap that is one of its module paths or
+    holds one (``layers`` holds ``layers.0``), or None."""
+    for scope in torch_module_paths(node):
+        for tap in taps:
+            if scope == tap or scope.startswith(f"{tap}."):
+                return tap
     return None
 
 
@@ -89,7 +100,7 @@ def _scopes(graph: _Graph, taps, kind: str) -> dict[str, list[int]]:
     found: dict[str, list[int]] = {}
     tap_set = set(taps)
     for index, node in enumerate(graph.nodes):
-        tap = torch_scope(node) if kind == "metadata" else keras_scope(node.name, taps)
+        tap = torch_scope(node, tap_set) if kind == "metadata" else keras_scope(node.name, taps)
         if tap in tap_set:
             found.setdefault(tap, []).append(index)
     return found

@@ -33,6 +33,15 @@ class Variant:
     compute: Callable
 
 
+@dataclass(frozen=True)
+class Fitted:
+    """What a variant that fits a parameter to the observed activation returns: its value, and its description with
+    the fitted value in it (``LayerNorm epsilon 0.1, fitted to the observed output``)."""
+
+    value: object
+    description: str
+
+
 class NotApplicable(ValueError):
     """A variant that cannot apply to these inputs, or that would equal the declared form on them."""
 

@@ -11,15 +11,19 @@ Variants:
 * ``unbiased_variance``: the N-1 variance (``torch.var``/``Tensor.std`` default ``unbiased``);
 * ``eps_outside_sqrt``: ``(x - mean) / (std + eps)`` (hand-written LayerNorms, e.g. the
   Annotated Transformer);
+* ``eps_fitted``: an epsilon none of those, fitted to the observed output (per row, the scale that maps the
+  normalised input onto it is ``sqrt(var + eps)``; the median over rows), reported with its value;
 * ``no_affine``: ``gamma``/``beta`` not applied (``elementwise_affine=False``, or weights
-  not exported).
+  not exported);
+* ``no_bias``: ``gamma`` applied, ``beta`` not (a bias lost in the export, or a ``LayerNorm(bias=False)`` read
+  as one with a bias).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from parity.diagnose.layers import NotApplicable, Variant, epsilon_variants
+from parity.diagnose.layers import Fitted, NotApplicable, Variant, epsilon_variants
 
 KIND = "layer_norm"
 EPSILONS = ((1e-3, "1e-3", "Keras default"), (1e-5, "1e-5", "PyTorch default"), (1e-6, "1e-6", "Flax default"),
@@ -47,6 +51,37 @@ def _no_affine(inputs, weights, attrs, observed):
     return forward(inputs, weights, attrs, affine=False)
 
 
+def _no_bias(inputs, weights, attrs, observed):
+    if np.all(weights.get("beta", 0.0) == 0.0):
+        raise NotApplicable("beta is 0: dropping it changes nothing")
+    return forward(inputs, {k: v for k, v in weights.items() if k != "beta"}, attrs)
+
+
+def _eps_fitted(inputs, weights, attrs, observed):
+    """The declared form at the epsilon that best maps the normalised input onto ``observed``."""
+    x = np.asarray(inputs[0], np.float64)
+    gamma = np.broadcast_to(np.asarray(weights.get("gamma", 1.0), np.float64), x.shape[-1:])
+    beta = np.asarray(weights.get("beta", 0.0), np.float64)
+    if observed is None or np.asarray(observed).shape != x.shape or not np.all(np.isfinite(observed)):
+        raise NotApplicable("no finite observed output of the input's shape to fit an epsilon to")
+    scaled = np.abs(gamma) > 1e-6
+    z = ((np.asarray(observed, np.float64) - beta) / np.where(scaled, gamma, 1.0))[..., scaled]
+    centred = (x - x.mean(axis=-1, keepdims=True))[..., scaled]
+    power = np.sum(z * z, axis=-1)
+    rows = power > 0
+    if not np.any(rows):
+        raise NotApplicable("the observed output is constant over every row")
+    spread = np.sum(centred * z, axis=-1)[rows] / power[rows]  # sqrt(var + eps), least squares per row
+    eps = float(np.median(spread ** 2 - x.var(axis=-1)[rows]))
+    declared = attrs.get("eps", 1e-5)
+    known = [value for value, _, _ in EPSILONS] + [declared]
+    if not np.isfinite(eps) or eps <= 0 or any(abs(eps - k) <= 0.05 * max(eps, k) for k in known):
+        raise NotApplicable(f"the fitted epsilon ({eps:.3g}) is no other value than those tested")
+    eps = float(f"{eps:.2g}")
+    return Fitted(forward(inputs, weights, {**attrs, "eps": eps}),
+                  f"LayerNorm epsilon {eps:g} (fitted to the observed output) instead of {declared:g}")
+
+
 def variants(attrs):
     declared = attrs.get("eps", 1e-5)
     found = epsilon_variants("LayerNorm", forward, declared, EPSILONS)
@@ -55,5 +90,7 @@ def variants(attrs):
                 _form(ddof=1)),
         Variant("eps_outside_sqrt", "epsilon added to the standard deviation, not the variance",
                 _form(eps_inside=False)),
+        Variant("eps_fitted", "another LayerNorm epsilon, fitted to the observed output", _eps_fitted),
         Variant("no_affine", "gamma and beta not applied", _no_affine),
+        Variant("no_bias", "beta (the bias) not applied, gamma applied", _no_bias),
     ]

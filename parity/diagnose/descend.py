@@ -1,0 +1,198 @@
+"""The descent: from the top of the model's own tree to the leaf layer where a path's drift begins.
+
+Level by level, the children of the current scope are compared with the reference (the model's source in the golden's
+dtype, from the golden weights; ``parity.diagnose.tree``), and the descent goes into the first child over tolerance
+whose error grew there *and whose own input agrees with the reference*: a child whose input already departs is not
+blamed, the drift is in what its parent computes around its children. Only one child's subtree is opened per level,
+so the cost grows with depth x branching, not with the number of modules. The descent stops at
+
+* a leaf (a module with no children): the layer is named, typed by the catalogue and its causes tested there;
+* a scope none of whose children departs, or whose first departing child reads an input that already departs: the
+  drift is in the scope's own operations (functional ops between its modules), said so, with its own ONNX nodes;
+* children that cannot be observed (fused by the exporter, no node of their own, unobservable): the smallest
+  observed span that holds the divergence is reported, and no layer in it is named.
+
+NumPy only; every framework runs in a worker.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+
+from parity.check import closeness as compare
+from parity.diagnose import drift
+from parity.diagnose.tree import NOT_READ, TREE_SOURCES
+from parity.run import paths
+
+LEVEL = "parity.diagnose.tree:level"
+MAX_DEPTH = 16
+UNSEEN = ("fused", "unmapped", "unobservable")
+
+
+def descend(run, pool, spec, path, artifact: dict | None, tolerances, weights: dict) -> dict:
+    """``{"levels", "first_divergent_path", "leaf", "verdict", "note", "calls"}`` for ``path`` (see the module
+    docstring); ``{"descended": False, "reason"}`` where the model's tree cannot be read."""
+    framework = path.source if path.source in paths.NATIVE else spec.frameworks[0]
+    if framework not in TREE_SOURCES:
+        return {"descended": False, "reason": NOT_READ.get(framework, f"the tree of a {framework} model is not read")}
+    if artifact is None and path.exports:
+        return {"descended": False, "reason": "no exported graph to descend into"}
+    common = dict(workspace=str(run.workspace.root), model=spec.name, golden_dir=str(run.workspace.golden_dir(spec.name)),
+                  precision=path.precision, threads=run.options.threads, framework=framework)
+    source_group = paths.by_id(framework).runtime.group
+    scope, trail, levels, calls, leaf = "", [], [], 0, None
+    result = {"descended": True, "levels": levels, "first_divergent_path": [], "leaf": None, "verdict": None,
+              "note": None}
+    for _ in range(MAX_DEPTH):
+        reference = pool.call(source_group, LEVEL, reference=True, scope=scope, **common)
+        calls += 1
+        if not reference["reproduces"]:
+            result.update(verdict="untrusted", note=f"{framework} in the golden's dtype no longer "
+                                                    f"reproduces the golden outputs: its tree is not compared")
+            break
+        children = [c for c in reference["children"] if c["has_value"]]
+        if not children:
+            break
+        names = [c["path"] for c in children]
+        observed = pool.call(path.runtime.group, LEVEL, scope=scope, path_id=path.id, names=names,
+                             calls={c["path"]: c["calls"] for c in children},
+                             expected={n: reference["values"][n] for n in names},
+                             expected_inputs={n: reference["inputs"][n] for n in names if n in reference["inputs"]},
+                             artifact_dir=artifact and artifact["dir"], artifact_meta=artifact and artifact["meta"],
+                             device=path.device, **common)
+        calls += 1
+        rows = _rows(children, reference, observed, tolerances)
+        first = drift.first_divergent(rows)
+        entry = {"scope": scope, "rows": rows, "first_divergent": first, "instrumentation":
+                 observed.get("instrumentation")}
+        levels.append(entry)
+        if first is None:
+            result.update(verdict="own_operations" if scope else "not_found", note=_none_departs(scope, rows))
+            break
+        row = next(r for r in rows if r["tap"] == first)
+        span = _unseen_before(rows, first)
+        if row["input"] is not None and not row["input"]["ok"]:
+            before = _previous_observed(rows, first)
+            result.update(verdict="own_operations" if scope else "not_found",
+                          note=f"{first} reads an input that already departs from the reference "
+                               f"({compare.times(row['input'].get('tol_units', math.inf))}): the drift is in what "
+                               f"{scope or 'the model'} computes between {before or 'its input'} and {first}, not in "
+                               f"{first}")
+            break
+        if span and row["input"] is None:
+            result.update(verdict="span", note=f"between {_previous_observed(rows, first) or 'the input of ' + (scope or 'the model')} "
+                                               f"and {first}: {' … '.join(span)} not observed, and {first}'s own "
+                                               f"input could not be read: the divergence is in that span")
+            break
+        trail.append(first)
+        scope, leaf, evidence = first, row, (reference, observed)
+        if row["leaf"]:
+            break
+    result.update(first_divergent_path=trail, calls=calls, leaf=leaf)
+    if trail and result["verdict"] is None:
+        result["verdict"] = "leaf"
+    if leaf is not None and result["verdict"] == "leaf":
+        result["cause_test"] = _test_cause(leaf, *evidence, weights, tolerances)
+    return result
+
+
+def _test_cause(row: dict, reference: dict, observed: dict, weights: dict, tolerances) -> dict:
+    """The leaf recomputed from its input as this path computed it (else the reference's) with each variant of its
+    kind (``parity.diagnose.cause``)."""
+    from parity.diagnose.cause import test_layer
+    from parity.model.spec import Layer
+
+    name = row["tap"]
+    if row["kind"] is None:
+        return {"tap": name, "kind": None, "cause": None,
+                "explanation": f"{name} ({row['class'].rsplit('.', 1)[-1]}) is not a layer the catalogue computes "
+                               f"from one input, so no cause is tested there"}
+    if name in observed["inputs"]:
+        fed, provenance = observed["inputs"][name], f"the input of {name} as this path computed it"
+    else:
+        fed, provenance = reference["inputs"][name], f"the input of {name} from the reference"
+    result = test_layer(Layer(row["kind"], dict(row["attrs"] or {})), [fed], weights,
+                        np.asarray(observed["values"][name], np.float64), tolerances.for_name(name), prefix=name)
+    return {"tap": name, "inputs": [provenance], **result}
+
+
+def _rows(children: list[dict], reference: dict, observed: dict, tolerances) -> list[dict]:
+    """Tap rows (``drift.tap_rows``) for one level, with each child's class, calls, ONNX nodes, and its input
+    compared with the reference's."""
+    names = [c["path"] for c in children]
+    located = observed["located"]
+    rows = drift.tap_rows(SimpleNamespace(taps=names, layers={}), reference["values"], observed["values"], located,
+                          tolerances.for_name)
+    for row, child in zip(rows, children):
+        name = child["path"]
+        where = located.get(name, {})
+        row.update({"class": child["class"], "calls": child["calls"], "leaf": child["leaf"], "kind": child["kind"],
+                    "attrs": child["attrs"], "nodes": where.get("nodes"), "input_tensor": where.get("input_tensor"),
+                    "input": None, "value": None, "observed_input": None})
+        if name in observed["inputs"] and name in reference["inputs"]:
+            row["input"] = compare.error_stats(np.asarray(observed["inputs"][name]), reference["inputs"][name],
+                                               tolerances.for_name(name))
+        if child["calls"] > 1:
+            row["reason"] = " ".join(filter(None, [row.get("reason"), f"called {child['calls']} times (shared "
+                                                                      f"weights): compared at its first call"]))
+    return rows
+
+
+def _none_departs(scope: str, rows: list[dict]) -> str:
+    unseen = [r["tap"] for r in rows if r["found"] in UNSEEN]
+    if not scope:
+        return "no module of the model departs from the reference on its own"
+    if unseen:
+        return (f"none of the observed children of {scope} departs; {', '.join(unseen)} could not be observed: the "
+                f"drift is in {scope}'s own operations or in those")
+    return (f"none of the {len(rows)} children of {scope} departs from the reference: the drift is in {scope}'s own "
+            f"operations (functional ops between its modules, after {rows[-1]['tap']} at the latest)")
+
+
+def _previous_observed(rows: list[dict], first: str) -> str | None:
+    before = [r for r in rows[:[r["tap"] for r in rows].index(first)] if r["stats"] is not None]
+    return before[-1]["tap"] if before else None
+
+
+def _unseen_before(rows: list[dict], first: str) -> list[str]:
+    """The children between the last observed one before ``first`` and ``first`` that could not be observed."""
+    index = [r["tap"] for r in rows].index(first)
+    unseen = []
+    for row in reversed(rows[:index]):
+        if row["stats"] is not None:
+            break
+        unseen.insert(0, row["tap"])
+    return unseen
+
+
+def merge_tree(spec, result: dict, tree: dict) -> None:
+    """The descent into a diagnosis: ``tree`` and ``first_divergent_path``; the leaf's cause test where the leaf is
+    deeper than the spec's taps (or the top-level tap has no type); and where the tree puts the divergence in another
+    top-level module than the spec's taps do (one that is not a tap), the tap is no longer named."""
+    result["tree"] = tree
+    trail = result["first_divergent_path"] = list(tree.get("first_divergent_path") or [])
+    if not tree.get("descended"):
+        result["notes"].append(f"not descended into the model's tree: {tree['reason']}")
+        return
+    if tree.get("note"):
+        result["notes"].append(tree["note"])
+    if not trail:
+        return
+    spec_first = result.get("first_divergent_tap")
+    if spec_first is not None and spec_first != trail[0]:
+        for row in result["taps"]:
+            row["first_divergent"] = row["tap"] == trail[0]
+        result["first_divergent_tap"] = trail[0] if trail[0] in spec.taps else None
+        result["notes"].append(f"the spec's taps put the first divergence at {spec_first}; the model's own tree puts it "
+                               f"in {trail[0]}{'' if trail[0] in spec.taps else ', which is not a tap'}: {spec_first} "
+                               f"computes what it is given")
+        result["cause"], result["cause_test"] = None, None
+    tested = tree.get("cause_test")
+    if tested and (len(trail) > 1 or not (result.get("cause_test") or {}).get("kind")):
+        result["cause_test"] = tested
+        result["cause"] = {"tap": tested["tap"], **tested["cause"]} if tested.get("cause") else None
+    elif tree.get("verdict") != "leaf" and len(trail) > 1:
+        result["cause"], result["cause_test"] = None, None

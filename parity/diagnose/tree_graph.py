@@ -1,0 +1,160 @@
+"""One level of a model's tree inside its exported ONNX graph: where each module path's nodes are, their boundary
+tensors, and their values on the path's runtime.
+
+A module's nodes are those the exporter recorded under its path (``parity.diagnose.onnx_taps``: torch.onnx
+metadata, tf2onnx names), else its tensor is found by value. A module called more than once has the nodes of every
+call under one path: its first call is the first connected group of them, used when the groups are as many as the
+calls (else the module is reported unmapped, with why). The module's input tensor is the tensor its nodes read from
+outside whose size is the input's on the reference side. Reading a tensor must not change what is read: where
+marking the level's tensors as outputs changes the plain run's outputs, the tensors are bisected to the largest set
+that does not (``parity.diagnose.instrument``) and the others are reported unobservable. Imports onnx inside.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from parity.diagnose import instrument, onnx_graph, onnx_taps
+
+
+def level(spec, path, artifact_dir, meta, x, names, calls, expected, expected_inputs, threads) -> dict:
+    """``{"values", "inputs", "located", "instrumentation"}`` for the module paths ``names`` (network order) on the
+    path's exported graph; ``expected`` / ``expected_inputs``: the reference's values and inputs (shapes, layouts
+    and the value fallback)."""
+    import onnx
+
+    from parity.diagnose.tree import LevelTaps
+    from parity.runtimes.onnx_common import onnx_feed
+
+    model = onnx.load(str(Path(artifact_dir) / meta["file"]))
+    feed = onnx_feed(spec, meta, x)
+    model = onnx_graph.pinned(model, feed)
+    graph = onnx_graph._Graph(model)
+    outputs = list(meta["output_names"])
+    exporter = next(e.name for e in reversed(path.exports) if e.name != "float16")
+    taps = LevelTaps(spec, names)
+    tolerances = spec.output_tolerances(path.precision)
+    by_graph_name = dict(zip(outputs, spec.outputs))
+
+    def tolerance_for(name):
+        return tolerances.for_name(by_graph_name.get(name, name))
+
+    def run(tensors):
+        return onnx_graph.run_tensors(path.runtime.name, model, feed, tensors, threads)
+
+    plain = run(outputs)
+    guessed = {}
+    if onnx_taps._scope_kind(exporter) is None:  # no records of the source: one run of every candidate tensor
+        guessed = run(onnx_taps.candidate_names(model, taps, expected, meta["input_layout"]))
+    mapped = onnx_taps.map_taps(model, taps, exporter, expected, guessed, meta["input_layout"])
+    located = {}
+    for name in names:
+        where = {**mapped[name], "found": mapped[name]["how"]}
+        nodes = _first_call(graph, name, calls.get(name, 1), exporter) if where["how"] in ("metadata", "name") else []
+        if nodes is None:
+            where.update(found="unmapped", tensor=None,
+                         reason=f"called {calls[name]} times, and its nodes do not fall into as many groups")
+            nodes = []
+        elif nodes and calls.get(name, 1) > 1:
+            where["tensor"] = onnx_taps._pick_boundary(graph, onnx_taps._boundary_outputs(graph, nodes),
+                                                       expected.get(name))
+        where["nodes"] = [[graph.nodes[i].name, graph.nodes[i].op_type] for i in nodes]
+        where["input_tensor"] = _input_tensor(model, graph, nodes, expected_inputs.get(name))
+        located[name] = where
+    tensors = {n: w["tensor"] for n, w in located.items() if w.get("tensor") and w["found"] != "fused"}
+    inputs = {n: w["input_tensor"] for n, w in located.items() if w.get("input_tensor")}
+    wanted = [*outputs, *tensors.values(), *inputs.values()]
+    values = run(wanted)
+    instrumentation = None
+    if not instrument.same_outputs(plain, values, tolerance_for):
+        seen = instrument.observe(run, plain, {**tensors, **{f"{n} input": t for n, t in inputs.items()}},
+                                  tolerance_for)
+        values = seen["values"]
+        instrumentation = {"observable": seen["observable"], "disturbing": seen["disturbing"], "runs": seen["runs"]}
+        for item in seen["disturbing"]:
+            name = item["tap"].removesuffix(" input")
+            if item["tap"] == name:
+                located[name].update(found="unobservable", reason=f"marking {item['tensor']!r} as a graph output "
+                                                                  f"changes the outputs")
+            else:
+                located[name]["input_tensor"] = None
+    found, found_inputs = {}, {}
+    for name, where in located.items():
+        if where["found"] in ("fused", "unmapped", "unobservable") or where.get("tensor") not in values:
+            continue
+        try:
+            found[name] = onnx_taps.to_canonical(values[where["tensor"]], where, expected[name].shape)
+        except ValueError as error:
+            where.update(found="unmapped", reason=str(error))
+            continue
+        tensor = where.get("input_tensor")
+        if tensor in values and name in expected_inputs:
+            layout = where["layout"] if values[tensor].ndim == expected_inputs[name].ndim == 4 else None
+            try:
+                found_inputs[name] = onnx_taps.to_canonical(values[tensor], {"layout": layout, "tensor": tensor},
+                                                            expected_inputs[name].shape)
+            except ValueError:
+                where["input_tensor"] = None
+    for where in located.values():
+        where.pop("how", None)
+    return {"values": found, "inputs": found_inputs, "located": located, "instrumentation": instrumentation}
+
+
+def _first_call(graph, name: str, calls: int, exporter: str) -> list[int] | None:
+    """The node indices of ``name``'s first call (all its nodes when it is called once); None when a module called
+    more than once does not split into as many connected groups."""
+    kind = onnx_taps._scope_kind(exporter)
+    nodes = onnx_taps._scopes(graph, (name,), kind).get(name, [])
+    if calls <= 1 or not nodes:
+        return nodes
+    groups = _components(graph, nodes)
+    return groups[0] if len(groups) == calls else None
+
+
+def _components(graph, nodes: list[int]) -> list[list[int]]:
+    """``nodes`` in groups connected by the tensors one hands another, the earliest group first."""
+    inside = set(nodes)
+    parent = {i: i for i in nodes}
+
+    def find(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for index in nodes:
+        for tensor in graph.nodes[index].output:
+            for reader in graph.consumers.get(tensor, ()):
+                if reader in inside:
+                    parent[find(reader)] = find(index)
+    groups: dict[int, list[int]] = {}
+    for index in nodes:
+        groups.setdefault(find(index), []).append(index)
+    return sorted(groups.values(), key=min)
+
+
+def _input_tensor(model, graph, nodes: list[int], expected_input: np.ndarray | None) -> str | None:
+    """The tensor ``nodes`` read from outside (a graph input or another node's output, not a weight) that can hold
+    the reference's input of the module (by size), the first such in the order the nodes read them."""
+    if not nodes or expected_input is None:
+        return None
+    inside = {t for i in nodes for t in graph.nodes[i].output}
+    weights = {t.name for t in model.graph.initializer}
+    graph_inputs = {i.name: i for i in model.graph.input}
+    for index in nodes:
+        for tensor in graph.nodes[index].input:
+            if not tensor or tensor in inside or tensor in weights:
+                continue
+            shape = graph.shapes.get(tensor) if tensor in graph.position else _input_shape(graph_inputs.get(tensor))
+            if shape is not None and int(np.prod(shape)) == expected_input.size:
+                return tensor
+    return None
+
+
+def _input_shape(info) -> tuple | None:
+    if info is None or not info.type.tensor_type.HasField("shape"):
+        return None
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in info.type.tensor_type.shape.dim]
+    return None if None in dims else tuple(dims)
