@@ -22,7 +22,9 @@ from parity.model import feeds
 from parity.model.workspace import Workspace
 from parity.run import paths
 
-TREE_SOURCES = ("torch",)  # the source frameworks whose tree is read
+# the module that reads each source framework's tree: ``level_of(runner, x, scope, names)`` (see tree_torch)
+TREE_MODULES = {"torch": "parity.diagnose.tree_torch"}
+TREE_SOURCES = tuple(TREE_MODULES)
 NOT_READ = {"tf": "a Keras model's nested layers are not read yet", "jax": "a JAX function's scopes are not read yet",
             "onnx": "an ONNX file is its own graph: its taps are its tensors"}
 
@@ -80,10 +82,9 @@ def level(workspace: str, model: str, golden_dir: str, precision: str, threads: 
 
 def _native(spec, framework, verified, dtype, device, precision, x, scope, names) -> dict:
     """The source built from the golden weights in ``dtype`` on ``device``, one level under ``scope``."""
-    from parity.diagnose import tree_torch
+    import importlib
+
     from parity.sources import native
 
-    runner = native(framework)(spec, verified.arrays["weights.npz"], spec.batch_size, dtype, device,
-                                        precision)
-    fed = runner._inputs(runner.check_feed(x))
-    return tree_torch.level(runner.module, lambda: runner._forward(fed), scope, names)
+    runner = native(framework)(spec, verified.arrays["weights.npz"], spec.batch_size, dtype, device, precision)
+    return importlib.import_module(TREE_MODULES[framework]).level_of(runner, x, scope, names)

@@ -39,6 +39,12 @@ def _tensor_args(torch, args, kwargs) -> list:
     return [a for a in (*args, *kwargs.values()) if torch.is_tensor(a)]
 
 
+def level_of(runner, x: dict, scope: str, names: list[str] | None = None) -> dict:
+    """``level`` of a ``parity.sources.torch.TorchSource`` on the feeds ``x``."""
+    fed = runner._inputs(runner.check_feed(x))
+    return level(runner.module, lambda: runner._forward(fed), scope, names)
+
+
 def level(module, forward, scope: str, names: list[str] | None = None) -> dict:
     """Run ``forward()`` once (or a few times, see MAX_ROUNDS) with hooks under ``scope`` (a module path, ``''``:
     the root) and return ``{"children": [...], "values": {path: array}, "inputs": {path: array}}``.

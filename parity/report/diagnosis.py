@@ -47,6 +47,66 @@ def _node_cause_lines(d: dict) -> list[str]:
     return [f"  node cause: {cause['description']} (at {cause['op_type']} {cause['node']}){fix}"]
 
 
+def _relative(path: str, parent: str | None) -> str:
+    """``blocks.5.norm`` under ``blocks.5`` is ``norm``; an index keeps its holder's name (``blocks.5``, ``layer.1``)."""
+    if not parent or not path.startswith(f"{parent}."):
+        return path
+    name = path[len(parent) + 1:]
+    return f"{parent.rsplit('.', 1)[-1]}.{name}" if name.split(".")[0].isdigit() else name
+
+
+def _units(stats: dict | None) -> str:
+    return "not compared" if not stats else f"{_num(stats.get('tol_units'), '.3g')}x"
+
+
+def tree_lines(d: dict) -> list[str]:
+    """The descent into the model's tree: the path found, and at each level the divergent child with its error, its
+    input's, what came before it, and at the leaf its class, kind and ONNX nodes (a ``rich`` tree)."""
+    from io import StringIO
+
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.tree import Tree
+
+    tree = d.get("tree") or {}
+    trail = d.get("first_divergent_path") or []
+    if not tree.get("descended") or not tree.get("levels"):
+        return []
+    head = " › ".join(_relative(p, trail[i - 1] if i else None) for i, p in enumerate(trail)) or "none"
+    root = Tree(escape(f"first divergent path: {head}" + (f" ({tree['verdict'].replace('_', ' ')})" if tree.get("verdict")
+                                                   not in (None, "leaf") else "")))
+    node, parent = root, None
+    for level in tree["levels"]:
+        rows = level["rows"]
+        first = level["first_divergent"]
+        if first is None:
+            worst = max((r["stats"].get("tol_units", 0.0) for r in rows if r["stats"]), default=0.0)
+            node.add(escape(f"{len(rows)} children of {level['scope'] or 'the model'}, none departs (worst "
+                            f"{worst:.3g}x)"))
+            break
+        index = [r["tap"] for r in rows].index(first)
+        row = rows[index]
+        before = [r for r in rows[:index] if r["stats"]]
+        worst = max((r["stats"].get("tol_units", 0.0) for r in before), default=None)
+        context = (f"after {_relative(before[0]['tap'], parent)}, within tolerance" if len(before) == 1 else
+                   f"after {len(before)} within tolerance, worst {worst:.3g}x" if before else "its first child")
+        unseen = [_relative(r["tap"], parent) for r in rows[:index] if not r["stats"]]
+        if unseen:
+            context += f"; not observed: {', '.join(unseen)}"
+        label = (f"{_relative(first, parent)}  {_units(row['stats'])}  input {_units(row['input'])}  "
+                 f"{row['class'].rsplit('.', 1)[-1]}{' [' + row['kind'] + ']' if row.get('kind') else ''}"
+                 f"{' called ' + str(row['calls']) + 'x' if row['calls'] > 1 else ''}  ({context})")
+        node, parent = node.add(escape(label)), first
+    leaf = tree.get("leaf") or {}
+    if leaf.get("nodes") and tree.get("verdict") == "leaf":
+        shown = ", ".join(f"{name} ({op})" for name, op in leaf["nodes"][:8])
+        more = f" and {len(leaf['nodes']) - 8} more" if len(leaf["nodes"]) > 8 else ""
+        node.add(escape(f"ONNX nodes: {shown}{more}"))
+    out = StringIO()
+    Console(file=out, width=WRAP, no_color=True, highlight=False, soft_wrap=False).print(root)
+    return ["  " + line.rstrip() for line in out.getvalue().splitlines()]
+
+
 def _link_lines(d: dict) -> list[str]:
     links = d.get("links") or {}
     if links.get("unreliable"):
@@ -74,6 +134,7 @@ def render(d: dict) -> str:
                    ("growth", "right"), ("note", "left")]
         lines.append(_table(columns, [_row(r) for r in d["taps"]]))
     first = d.get("first_divergent_tap")
+    lines += tree_lines(d)
     notes = [f"  first divergent tap: {first}" if first else
              "  first divergent tap: none (no tap is over tolerance and growing)"]
     notes += _cause_lines(d) + _node_cause_lines(d) + _link_lines(d)
