@@ -117,7 +117,10 @@ def test_subtolerance_epsilon_variants_are_distinguishable_somewhere():
         layer, inputs, weights, _, _ = layer_case(name, tap)
         declared = get(layer.kind).forward(inputs, weights, dict(layer.attrs))
         for v in get(layer.kind).variants(dict(layer.attrs)):
-            out = v.compute(inputs, weights, dict(layer.attrs), None)
+            try:  # a variant fitted to an observed activation has nothing to fit here
+                out = v.compute(inputs, weights, dict(layer.attrs), None)
+            except NotApplicable:
+                continue
             assert np.max(np.abs(out - declared) / (TOL.atol + TOL.rtol * np.abs(declared))) > 1.0, (tap, v.name)
 
 

@@ -10,7 +10,7 @@ import numpy as np
 from parity.check import closeness as compare
 from parity.diagnose import drift, links, mapping_check, patterns
 from parity.diagnose.collect import ONNX_RUNTIMES
-from parity.diagnose.descend import descend, merge_tree
+from parity.diagnose.descend import NO_TAP_DEPARTS, descend, merge_tree
 from parity.golden import store as golden
 from parity.model import feeds
 from parity.run import paths
@@ -127,8 +127,8 @@ def analyse(spec, path, arrays: dict, observed: dict, source: dict, failing: lis
     if not spec.taps:
         notes.append("the model declares no taps: only outputs and gradients are compared")
     if spec.taps and first is None and any(not s["ok"] for s in output_stats.values()):
-        notes.append("the outputs differ but no tap does: the drift is after the last compared tap or in a tap "
-                     "that could not be compared")
+        notes.append(f"{NO_TAP_DEPARTS}: the drift is after the last compared tap or in a tap that could not be "
+                     f"compared")
     cause_test = _test_cause(spec, first, arrays, observed, golden_taps, tolerances) if first else None
     cause = None
     if cause_test and cause_test.get("cause"):

@@ -30,6 +30,7 @@ from parity.run import paths
 LEVEL = "parity.diagnose.tree:level"
 MAX_DEPTH = 16
 UNSEEN = ("fused", "unmapped", "unobservable")
+NO_TAP_DEPARTS = "the outputs differ but no tap does"  # chain.analyse's note, answered by the tree
 
 
 def descend(run, pool, spec, path, artifact: dict | None, tolerances, weights: dict) -> dict:
@@ -55,6 +56,8 @@ def descend(run, pool, spec, path, artifact: dict | None, tolerances, weights: d
             break
         children = [c for c in reference["children"] if c["has_value"]]
         if not children:
+            if not scope:
+                result.update(descended=False, reason="the model has no modules or named scopes to descend into")
             break
         names = [c["path"] for c in children]
         observed = pool.call(path.runtime.group, LEVEL, scope=scope, path_id=path.id, names=names,
@@ -62,7 +65,8 @@ def descend(run, pool, spec, path, artifact: dict | None, tolerances, weights: d
                              expected={n: reference["values"][n] for n in names},
                              expected_inputs={n: reference["inputs"][n] for n in names if n in reference["inputs"]},
                              artifact_dir=artifact and artifact["dir"], artifact_meta=artifact and artifact["meta"],
-                             device=path.device, **common)
+                             device=path.device, **common,
+                             weight_perturbation=run.options.weight_perturbation.get((spec.name, path.id)))
         calls += 1
         rows = _rows(children, reference, observed, tolerances)
         first = drift.first_divergent(rows)
@@ -115,8 +119,26 @@ def _test_cause(row: dict, reference: dict, observed: dict, weights: dict, toler
     else:
         fed, provenance = reference["inputs"][name], f"the input of {name} from the reference"
     result = test_layer(Layer(row["kind"], dict(row["attrs"] or {})), [fed], weights,
-                        np.asarray(observed["values"][name], np.float64), tolerances.for_name(name), prefix=name)
+                        np.asarray(observed["values"][name], np.float64), tolerances.for_name(name),
+                        prefix=row.get("params") or name)
     return {"tap": name, "inputs": [provenance], **result}
+
+
+def relative(path: str, parent: str | None) -> str:
+    """``blocks.5.norm`` under ``blocks.5`` is ``norm`` (``/`` separates a Keras or Flax path); an index keeps the names
+    that hold it (``blocks.5``, ``layer.1``, ``features.1.3``)."""
+    separator = next((s for s in ("/", ".") if parent and path.startswith(f"{parent}{s}")), None)
+    if separator is None:
+        return path
+    held, name = parent.split(separator), path[len(parent) + 1:]
+    while held and name.split(separator)[0].isdigit():
+        name = f"{held.pop()}{separator}{name}"
+    return name
+
+
+def display(trail: list[str]) -> str:
+    """A first divergent path as a user reads it: ``transformer › layer.1 › output_layer_norm``."""
+    return " › ".join(relative(p, trail[i - 1] if i else None) for i, p in enumerate(trail))
 
 
 def _rows(children: list[dict], reference: dict, observed: dict, tolerances) -> list[dict]:
@@ -130,7 +152,7 @@ def _rows(children: list[dict], reference: dict, observed: dict, tolerances) -> 
         name = child["path"]
         where = located.get(name, {})
         row.update({"class": child["class"], "calls": child["calls"], "leaf": child["leaf"], "kind": child["kind"],
-                    "attrs": child["attrs"], "nodes": where.get("nodes"), "input_tensor": where.get("input_tensor"),
+                    "attrs": child["attrs"], "params": child.get("params"), "nodes": where.get("nodes"), "input_tensor": where.get("input_tensor"),
                     "input": None, "value": None, "observed_input": None})
         if name in observed["inputs"] and name in reference["inputs"]:
             row["input"] = compare.error_stats(np.asarray(observed["inputs"][name]), reference["inputs"][name],
@@ -181,6 +203,10 @@ def merge_tree(spec, result: dict, tree: dict) -> None:
         result["notes"].append(tree["note"])
     if not trail:
         return
+    result["notes"] = [n for n in result["notes"] if not n.startswith(NO_TAP_DEPARTS)]
+    links = result.get("links") or {}
+    if links.get("enters_at") in ("definition", "converter") and tree.get("verdict") != "span":
+        links["explanation"] += f"; in the model's tree, first at {display(trail)}"
     spec_first = result.get("first_divergent_tap")
     if spec_first is not None and spec_first != trail[0]:
         for row in result["taps"]:
@@ -190,9 +216,34 @@ def merge_tree(spec, result: dict, tree: dict) -> None:
                                f"in {trail[0]}{'' if trail[0] in spec.taps else ', which is not a tap'}: {spec_first} "
                                f"computes what it is given")
         result["cause"], result["cause_test"] = None, None
+        for check in links.get("checks", []):  # a link's first tap from the spec's taps is not named either
+            if check.get("first_divergent_tap") == spec_first:
+                check["first_divergent_tap"] = trail[0]
+        if links.get("explanation"):
+            links["explanation"] = links["explanation"].replace(f"first at {spec_first}", f"first at {trail[0]}")
     tested = tree.get("cause_test")
     if tested and (len(trail) > 1 or not (result.get("cause_test") or {}).get("kind")):
         result["cause_test"] = tested
         result["cause"] = {"tap": tested["tap"], **tested["cause"]} if tested.get("cause") else None
     elif tree.get("verdict") != "leaf" and len(trail) > 1:
         result["cause"], result["cause_test"] = None, None
+
+
+def leaf_known(pool, spec, path, workspace: str, golden_dir: str, threads: int, diagnosis: dict) -> dict:
+    """The reference's values at the tensors that bound the last module of the diagnosis's first divergent path in
+    the path's graph (its output and, where found, its input): ``{tensor: array}``, for ``parity repro`` to cut the
+    graph there; ``{}`` when the descent found no module with a tensor of its own."""
+    tree = diagnosis.get("tree") or {}
+    leaf = tree.get("leaf") or {}
+    if not leaf.get("tensor") or tree.get("verdict") == "span":
+        return {}
+    framework = path.source if path.source in paths.NATIVE else spec.frameworks[0]
+    reference = pool.call(paths.by_id(framework).runtime.group, LEVEL, workspace=workspace, model=spec.name,
+                          golden_dir=golden_dir, precision=path.precision, threads=threads, framework=framework,
+                          reference=True, scope="", names=[leaf["tap"]])
+    if not reference["reproduces"] or leaf["tap"] not in reference["values"]:
+        return {}
+    known = {leaf["tensor"]: reference["values"][leaf["tap"]]}
+    if leaf.get("input_tensor") and leaf["tap"] in reference["inputs"]:
+        known[leaf["input_tensor"]] = reference["inputs"][leaf["tap"]]
+    return known

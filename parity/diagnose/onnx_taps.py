@@ -7,7 +7,8 @@ A spec's taps are top-level layers. In an exported graph they are found, in this
   ``pkg.torch.onnx.name_scopes`` (a Python list literal such as ``['', 'block0_attn',
   'block0_attn.query', 'linear_1']``); the top-level scope is the tap;
 * ``name`` (tf2onnx from Keras): node names keep the Keras layer names
-  (``cnn_1/conv1_1/BiasAdd``); a path component equal to the tap, or the tap plus ``_<digits>``;
+  (``cnn_1/conv1_1/BiasAdd``); a path component equal to the tap, or the tap plus ``_<digits>``; a layer path
+  into nested models (``encoder/norm``) matches consecutive components (``cnn_1/encoder_1/norm_1/Mean``);
 * ``value`` (jax2onnx, jax2tf graphs, or a tap whose nodes lost their names): the candidate
   tensor of a compatible shape closest to the golden activation, keeping network order (an
   optimal monotone alignment of the taps onto the tensors' topological positions).
@@ -75,23 +76,32 @@ def torch_scope(node, taps) -> str | None:
     return None
 
 
+def _bases(component: str) -> list[str]:
+    """A scope component, then it with one ``_<digits>`` stripped at a time: ``dense_2_1`` -> ``dense_2``, ``dense``."""
+    bases = [component]
+    while (stripped := re.sub(r"_\d+$", "", bases[-1])) != bases[-1]:
+        bases.append(stripped)
+    return bases
+
+
 def keras_scope(node_name: str, taps) -> str | None:
-    """The tap a tf2onnx node name belongs to: the first path component equal to a tap name, or
-    a tap name plus ``_<digits>`` (Keras 3 appends ``_1`` under tf.function)."""
-    taps = set(taps)
-    for component in node_name.split("/"):
-        if component in taps:
-            return component
-        match = re.fullmatch(r"(.+?)(?:_\d+)+", component)
-        if match:
-            base = component
-            while True:  # strip one _<digits> at a time: 'block0_attn_1' -> 'block0_attn'
-                stripped = re.sub(r"_\d+$", "", base)
-                if stripped == base:
-                    break
-                base = stripped
-                if base in taps:
-                    return base
+    """The tap a tf2onnx node name belongs to: a tap (a layer name, or a layer path ``sub/dense_2`` into nested
+    models and layers) whose names are consecutive scope components of the node name (``model_1/sub_1/dense_2_1/
+    MatMul``; the last component names the op), each the layer's name or it plus ``_<digits>`` (Keras 3 appends
+    ``_1`` under tf.function). The earliest component wins; there, the tap needing the fewest suffixes stripped
+    (``dense_2`` before ``dense`` for ``dense_2_1``)."""
+    scopes = [_bases(component) for component in node_name.split("/")[:-1]]
+    paths = [(tap, tap.split("/")) for tap in taps]
+    for start in range(len(scopes)):
+        best = None
+        for tap, names in paths:
+            window = scopes[start:start + len(names)]
+            if len(window) == len(names) and all(name in bases for name, bases in zip(names, window)):
+                cost = sum(bases.index(name) for name, bases in zip(names, window))
+                if best is None or cost < best[0]:
+                    best = (cost, tap)
+        if best is not None:
+            return best[1]
     return None
 
 

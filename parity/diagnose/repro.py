@@ -91,16 +91,18 @@ def trusted_for(diagnosis: dict, runtime: str) -> str | None:
     return None
 
 
-def _golden_known(spec, model, diagnosis, reference, meta, feed) -> dict:
-    """Graph inputs, golden outputs and golden taps at their mapped tensors, in the graph's own shapes."""
+def _golden_known(spec, model, diagnosis, reference, meta, feed, extra: dict | None = None) -> dict:
+    """Graph inputs, golden outputs and golden taps at their mapped tensors, in the graph's own shapes; ``extra``:
+    more reference values by tensor (the boundary of the leaf the descent into the model's tree found)."""
     from parity.diagnose.onnx_graph import _Graph
 
     shapes = _Graph(model).shapes
     known = dict(feed)
     known.update({tensor: reference[name] for name, tensor in zip(spec.outputs, meta["output_names"])})
-    for row in diagnosis.get("taps") or []:
-        tensor, value = row.get("tensor"), reference.get(f"tap/{row['tap']}")
-        if not tensor or value is None or row.get("found") in ("fused", "unmapped", "unobservable"):
+    found = {row.get("tensor"): reference.get(f"tap/{row['tap']}") for row in diagnosis.get("taps") or []
+             if row.get("found") not in ("fused", "unmapped", "unobservable")}
+    for tensor, value in {**found, **(extra or {})}.items():
+        if not tensor or value is None:
             continue
         shape = shapes.get(tensor)
         if shape is None or tuple(shape) == value.shape:
@@ -139,9 +141,11 @@ def _evaluated(trusted: str, graph, feed: dict, threads: int) -> tuple[str, dict
 
 
 def write(workspace: str, model: str, path_id: str, golden_dir: str, precision: str, threads: int, artifact_dir: str,
-          artifact_meta: dict, diagnosis: dict, out_dir: str, environment: dict, command: str) -> dict:
+          artifact_meta: dict, diagnosis: dict, out_dir: str, environment: dict, command: str,
+          leaf_known: dict | None = None) -> dict:
     """Worker task: reduce the path's graph and write the folder; ``{"written", "ops", "output", "stats", the
-    reduction's numbers, "trusted", "runtime", "reason"}``."""
+    reduction's numbers, "trusted", "runtime", "reason"}``. ``leaf_known``: the reference's values at the tensors
+    that bound the leaf layer the diagnosis found (its input and output), so a converter fault is cut there."""
     import onnx
 
     from parity.diagnose import onnx_graph
@@ -161,7 +165,8 @@ def write(workspace: str, model: str, path_id: str, golden_dir: str, precision: 
     trusted = trusted_for(diagnosis, runtime)
     if trusted == "source":
         reference = verified.arrays["reference.npz"]
-        known = _as_graph_types(graph, _golden_known(spec, graph, diagnosis, reference, artifact_meta, feed))
+        known = _as_graph_types(graph, _golden_known(spec, graph, diagnosis, reference, artifact_meta, feed,
+                                                     leaf_known))
     else:
         trusted, known = _evaluated(trusted, graph, feed, threads)
     tolerances = spec.output_tolerances(precision)

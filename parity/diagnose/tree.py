@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
 from parity.check import closeness
 from parity.golden import store as golden
 from parity.model import feeds
@@ -23,36 +21,24 @@ from parity.model.workspace import Workspace
 from parity.run import paths
 
 # the module that reads each source framework's tree: ``level_of(runner, x, scope, names)`` (see tree_torch)
-TREE_MODULES = {"torch": "parity.diagnose.tree_torch"}
+TREE_MODULES = {"torch": "parity.diagnose.tree_torch", "jax": "parity.diagnose.tree_jax",
+                "tf": "parity.diagnose.tree_keras"}
 TREE_SOURCES = tuple(TREE_MODULES)
-NOT_READ = {"tf": "a Keras model's nested layers are not read yet", "jax": "a JAX function's scopes are not read yet",
-            "onnx": "an ONNX file is its own graph: its taps are its tensors"}
-
-
-class LevelTaps:
-    """A level's children as ``onnx_taps.map_taps`` reads a spec: names in network order, each read from the one
-    before it."""
-
-    def __init__(self, spec, names):
-        self.taps = tuple(names)
-        self.model_inputs = spec.model_inputs
-
-    def layer_inputs(self, tap: str) -> tuple[str, ...]:
-        index = self.taps.index(tap)
-        return (self.taps[index - 1],) if index else ("input",)
+NOT_READ = {"onnx": "an ONNX file is its own graph: its taps are its tensors"}
 
 
 def level(workspace: str, model: str, golden_dir: str, precision: str, threads: int, scope: str, framework: str,
           reference: bool = False, path_id: str | None = None, names: list[str] | None = None,
           calls: dict | None = None, expected: dict | None = None, expected_inputs: dict | None = None,
-          artifact_dir: str | None = None, artifact_meta: dict | None = None, device: str = "cpu") -> dict:
+          artifact_dir: str | None = None, artifact_meta: dict | None = None, device: str = "cpu",
+          weight_perturbation: dict | None = None) -> dict:
     """One level of the tree under ``scope`` (``''``: the root).
 
-    ``reference``: the source in the golden's dtype, children found here: ``{"children", "values", "inputs",
+    ``reference``: the source in the golden's dtype, children found here (or the ``names`` given): ``{"children", "values", "inputs",
     "reproduces"}``. Else the path ``path_id``'s values at ``names`` (``calls``: how often each is called;
     ``expected`` / ``expected_inputs``: the reference's values and inputs there, for shapes and value mapping):
     ``{"values", "inputs", "located"}``, ``located[name]`` as a diagnosis's tap rows have it, with the ``nodes`` of
-    an exported graph."""
+    an exported graph. ``weight_perturbation``: the deliberate drift a check adds to a native path's weights."""
     spec = Workspace(workspace).load_spec(model)
     verified = golden.load(Path(golden_dir), spec)
     x = feeds.from_arrays(spec, verified.arrays["inputs.npz"])
@@ -60,7 +46,7 @@ def level(workspace: str, model: str, golden_dir: str, precision: str, threads: 
         raise ValueError(NOT_READ.get(framework, f"the tree of a {framework} model is not read"))
     if reference:
         dtype = verified.manifest.get("reference", {}).get("dtype", "float64")
-        found = _native(spec, framework, verified, dtype, "cpu", "fp32", x, scope, None)
+        found = _native(spec, framework, verified, dtype, "cpu", "fp32", x, scope, names)
         reference_outputs = verified.arrays["reference.npz"]
         tolerances = spec.output_tolerances("fp32")
         stats = closeness.compare_named({n: found["outputs"][n] for n in spec.outputs if n in found["outputs"]},
@@ -69,7 +55,7 @@ def level(workspace: str, model: str, golden_dir: str, precision: str, threads: 
         return found
     path = paths.by_id(path_id, device, precision)
     if artifact_dir is None:
-        found = _native(spec, framework, verified, "float32", device, precision, x, scope, names)  # compute dtype: the precision's
+        found = _native(spec, framework, verified, "float32", device, precision, x, scope, names, weight_perturbation)  # compute dtype: the precision's
         return {"values": found["values"], "inputs": found["inputs"],
                 "located": {n: {"found": "native"} if n in found["values"] else
                             {"found": "unmapped", "reason": "its first call returned no floating tensor"}
@@ -80,11 +66,13 @@ def level(workspace: str, model: str, golden_dir: str, precision: str, threads: 
                             expected_inputs or {}, threads)
 
 
-def _native(spec, framework, verified, dtype, device, precision, x, scope, names) -> dict:
+def _native(spec, framework, verified, dtype, device, precision, x, scope, names, perturbation=None) -> dict:
     """The source built from the golden weights in ``dtype`` on ``device``, one level under ``scope``."""
     import importlib
 
+    from parity.run.tasks import perturbed
     from parity.sources import native
 
-    runner = native(framework)(spec, verified.arrays["weights.npz"], spec.batch_size, dtype, device, precision)
+    weights = perturbed(verified.arrays["weights.npz"], perturbation)
+    runner = native(framework)(spec, weights, spec.batch_size, dtype, device, precision)
     return importlib.import_module(TREE_MODULES[framework]).level_of(runner, x, scope, names)

@@ -19,13 +19,25 @@ import numpy as np
 from parity.diagnose import instrument, onnx_graph, onnx_taps
 
 
+class LevelTaps:
+    """A level's children as ``onnx_taps.map_taps`` reads a spec: names in network order, each read from the one
+    before it."""
+
+    def __init__(self, spec, names):
+        self.taps = tuple(names)
+        self.model_inputs = spec.model_inputs
+
+    def layer_inputs(self, tap: str) -> tuple[str, ...]:
+        index = self.taps.index(tap)
+        return (self.taps[index - 1],) if index else ("input",)
+
+
 def level(spec, path, artifact_dir, meta, x, names, calls, expected, expected_inputs, threads) -> dict:
     """``{"values", "inputs", "located", "instrumentation"}`` for the module paths ``names`` (network order) on the
     path's exported graph; ``expected`` / ``expected_inputs``: the reference's values and inputs (shapes, layouts
     and the value fallback)."""
     import onnx
 
-    from parity.diagnose.tree import LevelTaps
     from parity.runtimes.onnx_common import onnx_feed
 
     model = onnx.load(str(Path(artifact_dir) / meta["file"]))

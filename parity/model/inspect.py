@@ -10,7 +10,7 @@ import numpy as np
 from parity.interop import onnx_file as onnx_source
 from parity.interop import onnx_test_data as interop
 from parity.interop.given import given_feeds
-from parity.model.user import UserModelError, check_data_size, jax_function, keras_file, torch_factory
+from parity.model.user import UserModelError, check_data_size, jax_function, keras_factory, keras_file, torch_factory
 from parity.platform.errors import one_line
 from parity.platform.safefs import read_npz
 
@@ -197,7 +197,10 @@ def _inspect_keras(reference, root, inputs, _params_file, names_from=None):
 
     from parity.model.feeds import call_keras as call
 
-    model = keras_file(reference, root)("float32")
+    # a function returning the model (``file.py:make_model``, as assert_parity and init's library call give it) is
+    # built as its spec builds it (``keras_factory``): a ``.keras`` file cannot hold a custom layer's code
+    builder = keras_file if Path(reference).suffix in (".keras", ".h5") else keras_factory
+    model = builder(reference, root)("float32")
     names = [t.name for t in model.inputs]
     if names_from and len(inputs) > 1 and sorted(d["name"] for d in inputs) != sorted(names):
         raise _misnamed(names_from, [d["name"] for d in inputs], f"{reference}'s inputs are", names)

@@ -6,7 +6,9 @@ Only what the NumPy modules of ``parity.diagnose.layers`` compute exactly is typ
 ``params=`` its tap name: golden build stores a torch module's weights by ``state_dict`` name (``conv.weight``)
 and a Keras layer's by variable path (``conv/kernel``), and the diagnosis maps either to the kind's canonical
 layout (``parity.diagnose.layers.native``; Keras kernels in their own layout are marked ``weight_layout``).
-Keras activations are channels-last: image kinds get ``layout: "nhwc"``. Imports torch or keras inside.
+Keras activations are channels-last: image kinds get ``layout: "nhwc"``. A Flax module (``flax_layer``) is typed
+where the descent into a JAX model's tree reaches it; its weights are found by its parameter path. Imports torch,
+keras or flax inside.
 """
 
 from __future__ import annotations
@@ -14,6 +16,10 @@ from __future__ import annotations
 WEIGHTED = ("dense", "conv", "batch_norm", "layer_norm", "recurrent", "attention")  # kinds that read weights
 ACTIVATIONS = {"ReLU": "relu", "ReLU6": "relu6", "Sigmoid": "sigmoid", "Tanh": "tanh", "SiLU": "silu",
                "Hardswish": "hard_swish", "Hardsigmoid": "hard_sigmoid", "Softplus": "softplus"}
+# the activation classes of transformers (transformers.activations) -> the catalogue's form
+HF_ACTIVATIONS = {"GELUActivation": "gelu_erf", "NewGELUActivation": "gelu_tanh", "GELUTanh": "gelu_tanh",
+                  "PytorchGELUTanh": "gelu_tanh", "FastGELUActivation": "gelu_tanh",
+                  "QuickGELUActivation": "gelu_sigmoid", "SiLUActivation": "silu"}
 # Keras activation names (as its configs serialise them) -> (form, alpha); "linear" is no activation
 KERAS_ACTIVATIONS = {"relu": ("relu", None), "relu6": ("relu6", None), "sigmoid": ("sigmoid", None),
                      "tanh": ("tanh", None), "silu": ("silu", None), "swish": ("silu", None),
@@ -84,6 +90,10 @@ def torch_layer(module) -> tuple[str, dict] | None:
         return "activation", {"form": "gelu_tanh" if module.approximate == "tanh" else "gelu_erf"}
     if isinstance(module, nn.LeakyReLU):
         return "activation", {"form": "leaky_relu", "alpha": module.negative_slope}
+    hf = next((HF_ACTIVATIONS[c.__name__] for c in type(module).__mro__
+               if c.__module__ == "transformers.activations" and c.__name__ in HF_ACTIVATIONS), None)
+    if hf is not None:
+        return "activation", {"form": hf}
     if name in ACTIVATIONS and type(module).__module__.startswith("torch.nn"):
         if name == "Softplus" and (module.beta != 1 or module.threshold != 20):
             return None
@@ -241,3 +251,45 @@ def keras_reads(layer, previous) -> dict | None:
     if kwargs.get("attention_mask") is not None:
         return None
     return {"causal": True} if kwargs.get("use_causal_mask") else {}
+
+
+# --------------------------------------------------------------------------- Flax (linen)
+
+
+def _flax_padding(padding, rank: int):
+    """A Flax ``Conv`` padding as the conv kind's attribute, None for one it does not compute (CIRCULAR, CAUSAL)."""
+    if isinstance(padding, str):
+        return padding.lower() if padding in ("SAME", "VALID") else None
+    if isinstance(padding, int):
+        return padding
+    pairs = [(p, p) if isinstance(p, int) else tuple(p) for p in padding]
+    return [list(p) for p in pairs] if len(pairs) == rank else None
+
+
+def flax_layer(module) -> tuple[str, dict] | None:
+    """``(kind, attrs)`` for a ``flax.linen`` module the catalogue computes, else None. Flax holds activations
+    channels-last and kernels ``([kh,] kw, I/groups, O)`` and names a LayerNorm's weights ``scale`` and ``bias``:
+    attributes ``layout: "nhwc"`` and ``weight_layout: "flax"`` say so (``parity.diagnose.layers.native``)."""
+    import flax.linen as nn
+
+    def axes(value):
+        return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+    if isinstance(module, nn.Dense) and module.dot_general is None and module.dot_general_cls is None:
+        return "dense", {}
+    if isinstance(module, nn.LayerNorm) and axes(module.reduction_axes) == (-1,) \
+            and axes(module.feature_axes) == (-1,) and module.axis_name is None:
+        return "layer_norm", {"eps": module.epsilon, "weight_layout": "flax"}
+    if isinstance(module, nn.Conv) and len(module.kernel_size) in (1, 2) and module.mask is None \
+            and module.conv_general_dilated is None and module.conv_general_dilated_cls is None \
+            and module.input_dilation in (None, 1) + ((1,) * len(module.kernel_size),):
+        rank = len(module.kernel_size)
+        padding = _flax_padding(module.padding, rank)
+        if padding is None:
+            return None
+        return "conv", {"stride": _pair(module.strides or 1), "padding": padding,
+                        "dilation": _pair(module.kernel_dilation or 1), "groups": module.feature_group_count,
+                        "layout": "nhwc", "weight_layout": "flax"}
+    if isinstance(module, nn.Dropout) and module.broadcast_dims in ((), None):
+        return "dropout", {"rate": module.rate}
+    return None

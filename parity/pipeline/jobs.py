@@ -426,13 +426,18 @@ def repro(workspace: str | None, model: str, path_id: str, out_dir: str, force: 
         manifest = golden.verify(ws.golden_dir(model), spec)
         run._identify(pool, [(spec, manifest, path, None)])  # the export is keyed on the weights, as check keys it
         artifact = run._export(pool, spec, manifest, path, len(path.exports) - 1)
+        leaf = {}
+        if trusted_for(diagnosis, path.runtime.name) == "source":  # cut at the leaf the descent found
+            from parity.diagnose.descend import leaf_known
+
+            leaf = leaf_known(pool, spec, path, str(ws.root), str(ws.golden_dir(model)), threads, diagnosis)
         progress(f"{model}: reduce {path.id}")
         try:
             outcome = pool.call(path.runtime.group, "parity.diagnose.repro:write", workspace=str(ws.root),
                                 model=model, path_id=path.id, golden_dir=str(ws.golden_dir(model)),
                                 precision=precision, threads=threads, artifact_dir=artifact["dir"],
                                 artifact_meta=artifact["meta"], diagnosis=diagnosis, out_dir=str(out),
-                                environment=environment(threads), command=command)
+                                environment=environment(threads), command=command, leaf_known=leaf)
         except TaskFailed as error:
             return 1, f"the reduction of {where} failed: {error}"
     counts = (f"{outcome['nodes_before']} nodes -> {outcome['nodes_after']}, {outcome['checks']} checks, "

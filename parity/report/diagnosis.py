@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import textwrap
 
+from parity.diagnose.descend import display, relative
 from parity.report.terminal import WRAP, _table
 
 MARK = ">"  # marks the first divergent tap's row
@@ -47,14 +48,6 @@ def _node_cause_lines(d: dict) -> list[str]:
     return [f"  node cause: {cause['description']} (at {cause['op_type']} {cause['node']}){fix}"]
 
 
-def _relative(path: str, parent: str | None) -> str:
-    """``blocks.5.norm`` under ``blocks.5`` is ``norm``; an index keeps its holder's name (``blocks.5``, ``layer.1``)."""
-    if not parent or not path.startswith(f"{parent}."):
-        return path
-    name = path[len(parent) + 1:]
-    return f"{parent.rsplit('.', 1)[-1]}.{name}" if name.split(".")[0].isdigit() else name
-
-
 def _units(stats: dict | None) -> str:
     return "not compared" if not stats else f"{_num(stats.get('tol_units'), '.3g')}x"
 
@@ -72,7 +65,7 @@ def tree_lines(d: dict) -> list[str]:
     trail = d.get("first_divergent_path") or []
     if not tree.get("descended") or not tree.get("levels"):
         return []
-    head = " › ".join(_relative(p, trail[i - 1] if i else None) for i, p in enumerate(trail)) or "none"
+    head = display(trail) or "none"
     root = Tree(escape(f"first divergent path: {head}" + (f" ({tree['verdict'].replace('_', ' ')})" if tree.get("verdict")
                                                    not in (None, "leaf") else "")))
     node, parent = root, None
@@ -88,12 +81,12 @@ def tree_lines(d: dict) -> list[str]:
         row = rows[index]
         before = [r for r in rows[:index] if r["stats"]]
         worst = max((r["stats"].get("tol_units", 0.0) for r in before), default=None)
-        context = (f"after {_relative(before[0]['tap'], parent)}, within tolerance" if len(before) == 1 else
+        context = (f"after {relative(before[0]['tap'], parent)}, within tolerance" if len(before) == 1 else
                    f"after {len(before)} within tolerance, worst {worst:.3g}x" if before else "its first child")
-        unseen = [_relative(r["tap"], parent) for r in rows[:index] if not r["stats"]]
+        unseen = [relative(r["tap"], parent) for r in rows[:index] if not r["stats"]]
         if unseen:
             context += f"; not observed: {', '.join(unseen)}"
-        label = (f"{_relative(first, parent)}  {_units(row['stats'])}  input {_units(row['input'])}  "
+        label = (f"{relative(first, parent)}  {_units(row['stats'])}  input {_units(row['input'])}  "
                  f"{row['class'].rsplit('.', 1)[-1]}{' [' + row['kind'] + ']' if row.get('kind') else ''}"
                  f"{' called ' + str(row['calls']) + 'x' if row['calls'] > 1 else ''}  ({context})")
         node, parent = node.add(escape(label)), first

@@ -10,6 +10,7 @@ from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
+from parity.diagnose.descend import display
 from parity.platform.safefs import write_text_atomic
 from parity.report.html_parts import CSS, _badge, _e, _n, _num, _Right, _table, inline_svg, plot_style
 from parity.report.terminal import placement
@@ -121,14 +122,38 @@ def _taps(taps: list[dict]) -> str:
     return _table(["tap", "kind", "found", "max_abs", "max_rel", "mean_abs", "cosine", "tol×", "growth", "note"], rows)
 
 
+def _tree(d: dict, i: int) -> str:
+    """The descent into the model's tree: one collapsible level per scope on the first divergent path, each with
+    its per-child plot and table (children in call order), nested as the modules are."""
+    tree = d.get("tree") or {}
+    if not tree.get("descended"):
+        return f"<p class='muted'>Not descended into the model's tree: {_e(tree.get('reason'))}</p>" if tree else ""
+    html = ""
+    for depth, level in reversed(list(enumerate(tree.get("levels") or []))):
+        rows = [r for r in level["rows"] if isinstance(r, dict)]
+        first = level.get("first_divergent")
+        scope = level.get("scope") or "the model"
+        head = f"{_e(scope)}: {len(rows)} children" + (f" — first divergent <b>{_e(first)}</b>" if first else
+                                                          " — none departs")
+        body = _plot(rows, first, f"diag-{i}-tree-{depth}") + _taps(rows) if rows else ""
+        html = f"<details open><summary>{head}</summary><div class='level'>{body}{html}</div></details>"
+    leaf = tree.get("leaf") or {}
+    nodes = ", ".join(f"{_e(name)} ({_e(op)})" for name, op in leaf.get("nodes") or [])
+    where = f"<p>ONNX nodes of {_e(leaf.get('tap'))}: {nodes}</p>" if nodes and tree.get("verdict") == "leaf" else ""
+    note = f"<p>{_e(tree['note'])}</p>" if tree.get("note") else ""
+    return f"<h3>The model's tree</h3>{note}{html}{where}"
+
+
 def _headline(d: dict) -> str:
+    trail = d.get("first_divergent_path") or []
     first, cause = d.get("first_divergent_tap"), d.get("cause")
-    if not first:
+    if not first and not trail:
         measured = [(t.get("stats") or {}).get("ok") for t in d.get("taps") or [] if isinstance(t, dict)]
         measured = [ok for ok in measured if ok is not None]
         return ("no divergent tap: " + ("no tap could be compared" if not measured else
                 "every compared tap is within tolerance" if all(measured) else "none identified"))
-    text = f"first divergent tap: <b>{_e(first)}</b> — "
+    text = (f"first divergent path: <b>{_e(display(trail))}</b> — " if len(trail) > 1 or not first else
+            f"first divergent tap: <b>{_e(first)}</b> — ")
     if not cause:
         return text + "no known variant explains it"
     before, after = cause.get("before") or {}, cause.get("after") or {}
@@ -194,6 +219,7 @@ def _diagnosis(i: int, r: dict) -> str:
         parts += [_plot(taps, d.get("first_divergent_tap"), f"diag-{i}"), _taps(taps)]
     else:
         parts.append("<p>No taps were recorded.</p>")
+    parts.append(_tree(d, i))
     if d.get("cause_test"):
         parts.append(_cause_test(d["cause_test"]))
     if d.get("node_cause"):

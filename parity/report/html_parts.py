@@ -24,6 +24,8 @@ tr.hl td{background:#ffebe9}tr.rep td{background:#fff8c5}.nomap td{color:#8c959f
 .headline.quiet{border-left-color:#8c959f}
 .ok{color:#116329}.bad{color:#a40e26;font-weight:600}.plot svg{width:100%;max-width:1100px;height:auto}
 section.diag{margin-top:36px}td{max-width:560px;overflow-wrap:break-word}code{font-size:12px}
+details>summary{cursor:pointer;font-weight:600;margin:4px 0}details .level{margin-left:18px;border-left:2px solid #d0d7de;
+ padding-left:10px}
 """
 LABEL_CLASS = {"pass": "pass", "FAIL": "fail", "ERROR": "error", "skip": "skip", "xerror": "xerror", "XPASS": "xpass"}
 

@@ -35,6 +35,15 @@ def build_model(spec, weights: dict[str, np.ndarray] | None, dtype: str = "float
     return model
 
 
+def call_output(keras, layer):
+    """What ``layer``'s (first) call in the model returns: a functional sub-model's ``output`` is its own graph's
+    output, not connected to the outer model's inputs."""
+    if isinstance(layer, keras.Model) and getattr(layer, "_inbound_nodes", None):
+        outputs = layer._inbound_nodes[0].output_tensors
+        return outputs[0] if len(outputs) == 1 else outputs
+    return layer.output
+
+
 class KerasSource(Runner):
     """The native ``tf`` path: a Keras model called under ``tf.function``, built in the precision's dtype
     (a Keras dtype policy), on the CPU or a GPU."""
@@ -78,7 +87,8 @@ class KerasSource(Runner):
     def taps_impl(self, x):
         import keras
 
-        tap_model = keras.Model(self.model.inputs, [self.model.get_layer(t).output for t in self.spec.taps])
+        tap_model = keras.Model(self.model.inputs,
+                                [call_output(keras, self.model.get_layer(t)) for t in self.spec.taps])
         values = as_tuple(call(tap_model, self._to_tf(x)))
         return {
             name: layouts.from_layout(v.numpy(), self.spec.model_inputs[0].layout, self.layout)

@@ -13,7 +13,10 @@ own (golden build stores them as the framework names them), so the cause test ma
   kernels ``([kh,] kw, I/groups, O)``; GRU/LSTM ``kernel`` ``(I, G*H)``, ``recurrent_kernel``, ``bias`` in Keras'
   gate order, GRU ``z, r, h`` with a ``(2, 3H)`` bias when ``reset_after``; MultiHeadAttention's ``(d, heads,
   head_dim)`` kernels and ``attention_output``) or ``"keras_depthwise"`` (``DepthwiseConv2D``'s ``(kh, kw, C,
-  multiplier)`` kernel).
+  multiplier)`` kernel);
+* Flax (parameter paths, ``<prefix>/<name>``, ``weight_layout: "flax"``): ``Dense`` kernels are canonical, ``Conv``
+  kernels ``([kh,] kw, I/groups, O)`` as Keras' (grouped ones too), a ``LayerNorm``'s ``scale`` and ``bias`` are
+  gamma and beta.
 
 Activations too may be the framework's own: ``bind`` computes a layer whose attributes say ``"layout": "nhwc"``
 (a Keras model's channels-last taps: the channel axis last for any rank >= 3) in channels-first order and hands the
@@ -29,7 +32,7 @@ import numpy as np
 
 from parity.diagnose.layers import Variant, get
 
-WEIGHT_LAYOUTS = ("keras", "keras_depthwise")
+WEIGHT_LAYOUTS = ("keras", "keras_depthwise", "flax")
 
 
 def _blocks(value, order):
@@ -113,7 +116,19 @@ def _keras_attention(w: dict) -> dict:
     return found
 
 
+def _flax(w: dict, kind: str) -> dict:
+    """A Flax module's own weights: a LayerNorm's ``scale`` and ``bias`` are gamma and beta; a ``Conv`` kernel is
+    ``([kh,] kw, I/groups, O)`` as Keras holds it; a ``Dense`` kernel is ``(in, out)`` already."""
+    if kind == "layer_norm":
+        return _renamed({"scale": "gamma", "bias": "beta"})(w)
+    if kind == "conv":
+        return _keras_conv(w, False)
+    return w
+
+
 def _keras(w: dict, kind: str, attrs: dict) -> dict:
+    if attrs.get("weight_layout") == "flax":
+        return _flax(w, kind)
     if kind == "conv":
         return _keras_conv(w, attrs.get("weight_layout") == "keras_depthwise")
     if kind == "recurrent":

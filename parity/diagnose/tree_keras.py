@@ -1,0 +1,144 @@
+"""A Keras model's own layer tree, one level at a time: the layers a scope calls, in call order, and their values.
+
+A scope is a layer path, layer names joined by ``/`` (``encoder/norm``; ``''``: the model). Its children are the
+layers it holds: a functional or ``Sequential`` (sub-)model's ``layers`` (its ``InputLayer`` left out), a custom
+layer's tracked sub-layers (``self.fc = Dense(...)``, lists of layers too), in the order the scope calls them; a layer
+it holds but never calls is left out, and operations that are no layer (``keras.ops`` between layers) are the scope's
+own. Values are read by wrapping ``call`` of each child for one run of the model under ``tf.function``, as the
+native ``tf`` path runs it (eagerly where a value cannot leave the traced function, e.g. inside a loop): a child's
+value is the first tensor its first call returns, its input the first tensor that call reads, both in the canonical
+layout (``KerasSource.taps_impl``'s conversion); a layer called more than once (shared) is compared at its first
+call. A child is typed by the layer catalogue (``keras_layer``) where it read one tensor alone, and carries
+``params``: the prefix of its weights' variable paths (a functional sub-model's layers own theirs without the
+sub-model's name: ``norm/gamma`` for ``encoder/norm``). Imports keras and tensorflow inside.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from parity.model import layouts
+
+_UNSET = object()
+
+
+def _children(keras, layer) -> list:
+    """The layers ``layer`` holds, in the order it holds them (``InputLayer`` left out)."""
+    held = layer.layers if isinstance(layer, keras.Model) else layer._flatten_layers(include_self=False,
+                                                                                       recursive=False)
+    return [child for child in held if not isinstance(child, keras.layers.InputLayer)]
+
+
+def resolve(keras, model, path: str):
+    """The layer at ``path`` under ``model`` (``''``: the model itself), or None where no layer has that path."""
+    layer = model
+    for part in filter(None, path.split("/")):
+        layer = next((child for child in _children(keras, layer) if child.name == part), None)
+        if layer is None:
+            return None
+    return layer
+
+
+def _params(layer) -> str | None:
+    """The one variable-path prefix of the layer's own weights (``encoder/norm`` may own ``norm/gamma``), else None."""
+    prefixes = {v.path.rpartition("/")[0] for v in layer.weights}
+    return prefixes.pop() if len(prefixes) == 1 else None
+
+
+def level_of(runner, x: dict, scope: str, names: list[str] | None = None) -> dict:
+    """``{"children", "values", "inputs", "outputs"}`` of a ``parity.sources.tf.KerasSource`` on the feeds ``x``
+    under ``scope`` (see the module docstring; ``tree_torch.level`` has the same contract). ``names`` given: exactly
+    those layer paths are observed (the path side of a level the reference side chose)."""
+    import keras
+
+    from parity.model.layer_types import keras_layer
+
+    if names is not None:
+        candidates = [(name, resolve(keras, runner.model, name)) for name in names]
+        candidates = [(name, layer) for name, layer in candidates if layer is not None]
+    else:
+        root = resolve(keras, runner.model, scope)
+        if root is None:
+            raise ValueError(f"{runner.spec.name} has no layer {scope!r}")
+        prefix = f"{scope}/" if scope else ""
+        candidates = [(prefix + child.name, child) for child in _children(keras, root)]
+    seen = _observe(runner, x, candidates)
+    canonical = runner.spec.model_inputs[0].layout
+    children = []
+    called = sorted(((n, c) for n, c in candidates if n in seen["calls"]), key=lambda p: seen["order"].index(p[0]))
+    for name, layer in called:
+        single = seen["single"].get(name, False)
+        typed = keras_layer(layer) if single else None
+        children.append({"path": name, "class": f"{type(layer).__module__}.{type(layer).__qualname__}",
+                         "calls": seen["calls"][name], "leaf": not _children(keras, layer),
+                         "kind": typed[0] if typed else None, "attrs": typed[1] if typed else None,
+                         "single_input": single, "has_value": name in seen["values"], "params": _params(layer)})
+
+    def host(values: dict) -> dict:
+        return {name: layouts.from_layout(_widened(value), canonical, runner.layout) for name, value in values.items()}
+
+    return {"children": children, "values": host(seen["values"]), "inputs": host(seen["inputs"]),
+            "outputs": {name: _widened(value) for name, value in seen["outputs"].items()}}
+
+
+def _widened(value: np.ndarray) -> np.ndarray:
+    return value.astype(np.float32) if value.dtype.name in ("float16", "bfloat16") else value
+
+
+def _observe(runner, x: dict, candidates) -> dict:
+    """One run of the model with ``call`` of each candidate wrapped: call order, call counts, first values."""
+    import tensorflow as tf
+
+    from parity.model.feeds import call_keras
+    from parity.runtimes.tf_common import outputs_in_order
+
+    order, calls, values, inputs, single = [], {}, {}, {}, {}
+
+    def wrapped(name, original):
+        def call(*args, **kwargs):
+            calls[name] = calls.get(name, 0) + 1
+            first = calls[name] == 1
+            if first:
+                order.append(name)
+                fed = [t for t in tf.nest.flatten((args, kwargs)) if tf.is_tensor(t)]
+                if fed:
+                    inputs[name] = fed[0]
+                single[name] = len(args) == 1 and tf.is_tensor(args[0]) and all(
+                    v is None or isinstance(v, bool) for v in kwargs.values())
+            returned = original(*args, **kwargs)
+            if first:
+                out = [t for t in tf.nest.flatten(returned) if tf.is_tensor(t)]
+                if out and out[0].dtype.is_floating:
+                    values[name] = out[0]
+            return returned
+
+        return call
+
+    def forward(feeds):
+        for record in (order, calls, values, inputs, single):
+            record.clear()
+        returned = outputs_in_order(runner.spec, call_keras(runner.model, feeds))
+        return returned, dict(values), dict(inputs)
+
+    patched = []
+    for name, layer in candidates:  # an instance attribute: Layer.__call__ reads self.call
+        if any(layer is other for _, other in patched):
+            continue
+        patched.append((layer.__dict__.get("call", _UNSET), layer))
+        layer.__dict__["call"] = wrapped(name, layer.call)
+    fed = runner._to_tf(runner.check_feed(x))
+    try:
+        with tf.device(runner.tf_device):
+            try:
+                returned, found, read = tf.function(forward)(fed)
+            except ValueError:  # a value computed inside a loop or a branch cannot leave the traced function
+                returned, found, read = forward(fed)
+    finally:
+        for before, layer in patched:
+            if before is _UNSET:
+                del layer.__dict__["call"]
+            else:
+                layer.__dict__["call"] = before
+    return {"order": list(order), "calls": dict(calls), "single": dict(single),
+            "values": {n: t.numpy() for n, t in found.items()}, "inputs": {n: t.numpy() for n, t in read.items()},
+            "outputs": {n: t.numpy() for n, t in zip(runner.spec.outputs, returned)}}
