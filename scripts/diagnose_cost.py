@@ -4,21 +4,35 @@
 The worker pool keeps one framework process alive at a time, so each piece is timed in a warm
 worker, repeated back to back: the plain check (outputs twice, the eval split, gradients where
 the path has them); the diagnosis's run of the path (one inference with the tap tensors as extra
-outputs); the runtime link (ONNX Runtime and the reference evaluator on every intermediate tensor);
-the source's own taps (the converter link); and the analysis in the orchestrator (statistics, first
-divergent tap, the cause's layer recomputations). Prints medians and ratios to the plain check.
+outputs); the runtime link (ONNX Runtime and the reference evaluator on every tensor of the module where
+the descent found the drift beginning, else of the whole graph; none for a path that agrees everywhere);
+the source's own taps (the converter link); the descent into the model's tree (one task in the source's
+worker: every level on the reference and on the path, the leaf's cause); and the analysis in the
+orchestrator (statistics, first divergent tap, the cause's layer recomputations). Prints medians and
+ratios to the plain check.
+
+``--encoder N`` adds a user's model: a transformers DistilBERT encoder of N layers (random weights) whose
+``N//2``-th layer's output LayerNorm is exported with another epsilon, through ``parity init`` and
+``golden build`` in a temporary workspace, so its ONNX path fails and the descent goes to that leaf.
 
     python scripts/diagnose_cost.py --model cnn --path torch/onnx/ort --repeats 7
+    python scripts/diagnose_cost.py --encoder 12 --repeats 5
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 from parity.diagnose import chain
 from parity.diagnose.collect import ONNX_RUNTIMES
+from parity.diagnose.descend import descend
 from parity.golden import store as golden
 from parity.model.workspace import Workspace
 from parity.pipeline import orchestrate
@@ -34,46 +48,91 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--workspace", default=None)
+    parser.add_argument("--encoder", type=int, default=0, help="measure only an N-layer encoder built here")
     args = parser.parse_args()
+    if args.encoder:
+        with tempfile.TemporaryDirectory() as root:
+            _encoder_workspace(root, args.encoder)
+            measure(Workspace(root), args.model, args.path or ["torch/onnx/ort"], args.repeats, args.threads)
+        return
+    measure(Workspace(args.workspace), args.model, args.path, args.repeats, args.threads)
 
-    ws = Workspace(args.workspace)
-    run = orchestrate.Run(ws, orchestrate.Options(threads=args.threads))
-    print(f"threads {args.threads}, {args.repeats} back-to-back repeats in a warm worker; medians in seconds")
-    print(f"{'model':<12} {'path':<20} {'check':>7} {'taps':>7} {'runtime':>8} {'source':>7} {'analyse':>8} "
-          f"{'taps/check':>11} {'diagnosis/check':>16}")
-    with WorkerPool(args.threads, cache_root() / "logs", 600) as pool:
-        for model in ws.select(args.model):
+
+def make_encoder():
+    """A DistilBERT encoder of ``PARITY_ENCODER_LAYERS`` layers (dim 64, 4 heads, random weights) whose middle
+    layer's ``output_layer_norm`` computes with eps 1e-3 under torch.onnx export only."""
+    import os
+
+    import torch
+    from torch import nn
+    from transformers import DistilBertConfig, DistilBertModel
+
+    class ExportEpsLayerNorm(nn.LayerNorm):
+        def forward(self, x):
+            eps = 1e-3 if torch.onnx.is_in_onnx_export() else self.eps
+            return nn.functional.layer_norm(x, self.normalized_shape, self.weight, self.bias, eps)
+
+    torch.manual_seed(0)
+    layers = int(os.environ["PARITY_ENCODER_LAYERS"])
+    model = DistilBertModel(DistilBertConfig(vocab_size=512, dim=64, n_layers=layers, n_heads=4, hidden_dim=128,
+                                             max_position_embeddings=64, attn_implementation="eager"))
+    block = model.transformer.layer[layers // 2]
+    faulty = ExportEpsLayerNorm(64, eps=block.output_layer_norm.eps)
+    faulty.load_state_dict(block.output_layer_norm.state_dict())
+    block.output_layer_norm = faulty
+    return model.eval()
+
+
+def _encoder_workspace(root: str, layers: int) -> None:
+    env = {**os.environ, "PARITY_ENCODER_LAYERS": str(layers)}
+    for args in (["init", "encoder", "--torch", f"{Path(__file__).resolve()}:make_encoder",
+                  "--input", "input_ids=4x32:int64", "--input", "attention_mask=4x32:int64"],
+                 ["golden", "build", "--model", "encoder"]):
+        subprocess.run([sys.executable, "-m", "parity.cli", *args, "--workspace", root], check=True, env=env,
+                       stdout=subprocess.DEVNULL)
+    os.environ["PARITY_ENCODER_LAYERS"] = str(layers)  # the workers build the model from the same factory
+
+
+def measure(ws, models, path_patterns, repeats: int, threads: int) -> None:
+    run = orchestrate.Run(ws, orchestrate.Options(threads=threads))
+    print(f"threads {threads}, {repeats} back-to-back repeats in a warm worker; medians in seconds")
+    print(f"{'model':<12} {'path':<20} {'check':>7} {'taps':>7} {'runtime':>8} {'source':>7} {'tree':>7} "
+          f"{'analyse':>8} {'taps/check':>11} {'tree/check':>11} {'diagnosis/check':>16}")
+    with WorkerPool(threads, cache_root() / "logs", 600) as pool:
+        for model in ws.select(models):
             spec = ws.load_spec(model)
             manifest = golden.verify(ws.golden_dir(model), spec)
             arrays = golden.load(ws.golden_dir(model), spec).arrays
-            for path in paths.select(tuple(args.path) or ("torch", "*/onnx/ort"), spec.frameworks, "cpu", "fp32"):
+            for path in paths.select(tuple(path_patterns) or ("torch", "*/onnx/ort"), spec.frameworks, "cpu", "fp32"):
                 artifact = run._export(pool, spec, manifest, path, len(path.exports) - 1) if path.exports else None
                 if artifact is not None and "error" in artifact:
                     continue
                 common = {"workspace": str(ws.root), "model": model, "golden_dir": str(ws.golden_dir(model)),
-                          "threads": args.threads}
+                          "threads": threads}
                 own = {**common, "path_id": path.id, "artifact_dir": artifact and artifact["dir"],
                        "artifact_meta": artifact and artifact["meta"]}
                 group = path.runtime.group
-                med = {"check": _median(args.repeats, pool.call, group, "parity.run.tasks:check_path",
+                med = {"check": _median(repeats, pool.call, group, "parity.run.tasks:check_path",
                                          precision="fp32", **own)}
                 observed = pool.call(group, chain.COLLECT, precision="fp32", **own)
-                med["taps"] = _median(args.repeats, pool.call, group, chain.COLLECT, precision="fp32", **own)
+                med["taps"] = _median(repeats, pool.call, group, chain.COLLECT, precision="fp32", **own)
                 med["runtime"] = 0.0
-                if path.exports and path.runtime.name in ONNX_RUNTIMES:
-                    with_link = _median(args.repeats, pool.call, group, chain.COLLECT, precision="fp32",
-                                        runtime_link=True, **own)
-                    med["runtime"] = max(with_link - med["taps"], 0.0)
+                tree = descend(run, pool, spec, path, artifact)
+                if path.exports and path.runtime.name in ONNX_RUNTIMES:  # its own task, scoped by the descent
+                    med["runtime"] = _median(repeats, chain._runtime_link, run, pool, spec, path, artifact, arrays,
+                                             observed, tree)
                 source, med["source"] = observed, 0.0
                 if path.exports:
                     source_kw = {**common, "path_id": path.source, "precision": "fp32", "gradients": False}
                     source_group = paths.by_id(path.source).runtime.group
                     source = pool.call(source_group, chain.COLLECT, **source_kw)
-                    med["source"] = _median(args.repeats, pool.call, source_group, chain.COLLECT, **source_kw)
-                med["analyse"] = _median(args.repeats, chain.analyse, spec, path, arrays, observed, source)
-                total = med["taps"] + med["runtime"] + med["source"] + med["analyse"]
+                    med["source"] = _median(repeats, pool.call, source_group, chain.COLLECT, **source_kw)
+                med["tree"] = _median(repeats, descend, run, pool, spec, path, artifact)
+                med["analyse"] = _median(repeats, chain.analyse, spec, path, arrays, observed, source)
+                total = med["taps"] + med["runtime"] + med["source"] + med["tree"] + med["analyse"]
                 print(f"{model:<12} {path.id:<20} {med['check']:>7.3f} {med['taps']:>7.3f} {med['runtime']:>8.3f} "
-                      f"{med['source']:>7.3f} {med['analyse']:>8.3f} {med['taps'] / med['check']:>11.2f} "
+                      f"{med['source']:>7.3f} {med['tree']:>7.3f} {med['analyse']:>8.3f} "
+                      f"{med['taps'] / med['check']:>11.2f} {med['tree'] / med['check']:>11.2f} "
                       f"{total / med['check']:>16.2f}")
 
 

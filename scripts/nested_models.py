@@ -72,7 +72,7 @@ def one(name: str, root: Path) -> list[dict]:
         if done.returncode:
             return [{**base, "verdict": "prepare: " + (done.stderr.strip().splitlines() or ["failed"])[-1][:150]}]
     code, text = parity(root, "init", name, flag, reference, *inputs)
-    if code and flag == "--keras" and "Could not locate class" in text:
+    if code and flag == "--keras" and "cannot load Keras model" in text:
         base["note"] = "init --keras cannot load the custom layer: spec written with keras_factory"
         init_keras_factory(root, name)
     elif code:

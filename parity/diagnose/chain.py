@@ -17,6 +17,7 @@ from parity.run import paths
 from parity.run.worker import TaskFailed
 
 COLLECT = "parity.diagnose.collect:collect"
+RUNTIME_LINK = "parity.diagnose.collect:runtime_link"
 
 
 def _collect(run, pool, spec, path, artifact, precision: str, **options) -> dict:
@@ -51,8 +52,12 @@ def diagnose(run, pool, spec, manifest, path: paths.PathDef, artifact: dict | No
             extra, arrays, note = _eval_rows(run, pool, spec, path, definition, artifact, arrays)
             if not extra:
                 return {"model": spec.name, "path": path.id, "error": note}
+        # on the fixed input set the runtime link is its own task, after the descent that may scope it
+        linked_later = split != "eval" and artifact is not None and path.runtime.name in ONNX_RUNTIMES \
+            and path.device == "cpu"
         observed = _collect(run, pool, spec, path, artifact, path.precision,
-                            runtime_link=path.runtime.name in ONNX_RUNTIMES, gradients=split != "eval",
+                            runtime_link=path.runtime.name in ONNX_RUNTIMES and not linked_later,
+                            gradients=split != "eval",
                             weight_perturbation=run.options.weight_perturbation.get((spec.name, path.id)), **extra)
         source = observed
         if definition is not path:
@@ -60,15 +65,18 @@ def diagnose(run, pool, spec, manifest, path: paths.PathDef, artifact: dict | No
                                       if definition.exports else None)
             source = _collect(run, pool, spec, definition, artifact_of_definition, path.precision, gradients=False,
                               **extra)
+        tree = None
+        if split != "eval":
+            try:
+                tree = descend(run, pool, spec, path, artifact)
+            except TaskFailed as error:
+                tree = {"descended": False, "reason": f"the tree could not be read ({error})"}
+        if linked_later:
+            observed["runtime_compare"] = _runtime_link(run, pool, spec, path, artifact, arrays, observed, tree)
     except TaskFailed as error:
         return {"model": spec.name, "path": path.id, "error": f"nothing to diagnose: the path did not run ({error})"}
     result = analyse(spec, path, arrays, observed, source, failing if split != "eval" else None)
-    if split != "eval":
-        try:
-            tree = descend(run, pool, spec, path, artifact, spec.output_tolerances(path.precision),
-                           arrays["weights.npz"])
-        except TaskFailed as error:
-            tree = {"descended": False, "reason": f"the tree could not be read ({error})"}
+    if tree is not None:
         merge_tree(spec, result, tree)
     if path.precision == "fp16" and path.exports and path.exports[-1].name == "float16" and failing:
         parent = run._export(pool, spec, manifest, path, len(path.exports) - 2)
@@ -82,6 +90,38 @@ def diagnose(run, pool, spec, manifest, path: paths.PathDef, artifact: dict | No
         result["split"] = {"name": "eval", "rows": extra["rows"]}
         result["notes"].insert(0, note)
     return result
+
+
+def _runtime_link(run, pool, spec, path, artifact, arrays, observed, tree) -> dict:
+    """ONNX Runtime against the reference evaluator (``collect.runtime_link``): on the module where the descent found
+    the drift beginning, when it found one with nodes of its own (both runtimes compute it from the same inputs);
+    else on the whole graph. A path exported from a framework whose outputs and taps all agree with the golden gives
+    the runtimes nothing to dispute; an ONNX file's path is always compared (its golden is the reference
+    evaluator's)."""
+    reference = arrays["reference.npz"]
+    tolerances = spec.output_tolerances(path.precision)
+    if path.source in paths.NATIVE:
+        outputs_ok = all(s["ok"] for s in _output_stats(spec, observed, reference, tolerances).values())
+        rows = drift.tap_rows(spec, {t: reference[f"tap/{t}"] for t in spec.taps}, observed["taps"],
+                              observed["located"], tolerances.for_name)
+        if outputs_ok and all(r["stats"] is None or r["stats"]["ok"] for r in rows):
+            return {"nodes": [], "first_divergent": None,
+                    "error": "the path's outputs and taps agree with the golden: nothing for the runtimes to dispute"}
+    leaf = (tree or {}).get("leaf") or {}
+    scope = None
+    if (tree or {}).get("verdict") in ("leaf", "own_operations") and leaf.get("nodes") and leaf.get("tensor"):
+        scope = {"nodes": [name for name, _ in leaf["nodes"]], "output": leaf["tensor"]}
+    boundary = [w["tensor"] for w in observed["located"].values() if w.get("tensor")]
+    common = dict(workspace=str(run.workspace.root), model=spec.name, path_id=path.id,
+                  golden_dir=str(run.workspace.golden_dir(spec.name)), precision=path.precision,
+                  threads=run.options.threads, artifact_dir=artifact["dir"], artifact_meta=artifact["meta"],
+                  boundary=boundary)
+    if scope is not None:
+        try:
+            return pool.call(path.runtime.group, RUNTIME_LINK, scope=scope, **common)
+        except TaskFailed:  # the module's nodes cannot be cut out on their own: the whole graph
+            pass
+    return pool.call(path.runtime.group, RUNTIME_LINK, **common)
 
 
 def _eval_rows(run, pool, spec, path, definition, artifact, arrays) -> tuple[dict, dict, str]:

@@ -118,18 +118,74 @@ def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, reference, pre
     if path.runtime.name == "ort":
         from parity.diagnose.optimiser import optimiser_effect
 
-        optimiser = optimiser_effect(model, feed, graph_outputs, expected, tolerance_for, threads)
+        optimiser = optimiser_effect(model, feed, graph_outputs, expected, tolerance_for, threads, plain=plain)
     runtime_compare = None
     if runtime_link:
-        from parity.diagnose.node_causes import judge
-
-        values_by_runtime: dict = {}
-        runtime_compare = onnx_graph.compare_runtimes(model, feed, tolerances.default, threads, keep=values_by_runtime)
-        if values_by_runtime:
-            runtime_compare.update(judge(model, feed, values_by_runtime, runtime_compare["first_divergent"], expected,
-                                         tolerance_for, tolerances.default, threads))
-        runtime_compare["boundary_tensors"] = graph_outputs + [
-            where["tensor"] for where in located.values() if where.get("tensor")]
+        boundary = graph_outputs + [where["tensor"] for where in located.values() if where.get("tensor")]
+        runtime_compare = compare_runtimes(model, feed, expected, tolerance_for, tolerances.default, threads, boundary)
     outputs = {name: plain[tensor] for name, tensor in zip(spec.outputs, graph_outputs)}
     return {"outputs": outputs, "taps": taps, "located": located, "gradients": None, "runtime_compare": runtime_compare,
             "instrumentation": instrumentation, "optimiser": optimiser}
+
+
+def compare_runtimes(model, feed: dict, expected: dict, tolerance_for, tol, threads: int, boundary: list[str],
+                     scope: dict | None = None) -> dict:
+    """The runtime link: ONNX Runtime against the reference evaluator on every tensor (``onnx_graph``), the verdict
+    judged at the ``boundary`` tensors, with a third opinion and node causes (``node_causes.judge``). ``scope``
+    (``{"nodes": [names], "output": tensor}``): only the nodes of the module where the drift begins, fed what ONNX
+    Runtime computed at their inputs in the whole graph, so both runtimes compute that module from the same values;
+    the boundary is then its output."""
+    from parity.diagnose import onnx_graph
+    from parity.diagnose.node_causes import judge
+
+    if scope is not None:
+        model, feed = _scoped(model, feed, scope, threads)
+        boundary = [scope["output"]]
+    values_by_runtime: dict = {}
+    compared = onnx_graph.compare_runtimes(model, feed, tol, threads, keep=values_by_runtime)
+    if values_by_runtime:
+        compared.update(judge(model, feed, values_by_runtime, compared["first_divergent"],
+                              expected if scope is None else None, tolerance_for, tol, threads))
+    compared["boundary_tensors"] = boundary
+    if scope is not None:
+        compared["scope"] = {"nodes": len(model.graph.node), "output": scope["output"]}
+    return compared
+
+
+def _scoped(model, feed: dict, scope: dict, threads: int):
+    """The subgraph of ``scope``'s nodes that computes its output from what they read outside it, and that feed, as
+    ONNX Runtime computed it in the whole graph."""
+    from parity.diagnose import onnx_graph
+    from parity.diagnose.reduce import subgraph
+
+    names = set(scope["nodes"])
+    nodes = [n for n in model.graph.node if n.name in names]
+    produced = {t for n in nodes for t in n.output}
+    weights = {i.name for i in model.graph.initializer}
+    read = list(dict.fromkeys(t for n in nodes for t in n.input if t and t not in produced and t not in weights))
+    values = onnx_graph.run_tensors("ort", model, feed, [*read, scope["output"]], threads)
+    values.update({name: feed[name] for name in read if name in feed})
+    return subgraph(model, scope["output"], set(read), values)
+
+
+def runtime_link(workspace: str, model: str, path_id: str, golden_dir: str, precision: str, threads: int,
+                 artifact_dir: str, artifact_meta: dict, scope: dict | None = None, boundary: list[str] = ()) -> dict:
+    """Worker task: the runtime link of an ONNX path on its own (``compare_runtimes``), on the whole graph or on the
+    ``scope`` the descent into the model's tree found."""
+    import onnx
+
+    from parity.diagnose import onnx_graph
+
+    spec = Workspace(workspace).load_spec(model)
+    path = paths.by_id(path_id, "cpu", precision)
+    verified = golden.load(Path(golden_dir), spec)
+    reference = verified.arrays["reference.npz"]
+    graph = onnx.load(str(Path(artifact_dir) / artifact_meta["file"]))
+    feed = onnx_feed(spec, artifact_meta, feeds.from_arrays(spec, verified.arrays["inputs.npz"]))
+    graph = onnx_graph.pinned(graph, feed)
+    graph_outputs = list(artifact_meta["output_names"])
+    by_graph_name = dict(zip(graph_outputs, spec.outputs))
+    tolerances = spec.output_tolerances(path.precision)
+    expected = {name: reference[by_graph_name[name]] for name in graph_outputs}
+    return compare_runtimes(graph, feed, expected, lambda name: tolerances.for_name(by_graph_name.get(name, name)),
+                            tolerances.default, threads, [*graph_outputs, *boundary], scope)

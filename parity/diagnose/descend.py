@@ -27,32 +27,40 @@ from parity.diagnose import drift
 from parity.diagnose.tree import NOT_READ, TREE_SOURCES
 from parity.run import paths
 
-LEVEL = "parity.diagnose.tree:level"
+DESCENT = "parity.diagnose.tree:descent"
 MAX_DEPTH = 16
 UNSEEN = ("fused", "unmapped", "unobservable")
 NO_TAP_DEPARTS = "the outputs differ but no tap does"  # chain.analyse's note, answered by the tree
 
 
-def descend(run, pool, spec, path, artifact: dict | None, tolerances, weights: dict) -> dict:
-    """``{"levels", "first_divergent_path", "leaf", "verdict", "note", "calls"}`` for ``path`` (see the module
-    docstring); ``{"descended": False, "reason"}`` where the model's tree cannot be read."""
+def descend(run, pool, spec, path, artifact: dict | None) -> dict:
+    """``{"descended", "levels", "first_divergent_path", "leaf", "verdict", "note", "cause_test"}`` for ``path``
+    (see the module docstring), from one task in the source framework's worker; ``{"descended": False, "reason"}``
+    where the model's tree cannot be read."""
     framework = path.source if path.source in paths.NATIVE else spec.frameworks[0]
     if framework not in TREE_SOURCES:
         return {"descended": False, "reason": NOT_READ.get(framework, f"the tree of a {framework} model is not read")}
     if artifact is None and path.exports:
         return {"descended": False, "reason": "no exported graph to descend into"}
-    common = dict(workspace=str(run.workspace.root), model=spec.name, golden_dir=str(run.workspace.golden_dir(spec.name)),
-                  precision=path.precision, threads=run.options.threads, framework=framework)
-    source_group = paths.by_id(framework).runtime.group
-    scope, trail, levels, calls, leaf = "", [], [], 0, None
+    return pool.call(paths.by_id(framework).runtime.group, DESCENT, workspace=str(run.workspace.root),
+                     model=spec.name, golden_dir=str(run.workspace.golden_dir(spec.name)), precision=path.precision,
+                     threads=run.options.threads, framework=framework, path_id=path.id,
+                     artifact_dir=artifact and artifact["dir"], artifact_meta=artifact and artifact["meta"],
+                     device=path.device, weight_perturbation=run.options.weight_perturbation.get((spec.name, path.id)))
+
+
+def walk(tree, framework: str) -> dict:
+    """The descent over ``tree`` (a ``parity.diagnose.tree.Tree`` with its path side built): level by level from the
+    root, as the module docstring says. Runs in the worker that holds both sides."""
+    tolerances = tree.spec.output_tolerances(tree.precision)
+    scope, trail, levels, leaf, evidence = "", [], [], None, None
     result = {"descended": True, "levels": levels, "first_divergent_path": [], "leaf": None, "verdict": None,
               "note": None}
     for _ in range(MAX_DEPTH):
-        reference = pool.call(source_group, LEVEL, reference=True, scope=scope, **common)
-        calls += 1
+        reference = tree.reference(scope)
         if not reference["reproduces"]:
-            result.update(verdict="untrusted", note=f"{framework} in the golden's dtype no longer "
-                                                    f"reproduces the golden outputs: its tree is not compared")
+            result.update(verdict="untrusted", note=f"{framework} in the golden's dtype no longer reproduces the "
+                                                    f"golden outputs: its tree is not compared")
             break
         children = [c for c in reference["children"] if c["has_value"]]
         if not children:
@@ -60,46 +68,38 @@ def descend(run, pool, spec, path, artifact: dict | None, tolerances, weights: d
                 result.update(descended=False, reason="the model has no modules or named scopes to descend into")
             break
         names = [c["path"] for c in children]
-        observed = pool.call(path.runtime.group, LEVEL, scope=scope, path_id=path.id, names=names,
-                             calls={c["path"]: c["calls"] for c in children},
-                             expected={n: reference["values"][n] for n in names},
-                             expected_inputs={n: reference["inputs"][n] for n in names if n in reference["inputs"]},
-                             artifact_dir=artifact and artifact["dir"], artifact_meta=artifact and artifact["meta"],
-                             device=path.device, **common,
-                             weight_perturbation=run.options.weight_perturbation.get((spec.name, path.id)))
-        calls += 1
+        observed = tree.path(scope, names, {c["path"]: c["calls"] for c in children},
+                             {n: reference["values"][n] for n in names},
+                             {n: reference["inputs"][n] for n in names if n in reference["inputs"]})
         rows = _rows(children, reference, observed, tolerances)
         first = drift.first_divergent(rows)
-        entry = {"scope": scope, "rows": rows, "first_divergent": first, "instrumentation":
-                 observed.get("instrumentation")}
-        levels.append(entry)
+        levels.append({"scope": scope, "rows": rows, "first_divergent": first,
+                       "instrumentation": observed.get("instrumentation")})
         if first is None:
             result.update(verdict="own_operations" if scope else "not_found", note=_none_departs(scope, rows))
             break
         row = next(r for r in rows if r["tap"] == first)
-        span = _unseen_before(rows, first)
+        before = _previous_observed(rows, first) or f"the input of {scope or 'the model'}"
         if row["input"] is not None and not row["input"]["ok"]:
-            before = _previous_observed(rows, first)
             result.update(verdict="own_operations" if scope else "not_found",
                           note=f"{first} reads an input that already departs from the reference "
                                f"({compare.times(row['input'].get('tol_units', math.inf))}): the drift is in what "
-                               f"{scope or 'the model'} computes between {before or 'its input'} and {first}, not in "
-                               f"{first}")
+                               f"{scope or 'the model'} computes between {before} and {first}, not in {first}")
             break
+        span = _unseen_before(rows, first)
         if span and row["input"] is None:
-            result.update(verdict="span", note=f"between {_previous_observed(rows, first) or 'the input of ' + (scope or 'the model')} "
-                                               f"and {first}: {' … '.join(span)} not observed, and {first}'s own "
-                                               f"input could not be read: the divergence is in that span")
+            result.update(verdict="span", note=f"between {before} and {first}: {' … '.join(span)} not observed, and "
+                                               f"{first}'s own input could not be read: the divergence is in that span")
             break
         trail.append(first)
         scope, leaf, evidence = first, row, (reference, observed)
         if row["leaf"]:
             break
-    result.update(first_divergent_path=trail, calls=calls, leaf=leaf)
+    result.update(first_divergent_path=trail, leaf=leaf)
     if trail and result["verdict"] is None:
         result["verdict"] = "leaf"
     if leaf is not None and result["verdict"] == "leaf":
-        result["cause_test"] = _test_cause(leaf, *evidence, weights, tolerances)
+        result["cause_test"] = _test_cause(leaf, *evidence, tree.verified.arrays["weights.npz"], tolerances)
     return result
 
 
@@ -118,7 +118,8 @@ def _test_cause(row: dict, reference: dict, observed: dict, weights: dict, toler
         fed, provenance = observed["inputs"][name], f"the input of {name} as this path computed it"
     else:
         fed, provenance = reference["inputs"][name], f"the input of {name} from the reference"
-    result = test_layer(Layer(row["kind"], dict(row["attrs"] or {})), [fed], weights,
+    further = list(((reference.get("masks") or {}).get(name) or {}).values())  # a masked attention's mask
+    result = test_layer(Layer(row["kind"], dict(row["attrs"] or {})), [fed, *further], weights,
                         np.asarray(observed["values"][name], np.float64), tolerances.for_name(name),
                         prefix=row.get("params") or name)
     return {"tap": name, "inputs": [provenance], **result}
@@ -238,9 +239,9 @@ def leaf_known(pool, spec, path, workspace: str, golden_dir: str, threads: int, 
     if not leaf.get("tensor") or tree.get("verdict") == "span":
         return {}
     framework = path.source if path.source in paths.NATIVE else spec.frameworks[0]
-    reference = pool.call(paths.by_id(framework).runtime.group, LEVEL, workspace=workspace, model=spec.name,
-                          golden_dir=golden_dir, precision=path.precision, threads=threads, framework=framework,
-                          reference=True, scope="", names=[leaf["tap"]])
+    reference = pool.call(paths.by_id(framework).runtime.group, "parity.diagnose.tree:reference_at",
+                          workspace=workspace, model=spec.name, golden_dir=golden_dir, precision=path.precision,
+                          threads=threads, framework=framework, names=[leaf["tap"]])
     if not reference["reproduces"] or leaf["tap"] not in reference["values"]:
         return {}
     known = {leaf["tensor"]: reference["values"][leaf["tap"]]}

@@ -143,11 +143,13 @@ def opset_axis(model, node, rank: int, run_outputs, expected_ok) -> dict | None:
                     f"passes: {worst:.3g}x the tolerance, tested)"), "fix_tested": True}
 
 
-def judge(model, feed: dict, values: dict[str, dict], first: dict | None, expected: dict, tolerance_for, tol,
+def judge(model, feed: dict, values: dict[str, dict], first: dict | None, expected: dict | None, tolerance_for, tol,
           threads: int = 1) -> dict:
     """What the two runtimes' full runs (``values``: runtime -> tensors) say beyond their differences: which
     runtime's outputs pass against ``expected`` (the golden, by graph output name), which one follows the spec at
-    the ``first`` disputed node (a third opinion), and a node cause where one is reproduced."""
+    the ``first`` disputed node (a third opinion), and a node cause where one is reproduced. ``expected`` None:
+    ``model`` is one module's nodes cut out of the whole graph, whose outputs are not compared here (and no axis is
+    rerun)."""
     from parity.check.closeness import compare_named
     from parity.diagnose.onnx_graph import run_tensors
 
@@ -156,14 +158,15 @@ def judge(model, feed: dict, values: dict[str, dict], first: dict | None, expect
         return all(s["ok"] for s in stats.values()), max((s.get("tol_units", np.inf) for s in stats.values()),
                                                          default=0.0)
 
-    outputs_ok = {runtime: passes({n: tensors[n] for n in expected})[0] for runtime, tensors in values.items()}
+    outputs_ok = {runtime: passes({n: tensors[n] for n in expected})[0] for runtime, tensors in values.items()} \
+        if expected is not None else {}
     result = {"outputs_ok": outputs_ok, "third_opinion": None, "node_cause": None}
     node = None
     if first is not None:
         node = next(n for n in model.graph.node if first["tensor"] in n.output)
         result["third_opinion"] = onnx_ops.third_opinion(model, node, values, tol)
     cause = composite_rounding(model, values["ort"], tol)
-    if cause is None and node is not None and node.op_type in AXIS_OPS:
+    if cause is None and node is not None and node.op_type in AXIS_OPS and expected is not None:
         rank = np.asarray(values["ort"][node.input[0]]).ndim
         cause = opset_axis(model, node, rank, lambda edited: run_tensors("ort", edited, feed, list(expected), threads),
                            passes)

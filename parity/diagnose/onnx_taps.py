@@ -195,10 +195,11 @@ def _relative_error(value: np.ndarray, golden: np.ndarray, layout: str) -> float
     return _norm(value - golden) / (scale if scale > 0 else 1.0)
 
 
-def candidate_names(model, spec, golden_taps: dict[str, np.ndarray], input_layout: str) -> list[str]:
+def candidate_names(model, spec, golden_taps: dict[str, np.ndarray], input_layout: str, graph=None) -> list[str]:
     """Tensors worth one run: every intermediate whose static shape fits some tap's golden shape
-    (canonical or ``NHWC``), plus every scope boundary output that metadata or names point at."""
-    graph = _Graph(model)
+    (canonical or ``NHWC``), plus every scope boundary output that metadata or names point at (``graph``: the
+    model's ``_Graph``, when the caller has it)."""
+    graph = graph or _Graph(model)
     golden = _golden(golden_taps)
     canonical = spec.model_inputs[0].layout
     shapes = {tuple(g.shape) for g in golden.values()}
@@ -288,10 +289,11 @@ def _choose_layout(graph, name, golden, values, canonical) -> tuple[str | None, 
 
 
 def map_taps(model, spec, exporter: str, golden_taps: dict[str, np.ndarray], values: dict[str, np.ndarray],
-             input_layout: str) -> dict[str, dict]:
+             input_layout: str, graph=None) -> dict[str, dict]:
     """Where each tap of ``spec`` is in ``model``: ``{"tensor", "how", "fused_into", "layout",
-    "reason"}`` for every tap, in ``spec.taps`` order (see the module docstring)."""
-    graph = _Graph(model)
+    "reason"}`` for every tap, in ``spec.taps`` order (see the module docstring; ``graph``: the model's ``_Graph``,
+    when the caller has it)."""
+    graph = graph or _Graph(model)
     golden = _golden(golden_taps)
     values = values or {}
     canonical = spec.model_inputs[0].layout

@@ -1,4 +1,4 @@
-"""The worker task of a descent into the model's own tree: one level's values, on the reference or on a path.
+"""The worker task of a descent into the model's own tree: each level's values, on the reference and on a path.
 
 The reference side builds the model's source in the golden's dtype (float64 where the golden was made in it) from
 the golden weights, finds the children of a scope (``parity.diagnose.tree_torch``: the modules it calls, in call
@@ -7,7 +7,8 @@ trusted. The path side returns the values of the module paths the reference side
 hooks in the path's dtype; an exported ONNX graph by the exporter's own records of where each node came from
 (torch.onnx's ``pkg.torch.onnx.name_scopes`` metadata: the module path of every node), else by value
 (``parity.diagnose.onnx_taps``), each tensor added as a graph output for one run. A module called more than once
-maps to the nodes of its first call (the first connected group of its nodes). NumPy at import.
+maps to the nodes of its first call (the first connected group of its nodes). The whole descent is one task in the
+source framework's worker (ONNX Runtime runs there too), so neither side is built twice. NumPy at import.
 """
 
 from __future__ import annotations
@@ -27,52 +28,82 @@ TREE_SOURCES = tuple(TREE_MODULES)
 NOT_READ = {"onnx": "an ONNX file is its own graph: its taps are its tensors"}
 
 
-def level(workspace: str, model: str, golden_dir: str, precision: str, threads: int, scope: str, framework: str,
-          reference: bool = False, path_id: str | None = None, names: list[str] | None = None,
-          calls: dict | None = None, expected: dict | None = None, expected_inputs: dict | None = None,
-          artifact_dir: str | None = None, artifact_meta: dict | None = None, device: str = "cpu",
-          weight_perturbation: dict | None = None) -> dict:
-    """One level of the tree under ``scope`` (``''``: the root).
+class Tree:
+    """One model's tree on its reference and on one path, each side built once: the source in the golden's dtype
+    from the golden weights, and the path (a native source in the path's precision, or the path's exported graph,
+    ``tree_graph.GraphLevels``)."""
 
-    ``reference``: the source in the golden's dtype, children found here (or the ``names`` given): ``{"children", "values", "inputs",
-    "reproduces"}``. Else the path ``path_id``'s values at ``names`` (``calls``: how often each is called;
-    ``expected`` / ``expected_inputs``: the reference's values and inputs there, for shapes and value mapping):
-    ``{"values", "inputs", "located"}``, ``located[name]`` as a diagnosis's tap rows have it, with the ``nodes`` of
-    an exported graph. ``weight_perturbation``: the deliberate drift a check adds to a native path's weights."""
-    spec = Workspace(workspace).load_spec(model)
-    verified = golden.load(Path(golden_dir), spec)
-    x = feeds.from_arrays(spec, verified.arrays["inputs.npz"])
-    if framework not in TREE_SOURCES:
-        raise ValueError(NOT_READ.get(framework, f"the tree of a {framework} model is not read"))
-    if reference:
-        dtype = verified.manifest.get("reference", {}).get("dtype", "float64")
-        found = _native(spec, framework, verified, dtype, "cpu", "fp32", x, scope, names)
-        reference_outputs = verified.arrays["reference.npz"]
-        tolerances = spec.output_tolerances("fp32")
-        stats = closeness.compare_named({n: found["outputs"][n] for n in spec.outputs if n in found["outputs"]},
-                                        {n: reference_outputs[n] for n in spec.outputs}, tolerances.for_name)
-        found["reproduces"] = len(stats) == len(spec.outputs) and all(s["ok"] for s in stats.values())
+    def __init__(self, workspace: str, model: str, golden_dir: str, framework: str, precision: str, threads: int):
+        import importlib
+
+        from parity.sources import native
+
+        if framework not in TREE_SOURCES:
+            raise ValueError(NOT_READ.get(framework, f"the tree of a {framework} model is not read"))
+        self.spec = Workspace(workspace).load_spec(model)
+        self.verified = golden.load(Path(golden_dir), self.spec)
+        self.framework, self.precision, self.threads = framework, precision, threads
+        self.x = feeds.from_arrays(self.spec, self.verified.arrays["inputs.npz"])
+        self.reader = importlib.import_module(TREE_MODULES[framework])
+        dtype = self.verified.manifest.get("reference", {}).get("dtype", "float64")
+        self.reference_runner = native(framework)(self.spec, self.verified.arrays["weights.npz"],
+                                                  self.spec.batch_size, dtype, "cpu", "fp32")
+        self.path_side = None
+
+    def reference(self, scope: str, names: list[str] | None = None) -> dict:
+        """``{"children", "values", "inputs", "reproduces"}`` under ``scope`` (or at ``names``): ``reproduces`` says
+        whether the run's outputs are the golden's, without which nothing it shows is trusted."""
+        found = self.reader.level_of(self.reference_runner, self.x, scope, names)
+        golden_outputs = self.verified.arrays["reference.npz"]
+        stats = closeness.compare_named({n: found["outputs"][n] for n in self.spec.outputs if n in found["outputs"]},
+                                        {n: golden_outputs[n] for n in self.spec.outputs},
+                                        self.spec.output_tolerances("fp32").for_name)
+        found["reproduces"] = len(stats) == len(self.spec.outputs) and all(s["ok"] for s in stats.values())
         return found
-    path = paths.by_id(path_id, device, precision)
-    if artifact_dir is None:
-        found = _native(spec, framework, verified, "float32", device, precision, x, scope, names, weight_perturbation)  # compute dtype: the precision's
+
+    def on_path(self, path_id: str, device: str = "cpu", artifact_dir: str | None = None,
+                artifact_meta: dict | None = None, weight_perturbation: dict | None = None) -> None:
+        """Build the path's side: a native runner (with the deliberate drift a check may add to its weights), or the
+        exported graph."""
+        from parity.run.tasks import perturbed
+        from parity.sources import native
+
+        path = paths.by_id(path_id, device, self.precision)
+        if artifact_dir is None:
+            weights = perturbed(self.verified.arrays["weights.npz"], weight_perturbation)
+            self.path_side = native(self.framework)(self.spec, weights, self.spec.batch_size, "float32", device,
+                                                    self.precision)
+        else:
+            from parity.diagnose.tree_graph import GraphLevels
+
+            self.path_side = GraphLevels(self.spec, path, artifact_dir, artifact_meta, self.x, self.threads)
+
+    def path(self, scope: str, names: list[str], calls: dict, expected: dict, expected_inputs: dict) -> dict:
+        """``{"values", "inputs", "located"}`` of the path at ``names`` (``located[name]`` as a diagnosis's tap rows
+        have it, with the ``nodes`` of an exported graph)."""
+        if hasattr(self.path_side, "level"):
+            return self.path_side.level(names, calls, expected, expected_inputs)
+        found = self.reader.level_of(self.path_side, self.x, scope, names)
         return {"values": found["values"], "inputs": found["inputs"],
                 "located": {n: {"found": "native"} if n in found["values"] else
                             {"found": "unmapped", "reason": "its first call returned no floating tensor"}
                             for n in names}}
-    from parity.diagnose import tree_graph
-
-    return tree_graph.level(spec, path, artifact_dir, artifact_meta, x, names, calls or {}, expected or {},
-                            expected_inputs or {}, threads)
 
 
-def _native(spec, framework, verified, dtype, device, precision, x, scope, names, perturbation=None) -> dict:
-    """The source built from the golden weights in ``dtype`` on ``device``, one level under ``scope``."""
-    import importlib
+def descent(workspace: str, model: str, golden_dir: str, precision: str, threads: int, framework: str, path_id: str,
+            artifact_dir: str | None = None, artifact_meta: dict | None = None, device: str = "cpu",
+            weight_perturbation: dict | None = None) -> dict:
+    """Worker task: the whole descent of ``path_id`` (``parity.diagnose.descend.walk``), each side built once."""
+    from parity.diagnose.descend import walk
 
-    from parity.run.tasks import perturbed
-    from parity.sources import native
+    tree = Tree(workspace, model, golden_dir, framework, precision, threads)
+    tree.on_path(path_id, device, artifact_dir, artifact_meta, weight_perturbation)
+    return walk(tree, framework)
 
-    weights = perturbed(verified.arrays["weights.npz"], perturbation)
-    runner = native(framework)(spec, weights, spec.batch_size, dtype, device, precision)
-    return importlib.import_module(TREE_MODULES[framework]).level_of(runner, x, scope, names)
+
+def reference_at(workspace: str, model: str, golden_dir: str, precision: str, threads: int, framework: str,
+                 names: list[str]) -> dict:
+    """Worker task: the reference's values and inputs at the module paths ``names``, and whether it reproduces the
+    golden outputs."""
+    found = Tree(workspace, model, golden_dir, framework, precision, threads).reference("", names)
+    return {key: found[key] for key in ("values", "inputs", "reproduces")}

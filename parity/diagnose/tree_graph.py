@@ -32,20 +32,35 @@ class LevelTaps:
         return (self.taps[index - 1],) if index else ("input",)
 
 
-def level(spec, path, artifact_dir, meta, x, names, calls, expected, expected_inputs, threads) -> dict:
-    """``{"values", "inputs", "located", "instrumentation"}`` for the module paths ``names`` (network order) on the
-    path's exported graph; ``expected`` / ``expected_inputs``: the reference's values and inputs (shapes, layouts
-    and the value fallback)."""
-    import onnx
+class GraphLevels:
+    """A path's exported graph, loaded and pinned to the golden feed's sizes once, and its plain run's outputs; each
+    ``level`` call observes one level's module paths in it."""
 
-    from parity.runtimes.onnx_common import onnx_feed
+    def __init__(self, spec, path, artifact_dir, meta, x, threads):
+        import onnx
 
-    model = onnx.load(str(Path(artifact_dir) / meta["file"]))
-    feed = onnx_feed(spec, meta, x)
-    model = onnx_graph.pinned(model, feed)
-    graph = onnx_graph._Graph(model)
-    outputs = list(meta["output_names"])
-    exporter = next(e.name for e in reversed(path.exports) if e.name != "float16")
+        from parity.runtimes.onnx_common import onnx_feed
+
+        self.spec, self.path, self.meta, self.threads = spec, path, meta, threads
+        self.feed = onnx_feed(spec, meta, x)
+        self.model = onnx_graph.pinned(onnx.load(str(Path(artifact_dir) / meta["file"])), self.feed)
+        self.graph = onnx_graph._Graph(self.model)
+        self.outputs = list(meta["output_names"])
+        self.exporter = next(e.name for e in reversed(path.exports) if e.name != "float16")
+        self.plain = self.run(self.outputs)
+
+    def run(self, tensors):
+        return onnx_graph.run_tensors(self.path.runtime.name, self.model, self.feed, tensors, self.threads)
+
+    def level(self, names, calls, expected, expected_inputs) -> dict:
+        """``{"values", "inputs", "located", "instrumentation"}`` for the module paths ``names`` (network order);
+        ``expected`` / ``expected_inputs``: the reference's values and inputs (shapes, layouts, value fallback)."""
+        return _level(self, names, calls, expected, expected_inputs)
+
+
+def _level(levels: GraphLevels, names, calls, expected, expected_inputs) -> dict:
+    spec, path, meta, model, graph = levels.spec, levels.path, levels.meta, levels.model, levels.graph
+    outputs, exporter, run, plain = levels.outputs, levels.exporter, levels.run, levels.plain
     taps = LevelTaps(spec, names)
     tolerances = spec.output_tolerances(path.precision)
     by_graph_name = dict(zip(outputs, spec.outputs))
@@ -53,14 +68,10 @@ def level(spec, path, artifact_dir, meta, x, names, calls, expected, expected_in
     def tolerance_for(name):
         return tolerances.for_name(by_graph_name.get(name, name))
 
-    def run(tensors):
-        return onnx_graph.run_tensors(path.runtime.name, model, feed, tensors, threads)
-
-    plain = run(outputs)
     guessed = {}
     if onnx_taps._scope_kind(exporter) is None:  # no records of the source: one run of every candidate tensor
-        guessed = run(onnx_taps.candidate_names(model, taps, expected, meta["input_layout"]))
-    mapped = onnx_taps.map_taps(model, taps, exporter, expected, guessed, meta["input_layout"])
+        guessed = run(onnx_taps.candidate_names(model, taps, expected, meta["input_layout"], graph))
+    mapped = onnx_taps.map_taps(model, taps, exporter, expected, guessed, meta["input_layout"], graph)
     located = {}
     for name in names:
         where = {**mapped[name], "found": mapped[name]["how"]}

@@ -6,7 +6,8 @@ children ``layer.0 … layer.11``. A child's value is the first tensor of what i
 ``ModelOutput`` or a ``(hidden, weights)`` tuple gives its first tensor), and its input the first tensor its first
 call reads; a module called more than once (shared weights) is compared at its first call, and says so. A child is
 typed by the layer catalogue (``parity.model.layer_types``) where its class is one the catalogue computes and it read
-one tensor alone. Imports torch inside.
+one tensor alone, or is a self-attention called with a mask (``torch_masked_attention``): its mask is recorded by
+argument name (``masks``), the layer's second input. Imports torch inside.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def level(module, forward, scope: str, names: list[str] | None = None) -> dict:
 
     ``names`` given: exactly those module paths are observed (the path side of a level the reference side chose);
     else the scope's children as the module docstring says. Each child is ``{"path", "class", "calls", "leaf",
-    "kind", "attrs", "single_input"}``."""
+    "kind", "attrs", "single_input"}``; ``"masks"`` holds ``{path: {argument: array}}``, the further inputs of each
+    typed child that reads a mask besides its input, in the order its kind reads them."""
     import torch
 
     from parity.model.layer_types import torch_layer
@@ -80,21 +82,28 @@ def level(module, forward, scope: str, names: list[str] | None = None) -> dict:
         child = module.get_submodule(name)
         typed = torch_layer(child)
         single = seen["single"].get(name, False)
+        masked = seen["masked"].get(name)
+        if typed and masked and not single:
+            typed = (typed[0], {**typed[1], **masked[0]})
         children.append({"path": name, "class": f"{type(child).__module__}.{type(child).__qualname__}",
                          "calls": seen["calls"][name], "leaf": not list(child.children()),
-                         "kind": typed[0] if typed and single else None,
-                         "attrs": typed[1] if typed and single else None, "single_input": single,
+                         "kind": typed[0] if typed and (single or masked) else None,
+                         "attrs": typed[1] if typed and (single or masked) else None, "single_input": single,
                          "has_value": name in seen["values"]})
-    return {"children": children, "values": seen["values"], "inputs": seen["inputs"], "outputs": seen["outputs"]}
+    masks = {name: seen["masked"][name][1] for name in called if name in seen["masked"]}
+    return {"children": children, "values": seen["values"], "inputs": seen["inputs"], "outputs": seen["outputs"],
+            "masks": masks}
 
 
 def _observe(torch, candidates, forward) -> dict:
     """One run with hooks on ``candidates`` (``[(path, module)]``): call order, call counts, first values."""
-    order, calls, values, inputs, single = [], {}, {}, {}, {}
+    from parity.model.layer_types import torch_masked_attention
+
+    order, calls, values, inputs, single, masked = [], {}, {}, {}, {}, {}
     handles = []
 
     def before(name):
-        def hook(_module, args, kwargs):
+        def hook(module, args, kwargs):
             calls[name] = calls.get(name, 0) + 1
             if calls[name] == 1:
                 order.append(name)
@@ -103,6 +112,9 @@ def _observe(torch, candidates, forward) -> dict:
                     inputs[name] = _host(torch, fed[0])
                 single[name] = len(args) == 1 and torch.is_tensor(args[0]) and all(
                     v is None or isinstance(v, bool) for v in kwargs.values())
+                typed = None if single[name] else torch_masked_attention(module, args, kwargs)
+                if typed is not None:
+                    masked[name] = (typed[0], {arg: _host(torch, m) for arg, m in typed[1].items()})
 
         return hook
 
@@ -125,4 +137,5 @@ def _observe(torch, candidates, forward) -> dict:
         for handle in handles:
             handle.remove()
     flat = {name: _host(torch, t) for name, t in output_tree.flatten(returned, torch.is_tensor)}
-    return {"order": order, "calls": calls, "values": values, "inputs": inputs, "single": single, "outputs": flat}
+    return {"order": order, "calls": calls, "values": values, "inputs": inputs, "single": single, "masked": masked,
+            "outputs": flat}

@@ -94,9 +94,11 @@ def torch_layer(module) -> tuple[str, dict] | None:
                if c.__module__ == "transformers.activations" and c.__name__ in HF_ACTIVATIONS), None)
     if hf is not None:
         return "activation", {"form": hf}
+    if isinstance(module, nn.Softplus):  # torch's softplus is x itself where beta*x > threshold
+        return "activation", {"form": "softplus", "beta": float(module.beta), "threshold": float(module.threshold)}
+    if isinstance(module, (nn.Softmax, nn.LogSoftmax)) and module.dim is not None:
+        return "softmax", {"axis": int(module.dim), "log": isinstance(module, nn.LogSoftmax)}
     if name in ACTIVATIONS and type(module).__module__.startswith("torch.nn"):
-        if name == "Softplus" and (module.beta != 1 or module.threshold != 20):
-            return None
         return "activation", {"form": ACTIVATIONS[name]}
     if isinstance(module, (nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPool2d)):
         return _torch_pool(module, nn)
@@ -129,6 +131,45 @@ def torch_reads(module, args: tuple, kwargs: dict, previous) -> bool:
         return all(f is previous for f in fed) and not masked and rest.get("key_padding_mask") is None \
             and rest.get("attn_mask") is None and not rest.get("is_causal", False)
     return len(args) == 1 and args[0] is previous and all(v is None for v in kwargs.values())
+
+
+MHA_ARGUMENTS = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask", "average_attn_weights",
+                 "is_causal")  # nn.MultiheadAttention.forward's parameters, in order
+
+
+def torch_masked_attention(module, args: tuple, kwargs: dict) -> tuple[dict, dict] | None:
+    """For a call of an ``nn.MultiheadAttention`` the catalogue types that is self-attention (query, key and value
+    the same tensor) with one mask (``key_padding_mask`` or ``attn_mask``, not causal) or none: ``(attrs, {argument:
+    mask})`` (``({}, {})`` without a mask),
+    the attributes the mask adds to the layer's (``mask``: ``"ignore"`` for a boolean mask, true where masked,
+    ``"additive"`` for a float one; ``key_padding``; ``masked_rows: "nan"``, what torch gives a query whose every
+    key is masked) and the mask as the attention kind reads it as its second input (a per-head ``attn_mask`` of
+    ``(batch * heads, q, k)`` as ``(batch, heads, q, k)``). None for any other call."""
+    import torch
+    from torch import nn
+
+    if not isinstance(module, nn.MultiheadAttention) or torch_layer(module) is None:
+        return None
+    if len(args) > len(MHA_ARGUMENTS) or any(k not in MHA_ARGUMENTS for k in kwargs):
+        return None
+    bound = {**dict(zip(MHA_ARGUMENTS, args)), **kwargs}
+    query = bound.get("query")
+    if not torch.is_tensor(query) or bound.get("key") is not query or bound.get("value") is not query \
+            or bound.get("is_causal") or query.dim() != 3:
+        return None
+    masks = {n: bound[n] for n in ("key_padding_mask", "attn_mask") if bound.get(n) is not None}
+    if not masks:
+        return {}, {}
+    if len(masks) != 1 or not all(torch.is_tensor(m) for m in masks.values()):
+        return None
+    (name, mask), = masks.items()
+    if mask.dtype != torch.bool and not mask.is_floating_point():
+        return None
+    if name == "attn_mask" and mask.dim() == 3:
+        mask = mask.reshape(query.shape[0], module.num_heads, *mask.shape[1:])
+    attrs = {"mask": "ignore" if mask.dtype == torch.bool else "additive", "key_padding": name == "key_padding_mask",
+             "masked_rows": "nan"}
+    return attrs, {name: mask}
 
 
 # --------------------------------------------------------------------------- Keras

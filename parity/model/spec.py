@@ -32,7 +32,7 @@ INPUT_LAYOUTS = ("flat", "tokens", "nchw", "native")  # native: the source frame
 LOSSES = ("cross_entropy",)
 MODEL_INPUT = "input"  # in Layer.inputs: the model input rather than a tap
 LAYER_KINDS = ("dense", "conv", "batch_norm", "layer_norm", "activation", "pool", "flatten", "attention", "dropout",
-               "add", "position", "mean", "resize", "recurrent")
+               "add", "position", "mean", "resize", "recurrent", "softmax")
 
 
 @dataclass(frozen=True)
@@ -183,7 +183,11 @@ class Layer:
         Layer("conv", {"stride": 2, "padding": "same"})   # 'same' splits padding as TF/XLA do
         Layer("layer_norm", {"eps": 1e-5})
         Layer("activation", {"form": "gelu_erf"})
+        Layer("activation", {"form": "softplus", "beta": 2.0, "threshold": 1.0})   # torch's nn.Softplus(2, 1)
+        Layer("softmax", {"axis": -1, "log": True})       # nn.LogSoftmax(dim=-1)
         Layer("add", inputs=("pos", "block0_attn"))
+        Layer("attention", {"heads": 4, "mask": "ignore", "key_padding": True, "masked_rows": "nan"},
+              inputs=("embed", "pad_mask"))               # nn.MultiheadAttention with a key_padding_mask
     """
 
     kind: str

@@ -5,7 +5,9 @@ else alpha*x (attribute ``alpha``, default 0.01 as in PyTorch and JAX); ``gelu_e
 0.5x(1 + erf(x/sqrt 2)); ``gelu_tanh`` 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))); ``gelu_sigmoid``
 x*sigmoid(1.702x); ``sigmoid``; ``tanh``; ``silu`` x*sigmoid(x); ``hard_swish`` x*relu6(x+3)/6;
 ``hard_sigmoid`` clip(alpha*x + 0.5, 0, 1) (attribute ``alpha``, default 1/6 as in PyTorch
-``Hardsigmoid`` and Keras 3); ``softplus`` log(1 + e^x).
+``Hardsigmoid`` and Keras 3); ``softplus`` log(1 + e^(beta*x))/beta, and x itself where beta*x > threshold
+(attributes ``beta``, default 1, and ``threshold``, default none: PyTorch's ``nn.Softplus(beta, threshold)``
+reverts to the identity above its threshold, 20 by default; Keras' and ONNX's ``Softplus`` have no threshold).
 
 Variants are the declared form's known neighbours; a neighbour equal to the declared form on
 the inputs at hand (``relu6`` with nothing above 6) is not applicable there:
@@ -19,7 +21,11 @@ the inputs at hand (``relu6`` with nothing above 6) is not applicable there:
 * hard sigmoid: ``hard_sigmoid`` (slope 1/6: PyTorch, Keras 3) / ``hard_sigmoid_0.2`` (slope
   0.2: Keras 2 and ONNX ``HardSigmoid``'s default alpha, when a converter omits alpha) /
   ``sigmoid``;
-* ``silu`` / ``hard_swish`` (MobileNetV3's approximation, swapped in by mobile converters).
+* ``silu`` / ``hard_swish`` (MobileNetV3's approximation, swapped in by mobile converters);
+* softplus: ``softplus_no_threshold`` (the threshold lost: ONNX ``Softplus`` has none, and torch.onnx's TorchScript
+  exporter writes ``Softplus(beta*x)/beta``, dropping it), ``softplus_beta_dropped`` (beta lost, the threshold
+  kept on x: a scale within 1e-5 of 1 removed by an ONNX optimiser's no-op rule), ``softplus_plain`` (both lost:
+  ONNX ``Softplus(x)``).
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ FORMS = {
     "silu": lambda x, alpha: x * _sigmoid(x),
     "hard_swish": lambda x, alpha: x * np.clip(x + 3.0, 0.0, 6.0) / 6.0,
     "hard_sigmoid": lambda x, alpha: np.clip(alpha * x + 0.5, 0.0, 1.0),
-    "softplus": lambda x, alpha: np.logaddexp(0.0, x),
+    "softplus": lambda x, alpha: np.logaddexp(0.0, x),  # beta 1, no threshold; ``forward`` reads both
 }
 DEFAULT_ALPHA = {"leaky_relu": 0.01, "hard_sigmoid": 1.0 / 6.0}
 _LEAKY = (0.01, 0.2, 0.3)
@@ -69,8 +75,15 @@ _NEIGHBOURS = {  # declared form -> (variant name, form, alpha)
 }
 
 
+def _softplus(x, beta: float = 1.0, threshold: float | None = None):
+    y = np.logaddexp(0.0, beta * x) / beta
+    return y if threshold is None else np.where(beta * x > threshold, x, y)
+
+
 def forward(inputs, weights, attrs):
     form = attrs["form"]
+    if form == "softplus":
+        return _softplus(np.asarray(inputs[0], np.float64), attrs.get("beta", 1.0), attrs.get("threshold"))
     if form not in FORMS:
         raise ValueError(f"unknown activation form {form!r}; known: {', '.join(FORMS)}")
     return FORMS[form](np.asarray(inputs[0], np.float64), attrs.get("alpha", DEFAULT_ALPHA.get(form)))
@@ -87,8 +100,41 @@ def _neighbour(form, alpha):
     return compute
 
 
+def _softplus_other(beta=None, threshold=True):
+    """The declared softplus with its beta (None: kept) or its threshold (False: dropped) lost."""
+
+    def compute(inputs, weights, attrs, observed):
+        x = np.asarray(inputs[0], np.float64)
+        y = _softplus(x, attrs.get("beta", 1.0) if beta is None else beta, attrs.get("threshold") if threshold else None)
+        if np.array_equal(y, forward(inputs, weights, attrs)):
+            raise NotApplicable("equals the declared softplus on these inputs")
+        return y
+
+    return compute
+
+
+def _softplus_variants(attrs) -> list[Variant]:
+    beta, threshold = attrs.get("beta", 1.0), attrs.get("threshold")
+    found = []
+    # above its threshold the declared form is x, off from the curve by at most log(1 + e^-threshold)/beta: below
+    # float32's resolution at torch's default (20), so it cannot be told apart there
+    if threshold is not None and math.log1p(math.exp(-threshold)) / beta > 1e-7:
+        found.append(Variant("softplus_no_threshold", f"softplus without its threshold ({threshold:g}): "
+                             f"log(1 + e^(beta x))/beta everywhere, where the declared form is x above it",
+                             _softplus_other(threshold=False)))
+    if beta != 1.0:
+        found.append(Variant("softplus_beta_dropped", f"softplus with beta 1 instead of {beta:g} (the threshold kept)",
+                             _softplus_other(beta=1.0)))
+        if threshold is not None:
+            found.append(Variant("softplus_plain", f"plain softplus log(1 + e^x): beta {beta:g} and threshold "
+                                 f"{threshold:g} both lost", _softplus_other(beta=1.0, threshold=False)))
+    return found
+
+
 def variants(attrs):
     declared = attrs["form"]
+    if declared == "softplus":
+        return _softplus_variants(attrs)
     alpha = attrs.get("alpha", DEFAULT_ALPHA.get(declared))
     found = []
     for name, form, a in _NEIGHBOURS.get(declared, []):

@@ -14,7 +14,9 @@ padding mask ``(b, k)`` with ``key_padding: True``. Attribute ``mask`` (required
 convention), ``"ignore"`` (boolean, true where masked: ``nn.MultiheadAttention``'s ``attn_mask`` and
 ``key_padding_mask``) or ``"additive"`` (added to the scaled logits: 0 or -inf). A query whose every key is masked
 gets zero attention weights, so its attention output is 0 before the output projection: what torch's
-``F.scaled_dot_product_attention`` returns for such a row (torch 2.13, boolean or -inf additive mask).
+``F.scaled_dot_product_attention`` returns for such a row (torch 2.13, boolean or -inf additive mask). Attribute
+``masked_rows`` declares another convention for those rows: ``"nan"`` (``nn.MultiheadAttention``, whose softmax
+over nothing but -inf gives NaN, fast path or not: torch 2.13); default ``"zero"``.
 
 Variants:
 
@@ -31,7 +33,8 @@ Variants:
 With a mask:
 
 * ``masked_row_nan``: a fully masked query row gives NaN (a plain softmax over nothing but -inf:
-  ``nn.MultiheadAttention`` with ``need_weights``, onnx.reference and runtimes without the SDPA convention);
+  ``nn.MultiheadAttention``, onnx.reference and runtimes without the SDPA convention); ``masked_row_zero``: zero
+  attention (the SDPA convention) where NaN is declared;
 * ``masked_row_uniform``: it attends to every key uniformly, the mean of the values (a mask filled with the
   dtype's lowest value, or -1e9 in float32, instead of -inf);
 * ``masked_row_unmasked``: it attends as if unmasked (an additive -1e9 mask in float64, Keras' softmax mask);
@@ -100,7 +103,7 @@ def _head_dim(weights, attrs):
     return weights["query/kernel"].shape[1] // attrs["heads"]
 
 
-def forward(inputs, weights, attrs, axis=-1, interleaved=False, rows="zero", mask="declared"):
+def forward(inputs, weights, attrs, axis=-1, interleaved=False, rows="declared", mask="declared"):
     x = np.asarray(inputs[0], np.float64)
     b, t, _ = x.shape
     heads = attrs["heads"]
@@ -118,6 +121,9 @@ def forward(inputs, weights, attrs, axis=-1, interleaved=False, rows="zero", mas
     if len(inputs) > 1 and mask is not None:
         kind = attrs["mask"] if mask == "declared" else mask
         logits = _masked(logits, _mask(inputs[1], attrs, b, t, t), kind)
+    rows = attrs.get("masked_rows", "zero") if rows == "declared" else rows
+    if rows not in (*ROWS, "unmasked"):
+        raise ValueError(f"unknown masked_rows {rows!r}; known: {', '.join(ROWS[:2])}")
     if rows == "unmasked":  # a fully masked row attends as if nothing were masked
         empty = np.all(logits == -np.inf, axis=axis, keepdims=True)
         attention = np.where(empty, _softmax(raw, axis), _softmax(logits, axis))
@@ -149,9 +155,12 @@ def _with_mask(**options):
     return compute
 
 
-def _mask_variants(declared):
-    found = [Variant("masked_row_nan", "a fully masked query row gives NaN (a plain softmax over -inf) where the "
-                     "declared form gives zero attention (torch SDPA)", _with_mask(rows="nan")),
+def _mask_variants(declared, rows="zero"):
+    row = Variant("masked_row_nan", "a fully masked query row gives NaN (a plain softmax over -inf) where the "
+                  "declared form gives zero attention (torch SDPA)", _with_mask(rows="nan")) if rows != "nan" else \
+        Variant("masked_row_zero", "a fully masked query row gives zero attention (torch SDPA's convention) where "
+                "the declared form gives NaN (nn.MultiheadAttention)", _with_mask(rows="zero"))
+    found = [row,
              Variant("masked_row_uniform", "a fully masked query row attends uniformly, the mean of the values (a "
                      "mask of the dtype's lowest value instead of -inf)", _with_mask(rows="uniform")),
              Variant("masked_row_unmasked", "a fully masked query row attends as if unmasked (an additive -1e9 "
@@ -180,7 +189,7 @@ def variants(attrs):
                              "instead of contiguous blocks", lambda inputs, weights, attrs, observed:
                              forward(inputs, weights, attrs, interleaved=True)))
     if "mask" in attrs:
-        found += _mask_variants(attrs["mask"])
+        found += _mask_variants(attrs["mask"], attrs.get("masked_rows", "zero"))
     causal = not attrs.get("causal", False)
     found.append(Variant("causal" if causal else "non_causal",
                          "causal mask applied, not declared" if causal else "causal mask dropped",
