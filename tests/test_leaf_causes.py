@@ -58,6 +58,7 @@ def test_a_softplus_exported_without_its_threshold_is_named_at_its_leaf(root):
     assert diagnosis["cause_test"]["attrs"] == {"form": "softplus", "beta": 2.0, "threshold": 1.0}
 
 
+@pytest.mark.slow
 def test_a_log_softmax_computed_as_the_log_of_a_float32_softmax_is_named_at_its_leaf(root):
     diagnosis = _checked(root, "logsoftmax", "make_log_softmax_classifier", "x=2x16")
     assert diagnosis["first_divergent_path"] == ["head", "head.3"]
@@ -80,12 +81,14 @@ def test_a_fully_masked_attention_row_that_attends_uniformly_is_named_at_its_lea
     assert diagnosis["cause_test"]["attrs"]["key_padding"] is True
 
 
+@pytest.mark.slow
 def test_a_resize_exported_with_align_corners_is_named_in_its_decoder_block(root):
     diagnosis = _checked(root, "upsample", "make_upsample_decoder", "x=2x3x8x8")
     assert diagnosis["first_divergent_path"] == ["decoder", "decoder.0", "decoder.0.up"]
     assert _cause(diagnosis) == "coordinates_align_corners"
 
 
+@pytest.mark.slow
 def test_a_float64_product_dropped_by_the_exporters_optimiser_is_located_and_not_blamed_on_the_runtime(root):
     """torch.onnx's optimiser (not ONNX Runtime's) removes the Mul: the descent ends at the module holding it, which
     the catalogue does not type, so no cause is named there; ONNX Runtime fails at every optimisation level."""

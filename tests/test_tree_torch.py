@@ -85,6 +85,7 @@ def test_children_are_the_modules_a_scope_calls_through_holders_never_called_and
 
 def test_a_residual_stack_is_descended_to_the_faulty_norm_of_block_5(root, tmp_path):
     diagnosis = _checked(root, "stack", "make_residual_stack", "x=2x16")
+    (root / "stack-diagnosis.json").write_text(json.dumps(diagnosis))
     assert diagnosis["first_divergent_path"] == ["blocks", "blocks.5", "blocks.5.norm"]
     assert diagnosis["cause"]["tap"] == "blocks.5.norm" and diagnosis["cause"]["variant"] == "eps_fitted"
     assert "epsilon 0.1" in diagnosis["cause"]["description"]
@@ -97,6 +98,30 @@ def test_a_residual_stack_is_descended_to_the_faulty_norm_of_block_5(root, tmp_p
     assert _repro_nodes(root, "stack", tmp_path / "repro") <= 12
 
 
+def test_a_skipped_module_is_not_observed_and_the_next_one_is_not_blamed_for_what_it_reads(root, tmp_path):
+    spec = root / "models" / "stack.py"
+    original = spec.read_text()
+    spec.write_text(original.replace("    taps=", "    tree_skip=('blocks.5',),\n    taps=", 1))
+    try:
+        out = tmp_path / "d.json"
+        _invoke("diagnose", "--workspace", root, "--model", "stack", "--path", "torch/onnx/ort", "--json", out)
+        diagnosis = json.loads(out.read_text())["results"][0]["diagnosis"]
+    finally:
+        spec.write_text(original)
+    assert "blocks.5" not in [r["tap"] for r in diagnosis["tree"]["levels"][1]["rows"]]
+    assert diagnosis["first_divergent_path"] == ["blocks"] and diagnosis["tree"]["verdict"] == "own_operations"
+    assert "blocks.6 reads an input that already departs" in diagnosis["tree"]["note"]
+    assert diagnosis["cause"] is None
+
+
+def test_the_runtime_link_is_judged_on_the_leaf_nodes(root):
+    diagnosis = json.loads((root / "stack-diagnosis.json").read_text())
+    runtime = next(c for c in diagnosis["links"]["checks"] if c["link"] == "runtime")
+    assert runtime["ok"] and "1 node(s) of the module where the drift begins" in runtime["compared"]
+    assert diagnosis["links"]["enters_at"] == "converter"
+
+
+@pytest.mark.slow
 def test_a_sum_pool_in_the_second_stage_is_named_with_its_dropped_divisor(root, tmp_path):
     diagnosis = _checked(root, "stages", "make_cnn_stages", "x=2x3x16x16")
     assert diagnosis["first_divergent_path"] == ["features", "features.1", "features.1.3"]

@@ -93,6 +93,9 @@ def _runtime_link(runtime: dict, runtime_name: str) -> dict:
     spec: the link fails only where the path's own runtime does not.
     """
     compared = "ort vs onnxref on the same file (every tensor; judged at taps and outputs)"
+    if runtime.get("scope"):
+        compared = (f"ort vs onnxref on the {runtime['scope']['nodes']} node(s) of the module where the drift begins, "
+                    f"from the same inputs (judged at its output)")
     if runtime.get("error"):
         return {"link": "runtime", "compared": compared, "ok": True, "first_divergent_node": None,
                 "worst_tol_units": None, "note": f"not compared: {runtime['error']}"}

@@ -16,16 +16,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from parity.check import closeness
+from parity.diagnose.walk import NOT_READ, TREE_MODULES, TREE_SOURCES, walk
 from parity.golden import store as golden
 from parity.model import feeds
 from parity.model.workspace import Workspace
 from parity.run import paths
-
-# the module that reads each source framework's tree: ``level_of(runner, x, scope, names)`` (see tree_torch)
-TREE_MODULES = {"torch": "parity.diagnose.tree_torch", "jax": "parity.diagnose.tree_jax",
-                "tf": "parity.diagnose.tree_keras"}
-TREE_SOURCES = tuple(TREE_MODULES)
-NOT_READ = {"onnx": "an ONNX file is its own graph: its taps are its tensors"}
 
 
 class Tree:
@@ -54,6 +49,9 @@ class Tree:
         """``{"children", "values", "inputs", "reproduces"}`` under ``scope`` (or at ``names``): ``reproduces`` says
         whether the run's outputs are the golden's, without which nothing it shows is trusted."""
         found = self.reader.level_of(self.reference_runner, self.x, scope, names)
+        skipped = tuple(self.spec.tree_skip)
+        found["children"] = [c for c in found.get("children", []) if not any(
+            c["path"] == s or c["path"].startswith((f"{s}.", f"{s}/")) for s in skipped)]
         golden_outputs = self.verified.arrays["reference.npz"]
         stats = closeness.compare_named({n: found["outputs"][n] for n in self.spec.outputs if n in found["outputs"]},
                                         {n: golden_outputs[n] for n in self.spec.outputs},
@@ -93,9 +91,7 @@ class Tree:
 def descent(workspace: str, model: str, golden_dir: str, precision: str, threads: int, framework: str, path_id: str,
             artifact_dir: str | None = None, artifact_meta: dict | None = None, device: str = "cpu",
             weight_perturbation: dict | None = None) -> dict:
-    """Worker task: the whole descent of ``path_id`` (``parity.diagnose.descend.walk``), each side built once."""
-    from parity.diagnose.descend import walk
-
+    """Worker task: the whole descent of ``path_id`` (``parity.diagnose.walk.walk``), each side built once."""
     tree = Tree(workspace, model, golden_dir, framework, precision, threads)
     tree.on_path(path_id, device, artifact_dir, artifact_meta, weight_perturbation)
     return walk(tree, framework)

@@ -264,6 +264,8 @@ class ModelSpec:
         num_classes: classifier width, for metrics.
         params: canonical parameter names -> ``ParamSpec``, in network order.
         taps: named layer boundaries in network order (used for drift diagnosis).
+        tree_skip: module paths (and everything under them) the descent into the model's own tree does not
+            compare: a module that draws random numbers, or whose output is not meant to match.
         layers: tap name -> ``Layer``: what the tap computes, so a diagnosis can test causes
             (a tap without one is still compared, but no cause is tested for it).
         tolerances: precision -> ``Tolerances`` for outputs (per-output overrides).
@@ -301,6 +303,7 @@ class ModelSpec:
     num_classes: int = 0
     params: dict[str, ParamSpec] = field(default_factory=dict)
     taps: tuple[str, ...] = ()
+    tree_skip: tuple[str, ...] = ()
     tolerances: dict[str, Tolerances] = field(default_factory=lambda: {"fp32": Tolerances(Tolerance(1e-5, 1e-5))})
     grad_tolerances: dict[str, Tolerances] = field(default_factory=lambda: {"fp32": Tolerances(Tolerance(1e-6, 1e-4))})
     layers: dict[str, Layer] = field(default_factory=dict)

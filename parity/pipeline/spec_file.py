@@ -146,6 +146,7 @@ def render(request: Request, info: dict) -> str:
         f"    loss={loss},  # \"cross_entropy\" of the first output checks gradients; it needs labels",
         f"    # taps: {TAP_ORIGIN[kind]}; `parity diagnose` compares each one",
         f"    taps={_py(tuple(info.get('taps') or ()))},",
+        "    # the diagnosis also descends the model's own tree (every module); tree_skip=(...) names modules it leaves out",
         *_layer_lines(layers),
         *([f"    expected_errors={{{_py(JAX_TF_ONNX[0])}: {_py(JAX_TF_ONNX[1])}}},"] if kind == "jax" else []),
         f"    tolerances={{\"fp32\": Tolerances(Tolerance(atol={request.tolerance[0]:g}, rtol={request.tolerance[1]:g}))}},",

@@ -1,0 +1,147 @@
+"""The walk down a model's tree, level by level, in the worker that holds both sides (``parity.diagnose.tree``): the
+rows of each level, the first divergent child whose own input agrees, where the walk stops and why, and the cause
+tested at the leaf. The rules are ``parity.diagnose.descend``'s. NumPy only.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+
+from parity.check import closeness as compare
+from parity.diagnose import drift
+
+# the module that reads each source framework's tree: ``level_of(runner, x, scope, names)`` (see tree_torch)
+TREE_MODULES = {"torch": "parity.diagnose.tree_torch", "jax": "parity.diagnose.tree_jax",
+                "tf": "parity.diagnose.tree_keras"}
+TREE_SOURCES = tuple(TREE_MODULES)
+NOT_READ = {"onnx": "an ONNX file is its own graph: its taps are its tensors"}
+MAX_DEPTH = 16
+UNSEEN = ("fused", "unmapped", "unobservable")
+
+
+def walk(tree, framework: str) -> dict:
+    """The descent over ``tree`` (a ``parity.diagnose.tree.Tree`` with its path side built): level by level from the
+    root, as the module docstring says. Runs in the worker that holds both sides."""
+    tolerances = tree.spec.output_tolerances(tree.precision)
+    scope, trail, levels, leaf, evidence = "", [], [], None, None
+    result = {"descended": True, "levels": levels, "first_divergent_path": [], "leaf": None, "verdict": None,
+              "note": None}
+    for _ in range(MAX_DEPTH):
+        reference = tree.reference(scope)
+        if not reference["reproduces"]:
+            result.update(verdict="untrusted", note=f"{framework} in the golden's dtype no longer reproduces the "
+                                                    f"golden outputs: its tree is not compared")
+            break
+        children = [c for c in reference["children"] if c["has_value"]]
+        if not children:
+            if not scope:
+                result.update(descended=False, reason="the model has no modules or named scopes to descend into")
+            break
+        names = [c["path"] for c in children]
+        observed = tree.path(scope, names, {c["path"]: c["calls"] for c in children},
+                             {n: reference["values"][n] for n in names},
+                             {n: reference["inputs"][n] for n in names if n in reference["inputs"]})
+        rows = _rows(children, reference, observed, tolerances)
+        first = drift.first_divergent(rows)
+        levels.append({"scope": scope, "rows": rows, "first_divergent": first,
+                       "instrumentation": observed.get("instrumentation")})
+        if first is None:
+            result.update(verdict="own_operations" if scope else "not_found", note=_none_departs(scope, rows))
+            break
+        row = next(r for r in rows if r["tap"] == first)
+        before = _previous_observed(rows, first) or f"the input of {scope or 'the model'}"
+        if row["input"] is not None and not row["input"]["ok"]:
+            result.update(verdict="own_operations" if scope else "not_found",
+                          note=f"{first} reads an input that already departs from the reference "
+                               f"({compare.times(row['input'].get('tol_units', math.inf))}): the drift is in what "
+                               f"{scope or 'the model'} computes between {before} and {first}, not in {first}")
+            break
+        span = _unseen_before(rows, first)
+        if span and row["input"] is None:
+            result.update(verdict="span", note=f"between {before} and {first}: {' … '.join(span)} not observed, and "
+                                               f"{first}'s own input could not be read: the divergence is in that span")
+            break
+        trail.append(first)
+        scope, leaf, evidence = first, row, (reference, observed)
+        if row["leaf"]:
+            break
+    result.update(first_divergent_path=trail, leaf=leaf)
+    if trail and result["verdict"] is None:
+        result["verdict"] = "leaf"
+    if leaf is not None and result["verdict"] == "leaf":
+        result["cause_test"] = _test_cause(leaf, *evidence, tree.verified.arrays["weights.npz"], tolerances)
+    return result
+
+
+def _test_cause(row: dict, reference: dict, observed: dict, weights: dict, tolerances) -> dict:
+    """The leaf recomputed from its input as this path computed it (else the reference's) with each variant of its
+    kind (``parity.diagnose.cause``)."""
+    from parity.diagnose.cause import test_layer
+    from parity.model.spec import Layer
+
+    name = row["tap"]
+    if row["kind"] is None:
+        return {"tap": name, "kind": None, "cause": None,
+                "explanation": f"{name} ({row['class'].rsplit('.', 1)[-1]}) is not a layer the catalogue computes "
+                               f"from one input, so no cause is tested there"}
+    if name in observed["inputs"]:
+        fed, provenance = observed["inputs"][name], f"the input of {name} as this path computed it"
+    else:
+        fed, provenance = reference["inputs"][name], f"the input of {name} from the reference"
+    further = list(((reference.get("masks") or {}).get(name) or {}).values())  # a masked attention's mask
+    result = test_layer(Layer(row["kind"], dict(row["attrs"] or {})), [fed, *further], weights,
+                        np.asarray(observed["values"][name], np.float64), tolerances.for_name(name),
+                        prefix=row.get("params") or name)
+    return {"tap": name, "inputs": [provenance], **result}
+
+
+def _rows(children: list[dict], reference: dict, observed: dict, tolerances) -> list[dict]:
+    """Tap rows (``drift.tap_rows``) for one level, with each child's class, calls, ONNX nodes, and its input
+    compared with the reference's."""
+    names = [c["path"] for c in children]
+    located = observed["located"]
+    rows = drift.tap_rows(SimpleNamespace(taps=names, layers={}), reference["values"], observed["values"], located,
+                          tolerances.for_name)
+    for row, child in zip(rows, children):
+        name = child["path"]
+        where = located.get(name, {})
+        row.update({"class": child["class"], "calls": child["calls"], "leaf": child["leaf"], "kind": child["kind"],
+                    "attrs": child["attrs"], "params": child.get("params"), "nodes": where.get("nodes"), "input_tensor": where.get("input_tensor"),
+                    "input": None, "value": None, "observed_input": None})
+        if name in observed["inputs"] and name in reference["inputs"]:
+            row["input"] = compare.error_stats(np.asarray(observed["inputs"][name]), reference["inputs"][name],
+                                               tolerances.for_name(name))
+        if child["calls"] > 1:
+            row["reason"] = " ".join(filter(None, [row.get("reason"), f"called {child['calls']} times (shared "
+                                                                      f"weights): compared at its first call"]))
+    return rows
+
+
+def _none_departs(scope: str, rows: list[dict]) -> str:
+    unseen = [r["tap"] for r in rows if r["found"] in UNSEEN]
+    if not scope:
+        return "no module of the model departs from the reference on its own"
+    if unseen:
+        return (f"none of the observed children of {scope} departs; {', '.join(unseen)} could not be observed: the "
+                f"drift is in {scope}'s own operations or in those")
+    return (f"none of the {len(rows)} children of {scope} departs from the reference: the drift is in {scope}'s own "
+            f"operations (functional ops between its modules, after {rows[-1]['tap']} at the latest)")
+
+
+def _previous_observed(rows: list[dict], first: str) -> str | None:
+    before = [r for r in rows[:[r["tap"] for r in rows].index(first)] if r["stats"] is not None]
+    return before[-1]["tap"] if before else None
+
+
+def _unseen_before(rows: list[dict], first: str) -> list[str]:
+    """The children between the last observed one before ``first`` and ``first`` that could not be observed."""
+    index = [r["tap"] for r in rows].index(first)
+    unseen = []
+    for row in reversed(rows[:index]):
+        if row["stats"] is not None:
+            break
+        unseen.insert(0, row["tap"])
+    return unseen
