@@ -11,7 +11,8 @@ from parity.cli.common import EXISTING_FILE, EXISTING_FOLDER, FOLDER, handle_err
 @click.argument("name")
 @click.option("--torch", "torch_ref", metavar="MODULE:FUNCTION", help="A function returning the torch.nn.Module "
               "(package.module:make_model or path/to/file.py:make_model).")
-@click.option("--keras", "keras_ref", metavar="FILE", help="A Keras model file (.keras).")
+@click.option("--keras", "keras_ref", metavar="FILE", help="A Keras model file (.keras), or MODULE:FUNCTION returning "
+                                                           "the model (a model with custom layers).")
 @click.option("--jax", "jax_ref", metavar="MODULE:FUNCTION,PARAMS.npz", help="apply(params, x) and its weights.")
 @click.option("--onnx", "onnx_ref", metavar="FILE", help="An ONNX file: the file itself is the source model.")
 @click.option("--input", "input_decls", metavar="NAME=BATCHxDIMx...[:DTYPE[:VALUES]]", multiple=True,

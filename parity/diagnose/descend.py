@@ -33,11 +33,17 @@ def descend(run, pool, spec, path, artifact: dict | None) -> dict:
         return {"descended": False, "reason": NOT_READ.get(framework, f"the tree of a {framework} model is not read")}
     if artifact is None and path.exports:
         return {"descended": False, "reason": "no exported graph to descend into"}
-    return pool.call(paths.by_id(framework).runtime.group, DESCENT, workspace=str(run.workspace.root),
+    return pool.call(_group(framework), DESCENT, workspace=str(run.workspace.root),
                      model=spec.name, golden_dir=str(run.workspace.golden_dir(spec.name)), precision=path.precision,
                      threads=run.options.threads, framework=framework, path_id=path.id,
                      artifact_dir=artifact and artifact["dir"], artifact_meta=artifact and artifact["meta"],
                      device=path.device, weight_perturbation=run.options.weight_perturbation.get((spec.name, path.id)))
+
+
+def _group(framework: str) -> str:
+    """The worker group that holds a source's tree: its native path's, or ONNX Runtime's for an ONNX file (no native
+    path; onnx.reference and ONNX Runtime share that worker)."""
+    return paths.by_id(framework).runtime.group if framework in paths.NATIVE else "onnx"
 
 
 def relative(path: str, parent: str | None) -> str:
@@ -105,7 +111,7 @@ def leaf_known(pool, spec, path, workspace: str, golden_dir: str, threads: int, 
     if not leaf.get("tensor") or tree.get("verdict") == "span":
         return {}
     framework = path.source if path.source in paths.NATIVE else spec.frameworks[0]
-    reference = pool.call(paths.by_id(framework).runtime.group, "parity.diagnose.tree:reference_at",
+    reference = pool.call(_group(framework), "parity.diagnose.tree:reference_at",
                           workspace=workspace, model=spec.name, golden_dir=golden_dir, precision=path.precision,
                           threads=threads, framework=framework, names=[leaf["tap"]])
     if not reference["reproduces"] or leaf["tap"] not in reference["values"]:

@@ -4,8 +4,9 @@ tensors, and their values on the path's runtime.
 A module's nodes are those the exporter recorded under its path (``parity.diagnose.onnx_taps``: torch.onnx
 metadata, tf2onnx names), else its tensor is found by value. A module called more than once has the nodes of every
 call under one path: its first call is the first connected group of them, used when the groups are as many as the
-calls (else the module is reported unmapped, with why). The module's input tensor is the tensor its nodes read from
-outside whose size is the input's on the reference side. Reading a tensor must not change what is read: where
+calls (else the module is reported unmapped, with why). An ONNX file as the source is read by its own tree's
+rules (``tree_onnx.locate``: the same scopes, or tensors, in the path's copy of the file). The module's input
+tensor is the tensor its nodes read from outside whose size is the input's on the reference side. Reading a tensor must not change what is read: where
 marking the level's tensors as outputs changes the plain run's outputs, the tensors are bisected to the largest set
 that does not (``parity.diagnose.instrument``) and the others are reported unobservable. Imports onnx inside.
 """
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from parity.diagnose import instrument, onnx_graph, onnx_taps
+from parity.diagnose import instrument, onnx_graph, onnx_taps, tree_onnx
 
 
 class LevelTaps:
@@ -68,14 +69,23 @@ def _level(levels: GraphLevels, names, calls, expected, expected_inputs) -> dict
     def tolerance_for(name):
         return tolerances.for_name(by_graph_name.get(name, name))
 
-    guessed = {}
-    if onnx_taps._scope_kind(exporter) is None:  # no records of the source: one run of every candidate tensor
-        guessed = run(onnx_taps.candidate_names(model, taps, expected, meta["input_layout"], graph))
-    mapped = onnx_taps.map_taps(model, taps, exporter, expected, guessed, meta["input_layout"], graph)
+    scoped = None
+    if exporter == "onnx file":  # an ONNX source: the scopes (or tensors) of its own tree, by its rules
+        mapped, scoped = tree_onnx.locate(model, graph, names)
+    else:
+        guessed = {}
+        if onnx_taps._scope_kind(exporter) is None:  # no records of the source: one run of every candidate tensor
+            guessed = run(onnx_taps.candidate_names(model, taps, expected, meta["input_layout"], graph))
+        mapped = onnx_taps.map_taps(model, taps, exporter, expected, guessed, meta["input_layout"], graph)
     located = {}
     for name in names:
         where = {**mapped[name], "found": mapped[name]["how"]}
-        nodes = _first_call(graph, name, calls.get(name, 1), exporter) if where["how"] in ("metadata", "name") else []
+        if scoped is not None:
+            nodes = scoped.get(name, []) if where["tensor"] else []
+        elif where["how"] in ("metadata", "name"):
+            nodes = _first_call(graph, name, calls.get(name, 1), exporter)
+        else:
+            nodes = []
         if nodes is None:
             where.update(found="unmapped", tensor=None,
                          reason=f"called {calls[name]} times, and its nodes do not fall into as many groups")

@@ -15,9 +15,9 @@ from parity.diagnose import drift
 
 # the module that reads each source framework's tree: ``level_of(runner, x, scope, names)`` (see tree_torch)
 TREE_MODULES = {"torch": "parity.diagnose.tree_torch", "jax": "parity.diagnose.tree_jax",
-                "tf": "parity.diagnose.tree_keras"}
+                "tf": "parity.diagnose.tree_keras", "onnx": "parity.diagnose.tree_onnx"}
 TREE_SOURCES = tuple(TREE_MODULES)
-NOT_READ = {"onnx": "an ONNX file is its own graph: its taps are its tensors"}
+NOT_READ: dict[str, str] = {}
 MAX_DEPTH = 16
 UNSEEN = ("fused", "unmapped", "unobservable")
 

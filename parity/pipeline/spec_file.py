@@ -88,6 +88,8 @@ def _py(value) -> str:
 def render(request: Request, info: dict) -> str:
     """The text of ``models/<name>.py``."""
     kind, builder = request.kind, request.builder or BUILDERS[request.kind]
+    if kind == "tf" and not request.builder and not request.reference.endswith((".keras", ".h5")):
+        builder = "keras_factory"  # ``file.py:make``: a function returning the model (custom layers in its code)
     batch = next((d.shape[0] for d in request.inputs if d.batched), 1)
     labelled = info.get("labelled", False)
     if kind == "onnx":
