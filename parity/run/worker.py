@@ -74,6 +74,9 @@ def _thread_environment(threads: int, env: dict) -> None:
         "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n,
         "TF_NUM_INTRAOP_THREADS": n, "TF_NUM_INTEROP_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
         "JAX_PLATFORMS": "cpu",
+        # JAX takes 75 % of a GPU's memory at its first use: a JAX worker that lives on (a template, a timed series)
+        # would leave the next worker of any framework out of memory; a user's own setting stands
+        "XLA_PYTHON_CLIENT_PREALLOCATE": os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "false"),
         "XLA_FLAGS": " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""),
                                             f"--xla_cpu_multi_thread_eigen={'true' if threads > 1 else 'false'}",
                                             f"intra_op_parallelism_threads={threads}"])),
