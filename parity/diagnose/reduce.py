@@ -237,11 +237,73 @@ def reduce(model, feed: dict, failing: str, known: dict, tolerance, threads: int
     found = search.fails(output, cuts)
     if found is None:  # every accepted step failed when it was judged; a runtime that stopped failing since
         return _stop(result, search, started, f"the failure stopped reproducing at {output!r}")
+    # 4. shape arithmetic on the fixed input shapes folded into constants, kept only where the result still fails
+    folded = _fold_shapes(found[0], found[1])
+    if folded is not None:
+        result.checks += 1
+        try:
+            stats = search.compare(output, search.run(folded, found[1], [output])[output])
+        except Exception:  # noqa: BLE001 - a folded candidate the runtime refuses: keep the unfolded one
+            stats = {"ok": True}
+        if not stats.get("ok", False):
+            result.reproduced += 1
+            result.steps.append(f"shape folding: {len(found[0].graph.node) - len(folded.graph.node)} node(s) "
+                                f"computing shapes of the fixed inputs folded into constants")
+            found = (folded, found[1], stats)
     result.model, result.inputs, result.stats = found
     result.output, result.expected = output, np.asarray(known[output])
     result.nodes_after = len(result.model.graph.node)
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _fold_shapes(model, feed: dict):
+    """``model`` with every node that computes only integers from constants and the static shapes of its tensors
+    (``Shape``, then ``Gather``/``Concat``/... on the result) replaced by an initializer, checker-valid; None when
+    nothing folds. Floating-point nodes are never folded: the fault is among them."""
+    import onnx
+    from onnx import numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    inferred = onnx.shape_inference.infer_shapes(model)
+    shapes = {name: np.asarray(value).shape for name, value in feed.items()}
+    for info in inferred.graph.value_info:
+        dims = info.type.tensor_type.shape.dim
+        if dims and all(d.HasField("dim_value") for d in dims):
+            shapes[info.name] = tuple(d.dim_value for d in dims)
+    constants = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    kept, folded = [], []
+    for node in model.graph.node:
+        value = None
+        try:
+            if node.op_type == "Shape" and node.input[0] in shapes:
+                attrs = {a.name: a.i for a in node.attribute}
+                value = [np.asarray(shapes[node.input[0]], np.int64)[attrs.get("start", 0):attrs.get("end")]]
+            elif node.input and all(i in constants for i in node.input if i) and node.domain in ("", "ai.onnx"):
+                value = ReferenceEvaluator(node).run(None, {i: constants[i] for i in node.input if i})
+        except Exception:  # noqa: BLE001 - a node the evaluator cannot take stays as it is
+            value = None
+        if value is None or not all(np.asarray(v).dtype.kind in "iub" for v in value):
+            kept.append(node)
+            continue
+        constants.update({name: np.asarray(v) for name, v in zip(node.output, value)})
+        folded.extend(node.output)
+    if not folded:
+        return None
+    reads = {i for node in kept for i in node.input} | {o.name for o in model.graph.output}
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    del copy.graph.node[:]
+    copy.graph.node.extend(kept)
+    used = [numpy_helper.from_array(constants[name], name) for name in dict.fromkeys(
+        [*(i.name for i in model.graph.initializer), *folded]) if name in reads]
+    del copy.graph.initializer[:]
+    copy.graph.initializer.extend(used)
+    try:
+        onnx.checker.check_model(copy, full_check=True)
+    except Exception:  # noqa: BLE001 - not a valid model after folding: keep the unfolded one
+        return None
+    return copy
 
 
 def summary(result: Reduced) -> str:

@@ -19,6 +19,8 @@ import numpy as np
 
 from parity.diagnose import instrument, onnx_graph, onnx_taps, tree_onnx
 
+INPUT_MATCH = 1e-3  # a module's input found by value agrees with the reference's to this relative L2 error
+
 
 class LevelTaps:
     """A level's children as ``onnx_taps.map_taps`` reads a spec: names in network order, each read from the one
@@ -69,11 +71,10 @@ def _level(levels: GraphLevels, names, calls, expected, expected_inputs) -> dict
     def tolerance_for(name):
         return tolerances.for_name(by_graph_name.get(name, name))
 
-    scoped = None
+    scoped, guessed = None, {}
     if exporter == "onnx file":  # an ONNX source: the scopes (or tensors) of its own tree, by its rules
         mapped, scoped = tree_onnx.locate(model, graph, names)
     else:
-        guessed = {}
         if onnx_taps._scope_kind(exporter) is None:  # no records of the source: one run of every candidate tensor
             guessed = run(onnx_taps.candidate_names(model, taps, expected, meta["input_layout"], graph))
         mapped = onnx_taps.map_taps(model, taps, exporter, expected, guessed, meta["input_layout"], graph)
@@ -86,6 +87,10 @@ def _level(levels: GraphLevels, names, calls, expected, expected_inputs) -> dict
             nodes = _first_call(graph, name, calls.get(name, 1), exporter)
         else:
             nodes = []
+        if where["found"] == "value" and name in expected_inputs:  # no records: the input by value too
+            found = _input_by_value(graph, guessed, where, expected_inputs[name])
+            if found:
+                where["input_tensor"], nodes = found, _between(model, found, where["tensor"])
         if nodes is None:
             where.update(found="unmapped", tensor=None,
                          reason=f"called {calls[name]} times, and its nodes do not fall into as many groups")
@@ -94,7 +99,8 @@ def _level(levels: GraphLevels, names, calls, expected, expected_inputs) -> dict
             where["tensor"] = onnx_taps._pick_boundary(graph, onnx_taps._boundary_outputs(graph, nodes),
                                                        expected.get(name))
         where["nodes"] = [[graph.nodes[i].name, graph.nodes[i].op_type] for i in nodes]
-        where["input_tensor"] = _input_tensor(model, graph, nodes, expected_inputs.get(name))
+        where["input_tensor"] = where.get("input_tensor") or _input_tensor(model, graph, nodes,
+                                                                           expected_inputs.get(name))
         located[name] = where
     tensors = {n: w["tensor"] for n, w in located.items() if w.get("tensor") and w["found"] != "fused"}
     inputs = {n: w["input_tensor"] for n, w in located.items() if w.get("input_tensor")}
@@ -133,6 +139,40 @@ def _level(levels: GraphLevels, names, calls, expected, expected_inputs) -> dict
     for where in located.values():
         where.pop("how", None)
     return {"values": found, "inputs": found_inputs, "located": located, "instrumentation": instrumentation}
+
+
+def _input_by_value(graph, values: dict, where: dict, expected_input: np.ndarray) -> str | None:
+    """Where a module was found by value: the tensor before its output, of its input's size, closest to the
+    reference's input (relative L2 error at most ``INPUT_MATCH``; the latest of equals), or None."""
+    end = graph.position.get(where["tensor"])
+    if end is None:
+        return None
+    best, target = None, np.asarray(expected_input, np.float64)
+    scale = float(np.sqrt(np.sum(np.square(target)))) or 1.0
+    for name in graph.names[:end]:
+        value = values.get(name)
+        if value is None or np.asarray(value).size != target.size:
+            continue
+        try:
+            canonical = onnx_taps.to_canonical(value, {"layout": where.get("layout"), "tensor": name}, target.shape)
+        except ValueError:
+            continue
+        error = float(np.sqrt(np.sum(np.square(canonical.astype(np.float64) - target)))) / scale
+        if error <= INPUT_MATCH and (best is None or error <= best[1]):
+            best = (name, error)
+    return best and best[0]
+
+
+def _between(model, start: str, end: str) -> list[int]:
+    """The nodes that compute ``end`` from ``start`` and weights alone (a module found by value, as its nodes); none
+    where ``end`` also reads something else the graph computes (its nodes cannot be told from others')."""
+    from parity.diagnose.reduce import _needed
+
+    nodes = _needed(model, end, {start})
+    inside = {t for i in nodes for t in model.graph.node[i].output} | {start}
+    weights = {i.name for i in model.graph.initializer}
+    reads = {t for i in nodes for t in model.graph.node[i].input if t}
+    return nodes if reads <= inside | weights else []
 
 
 def _first_call(graph, name: str, calls: int, exporter: str) -> list[int] | None:
