@@ -106,3 +106,30 @@ def sleep(seconds: float) -> None:
     import time
 
     time.sleep(seconds)
+
+
+def failing_export(root: Path, name: str, source: list, path: str = "torch/onnx/ort", edit=None) -> tuple[dict, str]:
+    """A user's torch model through the command line: ``init`` (``source``: its arguments after the name, e.g.
+    ``["--torch", "file.py:make", "--input", "x=2x16"]``; ``edit`` rewrites the spec it writes), ``golden build``,
+    and ``check`` of ``torch`` (which must pass) and ``path`` (which must fail): ``path``'s diagnosis and the output."""
+    import json
+
+    from click.testing import CliRunner
+
+    from parity.cli import cli
+
+    def invoke(*args):
+        return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+    made = invoke("init", name, "--workspace", root, *source)
+    assert made.exit_code == 0, made.output
+    if edit:
+        spec = root / "models" / f"{name}.py"
+        spec.write_text(edit(spec.read_text()))
+    built = invoke("golden", "build", "--workspace", root, "--model", name)
+    assert built.exit_code == 0, built.output
+    result = invoke("check", "--workspace", root, "--model", name, "--path", "torch", "--path", path, "--json", "-")
+    verdicts = {r["path"]: r for r in json.loads(result.output[result.output.index("{"):])["results"]}
+    assert verdicts["torch"]["verdict"] == "pass", verdicts["torch"]
+    assert verdicts[path]["verdict"] == "fail", verdicts[path]
+    return verdicts[path]["diagnosis"], result.output

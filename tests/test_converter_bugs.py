@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from parity.cli import cli
-from tests.conftest import REPO
+from tests.conftest import REPO, failing_export
 
 BUGS = REPO / "tests" / "converterbugs.py"
 
@@ -22,18 +22,7 @@ def _invoke(*args):
 
 
 def _diagnosed(root, name, factory, input_decl, path, edit=None):
-    made = _invoke("init", name, "--workspace", root, "--torch", f"{BUGS}:{factory}", "--input", input_decl)
-    assert made.exit_code == 0, made.output
-    if edit:
-        spec = root / "models" / f"{name}.py"
-        spec.write_text(edit(spec.read_text()))
-    assert _invoke("golden", "build", "--workspace", root, "--model", name).exit_code == 0
-    result = _invoke("check", "--workspace", root, "--model", name, "--path", "torch", "--path", path, "--json", "-")
-    report = json.loads(result.output[result.output.index("{"):])
-    verdicts = {r["path"]: r for r in report["results"]}
-    assert verdicts["torch"]["verdict"] == "pass", verdicts["torch"]
-    assert verdicts[path]["verdict"] == "fail", verdicts[path]
-    return verdicts[path]["diagnosis"], result.output
+    return failing_export(root, name, ["--torch", f"{BUGS}:{factory}", "--input", input_decl], path, edit)
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,6 @@ ONNX Runtime's optimiser is not blamed for it."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -16,7 +14,7 @@ from click.testing import CliRunner
 from parity.cli import cli
 from parity.diagnose.layers import NotApplicable, get
 from parity.model.layer_types import torch_layer
-from tests.conftest import REPO
+from tests.conftest import REPO, failing_export
 
 LEAVES = REPO / "tests" / "leafcauses.py"
 
@@ -26,20 +24,10 @@ def _invoke(*args):
 
 
 def _checked(root, name, factory, *inputs, data=None):
-    """init, golden build, check torch and torch/onnx/ort; the diagnosis of torch/onnx/ort (failing)."""
-    given = ("--inputs", data) if data else ()
-    made = _invoke("init", name, "--workspace", root, "--torch", f"{LEAVES}:{factory}", *given,
-                   *[a for decl in inputs for a in ("--input", decl)])
-    assert made.exit_code == 0, made.output
-    built = _invoke("golden", "build", "--workspace", root, "--model", name)
-    assert built.exit_code == 0, built.output
-    result = _invoke("check", "--workspace", root, "--model", name, "--path", "torch", "--path", "torch/onnx/ort",
-                     "--json", "-")
-    report = json.loads(result.output[result.output.index("{"):])
-    verdicts = {r["path"]: r for r in report["results"]}
-    assert verdicts["torch"]["verdict"] == "pass", verdicts["torch"]
-    assert verdicts["torch/onnx/ort"]["verdict"] == "fail", verdicts["torch/onnx/ort"]
-    return verdicts["torch/onnx/ort"]["diagnosis"]
+    """init, golden build, check torch (passing) and torch/onnx/ort (failing): the latter's diagnosis."""
+    given = ["--inputs", data] if data else []
+    return failing_export(root, name, ["--torch", f"{LEAVES}:{factory}", *given,
+                                       *[a for decl in inputs for a in ("--input", decl)]])[0]
 
 
 def _cause(diagnosis):

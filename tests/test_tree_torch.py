@@ -16,7 +16,7 @@ from torch import nn
 from parity.cli import cli
 from parity.diagnose import tree_torch
 from parity.diagnose.descend import display
-from tests.conftest import REPO
+from tests.conftest import REPO, failing_export
 
 NESTED = REPO / "tests" / "nestedmodels.py"
 
@@ -25,18 +25,9 @@ def _invoke(*args):
     return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
 
 
-def _checked(root, name, factory, *inputs, path="torch/onnx/ort"):
-    """init, golden build, check torch and ``path``; the diagnosis of ``path`` (failing) and the report."""
-    made = _invoke("init", name, "--workspace", root, "--torch", f"{NESTED}:{factory}",
-                   *[a for decl in inputs for a in ("--input", decl)])
-    assert made.exit_code == 0, made.output
-    assert _invoke("golden", "build", "--workspace", root, "--model", name).exit_code == 0
-    result = _invoke("check", "--workspace", root, "--model", name, "--path", "torch", "--path", path, "--json", "-")
-    report = json.loads(result.output[result.output.index("{"):])
-    verdicts = {r["path"]: r for r in report["results"]}
-    assert verdicts["torch"]["verdict"] == "pass", verdicts["torch"]
-    assert verdicts[path]["verdict"] == "fail", verdicts[path]
-    return verdicts[path]["diagnosis"]
+def _checked(root, name, factory, *inputs):
+    """init, golden build, check torch (passing) and torch/onnx/ort (failing): the latter's diagnosis."""
+    return failing_export(root, name, ["--torch", f"{NESTED}:{factory}", *[a for d in inputs for a in ("--input", d)]])[0]
 
 
 def _repro_nodes(root, name, out) -> int:
@@ -50,6 +41,12 @@ def _repro_nodes(root, name, out) -> int:
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
     return tmp_path_factory.mktemp("nested")
+
+
+@pytest.fixture(scope="module")
+def stack(root):
+    """The residual stack through init, golden build and check (in each test worker that needs it): its diagnosis."""
+    return _checked(root, "stack", "make_residual_stack", "x=2x16")
 
 
 def test_children_are_the_modules_a_scope_calls_through_holders_never_called_and_shared_ones_are_counted():
@@ -83,9 +80,8 @@ def test_children_are_the_modules_a_scope_calls_through_holders_never_called_and
     assert display(["features", "features.1", "features.1.3"]) == "features › features.1 › features.1.3"
 
 
-def test_a_residual_stack_is_descended_to_the_faulty_norm_of_block_5(root, tmp_path):
-    diagnosis = _checked(root, "stack", "make_residual_stack", "x=2x16")
-    (root / "stack-diagnosis.json").write_text(json.dumps(diagnosis))
+def test_a_residual_stack_is_descended_to_the_faulty_norm_of_block_5(root, stack, tmp_path):
+    diagnosis = stack
     assert diagnosis["first_divergent_path"] == ["blocks", "blocks.5", "blocks.5.norm"]
     assert diagnosis["cause"]["tap"] == "blocks.5.norm" and diagnosis["cause"]["variant"] == "eps_fitted"
     assert "epsilon 0.1" in diagnosis["cause"]["description"]
@@ -98,7 +94,7 @@ def test_a_residual_stack_is_descended_to_the_faulty_norm_of_block_5(root, tmp_p
     assert _repro_nodes(root, "stack", tmp_path / "repro") <= 12
 
 
-def test_a_skipped_module_is_not_observed_and_the_next_one_is_not_blamed_for_what_it_reads(root, tmp_path):
+def test_a_skipped_module_is_not_observed_and_the_next_one_is_not_blamed_for_what_it_reads(root, stack, tmp_path):
     spec = root / "models" / "stack.py"
     original = spec.read_text()
     spec.write_text(original.replace("    taps=", "    tree_skip=('blocks.5',),\n    taps=", 1))
@@ -114,11 +110,10 @@ def test_a_skipped_module_is_not_observed_and_the_next_one_is_not_blamed_for_wha
     assert diagnosis["cause"] is None
 
 
-def test_the_runtime_link_is_judged_on_the_leaf_nodes(root):
-    diagnosis = json.loads((root / "stack-diagnosis.json").read_text())
-    runtime = next(c for c in diagnosis["links"]["checks"] if c["link"] == "runtime")
+def test_the_runtime_link_is_judged_on_the_leaf_nodes(stack):
+    runtime = next(c for c in stack["links"]["checks"] if c["link"] == "runtime")
     assert runtime["ok"] and "1 node(s) of the module where the drift begins" in runtime["compared"]
-    assert diagnosis["links"]["enters_at"] == "converter"
+    assert stack["links"]["enters_at"] == "converter"
 
 
 @pytest.mark.slow
@@ -129,7 +124,7 @@ def test_a_sum_pool_in_the_second_stage_is_named_with_its_dropped_divisor(root, 
     assert _repro_nodes(root, "stages", tmp_path / "repro") <= 12
 
 
-def test_a_passing_path_shows_no_divergence_at_any_level(root, tmp_path):
+def test_a_passing_path_shows_no_divergence_at_any_level(root, stack, tmp_path):
     out = tmp_path / "d.json"
     result = _invoke("diagnose", "--workspace", root, "--model", "stack", "--path", "torch", "--json", out)
     diagnosis = json.loads(out.read_text())["results"][0]["diagnosis"]
