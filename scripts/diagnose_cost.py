@@ -11,8 +11,8 @@ worker: every level on the reference and on the path, the leaf's cause); and the
 orchestrator (statistics, first divergent tap, the cause's layer recomputations). Prints medians and
 ratios to the plain check.
 
-``--encoder N`` adds a user's model: a transformers DistilBERT encoder of N layers (random weights) whose
-``N//2``-th layer's output LayerNorm is exported with another epsilon, through ``parity init`` and
+``--encoder N`` measures a user's model instead: a transformers DistilBERT encoder of N layers (random weights)
+whose ``N//2``-th layer's output LayerNorm loses its bias in the export, through ``parity init`` and
 ``golden build`` in a temporary workspace, so its ONNX path fails and the descent goes to that leaf.
 
     python scripts/diagnose_cost.py --model cnn --path torch/onnx/ort --repeats 7
@@ -53,32 +53,35 @@ def main() -> None:
     if args.encoder:
         with tempfile.TemporaryDirectory() as root:
             _encoder_workspace(root, args.encoder)
-            measure(Workspace(root), args.model, args.path or ["torch/onnx/ort"], args.repeats, args.threads)
+            measure(Workspace(root), args.model, args.path or ["torch/onnx/ort"], args.repeats, args.threads,
+                    verdicts=True)
         return
     measure(Workspace(args.workspace), args.model, args.path, args.repeats, args.threads)
 
 
 def make_encoder():
     """A DistilBERT encoder of ``PARITY_ENCODER_LAYERS`` layers (dim 64, 4 heads, random weights) whose middle
-    layer's ``output_layer_norm`` computes with eps 1e-3 under torch.onnx export only."""
+    layer's ``output_layer_norm`` (random gain and bias) loses its bias under torch.onnx export only."""
     import os
 
     import torch
     from torch import nn
     from transformers import DistilBertConfig, DistilBertModel
 
-    class ExportEpsLayerNorm(nn.LayerNorm):
+    class ExportNoBiasLayerNorm(nn.LayerNorm):
         def forward(self, x):
-            eps = 1e-3 if torch.onnx.is_in_onnx_export() else self.eps
-            return nn.functional.layer_norm(x, self.normalized_shape, self.weight, self.bias, eps)
+            bias = None if torch.onnx.is_in_onnx_export() else self.bias
+            return nn.functional.layer_norm(x, self.normalized_shape, self.weight, bias, self.eps)
 
     torch.manual_seed(0)
     layers = int(os.environ["PARITY_ENCODER_LAYERS"])
     model = DistilBertModel(DistilBertConfig(vocab_size=512, dim=64, n_layers=layers, n_heads=4, hidden_dim=128,
                                              max_position_embeddings=64, attn_implementation="eager"))
     block = model.transformer.layer[layers // 2]
-    faulty = ExportEpsLayerNorm(64, eps=block.output_layer_norm.eps)
-    faulty.load_state_dict(block.output_layer_norm.state_dict())
+    faulty = ExportNoBiasLayerNorm(64, eps=block.output_layer_norm.eps)
+    with torch.no_grad():
+        faulty.weight.uniform_(0.5, 1.5)
+        faulty.bias.uniform_(-0.5, 0.5)
     block.output_layer_norm = faulty
     return model.eval()
 
@@ -93,7 +96,7 @@ def _encoder_workspace(root: str, layers: int) -> None:
     os.environ["PARITY_ENCODER_LAYERS"] = str(layers)  # the workers build the model from the same factory
 
 
-def measure(ws, models, path_patterns, repeats: int, threads: int) -> None:
+def measure(ws, models, path_patterns, repeats: int, threads: int, verdicts: bool = False) -> None:
     run = orchestrate.Run(ws, orchestrate.Options(threads=threads))
     print(f"threads {threads}, {repeats} back-to-back repeats in a warm worker; medians in seconds")
     print(f"{'model':<12} {'path':<20} {'check':>7} {'taps':>7} {'runtime':>8} {'source':>7} {'tree':>7} "
@@ -128,12 +131,20 @@ def measure(ws, models, path_patterns, repeats: int, threads: int) -> None:
                     source = pool.call(source_group, chain.COLLECT, **source_kw)
                     med["source"] = _median(repeats, pool.call, source_group, chain.COLLECT, **source_kw)
                 med["tree"] = _median(repeats, descend, run, pool, spec, path, artifact)
+                if verdicts:  # what the diagnosis found, so the figures are those of a real one
+                    print(f"{model} {path.id}: first divergent path {' › '.join(tree['first_divergent_path']) or '-'}"
+                          f" ({tree.get('verdict')}); runtime link: {tree_link(chain._runtime_link(run, pool, spec, path, artifact, arrays, observed, tree))}")
                 med["analyse"] = _median(repeats, chain.analyse, spec, path, arrays, observed, source)
                 total = med["taps"] + med["runtime"] + med["source"] + med["tree"] + med["analyse"]
                 print(f"{model:<12} {path.id:<20} {med['check']:>7.3f} {med['taps']:>7.3f} {med['runtime']:>8.3f} "
                       f"{med['source']:>7.3f} {med['tree']:>7.3f} {med['analyse']:>8.3f} "
                       f"{med['taps'] / med['check']:>11.2f} {med['tree'] / med['check']:>11.2f} "
                       f"{total / med['check']:>16.2f}")
+
+
+def tree_link(compared: dict) -> str:
+    return compared.get("error") or (f"on {compared['scope']['nodes']} node(s)" if compared.get("scope")
+                                     else f"on {len(compared.get('nodes', []))} tensors")
 
 
 def _median(repeats: int, call, *args, **kwargs) -> float:
