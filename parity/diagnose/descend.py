@@ -17,7 +17,7 @@ NumPy only; every framework runs in a worker.
 
 from __future__ import annotations
 
-from parity.diagnose.walk import NOT_READ, TREE_SOURCES
+from parity.diagnose.walk import TREE_SOURCES
 from parity.run import paths
 
 DESCENT = "parity.diagnose.tree:descent"
@@ -30,7 +30,7 @@ def descend(run, pool, spec, path, artifact: dict | None) -> dict:
     where the model's tree cannot be read."""
     framework = path.source if path.source in paths.NATIVE else spec.frameworks[0]
     if framework not in TREE_SOURCES:
-        return {"descended": False, "reason": NOT_READ.get(framework, f"the tree of a {framework} model is not read")}
+        return {"descended": False, "reason": f"the tree of a {framework} model is not read"}
     if artifact is None and path.exports:
         return {"descended": False, "reason": "no exported graph to descend into"}
     return pool.call(_group(framework), DESCENT, workspace=str(run.workspace.root),

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from parity.check import closeness
-from parity.diagnose.walk import NOT_READ, TREE_MODULES, TREE_SOURCES, walk
+from parity.diagnose.walk import TREE_MODULES, TREE_SOURCES, walk
 from parity.golden import store as golden
 from parity.model import feeds
 from parity.model.workspace import Workspace
@@ -32,7 +32,7 @@ class Tree:
         import importlib
 
         if framework not in TREE_SOURCES:
-            raise ValueError(NOT_READ.get(framework, f"the tree of a {framework} model is not read"))
+            raise ValueError(f"the tree of a {framework} model is not read")
         self.spec = Workspace(workspace).load_spec(model)
         self.verified = golden.load(Path(golden_dir), self.spec)
         self.framework, self.precision, self.threads = framework, precision, threads

@@ -17,7 +17,6 @@ from parity.diagnose import drift
 TREE_MODULES = {"torch": "parity.diagnose.tree_torch", "jax": "parity.diagnose.tree_jax",
                 "tf": "parity.diagnose.tree_keras", "onnx": "parity.diagnose.tree_onnx"}
 TREE_SOURCES = tuple(TREE_MODULES)
-NOT_READ: dict[str, str] = {}
 MAX_DEPTH = 16
 UNSEEN = ("fused", "unmapped", "unobservable")
 
