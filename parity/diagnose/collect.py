@@ -83,14 +83,15 @@ def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, reference, pre
         return onnx_graph.run_tensors(path.runtime.name, model, feed, names, threads)
 
     plain = run(graph_outputs)
-    candidates = onnx_taps.candidate_names(model, spec, golden_taps, meta["input_layout"]) if spec.taps else []
+    graph = onnx_graph._Graph(model) if spec.taps else None  # shape inference once, for candidates and mapping
+    candidates = onnx_taps.candidate_names(model, spec, golden_taps, meta["input_layout"], graph) if spec.taps else []
     values = run(list(dict.fromkeys([*graph_outputs, *candidates])))
     located, taps, instrumentation = {}, {}, None
     if spec.taps:
         # the exporter that named the nodes (the float16 conversion keeps them); jax2tf's graphs carry no Keras names:
         # tf2onnx mapping falls back to values
         exporter = next(e.name for e in reversed(path.exports) if e.name != "float16")
-        mapped = onnx_taps.map_taps(model, spec, exporter, golden_taps, values, meta["input_layout"])
+        mapped = onnx_taps.map_taps(model, spec, exporter, golden_taps, values, meta["input_layout"], graph)
         reproduced = instrument.same_outputs(plain, values, tolerance_for)
         if not reproduced and not instrument.same_outputs(plain, run(graph_outputs), tolerance_for):
             # two plain runs differ (a random op, e.g. Dropout in training mode): no run reproduces another, so the
@@ -161,10 +162,7 @@ def _scoped(model, feed: dict, scope: dict, threads: int):
     from parity.diagnose.reduce import subgraph
 
     names = set(scope["nodes"])
-    nodes = [n for n in model.graph.node if n.name in names]
-    produced = {t for n in nodes for t in n.output}
-    weights = {i.name for i in model.graph.initializer}
-    read = list(dict.fromkeys(t for n in nodes for t in n.input if t and t not in produced and t not in weights))
+    read = onnx_graph.outside_inputs(model, [n for n in model.graph.node if n.name in names])
     values = onnx_graph.run_tensors("ort", model, feed, [*read, scope["output"]], threads)
     values.update({name: feed[name] for name in read if name in feed})
     return subgraph(model, scope["output"], set(read), values)

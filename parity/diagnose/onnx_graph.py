@@ -108,6 +108,14 @@ class _Graph:
                 self.shapes[name] = _static_shape(info)
 
 
+def outside_inputs(model, nodes) -> list[str]:
+    """The tensors ``nodes`` (NodeProtos) read that none of them computes and that are not weights: graph inputs and
+    other nodes' outputs, in the order the nodes read them."""
+    inside = {t for node in nodes for t in node.output}
+    weights = {t.name for t in model.graph.initializer}
+    return list(dict.fromkeys(t for node in nodes for t in node.input if t and t not in inside and t not in weights))
+
+
 def intermediate_names(model) -> list[str]:
     """Every float tensor a node produces, in topological order (graph outputs included;
     initializers and graph inputs are not produced by a node)."""

@@ -213,21 +213,11 @@ def _input_tensor(model, graph, nodes: list[int], expected_input: np.ndarray | N
     the reference's input of the module (by size), the first such in the order the nodes read them."""
     if not nodes or expected_input is None:
         return None
-    inside = {t for i in nodes for t in graph.nodes[i].output}
-    weights = {t.name for t in model.graph.initializer}
     graph_inputs = {i.name: i for i in model.graph.input}
-    for index in nodes:
-        for tensor in graph.nodes[index].input:
-            if not tensor or tensor in inside or tensor in weights:
-                continue
-            shape = graph.shapes.get(tensor) if tensor in graph.position else _input_shape(graph_inputs.get(tensor))
-            if shape is not None and int(np.prod(shape)) == expected_input.size:
-                return tensor
+    for tensor in onnx_graph.outside_inputs(model, [graph.nodes[i] for i in nodes]):
+        info = graph_inputs.get(tensor)
+        shape = graph.shapes.get(tensor) if tensor in graph.position else (
+            onnx_graph._static_shape(info) if info is not None else None)
+        if shape is not None and int(np.prod(shape)) == expected_input.size:
+            return tensor
     return None
-
-
-def _input_shape(info) -> tuple | None:
-    if info is None or not info.type.tensor_type.HasField("shape"):
-        return None
-    dims = [d.dim_value if d.HasField("dim_value") else None for d in info.type.tensor_type.shape.dim]
-    return None if None in dims else tuple(dims)

@@ -82,15 +82,9 @@ def boundary(graph, kind: str, name: str, nodes: list[int]) -> str | None:
 def input_of(model, graph, nodes: list[int]) -> str | None:
     """The first float tensor ``nodes`` read from outside themselves that is not a weight (a graph input or another
     node's output)."""
-    inside = {t for i in nodes for t in graph.nodes[i].output}
-    weights = {t.name for t in model.graph.initializer}
     floats = {i.name for i in model.graph.input if i.type.tensor_type.elem_type in onnx_graph._float_types()}
-    for index in nodes:
-        for tensor in graph.nodes[index].input:
-            if tensor and tensor not in inside and tensor not in weights and (tensor in graph.position
-                                                                               or tensor in floats):
-                return tensor
-    return None
+    return next((t for t in onnx_graph.outside_inputs(model, [graph.nodes[i] for i in nodes])
+                 if t in graph.position or t in floats), None)
 
 
 def locate(model, graph, names) -> tuple[dict, dict]:
