@@ -32,6 +32,16 @@ def corpus_of(tmp_path_factory, folder: str, names) -> tuple:
     return script, cases, root / "ws"
 
 
+def taken_and_agreeing(corpus, name: str) -> dict:
+    """Case ``name`` of a ``corpus_of`` corpus passes on ONNX Runtime by its own test data and parity takes it and
+    agrees: the path's entry of the result JSON."""
+    script, cases, workspace = corpus
+    ort_says, _ = script.ort_verdict(cases[name])
+    says, reason, entry = script.parity_result(cases[name], workspace)
+    assert ort_says == "pass" and says == "pass", (ort_says, says, reason)
+    return entry
+
+
 def with_expected(source: Path, name: str, change) -> Path:
     """A copy of case ``source`` beside it as ``name``, its first expected output ``change``d (``change(array) ->
     array``): the runtime computes what it did, so against the changed outputs it departs from them."""
@@ -56,10 +66,7 @@ def corpus(tmp_path_factory):
 
 @pytest.mark.parametrize("name", CASES)
 def test_a_case_onnx_runtime_loads_is_taken_and_agrees_with_its_own_verdict(corpus, name):
-    script, cases, workspace = corpus
-    ort_says, _ = script.ort_verdict(cases[name])
-    says, reason = script.parity_verdict(cases[name], workspace)
-    assert ort_says == "pass" and says == "pass", (ort_says, says, reason)
+    taken_and_agreeing(corpus, name)
 
 
 def test_a_runtime_that_departs_from_the_expected_outputs_fails(corpus):
