@@ -45,9 +45,58 @@ def test_gate_times_passing_paths_only(workspace_copy):
         assert timing["first_result"]["load_s"] >= 0 and timing["first_result"]["path_peak_mb"] >= 0
     assert results["torch"]["timing"]["train_step"]["verdict"] == "pass"
     assert results["torch/onnx/ort"]["timing"]["train_step"] is None  # ONNX Runtime cannot differentiate
-    versus = results["torch/onnx/ort"]["timing"]["batches"]["64"]["vs_baseline"]
-    assert versus["baseline"] == "torch" and versus["ci95"][0] <= versus["ratio"] <= versus["ci95"][1]
+    assert_compared(results["torch/onnx/ort"]["timing"]["batches"]["64"], results["torch"]["timing"]["batches"]["64"])
     assert outcome.exit_code(report) == 1
+
+
+def assert_compared(entry: dict, base: dict) -> None:
+    """A series' ratio to its baseline: given with a CI around it where both series settled, withheld naming the
+    unsettled one where not (a busy machine, such as a parallel test run, can leave a short series unsettled)."""
+    versus = entry["vs_baseline"]
+    unsettled = [who for who, e in (("this series", entry), ("the baseline's", base)) if not e["stability"]["ok"]]
+    assert versus["baseline"] == "torch"
+    if unsettled:
+        assert versus["withheld"] and "ratio" not in versus
+        assert all(f"{who}: {e['stability']['reason']}" in versus["reason"]
+                   for who, e in (("this series", entry), ("the baseline's", base)) if who in unsettled)
+    else:
+        assert versus["ci95"][0] <= versus["ratio"] <= versus["ci95"][1] and "withheld" not in versus
+
+
+def test_a_ratio_is_given_between_settled_series_and_withheld_where_one_is_unsettled():
+    """The rule on fixed series: two settled series get a ratio with its CI; a baseline whose warm-up did not
+    converge withholds the ratio and says why."""
+    from types import SimpleNamespace
+
+    from parity.bench import stats
+    from parity.bench.plan import _compare_to_baselines
+
+    rng = np.random.default_rng(0)
+
+    def series(median_ms, settled=True):
+        samples = list(median_ms * (1 + 0.01 * rng.standard_normal(200)))
+        entry = {"verdict": "pass", "samples_ms": samples, "median_ms": float(np.median(samples)),
+                 "ci95_ms": [0.99 * median_ms, 1.01 * median_ms], "warmup_converged": settled, "warmup_runs": 50}
+        entry["stability"] = stats.stability(entry, 0.02)
+        return entry
+
+    def pending(base_settled):
+        spec = SimpleNamespace(name="mlp")
+        return [(spec, None, SimpleNamespace(id=path, baseline="torch"), {"timing": {"batches": {"8": entry}}})
+                for path, entry in (("torch", series(2.0, base_settled)), ("torch/onnx/ort", series(1.0)))]
+
+    settled = pending(True)
+    _compare_to_baselines(settled, BenchOptions())
+    ort, torch = (p[3]["timing"]["batches"]["8"] for p in reversed(settled))
+    assert torch["vs_baseline"] == {"baseline": "torch", "self": True}
+    assert 0.45 < ort["vs_baseline"]["ratio"] < 0.55 and ort["vs_baseline"]["verdict"] == "faster"
+    assert_compared(ort, torch)
+
+    unsettled = pending(False)
+    _compare_to_baselines(unsettled, BenchOptions())
+    ort, torch = (p[3]["timing"]["batches"]["8"] for p in reversed(unsettled))
+    assert ort["vs_baseline"]["reason"] == "withheld: the baseline's: warm-up did not converge in 50 runs"
+    assert_compared(ort, torch)
 
 
 def test_a_batch_size_that_computes_something_else_is_never_timed(workspace_copy):

@@ -58,6 +58,8 @@ def test_the_html_report_gains_the_benchmark_and_the_history_page(tmp_path):
     page = (out / "index.html").read_text()
     bench = page[page.index("<h2>Benchmark</h2>"):]
     assert "Latency of mlp at batch 1" in bench and bench.count("<svg") == 1
-    assert "outputs ok over 16 inputs" in bench and "2: cv" in bench and "vs torch" in bench
+    assert "outputs ok over 16 inputs" in bench and "2: cv" in bench
+    # the ratio to torch, or why it is withheld where a busy machine left a series unsettled
+    assert "vs torch" in bench or "withheld: " in bench
     assert "Time to first result (fresh worker)" in bench
     assert 'href="history.html"' in page and "<svg" in (out / "history.html").read_text()
