@@ -14,12 +14,11 @@ from parity.model import feeds
 from parity.model.workspace import Workspace
 from parity.run import paths
 from parity.run.tasks import build_runner, perturbed
+from parity.runtimes.base import Runner
 from parity.runtimes.onnx_common import onnx_feed
 
 ONNX_RUNTIMES = ("ort", "ort-noopt", "onnxref")
 SAVEDMODEL_REASON = "a SavedModel made by jax2tf exposes only its outputs, not its layers"
-GPU_RUNTIME_REASON = ("taps are read from ONNX graphs on the CPU runtimes only; on a GPU runtime outputs are compared "
-                      "(diagnose the same path with --device cpu to locate the tap)")
 
 
 def collect(workspace: str, model: str, path_id: str, golden_dir: str, precision: str, threads: int,
@@ -49,11 +48,15 @@ def collect(workspace: str, model: str, path_id: str, golden_dir: str, precision
                              runtime_link)
     runner = build_runner(spec, path, perturbed(verified.arrays["weights.npz"], weight_perturbation), spec.batch_size,
                           threads, artifact_dir, artifact_meta)
-    if artifact_dir is None:  # a native source reports its taps itself
+    if artifact_dir is None:  # a native source (or a compiled one) reports its taps itself
         taps = runner.taps(x) if spec.taps else {}
         located = {t: {"found": "native"} for t in taps}
+    elif type(runner).taps_impl is not Runner.taps_impl and spec.taps:  # a runtime that reads its own tensors
+        taps = runner.taps(x)
+        located = {t: runner.tap_locations.get(t, {"found": "unmapped", "reason": "not reported by this runtime"})
+                   for t in spec.taps}
     else:
-        reason = SAVEDMODEL_REASON if path.runtime is paths.TF_SAVEDMODEL else GPU_RUNTIME_REASON
+        reason = SAVEDMODEL_REASON if path.runtime is paths.TF_SAVEDMODEL else runner.no_taps_reason
         taps, located = {}, {t: {"found": "unmapped", "reason": reason} for t in spec.taps}
     return {"outputs": runner.run(x), "taps": taps, "located": located,
             "gradients": runner.gradients(x, labels) if gradients and runner.differentiable and spec.loss else None,

@@ -312,8 +312,12 @@ def path_rows(workspace: str | None, models, devices, precisions, notice=_quiet)
     for path in path_registry.matrix(devices, precisions or path_registry.ALL):
         if frameworks is None or path.source in frameworks:
             rows.append({"id": path.id, "device": path.device, "precision": path.precision,
-                         "steps": " -> ".join(s.name for s in path.exports) or "native",
-                         "reason": path_registry.unavailable_reason(path), "note": path.runtime.note})
+                         "steps": " -> ".join(s.name for s in path.exports) or (
+                             "native" if path.id in path_registry.NATIVE else path.runtime.name),
+                         "reason": path_registry.unavailable_reason(path),
+                         "note": "; ".join(n for n in (path.runtime.note, *(s.note for s in path.exports),
+                                                       path.opt_in and f"opt-in ({path.opt_in}): name it with --path")
+                                           if n)})
     return rows
 
 

@@ -38,6 +38,7 @@ class Step:
     keyed_on: tuple[str, ...] = ()
     cuda_packages: tuple[str, ...] = ()  # needed on a GPU only
     note: str = ""  # shown by `parity paths`
+    extra: str = "cpu"  # the extra that installs its packages: pip install 'parity[<extra>]'
 
     @property
     def target(self) -> str:
@@ -56,6 +57,7 @@ class PathDef:
     runtime: Step
     device: str = "cpu"
     precision: str = "fp32"
+    opt_in: str = ""  # why it runs only where a --path names it (a compile that costs more than seconds per model)
 
     @property
     def stages(self) -> list[str]:
@@ -97,7 +99,12 @@ class PathDef:
 INSTALL_NAMES = {"tensorflow": "tensorflow-cpu", "jax": "jax", "torch": "torch", "onnx": "onnx",
                  "onnxruntime": "onnxruntime", "onnxscript": "onnxscript", "tf2onnx": "tf2onnx",
                  "jax2onnx": "jax2onnx", "keras": "keras", "onnxconverter_common": "onnxconverter-common",
-                 "tensorrt": "tensorrt", "cuda": "cuda-python"}
+                 "tensorrt": "tensorrt", "cuda": "cuda-python", "openvino": "openvino",
+                 "ai_edge_litert": "ai-edge-litert", "executorch": "executorch", "litert_torch": "litert-torch"}
+# packages the installer refuses beside parity's pinned stack: its own reason, said instead of an install hint
+WONT_INSTALL = {"litert_torch": "pip refuses litert-torch 0.10 beside this stack: xdsl 0.28.0 (through litert-converter "
+                                "0.5.0) depends on typing-extensions<4.13 and >=4.7, and constraints.txt pins "
+                                "typing-extensions==4.16.0"}
 GPU_INSTALL_NAMES = {"tensorflow": "tensorflow[and-cuda]", "onnxruntime": "onnxruntime-gpu", "jax": "jax[cuda12]"}
 SOURCE_PACKAGES = {"torch": ("torch",), "tf": ("tensorflow", "keras"), "jax": ("jax",), "onnx": ("onnx",)}
 
@@ -141,6 +148,34 @@ ORT_TRT = Step("ort-trt", "onnx", _on(None, "parity.runtimes.ort_trt:OrtTrtRunne
 ONNXREF = Step("onnxref", "onnx", _on("parity.runtimes.onnxref:OnnxRefRunner", None), ("onnx",), precisions=_ONNX_CPU,
                why_not="the ONNX reference evaluator runs float32 and float16 models only")
 TRT = Step("trt", "trt", _on(None, "parity.runtimes.trt:TrtRunner"), ("tensorrt", "cuda"), note=UNVERIFIED)
+# the runtimes models are deployed to
+TORCH_EXPORT = Step("torch.export", "torch", _on("parity.exporters.torch_export:export", None), ("torch",))
+TORCH_EXECUTORCH = Step("executorch", "torch", _on("parity.exporters.torch_executorch:export", None),
+                        ("torch", "executorch"), extra="executorch")
+TORCH_OPENVINO = Step("openvino.convert_model", "torch", _on("parity.exporters.torch_openvino:export", None),
+                      ("torch", "openvino"), extra="openvino")
+TF_LITERT = Step("tflite converter", "tf", _on("parity.exporters.tf_litert:export", None), ("tensorflow",))
+TORCH_LITERT = Step("litert-torch", "torch", _on("parity.exporters.torch_litert:export", None),
+                    ("torch", "litert_torch"), extra="litert",
+                    note="written against litert-torch's documented API; unverified where it cannot be installed")
+_FP32_ONLY = ("fp32",)
+COMPILED = Step("torch.compile", "torch", _on("parity.runtimes.torch_compile:CompiledTorch", None), ("torch",),
+                differentiable=True, precisions=_FP32_ONLY, why_not="parity compiles the float32 module")
+COMPILED_AUTOTUNE = Step("torch.compile max-autotune", "torch",
+                         _on("parity.runtimes.torch_compile:AutotunedTorch", None), ("torch",), differentiable=True,
+                         precisions=_FP32_ONLY, why_not="parity compiles the float32 module")
+PT2 = Step("exported program", "torch", _on("parity.runtimes.torch_export:ExportedProgramRunner", None), ("torch",),
+           precisions=_FP32_ONLY, why_not="the program is exported at float32")
+EXECUTORCH = Step("executorch", "torch", _on("parity.runtimes.executorch:ExecuTorchRunner", None), ("executorch",),
+                  precisions=_FP32_ONLY, why_not="the .pte program is lowered at float32", extra="executorch")
+OPENVINO = Step("openvino", "openvino", _on("parity.runtimes.openvino:OpenVinoRunner", None), ("openvino",),
+                precisions=_FP32_ONLY, extra="openvino",
+                why_not="parity runs OpenVINO's CPU plugin with its inference precision hint set to f32")
+LITERT = Step("litert", "litert", _on("parity.runtimes.litert:LiteRtRunner", None), ("ai_edge_litert",),
+              precisions=_FP32_ONLY, why_not="the .tflite model is converted at float32", extra="litert")
+TF_XLA = Step("tf xla", "tf", _on("parity.sources.tf_xla:KerasXlaSource", None), ("tensorflow", "keras"),
+              differentiable=True, precisions=_FP32_ONLY, why_not="parity compiles the float32 Keras model with XLA")
+_COMPILE_COST = "torch.compile compiles for tens of seconds per model and shape"
 TF_SAVEDMODEL = Step("tf", "tf", _on("parity.runtimes.tf_savedmodel:SavedModelRunner",
                                      "parity.runtimes.tf_savedmodel:SavedModelRunner"), ("tensorflow",),
                      differentiable=True, precisions=("fp32", "tf32"),
@@ -153,7 +188,18 @@ CHAINS: tuple[PathDef, ...] = (
     PathDef("torch/onnx/ort-trt", "torch", (TORCH_ONNX,), ORT_TRT),
     PathDef("torch/onnx/trt", "torch", (TORCH_ONNX,), TRT),
     PathDef("torch/onnx/onnxref", "torch", (TORCH_ONNX,), ONNXREF),
+    PathDef("torch/compile", "torch", (), COMPILED, opt_in=_COMPILE_COST),
+    PathDef("torch/compile-autotune", "torch", (), COMPILED_AUTOTUNE, opt_in=_COMPILE_COST),
+    PathDef("torch/export", "torch", (TORCH_EXPORT,), PT2),
+    PathDef("torch/executorch", "torch", (TORCH_EXECUTORCH,), EXECUTORCH,
+            opt_in="lowering to XNNPACK takes seconds per model and shape"),
+    PathDef("torch/openvino", "torch", (TORCH_OPENVINO,), OPENVINO),
+    PathDef("torch/onnx/openvino", "torch", (TORCH_ONNX,), OPENVINO),
+    PathDef("torch/litert", "torch", (TORCH_LITERT,), LITERT),
     PathDef("tf", "tf", (), NATIVE["tf"]),
+    PathDef("tf/xla", "tf", (), TF_XLA),
+    PathDef("tf/litert", "tf", (TF_LITERT,), LITERT),
+    PathDef("tf/onnx/openvino", "tf", (TF2ONNX,), OPENVINO),
     PathDef("tf/onnx/ort", "tf", (TF2ONNX,), ORT),
     PathDef("tf/onnx/ort-trt", "tf", (TF2ONNX,), ORT_TRT),
     PathDef("tf/onnx/trt", "tf", (TF2ONNX,), TRT),
@@ -163,6 +209,7 @@ CHAINS: tuple[PathDef, ...] = (
     PathDef("jax/onnx/ort-trt", "jax", (JAX2ONNX,), ORT_TRT),
     PathDef("jax/onnx/trt", "jax", (JAX2ONNX,), TRT),
     PathDef("jax/onnx/onnxref", "jax", (JAX2ONNX,), ONNXREF),
+    PathDef("jax/onnx/openvino", "jax", (JAX2ONNX,), OPENVINO),
     PathDef("jax/tf", "jax", (JAX2TF,), TF_SAVEDMODEL),
     PathDef("jax/tf/onnx/ort", "jax", (JAX2TF, SAVEDMODEL2ONNX), ORT),
     # an ONNX file as the source: the file as it is, under each runtime
@@ -171,6 +218,7 @@ CHAINS: tuple[PathDef, ...] = (
     PathDef("onnx/ort-trt", "onnx", (ONNX_FILE,), ORT_TRT),
     PathDef("onnx/trt", "onnx", (ONNX_FILE,), TRT),
     PathDef("onnx/onnxref", "onnx", (ONNX_FILE,), ONNXREF),
+    PathDef("onnx/openvino", "onnx", (ONNX_FILE,), OPENVINO),
 )
 CHAIN_IDS = {chain.id: chain for chain in CHAINS}
 
@@ -183,7 +231,7 @@ def variant(chain: PathDef, device: str, precision: str) -> PathDef:
         exports = (*exports, TRT_ENGINE)
     elif precision == "fp16" and chain.runtime.group == "onnx" and chain.runtime is not ORT_TRT:
         exports = (*exports, ONNX_FP16)
-    return PathDef(chain.id, chain.source, exports, chain.runtime, device, precision)
+    return PathDef(chain.id, chain.source, exports, chain.runtime, device, precision, chain.opt_in)
 
 
 def matrix(devices=("cpu", "cuda:0"), precisions=ALL) -> list[PathDef]:
@@ -211,11 +259,15 @@ def unavailable_reason(path: PathDef) -> str | None:
             reasons.append(f"{path.precision} needs compute capability 8.0 or newer ({found['name']} is "
                            f"{found['compute_capability']})")
     missing = missing_packages(path)
+    refused = [m for m in missing if m in WONT_INSTALL]
+    reasons.extend(f"{m} not installed: {WONT_INSTALL[m]}" for m in refused)
+    missing = [m for m in missing if m not in refused]
     if missing:
         names = {**INSTALL_NAMES, **(GPU_INSTALL_NAMES if path.device_kind == "cuda" else {})}
-        extra = "parity[gpu]" if path.device_kind == "cuda" else "parity[cpu]"
+        extras = [s.extra for s in (*path.exports, path.runtime) if set(s.packages) & set(missing)]
+        extra = "gpu" if path.device_kind == "cuda" else ",".join(dict.fromkeys(extras)) or "cpu"
         reasons.append(f"{', '.join(missing)} not installed (pip install {' '.join(names.get(m, m) for m in missing)}, "
-                       f"or {extra})")
+                       f"or parity[{extra}])")
     if path.device_kind == "cuda":  # only the runtime runs on the GPU: exporters run on the CPU
         reasons.extend(devices.cuda_build_problems([p for p in path.runtime.packages if p not in missing]))
     if "tensorrt" in missing:
@@ -229,7 +281,7 @@ def unavailable_reason(path: PathDef) -> str | None:
 
 def select(patterns=(), frameworks=None, device: str = "cpu", precision: str = "fp32") -> list[PathDef]:
     """Paths on ``device`` at ``precision`` matching any of the glob ``patterns`` (all if none), for the given
-    source frameworks."""
+    source frameworks. An opt-in path (``PathDef.opt_in``) is selected only by a pattern that spells its runtime."""
     every = matrix((device,), (precision,))
     chosen = [p for p in every if frameworks is None or p.source in frameworks]
     if patterns:
@@ -237,8 +289,15 @@ def select(patterns=(), frameworks=None, device: str = "cpu", precision: str = "
             if not any(fnmatch.fnmatchcase(p.id, pattern) for p in every):
                 raise UsageError(f"--path {pattern!r} matches no path on {device}; known paths: "
                                  f"{', '.join(p.id for p in every)}")
-        chosen = [p for p in chosen if any(fnmatch.fnmatchcase(p.id, pat) for pat in patterns)]
-    return chosen
+        return [p for p in chosen if any(fnmatch.fnmatchcase(p.id, pat) and (not p.opt_in or _spells(pat, p))
+                                         for pat in patterns)]
+    return [p for p in chosen if not p.opt_in]
+
+
+def _spells(pattern: str, path: PathDef) -> bool:
+    """Whether ``pattern`` spells the opt-in ``path``'s runtime (``compile`` in ``torch/compile*``), not a wildcard
+    only (``torch/*`` keeps it out)."""
+    return path.stages[-1].split("-")[0] in pattern
 
 
 def by_id(path_id: str, device: str = "cpu", precision: str = "fp32") -> PathDef:

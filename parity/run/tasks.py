@@ -148,6 +148,7 @@ def _check_path(workspace, model, path_id, golden_dir, precision, threads, artif
         grads = runner.gradients(x, inputs["labels"])
         result["time_to_first_gradient_s"] = time.perf_counter() - grad_started
         result["gradients"] = compare.compare_named(grads, golden_grads, spec.gradient_tolerances(precision).for_name)
+    result["runtime"] = runner.runtime_record()
     result["verdict"], result["reason"] = _verdict(spec, result)
     result["first_result_s"] = first_result_s
     return result

@@ -24,6 +24,11 @@ class Runner:
     """
 
     differentiable = False
+    # a runtime of an exported artifact that implements ``taps_impl`` says where it read each tap:
+    # ``{tap: {"found", "tensor"?, "reason"?}}`` (``parity.diagnose.drift.tap_rows``); others say why they have none
+    tap_locations: dict = {}
+    no_taps_reason: str = ("taps are read from ONNX graphs on the CPU runtimes only; on a GPU runtime outputs are "
+                           "compared (diagnose the same path with --device cpu to locate the tap)")
 
     def __init__(self, spec, batch_size: int, dtype: str = "float32", device: str = "cpu", precision: str = "fp32"):
         self.spec = spec
@@ -133,6 +138,10 @@ class Runner:
         """Canonical names of the parameters ``train_step`` updates (what the optimizer is given):
         every trainable parameter. Read once, when a runner builds its step."""
         return list(self.spec.trainable_params)
+
+    def runtime_record(self) -> dict | None:
+        """What the runtime did that the result should say beside its numerics, read once the check has run every
+        shape: a compiler's graphs and recompilations, the precision a plugin really ran at. None where nothing."""
 
     def device_compute(self, x: dict):
         """On a GPU: a zero-argument function that runs the model once on feeds ``x`` (checked, see
