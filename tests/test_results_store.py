@@ -177,7 +177,7 @@ def test_against_last_end_to_end_passes_unchanged_and_fails_once_the_path_is_slo
             break
     same = tries[-1]
     assert same.exit_code == 0, "\n".join(t.output.split("Against run")[-1] for t in tries)
-    assert "no verdict changed and no timing changed beyond its noise" in same.output
+    assert "no verdict changed and no timing or peak memory changed beyond its noise" in same.output
     flag.write_text("")
     slowed = _invoke(*bench, "--against", "last", "--json", tmp_path / "b.json")
     assert slowed.exit_code == 1, slowed.output

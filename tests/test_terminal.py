@@ -187,7 +187,9 @@ def test_every_timing_table_has_a_legend_and_a_batch_column():
     r = result("torch")
     r["timing"] = {
         "batches": {"64": {"verdict": "pass", "median_ms": 0.5, "ci95_ms": [0.4, 0.6], "cv": 0.01, "runs": 30,
-                           "throughput": 128000.0, "vs_baseline": {"baseline": "torch", "self": True}}},
+                           "throughput": 128000.0, "vs_baseline": {"baseline": "torch", "self": True},
+                           "memory": {"peak_rss_mb": 40.0}, "artifact_mb": None,
+                           "energy": {"joules_per_inference": None, "reason": "no RAPL here"}}},
         "train_step": {"verdict": "pass", "median_ms": 2.0, "steps_per_s": 500.0, "samples_per_s": 32000.0,
                        "verified": {"worst": "dense1/kernel"}},
         "first_result": {"import_s": 1.0, "export_s": None, "load_s": 0.1, "first_inference_s": 0.01,
@@ -195,7 +197,7 @@ def test_every_timing_table_has_a_legend_and_a_batch_column():
     text = timing_table.render(report(r))
     blocks = text.split("\n\n")
     tables = [b for b in blocks if "\n--" in b]
-    assert len(tables) == 3  # per batch, training step, first result
+    assert len(tables) == 4  # per batch, memory and energy, training step, first result
     for table in tables:
         lines = table.splitlines()
         head = next(line for i, line in enumerate(lines) if set(lines[i + 1]) == {"-"})

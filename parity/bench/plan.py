@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from parity.bench import stats
+from parity.bench import footprint, stats
 from parity.golden.shapes import describe
 from parity.run.worker import TaskFailed, running_first
 
@@ -194,7 +194,7 @@ def _series_of(run, spec, path, result, own, options, budget: Budget, artifacts,
     def add(kind: str, key: str, batch: int, **kwargs):
         name = f"{spec.name}|{path.id}|{kind}|{key}"
         made.append(Series(name, path, kind, key, batch, {**common, **kwargs}, budget.allot(), workers,
-                           result["timing"]))
+                           result["timing"], artifact_mb=footprint.size_mb(kwargs.get("artifact_dir"))))
         if not workers:
             made[-1].entry, made[-1].stopped = {"verdict": "error", "reason": result["timing"]["first_result"][
                 "reason"]}, "error"
@@ -219,6 +219,7 @@ def _place(s, options: BenchOptions) -> None:
     """A finished series' entry into its path's timing, with whether it settled enough to be compared."""
     if s.entry.get("verdict") == "pass":
         s.entry["stability"] = stats.stability(s.entry, options.target_rel_ci)
+        s.entry["artifact_mb"] = s.artifact_mb
     timing = s.target
     if s.kind == "batch":
         timing["batches"][s.key] = s.entry

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from parity.bench import audit, stats
+from parity.bench import audit, footprint, stats
 from parity.bench.measure import ci_within
 from parity.run.worker import TaskFailed
 
@@ -46,6 +46,7 @@ class Series:
     spent_s: float = 0.0
     block_runs: int = BLOCK_RUNS_MIN
     stopped: str | None = None
+    artifact_mb: float | None = None  # the size on disk of the artifact it runs (None: a native path has none)
 
     @property
     def samples(self) -> list[float]:
@@ -156,6 +157,7 @@ def _entry(s: Series) -> dict:
              "warmup_ms": [t for b in first_blocks for t in b["warmup_ms"]],
              "warmup_converged": all(b["warmup_converged"] for b in first_blocks), "stopped": s.stopped,
              "blocks": sum(len(blocks) for blocks in s.blocks), "budget_s": s.budget_s}
+    entry.update(footprint.summary([b["footprint"] for blocks in s.blocks for b in blocks if b.get("footprint")]))
     audits = [b["audit"] for blocks in s.blocks for b in blocks if b.get("audit")]
     if audits:
         seconds = sum(a["seconds"] for a in audits)

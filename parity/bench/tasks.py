@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from parity.bench import audit, stats
+from parity.bench import audit, footprint, stats
 from parity.bench import measure as bench
 from parity.check import closeness as compare
 from parity.golden import store as golden
@@ -95,6 +95,11 @@ def rotation(spec, verified, batch_size: int, most: int = audit.MAX_FEEDS) -> li
             for k in range(min(available // batch_size, most))]
 
 
+# this worker's resident size before it built any runner (its frameworks imported, the golden data loaded): what a
+# series' peak memory is measured above
+_IDLE_MB: float | None = None
+_METER: footprint.BlockMeter | None = None
+
 # series open in this worker, timed block by block in rounds with other paths' series (``parity.bench.rounds``):
 # name -> {"kind", "batch", "runner", "run" + "feeds" + "verify" (audited forward calls) or "call" (a training step)}
 _OPEN: dict[str, dict] = {}
@@ -106,6 +111,11 @@ def open_series(series: str, kind: str, workspace: str, model: str, path_id: str
     """Set series ``series`` up in this worker, verified before it is ever timed: a batch size on every input it will
     cycle through (outputs against the golden), a verification shape on its inputs, a training step from the
     golden weights. A failure is returned (``"verdict": "fail"``) and the series is not kept."""
+    global _IDLE_MB
+    if _IDLE_MB is None:  # no first result measured here: idle before this worker's first runner
+        _import_runtime(paths.by_id(path_id, device, precision))
+        _setup(workspace, model, path_id, golden_dir, device, precision)
+        _IDLE_MB = footprint.resident_mb()
     spec, path, verified = _setup(workspace, model, path_id, golden_dir, device, precision)
     build = (lambda b: _runner(spec, path, verified, b, threads, artifact_dir, artifact_meta))
     key = _runner_key(model, path_id, precision, device, threads, batch_size or spec.batch_size, artifact_dir)
@@ -191,12 +201,20 @@ def time_block(series: str, timing: dict, seed: int = 0, audits: int = audit.AUD
     """One block of timed calls of an open series under ``measure``'s rules (``timing``; the series' first block
     warms it up, the next ones pass ``max_warmup_runs=0``), with its output audits and share of the repeat probe
     (``parity.bench.audit``; a training step changes its weights, so its outputs are not audited)."""
+    global _METER
     state = _OPEN[series]
+    _METER = _METER or footprint.BlockMeter()
+    _METER.start()
     if "call" in state:
-        return {**bench.measure(state["call"], **timing), "audit": None}
-    measured = audit.audited_measure(state["run"], state["feeds"], state["verify"], timing, seed=seed, audits=audits,
-                                     probe=probe, final=final, start=state.get("next_feed", 1))
-    state["next_feed"] = measured["audit"]["next_feed"]  # the rotation goes on where this block left it
+        measured = {**bench.measure(state["call"], **timing), "audit": None}
+    else:
+        measured = audit.audited_measure(state["run"], state["feeds"], state["verify"], timing, seed=seed,
+                                         audits=audits, probe=probe, final=final, start=state.get("next_feed", 1))
+        state["next_feed"] = measured["audit"]["next_feed"]  # the rotation goes on where this block left it
+    checked = measured["audit"] or {}
+    calls = (len(measured["warmup_ms"]) + len(measured["samples_ms"]) + len(checked.get("outputs") or ())
+             + len(checked.get("probe_ms") or ()))
+    measured["footprint"] = {**_METER.stop(calls), "idle_rss_mb": _IDLE_MB}
     return measured
 
 
@@ -232,12 +250,6 @@ def gpu_figures(runner, x: dict, timing: dict, batch_size: int) -> dict:
     return figures
 
 
-def _rss_mb() -> float:
-    import psutil
-
-    return psutil.Process().memory_info().rss / 2**20
-
-
 # seconds each runtime package took to import in this worker (packages it or its template imported before its first
 # task: 0, their import is in ``startup_seconds``)
 _IMPORT_S: dict[str, float] = {}
@@ -264,12 +276,13 @@ def first_result(workspace: str, model: str, path_id: str, golden_dir: str, thre
     Memory: the high-water mark of resident memory (``ru_maxrss``) minus the resident memory
     after the framework import, i.e. what loading and running this path added.
     """
-    global _SPARE_RUNNER
+    global _SPARE_RUNNER, _IDLE_MB
     path = paths.by_id(path_id, device, precision)
     parts = {"import_s": _import_runtime(path)}
     spec, path, verified = _setup(workspace, model, path_id, golden_dir, device, precision)
     weights = _weights(verified)
-    baseline_mb = _rss_mb()
+    baseline_mb = footprint.resident_mb()
+    _IDLE_MB = baseline_mb if _IDLE_MB is None else _IDLE_MB
     inputs = verified.arrays["inputs.npz"]
     x = feeds.from_arrays(spec, inputs)
     t0 = time.perf_counter()

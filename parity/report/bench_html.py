@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from parity.bench.stats import ratio_text
 from parity.report.html_parts import _badge, _e, _n, _table, inline_svg, plot_style
-from parity.report.timing_table import series_of, warnings
+from parity.report.timing_table import footprint_rows, series_of, warnings
 
 MAX_PLOTTED = 2000  # samples per series drawn (evenly spaced order statistics beyond that)
 
@@ -70,6 +70,17 @@ def _rows(results: list[dict]) -> list:
                            f"{100 * processes['within_process_spread']:.1f}% within" if processes else "1"),
                           _audit(e), _ratio(e)]))
     return rows
+
+
+def _footprint(results: list[dict]) -> str:
+    rows, unmeasured = footprint_rows(results)
+    if not rows:
+        return ""
+    notes = "".join(f"<li>not measured here: {_e(why)}</li>" for why in unmeasured)
+    return ("<h3>Memory and energy (per timed series, beside its latency)</h3>"
+            + _table(["model", "path", "batch", "median ms", "peak MB above idle", "artifact MB", "device MB",
+                      "J / inference"], [("", [_e(c) for c in row]) for row in rows])
+            + (f"<ul>{notes}</ul>" if notes else ""))
 
 
 def _first(results: list[dict]) -> str:
@@ -134,5 +145,5 @@ def render(report: dict) -> str:
         body.append("<ul>" + "".join(f"<li class='bad'>{_e(w)}</li>" for w in found) + "</ul>")
     body.append(_table(["model", "path", "batch", "verdict", "median ms", "95% CI ms", "spread", "p99 ms (95% bound)",
                         "runs", "processes", "audit", "vs baseline"], _rows(results)))
-    body += [_first(results), _plots(results)]
+    body += [_footprint(results), _first(results), _plots(results)]
     return "\n".join(b for b in body if b)

@@ -283,6 +283,36 @@ def _timings(common: list[tuple[str, str]], ra: dict, rb: dict) -> list[str]:
     return lines + [_table(columns, rows)] + legend + notes
 
 
+def _memory(common: list[tuple[str, str]], ra: dict, rb: dict) -> list[str]:
+    """Peak memory and artifact size B/A per batch, with a change named as ``footprint.memory_change`` names it."""
+    from parity.bench.footprint import MEMORY_CHANGE, MEMORY_FLOOR_MB, memory_change
+
+    rows = []
+    for key in common:
+        bx, by = _batches(ra[key]), _batches(rb[key])
+        for batch in sorted(set(bx) & set(by), key=_batch_order):
+            ea, eb = bx[batch], by[batch]
+            pa, pb = (_number((e.get("memory") or {}).get("peak_rss_mb")) for e in (ea, eb))
+            sa, sb = (_number(e.get("artifact_mb")) for e in (ea, eb))
+            if pa is None and pb is None and sa is None and sb is None:
+                continue
+            ratio = "-" if not pa or pb is None else f"{pb / pa:.3f}"
+            rows.append((*key, batch, _mb(pa), _mb(pb), ratio, _mb(sa, ".2f"), _mb(sb, ".2f"),
+                         memory_change(pa, pb) or ("-" if pa is None or pb is None else "no change")))
+    if not rows:
+        return []
+    columns = [("model", "left"), ("path", "left"), ("batch", "right"), ("A peak MB", "right"),
+               ("B peak MB", "right"), ("B/A", "right"), ("A artifact MB", "right"), ("B artifact MB", "right"),
+               ("change", "left")]
+    legend = [f"  peak MB: resident memory above the worker's idle size while timed; a change is one past both "
+              f"{100 * MEMORY_CHANGE:.0f}% and {MEMORY_FLOOR_MB:.0f} MB"]
+    return ["", "Memory (B/A per batch)", _table(columns, rows)] + legend
+
+
+def _mb(value, spec: str = ".0f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
 def render(a: dict, b: dict) -> tuple[str, int]:
     """The comparison of result ``a`` (A, the baseline) with ``b`` (B) as text, and the exit code (0)."""
     ra, rb = _by_key(a), _by_key(b)
@@ -301,5 +331,5 @@ def render(a: dict, b: dict) -> tuple[str, int]:
         lines.append(f"  models only in A (not compared): {_names(only_a)}")
     if only_b:
         lines.append(f"  models only in B (not compared): {_names(only_b)}")
-    lines += [""] + _timings(common, ra, rb)
+    lines += [""] + _timings(common, ra, rb) + _memory(common, ra, rb)
     return "\n".join(lines), 0

@@ -32,6 +32,15 @@ GPU_LEGEND = [
     ("peak device MB", "the most device memory the path held"),
     ("clocks", "locked | not locked: the SM clock moved, timings may vary with boost | unknown: cannot tell"),
 ]
+FOOTPRINT_LEGEND = [
+    ("batch", "the batch size of the row, as in the table above"),
+    ("median ms", "the median of the timing table above, beside what the same series cost"),
+    ("peak MB", "the most resident memory the worker held while the series was timed, above its resident size"),
+    ("", "before it built any runner (frameworks imported); its other open series of the path included"),
+    ("artifact MB", "the size on disk of the artifact the series ran (-: a native path runs no artifact)"),
+    ("device MB", "on a GPU, the most device memory the path held"),
+    ("J / inference", "CPU package energy (RAPL) over the metered calls / those calls, other processes included"),
+]
 TRAIN_LEGEND = [
     ("batch", "the model's checked batch size (its golden inputs): one step trains on that many samples"),
     ("median ms", "median time of one step at that batch"),
@@ -81,6 +90,31 @@ def _batch_rows(r: dict) -> list[tuple]:
                      f"{100 * spread:.1f}%", "-" if e.get("p99_ms") is None else f"{e['p99_ms']:.4f}", str(e["runs"]),
                      f"{e['throughput']:.0f}", _ratio(e)))
     return rows
+
+
+def footprint_rows(results: list[dict]) -> tuple[list[tuple], list[str]]:
+    """Per timed series: its median, peak memory, artifact size, device memory and energy per inference; and the
+    reasons, each once, why a figure could not be measured."""
+    rows, why = [], []
+    for r in results:
+        for batch, e in series_of(r):
+            if e.get("verdict") != "pass":
+                continue
+            memory, energy = e.get("memory") or {}, e.get("energy") or {}
+            device = (e.get("gpu") or {}).get("peak_device_memory_mb")
+            if not (memory or energy or "artifact_mb" in e or device is not None):
+                continue  # a result written before these were measured
+            for figure in (memory, energy):
+                if figure.get("reason") and figure["reason"] not in why:
+                    why.append(figure["reason"])
+            joules = energy.get("joules_per_inference")
+            rows.append((r["model"], r["path"], batch, f"{e['median_ms']:.4f}", _mb(memory.get("peak_rss_mb")),
+                         _mb(e.get("artifact_mb"), ".2f"), _mb(device), "-" if joules is None else f"{joules:.4g}"))
+    return rows, why
+
+
+def _mb(value, spec: str = ".0f") -> str:
+    return "-" if value is None else format(value, spec)
 
 
 def _train_rows(results: list[dict]) -> list[tuple]:
@@ -178,6 +212,13 @@ def render(report: dict) -> str:
                   _table([("model", "left"), ("path", "left"), ("batch", "right"), ("median ms", "right"),
                           ("95% CI ms", "right"), ("energy / inference", "right"), ("SM clock", "right"),
                           ("peak device MB", "right"), ("clocks", "left")], gpu), "", *_legend(GPU_LEGEND)]
+    footprint, unmeasured = footprint_rows(results)
+    if footprint:
+        lines += ["", "Memory and energy (per timed series, beside its latency)",
+                  _table([("model", "left"), ("path", "left"), ("batch", "right"), ("median ms", "right"),
+                          ("peak MB", "right"), ("artifact MB", "right"), ("device MB", "right"),
+                          ("J / inference", "right")], footprint), "", *_legend(FOOTPRINT_LEGEND)]
+        lines += [f"  not measured here: {why}" for why in unmeasured]
     train = _train_rows(results)
     if train:
         lines += ["", "Training step (forward, loss, backward, SGD update; verified against the golden first)",

@@ -1,7 +1,8 @@
 """``--against last|RUN_ID``: this run against a baseline run from the store.
 
 Differences in environment are shown first (as ``parity compare`` does); then what fails the comparison (exit code
-1): a verdict that changed, a timing whose change is significant (the ratio's 95 % CI excludes 1 and Welch's test
+1): a verdict that changed, a peak memory that moved past ``footprint.memory_change``'s thresholds, a timing whose
+change is significant (the ratio's 95 % CI excludes 1 and Welch's test
 gives p < 0.05) and larger than the series' noise, and a series voided by its output audit. The noise is the largest
 of: half the interquartile range over the median of either series (run to run), the process-to-process cv where
 ``--processes`` measured it, the variation of the series' medians over its earlier stored runs on this hardware
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import math
 
+from parity.bench.footprint import memory_change
 from parity.bench.stats import compare_series_log, ratio_text
 from parity.platform.errors import UsageError
 from parity.report import compare
@@ -80,6 +82,11 @@ def findings(baseline: dict, current: dict, history: dict | None = None) -> tupl
             if unsettled:
                 withheld.append(f"{where}: not compared, the {' and '.join(unsettled)} series did not settle")
                 continue
+            peak_a, peak_b = ((e.get("memory") or {}).get("peak_rss_mb") for e in (ea, eb))
+            word = memory_change(peak_a, peak_b)
+            if word:
+                failing.append(f"{where}: peak memory {ratio_text(peak_b / max(peak_a, 1e-9))} ({word}), "
+                               f"{peak_a:.0f} -> {peak_b:.0f} MB")
             sa, sb = compare._samples(ea), compare._samples(eb)
             if not sa or not sb:
                 continue
@@ -105,5 +112,6 @@ def render(baseline: dict, current: dict, differ: list[str], history: dict | Non
     lines += [f"  changed: {line}" for line in failing]
     lines += [f"  withheld: {line}" for line in withheld]
     if not failing:
-        lines.append(f"  no verdict changed and no timing changed beyond its noise ({len(common)} paths in both)")
+        lines.append(f"  no verdict changed and no timing or peak memory changed beyond its noise ({len(common)} paths "
+                     "in both)")
     return "\n".join(lines), 1 if failing else 0

@@ -1,5 +1,6 @@
-"""``parity history``: per path and series, verdict and median (with CI) over the stored runs, the versions that
-changed between runs, and where a path started failing or became slower or faster (``parity.results.steps``).
+"""``parity history``: per path and series, verdict, median (with CI) and peak memory over the stored runs, the
+versions that changed between runs, and where a path started failing, became slower or faster, or came to hold
+more or less memory (``parity.results.steps``).
 A skip is no verdict (the path did not run there): verdict changes are read between the runs that judged the path,
 and the runs that skipped it are one line per path, with the reason.
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from parity.bench.footprint import MEMORY_CHANGE, memory_change
 from parity.bench.stats import ratio_text
 from parity.platform.errors import one_line
 from parity.results.steps import Step, detect, se_from_ci
@@ -30,6 +32,7 @@ class Series:
     key: str
     points: list[dict] = field(default_factory=list)  # {"run", "created", "verdict", "median_ms", "ci", "hardware"}
     steps: list[Step] = field(default_factory=list)
+    memory_steps: list[Step] = field(default_factory=list)  # in its peak resident memory
     verdict_changes: list[tuple[int, str, str]] = field(default_factory=list)  # (index, before, after), no skips
 
     @property
@@ -62,7 +65,7 @@ def build(runs: list[dict]) -> tuple[list[Series], dict[str, dict]]:
             series.points.append({"run": run["id"], "created": run["created"], "verdict": row["verdict"],
                                   "median_ms": row["median_ms"], "ci": (row["ci_lo_ms"], row["ci_hi_ms"]),
                                   "hardware": run["hardware"], "tol_units": row["tol_units"],
-                                  "reason": row.get("reason")})
+                                  "reason": row.get("reason"), "peak_rss_mb": row.get("peak_rss_mb")})
     for series in found.values():
         analyse(series)
     return list(found.values()), envs
@@ -80,11 +83,16 @@ def analyse(series: Series) -> None:
     hardware = points[-1]["hardware"]
     timed = [(i, p) for i, p in enumerate(points)
              if p["verdict"] == "pass" and p["median_ms"] and p["hardware"] == hardware]
-    if len(timed) < 4:
-        return
-    values = [p["median_ms"] for _, p in timed]
-    ses = [se_from_ci(p["median_ms"], *p["ci"]) for _, p in timed]
-    series.steps = [Step(timed[s.index][0], s.before, s.after, s.p) for s in detect(values, ses)]
+    if len(timed) >= 4:
+        values = [p["median_ms"] for _, p in timed]
+        ses = [se_from_ci(p["median_ms"], *p["ci"]) for _, p in timed]
+        series.steps = [Step(timed[s.index][0], s.before, s.after, s.p) for s in detect(values, ses)]
+    # peak memory by the same test, a step only where it also moved past footprint.memory_change's thresholds
+    held = [(i, p) for i, p in timed if p.get("peak_rss_mb")]
+    if len(held) >= 4:
+        series.memory_steps = [Step(held[s.index][0], s.before, s.after, s.p)
+                               for s in detect([p["peak_rss_mb"] for _, p in held], min_change=MEMORY_CHANGE)
+                               if memory_change(s.before, s.after)]
 
 
 def findings(series: list[Series], envs: dict) -> list[str]:
@@ -102,6 +110,12 @@ def findings(series: list[Series], envs: dict) -> list[str]:
             changed = version_changes(envs[s.points[step.index - 1]["run"]], envs[run])
             lines.append(f"{s.label}: {ratio_text(step.ratio)} ({word}; median {step.before:.4g} -> "
                          f"{step.after:.4g} ms, p {step.p:.2g}) from run {run}" + _changed(changed))
+        for step in s.memory_steps:
+            run = s.points[step.index]["run"]
+            word = "more memory" if step.ratio > 1 else "less memory"
+            changed = version_changes(envs[s.points[step.index - 1]["run"]], envs[run])
+            lines.append(f"{s.label}: peak memory {ratio_text(step.ratio)} ({word}; {step.before:.0f} -> "
+                         f"{step.after:.0f} MB, p {step.p:.2g}) from run {run}" + _changed(changed))
     return lines
 
 
@@ -144,7 +158,8 @@ def render(series: list[Series], envs: dict, where: str, runs: int) -> str:
     if skips:
         lines += ["", "Skipped (not a verdict: the path did not run there)"] + [f"  {line}" for line in skips]
     for s in sorted(series, key=lambda s: (s.model, s.path, s.device, s.precision, s.kind != "check", s.kind, s.key)):
-        marks = {step.index: f"step {ratio_text(step.ratio)}" for step in s.steps}
+        marks = {step.index: f"memory step {ratio_text(step.ratio)}" for step in s.memory_steps}
+        marks.update({step.index: f"step {ratio_text(step.ratio)}" for step in s.steps})
         marks.update({i: f"{b} -> {a}" for i, b, a in s.verdict_changes})
         shown = [i for i in range(len(s.points)) if i >= len(s.points) - SHOWN_RUNS or i in marks]
         rows = []
@@ -155,11 +170,13 @@ def render(series: list[Series], envs: dict, where: str, runs: int) -> str:
             figure = (f"{p['median_ms']:.4g}" if p["median_ms"] else
                       (f"{p['tol_units']:.3g}x tol" if p["tol_units"] is not None else "-"))
             rows.append((p["run"], _when(p["created"]), p["verdict"], figure,
-                         f"[{lo:.4g}, {hi:.4g}]" if lo and hi else "-", marks.get(i, ""),
+                         f"[{lo:.4g}, {hi:.4g}]" if lo and hi else "-",
+                         "-" if p.get("peak_rss_mb") is None else f"{p['peak_rss_mb']:.0f}", marks.get(i, ""),
                          ", ".join(changed[:3]) + (" ..." if len(changed) > 3 else "")))
         head = "worst error" if s.kind == "check" else "median ms"
         lines += ["", s.label + (f" ({len(s.points) - len(shown)} older runs not shown)" if len(shown) < len(s.points)
                                  else ""),
                   _table([("run", "left"), ("date", "left"), ("verdict", "left"), (head, "right"),
-                          ("95% CI ms", "left"), ("", "left"), ("versions changed", "left")], rows)]
+                          ("95% CI ms", "left"), ("peak MB", "right"), ("", "left"), ("versions changed", "left")],
+                         rows)]
     return "\n".join(lines)

@@ -26,7 +26,9 @@ from pathlib import Path
 from parity.platform.errors import UsageError, one_line
 from parity.report.json_report import sanitize
 
-SCHEMA, VERSION = "parity.store", 1
+SCHEMA, VERSION = "parity.store", 2
+# columns each version added to ``series``, for the migration of a store written by an older one
+ADDED = {2: ("peak_rss_mb", "artifact_mb")}
 DEFAULT = Path(".parity") / "results.sqlite"
 LOCK_TIMEOUT_S = 30.0
 
@@ -73,7 +75,9 @@ def _tables(sa):
         sa.Column("ci_hi_ms", sa.Float),
         sa.Column("spread", sa.Float),
         sa.Column("runs", sa.Integer),
-        sa.Column("samples_ms", sa.Text))
+        sa.Column("samples_ms", sa.Text),
+        sa.Column("peak_rss_mb", sa.Float),  # the series' peak resident memory above its worker's idle size
+        sa.Column("artifact_mb", sa.Float))
     cells = sa.Table(
         "cells", metadata,  # each cell of a distributed run as it finishes: what --resume keeps
         sa.Column("run_id", sa.String(40), primary_key=True),
@@ -130,7 +134,9 @@ def series_rows(document: dict) -> list[dict]:
                          "reason": e.get("reason"), "median_ms": _finite(e.get("median_ms")),
                          "ci_lo_ms": _finite(ci[0]), "ci_hi_ms": _finite(ci[1]),
                          "spread": _finite(e.get("spread")), "runs": e.get("runs"),
-                         "samples_ms": json.dumps(e["samples_ms"]) if e.get("samples_ms") else None})
+                         "samples_ms": json.dumps(e["samples_ms"]) if e.get("samples_ms") else None,
+                         "peak_rss_mb": _finite((e.get("memory") or {}).get("peak_rss_mb")),
+                         "artifact_mb": _finite(e.get("artifact_mb"))})
     return rows
 
 
@@ -204,9 +210,21 @@ class Store:
         if meta.get("schema") != SCHEMA:
             raise self._refuse(f"not a parity store (its schema is {meta.get('schema')!r})")
         version = meta.get("version")
-        if version != str(VERSION):
+        if version in {str(v) for v in range(1, VERSION)}:
+            self._migrate(int(version))
+        elif version != str(VERSION):
             raise self._refuse(f"written by store schema version {version}, this parity reads version {VERSION} "
                                "(no migration between them): use a parity of that version, or a new --store")
+
+    def _migrate(self, version: int) -> None:
+        """A store of an older version brought to this one in one transaction: the columns added since (its older
+        rows hold none of their figures)."""
+        sa = self.sa
+        with self.engine.begin() as conn:
+            for newer in range(version + 1, VERSION + 1):
+                for name in ADDED[newer]:
+                    conn.execute(sa.text(f"ALTER TABLE series ADD COLUMN {name} FLOAT"))
+            conn.execute(self.meta.update().where(self.meta.c.key == "version").values(value=str(VERSION)))
 
     def add_cell(self, run_id: str, cell: str, result: dict) -> None:
         """One finished cell of a distributed run, kept so that ``--resume`` reruns only the cells without one."""
