@@ -1,10 +1,12 @@
 #!/usr/bin/env python
-"""Real architectures through the README's commands, one table: ``parity init`` -> ``golden build`` -> ``check``.
+"""Real architectures through the README's commands: ``parity init`` -> ``golden build`` -> ``check`` (every path,
+the opt-in deployment runtimes too) -> ``diagnose`` of a failing path.
 
 Each model is built by its package's own constructor with random weights (``tests/realmodels.py``; nothing is
 downloaded) in a fresh workspace, and goes through the command line exactly as a user's would. One row per
-model: parameters, inputs, paths pass / fail / error with their reasons, golden build time, check time, golden
-size, and the peak resident memory of any process of that model's run. A model that cannot be built here says
+model: parameters, inputs, paths pass / fail / error with their reasons (a failing path's with where its diagnosis
+says the drift begins), golden build time, check time, golden size, and the peak resident memory of any process of
+that model's run; then the verdict of every path on every model. A model that cannot be built here says
 why in its row; none is left out.
 
     python scripts/real_models.py [--only bert,gpt2] [--keep DIR]
@@ -24,6 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FACTORIES = ROOT / "tests" / "realmodels.py"
+OPT_IN = ("torch/compile", "torch/executorch")  # deployment runtimes a plain check leaves out (compile time)
 
 MODELS = {  # name -> (how init is given the model, its --input/--axis arguments, what is prepared first)
     "bert": ("--torch", "realmodels.py:make_bert",
@@ -80,11 +83,22 @@ def one(name: str, root: Path) -> dict:
         return {**row, "error": f"golden build: {text.splitlines()[-1]}"}
     row["golden_mb"] = sum(f.stat().st_size for f in (root / "golden" / name).iterdir()) / 2**20
     report = root / "report.json"
-    code, text, row["check_s"] = parity(root, "check", "--model", name, "--json", str(report))
+    # every path that is not opt-in, and the opt-in deployment runtimes named
+    selected = [arg for path in ("*", *OPT_IN) for arg in ("--path", path)]
+    code, text, row["check_s"] = parity(root, "check", "--model", name, "--json", str(report), *selected)
     if not report.exists():
         return {**row, "error": f"check: {text.splitlines()[-1] if text else code}"}
     results = json.loads(report.read_text())["results"]
     row["paths"] = {r["path"]: (r["verdict"], r.get("reason")) for r in results}
+    for r in results:  # a failing path: where its diagnosis says the drift begins
+        if r["verdict"] == "fail":
+            out = root / "diagnose.json"
+            parity(root, "diagnose", "--model", name, "--path", r["path"], "--json", str(out))
+            found = json.loads(out.read_text())["results"] if out.exists() else []
+            diagnosis = (found[0].get("diagnosis") if found else None) or {}
+            trail = diagnosis.get("first_divergent_path") or [diagnosis.get("first_divergent_tap") or "no tap"]
+            cause = (diagnosis.get("cause") or {}).get("variant") or "no tested cause"
+            row["paths"][r["path"]] = ("fail", f"{r.get('reason')}; diagnosis: drift begins at {trail[-1]} ({cause})")
     return row
 
 
@@ -141,8 +155,25 @@ def render(rows: list[dict]) -> None:
                   if verdict != "pass"]
     console = Console(width=160)
     console.print(table)
+    console.print(_matrix(rows))
     for note in notes:
         console.print(note, highlight=False, soft_wrap=True)
+
+
+def _matrix(rows: list[dict]):
+    """Models x paths: each cell the path's verdict on that model (blank where the model's framework has no such
+    path)."""
+    from rich.table import Table
+
+    columns = list(dict.fromkeys(path for row in rows for path in row.get("paths", {})))
+    table = Table(title="Verdict of every path on every model")
+    table.add_column("model")
+    for path in columns:
+        table.add_column(path.replace("/", "/\n"), justify="center")
+    for row in rows:
+        paths = row.get("paths", {})
+        table.add_row(row["model"], *(paths[p][0] if p in paths else "" for p in columns))
+    return table
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from parity.run.tasks import build_runner, perturbed
 from parity.runtimes.base import Runner
 from parity.runtimes.onnx_common import onnx_feed
 
+# the runtimes of the runtime link (ONNX Runtime against onnx.reference); OpenVINO reads an ONNX graph's taps too
 ONNX_RUNTIMES = ("ort", "ort-noopt", "onnxref")
 SAVEDMODEL_REASON = "a SavedModel made by jax2tf exposes only its outputs, not its layers"
 
@@ -43,7 +44,9 @@ def collect(workspace: str, model: str, path_id: str, golden_dir: str, precision
 
         x, labels = eval_rows(spec, verified.arrays["eval.npz"], rows), None
         reference, golden_taps = eval_reference["outputs"], eval_reference["taps"]
-    if artifact_dir is not None and path.runtime.name in ONNX_RUNTIMES and path.device == "cpu":
+    graph_taps = path.runtime.name in ONNX_RUNTIMES or (path.runtime is paths.OPENVINO and
+                                                       (artifact_meta or {}).get("format") == "onnx")
+    if artifact_dir is not None and graph_taps and path.device == "cpu":
         return _collect_onnx(spec, path, artifact_dir, artifact_meta, x, golden_taps, reference, precision, threads,
                              runtime_link)
     runner = build_runner(spec, path, perturbed(verified.arrays["weights.npz"], weight_perturbation), spec.batch_size,

@@ -13,7 +13,7 @@ import numpy as np
 
 from parity.check.closeness import error_stats
 
-RUNTIMES = ("ort", "ort-noopt", "onnxref")
+RUNTIMES = ("ort", "ort-noopt", "onnxref", "openvino")
 _REASON_CHARS = 300  # an error reason is one line of at most this many characters
 
 
@@ -160,11 +160,16 @@ def _ort_session(model, threads: int, optimize: bool = True):
 
 
 def run_tensors(runtime: str, model, feed: dict, names: list[str], threads: int = 1) -> dict[str, np.ndarray]:
-    """One inference of ``model`` on ``runtime`` (``ort``, ``ort-noopt`` or ``onnxref``) returning ``names``."""
+    """One inference of ``model`` on ``runtime`` (``ort``, ``ort-noopt``, ``onnxref`` or ``openvino``) returning
+    ``names`` (OpenVINO: those its ONNX frontend keeps; a tensor it folds away is left out, so the tap is unmapped)."""
     if runtime not in RUNTIMES:
         raise ValueError(f"runtime {runtime!r} is not one of {RUNTIMES}")
     names = list(dict.fromkeys(names))
     extended = with_outputs(model, names)
+    if runtime == "openvino":
+        from parity.runtimes import openvino
+
+        return openvino.run_tensors(extended.SerializeToString(), feed, names, threads)
     if runtime.startswith("ort"):
         values = _ort_session(extended, threads, optimize=runtime == "ort").run(names, feed)
     else:

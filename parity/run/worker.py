@@ -14,6 +14,8 @@ a task of the run failed and removed otherwise; old ones are pruned.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -104,6 +106,9 @@ def _import_frameworks(group: str, threads: int) -> None:
         import jax  # noqa: F401 - no backend is started here (that is the first task's)
     if group == "onnx":
         import onnxruntime  # noqa: F401 - no session (and no device) is created here
+    runtime = {"openvino": "openvino", "litert": "ai_edge_litert.interpreter"}.get(group)
+    if runtime and importlib.util.find_spec(runtime.partition(".")[0]) is not None:  # missing: the path is a skip
+        importlib.import_module(runtime)
 
 
 def reason_of(error: BaseException) -> str:

@@ -49,6 +49,7 @@ class KerasSource(Runner):
     (a Keras dtype policy), on the CPU or a GPU."""
 
     differentiable = True
+    jit_compile: bool | None = None  # tf.function's own: ``parity.sources.tf_xla`` compiles with XLA (True)
 
     def __init__(self, spec, weights, batch_size: int, dtype: str = "float32", device: str = "cpu",
                  precision: str = "fp32"):
@@ -61,7 +62,8 @@ class KerasSource(Runner):
         with tf.device(self.tf_device):
             self.model = build_model(spec, weights, self.compute_dtype)
         self.layout = layouts.activation_layout("tf", spec.model_inputs[0].layout)
-        self._forward = tf.function(lambda inputs: outputs_in_order(spec, call(self.model, inputs)))
+        self._forward = tf.function(lambda inputs: outputs_in_order(spec, call(self.model, inputs)),
+                                    jit_compile=self.jit_compile)
         self._step = None  # the SGD step's tf.function, made by the first train_step
 
     def _to_tf(self, x):
@@ -89,11 +91,15 @@ class KerasSource(Runner):
 
         tap_model = keras.Model(self.model.inputs,
                                 [call_output(keras, self.model.get_layer(t)) for t in self.spec.taps])
-        values = as_tuple(call(tap_model, self._to_tf(x)))
+        values = as_tuple(self._tap_values(tap_model, self._to_tf(x)))
         return {
             name: layouts.from_layout(v.numpy(), self.spec.model_inputs[0].layout, self.layout)
             for name, v in zip(self.spec.taps, values)
         }
+
+    def _tap_values(self, tap_model, inputs):
+        """The tap model's outputs on ``inputs``, called eagerly (a compiling subclass compiles the call)."""
+        return call(tap_model, inputs)
 
     def gradients_impl(self, x, labels):
         variables = {v.path: v for v in self.model.weights}

@@ -1,0 +1,280 @@
+"""LiteRT: a ``.tflite`` model run by ``ai_edge_litert``'s interpreter on the CPU, with its default delegate
+(XNNPACK) as a deployment gets it.
+
+Taps: a second interpreter on the same file keeps every intermediate tensor
+(``experimental_preserve_all_tensors``, which disables the arena's memory reuse, so the timed interpreter does not
+use it). The TFLite converter names each op's output tensor by the Keras layers whose ops it holds
+(``mlp_1/dense1_1/MatMul;mlp_1/relu1_1/Relu;mlp_1/dense1_1/BiasAdd``); a layer is read at the last op that names
+it (``tap_map``).
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from parity.model import layouts
+from parity.runtimes.base import Runner, ShapeMismatch
+from parity.runtimes.onnx_common import onnx_feed
+
+DELEGATE_OP = "DELEGATE"  # a delegate's partition in the execution plan, in place of the ops it took
+# ops that move values without computing new ones: a layer's op of another shape after them still holds its output
+DATA_MOVEMENT = {"TRANSPOSE", "RESHAPE", "SQUEEZE", "EXPAND_DIMS"}
+
+
+class LiteRtRunner(Runner):
+    """``litert``: ``ai_edge_litert.interpreter.Interpreter`` with ``num_threads`` aligned with the other runtimes and
+    its default op resolver (builtin kernels, XNNPACK delegate applied where it takes the ops).
+
+    ``artifact_dir / meta["file"]`` is the ``.tflite`` file; inputs by ``meta["input_names"]`` (a single image
+    input in the artifact's layout), outputs by ``meta["output_names"]`` in the spec's order. An input whose
+    ``shape_signature`` has dynamic dims is resized to the feed's shape (a fixed dim refuses other sizes)."""
+
+    def __init__(self, spec, artifact_dir: Path, meta: dict, batch_size: int, threads: int, device: str = "cpu",
+                 precision: str = "fp32"):
+        super().__init__(spec, batch_size, "float32", device, precision)
+        from ai_edge_litert import interpreter as litert
+
+        self.litert = litert
+        self.meta = meta
+        self.model_path = str(Path(artifact_dir) / meta["file"])
+        self.threads = int(threads)
+        self.interpreter = self._open(preserve=False)
+        self._tap_interpreter = None  # made by the first ``taps``
+        self.delegation = delegation(self.interpreter)
+        self.numerics = {"ai_edge_litert": _version(), "device": "cpu", "precision": precision,
+                         "op_resolver": "AUTO", "delegate": self.delegation, "threads": self.threads}
+
+    def _open(self, preserve: bool):
+        with warnings.catch_warnings():  # its warning that keeping every tensor is for debugging: so it is used here
+            warnings.simplefilter("ignore", UserWarning)
+            interpreter = self.litert.Interpreter(model_path=self.model_path, num_threads=self.threads,
+                                                  experimental_preserve_all_tensors=preserve)
+        interpreter.allocate_tensors()
+        return interpreter
+
+    def run_impl(self, x):
+        return _invoke(self.interpreter, self.meta, onnx_feed(self.spec, self.meta, x))
+
+    def runtime_record(self) -> dict:
+        """The LiteRT version, the op resolver, whether the XNNPACK delegate took ops (and how many partitions it
+        made), the threads, and which inputs are dynamic in the file."""
+        dynamic = [d["name"] for d in self.interpreter.get_input_details() if any(int(s) < 0 for s in d["shape_signature"])]
+        return {"runtime": "litert", "ai_edge_litert": _version(), "device": "cpu", "op_resolver": "AUTO",
+                "delegate": self.delegation, "threads": self.threads, "dynamic_inputs": dynamic,
+                "artifact": self.meta.get("format")}
+
+    def taps_impl(self, x):
+        """Each tap read from the tensor ``tap_map`` finds for it, in canonical layout, on an interpreter that keeps
+        every tensor; ``tap_locations`` says where each was read, or why it was not."""
+        located = tap_map(self.spec, self.meta, self.interpreter)
+        self.tap_locations = {tap: {k: v for k, v in where.items() if k not in ("index", "layout")}
+                              for tap, where in located.items()}
+        found = {tap: where for tap, where in located.items() if where["found"] == "name"}
+        if not found:
+            return {}
+        if self._tap_interpreter is None:
+            self._tap_interpreter = self._open(preserve=True)
+        feed = onnx_feed(self.spec, self.meta, x)
+        outputs = _invoke(self._tap_interpreter, self.meta, feed)
+        differ = _largest_difference(_invoke(self.interpreter, self.meta, feed), outputs)
+        taps = {}
+        for tap, where in found.items():
+            value = np.array(self._tap_interpreter.get_tensor(where["index"]))
+            if where.get("layout") == "nhwc" and value.ndim == 4:
+                value = layouts.from_layout(value, self.meta["canonical_layout"], "nhwc")
+            taps[tap] = value
+            if differ:  # what the taps interpreter computed is not what the timed one did: said beside each tap
+                self.tap_locations[tap]["reason"] = (f"read on an interpreter that keeps every tensor, whose outputs "
+                                                     f"differ from the plain interpreter's by up to {differ:.3g}")
+        return taps
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ai-edge-litert")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def delegation(interpreter) -> dict:
+    """Whether a delegate took ops into its partitions (``DELEGATE`` nodes in the execution plan); ``applied`` None
+    where this interpreter does not list its ops."""
+    ops = _ops(interpreter)
+    if ops is None:
+        return {"name": "XNNPACK", "applied": None, "reason": "this interpreter does not list its ops"}
+    partitions = sum(op["op_name"] == DELEGATE_OP for op in ops)
+    return {"name": "XNNPACK", "applied": partitions > 0, "partitions": partitions,
+            "graph_ops": sum(op["op_name"] != DELEGATE_OP for op in ops)}
+
+
+def _ops(interpreter) -> list[dict] | None:
+    get = getattr(interpreter, "_get_ops_details", None)  # the interpreter's only listing of its ops
+    return list(get()) if get else None
+
+
+def _invoke(interpreter, meta: dict, feed: dict) -> tuple:
+    """Resize where a feed's shape differs (dynamic dims only: ``strict``), allocate, set, invoke, copy the outputs
+    out in ``meta["output_names"]``'s order."""
+    details = {d["name"]: d for d in interpreter.get_input_details()}
+    resized = False
+    for name, value in feed.items():
+        detail = details.get(name)
+        if detail is None:
+            raise ShapeMismatch(f"the .tflite model has no input {name!r} (it has {', '.join(details)})")
+        if tuple(detail["shape"]) != tuple(value.shape):
+            signature = tuple(int(s) for s in detail["shape_signature"])
+            fixed = [f"dimension {k} is {s}" for k, (s, v) in enumerate(zip(signature, value.shape)) if s >= 0 and s != v]
+            if len(signature) != value.ndim or fixed:
+                raise ShapeMismatch(f"input {name!r} of the .tflite model has shape {_shown(signature)} "
+                                    f"({'; '.join(fixed) or f'rank {len(signature)}'}); it was given {tuple(value.shape)}")
+            interpreter.resize_tensor_input(detail["index"], list(value.shape), strict=True)
+            resized = True
+    if resized:
+        interpreter.allocate_tensors()
+    for name, value in feed.items():
+        detail = details[name]
+        interpreter.set_tensor(detail["index"], _as_input(value, detail["dtype"], name))
+    interpreter.invoke()
+    by_name = {d["name"]: d["index"] for d in interpreter.get_output_details()}
+    return tuple(np.array(interpreter.get_tensor(by_name[name])) for name in meta["output_names"])
+
+
+def _as_input(value: np.ndarray, dtype, name: str) -> np.ndarray:
+    """``value`` in the input tensor's dtype: integers narrowed only where every value fits."""
+    dtype = np.dtype(dtype)
+    if value.dtype == dtype:
+        return np.ascontiguousarray(value)
+    if value.dtype.kind in "iub" and dtype.kind in "iub":
+        info = np.iinfo(dtype) if dtype.kind != "b" else None
+        if info is not None and value.size and (value.min() < info.min or value.max() > info.max):
+            raise ShapeMismatch(f"input {name!r} holds values outside the .tflite model's {dtype} input")
+        return np.ascontiguousarray(value.astype(dtype))
+    if value.dtype.kind == "f" and dtype.kind == "f":
+        return np.ascontiguousarray(value.astype(dtype))
+    raise ShapeMismatch(f"input {name!r} is {value.dtype}; the .tflite model takes {dtype}")
+
+
+def _shown(signature: tuple) -> str:
+    return "(" + ", ".join("?" if s < 0 else str(s) for s in signature) + ")"
+
+
+def _largest_difference(first: tuple, second: tuple) -> float:
+    """The largest absolute difference between two runs' outputs (0.0 where bitwise equal)."""
+    worst = 0.0
+    for a, b in zip(first, second):
+        if a.shape != b.shape:
+            return float("inf")
+        if a.dtype.kind == "f" and a.size:
+            worst = max(worst, float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))))
+        elif not np.array_equal(a, b):
+            return float("inf")
+    return worst
+
+
+def tap_map(spec, meta: dict, interpreter) -> dict[str, dict]:
+    """Tap -> ``{"found": "name" | "fused" | "unmapped", "tensor", "fused_into"?, "reason"?, "index", "layout"}``.
+
+    A tap that is a model output (``meta["taps"][tap]["output"]``) is read at that output tensor. Otherwise its layer
+    is read at the last op (in execution order) whose output tensor names the layer: when that name also holds a
+    later tap's layer, the converter fused the layer into that op (``fused``: that tensor holds the later tap's
+    value, not this one's); else the tensor must have the layer's Keras output shape (``meta["taps"]``), or be a
+    transpose / reshape after the layer's op of that shape (the layer is read there). A tensor of another shape is
+    ``unmapped`` with the shapes: a wrong value is worse than none."""
+    taps = list(spec.taps)
+    if "taps" not in meta:  # an exporter that records no layers (litert-torch) says why
+        why = meta.get("taps_reason") or "the exporter recorded no layer map for this .tflite file"
+        return {tap: {"found": "unmapped", "reason": why} for tap in taps}
+    records = meta["taps"]
+    tensors = {d["index"]: d for d in interpreter.get_tensor_details()}
+    ops = [op for op in (_ops(interpreter) or []) if op["op_name"] != DELEGATE_OP]
+    outputs = {d["name"]: d["index"] for d in interpreter.get_output_details()}
+    tflite_outputs = meta.get("tflite_outputs") or dict(zip(spec.outputs, meta["output_names"]))
+    written = [(op["op_name"], int(t)) for op in ops for t in op["outputs"] if int(t) in tensors]
+    model_scope = meta.get("keras_model_name")
+    named = [(op_name, index, _layers(tensors[index]["name"], taps, model_scope)) for op_name, index in written]
+    result = {}
+    for tap in taps:
+        record = records.get(tap) or {}
+        if record.get("shape") is None and not record.get("output"):
+            why = record.get("reason") or "the layer returns several tensors or its output shape is unknown"
+            result[tap] = {"found": "unmapped", "reason": f"no single output to read: {why}"}
+            continue
+        output = tflite_outputs.get(record.get("output")) if record.get("output") else None
+        if output in outputs:
+            result[tap] = {"found": "name", "tensor": output, "index": outputs[output], "layout": record.get("layout")}
+            continue
+        mentions = [k for k, (_, _, layers) in enumerate(named) if tap in layers]
+        if not mentions:
+            result[tap] = {"found": "unmapped",
+                           "reason": f"no op's output tensor in the .tflite graph names layer {tap!r} (the converter "
+                                     f"removed it, e.g. an identity at inference such as Dropout, or merged it into "
+                                     f"an op named after another layer)"}
+            continue
+        last = mentions[-1]
+        op_name, index, layers = named[last]
+        owner = max(layers, key=taps.index)
+        if owner != tap:
+            result[tap] = {"found": "fused", "tensor": tensors[index]["name"], "fused_into": owner,
+                           "reason": f"the converter fused layer {tap!r} into the {op_name} op of {owner!r}: its "
+                                     f"tensor holds {owner!r}'s output"}
+            continue
+        expected = tuple(record["shape"])
+        chosen = next((k for k in reversed(mentions) if _fits(_signature(tensors[named[k][1]]), expected)), None)
+        moved = chosen is not None and all(named[k][0] in DATA_MOVEMENT and max(named[k][2], key=taps.index) == tap
+                                           for k in mentions if k > chosen)
+        if chosen == last or moved:
+            _, index, _ = named[chosen]
+            result[tap] = {"found": "name", "tensor": tensors[index]["name"], "index": index,
+                           "layout": record.get("layout")}
+            if chosen != last:
+                result[tap]["reason"] = (f"read before the {op_name} that follows it and carries its name, which "
+                                         f"writes another shape {_shown(_signature(tensors[named[last][1]]))}")
+            continue
+        result[tap] = {"found": "unmapped", "tensor": tensors[index]["name"],
+                       "reason": f"the last op naming layer {tap!r} ({op_name}) writes shape "
+                                 f"{_shown(_signature(tensors[index]))}; the layer's output is "
+                                 f"{_shown(tuple(-1 if d is None else d for d in expected))}"}
+    return result
+
+
+def _signature(detail: dict) -> tuple[int, ...]:
+    """A tensor's shape as the file declares it (-1 where dynamic), not as the last resize allocated it."""
+    dims = detail.get("shape_signature")
+    return tuple(int(d) for d in (detail["shape"] if dims is None or not len(dims) else dims))
+
+
+def _fits(signature: tuple, expected: tuple) -> bool:
+    """Whether a tensor's signature can hold the layer's Keras output shape (None / -1: any size)."""
+    return len(signature) == len(expected) and all(s < 0 or e is None or s == e for s, e in zip(signature, expected))
+
+
+def _layers(tensor_name: str, taps: list[str], model_name: str | None = None) -> set[str]:
+    """The taps whose Keras layer a converter tensor name holds ops of: each ``;``-separated location is
+    ``<model scope>/<layer scope>/...``."""
+    found = set()
+    for location in tensor_name.split(";"):
+        parts = location.split("/")
+        if len(parts) < 3:  # an op directly under the model (or a bare name such as ``Identity``) names no layer
+            continue
+        layer = _layer(parts[1], taps, suffixed=model_name is None or parts[0] != model_name)
+        if layer is not None:
+            found.add(layer)
+    return found
+
+
+def _layer(scope: str, taps: list[str], suffixed: bool) -> str | None:
+    """The tap a layer scope belongs to: the scope itself, or the scope without the ``_<n>`` suffix TensorFlow gives
+    a name scope entered before (``dense1_1`` -> ``dense1``). Where both are taps, ``suffixed`` (the model's own
+    scope carries such a suffix, so its layers' scopes do too) picks the stripped one."""
+    stripped = re.sub(r"_\d+$", "", scope)
+    exact = scope if scope in taps else None
+    unsuffixed = stripped if stripped != scope and stripped in taps else None
+    if exact and unsuffixed:
+        return unsuffixed if suffixed else exact
+    return exact or unsuffixed
