@@ -51,9 +51,9 @@ def collect(workspace: str, model: str, path_id: str, golden_dir: str, precision
                              runtime_link)
     runner = build_runner(spec, path, perturbed(verified.arrays["weights.npz"], weight_perturbation), spec.batch_size,
                           threads, artifact_dir, artifact_meta)
-    if artifact_dir is None:  # a native source (or a compiled one) reports its taps itself
+    if artifact_dir is None:  # a native source (or a compiled one, which says how it read them) reports its taps
         taps = runner.taps(x) if spec.taps else {}
-        located = {t: {"found": "native"} for t in taps}
+        located = {t: runner.tap_locations.get(t, {"found": "native"}) for t in taps}
     elif type(runner).taps_impl is not Runner.taps_impl and spec.taps:  # a runtime that reads its own tensors
         taps = runner.taps(x)
         located = {t: runner.tap_locations.get(t, {"found": "unmapped", "reason": "not reported by this runtime"})

@@ -159,13 +159,13 @@ TORCH_LITERT = Step("litert-torch", "torch", _on("parity.exporters.torch_litert:
                     ("torch", "litert_torch"), extra="litert",
                     note="written against litert-torch's documented API; unverified where it cannot be installed")
 _FP32_ONLY = ("fp32",)
-COMPILED = Step("torch.compile", "torch", _on("parity.runtimes.torch_compile:CompiledTorch", None), ("torch",),
+COMPILED = Step("torch.compile", "torch", _on("parity.sources.torch_compile:CompiledTorch", None), ("torch",),
                 differentiable=True, precisions=_FP32_ONLY, why_not="parity compiles the float32 module")
 COMPILED_AUTOTUNE = Step("torch.compile max-autotune", "torch",
-                         _on("parity.runtimes.torch_compile:AutotunedTorch", None), ("torch",), differentiable=True,
+                         _on("parity.sources.torch_compile:AutotunedTorch", None), ("torch",), differentiable=True,
                          precisions=_FP32_ONLY, why_not="parity compiles the float32 module")
 PT2 = Step("exported program", "torch", _on("parity.runtimes.torch_export:ExportedProgramRunner", None), ("torch",),
-           precisions=_FP32_ONLY, why_not="the program is exported at float32")
+           differentiable=True, precisions=_FP32_ONLY, why_not="the program is exported at float32")
 EXECUTORCH = Step("executorch", "torch", _on("parity.runtimes.executorch:ExecuTorchRunner", None), ("executorch",),
                   precisions=_FP32_ONLY, why_not="the .pte program is lowered at float32", extra="executorch")
 OPENVINO = Step("openvino", "openvino", _on("parity.runtimes.openvino:OpenVinoRunner", None), ("openvino",),

@@ -1,0 +1,162 @@
+"""The ``.pt2`` an ExportedProgram is saved as, loaded with ``torch.export.load`` and run as its ``.module()``;
+never a pickle: custom objects are refused before loading and every ``torch.load`` inside is weights-only."""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import zipfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from parity.model import layouts, outputs
+from parity.platform.errors import ParityError, one_line
+from parity.runtimes.base import Runner
+
+# the archive's constants whose loaders unpickle (torch/export/pt2_archive/_package.py, ``_load_constants``):
+# a TorchScript object and an opaque object (plain ``pickle.loads``, which no weights_only switch reaches)
+_OBJECT_PREFIXES = ("custom_obj_", "opaque_obj_")
+
+
+class PickledArtifact(ParityError):
+    """An artifact that can be loaded only by unpickling something other than tensors."""
+
+
+@contextmanager
+def weights_only_loads():
+    """Every ``torch.load`` in the block weights-only, even one that asks for ``weights_only=False`` (torch reads
+    ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` at each call): torch.export's loader falls back to a full unpickle where a
+    weights-only load fails, and parity never loads pickles."""
+    old = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TORCH_FORCE_WEIGHTS_ONLY_LOAD", None)
+        else:
+            os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = old
+
+
+def refuse_pickled_objects(path: Path) -> None:
+    """Raise ``PickledArtifact`` where the ``.pt2`` archive holds a constant its loader would unpickle (a custom or
+    opaque object), read from the archive's own constants configs before torch sees the file."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for member in archive.namelist():
+                if posixpath.basename(member).startswith(_OBJECT_PREFIXES):
+                    raise PickledArtifact(f"{path.name} holds a pickled object ({member}): parity never loads pickles")
+                if member.endswith("_constants_config.json"):
+                    try:
+                        config = json.loads(archive.read(member)).get("config") or {}
+                    except (ValueError, AttributeError) as error:
+                        raise PickledArtifact(f"{path.name}: unreadable constants config {member} ({error})") from None
+                    for fqn, entry in config.items():
+                        name = str((entry or {}).get("path_name", ""))
+                        if name.startswith(_OBJECT_PREFIXES) or "/" in name or "\\" in name:
+                            raise PickledArtifact(f"{path.name} holds constant {fqn!r} as a pickled object ({name}): "
+                                                  f"parity never loads pickles")
+    except zipfile.BadZipFile as error:
+        raise PickledArtifact(f"{path.name} is not a .pt2 archive ({error})") from None
+
+
+def load_program(path: Path):
+    """The ExportedProgram saved at ``path``, loaded without unpickling anything but tensors."""
+    import torch
+
+    path = Path(path)
+    refuse_pickled_objects(path)
+    try:
+        with weights_only_loads():
+            return torch.export.load(str(path))
+    except Exception as error:
+        if "weights_only" in str(error) or type(error).__name__ == "UnpicklingError":
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise PickledArtifact(one_line(f"{path.name} holds a pickle that is not plain tensors, refused by a "
+                                           f"weights-only load: {first}", 300)) from None
+        raise
+
+
+class ExportedProgramRunner(Runner):
+    """``torch/export``: the saved ExportedProgram's ``.module()`` (the graph of aten ops that ships), in eager
+    PyTorch on the CPU at float32. Gradients and the training step go through that module's own parameters."""
+
+    differentiable = True
+    no_taps_reason = ("an ExportedProgram's module is one flat graph of aten ops: its layers are not modules to hook "
+                      "(diagnose the torch path for the layers)")
+
+    def __init__(self, spec, artifact_dir: Path, meta: dict, batch_size: int, threads: int, device: str = "cpu",
+                 precision: str = "fp32"):
+        super().__init__(spec, batch_size, "float32", device, precision)
+        import torch
+
+        self.torch = torch
+        self.meta = meta
+        self.program = load_program(Path(artifact_dir) / meta["file"])
+        self.module = self.program.module()
+        params = dict(self.module.named_parameters())
+        # the exporter's wrapper holds the model as ``model``: parameters are ``model.<torch name>``
+        self._params = {name: params[f"model.{layouts.torch_param_name(name)}"] for name in spec.trainable_params
+                        if f"model.{layouts.torch_param_name(name)}" in params}
+        missing = [name for name in spec.trainable_params if name not in self._params]
+        if missing:
+            self.differentiable = False  # a program whose weights were lifted to constants: forward only
+        self._optimizer = None
+        self.numerics = {"torch": torch.__version__, "device": device, "precision": precision, "threads": threads}
+        self._missing_params = missing
+
+    def _forward(self, x: dict):
+        torch = self.torch
+        args = [torch.from_numpy(x[i.name]) for i in self.spec.model_inputs]
+        return self.module(*args)
+
+    def run_impl(self, x):
+        with self.torch.inference_mode():
+            return tuple(t.detach().numpy() for t in self._forward(x))
+
+    def _loss(self, returned, labels):
+        torch = self.torch
+        logits = outputs.first(self.spec.outputs, tuple(returned), torch.is_tensor)
+        return torch.nn.functional.cross_entropy(logits.float(), torch.from_numpy(labels))
+
+    def gradients_impl(self, x, labels):
+        torch, spec = self.torch, self.spec
+        args = {i.name: torch.from_numpy(x[i.name]) for i in spec.model_inputs}
+        differentiated = {name: args[name].requires_grad_(True) for name in spec.input_grad_names}
+        loss = self._loss(self.module(*args.values()), labels)
+        wrt = [*self._params.values(), *differentiated.values()]
+        grads = torch.autograd.grad(loss, wrt, allow_unused=True)
+        grads = [torch.zeros_like(t) if g is None else g for t, g in zip(wrt, grads)]
+        result = {name: layouts.param_from_framework("torch", spec.params[name].kind, g.detach().numpy())
+                  for name, g in zip(self._params, grads)}
+        for name, g in zip(differentiated, grads[len(self._params):]):
+            result[spec.input_grad_names[name]] = g.detach().numpy()
+        return result
+
+    def train_step_impl(self, x, labels, lr):
+        torch = self.torch
+        if self._optimizer is None:
+            self._optimizer = torch.optim.SGD([self._params[name] for name in self.optimized_params()], lr=lr)
+        for group in self._optimizer.param_groups:
+            group["lr"] = lr
+        self._optimizer.zero_grad(set_to_none=True)
+        self._loss(self._forward(x), labels).backward()
+        self._optimizer.step()
+
+    def trainable_weights_impl(self):
+        return {name: np.array(layouts.param_from_framework("torch", self.spec.params[name].kind,
+                                                            t.detach().numpy()))
+                for name, t in self._params.items()}
+
+    def runtime_record(self) -> dict:
+        """The torch that ran the program, and whether its declared axes are dynamic in it."""
+        axes = self.meta.get("axes") or {}
+        record = {"torch": self.torch.__version__, "dynamic_axes": bool(axes.get("dynamic")),
+                  "static_axes": axes.get("static") or {}, "static_reason": axes.get("reason")}
+        if self._missing_params:
+            record["not_differentiable"] = (f"the program holds {', '.join(self._missing_params[:4])} as constants, "
+                                            f"not parameters")
+        return record
