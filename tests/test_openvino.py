@@ -60,6 +60,26 @@ def test_torch_paths_pass_on_mlp_with_the_precision_hint_recorded(tmp_path):
     assert results[("mlp", "torch/openvino")]["numerics"]["artifact"] == "openvino"
 
 
+@pytest.mark.parametrize("precision, hint", [("bf16", "bf16"), ("fp16", "f16")])
+def test_at_a_reduced_precision_the_hint_asks_for_it_and_a_cpu_without_it_is_a_skip(tmp_path, precision, hint):
+    """--precision bf16 / fp16 sets the plugin's hint to bf16 / f16 (what a CPU with such instructions runs by
+    default) and judges the path at that precision's tolerances; a CPU that compiles at another precision when asked
+    is a skip that says so, never a path judged at a precision it did not run."""
+    import openvino as ov
+
+    root = zoo(tmp_path, "mlp")
+    report = orchestrate.check(Workspace(root), ["mlp"], orchestrate.Options(threads=1, patterns=("torch/openvino",),
+                                                                             precision=precision))
+    (result,) = report["results"]
+    supported = ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    if ("BF16" if hint == "bf16" else "FP16") in supported:
+        assert result["verdict"] == "pass", result["reason"]
+        assert result["numerics"]["ran_at"] == hint and result["runtime"]["inference_precision"]["set"] == hint
+    else:
+        assert result["verdict"] == "skip"
+        assert f"when asked for {hint}: this CPU has no {hint} inference" in result["reason"], result["reason"]
+
+
 def test_the_ir_holds_float32_weights_and_the_spec_names(tmp_path):
     """save_model compresses weights to float16 unless told not to: the IR must hold the float32 model, with its input
     and output named as the spec names them, its batch dynamic; the IR's taps are refused with the reason."""

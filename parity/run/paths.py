@@ -169,8 +169,8 @@ PT2 = Step("exported program", "torch", _on("parity.runtimes.torch_export:Export
 EXECUTORCH = Step("executorch", "torch", _on("parity.runtimes.executorch:ExecuTorchRunner", None), ("executorch",),
                   precisions=_FP32_ONLY, why_not="the .pte program is lowered at float32", extra="executorch")
 OPENVINO = Step("openvino", "openvino", _on("parity.runtimes.openvino:OpenVinoRunner", None), ("openvino",),
-                precisions=_FP32_ONLY, extra="openvino",
-                why_not="parity runs OpenVINO's CPU plugin with its inference precision hint set to f32")
+                precisions=("fp32", "fp16", "bf16"), extra="openvino",
+                why_not="OpenVINO's CPU plugin has inference precision hints f32, f16 and bf16 only")
 LITERT = Step("litert", "litert", _on("parity.runtimes.litert:LiteRtRunner", None), ("ai_edge_litert",),
               precisions=_FP32_ONLY, why_not="the .tflite model is converted at float32", extra="litert")
 TF_XLA = Step("tf xla", "tf", _on("parity.sources.tf_xla:KerasXlaSource", None), ("tensorflow", "keras"),

@@ -1,9 +1,9 @@
 """OpenVINO: its CPU plugin, on an IR made by ``openvino.convert_model`` or on an ONNX file read by its ONNX frontend.
 
 The CPU plugin picks its own inference precision: bf16 (or f16) on CPUs with such instructions, f32 elsewhere. A
-model deployed without a hint therefore computes at another precision on another machine. parity's fp32 path sets
-the hint to f32 and records beside it the plugin's default on this machine and the precision the compiled model
-reports it ran at.
+model deployed without a hint therefore computes at another precision on another machine. parity sets the hint to
+the path's precision (f32 at fp32; bf16 and f16 at bf16 and fp16, what such a CPU runs by default), refuses a
+compile that reports another, and records beside it the plugin's default on this machine.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from parity.runtimes.base import Runner
 from parity.runtimes.onnx_common import onnx_feed
 
 F32 = "f32"
+HINTS = {"fp32": F32, "bf16": "bf16", "fp16": "f16"}  # parity's precision -> the CPU plugin's inference precision
 IR_TAPS_REASON = ("an OpenVINO IR converted from torch names its operations by TorchScript's module scopes, which "
                   "parity does not map to layers: outputs are compared (diagnose torch/onnx/openvino to read the "
                   "layers)")
@@ -47,17 +48,21 @@ class OpenVinoRunner(Runner):
         self.core = ov.Core()
         if "CPU" not in self.core.available_devices:
             raise Unavailable(f"OpenVINO {ov.__version__} finds no CPU device (it finds {self.core.available_devices})")
-        self.config = compile_config(threads)
+        self.hint = HINTS[precision]
+        self.config = compile_config(threads, self.hint)
         self.compiled = self.core.compile_model(self.core.read_model(str(self.model_path)), "CPU", self.config)
         ran = _type_name(self.compiled.get_property("INFERENCE_PRECISION_HINT"))
-        if ran != F32:  # never timed or judged as fp32 when the plugin ran something else
+        if ran != self.hint and self.hint != F32:  # the CPU has no such instructions: the plugin runs f32
+            raise Unavailable(f"OpenVINO's CPU plugin compiles at {ran} here when asked for {self.hint}: this CPU "
+                              f"has no {self.hint} inference")
+        if ran != self.hint:  # never timed or judged as fp32 when the plugin ran something else
             raise RuntimeError(f"OpenVINO's CPU plugin was asked for INFERENCE_PRECISION_HINT f32 and compiled at "
                                f"{ran}")
         self.request = self.compiled.create_infer_request()
         self._outputs = [self.compiled.output(name) for name in self.output_names]
         self.default_hint = _type_name(self.core.get_property("CPU", "INFERENCE_PRECISION_HINT"))
         self.numerics = {"openvino": ov.__version__, "device": "CPU", "precision": precision,
-                         "inference_precision_hint": F32, "ran_at": ran, "cpu_default_hint": self.default_hint,
+                         "inference_precision_hint": self.hint, "ran_at": ran, "cpu_default_hint": self.default_hint,
                          "default_here": _default_note(self.default_hint),
                          "execution_mode": str(self.compiled.get_property("EXECUTION_MODE_HINT")).rpartition(".")[2],
                          "dynamic_quantization_group_size":
@@ -77,7 +82,7 @@ class OpenVinoRunner(Runner):
         ran, the threads and streams the compiled model uses, and which inputs stayed dynamic."""
         return {"runtime": "openvino", "openvino": self.ov.__version__, "device": "CPU",
                 "device_name": self.core.get_property("CPU", "FULL_DEVICE_NAME"),
-                "inference_precision": {"set": F32, "ran": self.numerics["ran_at"], "cpu_default": self.default_hint,
+                "inference_precision": {"set": self.hint, "ran": self.numerics["ran_at"], "cpu_default": self.default_hint,
                                         "note": self.numerics["default_here"]},
                 "threads": self.compiled.get_property("INFERENCE_NUM_THREADS"),
                 "streams": self.compiled.get_property("NUM_STREAMS"),
@@ -98,10 +103,10 @@ def _default_note(default: str) -> str:
     return f"default here: {default} (models deployed without a hint run {default})"
 
 
-def compile_config(threads: int) -> dict:
-    """The CPU plugin's settings for parity's fp32 path: f32 at every layer, no int8 quantization of activations at
-    run time (the plugin's dynamic quantization), ``threads`` intra-op threads."""
-    return {"INFERENCE_PRECISION_HINT": F32, "INFERENCE_NUM_THREADS": int(threads),
+def compile_config(threads: int, hint: str = F32) -> dict:
+    """The CPU plugin's settings for one of parity's paths: ``hint`` (f32 by default) at every layer, no int8
+    quantization of activations at run time (the plugin's dynamic quantization), ``threads`` intra-op threads."""
+    return {"INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": int(threads),
             "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
 
 
