@@ -12,17 +12,24 @@ from parity.golden import store as golden
 from parity.model import feeds
 from parity.model.workspace import Workspace
 from parity.run import tasks
-from tests.test_check import run_check
 
 REPO = Path(__file__).resolve().parent.parent
 EXPORTER = "parity.exporters.torch_executorch:export"
 
 
-def test_executorch_passes_mlp_with_its_delegation_recorded(workspace_copy):
-    """Every layer of the mlp runs in one XNNPACK delegate; the batch is dynamic up to the largest batch parity
-    runs, so the verification shapes pass too."""
-    _, results = run_check(workspace_copy(), ["torch/executorch"])
-    result = results["torch/executorch"]
+def test_executorch_passes_mlp_quietly_with_its_delegation_recorded_and_names_a_batch_beyond_its_bound(tmp_path,
+                                                                                                     capfd):
+    """Every layer of the mlp runs in one XNNPACK delegate; the batch is dynamic up to the largest batch parity runs,
+    so the verification shapes pass too. Loading prints none of ExecuTorch's cpuinfo lines; a batch past the
+    exported bound is refused naming the axis and the bound, not only ExecuTorch's error code."""
+    from parity.runtimes.executorch import ExecuTorchRunner
+
+    ws = Workspace(REPO)
+    spec = ws.load_spec("mlp")
+    meta = tasks.export_step(str(REPO), "mlp", EXPORTER, str(ws.golden_dir("mlp")), 17, str(tmp_path), None, None)
+    assert meta["format"] == "pte" and (tmp_path / "model.pte").is_file()
+    result = tasks.check_path(str(REPO), "mlp", "torch/executorch", str(ws.golden_dir("mlp")), "fp32", 1,
+                              str(tmp_path), meta)
     assert result["verdict"] == "pass", result["reason"]
     record = result["runtime"]
     assert record["delegation"]["backend"] == "XnnpackBackend"
@@ -31,16 +38,6 @@ def test_executorch_passes_mlp_with_its_delegation_recorded(workspace_copy):
     assert record["dynamic_axes"] and record["bounds"] == {"batch": [1, 64]}
     assert all(entry["ok"] for entry in result["shapes"])
 
-
-def test_executorch_runner_is_quiet_and_names_a_batch_beyond_its_bound(tmp_path, capfd):
-    """Loading prints none of ExecuTorch's cpuinfo lines; a batch past the exported bound is refused naming the
-    axis and the bound, not only ExecuTorch's error code."""
-    from parity.runtimes.executorch import ExecuTorchRunner
-
-    ws = Workspace(REPO)
-    spec = ws.load_spec("mlp")
-    meta = tasks.export_step(str(REPO), "mlp", EXPORTER, str(ws.golden_dir("mlp")), 17, str(tmp_path), None, None)
-    assert meta["format"] == "pte" and (tmp_path / "model.pte").is_file()
     capfd.readouterr()
     runner = ExecuTorchRunner(spec, tmp_path, meta, spec.batch_size, 1)
     assert "cpuinfo" not in capfd.readouterr().err

@@ -86,7 +86,7 @@ def test_onnx_file_with_testdata_from_export_testdata_and_polygraphy_files(tmp_p
     assert manifest["reference"]["given_vs_reference_max_abs"] < 1e-5
     code, report = check(tmp_path, "from_testdata")
     assert code == 0 and {r["path"]: r["verdict"] for r in report["results"]} == {
-        "onnx/ort": "pass", "onnx/ort-noopt": "pass", "onnx/onnxref": "pass"}
+        "onnx/ort": "pass", "onnx/ort-noopt": "pass", "onnx/onnxref": "pass", "onnx/openvino": "pass"}
 
     # the same inputs and outputs as Polygraphy would have saved them
     polygraphy.write_inputs(tmp_path / "inputs.json", [given.inputs])

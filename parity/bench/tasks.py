@@ -112,11 +112,10 @@ def open_series(series: str, kind: str, workspace: str, model: str, path_id: str
     cycle through (outputs against the golden), a verification shape on its inputs, a training step from the
     golden weights. A failure is returned (``"verdict": "fail"``) and the series is not kept."""
     global _IDLE_MB
-    if _IDLE_MB is None:  # no first result measured here: idle before this worker's first runner
-        _import_runtime(paths.by_id(path_id, device, precision))
-        _setup(workspace, model, path_id, golden_dir, device, precision)
-        _IDLE_MB = footprint.resident_mb()
     spec, path, verified = _setup(workspace, model, path_id, golden_dir, device, precision)
+    if _IDLE_MB is None:  # no first result measured here: idle before this worker's first runner
+        _import_runtime(path)
+        _IDLE_MB = footprint.resident_mb()
     build = (lambda b: _runner(spec, path, verified, b, threads, artifact_dir, artifact_meta))
     key = _runner_key(model, path_id, precision, device, threads, batch_size or spec.batch_size, artifact_dir)
     opened = {"batch": _open_batch, "shape": _open_shape, "train_step": _open_train}[kind](
