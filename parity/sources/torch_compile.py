@@ -4,6 +4,7 @@ modes), with what the compiler did recorded: graphs, recompilations by shape and
 from __future__ import annotations
 
 import copy
+import inspect
 from collections import Counter
 
 from parity.model import outputs
@@ -37,18 +38,25 @@ class CompiledTorch(TorchSource):
         self._shape = None  # the shapes of the inputs of the call being run (what a compile is recorded at)
         self._shapes: dict = {}  # input shapes -> calls at them
         self._compiles: list[dict] = []
-        self._before = _dynamo_state(torch)
-        self.compiled = self._compile(self.module, self._compiles)
-        self._tapped = None  # (compiled copy with hooks, its record), made by the first taps call
         self.numerics = {**self.numerics, "torch_compile": {"backend": "inductor", "mode": self.mode,
                                                             "fullgraph": False, "dynamic": "automatic"}}
+        self.compiled = self._compile(self.module, self._compiles)  # lazy: nothing compiles before the first call
+        self._before = _dynamo_state(torch)
+        self._tapped = None  # (compiled copy with hooks, its record), made by the first taps call
         self.tap_locations = {tap: {"found": "compiled", "reason": TAPS_NOTE} for tap in spec.taps}
 
     def _compile(self, module, record: list):
-        """``module`` compiled in this runner's own region (its recompilations counted apart from any other's),
-        each graph the backend gets recorded in ``record``."""
-        return self.torch.compile(module, backend=_recording_backend(self.torch, self.mode, self, record),
-                                  fullgraph=False, isolate_recompiles=True)
+        """``module`` compiled in this runner's own region, so that torch's recompile limit counts this runner's
+        recompilations only, each graph the backend gets recorded in ``record``. A torch without
+        ``isolate_recompiles`` (before 2.12) starts from a reset of dynamo instead: another compiled runner of this
+        worker then compiles again at its next call, which its own record counts."""
+        torch = self.torch
+        isolated = "isolate_recompiles" in inspect.signature(torch.compile).parameters
+        if not isolated:
+            torch._dynamo.reset()
+        self.numerics["torch_compile"]["isolated_region"] = isolated
+        return torch.compile(module, backend=_recording_backend(torch, self.mode, self, record), fullgraph=False,
+                             **({"isolate_recompiles": True} if isolated else {}))
 
     def _forward(self, tensors: dict):
         self._calls += 1
