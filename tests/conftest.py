@@ -55,6 +55,15 @@ def workspace_copy(tmp_path):
     return make
 
 
+def zoo_copy(root: Path, *models: str) -> Path:
+    """``root`` made a workspace holding copies of the built-in ``models`` and their golden data."""
+    for model in models:
+        (root / "models").mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / "models" / f"{model}.py", root / "models")
+        shutil.copytree(REPO / "golden" / model, root / "golden" / model)
+    return root
+
+
 def mlp_variant(replace: dict[str, str]) -> str:
     """The built-in mlp model source with text replacements (each must apply)."""
     source = (REPO / "models" / "mlp.py").read_text()

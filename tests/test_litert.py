@@ -4,7 +4,6 @@ changed weight in the .tflite model is diagnosed to its layer; torch/litert is a
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -19,17 +18,11 @@ from parity.platform.cache_dir import cache_root
 from parity.run import paths
 from parity.run.worker import WorkerPool
 from parity.runtimes.base import ShapeMismatch
-from tests.conftest import REPO
+from tests.conftest import zoo_copy
 
 pytest.importorskip("ai_edge_litert")
 
 
-def zoo(root: Path, *models) -> Path:
-    for model in models:
-        (root / "models").mkdir(parents=True, exist_ok=True)
-        shutil.copy(REPO / "models" / f"{model}.py", root / "models")
-        shutil.copytree(REPO / "golden" / model, root / "golden" / model)
-    return root
 
 
 def checked(root: Path, models, patterns) -> dict:
@@ -41,7 +34,7 @@ def exported(root: Path, model: str, perturbation: dict | None = None) -> tuple[
     """The model's .tflite export (in this process) from its golden weights plus ``perturbation``."""
     from parity.exporters import tf_litert
 
-    ws = Workspace(zoo(root / "ws", model))
+    ws = Workspace(zoo_copy(root / "ws", model))
     spec = ws.load_spec(model)
     weights = dict(golden.load(ws.golden_dir(model), spec).arrays["weights.npz"])
     for name, delta in (perturbation or {}).items():
@@ -125,7 +118,7 @@ def test_a_tensor_of_another_shape_is_unmapped_not_read(mlp_tflite):
 
 
 def test_tf_litert_passes_on_mlp_and_torch_litert_is_a_skip_with_the_installers_reason(tmp_path):
-    results = checked(zoo(tmp_path, "mlp"), ["mlp"], ["tf/litert", "torch/litert"])
+    results = checked(zoo_copy(tmp_path, "mlp"), ["mlp"], ["tf/litert", "torch/litert"])
     result = results[("mlp", "tf/litert")]
     assert result["verdict"] == "pass", result["reason"]
     assert result["gradients"] is None and result["deterministic"]
@@ -165,7 +158,7 @@ def test_litert_torch_signature_names_are_read_and_run(mlp_tflite, tmp_path):
 
 @pytest.mark.slow
 def test_tf_litert_passes_on_cnn_and_transformer(tmp_path):
-    results = checked(zoo(tmp_path, "cnn", "transformer"), ["cnn", "transformer"], ["tf/litert"])
+    results = checked(zoo_copy(tmp_path, "cnn", "transformer"), ["cnn", "transformer"], ["tf/litert"])
     for model in ("cnn", "transformer"):
         result = results[(model, "tf/litert")]
         assert result["verdict"] == "pass", (model, result["reason"])

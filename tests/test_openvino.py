@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,7 @@ from parity.diagnose.collect import collect
 from parity.model.workspace import Workspace
 from parity.pipeline import orchestrate
 from parity.run import paths, tasks
-from tests.conftest import REPO
+from tests.conftest import REPO, zoo_copy
 
 pytest.importorskip("openvino")
 
@@ -31,12 +30,6 @@ def checked(root, models, patterns) -> dict:
     return {(r["model"], r["path"]): r for r in report["results"]}
 
 
-def zoo(tmp_path, *models) -> Path:
-    for model in models:
-        (tmp_path / "models").mkdir(exist_ok=True)
-        shutil.copy(REPO / "models" / f"{model}.py", tmp_path / "models")
-        shutil.copytree(REPO / "golden" / model, tmp_path / "golden" / model)
-    return tmp_path
 
 
 def assert_f32_hint(result: dict) -> None:
@@ -50,7 +43,7 @@ def assert_f32_hint(result: dict) -> None:
 
 
 def test_torch_paths_pass_on_mlp_with_the_precision_hint_recorded(tmp_path):
-    results = checked(zoo(tmp_path, "mlp"), ["mlp"], ["torch/openvino", "torch/onnx/openvino"])
+    results = checked(zoo_copy(tmp_path, "mlp"), ["mlp"], ["torch/openvino", "torch/onnx/openvino"])
     for path in ("torch/openvino", "torch/onnx/openvino"):
         result = results[("mlp", path)]
         assert result["verdict"] == "pass", result["reason"]
@@ -67,7 +60,7 @@ def test_at_a_reduced_precision_the_hint_asks_for_it_and_a_cpu_without_it_is_a_s
     is a skip that says so, never a path judged at a precision it did not run."""
     import openvino as ov
 
-    root = zoo(tmp_path, "mlp")
+    root = zoo_copy(tmp_path, "mlp")
     report = orchestrate.check(Workspace(root), ["mlp"], orchestrate.Options(threads=1, patterns=("torch/openvino",),
                                                                              precision=precision))
     (result,) = report["results"]
@@ -225,7 +218,7 @@ def test_without_openvino_every_openvino_path_is_a_skip_with_the_install_hint(tm
         reason = paths.unavailable_reason(paths.by_id(path_id))
         assert reason is not None and "openvino not installed (pip install openvino, or parity[openvino])" in reason, \
             (path_id, reason)
-    result = checked(zoo(tmp_path, "mlp"), ["mlp"], ["torch/openvino"])[("mlp", "torch/openvino")]
+    result = checked(zoo_copy(tmp_path, "mlp"), ["mlp"], ["torch/openvino"])[("mlp", "torch/openvino")]
     assert result["verdict"] == "skip" and "openvino not installed" in result["reason"], result
     assert paths.unavailable_reason(paths.by_id("torch/onnx/ort")) is None  # only OpenVINO's paths
 
@@ -235,7 +228,7 @@ def test_without_openvino_every_openvino_path_is_a_skip_with_the_install_hint(tm
 
 @pytest.mark.slow
 def test_every_openvino_path_passes_on_the_zoo(tmp_path):
-    results = checked(zoo(tmp_path, "mlp", "cnn", "transformer"), ["mlp", "cnn", "transformer"],
+    results = checked(zoo_copy(tmp_path, "mlp", "cnn", "transformer"), ["mlp", "cnn", "transformer"],
                       ["torch/openvino", "*/onnx/openvino"])
     for model in ("mlp", "cnn", "transformer"):
         for path in OPENVINO_PATHS[:4]:

@@ -3,9 +3,6 @@ the zoo against the float64 golden; its record says XLA was on and how often eac
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -14,20 +11,12 @@ from parity.check import training
 from parity.golden import store as golden
 from parity.model.workspace import Workspace
 from parity.pipeline import orchestrate
-from tests.conftest import REPO
-
-
-def zoo(root: Path, *models) -> Path:
-    for model in models:
-        (root / "models").mkdir(parents=True, exist_ok=True)
-        shutil.copy(REPO / "models" / f"{model}.py", root / "models")
-        shutil.copytree(REPO / "golden" / model, root / "golden" / model)
-    return root
+from tests.conftest import zoo_copy
 
 
 @pytest.fixture(scope="module")
 def mlp(tmp_path_factory):
-    ws = Workspace(zoo(tmp_path_factory.mktemp("xla"), "mlp"))
+    ws = Workspace(zoo_copy(tmp_path_factory.mktemp("xla"), "mlp"))
     spec = ws.load_spec("mlp")
     return spec, golden.load(ws.golden_dir("mlp"), spec).arrays
 
@@ -64,7 +53,7 @@ def test_forward_gradients_taps_and_step_are_xla_compiled_and_match_golden(mlp):
 
 
 def test_tf_xla_passes_on_mlp_with_its_gradients_and_its_training_step(tmp_path):
-    report = orchestrate.check(Workspace(zoo(tmp_path, "mlp")), ["mlp"], orchestrate.Options(
+    report = orchestrate.check(Workspace(zoo_copy(tmp_path, "mlp")), ["mlp"], orchestrate.Options(
         threads=1, patterns=("tf/xla",), timing=BenchOptions(budget_s=0.05, min_runs=10, batch_sizes=(64,))))
     result = {r["path"]: r for r in report["results"]}["tf/xla"]
     assert result["verdict"] == "pass", result["reason"]
@@ -76,7 +65,7 @@ def test_tf_xla_passes_on_mlp_with_its_gradients_and_its_training_step(tmp_path)
 
 @pytest.mark.slow
 def test_tf_xla_passes_on_cnn_and_transformer(tmp_path):
-    report = orchestrate.check(Workspace(zoo(tmp_path, "cnn", "transformer")), ["cnn", "transformer"],
+    report = orchestrate.check(Workspace(zoo_copy(tmp_path, "cnn", "transformer")), ["cnn", "transformer"],
                                orchestrate.Options(threads=1, patterns=("tf/xla",)))
     for result in report["results"]:
         assert result["verdict"] == "pass", (result["model"], result["reason"])

@@ -13,9 +13,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from parity.exporters.axes import REASON_CHARS, axes_record, declared_dynamic, short_reason
+from parity.exporters.axes import REASON_CHARS, axes_record, short_reason
 from parity.exporters.common import ExportJob
-from parity.model import layouts
 from parity.platform.errors import ExportError, one_line
 from parity.platform.safefs import write_bytes_atomic
 
@@ -29,17 +28,10 @@ def export(job: ExportJob) -> dict:
     ``out_dir/model.tflite``; its metadata (``tflite_meta``)."""
     import tensorflow as tf
 
-    from parity.exporters.tf_onnx import _keras_dynamic, signature
-    from parity.model.feeds import call_keras as call
-    from parity.runtimes.tf_common import outputs_in_order
-    from parity.sources.tf import build_model
+    from parity.exporters.tf_onnx import keras_function, signature
 
     spec = job.spec
-    keras_model = build_model(spec, job.weights, "float32")
-    layout = layouts.activation_layout("tf", spec.model_inputs[0].layout)
-    names = [i.name for i in spec.model_inputs]
-    function = tf.function(lambda *xs: outputs_in_order(spec, call(keras_model, dict(zip(names, xs)))))
-    dynamic, reason = _keras_dynamic(keras_model, spec, declared_dynamic(spec, layout))
+    keras_model, layout, function, dynamic, reason = keras_function(job)
     data = None
     if any(dynamic.values()):
         try:

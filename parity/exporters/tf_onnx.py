@@ -101,8 +101,11 @@ def _keras_dynamic(keras_model, spec, wanted: dict[str, set[int]]) -> tuple[dict
     return allowed, reason
 
 
-def export_keras(job: ExportJob) -> dict:
-    """The Keras source model, traced under tf.function, converted by tf2onnx."""
+def keras_function(job: ExportJob):
+    """What a converter of the Keras source model starts from: the model at float32 with canonical weights, its
+    activation layout, its call under ``tf.function`` taking the inputs positionally (outputs in the spec's order),
+    the declared dynamic axes the model leaves dynamic and why any are not. ``(keras_model, layout, function,
+    dynamic, reason)``."""
     import tensorflow as tf
 
     from parity.model.feeds import call_keras as call
@@ -115,6 +118,13 @@ def export_keras(job: ExportJob) -> dict:
     names = [i.name for i in spec.model_inputs]
     function = tf.function(lambda *xs: outputs_in_order(spec, call(keras_model, dict(zip(names, xs)))))
     dynamic, reason = _keras_dynamic(keras_model, spec, declared_dynamic(spec, layout))
+    return keras_model, layout, function, dynamic, reason
+
+
+def export_keras(job: ExportJob) -> dict:
+    """The Keras source model, traced under tf.function, converted by tf2onnx."""
+    spec = job.spec
+    _, layout, function, dynamic, reason = keras_function(job)
     model, reason = _convert_dynamic(function, spec, job.batch_size, layout, dynamic, job.opset, job.out_dir, reason)
     return {**_onnx_names(model, spec, layout), "axes": onnx_axes(spec, model, layout, reason)}
 
