@@ -149,3 +149,23 @@ def test_an_axis_the_model_specialises_is_exported_static_with_the_reason(worksp
     assert result["verdict"] == "fail" and "axis 'batch' of input 'x' (dimension 0) fixed at 64" in result["reason"]
     assert result["runtime"]["dynamic_axes"] is False and result["runtime"]["static_reason"] == axes["reason"]
     np.testing.assert_equal(len(result["shapes"]), 2)
+
+
+def test_the_program_unflattened_into_its_modules_gives_the_layers_taps(tmp_path):
+    """torch/export's diagnosis reads each layer from the program unflattened back into the model's module tree:
+    every tap of the cnn agrees with the golden on a passing export, and is located at its module."""
+    from parity.diagnose.collect import collect
+    from parity.golden import store as golden
+    from parity.model.workspace import Workspace
+    from parity.run import paths
+
+    meta = tasks.export_step(str(REPO), "cnn", paths.TORCH_EXPORT.target, str(REPO / "golden" / "cnn"), 18,
+                             str(tmp_path), None, None)
+    observed = collect(str(REPO), "cnn", "torch/export", str(REPO / "golden" / "cnn"), "fp32", 1, str(tmp_path),
+                       meta, gradients=False)
+    spec = Workspace(REPO).load_spec("cnn")
+    reference = golden.load(REPO / "golden" / "cnn", spec).arrays["reference.npz"]
+    assert set(observed["taps"]) == set(spec.taps)
+    for tap, value in observed["taps"].items():
+        assert observed["located"][tap] == {"found": "module", "tensor": f"model.{tap}"}
+        np.testing.assert_allclose(value, reference[f"tap/{tap}"], rtol=1e-4, atol=1e-5)

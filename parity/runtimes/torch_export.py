@@ -85,8 +85,6 @@ class ExportedProgramRunner(Runner):
     PyTorch on the CPU at float32. Gradients and the training step go through that module's own parameters."""
 
     differentiable = True
-    no_taps_reason = ("an ExportedProgram's module is one flat graph of aten ops: its layers are not modules to hook "
-                      "(diagnose the torch path for the layers)")
 
     def __init__(self, spec, artifact_dir: Path, meta: dict, batch_size: int, threads: int, device: str = "cpu",
                  precision: str = "fp32"):
@@ -150,6 +148,38 @@ class ExportedProgramRunner(Runner):
         return {name: np.array(layouts.param_from_framework("torch", self.spec.params[name].kind,
                                                             t.detach().numpy()))
                 for name, t in self._params.items()}
+
+    def taps_impl(self, x):
+        """The layers' outputs from the program unflattened back into the model's module tree
+        (``torch.export.unflatten``: the same graph, cut at the module calls it records), with a forward hook on each
+        tapped module; where the unflattened program's outputs are not bitwise those of ``.module()``, each tap says
+        its values come from that other partition of the graph."""
+        torch = self.torch
+        if getattr(self, "_unflattened", None) is None:
+            self._unflattened = torch.export.unflatten(self.program)
+        recorded, handles, self.tap_locations = {}, [], {}
+        for tap in self.spec.taps:
+            try:  # the exporter's wrapper holds the model as ``model``
+                module = self._unflattened.get_submodule(f"model.{tap}")
+            except AttributeError:
+                self.tap_locations[tap] = {"found": "unmapped", "reason": "the program records no call of this module"}
+                continue
+            handles.append(module.register_forward_hook(lambda _m, _i, out, n=tap: recorded.__setitem__(n, out)))
+            self.tap_locations[tap] = {"found": "module", "tensor": f"model.{tap}"}
+        args = [torch.from_numpy(x[i.name]) for i in self.spec.model_inputs]
+        try:
+            with torch.inference_mode():
+                returned = self._unflattened(*args)
+                plain = self.module(*args)
+        finally:
+            for handle in handles:
+                handle.remove()
+        ours, theirs = ([t for _, t in outputs.flatten(r, torch.is_tensor)] for r in (returned, plain))
+        if len(ours) != len(theirs) or not all(torch.equal(a, b) for a, b in zip(ours, theirs)):
+            for where in self.tap_locations.values():
+                where.setdefault("reason", "read from the unflattened program, whose outputs differ from .module()'s")
+        return {tap: outputs.flatten(value, torch.is_tensor)[0][1].detach().numpy()
+                for tap, value in recorded.items()}
 
     def runtime_record(self) -> dict:
         """The torch that ran the program, and whether its declared axes are dynamic in it."""
