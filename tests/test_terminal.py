@@ -205,3 +205,14 @@ def test_every_timing_table_has_a_legend_and_a_batch_column():
         legend = blocks[blocks.index(table) + 1]
         assert legend.startswith("  batch "), legend
     assert "samples/s    batch / median" in text and "steps/s    1000 / median ms" in text
+
+
+def test_what_each_compiler_and_runtime_did_is_one_line_per_path_after_the_table():
+    """A deployment runtime's one-line summary (recompilations, the precision OpenVINO ran at) is printed after the
+    verdicts; a path without a runtime record adds nothing."""
+    compiled = result("torch/compile", runtime={"summary": "4 graphs compiled, 3 recompilations, 0 graph breaks"})
+    text = terminal.render(report(result("torch"), compiled), timed=False)
+    block = text.split("What the compilers and runtimes did")[1]
+    assert "  mlp torch/compile: 4 graphs compiled, 3 recompilations, 0 graph breaks" in block
+    assert "mlp torch:" not in block
+    assert "What the compilers" not in terminal.render(report(result("torch")), timed=False)

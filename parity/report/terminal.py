@@ -229,6 +229,11 @@ def render(report: dict, timed: bool, verbose: bool = False) -> str:
         lines += ["", "Reasons"]
         for ref, (r, reason) in enumerate(reasons, 1):
             lines += _wrapped(ref, r, reason)
+    ran = [r for r in results if (r.get("runtime") or {}).get("summary")]
+    if ran:
+        lines += ["", "What the compilers and runtimes did (`runtime` in the JSON has all)"]
+        lines += [line for r in ran for line in textwrap.wrap(f"{r['model']} {r['path']}: {r['runtime']['summary']}",
+                                                               WRAP, initial_indent="  ", subsequent_indent="    ")]
     return "\n".join(lines + ["", *summary_lines(report)])
 
 

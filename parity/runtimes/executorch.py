@@ -82,6 +82,11 @@ class ExecuTorchRunner(Runner):
     def runtime_record(self) -> dict:
         """The operators XNNPACK ran and those left to portable kernels, and the axes the program takes."""
         axes = self.meta.get("axes") or {}
+        delegation = self.meta.get("delegation") or {}
+        portable = ", ".join(sorted(delegation.get("portable_ops") or {})) or "none"
         return {"executorch": self.numerics["executorch"], "delegation": self.meta.get("delegation"),
                 "dynamic_axes": bool(axes.get("dynamic")), "bounds": axes.get("bounds"),
-                "static_reason": axes.get("reason")}
+                "static_reason": axes.get("reason"),
+                "summary": f"XNNPACK ran {delegation.get('delegated_nodes')} nodes in "
+                           f"{delegation.get('delegated_subgraphs')} subgraphs; portable kernels ran "
+                           f"{delegation.get('portable_nodes')} ({portable})"}

@@ -63,9 +63,12 @@ class LiteRtRunner(Runner):
         """The LiteRT version, the op resolver, whether the XNNPACK delegate took ops (and how many partitions it
         made), the threads, and which inputs are dynamic in the file."""
         dynamic = [d["name"] for d in self.interpreter.get_input_details() if any(int(s) < 0 for s in d["shape_signature"])]
+        delegate = self.delegation or {}
+        summary = (f"XNNPACK delegate applied ({delegate.get('partitions')} partitions)" if delegate.get("applied")
+                   else "no delegate: every op on LiteRT's builtin kernels")
         return {"runtime": "litert", "ai_edge_litert": _version(), "device": "cpu", "op_resolver": "AUTO",
                 "delegate": self.delegation, "threads": self.threads, "dynamic_inputs": dynamic,
-                "artifact": self.meta.get("format")}
+                "artifact": self.meta.get("format"), "summary": f"{summary}, {self.threads} threads"}
 
     def taps_impl(self, x):
         """Each tap read from the tensor ``tap_map`` finds for it, in canonical layout, on an interpreter that keeps

@@ -88,7 +88,9 @@ class OpenVinoRunner(Runner):
                 "streams": self.compiled.get_property("NUM_STREAMS"),
                 "performance_hint": str(self.compiled.get_property("PERFORMANCE_HINT")).rpartition(".")[2],
                 "dynamic_inputs": [port.any_name for port in self.compiled.inputs
-                                   if port.get_partial_shape().is_dynamic]}
+                                   if port.get_partial_shape().is_dynamic],
+                "summary": f"inference precision {self.hint} (ran {self.numerics['ran_at']}); "
+                           f"{self.numerics['default_here']}"}
 
 
 def _type_name(element_type) -> str:

@@ -185,7 +185,9 @@ class ExportedProgramRunner(Runner):
         """The torch that ran the program, and whether its declared axes are dynamic in it."""
         axes = self.meta.get("axes") or {}
         record = {"torch": self.torch.__version__, "dynamic_axes": bool(axes.get("dynamic")),
-                  "static_axes": axes.get("static") or {}, "static_reason": axes.get("reason")}
+                  "static_axes": axes.get("static") or {}, "static_reason": axes.get("reason"),
+                  "summary": "declared axes dynamic in the program" if not axes.get("static")
+                  else f"exported static: {axes.get('reason')}"}
         if self._missing_params:
             record["not_differentiable"] = (f"the program holds {', '.join(self._missing_params[:4])} as constants, "
                                             f"not parameters")

@@ -76,7 +76,10 @@ class KerasXlaSource(KerasSource):
             if name == "taps":
                 entry["compiles"] = self._tap_calls  # a tap model is built, traced and compiled per diagnosis
             functions[name] = entry
+        traced = ", ".join(f"{name} {entry.get('traces', entry.get('compiles'))} at {len(entry['shapes'])} shapes"
+                           for name, entry in functions.items())
         return {"runtime": "tf-xla", "xla": True, "jit_compile": "must-compile", "tensorflow": self.tf.__version__,
                 "device": self.tf_device, "functions": functions,
+                "summary": f"XLA must-compile; traced: {traced}",
                 "note": "gradients differentiate the XLA-compiled forward; TensorFlow compiles its backward "
                         "function with XLA as well"}

@@ -106,7 +106,10 @@ class CompiledTorch(TorchSource):
                     c["input_shapes"] == [list(s) for s in shape] for c in self._compiles)}
                                 for shape, n in self._shapes.items()],
                 "inductor_cache": {"hits": cache["fxgraph_cache_hit"], "misses": cache["fxgraph_cache_miss"]},
-                "taps": TAPS_NOTE}
+                "taps": TAPS_NOTE,
+                "summary": f"{len(self._compiles)} graphs compiled, {len(recompiling_calls)} recompilations"
+                           + (f" (first: {reasons[0]})" if reasons else "")
+                           + f", {sum(breaks.values())} graph breaks"}
 
 
 class AutotunedTorch(CompiledTorch):
