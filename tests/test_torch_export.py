@@ -169,3 +169,18 @@ def test_the_program_unflattened_into_its_modules_gives_the_layers_taps(tmp_path
     for tap, value in observed["taps"].items():
         assert observed["located"][tap] == {"found": "module", "tensor": f"model.{tap}"}
         np.testing.assert_allclose(value, reference[f"tap/{tap}"], rtol=1e-4, atol=1e-5)
+
+
+def test_an_axis_bounded_by_the_model_is_exported_bounded_and_the_record_says_why(workspace_copy, tmp_path):
+    """A model that slices a 70-row table by its batch (as a transformer slices its position table by its sequence)
+    refuses an unbounded batch; the program is exported with the batch bounded to the sizes parity runs, passes at
+    every shape, and the record says torch.export's refusal."""
+    root = workspace_copy(mlp_variant({"def forward(self, x):\n": "def forward(self, x):\n            "
+                                                                   "x = x + self.logits.weight.new_zeros(70, 64)[: x.shape[0]]\n"}))
+    meta = export(root, "mlp", tmp_path / "a")
+    axes = meta["axes"]
+    assert axes["dynamic"] == {"x": {"0": "batch"}} and not axes["static"] and axes["reason"] is None
+    assert axes["note"].startswith("dynamic axes exported bounded to the sizes parity runs (batch 1..64)")
+    assert "torch.export refused them unbounded" in axes["note"]
+    _, results = run_check(root, ["torch/export"])
+    assert results["torch/export"]["verdict"] == "pass", results["torch/export"]["reason"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from parity.exporters.common import ExportJob
-from parity.exporters.torch_export import exported_program
+from parity.exporters.torch_export import axis_bounds, bounded_shapes, exported_program
 from parity.platform.errors import ExportError, one_line
 from parity.platform.safefs import write_bytes_atomic
 
@@ -50,33 +50,6 @@ def _lower(program) -> tuple[bytes, dict]:
         return bytes(edge.to_executorch().buffer), delegation
     except Exception as error:  # noqa: BLE001 - the lowering's own message is the export error
         raise ExportError(one_line(f"{type(error).__name__}: {error}", 250)) from None
-
-
-def axis_bounds(job: ExportJob) -> dict[str, int]:
-    """Each named axis's upper bound: the largest size parity runs it at (the traced inputs, the batch sizes the
-    spec is checked and timed at, the golden verification shapes)."""
-    spec = job.spec
-    bounds: dict[str, int] = {}
-    for i in spec.model_inputs:
-        for k, axis in enumerate(i.axis_names):
-            if axis:
-                bounds[axis] = max(bounds.get(axis, 1), int(job.inputs[i.name].shape[k]))
-    if "batch" in bounds:
-        bounds["batch"] = max(bounds["batch"], job.batch_size, spec.batch_size, *spec.bench_batch_sizes)
-    for shape in (job.golden_manifest or {}).get("shapes") or ():
-        for axis, size in shape.items():
-            if axis in bounds:
-                bounds[axis] = max(bounds[axis], int(size))
-    return bounds
-
-
-def bounded_shapes(spec, bounds: dict[str, int]):
-    """``torch_onnx.dynamic_shapes`` with each axis bounded: ``Dim(axis, min=1, max=bound)``; None without axes."""
-    from torch.export import Dim
-
-    dims = {axis: Dim(axis, min=1, max=max(upper, 2)) for axis, upper in bounds.items()}
-    per_input = [{k: dims[axis] for k, axis in enumerate(i.axis_names) if axis} or None for i in spec.model_inputs]
-    return (tuple(per_input),) if dims else None
 
 
 def delegation_counts(graph_module) -> dict:

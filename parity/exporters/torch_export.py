@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import io
 import tempfile
-from contextlib import redirect_stderr, redirect_stdout
+from contextlib import nullcontext, redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import numpy as np
 
 from parity.exporters.axes import REASON_CHARS, axes_record
 from parity.exporters.common import ExportJob
-from parity.exporters.torch_onnx import _Flat, _host, _torch_reason, dynamic_shapes
+from parity.exporters.torch_onnx import _Flat, _host, _torch_reason, dynamic_shapes, size_oblivious
 from parity.platform.errors import one_line
 from parity.platform.safefs import write_bytes_atomic
 
@@ -37,9 +37,13 @@ def export(job: ExportJob) -> dict:
 
 def exported_program(job: ExportJob, dims="declared", reason: str | None = None):
     """``(program, axes record)``: the spec's float32 module (inputs positional in the spec's order, outputs a
-    tuple in the spec's order) exported on the golden inputs with ``dims`` dynamic (``"declared"``: the spec's
-    named axes, unbounded; None: static, ``reason`` saying why), or static where that raises (the record says
-    why)."""
+    tuple in the spec's order) exported on the golden inputs, its axes dynamic as far as torch.export takes them.
+
+    ``dims="declared"`` tries the spec's named axes unbounded, then as torch.onnx exports them (sizes 0 and 1 not
+    specialised: ``size_oblivious``), then bounded to the sizes parity runs (a sequence that cannot pass a position
+    table); given ``dims`` (``dynamic_shapes``) are tried as they are; None exports static, with
+    ``reason`` saying why. Each refusal is said in the record (``note`` for the way that worked, ``reason`` where
+    the program came out static)."""
     import torch
 
     from parity.sources.torch import build_module
@@ -49,19 +53,64 @@ def exported_program(job: ExportJob, dims="declared", reason: str | None = None)
     # traced on the golden inputs: their dtype (token ids stay integers) and values (an embedding's range)
     example = tuple(torch.from_numpy(np.ascontiguousarray(job.inputs[i.name], dtype=_host(i.dtype)))
                     for i in spec.model_inputs)
-    dynamic = dynamic_shapes(spec) if dims == "declared" else dims
-    if dynamic is not None:
+    if dims == "declared":
+        declared = dynamic_shapes(spec)
+        attempts = [] if declared is None else [
+            ("unbounded", declared, nullcontext), ("unbounded, sizes 0 and 1 not specialised (as torch.onnx exports)",
+                                                   declared, size_oblivious)]
+        if declared is not None:
+            bounds = axis_bounds(job)
+            shown = ", ".join(f"{axis} 1..{max(upper, 2)}" for axis, upper in bounds.items())
+            attempts.append((f"bounded to the sizes parity runs ({shown})", bounded_shapes(spec, bounds),
+                             nullcontext))
+    else:
+        attempts = [] if dims is None else [("as given", dims, nullcontext)]
+    refused, program, how, note = [], None, None, None
+    for how, dynamic, context in attempts:
         try:
-            program = _export(module, example, dynamic)
-        except Exception as error:  # noqa: BLE001 - exported static below; a static failure is the one raised
-            reason = f"torch.export could not export the dynamic axes: {_torch_reason(error)}"
-            dynamic = None
-    if dynamic is None:
+            with context():
+                program = _export(module, example, dynamic)
+            break
+        except Exception as error:  # noqa: BLE001 - the next way, then static; a static failure is the one raised
+            refused.append((how, _torch_reason(error)))
+    tried = f"{'; '.join(h for h, _ in refused)}; the first refusal: {refused[0][1]}" if refused else ""
+    if program is None:
         program = _export(module, example, None)
+        reason = f"torch.export could not export the dynamic axes (tried {tried})" if refused else reason
+    elif refused:
+        note = f"dynamic axes exported {how}; torch.export refused them {tried}"
     axes = axes_record(spec, input_shapes(spec, program), None, reason)
-    if axes["reason"]:
-        axes["reason"] = one_line(axes["reason"], REASON_CHARS)
+    for key, text in (("reason", axes["reason"]), ("note", note)):
+        if text:
+            axes[key] = one_line(text, REASON_CHARS)
     return program, axes
+
+
+def axis_bounds(job: ExportJob) -> dict[str, int]:
+    """Each named axis's upper bound: the largest size parity runs it at (the traced inputs, the batch sizes the
+    spec is checked and timed at, the golden verification shapes)."""
+    spec = job.spec
+    bounds: dict[str, int] = {}
+    for i in spec.model_inputs:
+        for k, axis in enumerate(i.axis_names):
+            if axis:
+                bounds[axis] = max(bounds.get(axis, 1), int(job.inputs[i.name].shape[k]))
+    if "batch" in bounds:
+        bounds["batch"] = max(bounds["batch"], job.batch_size, spec.batch_size, *spec.bench_batch_sizes)
+    for shape in (job.golden_manifest or {}).get("shapes") or ():
+        for axis, size in shape.items():
+            if axis in bounds:
+                bounds[axis] = max(bounds[axis], int(size))
+    return bounds
+
+
+def bounded_shapes(spec, bounds: dict[str, int]):
+    """``torch_onnx.dynamic_shapes`` with each axis bounded: ``Dim(axis, min=1, max=bound)``; None without axes."""
+    from torch.export import Dim
+
+    dims = {axis: Dim(axis, min=1, max=max(upper, 2)) for axis, upper in bounds.items()}
+    per_input = [{k: dims[axis] for k, axis in enumerate(i.axis_names) if axis} or None for i in spec.model_inputs]
+    return (tuple(per_input),) if dims else None
 
 
 def input_shapes(spec, program) -> dict[str, list[int | None]]:

@@ -77,18 +77,24 @@ def _specialised(module, example, dynamic) -> str | None:
     it is asked again here, with the exporter's own settings, only when declared axes came out static."""
     import torch
 
-    try:  # as torch.onnx exports: sizes 0 and 1 are not specialised
-        from torch.fx.experimental import _config
-
-        oblivious = _config.patch(backed_size_oblivious=True)
-    except Exception:  # noqa: BLE001 - a torch without the switch: export as it does by default
-        oblivious = nullcontext()
     try:
-        with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()), oblivious:
+        with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()), size_oblivious():
             torch.export.export(module, example, dynamic_shapes=dynamic, strict=False)
     except Exception as error:  # noqa: BLE001 - the message is the point
         return f"torch.export specialised the dynamic axes ({_torch_reason(error)})"
     return None
+
+
+def size_oblivious():
+    """A context in which torch.export does not specialise sizes 0 and 1 of dynamic axes (as torch.onnx exports:
+    ``torch.fx.experimental._config.backed_size_oblivious``); a torch without the switch exports as it does by
+    default."""
+    try:
+        from torch.fx.experimental import _config
+
+        return _config.patch(backed_size_oblivious=True)
+    except Exception:  # noqa: BLE001 - no such switch in this torch
+        return nullcontext()
 
 
 def _torch_reason(error) -> str:
