@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import tempfile
 from contextlib import contextmanager, redirect_stderr
 from importlib.metadata import version
@@ -65,7 +66,7 @@ class ExecuTorchRunner(Runner):
             returned = self.method.execute([torch.from_numpy(np.ascontiguousarray(x[i.name]))
                                             for i in self.spec.model_inputs])
         except RuntimeError as error:
-            raise RuntimeError(f"{error}{self._beyond_bounds(x)}") from None
+            raise RuntimeError(f"{_named(error)}{self._beyond_bounds(x)}") from None
         return tuple(value.numpy() if torch.is_tensor(value) else np.asarray(value) for value in returned)
 
     def _beyond_bounds(self, x: dict) -> str:
@@ -90,3 +91,19 @@ class ExecuTorchRunner(Runner):
                 "summary": f"XNNPACK ran {delegation.get('delegated_nodes')} nodes in "
                            f"{delegation.get('delegated_subgraphs')} subgraphs; portable kernels ran "
                            f"{delegation.get('portable_nodes')} ({portable})"}
+
+
+# ExecuTorch's error codes (runtime/core/error.h), for its messages that give the number only
+ERRORS = {0x01: "Internal", 0x02: "InvalidState", 0x10: "NotSupported", 0x11: "NotImplemented",
+          0x12: "InvalidArgument: the runtime refused the inputs", 0x13: "InvalidType", 0x14: "OperatorMissing",
+          0x20: "NotFound", 0x21: "MemoryAllocationFailed", 0x22: "AccessFailed", 0x23: "InvalidProgram",
+          0x25: "OutOfResources", 0x30: "DelegateInvalidCompatibility", 0x31: "DelegateMemoryAllocationFailed",
+          0x32: "DelegateInvalidHandle"}
+
+
+def _named(error: RuntimeError) -> str:
+    """``method->execute() failed with error 0x12 (InvalidArgument: ...)``: ExecuTorch's code with its name."""
+    text = str(error)
+    found = re.search(r"error (0x[0-9a-fA-F]+)", text)
+    name = ERRORS.get(int(found[1], 16)) if found else None
+    return f"{text} ({name})" if name else text
