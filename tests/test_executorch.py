@@ -17,6 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 EXPORTER = "parity.exporters.torch_executorch:export"
 
 
+@pytest.mark.slow  # torch/executorch is opt-in because lowering takes seconds
 def test_executorch_passes_mlp_quietly_with_its_delegation_recorded_and_names_a_batch_beyond_its_bound(tmp_path,
                                                                                                      capfd):
     """Every layer of the mlp runs in one XNNPACK delegate; the batch is dynamic up to the largest batch parity runs,

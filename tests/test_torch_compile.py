@@ -34,6 +34,7 @@ def test_compiled_mlp_passes_with_gradients_and_its_recompilations_counted(works
     assert result["numerics"]["torch_compile"]["backend"] == "inductor"
 
 
+@pytest.mark.slow  # torch/compile is opt-in because it compiles for seconds per shape
 def test_compiled_taps_come_from_compiled_graphs_and_match_golden():
     """Taps are read through hooks compiled into a copy of the module (a hook added to an already compiled module
     never fires): every tap is reported, within tolerance of the float64 golden."""
