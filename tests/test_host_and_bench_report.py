@@ -62,4 +62,5 @@ def test_the_html_report_gains_the_benchmark_and_the_history_page(tmp_path):
     # the ratio to torch, or why it is withheld where a busy machine left a series unsettled
     assert "vs torch" in bench or "withheld: " in bench
     assert "Time to first result (fresh worker)" in bench
+    assert "Memory and energy (per timed series, beside its latency)" in bench and "peak MB above idle" in bench
     assert 'href="history.html"' in page and "<svg" in (out / "history.html").read_text()
