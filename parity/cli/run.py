@@ -111,7 +111,7 @@ def check(**common):
 def run(budget_s, min_runs, target_ci, batch_sizes, baseline, processes, **common):
     """The main job: check every path, diagnose the ones that failed, time the ones that passed (the gate).
 
-    A full cycle of the built-in zoo takes about 2-3 minutes on 2 cores with a cold export cache, about 1.5
+    A full cycle of the built-in zoo takes about 2-3 minutes on 2 cores with a cold export cache, about 2
     with a warm one; --model and --path narrow it. Verdicts are printed before the timing starts.
 
     \b
