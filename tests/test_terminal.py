@@ -160,7 +160,7 @@ def test_render_paths_is_a_matrix_with_numbered_reasons_and_notes():
     assert lines[2].split() == ["torch", "cpu", "ok", "skip", "[1]", "native"]
     assert lines[3].split()[:6] == ["torch/onnx/trt", "cuda:0", "skip", "[2]", "skip", "[2]"]
     assert "  [1] no TF32 on a CPU" in lines and "  [2] no NVIDIA GPU here" in lines
-    assert lines[-2:] == ["Notes", "  unverified here"]
+    assert lines[-2:] == ["Notes", "  torch/onnx/trt: unverified here"]  # each note once, naming its paths
 
 def test_a_non_deterministic_tensorrt_build_is_reported():
     report = {"results": [{"model": "mlp", "path": "torch/onnx/trt", "verdict": "pass", "outputs": {},

@@ -255,10 +255,14 @@ def render_paths(rows: list[dict]) -> str:
     if reasons:
         lines += ["", "Why not"] + [line for reason, n in reasons.items() for line in
                                     textwrap.wrap(f"[{n}] {reason}", WRAP, initial_indent="  ", subsequent_indent="      ")]
-    notes = dict.fromkeys(r["note"] for r in rows if r.get("note"))
+    notes: dict[str, list[str]] = {}  # each note once, with the paths it is about
+    for r in rows:
+        if r.get("note") and r["id"] not in notes.setdefault(r["note"], []):
+            notes[r["note"]].append(r["id"])
     if notes:
-        lines += ["", "Notes"] + [line for note in notes for line in textwrap.wrap(note, WRAP, initial_indent="  ",
-                                                                               subsequent_indent="  ")]
+        lines += ["", "Notes"] + [line for note, ids in notes.items()
+                                  for line in textwrap.wrap(f"{', '.join(ids)}: {note}", WRAP, initial_indent="  ",
+                                                            subsequent_indent="    ")]
     return "\n".join(lines)
 
 
