@@ -104,18 +104,15 @@ def findings(series: list[Series], envs: dict) -> list[str]:
             previous = next(p for p in reversed(s.points[:index]) if p["verdict"] != "skip")
             changed = version_changes(envs[previous["run"]], envs[run])
             lines.append(f"{s.label}: {before} -> {after} at run {run}" + _changed(changed))
-        for step in s.steps:
-            run = s.points[step.index]["run"]
-            word = "slower" if step.ratio > 1 else "faster"
-            changed = version_changes(envs[s.points[step.index - 1]["run"]], envs[run])
-            lines.append(f"{s.label}: {ratio_text(step.ratio)} ({word}; median {step.before:.4g} -> "
-                         f"{step.after:.4g} ms, p {step.p:.2g}) from run {run}" + _changed(changed))
-        for step in s.memory_steps:
-            run = s.points[step.index]["run"]
-            word = "more memory" if step.ratio > 1 else "less memory"
-            changed = version_changes(envs[s.points[step.index - 1]["run"]], envs[run])
-            lines.append(f"{s.label}: peak memory {ratio_text(step.ratio)} ({word}; {step.before:.0f} -> "
-                         f"{step.after:.0f} MB, p {step.p:.2g}) from run {run}" + _changed(changed))
+        kinds = (("", "slower", "faster", "median ", ".4g", "ms", s.steps),
+                 ("peak memory ", "more memory", "less memory", "", ".0f", "MB", s.memory_steps))
+        for what, up, down, figure, spec, unit, steps in kinds:
+            for step in steps:
+                run = s.points[step.index]["run"]
+                changed = version_changes(envs[s.points[step.index - 1]["run"]], envs[run])
+                lines.append(f"{s.label}: {what}{ratio_text(step.ratio)} ({up if step.ratio > 1 else down}; {figure}"
+                             f"{step.before:{spec}} -> {step.after:{spec}} {unit}, p {step.p:.2g}) from run {run}"
+                             + _changed(changed))
     return lines
 
 
