@@ -7,11 +7,9 @@ import tempfile
 from contextlib import nullcontext, redirect_stderr, redirect_stdout
 from pathlib import Path
 
-import numpy as np
-
 from parity.exporters.axes import REASON_CHARS, axes_record
 from parity.exporters.common import ExportJob
-from parity.exporters.torch_onnx import _Flat, _host, _torch_reason, dynamic_shapes, size_oblivious
+from parity.exporters.torch_onnx import _torch_reason, dynamic_shapes, size_oblivious, traced_module
 from parity.platform.errors import one_line
 from parity.platform.safefs import write_bytes_atomic
 
@@ -44,15 +42,8 @@ def exported_program(job: ExportJob, dims="declared", reason: str | None = None)
     table); given ``dims`` (``dynamic_shapes``) are tried as they are; None exports static, with
     ``reason`` saying why. Each refusal is said in the record (``note`` for the way that worked, ``reason`` where
     the program came out static)."""
-    import torch
-
-    from parity.sources.torch import build_module
-
     spec = job.spec
-    module = _Flat(build_module(spec, job.weights, "float32"), spec)
-    # traced on the golden inputs: their dtype (token ids stay integers) and values (an embedding's range)
-    example = tuple(torch.from_numpy(np.ascontiguousarray(job.inputs[i.name], dtype=_host(i.dtype)))
-                    for i in spec.model_inputs)
+    module, example = traced_module(job)
     if dims == "declared":
         declared = dynamic_shapes(spec)
         attempts = [] if declared is None else [

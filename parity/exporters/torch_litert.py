@@ -14,8 +14,6 @@ import re
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 from parity.exporters.axes import REASON_CHARS, axes_record
 from parity.exporters.common import ExportJob
 from parity.platform.errors import ExportError, one_line
@@ -34,14 +32,10 @@ def export(job: ExportJob) -> dict:
     import litert_torch
     import torch
 
-    from parity.exporters.torch_onnx import _Flat, _host, _torch_reason, dynamic_shapes
-    from parity.sources.torch import build_module
+    from parity.exporters.torch_onnx import _torch_reason, dynamic_shapes, traced_module
 
     spec = job.spec
-    module = _Flat(build_module(spec, job.weights, "float32"), spec).eval()
-    # traced on the golden inputs: their dtype (token ids stay integers) and values (an embedding's range)
-    example = tuple(torch.from_numpy(np.ascontiguousarray(job.inputs[i.name], dtype=_host(i.dtype)))
-                    for i in spec.model_inputs)
+    module, example = traced_module(job)  # _Flat returns the module in eval mode
     dynamic, reason, edge_model = dynamic_shapes(spec), None, None
     if dynamic is not None:
         try:

@@ -20,15 +20,9 @@ def export(job: ExportJob) -> dict:
     record then carries torch.export's own message. Where the dynamic export raises, the export is static at
     the traced shape and the record carries the error."""
     import onnx
-    import torch
-
-    from parity.sources.torch import build_module
 
     spec = job.spec
-    module = _Flat(build_module(spec, job.weights, "float32"), spec)
-    # traced on the golden inputs: their dtype (token ids stay integers) and values (an embedding's range)
-    example = tuple(torch.from_numpy(np.ascontiguousarray(job.inputs[i.name], dtype=_host(i.dtype)))
-                    for i in spec.model_inputs)
+    module, example = traced_module(job)
     names = [i.name for i in spec.model_inputs]
     path = job.out_dir / ONNX_FILE
     dynamic = dynamic_shapes(spec)
@@ -53,6 +47,20 @@ def export(job: ExportJob) -> dict:
     if axes["reason"]:
         axes["reason"] = one_line(axes["reason"], REASON_CHARS)
     return {**onnx_meta(spec, graph_input_names(model), [o.name for o in model.graph.output], layout), "axes": axes}
+
+
+def traced_module(job: ExportJob):
+    """``(module, example)``: the spec's float32 module with canonical weights, taking its inputs positionally in the
+    spec's order and returning the spec's outputs as a tuple (``_Flat``), and the golden inputs it is traced on: their
+    dtype (token ids stay integers) and values (an embedding's range)."""
+    import torch
+
+    from parity.sources.torch import build_module
+
+    module = _Flat(build_module(job.spec, job.weights, "float32"), job.spec)
+    example = tuple(torch.from_numpy(np.ascontiguousarray(job.inputs[i.name], dtype=_host(i.dtype)))
+                    for i in job.spec.model_inputs)
+    return module, example
 
 
 def dynamic_shapes(spec):

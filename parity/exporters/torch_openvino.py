@@ -6,11 +6,9 @@ from __future__ import annotations
 import io
 from contextlib import redirect_stderr, redirect_stdout
 
-import numpy as np
-
 from parity.exporters.axes import REASON_CHARS, axes_record, declared_dynamic, short_reason
 from parity.exporters.common import ExportJob
-from parity.exporters.torch_onnx import _Flat, _host
+from parity.exporters.torch_onnx import traced_module
 from parity.platform.errors import ExportError, one_line
 
 IR_FILE = "model.xml"  # its weights in model.bin beside it
@@ -23,14 +21,9 @@ def export(job: ExportJob) -> dict:
     and reads them by name. Saved with ``compress_to_fp16=False``: ``save_model`` would otherwise store the weights
     as float16, and the IR would no longer be the float32 model the path claims to run."""
     import openvino as ov
-    import torch
-
-    from parity.sources.torch import build_module
 
     spec = job.spec
-    module = _Flat(build_module(spec, job.weights, "float32"), spec)
-    example = tuple(torch.from_numpy(np.ascontiguousarray(job.inputs[i.name], dtype=_host(i.dtype)))
-                    for i in spec.model_inputs)
+    module, example = traced_module(job)
     dynamic = declared_dynamic(spec)
     reason = None
     try:

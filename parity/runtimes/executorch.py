@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import os
 import re
-import tempfile
 from contextlib import contextmanager, redirect_stderr
 from importlib.metadata import version
 from pathlib import Path
@@ -18,23 +17,18 @@ from parity.runtimes.base import Runner
 
 @contextmanager
 def quiet_stderr():
-    """Standard error diverted while ExecuTorch's native code starts: its CPU probe writes lines of cpuinfo noise
+    """Standard error discarded while ExecuTorch's native code starts: its CPU probe writes lines of cpuinfo noise
     that are not parity's output, to file descriptor 2 or, through its bindings, to ``sys.stderr``; both are
-    diverted. What was written is kept in ``lines``."""
-    captured = {"lines": []}
+    diverted."""
     saved = os.dup(2)
-    python_side = io.StringIO()
-    with tempfile.TemporaryFile() as sink:
+    with open(os.devnull, "wb") as sink:
         os.dup2(sink.fileno(), 2)
         try:
-            with redirect_stderr(python_side):
-                yield captured
+            with redirect_stderr(io.StringIO()):
+                yield
         finally:
             os.dup2(saved, 2)
             os.close(saved)
-            sink.seek(0)
-            text = sink.read().decode("utf-8", "replace") + python_side.getvalue()
-            captured["lines"] = text.splitlines()
 
 
 class ExecuTorchRunner(Runner):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from parity.check.closeness import bitwise_equal
 from parity.model import layouts
 from parity.runtimes.base import Runner, ShapeMismatch
 from parity.runtimes.onnx_common import onnx_feed
@@ -83,14 +84,15 @@ class LiteRtRunner(Runner):
             self._tap_interpreter = self._open(preserve=True)
         feed = onnx_feed(self.spec, self.meta, x)
         outputs = _invoke(self._tap_interpreter, self.meta, feed)
-        differ = _largest_difference(_invoke(self.interpreter, self.meta, feed), outputs)
+        same, differ = bitwise_equal(dict(enumerate(_invoke(self.interpreter, self.meta, feed))),
+                                     dict(enumerate(outputs)))
         taps = {}
         for tap, where in found.items():
             value = np.array(self._tap_interpreter.get_tensor(where["index"]))
             if where.get("layout") == "nhwc" and value.ndim == 4:
                 value = layouts.from_layout(value, self.meta["canonical_layout"], "nhwc")
             taps[tap] = value
-            if differ:  # what the taps interpreter computed is not what the timed one did: said beside each tap
+            if not same:  # what the taps interpreter computed is not what the timed one did: said beside each tap
                 self.tap_locations[tap]["reason"] = (f"read on an interpreter that keeps every tensor, whose outputs "
                                                      f"differ from the plain interpreter's by up to {differ:.3g}")
         return taps
@@ -165,19 +167,6 @@ def _as_input(value: np.ndarray, dtype, name: str) -> np.ndarray:
 
 def _shown(signature: tuple) -> str:
     return "(" + ", ".join("?" if s < 0 else str(s) for s in signature) + ")"
-
-
-def _largest_difference(first: tuple, second: tuple) -> float:
-    """The largest absolute difference between two runs' outputs (0.0 where bitwise equal)."""
-    worst = 0.0
-    for a, b in zip(first, second):
-        if a.shape != b.shape:
-            return float("inf")
-        if a.dtype.kind == "f" and a.size:
-            worst = max(worst, float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))))
-        elif not np.array_equal(a, b):
-            return float("inf")
-    return worst
 
 
 def tap_map(spec, meta: dict, interpreter) -> dict[str, dict]:

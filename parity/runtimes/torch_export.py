@@ -14,6 +14,7 @@ import numpy as np
 
 from parity.model import layouts, outputs
 from parity.platform.errors import ParityError, one_line
+from parity.runtimes import torch_common
 from parity.runtimes.base import Runner
 
 # the archive's constants whose loaders unpickle (torch/export/pt2_archive/_package.py, ``_load_constants``):
@@ -115,34 +116,17 @@ class ExportedProgramRunner(Runner):
         with self.torch.inference_mode():
             return tuple(t.detach().numpy() for t in self._forward(x))
 
-    def _loss(self, returned, labels):
-        torch = self.torch
-        logits = outputs.first(self.spec.outputs, tuple(returned), torch.is_tensor)
-        return torch.nn.functional.cross_entropy(logits.float(), torch.from_numpy(labels))
-
     def gradients_impl(self, x, labels):
-        torch, spec = self.torch, self.spec
-        args = {i.name: torch.from_numpy(x[i.name]) for i in spec.model_inputs}
-        differentiated = {name: args[name].requires_grad_(True) for name in spec.input_grad_names}
-        loss = self._loss(self.module(*args.values()), labels)
-        wrt = [*self._params.values(), *differentiated.values()]
-        grads = torch.autograd.grad(loss, wrt, allow_unused=True)
-        grads = [torch.zeros_like(t) if g is None else g for t, g in zip(wrt, grads)]
-        result = {name: layouts.param_from_framework("torch", spec.params[name].kind, g.detach().numpy())
-                  for name, g in zip(self._params, grads)}
-        for name, g in zip(differentiated, grads[len(self._params):]):
-            result[spec.input_grad_names[name]] = g.detach().numpy()
-        return result
+        torch = self.torch
+        inputs = {i.name: torch.from_numpy(x[i.name]) for i in self.spec.model_inputs}
+        return torch_common.gradients(torch, self.spec, lambda tensors: self.module(*tensors.values()), self._params,
+                                      inputs, labels, lambda g: g.detach().numpy())
 
     def train_step_impl(self, x, labels, lr):
         torch = self.torch
-        if self._optimizer is None:
-            self._optimizer = torch.optim.SGD([self._params[name] for name in self.optimized_params()], lr=lr)
-        for group in self._optimizer.param_groups:
-            group["lr"] = lr
-        self._optimizer.zero_grad(set_to_none=True)
-        self._loss(self._forward(x), labels).backward()
-        self._optimizer.step()
+        params = [self._params[name] for name in self.optimized_params()] if self._optimizer is None else None
+        self._optimizer = torch_common.sgd_step(torch, self._optimizer, params, lr,
+                                                lambda: torch_common.loss(torch, self.spec, self._forward(x), labels))
 
     def trainable_weights_impl(self):
         return {name: np.array(layouts.param_from_framework("torch", self.spec.params[name].kind,

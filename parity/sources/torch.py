@@ -8,6 +8,7 @@ from parity.model import layouts, outputs
 from parity.model.feeds import call_torch as call
 from parity.platform.errors import Unavailable
 from parity.platform.precision import torch_flags
+from parity.runtimes import torch_common
 from parity.runtimes.base import Runner
 
 _TORCH_DTYPES = {"float32": "float32", "float64": "float64"}
@@ -140,28 +141,11 @@ class TorchSource(Runner):
         return {name: self._host(outputs.flatten(recorded[name], torch.is_tensor)[0][1]) for name in self.spec.taps}
 
     def gradients_impl(self, x, labels):
-        torch = self.torch
-        spec = self.spec
-        module = self.module
-        params = dict(module.named_parameters())
-        trainable = {name: params[layouts.torch_param_name(name)] for name in spec.trainable_params}
-        for p in module.parameters():
+        for p in self.module.parameters():
             p.grad = None
-        x_t = self._inputs(x)
-        differentiated = {name: x_t[name].requires_grad_(True) for name in spec.input_grad_names}
-        logits = outputs.first(spec.outputs, self._forward(x_t), torch.is_tensor)
-        # the loss of reduced-precision logits in float32, as mixed-precision training computes it
-        loss = torch.nn.functional.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)),
-                                                 torch.from_numpy(labels).to(self.torch_device))
-        grads = torch.autograd.grad(loss, [*trainable.values(), *differentiated.values()], allow_unused=True)
-        grads = [torch.zeros_like(t) if g is None else g for t, g in zip([*trainable.values(), *differentiated.values()], grads)]
-        result = {
-            name: layouts.param_from_framework("torch", spec.params[name].kind, self._host(g))
-            for name, g in zip(trainable, grads)
-        }
-        for name, g in zip(differentiated, grads[len(trainable):]):
-            result[spec.input_grad_names[name]] = self._host(g)
-        return result
+        return torch_common.gradients(self.torch, self.spec, self._forward,
+                                      self._trainable_tensors(self.spec.trainable_params), self._inputs(x), labels,
+                                      self._host)
 
     def _trainable_tensors(self, names) -> dict:
         params = dict(self.module.named_parameters())
@@ -169,16 +153,11 @@ class TorchSource(Runner):
 
     def train_step_impl(self, x, labels, lr):
         torch = self.torch
-        if self._optimizer is None:
-            self._optimizer = torch.optim.SGD(list(self._trainable_tensors(self.optimized_params()).values()), lr=lr)
-        for group in self._optimizer.param_groups:
-            group["lr"] = lr
-        self._optimizer.zero_grad(set_to_none=True)
-        logits = outputs.first(self.spec.outputs, self._forward(self._inputs(x)), torch.is_tensor)  # eval mode: BatchNorm statistics stay as they are
-        loss = torch.nn.functional.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)),
-                                                 torch.from_numpy(labels).to(self.torch_device))
-        loss.backward()
-        self._optimizer.step()
+        params = list(self._trainable_tensors(self.optimized_params()).values()) if self._optimizer is None else None
+        # eval mode: BatchNorm statistics stay as they are
+        self._optimizer = torch_common.sgd_step(
+            torch, self._optimizer, params, lr,
+            lambda: torch_common.loss(torch, self.spec, self._forward(self._inputs(x)), labels))
         if self.device != "cpu":
             torch.cuda.synchronize()
 
