@@ -15,6 +15,7 @@ from pathlib import Path
 
 from parity.platform.errors import UsageError, one_line
 from parity.report.terminal import _label, _table
+from parity.report.timing_table import megabytes
 
 SCHEMA = "parity.result/2"
 OLDER = ("parity.result/1",)  # no raw samples: nothing to test a difference with
@@ -297,7 +298,8 @@ def _memory(common: list[tuple[str, str]], ra: dict, rb: dict) -> list[str]:
             if pa is None and pb is None and sa is None and sb is None:
                 continue
             ratio = "-" if not pa or pb is None else f"{pb / pa:.3f}"
-            rows.append((*key, batch, _mb(pa), _mb(pb), ratio, _mb(sa, ".2f"), _mb(sb, ".2f"),
+            rows.append((*key, batch, megabytes(pa), megabytes(pb), ratio, megabytes(sa, ".2f"),
+                         megabytes(sb, ".2f"),
                          memory_change(pa, pb) or ("-" if pa is None or pb is None else "no change")))
     if not rows:
         return []
@@ -307,10 +309,6 @@ def _memory(common: list[tuple[str, str]], ra: dict, rb: dict) -> list[str]:
     legend = [f"  peak MB: resident memory above the worker's idle size while timed; a change is one past both "
               f"{100 * MEMORY_CHANGE:.0f}% and {MEMORY_FLOOR_MB:.0f} MB"]
     return ["", "Memory (B/A per batch)", _table(columns, rows)] + legend
-
-
-def _mb(value, spec: str = ".0f") -> str:
-    return "-" if value is None else format(value, spec)
 
 
 def render(a: dict, b: dict) -> tuple[str, int]:

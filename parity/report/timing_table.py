@@ -108,12 +108,14 @@ def footprint_rows(results: list[dict]) -> tuple[list[tuple], list[str]]:
                 if figure.get("reason") and figure["reason"] not in why:
                     why.append(figure["reason"])
             joules = energy.get("joules_per_inference")
-            rows.append((r["model"], r["path"], batch, f"{e['median_ms']:.4f}", _mb(memory.get("peak_rss_mb")),
-                         _mb(e.get("artifact_mb"), ".2f"), _mb(device), "-" if joules is None else f"{joules:.4g}"))
+            rows.append((r["model"], r["path"], batch, f"{e['median_ms']:.4f}", megabytes(memory.get("peak_rss_mb")),
+                         megabytes(e.get("artifact_mb"), ".2f"), megabytes(device),
+                         "-" if joules is None else f"{joules:.4g}"))
     return rows, why
 
 
-def _mb(value, spec: str = ".0f") -> str:
+def megabytes(value, spec: str = ".0f") -> str:
+    """A size in MB as a table shows it, ``-`` where unknown."""
     return "-" if value is None else format(value, spec)
 
 
