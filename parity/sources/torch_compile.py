@@ -8,6 +8,7 @@ import inspect
 from collections import Counter
 
 from parity.model import outputs
+from parity.model.feeds import call_torch as call
 from parity.sources.torch import TorchSource
 
 _SHOWN = 5  # graph breaks and recompile reasons listed in the record (the counts are complete)
@@ -62,7 +63,7 @@ class CompiledTorch(TorchSource):
         self._calls += 1
         self._shape = tuple(tuple(t.shape) for t in tensors.values())
         self._shapes[self._shape] = self._shapes.get(self._shape, 0) + 1
-        return call_compiled(self.compiled, tensors)
+        return call(self.compiled, tensors)
 
     def taps_impl(self, x):
         torch = self.torch
@@ -76,7 +77,7 @@ class CompiledTorch(TorchSource):
         compiled, recorded = self._tapped
         recorded.clear()
         with torch.inference_mode():
-            call_compiled(compiled, self._inputs(x))
+            call(compiled, self._inputs(x))
         missing = [name for name in self.spec.taps if name not in recorded]
         if missing:
             raise RuntimeError(f"the compiled module ran without calling the hooks of {', '.join(missing)}")
@@ -117,13 +118,6 @@ class AutotunedTorch(CompiledTorch):
     templates, tilings) while it compiles, which makes compiling much slower."""
 
     mode = "max-autotune-no-cudagraphs"
-
-
-def call_compiled(compiled, tensors: dict):
-    """The compiled module on its inputs, as ``feeds.call_torch`` calls the eager one."""
-    if len(tensors) == 1:
-        return compiled(*tensors.values())
-    return compiled(**tensors)
 
 
 def _dynamo_state(torch) -> dict:
