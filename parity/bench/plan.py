@@ -236,32 +236,35 @@ def _shapes(spec) -> list[tuple[int, dict]]:
 
 
 def _compare_to_baselines(pending, options: BenchOptions) -> None:
-    """Each timed batch against the same batch of its baseline path (same model)."""
+    """Each timed batch against the same batch of its baseline path (same model); a quantized path's also against
+    the float path it was quantized from (``vs_float``: its speed-up)."""
     timed = {(spec.name, path.id): result for spec, _, path, result in pending if result.get("timing")}
     for spec, _, path, result in pending:
         timing = result.get("timing")
         if not timing:
             continue
         baseline_id = options.baseline or path.baseline
-        base = timed.get((spec.name, baseline_id))
         for kind, batch, entry in [(kind, key, entry) for kind in ("batches", "shapes")
                                    for key, entry in (timing.get(kind) or {}).items()]:
             if entry.get("verdict") != "pass":
                 continue
             if baseline_id == path.id:
                 entry["vs_baseline"] = {"baseline": baseline_id, "self": True}
-                continue
-            other = (base or {}).get("timing", {}).get(kind, {}).get(batch, {}) if base else {}
-            if other.get("verdict") != "pass":
-                entry["vs_baseline"] = {"baseline": baseline_id,
-                                        "reason": "the baseline was not timed at this batch (select it with --path)"}
-                continue
-            unsettled = [f"{who}: {(e.get('stability') or {}).get('reason')}" for who, e in
-                         (("this series", entry), ("the baseline's", other)) if not (e.get("stability") or {}).get("ok", True)]
-            if unsettled:
-                entry["vs_baseline"] = {"baseline": baseline_id, "withheld": True,
-                                        "reason": "withheld: " + "; ".join(unsettled)}
-                continue
-            entry["vs_baseline"] = {"baseline": baseline_id, **stats.compare_series(entry["samples_ms"],
-                                                                                   other["samples_ms"])}
+            else:
+                entry["vs_baseline"] = _versus(entry, timed.get((spec.name, baseline_id)), kind, batch, baseline_id)
+            if path.quantized:
+                entry["vs_float"] = _versus(entry, timed.get((spec.name, path.float_path)), kind, batch,
+                                            path.float_path)
 
+
+def _versus(entry: dict, base: dict | None, kind: str, batch: str, baseline_id: str) -> dict:
+    """``entry``'s series against the same batch of ``base`` (a timed result, or None): the ratio of medians with
+    its CI, or why there is none."""
+    other = (base or {}).get("timing", {}).get(kind, {}).get(batch, {}) if base else {}
+    if other.get("verdict") != "pass":
+        return {"baseline": baseline_id, "reason": "the baseline was not timed at this batch (select it with --path)"}
+    unsettled = [f"{who}: {(e.get('stability') or {}).get('reason')}" for who, e in
+                 (("this series", entry), ("the baseline's", other)) if not (e.get("stability") or {}).get("ok", True)]
+    if unsettled:
+        return {"baseline": baseline_id, "withheld": True, "reason": "withheld: " + "; ".join(unsettled)}
+    return {"baseline": baseline_id, **stats.compare_series(entry["samples_ms"], other["samples_ms"])}

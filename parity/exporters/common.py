@@ -30,6 +30,9 @@ class ExportJob:
     device: str = "cpu"  # steps that build for a device (a TensorRT engine) read these two
     precision: str = "fp32"
     inputs: dict[str, np.ndarray] | None = None  # the golden feeds at the batch size (canonical layout)
+    # samples a quantizer calibrates on (canonical layout, every sample): never the eval split the gate measures
+    calibration: dict[str, np.ndarray] | None = None
+    path_id: str = ""  # the path being built (a quantizer reads the layers it keeps in float by it)
 
 
 def onnx_meta(spec, input_names: list[str], output_names: list[str], input_layout: str) -> dict:

@@ -228,6 +228,57 @@ class MetricRules:
     top_k: int = 3
 
 
+@dataclass(frozen=True)
+class Gate:
+    """The accuracy gate a quantized (int8) path passes instead of elementwise tolerances (MLPerf's rule).
+
+    The path passes when its ``metric`` on the labelled eval split keeps at least ``keep`` of the float64
+    golden's, with ``confidence``: the one-sided bound of the drop (a paired test on the same samples) must
+    stay within ``(1 - keep) * golden``. ``metric``: ``"accuracy"`` (needs labels) or ``"agreement"`` (the
+    fraction of samples whose argmax is the golden's; a model without labels is gated by it).
+    """
+
+    metric: str = "accuracy"
+    keep: float = 0.99
+    confidence: float = 0.95
+
+    def __post_init__(self):
+        if self.metric not in ("accuracy", "agreement"):
+            raise ValueError(f"Gate metric {self.metric!r} is not 'accuracy' or 'agreement'")
+        if not 0.0 < self.keep <= 1.0 or not 0.5 <= self.confidence < 1.0:
+            raise ValueError(f"Gate keep must be in (0, 1] and confidence in [0.5, 1) (got keep={self.keep}, "
+                             f"confidence={self.confidence})")
+
+
+CALIBRATION_METHODS = ("MinMax", "Entropy", "Percentile")
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """How parity's int8 paths quantize the model.
+
+    ``calibration``: how activation ranges are picked from the calibration samples (ONNX Runtime's
+    ``CalibrationMethod``: MinMax, Entropy, Percentile; the other quantizers record their own).
+    ``keep_float``: path glob -> the layers that path keeps in float, in its toolchain's own names (ONNX node
+    names for ``*/ort-int8``, NNCF node names for ``*/openvino-int8``, TFLite tensor names for ``tf/litert-int8``,
+    module paths for ``torch/pt2e-int8``): what an int8 repair writes, so the repaired model is an ordinary path.
+    """
+
+    calibration: str = "MinMax"
+    keep_float: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.calibration not in CALIBRATION_METHODS:
+            raise ValueError(f"calibration {self.calibration!r} is not one of {CALIBRATION_METHODS}")
+
+    def kept_float(self, path_id: str) -> tuple[str, ...]:
+        """The layers ``path_id`` keeps in float: every name of every glob it matches, in declared order."""
+        import fnmatch
+
+        names = [n for pattern, kept in self.keep_float.items() if fnmatch.fnmatchcase(path_id, pattern) for n in kept]
+        return tuple(dict.fromkeys(names))
+
+
 def _at_precision(declared: dict[str, Tolerances], precision: str, gradients: bool) -> Tolerances:
     """The declared tolerances, or for a reduced precision without them the dtype's default (never tighter
     than the declared fp32 ones)."""
@@ -292,6 +343,8 @@ class ModelSpec:
             exported and verified against the golden eval logits before it is timed.
         opset: ONNX opset for every exporter.
         metric_rules: ``MetricRules``.
+        gate: the accuracy gate of quantized paths (``Gate``).
+        quantization: how int8 paths quantize, and the layers each keeps in float (``Quantization``).
     """
 
     name: str
@@ -321,6 +374,8 @@ class ModelSpec:
     bench_batch_sizes: tuple[int, ...] = ()
     opset: int = 18
     metric_rules: MetricRules = MetricRules()
+    gate: Gate = Gate()
+    quantization: Quantization = Quantization()
     source_file: str | None = None
     containers: dict = field(default_factory=dict)
 

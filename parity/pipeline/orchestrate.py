@@ -221,7 +221,8 @@ class Run:
                              model=spec.name, target=step.target, golden_dir=str(self.workspace.golden_dir(spec.name)),
                              opset=spec.opset, out_dir=str(staging), parent_dir=parent and parent["dir"],
                              parent_meta=parent and parent["meta"], batch_size=batch_size, device=path.device,
-                             precision=path.precision)
+                             precision=path.precision, calibrate=step.quantizes,
+                             path_id=path.id)
         except TaskFailed as error:
             shutil.rmtree(staging, ignore_errors=True)
             reason = str(error)
@@ -335,7 +336,8 @@ class Run:
                 result.update(verdict="error", reason=artifact["error"], export=export, log=artifact.get("log"))
                 return
             result["export"] = {**export, "export_s": artifact["meta"].get("export_s"),
-                                **{key: artifact["meta"][key] for key in ("opset", "axes") if key in artifact["meta"]}}
+                                **{key: artifact["meta"][key] for key in ("opset", "axes", "quantization", "calibration_data")
+                                   if key in artifact["meta"]}}
             if "build_determinism" in artifact["meta"]:  # a TensorRT engine: built twice, both run on the golden inputs
                 result["export"]["build_determinism"] = artifact["meta"]["build_determinism"]
         self.progress(f"{spec.name}: check {path.id}", *(step or ()))
@@ -372,6 +374,11 @@ class Run:
             return
         self.progress(f"{spec.name}: diagnose {path.id}")
         try:
+            if path.quantized:  # ranked by the accuracy each layer costs, not tap by tap against tolerances
+                from parity.diagnose import int8_chain
+
+                result["diagnosis"] = int8_chain.diagnose(self, pool, spec, manifest, path)
+                return
             failing = [name for name, stats in (result.get("outputs") or {}).items() if not stats["ok"]]
             eval_only = not failing and any(not s["ok"] for s in (result.get("eval_outputs") or {}).values())
             result["diagnosis"] = chain.diagnose(self, pool, spec, manifest, path, failing=failing,

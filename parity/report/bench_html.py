@@ -9,6 +9,7 @@ by part with peak memory; the latency distributions as plots, one per model and 
 from __future__ import annotations
 
 from parity.bench.stats import ratio_text
+from parity.report import quantized
 from parity.report.html_parts import _badge, _e, _n, _table, inline_svg, plot_style
 from parity.report.timing_table import footprint_rows, series_of, warnings
 
@@ -145,5 +146,9 @@ def render(report: dict) -> str:
         body.append("<ul>" + "".join(f"<li class='bad'>{_e(w)}</li>" for w in found) + "</ul>")
     body.append(_table(["model", "path", "batch", "verdict", "median ms", "95% CI ms", "spread", "p99 ms (95% bound)",
                         "runs", "processes", "audit", "vs baseline"], _rows(results)))
+    speed = quantized.speed_rows(results)
+    if speed:
+        body.append("<h3>Quantized paths: speed-up over the float path, beside their accuracy</h3>"
+                    + _table([name for name, _ in quantized.SPEED_COLUMNS], [("", [_e(c) for c in row]) for row in speed]))
     body += [_footprint(results), _first(results), _plots(results)]
     return "\n".join(b for b in body if b)

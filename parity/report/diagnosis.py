@@ -119,6 +119,12 @@ def render(d: dict) -> str:
     header = f"Diagnosis {d.get('model', '')} {d.get('path', '')}"
     if "error" in d:
         return f"{header}: {d['error']}"
+    if "int8" in d:
+        from parity.diagnose.int8_chain import render as render_int8
+
+        lines = [f"{header}: the quantized layers that cost the accuracy, and the fewest to keep in float"]
+        return "\n".join(lines + [wrapped for line in render_int8(d) for wrapped in textwrap.wrap(
+            line, WRAP, subsequent_indent="    ", break_long_words=False, break_on_hyphens=False)])
     tol = d["tolerance"]
     lines = [f"{header} (tap tolerance atol {tol['atol']:g}, rtol {tol['rtol']:g}; {MARK} first divergent tap)"]
     if d["taps"]:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from parity.diagnose.descend import display
 from parity.platform.safefs import write_text_atomic
+from parity.report import quantized
 from parity.report.html_parts import CSS, _badge, _e, _n, _num, _Right, _table, inline_svg, plot_style
 from parity.report.terminal import placement
 
@@ -212,6 +213,11 @@ def _diagnosis(i: int, r: dict) -> str:
     if d.get("error"):
         return (f'<section class="diag" id="diag-{i}"><h2>{title}</h2>'
                 f'<p class="headline quiet">{_e(d["error"])}</p></section>')
+    if "int8" in d:
+        from parity.diagnose.int8_chain import render as render_int8
+
+        items = "".join(f"<li>{_e(line.strip())}</li>" for line in render_int8(d))
+        return f'<section class="diag" id="diag-{i}"><h2>{title}</h2><ul>{items}</ul></section>'
     quiet = "" if d.get("first_divergent_tap") else " quiet"
     parts = [f'<section class="diag" id="diag-{i}"><h2>{title}</h2>', f'<p class="headline{quiet}">{_headline(d)}</p>',
              f'<p class="muted">{tolerance}</p>']
@@ -267,6 +273,14 @@ def render(report: dict) -> str:
     if errors:
         body.append("<h2>Model errors</h2>" + _table(["model", "reason"], [
             ("hl", [_e(p.get("model")), _e(p.get("reason"))]) for p in errors if isinstance(p, dict)]))
+    gated = quantized.gate_rows(results)
+    if gated:
+        body.append("<h2>Accuracy gates of the quantized paths</h2>"
+                    + _table([name for name, _ in quantized.GATE_COLUMNS],
+                             [("pass" if row[7] == "pass" else "fail", [_e(c) for c in row]) for row in gated])
+                    + "<ul>" + "".join(f"<li><b>{_e(k)}</b> {_e(v)}</li>" for k, v in quantized.GATE_LEGEND if k)
+                    + "".join(f"<li>{_e(r['model'])} {_e(r['path'])}: {_e(quantized.recipe(r))}</li>"
+                              for r in results if quantized.recipe(r)) + "</ul>")
     body += [_diagnosis(i, r) for i, r in enumerate(results) if r.get("diagnosis")]
     from parity.report import bench_html
 

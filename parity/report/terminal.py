@@ -15,6 +15,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from parity.report import quantized
+
 VERDICT_LABELS = {"pass": "pass", "fail": "FAIL", "error": "ERROR", "skip": "skip"}
 UNEXPECTED = ("FAIL", "ERROR", "XPASS")  # their full reasons are always listed
 WIDTH = 200  # the tables' width: generous, so that rows never wrap
@@ -52,6 +54,8 @@ def _label(result: dict) -> str:
 def _worst(stats: dict | None) -> tuple[str, str]:
     if not stats:
         return "-", "-"
+    if all(s.get("judged_by") for s in stats.values()):  # a quantized path: judged by its accuracy gate
+        return "gate", f"{max(s['max_abs'] for s in stats.values()):.2e}"
     entries = [s for s in stats.values() if "tol_units" in s]
     if len(entries) != len(stats):
         return "nan/shape", "-"
@@ -229,6 +233,12 @@ def render(report: dict, timed: bool, verbose: bool = False) -> str:
         lines += ["", "Reasons"]
         for ref, (r, reason) in enumerate(reasons, 1):
             lines += _wrapped(ref, r, reason)
+    gated = quantized.gate_rows(results)
+    if gated:
+        lines += ["", "Accuracy gates of the quantized paths (int8 outputs are judged by the task, not elementwise)",
+                  _table(quantized.GATE_COLUMNS, gated), "", *_legend(quantized.GATE_LEGEND)]
+        lines += [line for r in results if quantized.recipe(r) for line in textwrap.wrap(
+            f"{r['model']} {r['path']}: {quantized.recipe(r)}", WRAP, initial_indent="  ", subsequent_indent="    ")]
     ran = [r for r in results if (r.get("runtime") or {}).get("summary")]
     if ran:
         lines += ["", "What the compilers and runtimes did (`runtime` in the JSON has all)"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import textwrap
 
 from parity.bench.stats import CV_WARNING, ratio_text
+from parity.report import quantized
 from parity.report.terminal import WRAP, _label, _legend, _table
 
 TIMING_LEGEND = [
@@ -221,6 +222,10 @@ def render(report: dict) -> str:
                           ("peak MB", "right"), ("artifact MB", "right"), ("device MB", "right"),
                           ("J / inference", "right")], footprint), "", *_legend(FOOTPRINT_LEGEND)]
         lines += [f"  not measured here: {why}" for why in unmeasured]
+    speed = quantized.speed_rows(results)
+    if speed:
+        lines += ["", "Quantized paths: speed-up over the float path they were quantized from, beside their accuracy",
+                  _table(quantized.SPEED_COLUMNS, speed), "", *_legend(quantized.SPEED_LEGEND)]
     train = _train_rows(results)
     if train:
         lines += ["", "Training step (forward, loss, backward, SGD update; verified against the golden first)",

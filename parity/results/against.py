@@ -77,10 +77,10 @@ def findings(baseline: dict, current: dict, history: dict | None = None) -> tupl
                 continue
             if ea.get("verdict") != "pass" or eb.get("verdict") != "pass":
                 continue
-            unsettled = [who for who, e in (("baseline", ea), ("this run", eb))
+            unsettled = [who for who, e in (("the baseline's", ea), ("this run's", eb))
                          if not (e.get("stability") or {}).get("ok", True)]
             if unsettled:
-                withheld.append(f"{where}: not compared, the {' and '.join(unsettled)} series did not settle")
+                withheld.append(f"{where}: not compared, {' and '.join(unsettled)} series did not settle")
                 continue
             peak_a, peak_b = ((e.get("memory") or {}).get("peak_rss_mb") for e in (ea, eb))
             word = memory_change(peak_a, peak_b)

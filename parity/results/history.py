@@ -65,7 +65,8 @@ def build(runs: list[dict]) -> tuple[list[Series], dict[str, dict]]:
             series.points.append({"run": run["id"], "created": run["created"], "verdict": row["verdict"],
                                   "median_ms": row["median_ms"], "ci": (row["ci_lo_ms"], row["ci_hi_ms"]),
                                   "hardware": run["hardware"], "tol_units": row["tol_units"],
-                                  "reason": row.get("reason"), "peak_rss_mb": row.get("peak_rss_mb")})
+                                  "reason": row.get("reason"), "peak_rss_mb": row.get("peak_rss_mb"),
+                                  "gate": (row.get("gate_value"), row.get("gate_golden"))})
     for series in found.values():
         analyse(series)
     return list(found.values()), envs
@@ -137,6 +138,17 @@ def _changed(changed: list[str]) -> str:
     return "; changed there: " + ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
 
 
+def _figure(point: dict) -> str:
+    """A run's figure: its median; for a check, its worst error in tolerance units, or a quantized path's gate
+    metric beside the golden's."""
+    value, golden = point.get("gate") or (None, None)
+    if point["median_ms"]:
+        return f"{point['median_ms']:.4g}"
+    if value is not None:
+        return f"gate {100 * value:.2f}% / {100 * golden:.2f}%"
+    return f"{point['tol_units']:.3g}x tol" if point["tol_units"] is not None else "-"
+
+
 def _when(created: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(created))
 
@@ -164,8 +176,7 @@ def render(series: list[Series], envs: dict, where: str, runs: int) -> str:
             p = s.points[i]
             lo, hi = p["ci"]
             changed = version_changes(envs[s.points[i - 1]["run"]], envs[p["run"]]) if i else []
-            figure = (f"{p['median_ms']:.4g}" if p["median_ms"] else
-                      (f"{p['tol_units']:.3g}x tol" if p["tol_units"] is not None else "-"))
+            figure = _figure(p)
             rows.append((p["run"], _when(p["created"]), p["verdict"], figure,
                          f"[{lo:.4g}, {hi:.4g}]" if lo and hi else "-",
                          "-" if p.get("peak_rss_mb") is None else f"{p['peak_rss_mb']:.0f}", marks.get(i, ""),

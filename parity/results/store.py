@@ -26,9 +26,9 @@ from pathlib import Path
 from parity.platform.errors import UsageError, one_line
 from parity.report.json_report import sanitize
 
-SCHEMA, VERSION = "parity.store", 2
+SCHEMA, VERSION = "parity.store", 3
 # columns each version added to ``series``, for the migration of a store written by an older one
-ADDED = {2: ("peak_rss_mb", "artifact_mb")}
+ADDED = {2: ("peak_rss_mb", "artifact_mb"), 3: ("gate_value", "gate_golden")}
 DEFAULT = Path(".parity") / "results.sqlite"
 LOCK_TIMEOUT_S = 30.0
 
@@ -77,7 +77,9 @@ def _tables(sa):
         sa.Column("runs", sa.Integer),
         sa.Column("samples_ms", sa.Text),
         sa.Column("peak_rss_mb", sa.Float),  # the series' peak resident memory above its worker's idle size
-        sa.Column("artifact_mb", sa.Float))
+        sa.Column("artifact_mb", sa.Float),
+        sa.Column("gate_value", sa.Float),  # a quantized path's check: its gate metric, and the float64 golden's
+        sa.Column("gate_golden", sa.Float))
     cells = sa.Table(
         "cells", metadata,  # each cell of a distributed run as it finishes: what --resume keeps
         sa.Column("run_id", sa.String(40), primary_key=True),
@@ -121,8 +123,12 @@ def series_rows(document: dict) -> list[dict]:
                 "precision": r.get("precision") or "fp32"}
         worst = max((_finite(s.get("tol_units")) or 0.0 for s in (r.get("outputs") or {}).values()
                      if isinstance(s, dict)), default=None)
+        gate = r.get("gate") or {}
+        if "value" in gate:  # judged by the task metric: its int8 outputs are off by more than any tolerance
+            worst = None
         rows.append({**base, "kind": "check", "key": "", "verdict": r["verdict"], "reason": r.get("reason"),
-                     "tol_units": worst})
+                     "tol_units": worst, "gate_value": _finite(gate.get("value")),
+                     "gate_golden": _finite(gate.get("golden"))})
         timing = r.get("timing") or {}
         entries = [("batch", k, e) for k, e in (timing.get("batches") or {}).items()]
         entries += [("shape", k, e) for k, e in (timing.get("shapes") or {}).items()]

@@ -39,6 +39,7 @@ class Step:
     cuda_packages: tuple[str, ...] = ()  # needed on a GPU only
     note: str = ""  # shown by `parity paths`
     extra: str = "cpu"  # the extra that installs its packages: pip install 'parity[<extra>]'
+    quantizes: bool = False  # writes an int8 model: its path is judged by the accuracy gate, not elementwise
 
     @property
     def target(self) -> str:
@@ -58,6 +59,7 @@ class PathDef:
     device: str = "cpu"
     precision: str = "fp32"
     opt_in: str = ""  # why it runs only where a --path names it (a compile that costs more than seconds per model)
+    float_path: str = ""  # a quantized path: the float path it is quantized from (its speed-up is over that path)
 
     @property
     def stages(self) -> list[str]:
@@ -81,7 +83,12 @@ class PathDef:
 
     @property
     def differentiable(self) -> bool:
-        return self.runtime.differentiable
+        return self.runtime.differentiable and not self.quantized
+
+    @property
+    def quantized(self) -> bool:
+        """An int8 path: judged by the spec's accuracy ``Gate`` on the eval split, not by elementwise tolerances."""
+        return any(step.quantizes for step in self.exports)
 
     @property
     def definition(self) -> str:
@@ -100,7 +107,8 @@ INSTALL_NAMES = {"tensorflow": "tensorflow-cpu", "jax": "jax", "torch": "torch",
                  "onnxruntime": "onnxruntime", "onnxscript": "onnxscript", "tf2onnx": "tf2onnx",
                  "jax2onnx": "jax2onnx", "keras": "keras", "onnxconverter_common": "onnxconverter-common",
                  "tensorrt": "tensorrt", "cuda": "cuda-python", "openvino": "openvino",
-                 "ai_edge_litert": "ai-edge-litert", "executorch": "executorch", "litert_torch": "litert-torch"}
+                 "ai_edge_litert": "ai-edge-litert", "executorch": "executorch", "litert_torch": "litert-torch",
+                 "nncf": "nncf", "torchao": "torchao"}
 # packages the installer refuses beside parity's pinned stack: its own reason, said instead of an install hint
 WONT_INSTALL = {"litert_torch": "pip refuses litert-torch 0.10 beside this stack: xdsl 0.28.0 (through litert-converter "
                                 "0.5.0) depends on typing-extensions<4.13 and >=4.7, and constraints.txt pins "
@@ -176,6 +184,33 @@ LITERT = Step("litert", "litert", _on("parity.runtimes.litert:LiteRtRunner", Non
 TF_XLA = Step("tf xla", "tf", _on("parity.sources.tf_xla:KerasXlaSource", None), ("tensorflow", "keras"),
               differentiable=True, precisions=_FP32_ONLY, why_not="parity compiles the float32 Keras model with XLA")
 _COMPILE_COST = "torch.compile compiles for tens of seconds per model and shape"
+# int8: built from the verified float path, calibrated on the training split, gated by the task metric
+_INT8_ONLY = ("fp32",)
+_INT8_WHY = "an int8 model is quantized from the float32 one and fed float32 (its precision is int8 inside)"
+_INT8 = dict(precisions=_INT8_ONLY, why_not=_INT8_WHY, quantizes=True)
+ORT_INT8 = Step("ort quantize_static", "onnx", _on("parity.exporters.onnx_int8:export_static", None),
+                ("onnx", "onnxruntime"), **_INT8)
+ORT_INT8DYN = Step("ort quantize_dynamic", "onnx", _on("parity.exporters.onnx_int8:export_dynamic", None),
+                   ("onnx", "onnxruntime"), **_INT8)
+TF_LITERT_INT8 = Step("tflite converter int8", "tf", _on("parity.exporters.tf_litert_int8:export", None),
+                      ("tensorflow",), **_INT8)
+OPENVINO_INT8 = Step("nncf quantize", "openvino", _on("parity.exporters.openvino_int8:export", None),
+                     ("openvino", "nncf"), extra="openvino", **_INT8)
+TORCH_PT2E = Step("pt2e quantize (x86 inductor)", "torch", _on("parity.exporters.torch_pt2e:export", None),
+                  ("torch", "torchao"), **_INT8)
+PT2E = Step("pt2e int8 program", "torch", _on("parity.runtimes.torch_pt2e:Pt2eRunner", None), ("torch", "torchao"),
+            precisions=_INT8_ONLY, why_not=_INT8_WHY)
+_INT8_COST = "an int8 path calibrates and is gated on the whole eval split; name it: --path '*int8*'"
+
+
+def _int8_chains(source: str, to_onnx: tuple) -> tuple[PathDef, ...]:
+    """``source``'s int8 paths from its ONNX file: ONNX Runtime static (QDQ) and dynamic, and NNCF to OpenVINO."""
+    base = source if source == "onnx" else f"{source}/onnx"
+    return (PathDef(f"{base}/ort-int8", source, (*to_onnx, ORT_INT8), ORT, opt_in=_INT8_COST, float_path=f"{base}/ort"),
+            PathDef(f"{base}/ort-int8dyn", source, (*to_onnx, ORT_INT8DYN), ORT, opt_in=_INT8_COST,
+                    float_path=f"{base}/ort"),
+            PathDef(f"{base}/openvino-int8", source, (*to_onnx, OPENVINO_INT8), OPENVINO, opt_in=_INT8_COST,
+                    float_path=f"{base}/openvino"))
 TF_SAVEDMODEL = Step("tf", "tf", _on("parity.runtimes.tf_savedmodel:SavedModelRunner",
                                      "parity.runtimes.tf_savedmodel:SavedModelRunner"), ("tensorflow",),
                      differentiable=True, precisions=("fp32", "tf32"),
@@ -196,10 +231,16 @@ CHAINS: tuple[PathDef, ...] = (
     PathDef("torch/openvino", "torch", (TORCH_OPENVINO,), OPENVINO),
     PathDef("torch/onnx/openvino", "torch", (TORCH_ONNX,), OPENVINO),
     PathDef("torch/litert", "torch", (TORCH_LITERT,), LITERT),
+    *_int8_chains("torch", (TORCH_ONNX,)),
+    PathDef("torch/openvino-int8", "torch", (TORCH_OPENVINO, OPENVINO_INT8), OPENVINO, opt_in=_INT8_COST,
+            float_path="torch/openvino"),
+    PathDef("torch/pt2e-int8", "torch", (TORCH_PT2E,), PT2E, opt_in=_INT8_COST, float_path="torch/export"),
     PathDef("tf", "tf", (), NATIVE["tf"]),
     PathDef("tf/xla", "tf", (), TF_XLA),
     PathDef("tf/litert", "tf", (TF_LITERT,), LITERT),
     PathDef("tf/onnx/openvino", "tf", (TF2ONNX,), OPENVINO),
+    PathDef("tf/litert-int8", "tf", (TF_LITERT_INT8,), LITERT, opt_in=_INT8_COST, float_path="tf/litert"),
+    *_int8_chains("tf", (TF2ONNX,)),
     PathDef("tf/onnx/ort", "tf", (TF2ONNX,), ORT),
     PathDef("tf/onnx/ort-trt", "tf", (TF2ONNX,), ORT_TRT),
     PathDef("tf/onnx/trt", "tf", (TF2ONNX,), TRT),
@@ -210,6 +251,7 @@ CHAINS: tuple[PathDef, ...] = (
     PathDef("jax/onnx/trt", "jax", (JAX2ONNX,), TRT),
     PathDef("jax/onnx/onnxref", "jax", (JAX2ONNX,), ONNXREF),
     PathDef("jax/onnx/openvino", "jax", (JAX2ONNX,), OPENVINO),
+    *_int8_chains("jax", (JAX2ONNX,)),
     PathDef("jax/tf", "jax", (JAX2TF,), TF_SAVEDMODEL),
     PathDef("jax/tf/onnx/ort", "jax", (JAX2TF, SAVEDMODEL2ONNX), ORT),
     # an ONNX file as the source: the file as it is, under each runtime
@@ -219,6 +261,7 @@ CHAINS: tuple[PathDef, ...] = (
     PathDef("onnx/trt", "onnx", (ONNX_FILE,), TRT),
     PathDef("onnx/onnxref", "onnx", (ONNX_FILE,), ONNXREF),
     PathDef("onnx/openvino", "onnx", (ONNX_FILE,), OPENVINO),
+    *_int8_chains("onnx", (ONNX_FILE,)),
 )
 CHAIN_IDS = {chain.id: chain for chain in CHAINS}
 
@@ -231,7 +274,7 @@ def variant(chain: PathDef, device: str, precision: str) -> PathDef:
         exports = (*exports, TRT_ENGINE)
     elif precision == "fp16" and chain.runtime.group == "onnx" and chain.runtime is not ORT_TRT:
         exports = (*exports, ONNX_FP16)
-    return PathDef(chain.id, chain.source, exports, chain.runtime, device, precision, chain.opt_in)
+    return PathDef(chain.id, chain.source, exports, chain.runtime, device, precision, chain.opt_in, chain.float_path)
 
 
 def matrix(devices=("cpu", "cuda:0"), precisions=ALL) -> list[PathDef]:
@@ -281,7 +324,8 @@ def unavailable_reason(path: PathDef) -> str | None:
 
 def select(patterns=(), frameworks=None, device: str = "cpu", precision: str = "fp32") -> list[PathDef]:
     """Paths on ``device`` at ``precision`` matching any of the glob ``patterns`` (all if none), for the given
-    source frameworks. An opt-in path (``PathDef.opt_in``) is selected only by a pattern that spells its runtime."""
+    source frameworks. An opt-in path (``PathDef.opt_in``) is selected only by a pattern that spells its runtime; a
+    quantized path brings the float path it is quantized from (``PathDef.float_path``)."""
     every = matrix((device,), (precision,))
     chosen = [p for p in every if frameworks is None or p.source in frameworks]
     if patterns:
@@ -289,15 +333,18 @@ def select(patterns=(), frameworks=None, device: str = "cpu", precision: str = "
             if not any(fnmatch.fnmatchcase(p.id, pattern) for p in every):
                 raise UsageError(f"--path {pattern!r} matches no path on {device}; known paths: "
                                  f"{', '.join(p.id for p in every)}")
-        return [p for p in chosen if any(fnmatch.fnmatchcase(p.id, pat) and (not p.opt_in or _spells(pat, p))
-                                         for pat in patterns)]
+        picked = [p for p in chosen if any(fnmatch.fnmatchcase(p.id, pat) and (not p.opt_in or _spells(pat, p))
+                                           for pat in patterns)]
+        # a quantized path is built from its float path and timed against it: that path is checked and timed too
+        wanted = {p.id for p in picked} | {p.float_path for p in picked if p.quantized}
+        return [p for p in chosen if p.id in wanted]
     return [p for p in chosen if not p.opt_in]
 
 
 def _spells(pattern: str, path: PathDef) -> bool:
-    """Whether ``pattern`` spells the opt-in ``path``'s runtime (``compile`` in ``torch/compile*``), not a wildcard
-    only (``torch/*`` keeps it out)."""
-    return path.stages[-1].split("-")[0] in pattern
+    """Whether ``pattern`` spells the opt-in ``path``'s runtime (``compile`` in ``torch/compile*``; ``int8`` for a
+    quantized path), not a wildcard only (``torch/*`` keeps it out)."""
+    return ("int8" if path.quantized else path.stages[-1].split("-")[0]) in pattern
 
 
 def by_id(path_id: str, device: str = "cpu", precision: str = "fp32") -> PathDef:

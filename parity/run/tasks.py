@@ -7,11 +7,11 @@ from pathlib import Path
 
 import numpy as np
 
+from parity.check import accuracy_gate, metrics, training
 from parity.check import closeness as compare
-from parity.check import metrics, training
 from parity.exporters.common import ExportJob
 from parity.exporters.onnx_names import check_exported
-from parity.golden import shapes
+from parity.golden import calibration, shapes
 from parity.golden import store as golden
 from parity.model import batch_axes, containers, feeds
 from parity.model.workspace import Workspace
@@ -21,17 +21,23 @@ from parity.run import paths, provenance
 
 def export_step(workspace: str, model: str, target: str, golden_dir: str, opset: int, out_dir: str,
                 parent_dir: str | None, parent_meta: dict | None, batch_size: int | None = None,
-                device: str = "cpu", precision: str = "fp32") -> dict:
+                device: str = "cpu", precision: str = "fp32", calibrate: bool = False, path_id: str = "") -> dict:
     """Run one exporter into ``out_dir`` (static batch ``batch_size``, default the spec's) for ``device`` and
-    ``precision`` (which only some steps read); return its metadata plus the export time."""
+    ``precision`` (which only some steps read); return its metadata plus the export time. A quantizer
+    (``calibrate``) gets its calibration samples (``parity.golden.calibration``), recorded in the meta."""
     spec = Workspace(workspace).load_spec(model)
     verified = golden.load(Path(golden_dir), spec)
     started = time.perf_counter()
     job = ExportJob(spec=spec, weights=verified.arrays["weights.npz"], batch_size=batch_size or spec.batch_size,
                     opset=opset, out_dir=Path(out_dir), parent_dir=Path(parent_dir) if parent_dir else None,
                     parent_meta=parent_meta, golden_manifest=verified.manifest, device=device, precision=precision,
-                    inputs=_input_batch(verified, spec, batch_size or spec.batch_size))
+                    inputs=_input_batch(verified, spec, batch_size or spec.batch_size), path_id=path_id)
+    where = None
+    if calibrate:
+        job.calibration, where = calibration.calibration_feeds(spec, verified)
     meta = paths.load_target(target)(job)
+    if where and (meta.get("quantization") or {}).get("calibration_samples") != 0:  # dynamic: no calibration
+        meta["calibration_data"] = where
     meta["export_s"] = time.perf_counter() - started
     if meta.get("format") == "onnx" and not meta.get("user_file"):
         check_exported(Path(out_dir) / meta["file"])  # an invalid graph is the converter's error, not a runtime's
@@ -124,6 +130,8 @@ def _check_path(workspace, model, path_id, golden_dir, precision, threads, artif
     golden_outputs = {key: reference[key] for key in containers.output_keys(spec.outputs, structures)}
     differ = containers.compare_structures(runner.output_structures, structures)  # named first, and they win
     compared = compare.compare_outputs(outputs, golden_outputs, judged)
+    if path.quantized:
+        compared = accuracy_gate.by_sqnr(compared, outputs, golden_outputs)
     result = {"outputs": {**differ, **{key: stats for key, stats in compared.items() if key not in differ}},
               "numerics": runner.numerics,
               "tolerances": {"outputs": tolerances.to_json(), "gradients": spec.gradient_tolerances(precision).to_json()}}
@@ -134,13 +142,21 @@ def _check_path(workspace, model, path_id, golden_dir, precision, threads, artif
     eval_output = containers.eval_key(spec, axes, structures)  # the first output with a row per sample
     eval_logits = None if eval_output is None else feeds.run_batched(
         runner, feeds.from_arrays(spec, eval_data), spec.batch_size, axes).get(eval_output)
+    evaluated = {eval_output: eval_logits} if eval_logits is not None else {}
     result["eval_outputs"] = {} if eval_output is None else compare.compare_outputs(
-        {eval_output: eval_logits} if eval_logits is not None else {}, {eval_output: reference["eval/logits"]}, judged)
+        evaluated, {eval_output: reference["eval/logits"]}, judged)
+    result["gate"] = None
+    if path.quantized:
+        result["eval_outputs"] = accuracy_gate.by_sqnr(result["eval_outputs"], evaluated,
+                                                       {eval_output: reference["eval/logits"]})
+        result["gate"] = (accuracy_gate.judge(eval_logits, reference["eval/logits"], eval_data.get("y"), spec.gate)
+                          if eval_logits is not None else {"decision": "fail", "reason": (
+                              "accuracy gate: the model has no output with a row per eval sample to score")})
     result["metrics"] = None
     if "y" in eval_data:  # a user model without labels has no metrics
         result["metrics"] = metrics.check_metrics(eval_logits, eval_data["y"], reference["eval/logits"], verified.metrics,
                                                   spec.metric_rules, precision, spec.num_classes)
-    result["shapes"] = check_shapes(spec, runner, verified, judged, artifact_meta)
+    result["shapes"] = check_shapes(spec, runner, verified, judged, artifact_meta, path.quantized)
     result["gradients"] = None
     result["time_to_first_gradient_s"] = None
     if path.differentiable and spec.loss is not None:
@@ -154,18 +170,20 @@ def _check_path(workspace, model, path_id, golden_dir, precision, threads, artif
     return result
 
 
-def check_shapes(spec, runner, verified, tolerances, meta: dict | None) -> list[dict]:
+def check_shapes(spec, runner, verified, tolerances, meta: dict | None, quantized: bool = False) -> list[dict]:
     """The path at every verification shape: its outputs against the golden ones there (judged at ``tolerances``,
-    ``closeness.OutputTolerances``), or the error it raised, with the axes its export fixed (``meta["axes"]["static"]``)
-    named."""
+    ``closeness.OutputTolerances``; a ``quantized`` path's by SQNR, as the accuracy gate judges it), or the error it
+    raised, with the axes its export fixed (``meta["axes"]["static"]``) named."""
     arrays = verified.arrays["shapes.npz"]
     checked = []
     for k, shape in enumerate(verified.manifest["shapes"]):
         entry = {"shape": shape}
         try:
             outputs = runner.run(shapes.feeds_at(spec, arrays, k))
-            entry["outputs"] = compare.compare_outputs(outputs, {n: arrays[f"{k}/output/{n}"] for n in spec.outputs},
-                                                       tolerances)
+            expected = {n: arrays[f"{k}/output/{n}"] for n in spec.outputs}
+            entry["outputs"] = compare.compare_outputs(outputs, expected, tolerances)
+            if quantized:
+                entry["outputs"] = accuracy_gate.by_sqnr(entry["outputs"], outputs, expected)
             entry["ok"] = compare.first_failure(entry["outputs"]) is None
         except Exception as error:  # noqa: BLE001 - the runtime's own refusal of this shape is the finding
             entry.update(ok=False, error=one_line(f"{type(error).__name__}: {error}", 300))
@@ -212,8 +230,11 @@ def _verdict(spec, result: dict) -> tuple[str, str | None]:
             listed = ", ".join(failing[:6]) + (f" (+{len(failing) - 6} more)" if len(failing) > 6 else "")
             failures.append(f"gradients differ for {len(failing)} of {len(result['gradients'])} ({listed}); "
                             f"worst {compare.describe('gradient', name, stats)}")
+    gate = result.get("gate")
+    if gate is not None and gate["decision"] != "pass":
+        failures.append(gate["reason"])
     m = result["metrics"]
-    if m is not None and not m["ok"]:
+    if m is not None and not m["ok"] and gate is None:  # a quantized path's metrics are judged by its gate
         bad = [f"{k} {v['value']:.4f} vs golden {v['golden']:.4f}" for k, v in m.items() if isinstance(v, dict) and not v["ok"]]
         if not m["argmax_agreement_ok"]:
             bad.append(f"argmax agreement {m['argmax_agreement']:.4f}")

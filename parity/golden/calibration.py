@@ -1,0 +1,55 @@
+"""The samples a quantizer calibrates on: never the eval split the accuracy gate measures on.
+
+A quantizer picks each tensor's int8 range from the values it sees; calibrating on the samples the gate then
+scores would let the ranges fit exactly those samples and flatter the verdict. So parity calibrates on:
+
+- the zoo: the digits' training split (the same seeded split the weights were trained on, rebuilt from the
+  dataset the golden manifest names);
+- a user model whose eval set was given apart from its inputs (``eval_x`` in the inputs ``.npz``): the inputs;
+- a user model whose inputs parity generated from a declared distribution: fresh samples of that distribution
+  drawn with another seed;
+- anything else (the eval set *is* the inputs): no calibration data, said as the reason.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from parity.model import feeds
+from parity.model.digits import DATASET, digits_split
+from parity.platform.errors import Unavailable
+
+LIMIT = 256  # calibration samples at most: ranges settle well before, and each costs a forward pass
+SEED_OFFSET = 1_000_003  # generated calibration samples: the inputs' seed plus this, so never the same draw
+
+
+def calibration_feeds(spec, verified, limit: int = LIMIT) -> tuple[dict[str, np.ndarray], str]:
+    """``(feeds, where)``: up to ``limit`` calibration samples for ``spec`` (canonical layout, float32 for float
+    inputs) and a line saying where they come from. Raises ``Unavailable`` where only the eval split exists."""
+    data = verified.manifest.get("data") or {}
+    if data.get("dataset") == DATASET:
+        split = digits_split(spec.model_inputs[0].shape)
+        x = split.train_x[:limit].astype(np.float32)
+        return {spec.model_inputs[0].name: x}, f"the digits' training split ({len(x)} of {len(split.train_x)} samples)"
+    inputs, evals = verified.arrays["inputs.npz"], verified.arrays["eval.npz"]
+    given = feeds.from_arrays(spec, inputs)
+    evaluated = feeds.from_arrays(spec, evals)
+    if not _overlaps(spec, given, evaluated):
+        rows = min(limit, feeds.samples(spec, given))
+        return feeds.rows(spec, given, 0, rows), f"the golden inputs ({rows} samples, apart from the eval set)"
+    declared = getattr(spec, "inputs", None)
+    if declared is not None and not (declared.file or declared.test_data or declared.polygraphy_inputs):
+        rng = np.random.default_rng(declared.seed + SEED_OFFSET)
+        drawn = feeds.generate(spec, min(limit, max(spec.batch_size, 64)), declared.values(), rng)
+        return drawn, (f"{feeds.samples(spec, drawn)} fresh samples of the inputs' declared distribution "
+                       f"(seed {declared.seed + SEED_OFFSET})")
+    raise Unavailable(f"model {spec.name!r} has no calibration data apart from the eval set the accuracy gate "
+                      "measures on: give the eval set apart from the inputs (eval_x and eval_labels in the inputs "
+                      ".npz), and the inputs calibrate")
+
+
+def _overlaps(spec, given: dict, evaluated: dict) -> bool:
+    """Whether any input sample of ``given`` is also a sample of ``evaluated`` (compared row by row, bitwise)."""
+    first = spec.model_inputs[0].name
+    seen = {np.ascontiguousarray(row).tobytes() for row in np.asarray(evaluated[first])}
+    return any(np.ascontiguousarray(row).tobytes() in seen for row in np.asarray(given[first]))
