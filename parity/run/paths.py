@@ -272,7 +272,7 @@ def variant(chain: PathDef, device: str, precision: str) -> PathDef:
     exports = chain.exports
     if chain.runtime is TRT:
         exports = (*exports, TRT_ENGINE)
-    elif precision == "fp16" and chain.runtime.group == "onnx" and chain.runtime is not ORT_TRT:
+    elif precision == "fp16" and chain.runtime.group == "onnx" and chain.runtime is not ORT_TRT and not chain.quantized:
         exports = (*exports, ONNX_FP16)
     return PathDef(chain.id, chain.source, exports, chain.runtime, device, precision, chain.opt_in, chain.float_path)
 
@@ -317,8 +317,10 @@ def unavailable_reason(path: PathDef) -> str | None:
         reasons.append("TensorRT's wheels fetch its libraries from NVIDIA's package index (pypi.nvidia.com)")
     if path.device_kind == "cpu" and PRECISIONS[path.precision].gpu_only:
         reasons.append(NOT_ON_CPU)
-    elif path.precision not in path.runtime.precisions:
-        reasons.append(f"{path.runtime.name} at {path.precision}: {path.runtime.why_not}")
+    else:
+        refusing = next((s for s in (*path.exports, path.runtime) if path.precision not in s.precisions), None)
+        if refusing is not None:
+            reasons.append(f"{refusing.name} at {path.precision}: {refusing.why_not}")
     return "; ".join(reasons) or None
 
 
