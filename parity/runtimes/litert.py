@@ -5,7 +5,9 @@ Taps: a second interpreter on the same file keeps every intermediate tensor
 (``experimental_preserve_all_tensors``, which disables the arena's memory reuse, so the timed interpreter does not
 use it). The TFLite converter names each op's output tensor by the Keras layers whose ops it holds
 (``mlp_1/dense1_1/MatMul;mlp_1/relu1_1/Relu;mlp_1/dense1_1/BiasAdd``); a layer is read at the last op that names
-it (``tap_map``).
+it (``tap_map``). In an int8 model (``tf/litert-int8``) such a tensor holds int8 values: a tap is read dequantized
+with the tensor's own scale and zero point (what the int8 model computed, in real units), and an integer tensor
+without a scale is reported unmapped with the reason.
 """
 
 from __future__ import annotations
@@ -87,8 +89,14 @@ class LiteRtRunner(Runner):
         same, differ = bitwise_equal(dict(enumerate(_invoke(self.interpreter, self.meta, feed))),
                                      dict(enumerate(outputs)))
         taps = {}
+        details = {d["index"]: d for d in self._tap_interpreter.get_tensor_details()}
         for tap, where in found.items():
-            value = np.array(self._tap_interpreter.get_tensor(where["index"]))
+            value, why = dequantized(details[where["index"]], self._tap_interpreter.get_tensor(where["index"]))
+            if value is None:  # an integer tensor whose scale is unknown holds no layer value: said, not read
+                self.tap_locations[tap] = {**self.tap_locations[tap], "found": "unmapped", "reason": why}
+                continue
+            if why:
+                self.tap_locations[tap]["reason"] = "; ".join(filter(None, (self.tap_locations[tap].get("reason"), why)))
             if where.get("layout") == "nhwc" and value.ndim == 4:
                 value = layouts.from_layout(value, self.meta["canonical_layout"], "nhwc")
             taps[tap] = value
@@ -96,6 +104,27 @@ class LiteRtRunner(Runner):
                 self.tap_locations[tap]["reason"] = (f"read on an interpreter that keeps every tensor, whose outputs "
                                                      f"differ from the plain interpreter's by up to {differ:.3g}")
         return taps
+
+
+def dequantized(detail: dict, value) -> tuple[np.ndarray | None, str | None]:
+    """``(value, note)``: a float tensor as it is; an int8 / int16 / uint8 tensor of a quantized model as the real
+    values it stands for, ``(q - zero_point) * scale`` with its per-tensor (or per-axis) scale, and a note saying so;
+    ``(None, why)`` for an integer tensor without a scale."""
+    value = np.array(value)
+    if value.dtype.kind == "f":
+        return value, None
+    params = detail.get("quantization_parameters") or {}
+    scales, zero_points = np.asarray(params.get("scales", ())), np.asarray(params.get("zero_points", ()))
+    if not scales.size:
+        return None, (f"tensor {detail['name']!r} holds {value.dtype} values without a quantization scale: not a "
+                      f"layer's value")
+    if scales.size > 1:  # per-axis scales along quantized_dimension
+        shape = [1] * value.ndim
+        shape[int(params.get("quantized_dimension", 0))] = scales.size
+        scales, zero_points = scales.reshape(shape), zero_points.reshape(shape)
+    real = (value.astype(np.float64) - zero_points) * scales
+    return real.astype(np.float32), (f"read from the {value.dtype} tensor of the quantized model, dequantized with "
+                                     f"its scale ({float(np.max(scales)):.3g}) and zero point")
 
 
 def _version() -> str:
@@ -189,7 +218,7 @@ def tap_map(spec, meta: dict, interpreter) -> dict[str, dict]:
     tflite_outputs = meta.get("tflite_outputs") or dict(zip(spec.outputs, meta["output_names"]))
     written = [(op["op_name"], int(t)) for op in ops for t in op["outputs"] if int(t) in tensors]
     model_scope = meta.get("keras_model_name")
-    named = [(op_name, index, _layers(tensors[index]["name"], taps, model_scope)) for op_name, index in written]
+    named = [(op_name, index, tensor_layers(tensors[index]["name"], taps, model_scope)) for op_name, index in written]
     result = {}
     for tap in taps:
         record = records.get(tap) or {}
@@ -246,7 +275,7 @@ def _fits(signature: tuple, expected: tuple) -> bool:
     return len(signature) == len(expected) and all(s < 0 or e is None or s == e for s, e in zip(signature, expected))
 
 
-def _layers(tensor_name: str, taps: list[str], model_name: str | None = None) -> set[str]:
+def tensor_layers(tensor_name: str, taps: list[str], model_name: str | None = None) -> set[str]:
     """The taps whose Keras layer a converter tensor name holds ops of: each ``;``-separated location is
     ``<model scope>/<layer scope>/...``."""
     found = set()

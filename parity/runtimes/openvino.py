@@ -22,6 +22,9 @@ HINTS = {"fp32": F32, "bf16": "bf16", "fp16": "f16"}  # parity's precision -> th
 IR_TAPS_REASON = ("an OpenVINO IR converted from torch names its operations by TorchScript's module scopes, which "
                   "parity does not map to layers: outputs are compared (diagnose torch/onnx/openvino to read the "
                   "layers)")
+INT8_TAPS_REASON = ("an int8 IR quantized by NNCF computes its layers inside fused int8 kernels, which parity does not "
+                    "read: outputs are compared (the float path's diagnosis reads the layers)")
+LOW_PRECISION = {"i8", "u8"}
 
 
 class OpenVinoRunner(Runner):
@@ -31,7 +34,8 @@ class OpenVinoRunner(Runner):
     ``artifact_dir / meta["file"]`` is the IR's ``model.xml`` or an ``model.onnx``; the inputs' dynamic axes stay
     dynamic (one compile runs every verification shape); an axis the artifact fixed refuses other sizes, which the
     check reports with the axes the export baked in. Taps of an ONNX artifact are read by the diagnosis from the graph
-    (``parity.diagnose.collect``, through ``run_tensors``); an IR has none (``no_taps_reason``)."""
+    (``parity.diagnose.collect``, through ``run_tensors``); an IR has none (``no_taps_reason``). An int8 IR (NNCF's,
+    ``meta["quantization"]``) runs its quantized layers in int8 under the f32 hint; ``runtime_record`` counts them."""
 
     no_taps_reason = IR_TAPS_REASON
 
@@ -48,6 +52,8 @@ class OpenVinoRunner(Runner):
         self.core = ov.Core()
         if "CPU" not in self.core.available_devices:
             raise Unavailable(f"OpenVINO {ov.__version__} finds no CPU device (it finds {self.core.available_devices})")
+        if meta.get("quantization"):
+            self.no_taps_reason = INT8_TAPS_REASON
         self.hint = HINTS[precision]
         self.config = compile_config(threads, self.hint)
         self.compiled = self.core.compile_model(self.core.read_model(str(self.model_path)), "CPU", self.config)
@@ -90,7 +96,19 @@ class OpenVinoRunner(Runner):
                 "dynamic_inputs": [port.any_name for port in self.compiled.inputs
                                    if port.get_partial_shape().is_dynamic],
                 "summary": f"inference precision {self.hint} (ran {self.numerics['ran_at']}); "
-                           f"{self.numerics['default_here']}"}
+                           f"{self.numerics['default_here']}", **self._int8_record()}
+
+    def _int8_record(self) -> dict:
+        """For an int8 IR: the compiled graph's layers that run in int8 (``runtimePrecision`` i8 / u8), by kind."""
+        if not self.meta.get("quantization"):
+            return {}
+        kinds: dict[str, int] = {}
+        for op in self.compiled.get_runtime_model().get_ops():
+            info = op.get_rt_info()
+            kind, ran = str(info["layerType"].astype(str)), str(info["runtimePrecision"].astype(str))
+            if ran in LOW_PRECISION and kind != "Const":
+                kinds[kind] = kinds.get(kind, 0) + 1
+        return {"int8_layers": dict(sorted(kinds.items()))}
 
 
 def _type_name(element_type) -> str:
