@@ -1,0 +1,189 @@
+"""float32 ONNX -> int8 ONNX with ONNX Runtime's own quantizer (``onnxruntime.quantization``).
+
+Two paths from the same verified float parent:
+
+- ``export_static`` (``*/ort-int8``): ``quantize_static`` in the QDQ format (QuantizeLinear / DequantizeLinear
+  around every quantized tensor, which ONNX Runtime fuses into int8 kernels), int8 weights per output channel, int8
+  activations per tensor, their ranges calibrated on ``job.calibration`` with the spec's method (MinMax, Entropy,
+  Percentile);
+- ``export_dynamic`` (``*/ort-int8dyn``): ``quantize_dynamic``, int8 weights per channel, activations quantized at
+  run time from each batch's own range (no calibration).
+
+Both first run ONNX Runtime's ``quant_pre_process`` (symbolic and ONNX shape inference, basic graph optimisation),
+which its documentation asks for: without it ``quantize_dynamic`` refuses torch.onnx's Gemm exports (a stale weight
+shape in ``value_info``). A model it cannot process is quantized as it is, and the meta says why. Both keep the nodes
+``spec.quantization.kept_float(path_id)`` names in float (``nodes_to_exclude``); ``quantize_dynamic`` rewrites a
+Gemm as ``<name>_MatMul`` + ``<name>_Add`` before it reads that list, so for a Gemm it is also given ``<name>_MatMul``
+(the Gemm's own name alone is silently ignored: the layer would stay int8).
+
+``quantize`` is the one call the exporters and the int8 repair (``parity.diagnose.int8_repair``) share, so a
+repaired model is the model this exporter writes with the same list. onnx and onnxruntime are imported inside.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+from parity.exporters.common import ONNX_FILE, ExportJob
+from parity.model import feeds
+from parity.platform.errors import ExportError, one_line
+from parity.runtimes.onnx_common import onnx_feed
+
+METHODS = ("MinMax", "Entropy", "Percentile")  # onnxruntime.quantization.CalibrationMethod names
+# the ops a dynamic quantization writes in place of a float node (its name is gone, ``<name>_...`` holds one of these)
+INTEGER_OPS = {"MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QAttention",
+               "DynamicQuantizeLSTM", "QLinearMatMul", "QLinearConv"}
+QUANTIZE_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}
+
+
+def export_static(job: ExportJob) -> dict:
+    """The parent ONNX model quantized statically (QDQ, see the module docstring), calibrated on ``job.calibration``
+    with ``spec.quantization.calibration``; the parent's meta plus ``meta["quantization"]``."""
+    if not job.calibration:
+        raise ExportError("static int8 quantization needs calibration samples, and the job has none")
+    batches = calibration_batches(job.spec, job.parent_meta, job.calibration, job.batch_size)
+    return _export(job, batches, job.spec.quantization.calibration, dynamic=False)
+
+
+def export_dynamic(job: ExportJob) -> dict:
+    """The parent ONNX model quantized dynamically (int8 weights per channel, activations at run time); the
+    parent's meta plus ``meta["quantization"]``."""
+    return _export(job, None, None, dynamic=True)
+
+
+def _export(job: ExportJob, batches, method, dynamic: bool) -> dict:
+    if not job.parent_meta or job.parent_meta.get("format") != "onnx":
+        raise ExportError("int8 quantization reads an ONNX model, and the step before it wrote none")
+    source = Path(job.parent_dir) / job.parent_meta["file"]
+    record = quantize(source, Path(job.out_dir) / ONNX_FILE, batches, method,
+                      nodes_to_exclude=job.spec.quantization.kept_float(job.path_id), dynamic=dynamic)
+    return {**job.parent_meta, "file": ONNX_FILE, "quantization": record}
+
+
+def calibration_batches(spec, meta: dict, calibration: dict, batch_size: int) -> list[dict]:
+    """``calibration`` (canonical inputs, every sample) as the graph's feeds, ``batch_size`` samples each, by the
+    graph's input names and layout exactly as the ORT runner feeds the float model (``onnx_feed``). Only whole
+    batches (a static-batch export takes no other size), the first one filled up when there are fewer samples."""
+    total = feeds.samples(spec, calibration)
+    starts = range(0, max(total - batch_size, 0) + 1, batch_size)
+    return [onnx_feed(spec, meta, feeds.padded(spec, feeds.rows(spec, calibration, start, start + batch_size),
+                                                batch_size)) for start in starts]
+
+
+def quantize(src, dst, calibration_feeds, method: str | None, nodes_to_exclude=(), dynamic: bool = False) -> dict:
+    """Write ``src`` (a float ONNX file) quantized to int8 at ``dst`` and return what was done (the meta's
+    ``quantization`` record). ``calibration_feeds``: the graph's feeds, one dict per batch (static only);
+    ``method``: MinMax, Entropy or Percentile (static only); ``nodes_to_exclude``: node names kept in float, names
+    of ``src`` as ``quant_pre_process`` leaves them (it keeps the exporters' names; an unknown name is an error)."""
+    import onnx
+    import onnxruntime
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
+
+    kept = list(dict.fromkeys(nodes_to_exclude or ()))
+    if not dynamic and method not in METHODS:
+        raise ExportError(f"calibration method {method!r} is not one of {', '.join(METHODS)}")
+    if not dynamic and not calibration_feeds:
+        raise ExportError("static int8 quantization needs calibration samples, and none were given")
+    with tempfile.TemporaryDirectory(prefix="parity-int8-") as scratch:
+        prepared, pre_process = prepare(src, Path(scratch) / "prepared.onnx")
+        float_model = onnx.load(str(prepared))
+        names = {node.name for node in float_model.graph.node}
+        unknown = [name for name in kept if name not in names]
+        if unknown:
+            raise ExportError(f"keep_float names {len(unknown)} node(s) the graph does not have: "
+                              f"{', '.join(unknown[:5])}{', ...' if len(unknown) > 5 else ''} (names are ONNX node "
+                              f"names, e.g. {', '.join(sorted(names)[:3])})")
+        passed = kept
+        if dynamic:  # quantize_dynamic rewrites a Gemm as <name>_MatMul + <name>_Add before it reads the list
+            ops = {node.name: node.op_type for node in float_model.graph.node}
+            passed = [*kept, *(f"{name}_MatMul" for name in kept if ops[name] == "Gemm")]
+        try:
+            with _quiet():
+                if dynamic:
+                    quantize_dynamic(str(prepared), str(dst), per_channel=True, weight_type=QuantType.QInt8,
+                                     nodes_to_exclude=passed)
+                else:
+                    class Reader(CalibrationDataReader):
+                        def __init__(self):
+                            self.batches = iter(calibration_feeds)
+
+                        def get_next(self):
+                            return next(self.batches, None)
+
+                    quantize_static(str(prepared), str(dst), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                                    calibrate_method=getattr(CalibrationMethod, method), nodes_to_exclude=kept)
+        except Exception as error:  # noqa: BLE001 - the quantizer's own reason is the export's reason
+            raise ExportError(one_line(f"onnxruntime {'quantize_dynamic' if dynamic else 'quantize_static'}: "
+                                       f"{type(error).__name__}: {error}", 300)) from None
+        quantized = quantized_layers(float_model, onnx.load(str(dst)), kept)
+    samples = sum(len(next(iter(batch.values()))) for batch in calibration_feeds or ()) if not dynamic else 0
+    return {"tool": f"onnxruntime {onnxruntime.__version__} quantization."
+                    f"{'quantize_dynamic' if dynamic else 'quantize_static'}",
+            "format": "QOperator (dynamic)" if dynamic else "QDQ", "calibration": None if dynamic else method,
+            "calibration_samples": samples, "per_channel": True, "weight_type": "int8",
+            "activation_type": "int8, per batch at run time" if dynamic else "int8, per tensor",
+            "pre_process": pre_process, "kept_float": kept, "nodes_to_exclude": passed,
+            "quantized_layers": len(quantized),
+            "quantized_ops": dict(Counter(op for _, op in quantized))}
+
+
+def prepare(src, dst) -> tuple[Path, dict]:
+    """``(model to quantize, record)``: ``src`` through ONNX Runtime's ``quant_pre_process`` into ``dst``, or ``src``
+    itself where the pre-process fails (the record says why)."""
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    try:
+        with _quiet():
+            quant_pre_process(str(src), str(dst))
+        return Path(dst), {"applied": True, "step": "onnxruntime.quantization.shape_inference.quant_pre_process "
+                                                    "(symbolic + ONNX shape inference, basic optimisation)"}
+    except Exception as error:  # noqa: BLE001 - quantizing the model as it is still works for most graphs
+        return Path(src), {"applied": False, "reason": one_line(f"{type(error).__name__}: {error}", 300)}
+
+
+def quantized_layers(float_model, quantized_model, kept=()) -> list[tuple[str, str]]:
+    """``[(node name, op type)]`` of ``float_model``'s nodes the quantizer made int8, in graph order: a QDQ node that
+    reads a DequantizeLinear output (a weight or an activation), or a node a dynamic quantization replaced by an
+    integer op (its name gone, ``<name>_...`` an op of ``INTEGER_OPS``); never one of ``kept`` (a node kept in float
+    may still read the dequantized output of a quantized producer)."""
+    by_name = {node.name: node for node in quantized_model.graph.node}
+    producer = {out: node.op_type for node in quantized_model.graph.node for out in node.output}
+    integer_prefixes = [node.name for node in quantized_model.graph.node if node.op_type in INTEGER_OPS]
+    found = []
+    for node in float_model.graph.node:
+        if not node.name or node.op_type in QUANTIZE_OPS or node.name in kept:
+            continue
+        twin = by_name.get(node.name)
+        if twin is not None:
+            if twin.op_type in INTEGER_OPS or any(producer.get(i) == "DequantizeLinear" for i in twin.input):
+                found.append((node.name, node.op_type))
+        elif any(name.startswith(f"{node.name}_") for name in integer_prefixes):
+            found.append((node.name, node.op_type))
+    return found
+
+
+@contextlib.contextmanager
+def _quiet():
+    """The quantizer prints its calibration progress and logs advice on the root logger: neither is a result."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        root.setLevel(level)
+

@@ -1,0 +1,193 @@
+"""ONNX Runtime's int8 paths: the static (QDQ) and dynamic exporters, and the diagnosis that names the layer an int8
+model loses its accuracy in and the fewest nodes to keep in float.
+
+The models are the zoo's trained digits MLP, exported by torch.onnx as parity exports it, and the same MLP made
+sensitive on purpose: its first hidden layer's busiest channel scaled by 1024 and the next layer's weights on that
+channel divided by 1024 (exact in binary floating point, and ReLU commutes with a positive scale, so the float model
+and its golden data are unchanged), which no per-tensor int8 range of that activation can hold beside the others.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from parity.exporters import onnx_int8
+from parity.exporters.common import ExportJob
+from parity.golden import calibration
+from parity.golden import store as golden
+from parity.model.workspace import Workspace
+from parity.platform.errors import ExportError
+from tests.conftest import reseal, zoo_copy
+
+OUTLIER = 1024.0  # a power of two: scaling and dividing back is exact, so the golden stays the model's
+STATIC, DYNAMIC = "torch/onnx/ort-int8", "torch/onnx/ort-int8dyn"
+
+
+def _plant_outlier(golden_dir: Path) -> int:
+    """The outlier channel of the module docstring in ``golden_dir``'s weights (resealed); returns the channel."""
+    from parity.model.digits import digits_split
+
+    with np.load(golden_dir / "weights.npz") as stored:
+        weights = {name: stored[name].copy() for name in stored.files}
+    x = digits_split((64,)).train_x
+    hidden = np.maximum(x @ weights["dense1/kernel"] + weights["dense1/bias"], 0.0)
+    channel = int(hidden.mean(0).argmax())
+    weights["dense1/kernel"][:, channel] *= OUTLIER
+    weights["dense1/bias"][channel] *= OUTLIER
+    weights["dense2/kernel"][channel, :] /= OUTLIER
+    reseal(golden_dir, "weights.npz", weights)
+    return channel
+
+
+def _workspace(root: Path, outlier: bool):
+    """A zoo copy with the mlp (its weights given the outlier channel when ``outlier``), its spec, the golden and
+    the float ONNX parent the int8 paths are quantized from (torch.onnx, as parity exports it)."""
+    from parity.exporters import torch_onnx
+    from parity.run.tasks import _input_batch
+
+    zoo_copy(root, "mlp")
+    if outlier:
+        _plant_outlier(root / "golden" / "mlp")
+    ws = Workspace(root)
+    spec = ws.load_spec("mlp")
+    verified = golden.load(ws.golden_dir("mlp"), spec)
+    parent = root / "parent"
+    parent.mkdir()
+    job = ExportJob(spec=spec, weights=verified.arrays["weights.npz"], batch_size=spec.batch_size, opset=spec.opset,
+                    out_dir=parent, inputs=_input_batch(verified, spec, spec.batch_size))
+    return ws, spec, verified, parent, torch_onnx.export(job)
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    return _workspace(tmp_path_factory.mktemp("int8-plain"), outlier=False)
+
+
+@pytest.fixture(scope="module")
+def sensitive(tmp_path_factory):
+    return _workspace(tmp_path_factory.mktemp("int8-outlier"), outlier=True)
+
+
+def _export(setup, exporter, out_dir: Path, path_id: str, keep_float=None, method: str = "MinMax") -> dict:
+    _, spec, verified, parent, meta = setup
+    spec = replace(spec, quantization=replace(spec.quantization, calibration=method, keep_float=keep_float or {}))
+    samples, _ = calibration.calibration_feeds(spec, verified)
+    out_dir.mkdir()
+    job = ExportJob(spec=spec, weights={}, batch_size=spec.batch_size, opset=spec.opset, out_dir=out_dir,
+                    parent_dir=parent, parent_meta=meta, calibration=samples, path_id=path_id)
+    return exporter(job)
+
+
+def _check(setup, path_id: str, out_dir: Path, meta: dict) -> dict:
+    """parity's own check of the int8 path on the artifact in ``out_dir``: its accuracy gate."""
+    from parity.run.tasks import check_path
+
+    ws = setup[0]
+    result = check_path(str(ws.root), "mlp", path_id, str(ws.golden_dir("mlp")), "fp32", 1, str(out_dir), meta)
+    return result["gate"]
+
+
+def _ops(path: Path) -> dict[str, str]:
+    return {node.name: node.op_type for node in onnx.load(str(path)).graph.node}
+
+
+def test_static_export_writes_a_qdq_model_calibrated_as_the_spec_says_and_keeps_the_named_nodes_float(plain,
+                                                                                                      tmp_path):
+    meta = _export(plain, onnx_int8.export_static, tmp_path / "static", STATIC, method="Entropy")
+    parent_meta = plain[4]
+    assert {k: meta[k] for k in parent_meta} == {**parent_meta, "file": "model.onnx"}
+    record = meta["quantization"]
+    assert record["format"] == "QDQ" and record["calibration"] == "Entropy" and record["per_channel"]
+    assert record["calibration_samples"] == 256 and record["pre_process"]["applied"]
+    assert record["quantized_layers"] == 3 and record["kept_float"] == []
+    ops = _ops(tmp_path / "static" / "model.onnx")
+    assert "QuantizeLinear" in ops.values() and "DequantizeLinear" in ops.values()
+    assert _check(plain, STATIC, tmp_path / "static", meta)["decision"] == "pass"
+    # a kept node reads its own weight as the float initializer, not through a DequantizeLinear
+    kept = _export(plain, onnx_int8.export_static, tmp_path / "kept", STATIC,
+                   keep_float={"torch/onnx/ort-int8*": ("node_linear_1",)})
+    assert kept["quantization"]["kept_float"] == ["node_linear_1"] and kept["quantization"]["quantized_layers"] == 2
+    model = onnx.load(str(tmp_path / "kept" / "model.onnx"))
+    producers = {out: node.op_type for node in model.graph.node for out in node.output}
+    gemm = next(node for node in model.graph.node if node.name == "node_linear_1")
+    assert producers.get(gemm.input[1]) is None and gemm.input[1] in {t.name for t in model.graph.initializer}
+
+
+def test_dynamic_export_quantizes_weights_and_keeps_a_named_gemm_float(plain, tmp_path):
+    meta = _export(plain, onnx_int8.export_dynamic, tmp_path / "dynamic", DYNAMIC)
+    record = meta["quantization"]
+    assert record["calibration"] is None and record["calibration_samples"] == 0 and record["quantized_layers"] == 3
+    assert list(_ops(tmp_path / "dynamic" / "model.onnx").values()).count("MatMulInteger") == 3
+    assert _check(plain, DYNAMIC, tmp_path / "dynamic", meta)["decision"] == "pass"
+    # quantize_dynamic renames a Gemm before it reads nodes_to_exclude: the layer must still stay float
+    kept = _export(plain, onnx_int8.export_dynamic, tmp_path / "kept", DYNAMIC,
+                   keep_float={DYNAMIC: ("node_linear_1",)})
+    ops = _ops(tmp_path / "kept" / "model.onnx")
+    assert list(ops.values()).count("MatMulInteger") == 2 and ops["node_linear_1_MatMul"] == "MatMul"
+    assert kept["quantization"]["quantized_layers"] == 2
+
+
+def test_a_kept_node_the_graph_does_not_have_is_an_export_error(plain, tmp_path):
+    with pytest.raises(ExportError, match="keep_float names 1 node.*node_typo"):
+        _export(plain, onnx_int8.export_static, tmp_path / "typo", STATIC, keep_float={STATIC: ("node_typo",)})
+
+
+def _diagnose(setup, path_id: str) -> dict:
+    from parity.diagnose.int8_layers import diagnose_int8
+
+    ws, _, _, parent, meta = setup
+    found = diagnose_int8(str(ws.root), "mlp", path_id, str(ws.golden_dir("mlp")), str(parent), meta, 1)
+    return json.loads(json.dumps(found))  # what crosses the worker boundary
+
+
+def test_an_outlier_channel_is_named_as_the_layer_that_costs_the_accuracy_and_repaired(sensitive, tmp_path):
+    from parity.diagnose.int8_layers import render_int8
+
+    found = _diagnose(sensitive, STATIC)
+    assert found["gate"]["decision"] == "fail" and found["gate"]["value"] < 0.5 < found["gate"]["golden"]
+    for label in ("first", "worst"):
+        layer = found[label]
+        assert (layer["node"], layer["module"], layer["op_type"]) == ("node_linear", "dense1", "Gemm"), label
+        assert found[f"{label}_by"] == "regain" and layer["regain"] > 0.5
+    # the tensor's SQNR is high (the outlier is the signal); its other channels round to zero
+    first = found["first"]
+    assert first["sqnr_db"] > 30 and first["channel_sqnr_db"] < 3 and first["excluded"] == ["node_linear",
+                                                                                            "node_linear_1"]
+    assert found["ranking"][0] == "node_linear" and found["tested"] == 3
+    repair = found["repair"]
+    assert repair["passes"] and repair["minimal"] and repair["after"]["decision"] == "pass"
+    assert repair["nodes_to_exclude"] == ["node_linear", "node_linear_1"] and repair["runs"] <= 40
+    assert all(judged["decision"] != "pass" for judged in repair["needed"].values())
+    assert repair["toolchain"]["spec"] == ('quantization=Quantization(keep_float={"torch/onnx/ort-int8": '
+                                           '("node_linear", "node_linear_1")})')
+    lines = "\n".join(render_int8(found))
+    assert "dense1 (node node_linear, Gemm)" in lines and "nodes_to_exclude=['node_linear', 'node_linear_1']" in lines
+    # the exporter with the repair's list writes a model parity's check passes; with either node int8 it fails
+    keep = {STATIC: tuple(repair["nodes_to_exclude"])}
+    meta = _export(sensitive, onnx_int8.export_static, tmp_path / "repaired", STATIC, keep_float=keep)
+    assert _check(sensitive, STATIC, tmp_path / "repaired", meta)["decision"] == "pass"
+    meta = _export(sensitive, onnx_int8.export_static, tmp_path / "half", STATIC, keep_float={STATIC: ("node_linear",)})
+    assert _check(sensitive, STATIC, tmp_path / "half", meta)["decision"] == "fail"
+
+
+def test_dynamic_quantization_names_the_layer_that_quantizes_the_outlier_activation(sensitive):
+    found = _diagnose(sensitive, DYNAMIC)
+    assert found["gate"]["decision"] == "fail"
+    # quantize_dynamic quantizes an activation where it is read: inside the next layer
+    assert found["first"]["node"] == found["worst"]["node"] == "node_linear_1" and found["worst"]["module"] == "dense2"
+    repair = found["repair"]
+    assert repair["passes"] and repair["minimal"] and repair["nodes_to_exclude"] == ["node_linear_1"]
+    assert "'node_linear_1_MatMul'" in repair["toolchain"]["onnxruntime"]
+
+
+def test_a_path_that_passes_needs_no_repair_and_another_quantizer_is_not_diagnosed_here(plain):
+    found = _diagnose(plain, STATIC)
+    assert found["gate"]["decision"] == "pass" and found["repair"]["reason"] == "the path passes its gate as quantized"
+    assert {layer["node"] for layer in found["layers"]} == {"node_linear", "node_linear_1", "node_linear_2"}
+    assert "not quantized by ONNX Runtime" in _diagnose(plain, "torch/onnx/openvino-int8")["reason"]
