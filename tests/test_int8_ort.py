@@ -191,3 +191,56 @@ def test_a_path_that_passes_needs_no_repair_and_another_quantizer_is_not_diagnos
     assert found["gate"]["decision"] == "pass" and found["repair"]["reason"] == "the path passes its gate as quantized"
     assert {layer["node"] for layer in found["layers"]} == {"node_linear", "node_linear_1", "node_linear_2"}
     assert "not quantized by ONNX Runtime" in _diagnose(plain, "torch/onnx/openvino-int8")["reason"]
+
+
+def _jax_style_gemm(path, beta: float = 0.0) -> None:
+    """Two layers as jax2onnx writes them: Gemm(x, W, scalar C) with beta 0, then the real bias by an Add."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w1, w2 = rng.normal(size=(16, 32)).astype(np.float32), rng.normal(size=(32, 4)).astype(np.float32)
+    b1 = rng.normal(size=(1, 32)).astype(np.float32)
+    inits = [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"), numpy_helper.from_array(b1, "b1"),
+             numpy_helper.from_array(np.array(0.0, np.float32), "dot_bias")]
+    nodes = [helper.make_node("Gemm", ["x", "w1", "dot_bias"], ["h"], name="g1", beta=beta),
+             helper.make_node("Add", ["h", "b1"], ["hb"], name="add"),
+             helper.make_node("Relu", ["hb"], ["r"], name="relu"),
+             helper.make_node("Gemm", ["r", "w2", "dot_bias"], ["y"], name="g2", beta=beta)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 4])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), str(path))
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_jax2onnx_gemm_with_beta_zero_is_quantized_to_the_same_sum(tmp_path, dynamic):
+    """ONNX Runtime's quantizer (1.31) folds a Gemm's C without its beta=0 (the jax zoo's int8 model scored 1.6 %),
+    and its dynamic quantizer leaves a Gemm float: parity drops the unused C and, for dynamic, writes the MatMul."""
+    import onnxruntime
+
+    from parity.exporters import onnx_int8
+
+    _jax_style_gemm(tmp_path / "f.onnx")
+    x = np.random.default_rng(1).normal(size=(8, 16)).astype(np.float32)
+    record = onnx_int8.quantize(tmp_path / "f.onnx", tmp_path / "q.onnx", None if dynamic else [{"x": x}],
+                                None if dynamic else "MinMax", dynamic=dynamic)
+    assert record["quantized_layers"] >= 2
+    assert any("C unused (beta=0) dropped" in c for c in record["pre_process"]["gemm_bias_rewritten"])
+    expected = onnxruntime.InferenceSession(str(tmp_path / "f.onnx")).run(None, {"x": x})[0]
+    found = onnxruntime.InferenceSession(str(tmp_path / "q.onnx")).run(None, {"x": x})[0]
+    assert np.abs(found - expected).max() < 0.05 * np.abs(expected).max()
+
+
+def test_a_graph_the_quantizer_leaves_float_is_an_export_error(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    from parity.exporters import onnx_int8
+    from parity.platform.errors import ExportError
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), str(tmp_path / "f.onnx"))
+    with pytest.raises(ExportError, match="quantized no layer"):
+        onnx_int8.quantize(tmp_path / "f.onnx", tmp_path / "q.onnx", None, None, dynamic=True)
