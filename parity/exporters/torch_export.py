@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import io
 import tempfile
 from contextlib import nullcontext, redirect_stderr, redirect_stdout
@@ -20,20 +21,29 @@ def export(job: ExportJob) -> dict:
     """The spec's module exported with its named axes dynamic (one ``torch.export.Dim`` per axis name) and saved
     with ``torch.export.save``. Where the dynamic export raises, the program is exported static at the golden
     batch and ``meta["axes"]["reason"]`` carries torch.export's own message."""
+    program, axes = exported_program(job)
+    save_program(program, job.out_dir)
+    return program_meta(job.spec, axes)
+
+
+def save_program(program, out_dir) -> None:
+    """``program`` saved with ``torch.export.save`` as ``out_dir/model.pt2``, atomically."""
     import torch
 
-    spec = job.spec
-    program, axes = exported_program(job)
-    with tempfile.TemporaryDirectory(dir=job.out_dir) as scratch:  # torch.export.save writes in place: not atomic
+    with tempfile.TemporaryDirectory(dir=out_dir) as scratch:  # torch.export.save writes in place: not atomic
         staged = Path(scratch) / PT2_FILE
         torch.export.save(program, str(staged))
-        write_bytes_atomic(Path(job.out_dir) / PT2_FILE, staged.read_bytes())
+        write_bytes_atomic(Path(out_dir) / PT2_FILE, staged.read_bytes())
+
+
+def program_meta(spec, axes: dict) -> dict:
+    """A ``.pt2`` artifact's metadata: its file, the spec's inputs and outputs in order, layouts, the axes record."""
     return {"format": "pt2", "file": PT2_FILE, "input_names": [i.name for i in spec.model_inputs],
             "output_names": list(spec.outputs), "input_layout": _layout(spec), "canonical_layout": _layout(spec),
             "axes": axes}
 
 
-def exported_program(job: ExportJob, dims="declared", reason: str | None = None):
+def exported_program(job: ExportJob, dims="declared", reason: str | None = None, traced=None):
     """``(program, axes record)``: the spec's float32 module (inputs positional in the spec's order, outputs a
     tuple in the spec's order) exported on the golden inputs, its axes dynamic as far as torch.export takes them.
 
@@ -41,9 +51,10 @@ def exported_program(job: ExportJob, dims="declared", reason: str | None = None)
     specialised: ``size_oblivious``), then bounded to the sizes parity runs (a sequence that cannot pass a position
     table); given ``dims`` (``dynamic_shapes``) are tried as they are; None exports static, with
     ``reason`` saying why. Each refusal is said in the record (``note`` for the way that worked, ``reason`` where
-    the program came out static)."""
+    the program came out static). ``traced``: ``(module, example)`` to export instead of the spec's module (a
+    program's ``.module()`` after a rewrite, which takes its inputs one per argument)."""
     spec = job.spec
-    module, example = traced_module(job)
+    module, example = traced_module(job) if traced is None else traced
     if dims == "declared":
         declared = dynamic_shapes(spec)
         attempts = [] if declared is None else [
@@ -121,6 +132,9 @@ def input_shapes(spec, program) -> dict[str, list[int | None]]:
 def _export(module, example, dynamic):
     import torch
 
+    takes_varargs = any(p.kind is p.VAR_POSITIONAL for p in inspect.signature(module.forward).parameters.values())
+    if dynamic is not None and not takes_varargs:  # ``_Flat`` nests the inputs' shapes in its one varargs tuple
+        dynamic = dynamic[0]
     with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
         return torch.export.export(module, example, dynamic_shapes=dynamic, strict=False)
 
