@@ -178,7 +178,7 @@ def _bench_fixture(pool, groups=("onnx", "tf"), **options):
 
     def path(group):
         return SimpleNamespace(id=f"p-{group}", exports=(), runtime=SimpleNamespace(group=group), precision="fp32",
-                               device="cpu", differentiable=False, baseline=f"p-{group}")
+                               device="cpu", differentiable=False, baseline=f"p-{group}", quantized=False)
 
     run = SimpleNamespace(workspace=SimpleNamespace(root="/ws", golden_dir=lambda name: f"/ws/golden/{name}"),
                           options=SimpleNamespace(threads=1), progress=lambda *a, **k: None)
