@@ -261,7 +261,7 @@ def test_series_get_runners_of_their_own_and_never_the_golden_weights(monkeypatc
         def run(self, x):
             return {"y": np.zeros((len(x["x"]), 1), np.float32)}
 
-    monkeypatch.setattr(tasks, "_setup", lambda *a, **k: (spec, SimpleNamespace(device_kind="cpu"), verified))
+    monkeypatch.setattr(tasks, "_setup", lambda *a, **k: (spec, SimpleNamespace(device_kind="cpu", quantized=False), verified))
     monkeypatch.setattr(tasks, "_IDLE_MB", 100.0)  # this worker's idle size, as its first result measured it
     monkeypatch.setattr(tasks, "build_runner", lambda spec, path, weights, *a: Runner(weights))
     monkeypatch.setattr(tasks.compare, "error_stats", lambda *a: {"ok": True, "tol_units": 0.0})

@@ -82,7 +82,7 @@ def test_a_ratio_is_given_between_settled_series_and_withheld_where_one_is_unset
 
     def pending(base_settled):
         spec = SimpleNamespace(name="mlp")
-        return [(spec, None, SimpleNamespace(id=path, baseline="torch"), {"timing": {"batches": {"8": entry}}})
+        return [(spec, None, SimpleNamespace(id=path, baseline="torch", quantized=False), {"timing": {"batches": {"8": entry}}})
                 for path, entry in (("torch", series(2.0, base_settled)), ("torch/onnx/ort", series(1.0)))]
 
     settled = pending(True)

@@ -77,3 +77,49 @@ def test_a_gate_the_split_cannot_decide_is_inconclusive_and_not_timed(tmp_path):
     assert int8["verdict"] == "fail" and int8["gate"]["decision"] == "inconclusive"
     assert int8["gate"]["more_samples"] is None and "no number of samples would decide" in int8["reason"]
     assert not int8.get("timing")
+
+
+LINEAR = """
+import torch
+
+def make():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+"""
+
+
+def _user_workspace(tmp_path, eval_apart: bool):
+    import numpy as np
+
+    from parity.golden import store as golden
+    from parity.model.workspace import Workspace
+
+    tmp_path.mkdir()
+    rng = np.random.default_rng(0)
+    arrays = {"x": rng.normal(size=(100, 8)).astype(np.float32), "labels": rng.integers(0, 3, 100)}
+    if eval_apart:
+        arrays.update(eval_x=rng.normal(size=(50, 8)).astype(np.float32), eval_labels=rng.integers(0, 3, 50))
+    np.savez(tmp_path / "data.npz", **arrays)
+    (tmp_path / "net.py").write_text(LINEAR)
+    assert _invoke("init", "net", "--workspace", tmp_path, "--torch", f"{tmp_path / 'net.py'}:make", "--inputs",
+                   tmp_path / "data.npz").exit_code == 0
+    assert _invoke("golden", "build", "--workspace", tmp_path, "--model", "net").exit_code == 0
+    ws = Workspace(tmp_path)
+    spec = ws.load_spec("net")
+    return spec, golden.load(ws.golden_dir("net"), spec)
+
+
+def test_a_user_model_calibrates_on_every_input_of_its_file_apart_from_its_eval_set(tmp_path):
+    import numpy as np
+    import pytest
+
+    from parity.golden.calibration import calibration_feeds
+    from parity.platform.errors import Unavailable
+
+    spec, verified = _user_workspace(tmp_path / "apart", eval_apart=True)
+    samples, where = calibration_feeds(spec, verified, tmp_path / "apart")
+    assert samples["x"].shape == (100, 8) and samples["x"].dtype == np.float32  # not the golden's one batch
+    assert where == "the inputs of data.npz (100 of 100 samples, apart from its eval set)"
+    spec, verified = _user_workspace(tmp_path / "same", eval_apart=False)
+    with pytest.raises(Unavailable, match="no calibration data apart from the eval set"):
+        calibration_feeds(spec, verified, tmp_path / "same")

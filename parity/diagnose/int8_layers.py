@@ -67,7 +67,7 @@ def diagnose_int8(workspace: str, model: str, path_id: str, golden_dir: str, flo
     kept = list(spec.quantization.kept_float(path_id))
     batches = None
     if not dynamic:
-        samples, _ = calibration.calibration_feeds(spec, verified)
+        samples, _ = calibration.calibration_feeds(spec, verified, Workspace(workspace).root)
         batches = onnx_int8.calibration_batches(spec, float_meta, samples, spec.batch_size)
     evals = feeds.from_arrays(spec, verified.arrays["eval.npz"])
     labels = verified.arrays["eval.npz"].get("y")

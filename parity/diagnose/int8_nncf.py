@@ -182,7 +182,7 @@ def nncf_side_by_side(workspace: str, model: str, path_id: str, golden_dir: str,
 
     spec = Workspace(workspace).load_spec(model)
     verified = golden.load(Path(golden_dir), spec)
-    samples, where = calibration.calibration_feeds(spec, verified)
+    samples, where = calibration.calibration_feeds(spec, verified, Workspace(workspace).root)
     evals = feeds.from_arrays(spec, verified.arrays["eval.npz"])
     labels = verified.arrays["eval.npz"].get("y")
     golden_logits = verified.arrays["reference.npz"]["eval/logits"]

@@ -5,13 +5,16 @@ scores would let the ranges fit exactly those samples and flatter the verdict. S
 
 - the zoo: the digits' training split (the same seeded split the weights were trained on, rebuilt from the
   dataset the golden manifest names);
-- a user model whose eval set was given apart from its inputs (``eval_x`` in the inputs ``.npz``): the inputs;
+- a user model whose eval set was given apart from its inputs (``eval_x`` in the inputs ``.npz``): the inputs
+  (every sample of the file, not only the golden's one batch);
 - a user model whose inputs parity generated from a declared distribution: fresh samples of that distribution
   drawn with another seed;
 - anything else (the eval set *is* the inputs): no calibration data, said as the reason.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 
@@ -23,21 +26,33 @@ LIMIT = 256  # calibration samples at most: ranges settle well before, and each 
 SEED_OFFSET = 1_000_003  # generated calibration samples: the inputs' seed plus this, so never the same draw
 
 
-def calibration_feeds(spec, verified, limit: int = LIMIT) -> tuple[dict[str, np.ndarray], str]:
+def calibration_feeds(spec, verified, root: Path | None = None, limit: int = LIMIT) -> tuple[dict[str, np.ndarray], str]:
     """``(feeds, where)``: up to ``limit`` calibration samples for ``spec`` (canonical layout, float32 for float
-    inputs) and a line saying where they come from. Raises ``Unavailable`` where only the eval split exists."""
+    inputs) and a line saying where they come from; ``root``: the workspace a user's inputs file is relative to.
+    Raises ``Unavailable`` where only the eval split exists."""
     data = verified.manifest.get("data") or {}
     if data.get("dataset") == DATASET:
         split = digits_split(spec.model_inputs[0].shape)
         x = split.train_x[:limit].astype(np.float32)
         return {spec.model_inputs[0].name: x}, f"the digits' training split ({len(x)} of {len(split.train_x)} samples)"
-    inputs, evals = verified.arrays["inputs.npz"], verified.arrays["eval.npz"]
-    given = feeds.from_arrays(spec, inputs)
-    evaluated = feeds.from_arrays(spec, evals)
+    evaluated = feeds.from_arrays(spec, verified.arrays["eval.npz"])
+    declared = getattr(spec, "inputs", None)
+    if declared is not None and declared.file and root is not None:  # every input sample of the file, not one batch
+        from parity.golden.user import _file_feeds, _stored
+        from parity.model.user import UserModelError
+        from parity.platform.safefs import read_npz
+
+        given, _ = _file_feeds(spec, declared, read_npz(Path(root) / declared.file, UserModelError, ".npz"))
+        given = {name: _stored(spec, name, value) for name, value in given.items()}  # as the golden stores them
+        if not _overlaps(spec, given, evaluated):
+            rows = min(limit, feeds.samples(spec, given))
+            return (feeds.rows(spec, given, 0, rows),
+                    f"the inputs of {declared.file} ({rows} of {feeds.samples(spec, given)} samples, apart from its "
+                    "eval set)")
+    given = feeds.from_arrays(spec, verified.arrays["inputs.npz"])
     if not _overlaps(spec, given, evaluated):
         rows = min(limit, feeds.samples(spec, given))
         return feeds.rows(spec, given, 0, rows), f"the golden inputs ({rows} samples, apart from the eval set)"
-    declared = getattr(spec, "inputs", None)
     if declared is not None and not (declared.file or declared.test_data or declared.polygraphy_inputs):
         rng = np.random.default_rng(declared.seed + SEED_OFFSET)
         drawn = feeds.generate(spec, min(limit, max(spec.batch_size, 64)), declared.values(), rng)

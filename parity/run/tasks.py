@@ -34,7 +34,7 @@ def export_step(workspace: str, model: str, target: str, golden_dir: str, opset:
                     inputs=_input_batch(verified, spec, batch_size or spec.batch_size), path_id=path_id)
     where = None
     if calibrate:
-        job.calibration, where = calibration.calibration_feeds(spec, verified)
+        job.calibration, where = calibration.calibration_feeds(spec, verified, Workspace(workspace).root)
     meta = paths.load_target(target)(job)
     if where and (meta.get("quantization") or {}).get("calibration_samples") != 0:  # dynamic: no calibration
         meta["calibration_data"] = where
