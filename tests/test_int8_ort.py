@@ -244,3 +244,13 @@ def test_a_graph_the_quantizer_leaves_float_is_an_export_error(tmp_path):
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), str(tmp_path / "f.onnx"))
     with pytest.raises(ExportError, match="quantized no layer"):
         onnx_int8.quantize(tmp_path / "f.onnx", tmp_path / "q.onnx", None, None, dynamic=True)
+
+
+def test_a_candidate_with_every_layer_kept_float_is_no_int8_model_and_not_a_repair(tmp_path):
+    from parity.diagnose.int8_repair import Candidates
+
+    _jax_style_gemm(tmp_path / "f.onnx")
+    candidates = Candidates(tmp_path / "f.onnx", {"file": "f.onnx"}, None, None, True, [], tmp_path / "runs",
+                            evaluate=lambda folder, meta: pytest.fail("nothing to run"), judge=lambda logits: {})
+    judged = candidates.gate(["g1", "g2"])
+    assert judged["decision"] == "fail" and judged["value"] is None and "quantized no layer" in judged["reason"]

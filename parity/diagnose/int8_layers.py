@@ -100,8 +100,9 @@ def diagnose_int8(workspace: str, model: str, path_id: str, golden_dir: str, flo
         tested = sorted(layers, key=lambda layer: layer["floor_db"])[:MAX_TESTED]
         for layer in tested:
             judged = candidates.gate(layer["excluded"])
-            layer.update(regain=judged["value"] - before["value"], decision=judged["decision"], value=judged["value"])
-        ranking = sorted(tested, key=lambda layer: (-layer["regain"], layer["floor_db"]))
+            regain = None if judged["value"] is None else judged["value"] - before["value"]  # None: nothing left int8
+            layer.update(regain=regain, decision=judged["decision"], value=judged["value"])
+        ranking = sorted(tested, key=lambda layer: (-(layer["regain"] or 0.0), layer["floor_db"]))
         first, first_by, worst, worst_by = _first_and_worst(layers, ranking, output_sqnr)
         ranking_runs = candidates.runs
         if before["decision"] == "pass":
@@ -262,7 +263,7 @@ def module_paths(model) -> dict[str, str]:
 
 
 def _first_and_worst(layers, ranking, output_sqnr):
-    costly = [layer for layer in ranking if layer["regain"] > 0]
+    costly = [layer for layer in ranking if (layer["regain"] or 0.0) > 0]
     if costly:
         first = min(costly, key=lambda layer: layer["index"])
         return _brief(first), "regain", _brief(costly[0]), "regain"

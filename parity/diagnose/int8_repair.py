@@ -19,6 +19,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from parity.platform.errors import ExportError
+
 MAX_RUNS = 40  # candidates (a quantization and a run of the eval split each) one repair may judge
 
 
@@ -52,8 +54,12 @@ class Candidates:
             self.runs += 1
             folder = self.scratch / f"candidate-{self.runs}"
             folder.mkdir(parents=True)
-            self.records[key] = quantize(self.source, folder / "model.onnx", self.batches, self.method, excluded,
-                                         self.dynamic)
+            try:
+                self.records[key] = quantize(self.source, folder / "model.onnx", self.batches, self.method, excluded,
+                                             self.dynamic)
+            except ExportError as error:  # every layer kept in float is no int8 model: no repair
+                self.seen[key] = {"decision": "fail", "reason": str(error), "value": None}
+                return self.seen[key]
             self.files[key] = folder / "model.onnx"
             self.seen[key] = self.judge(self.evaluate(folder, {**self.meta, "file": "model.onnx"}))
         return self.seen[key]
