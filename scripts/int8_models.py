@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-import int8models  # tests/int8models.py: the models, their data and training
+import int8models  # noqa: E402 - tests/int8models.py (on sys.path above): the models, their data and training
 
 FLOAT_PATHS = ("torch", "torch/onnx/ort", "torch/export", "torch/openvino", "torch/onnx/openvino")
 

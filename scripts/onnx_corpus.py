@@ -9,8 +9,9 @@ and ``simple`` folders. For each case (a seeded sample, or ``--all``):
 - ONNX Runtime's own verdict: every test data set run by an ``InferenceSession`` (all optimisations, CPU)
   against the expected outputs with the backend tests' tolerances (rtol 1e-3, atol 1e-7); a case ONNX Runtime
   cannot load is counted apart (``ort cannot load``) and tried again converted to opset 13;
-- parity, as a user runs it: ``parity init CASE --onnx model.onnx --test-data DIR`` (``--opset 13`` for the
-  converted try), ``golden build``, ``check --path onnx/ort``: taken (a verdict) or refused (the one-line reason);
+- parity, as a user runs it: ``parity check-onnx`` over every case in one session (its library call,
+  ``parity.pipeline.check_onnx.check``: each case's init with its test data, ``--opset 13`` for the converted try,
+  golden build and check of ``onnx/ort``): taken (a verdict) or refused (the step and its one-line reason);
 - agreement: parity's ``onnx/ort`` verdict against ONNX Runtime's own.
 
 It prints taken / refused by reason, the agreement (and every disagreement), and the cost per case.
@@ -214,7 +215,8 @@ def _short(error) -> str:
 
 
 def parity_verdict(case: Path, root: Path, opset: int | None = None, path: str = "onnx/ort") -> tuple[str, str | None]:
-    """parity's verdict on ``path`` as a user gets it from the command line (in this process), or its refusal."""
+    """parity's verdict on ``path`` as a user gets it from ``parity check-onnx CASE`` (in this process), or its
+    refusal."""
     says, reason, _ = parity_result(case, root, opset, path)
     return says, reason
 
@@ -222,28 +224,44 @@ def parity_verdict(case: Path, root: Path, opset: int | None = None, path: str =
 def parity_result(case: Path, root: Path, opset: int | None = None,
                   path: str = "onnx/ort") -> tuple[str, str | None, dict | None]:
     """``parity_verdict`` and the path's entry of the result JSON (None where the case was refused)."""
-    from click.testing import CliRunner
+    (outcome,) = parity_session([case_of(case, opset)], root, path)
+    return verdict_of(outcome)
 
-    from parity.cli import cli
 
-    name = re.sub(r"\W", "_", case.name)[:60] + (f"_o{opset}" if opset else "")
-    runner = CliRunner()
-    init = ["init", name, "--onnx", str(case / "model.onnx"), "--test-data", str(case), "--workspace", str(root),
-            "--force"] + (["--opset", str(opset)] if opset else [])
-    for args in (init, ["golden", "build", "--model", name, "--workspace", str(root)]):
-        result = runner.invoke(cli, args)
-        if result.exit_code != 0:
-            lines = (result.output or "").strip().splitlines() or [repr(result.exception)]
-            return "refused", f"{args[0]}: {lines[-1]}", None
-    report = root / f"{name}.json"
-    report.unlink(missing_ok=True)
-    result = runner.invoke(cli, ["check", "--model", name, "--path", path, "--workspace", str(root),
-                                 "--json", str(report)])
-    if not report.exists():
-        return "refused", f"check: {(result.output or '').strip().splitlines()[-1:]}", None
-    import json
+def case_of(case: Path, opset: int | None = None):
+    """A corpus case as ``parity check-onnx`` takes it: its ``model.onnx``, the test data beside it, the opset."""
+    from parity.pipeline import check_onnx
 
-    (entry,) = json.loads(report.read_text())["results"]
+    return check_onnx.case_of(case / "model.onnx", opset=opset)
+
+
+def parity_session(cases: list, root: Path, path: str = "onnx/ort", on_case=None) -> list:
+    """Every case through ``parity check-onnx``'s library call in one session (one workspace ``root``, one worker
+    pool): each case's ``CaseOutcome``, in order; ``on_case`` hears each as it is done."""
+    from parity.pipeline import check_onnx
+
+    outcomes = []
+
+    def done(outcome) -> None:
+        outcomes.append(outcome)
+        if on_case is not None:
+            on_case(outcome)
+
+    request = check_onnx.Request(patterns=(path,), workspace=str(root), force=True)
+    check_onnx.check(cases, request, on_case=done)
+    return outcomes
+
+
+def verdict_of(outcome) -> tuple[str, str | None, dict | None]:
+    """A case's verdict on its one path, its reason and the path's result entry; ``refused`` (with the step and
+    the reason) where the case was refused, ``crashed`` where parity raised."""
+    from parity.report.json_report import sanitize
+
+    if outcome.error:
+        return ("crashed" if outcome.crashed else "refused"), outcome.error, None
+    if len(outcome.results) != 1:
+        return "refused", f"check: {len(outcome.results)} results for one path", None
+    (entry,) = sanitize(outcome.results)
     return entry["verdict"], entry.get("reason"), entry
 
 
@@ -309,23 +327,30 @@ def main() -> None:
         cases = [c for c in cases if c.name in wanted]
     elif not args.all:
         cases = random.Random(args.seed).sample(cases, min(args.sample, len(cases)))
-    rows = []
-    for index, case in enumerate(cases, 1):
+    rows, taken = [], []
+    for case in cases:  # ONNX Runtime's own verdict first: where it cannot load a case, parity takes it converted
         started = time.perf_counter()
         ort_says, ort_reason = ort_verdict(case)
-        opset = None
-        if ort_says == "cannot load":
-            opset = 13  # what the refusal of an old opset tells a user to do
-        try:
-            says, reason, entry = parity_result(case, out / "ws", opset)
-        except Exception as error:  # noqa: BLE001 - a crash is a finding, reported as such, never the end of the run
-            says, reason, entry = "crashed", f"parity raised {_short(error)}", None
-        row = {"case": f"{case.parent.name}/{case.name}", "ort": ort_says, "ort_reason": ort_reason,
-               "parity": says, "reason": reason, "converted": opset is not None}
+        opset = 13 if ort_says == "cannot load" else None  # what the refusal of an old opset tells a user to do
+        rows.append({"case": f"{case.parent.name}/{case.name}", "ort": ort_says, "ort_reason": ort_reason,
+                     "converted": opset is not None, "seconds": time.perf_counter() - started})
+        taken.append(case_of(case, opset))
+
+    def on_case(outcome) -> None:
+        row = rows[len(done)]
+        done.append(outcome)
+        row["parity"], row["reason"], row["entry"] = verdict_of(outcome)
+        row["seconds"] += outcome.seconds
+        print(f"[{len(done)}/{len(cases)}] {row['case']}: ort {row['ort']}, parity {row['parity']}", file=sys.stderr)
+
+    done: list = []
+    parity_session(taken, out / "ws", on_case=on_case)
+    for case, row in zip(cases, rows):
+        says, ort_says = row["parity"], row["ort"]
         if ort_says != "cannot load" and says in ("pass", "fail") and (says == "pass") != (ort_says == "pass"):
-            row["explanation"] = explain(case, entry)
-        rows.append({**row, "seconds": time.perf_counter() - started})
-        print(f"[{index}/{len(cases)}] {rows[-1]['case']}: ort {ort_says}, parity {says}", file=sys.stderr)
+            started = time.perf_counter()
+            row["explanation"] = explain(case, row["entry"])
+            row["seconds"] += time.perf_counter() - started
     report(rows)
 
 

@@ -5,6 +5,7 @@ runtime that switches kernels after warm-up would), one that caches its result f
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import numpy as np
@@ -158,7 +159,7 @@ def test_a_series_timed_in_blocks_goes_on_rotating_where_its_last_block_stopped(
         measured = audit.audited_measure(run, feeds, verify, timing, seed=block, probe=0, start=start)
         assert measured["audit"]["ok"], measured["audit"]["outputs"]
         start = measured["audit"]["next_feed"]
-    assert all(a != b for a, b in zip(ran, ran[1:])), ran  # never the same input twice in a row
+    assert all(a != b for a, b in itertools.pairwise(ran)), ran  # never the same input twice in a row
 
 
 def test_a_runtime_that_changes_after_warm_up_is_caught_by_the_sampled_audits():

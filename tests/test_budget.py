@@ -68,7 +68,7 @@ def test_run_progress_passes_steps_only_where_accepted(tmp_path, monkeypatch):
 
     (tmp_path / "golden").mkdir()
     heard = []
-    run = orchestrate.Run(Ws(), orchestrate.Options(threads=1), progress=lambda message: heard.append(message))
+    run = orchestrate.Run(Ws(), orchestrate.Options(threads=1), progress=heard.append)
     run.progress("a", 1, 2)
     stepped = []
     run2 = orchestrate.Run(Ws(), orchestrate.Options(threads=1),
@@ -252,7 +252,7 @@ def test_series_get_runners_of_their_own_and_never_the_golden_weights(monkeypatc
 
     class Runner:
         differentiable = True
-        output_dtypes: dict = {}
+        output_dtypes: dict = {}  # noqa: RUF012 - the stand-in runner's, read only
 
         def __init__(self, weights):
             assert weights["w"] is not golden_weights["w"] and np.array_equal(weights["w"], golden_weights["w"])

@@ -162,7 +162,9 @@ def _stand_in(monkeypatch, with_on_checked: bool, calls: list):
         report["stage_seconds"] = {"verify": 0.1, "export": 2.0, "check": 1.5, "bench": 3.3}
         return report
 
-    def check(workspace, names, options, progress=lambda m: None, on_checked=None):
+    def check(workspace, names, options, progress=lambda m: None, on_checked=None, pool=None):
+        if pool is not None:  # the pool the caller started early is the run's to close
+            pool.close()
         report = {"schema": "parity.result/2", "env": {}, "results": [_timed_result("torch")], "model_errors": []}
         progress("mlp: check torch", step=1, steps=1)
         if with_on_checked and on_checked is not None:  # otherwise: the verdicts are shown at the end

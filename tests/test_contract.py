@@ -15,12 +15,12 @@ from parity.runtimes.base import Runner, ShapeMismatch, is_array
 
 
 def _spec(**changes):
-    fields = dict(name="m", description="", input=(
+    fields = {"name": "m", "description": "", "input": (
         InputSpec("input_ids", ("sequence",), dtype="int64", values=Values("integers", high=50)),
         InputSpec("attention_mask", ("sequence",), dtype="int64", values=Values("mask")),
         InputSpec("pixels", (3,), dtype="float32")),
-        axes={"sequence": 8}, outputs=("logits", "pooled"), batch_size=2, weights_from_model=True,
-        torch_module=lambda: None, loss=None)
+        "axes": {"sequence": 8}, "outputs": ("logits", "pooled"), "batch_size": 2, "weights_from_model": True,
+        "torch_module": lambda: None, "loss": None}
     spec = ModelSpec(**{**fields, **changes})
     spec.validate()
     return spec

@@ -65,7 +65,7 @@ def test_a_benchmark_records_peak_memory_and_artifact_size_per_series_and_shows_
     assert result.exit_code == 0, result.output
     assert "Memory and energy (per timed series, beside its latency)" in result.output
     entries = {r["path"]: r["timing"]["batches"]["8"] for r in json.loads(out.read_text())["results"]}
-    for path, entry in entries.items():
+    for entry in entries.values():
         memory = entry["memory"]
         if LINUX_PEAK:
             assert memory["peak_rss_mb"] > 0 and memory["idle_rss_mb"] > 0, memory

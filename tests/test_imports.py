@@ -11,7 +11,7 @@ import pytest
 FRAMEWORKS = ("torch", "tensorflow", "jax", "tensorrt", "onnxruntime", "keras")
 HELPS = [[], ["run"], ["check"], ["paths"], ["env"], ["golden"], ["golden", "build"], ["golden", "verify"]]
 
-PROBE = """
+PROBE = f"""
 import json, sys
 from click.testing import CliRunner
 import parity
@@ -20,8 +20,8 @@ args = json.loads(sys.argv[1])
 if args is not None:
     result = CliRunner().invoke(cli, args + ["--help"])
     assert result.exit_code == 0, result.output
-print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in %r)))
-""" % (FRAMEWORKS,)
+print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {FRAMEWORKS!r})))
+"""
 
 
 @pytest.mark.parametrize("args", [None, *HELPS], ids=lambda a: "import" if a is None else " ".join(a) or "parity")

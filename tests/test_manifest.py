@@ -24,7 +24,7 @@ from parity.model import manifest
 from parity.platform.errors import GoldenError
 from tests.conftest import REPO, reseal
 
-FUZZ = settings(max_examples=int(os.environ.get("PARITY_FUZZ_EXAMPLES", 300)), deadline=None, database=None,
+FUZZ = settings(max_examples=int(os.environ.get("PARITY_FUZZ_EXAMPLES", "300")), deadline=None, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 

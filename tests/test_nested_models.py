@@ -114,10 +114,10 @@ def test_keras_fault_is_in_the_tf2onnx_export_only(tmp_path, monkeypatch):
 
     model = nestedmodels.make_keras_nested()
     x = np.random.default_rng(0).standard_normal((2, 12)).astype(np.float32)
-    native = tf.function(lambda a: model(a))(x).numpy()  # as parity's native tf path runs it
+    native = tf.function(lambda a: model(a))(x).numpy()  # noqa: PLW0108 - as parity's native tf path runs it
 
     def exported():
-        function = tf.function(lambda a: model(a))
+        function = tf.function(lambda a: model(a))  # noqa: PLW0108 - a fresh function, traced apart from the model
         onnx_model, _ = tf2onnx.convert.from_function(
             function, input_signature=[tf.TensorSpec((None, 12), tf.float32, name="x")], opset=17)
         session = ort.InferenceSession(onnx_model.SerializeToString(), providers=["CPUExecutionProvider"])

@@ -124,8 +124,8 @@ def test_history_groups_skips_into_one_line_per_path_and_keeps_verdict_changes_a
     findings = outcome.output.split("Findings")[1].split("\n\n")[0]
     assert findings.count("->") == 1 and f"mlp torch check: pass -> fail at run {ids[6]}" in findings
     skipped = outcome.output.split("Skipped")[1].split("\n\n")[0].strip().splitlines()[1:]
-    assert skipped == [f"  mlp tf: skipped in 4 of 9 runs, last at run {ids[7]}: no node of the cluster has "
-                       "parity-tf 1"]
+    assert skipped == [(f"  mlp tf: skipped in 4 of 9 runs, last at run {ids[7]}: no node of the cluster has "
+                        "parity-tf 1")]
 
 
 # --- the size guard of a declared input ---------------------------------------------------------------------------

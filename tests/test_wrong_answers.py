@@ -200,7 +200,7 @@ def test_float64_buffers_and_minus_inf_masks_stay_the_models_own(tmp_path):
         assert np.isneginf(weights["mask"]).sum() == 10 and np.all(weights["mask"][np.tril_indices(5)] == 0)
         x, golden_output = inputs["x"], reference["output"]
     namespace = {}
-    exec(textwrap.dedent(GAIN_AND_MASK), namespace)
+    exec(textwrap.dedent(GAIN_AND_MASK), namespace)  # noqa: S102 - the test's own model code, defined above
     with torch.no_grad():
         expected = namespace["make"]()(torch.from_numpy(x)).numpy()
     assert np.max(np.abs(golden_output - expected)) < 1e-6  # the golden is the user's model, not a narrowed one

@@ -118,7 +118,7 @@ def summary(blocks: list[dict]) -> dict:
     metered = [b for b in blocks if b.get("peak_rss_mb") is not None and b.get("idle_rss_mb") is not None]
     above = [b["peak_rss_mb"] - b["idle_rss_mb"] for b in metered]
     reasons = {k: v for b in blocks for k, v in (b.get("reasons") or {}).items()}
-    memory = ({"peak_rss_mb": max(max(above), 0.0), "block_peaks_mb": above, "idle_rss_mb": metered[0]["idle_rss_mb"]}
+    memory = ({"peak_rss_mb": max(*above, 0.0), "block_peaks_mb": above, "idle_rss_mb": metered[0]["idle_rss_mb"]}
               if above
               else {"peak_rss_mb": None, "reason": reasons.get("memory", "the worker's idle size was not measured")})
     joules = [b["joules"] for b in blocks if b.get("joules") is not None]

@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Self
+from typing import Any, Self
 
 NOT_LOCKED_WARNING = ("GPU clocks are not locked: timings may vary with boost clocks; "
                       "lock them with nvidia-smi -lgc for stable numbers")
@@ -196,7 +196,9 @@ class Sampler:
         self.event_reasons: int | None = None
         self.applications_sm_mhz: int | None = None
         self._energy: list[tuple[float, int | None]] = []  # (time, total energy in mJ) at enter and exit
-        self._pynvml = self._handle = self._thread = None
+        self._pynvml: Any = None
+        self._handle: Any = None
+        self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
     def __enter__(self) -> Self:
@@ -211,16 +213,16 @@ class Sampler:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc: object) -> None:
         if self._pynvml is None:
-            return False
+            return
         self._stop.set()
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
         self._sample()  # close the window at the same moment as the energy counter
         self._read_energy()
         _close(self._pynvml)
         self._pynvml = None
-        return False
 
     def _read_energy(self) -> None:
         mj = _query(self._pynvml, "nvmlDeviceGetTotalEnergyConsumption", self._handle)  # Volta and newer

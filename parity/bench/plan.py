@@ -114,7 +114,7 @@ def bench(run, pool, pending, options: BenchOptions) -> None:
     batches = {(spec.name, path.id): options.batch_sizes or spec.timed_batch_sizes for spec, _, path, _ in passing}
     artifacts = {}
     exported = [item for item in passing if item[2].exports]
-    for spec, manifest, path, result in running_first(pool, exported, lambda item: item[2].exports[-1].group):
+    for spec, manifest, path, _result in running_first(pool, exported, lambda item: item[2].exports[-1].group):
         for batch in batches[(spec.name, path.id)]:
             artifacts[(spec.name, path.id, batch)] = run._export(pool, spec, manifest, path, len(path.exports) - 1,
                                                                  batch)
@@ -244,8 +244,8 @@ def _compare_to_baselines(pending, options: BenchOptions) -> None:
         if not timing:
             continue
         baseline_id = options.baseline or path.baseline
-        for kind, batch, entry in [(kind, key, entry) for kind in ("batches", "shapes")
-                                   for key, entry in (timing.get(kind) or {}).items()]:
+        for kind, batch, entry in [(series, key, entry) for series in ("batches", "shapes")
+                                   for key, entry in (timing.get(series) or {}).items()]:
             if entry.get("verdict") != "pass":
                 continue
             if baseline_id == path.id:

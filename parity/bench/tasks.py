@@ -13,7 +13,9 @@ import importlib
 import resource
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -119,7 +121,9 @@ def open_series(series: str, kind: str, workspace: str, model: str, path_id: str
         _IDLE_MB = footprint.resident_mb()
     build = (lambda b: _runner(spec, path, verified, b, threads, artifact_dir, artifact_meta))
     key = _runner_key(model, path_id, precision, device, threads, batch_size or spec.batch_size, artifact_dir)
-    opened = {"batch": _open_batch, "shape": _open_shape, "train_step": _open_train}[kind](
+    openers: dict[str, Callable[..., dict[str, Any]]] = {"batch": _open_batch, "shape": _open_shape,
+                                                         "train_step": _open_train}
+    opened = openers[kind](
         spec, path, verified, precision, key, build, batch_size=batch_size, index=index, lr=lr)
     if opened.pop("verdict", "pass") != "pass":
         return {"verdict": "fail", **opened}
@@ -250,7 +254,7 @@ def gpu_figures(runner, x: dict, timing: dict, batch_size: int) -> dict:
     from parity.bench import gpu as gpu_monitor
 
     index = int(runner.device.partition(":")[2] or 0)  # NVML and CUDA agree: workers set CUDA_DEVICE_ORDER=PCI_BUS_ID
-    figures = {"state": gpu_monitor.gpu_state(index)}
+    figures: dict[str, Any] = {"state": gpu_monitor.gpu_state(index)}
     compute = runner.device_compute(runner.check_feed(x))
     if compute is None:
         figures["compute"] = {"reason": f"{type(runner).__name__} has no device-resident form: only the host-to-host "
@@ -294,7 +298,7 @@ def first_result(workspace: str, model: str, path_id: str, golden_dir: str, thre
     """
     global _SPARE_RUNNER, _IDLE_MB
     path = paths.by_id(path_id, device, precision)
-    parts = {"import_s": _import_runtime(path)}
+    parts: dict[str, float | None] = {"import_s": _import_runtime(path)}
     spec, path, verified = _setup(workspace, model, path_id, golden_dir, device, precision)
     weights = _weights(verified)
     baseline_mb = footprint.resident_mb()

@@ -35,7 +35,7 @@ def judge(logits, golden_logits, labels, gate) -> dict:
     metric = gate.metric if labels is not None else "agreement"
     truth = golden if metric == "agreement" else np.asarray(labels)
     golden_right, path_right = golden == truth, predicted == truth
-    n = int(len(truth))
+    n = len(truth)
     lost = int(np.sum(golden_right & ~path_right))  # the golden gets it right, the path does not
     gained = int(np.sum(~golden_right & path_right))
     golden_value, value = float(np.mean(golden_right)), float(np.mean(path_right))
@@ -55,7 +55,7 @@ def judge(logits, golden_logits, labels, gate) -> dict:
     return judged
 
 
-def paired_interval(lost: int, gained: int, n: int, z: float) -> tuple[float, float]:
+def paired_interval(lost: float, gained: float, n: float, z: float) -> tuple[float, float]:
     """Tango's score interval for the drop ``(lost - gained) / n`` of ``n`` paired samples: the drops whose score
     statistic stays within ``z`` (each bound one-sided at ``NormalDist().cdf(z)``). Counts may be fractional (the
     scaled split ``more_samples`` asks about)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -71,7 +72,7 @@ def text_stats(actual: np.ndarray, golden: np.ndarray) -> dict:
     if actual.dtype.kind not in "USO" or golden.dtype.kind not in "USO":
         return {"ok": False, "reason": f"{actual.dtype} values where the golden holds {golden.dtype} ones"}
     differ = int(np.count_nonzero(actual.astype(str) != golden.astype(str)))
-    stats = {"max_abs": 0.0, "max_rel": 0.0, "mean_abs": 0.0, "cosine": 1.0, "tol_units": 0.0 if not differ else
+    stats: dict[str, Any] = {"max_abs": 0.0, "max_rel": 0.0, "mean_abs": 0.0, "cosine": 1.0, "tol_units": 0.0 if not differ else
              float("inf"), "n_bad": differ, "size": int(golden.size), "ok": not differ}
     if differ:
         first = tuple(int(i) for i in np.argwhere(actual.astype(str) != golden.astype(str))[0])

@@ -6,6 +6,8 @@ metric difference is never a difference in how the metric was computed.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 
@@ -63,7 +65,7 @@ def check_metrics(logits, labels, golden_logits, golden_metrics: dict, rules, pr
     """
     values = task_metrics(logits, labels, num_classes, rules.top_k)
     fraction = rules.min_fraction.get(precision, 1.0)
-    result = {
+    result: dict[str, Any] = {
         name: {"value": value, "golden": golden_metrics[name], "ok": bool(value >= fraction * golden_metrics[name] - 1e-12)}
         for name, value in values.items()
     }

@@ -10,6 +10,7 @@ that runs it on a path is ``parity.run.tasks.verify_step``.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 
@@ -70,7 +71,7 @@ def step_stats(before, after, weight, grad, lr: float, atol: float, rtol: float,
     if not np.all(np.isfinite(a)):
         bad = int(a.size - np.count_nonzero(np.isfinite(a)))
         return {"ok": False, "reason": f"{bad} of {a.size} elements are NaN or Inf after the step"}
-    stats = {}
+    stats: dict[str, Any] = {}
     if before is not None:  # the step must start from the golden weights (exact up to the runner's dtype)
         start = np.abs(np.asarray(before, dtype=np.float64) - weight)
         stats["start_max_abs"] = float(start.max()) if start.size else 0.0

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import click
 
-from parity.cli import compare, golden, history, info, models, repro, run
+from parity.cli import check_onnx, compare, golden, history, info, models, repro, run
+from parity.cli.common import end
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -24,9 +25,14 @@ def cli():
 
 
 for command in (run.check, run.run, run.bench, run.diagnose, compare.compare, info.paths, info.env, models.init,
-                models.export_testdata, golden.golden, repro.repro, history.history, info.worker_resources):
+                models.export_testdata, check_onnx.check_onnx, golden.golden, repro.repro, history.history,
+                info.worker_resources):
     cli.add_command(command)
 
 
 def main():
-    cli(prog_name="parity")
+    """The ``parity`` command, ended without the interpreter's teardown (``common.end``)."""
+    try:
+        cli(prog_name="parity")
+    except SystemExit as done:
+        end(done.code)

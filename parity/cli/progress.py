@@ -35,10 +35,12 @@ class Progress:
         self.clock = clock
         self.echo = echo or (lambda line: click.echo(line, err=True))
         self.live = None
-        self.started = self.step_started = None
-        self.message = None  # the step under way (None: between steps)
-        self.step = self.steps = None  # its number and the series' count; None: unnumbered
-        self.series = (None, 0, 0.0)  # steps in the series, the last step number seen, seconds its finished steps took
+        self.started: float | None = None
+        self.step_started: float | None = None
+        self.message: str | None = None  # the step under way (None: between steps)
+        self.step: int | None = None  # its number and the series' count; None: unnumbered
+        self.steps: int | None = None
+        self.series: tuple[int | None, int, float] = (None, 0, 0.0)  # steps in the series, the last step number seen, seconds its finished steps took
         self.finished = 0  # finished steps of the series
 
     def __call__(self, message: str, step: int | None = None, steps: int | None = None) -> None:

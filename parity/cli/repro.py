@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 import sys
 
 import click
@@ -41,6 +40,8 @@ def repro(model, path_id, out_dir, force, precision, device, threads, timeout_s,
     Example:
         parity repro --model mymodel --path torch/onnx/ort --out bug/
     """
+    import shlex
+
     from parity.pipeline import jobs
 
     given = [("--workspace", workspace), ("--model", model), ("--path", path_id), ("--out", out_dir),

@@ -10,7 +10,14 @@ import sys
 
 import click
 
-from parity.cli.common import check_options, executor_options, handle_errors, store_options, timing_options
+from parity.cli.common import (
+    check_options,
+    executor_options,
+    handle_errors,
+    junit_option,
+    store_options,
+    timing_options,
+)
 
 # json and parity.cli.progress are imported by the command that runs: `parity --help` does not load them
 
@@ -18,7 +25,7 @@ from parity.cli.common import check_options, executor_options, handle_errors, st
 def _check_or_run(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, verbose, workspace,
                   report_dir, timing=None, diagnose="failing", command="diagnose", store=None, no_store=True,
                   against=None, allow_different_env=False, executor="local", address=None, resume=None,
-                  accelerator=None):
+                  accelerator=None, junit_file=None):
     from parity.cli.progress import Progress
     from parity.pipeline import jobs
 
@@ -50,7 +57,7 @@ def _check_or_run(models, patterns, device, precision, json_file, threads, timeo
                                 timing=timing, diagnose=diagnose, json_file=json_file, report_dir=report_dir,
                                 command=command, store=store, use_store=not no_store, against=against,
                                 allow_different_env=allow_different_env, executor=executor, address=address,
-                                resume=resume, accelerator=accelerator)
+                                resume=resume, accelerator=accelerator, junit_file=junit_file)
     mode = "off" if to_stdout else ("live" if sys.stderr.isatty() else "lines")
     with Progress(mode) as progress:
         code = jobs.check(request, progress=progress, on_checked=None if to_stdout else on_checked, show=show,
@@ -59,12 +66,13 @@ def _check_or_run(models, patterns, device, precision, json_file, threads, timeo
 
 
 def _print_verdicts(report: dict, timed: bool, verbose: bool) -> None:
-    from parity.report import diagnosis, terminal
+    from parity.report import terminal
 
     click.echo(terminal.render(report, timed=timed, verbose=verbose))
-    block = diagnosis.render_all(report)
-    if block:
-        click.echo("\n" + block)
+    if any(r.get("diagnosis") for r in report["results"]):  # its renderer (and the diagnosis modules) only then
+        from parity.report import diagnosis
+
+        click.echo("\n" + diagnosis.render_all(report))
 
 
 def _timing_block(report: dict, timing) -> str:
@@ -89,6 +97,7 @@ def _timing(budget_s, min_runs, target_ci, batch_sizes, baseline, processes):
 
 @click.command()
 @check_options
+@junit_option
 @store_options
 @executor_options
 @handle_errors
@@ -105,6 +114,7 @@ def check(**common):
 @click.command()
 @check_options
 @timing_options
+@junit_option
 @store_options
 @executor_options
 @handle_errors

@@ -231,4 +231,4 @@ def test_layer(layer, inputs, weights, observed, tol, prefix: str | None = None)
     return result
 
 
-test_layer.__test__ = False  # not a pytest test, wherever it is imported
+test_layer.__test__ = False  # type: ignore[attr-defined]  # not a pytest test, wherever it is imported (pytest reads it)

@@ -5,6 +5,8 @@ framework runs in a worker through ``parity.diagnose.collect``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from parity.check import closeness as compare
@@ -47,7 +49,8 @@ def diagnose(run, pool, spec, manifest, path: paths.PathDef, artifact: dict | No
         definition = paths.by_id(path.definition, path.device if path.definition in paths.NATIVE else "cpu",
                                  path.precision)
     try:
-        extra, note = {}, None
+        extra: dict[str, Any] = {}
+        note: str | None = None
         if split == "eval":
             extra, arrays, note = _eval_rows(run, pool, spec, path, definition, artifact, arrays)
             if not extra:
@@ -112,10 +115,10 @@ def _runtime_link(run, pool, spec, path, artifact, arrays, observed, tree) -> di
     if (tree or {}).get("verdict") in ("leaf", "own_operations") and leaf.get("nodes") and leaf.get("tensor"):
         scope = {"nodes": [name for name, _ in leaf["nodes"]], "output": leaf["tensor"]}
     boundary = [w["tensor"] for w in observed["located"].values() if w.get("tensor")]
-    common = dict(workspace=str(run.workspace.root), model=spec.name, path_id=path.id,
-                  golden_dir=str(run.workspace.golden_dir(spec.name)), precision=path.precision,
-                  threads=run.options.threads, artifact_dir=artifact["dir"], artifact_meta=artifact["meta"],
-                  boundary=boundary)
+    common = {"workspace": str(run.workspace.root), "model": spec.name, "path_id": path.id,
+              "golden_dir": str(run.workspace.golden_dir(spec.name)), "precision": path.precision,
+              "threads": run.options.threads, "artifact_dir": artifact["dir"], "artifact_meta": artifact["meta"],
+              "boundary": boundary}
     if scope is not None:
         try:
             return pool.call(path.runtime.group, RUNTIME_LINK, scope=scope, **common)
@@ -128,8 +131,8 @@ def _eval_rows(run, pool, spec, path, definition, artifact, arrays) -> tuple[dic
     """``({"rows", "eval_reference"}, arrays on those rows, note)`` for a path failing on the eval split only:
     the failing rows (worst first, repeated up to the golden batch size so a graph of static batch runs them),
     and the float64 reference of the model's own source on them; ``({}, arrays, why)`` when no row fails again."""
-    common = dict(workspace=str(run.workspace.root), model=spec.name,
-                  golden_dir=str(run.workspace.golden_dir(spec.name)))
+    common = {"workspace": str(run.workspace.root), "model": spec.name,
+              "golden_dir": str(run.workspace.golden_dir(spec.name))}
     bad = pool.call(path.runtime.group, "parity.diagnose.eval_split:failing_rows", path_id=path.id,
                     precision=path.precision, threads=run.options.threads, artifact_dir=artifact and artifact["dir"],
                     artifact_meta=artifact and artifact["meta"], device=path.device, **common)

@@ -7,6 +7,7 @@ the reference evaluator on every intermediate tensor of the same file (the runti
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from parity.golden import store as golden
@@ -42,6 +43,7 @@ def collect(workspace: str, model: str, path_id: str, golden_dir: str, precision
     if rows is not None:  # eval rows that fail, against the float64 reference on them (``eval_split``)
         from parity.diagnose.eval_split import eval_rows
 
+        assert eval_reference is not None, "eval rows come with their float64 reference"
         x, labels = eval_rows(spec, verified.arrays["eval.npz"], rows), None
         reference, golden_taps = eval_reference["outputs"], eval_reference["taps"]
     graph_taps = path.runtime.name in ONNX_RUNTIMES or (path.runtime is paths.OPENVINO and
@@ -175,7 +177,7 @@ def _scoped(model, feed: dict, scope: dict, threads: int):
 
 
 def runtime_link(workspace: str, model: str, path_id: str, golden_dir: str, precision: str, threads: int,
-                 artifact_dir: str, artifact_meta: dict, scope: dict | None = None, boundary: list[str] = ()) -> dict:
+                 artifact_dir: str, artifact_meta: dict, scope: dict | None = None, boundary: Sequence[str] = ()) -> dict:
     """Worker task: the runtime link of an ONNX path on its own (``compare_runtimes``), on the whole graph or on the
     ``scope`` the descent into the model's tree found."""
     import onnx

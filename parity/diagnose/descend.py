@@ -50,7 +50,7 @@ def relative(path: str, parent: str | None) -> str:
     """``blocks.5.norm`` under ``blocks.5`` is ``norm`` (``/`` separates a Keras or Flax path); an index keeps the names
     that hold it (``blocks.5``, ``layer.1``, ``features.1.3``)."""
     separator = next((s for s in ("/", ".") if parent and path.startswith(f"{parent}{s}")), None)
-    if separator is None:
+    if separator is None or parent is None:
         return path
     held, name = parent.split(separator), path[len(parent) + 1:]
     while held and name.split(separator)[0].isdigit():

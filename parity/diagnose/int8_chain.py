@@ -26,9 +26,9 @@ def diagnose(run, pool, spec, manifest, path) -> dict:
     parent = run._export(pool, spec, manifest, path, len(path.exports) - 2)
     if "error" in parent:
         return {**found, "error": f"the float model it was quantized from did not export: {parent['error']}"}
-    common = dict(workspace=str(run.workspace.root), model=spec.name, path_id=path.id,
-                  golden_dir=str(run.workspace.golden_dir(spec.name)), float_dir=parent["dir"],
-                  float_meta=parent["meta"], threads=run.options.threads)
+    common = {"workspace": str(run.workspace.root), "model": spec.name, "path_id": path.id,
+              "golden_dir": str(run.workspace.golden_dir(spec.name)), "float_dir": parent["dir"],
+              "float_meta": parent["meta"], "threads": run.options.threads}
     found["int8"] = pool.call("onnx", "parity.diagnose.int8_layers:diagnose_int8", **common)
     nncf = paths.unavailable_reason(paths.by_id(f"{path.source}/onnx/openvino-int8" if path.source != "onnx"
                                                 else "onnx/openvino-int8"))

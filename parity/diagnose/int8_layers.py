@@ -30,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 
@@ -85,8 +86,8 @@ def diagnose_int8(workspace: str, model: str, path_id: str, golden_dir: str, flo
     sqnr_rows = min(feeds.samples(spec, evals), max(spec.batch_size, SQNR_SAMPLES))
     sqnr_batches = onnx_int8.calibration_batches(spec, float_meta, feeds.rows(spec, evals, 0, sqnr_rows),
                                                  spec.batch_size)
-    with tempfile.TemporaryDirectory(prefix="parity-int8-diagnose-") as scratch:
-        scratch = Path(scratch)
+    with tempfile.TemporaryDirectory(prefix="parity-int8-diagnose-") as scratch_dir:
+        scratch = Path(scratch_dir)
         source = Path(float_dir) / float_meta["file"]
         prepared, _ = onnx_int8.prepare(source, scratch / "float.onnx")
         candidates = int8_repair.Candidates(source, float_meta, batches, method, dynamic, kept, scratch / "runs",
@@ -106,8 +107,8 @@ def diagnose_int8(workspace: str, model: str, path_id: str, golden_dir: str, flo
         first, first_by, worst, worst_by = _first_and_worst(layers, ranking, output_sqnr)
         ranking_runs = candidates.runs
         if before["decision"] == "pass":
-            fixed = {"passes": True, "nodes_to_exclude": kept, "reason": "the path passes its gate as quantized",
-                     "runs": 0, "seconds": 0.0}
+            fixed: dict[str, Any] = {"passes": True, "nodes_to_exclude": kept,
+                                     "reason": "the path passes its gate as quantized", "runs": 0, "seconds": 0.0}
         else:
             measured = {layer["node"] for layer in tested}
             untested = sorted((layer for layer in layers if layer["node"] not in measured),
@@ -201,10 +202,10 @@ def _weight_pairs(float_model, quantized) -> dict[str, tuple[np.ndarray, np.ndar
             continue
         values = numpy_helper.to_array(stored[dq.input[0]]).astype(np.int32)
         scale = numpy_helper.to_array(stored[dq.input[1]]).astype(np.float64) if dq.input[1] in stored else None
-        zero = (numpy_helper.to_array(stored[dq.input[2]]).astype(np.int32) if len(dq.input) > 2 and dq.input[2]
-                in stored else np.zeros_like(scale, dtype=np.int32) if scale is not None else None)
         if scale is None:
             continue
+        zero = (numpy_helper.to_array(stored[dq.input[2]]).astype(np.int32) if len(dq.input) > 2 and dq.input[2]
+                in stored else np.zeros_like(scale, dtype=np.int32))
         if scale.size > 1:  # per channel, along the node's axis (ONNX's default: 1)
             axis = next((a.i for a in dq.attribute if a.name == "axis"), 1) % max(values.ndim, 1)
             shape = [1] * values.ndim

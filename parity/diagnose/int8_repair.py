@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 from parity.platform.errors import ExportError
 
@@ -38,7 +39,11 @@ class Candidates:
     def __init__(self, source, meta: dict, batches, method, dynamic: bool, kept, scratch, evaluate, judge):
         self.source, self.meta, self.batches, self.method, self.dynamic = source, meta, batches, method, dynamic
         self.kept, self.scratch, self.evaluate, self.judge = list(kept), Path(scratch), evaluate, judge
-        self.runs, self.seen, self.files, self.records, self.max_runs = 0, {}, {}, {}, None
+        self.runs = 0
+        self.seen: dict[frozenset[str], dict[str, Any]] = {}  # the gate result of each list judged
+        self.files: dict[frozenset[str], Path] = {}
+        self.records: dict[frozenset[str], dict[str, Any]] = {}
+        self.max_runs: int | None = None
         self.consulted: set = set()  # the lists a search asked about, judged now or before
 
     def gate(self, extra=(), budgeted: bool = False) -> dict:

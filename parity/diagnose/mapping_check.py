@@ -23,9 +23,9 @@ def _permuted(value: np.ndarray, golden: np.ndarray, tol) -> tuple[int, ...] | N
     if value.ndim > MAX_RANK:
         return None
     for order in itertools.permutations(range(value.ndim)):
-        if order != tuple(range(value.ndim)) and tuple(value.shape[i] for i in order) == golden.shape:
-            if _ok(np.transpose(value, order), golden, tol):
-                return order
+        if order != tuple(range(value.ndim)) and tuple(value.shape[i] for i in order) == golden.shape \
+                and _ok(np.transpose(value, order), golden, tol):
+            return order
     return None
 
 

@@ -13,6 +13,8 @@ NumPy only at import; onnx / onnxruntime inside the functions.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from parity.diagnose import onnx_ops
@@ -154,13 +156,14 @@ def judge(model, feed: dict, values: dict[str, dict], first: dict | None, expect
     from parity.diagnose.onnx_graph import run_tensors
 
     def passes(outputs) -> tuple[bool, float]:
+        assert expected is not None  # called only where the graph's outputs are compared
         stats = compare_named(outputs, expected, tolerance_for)
         return all(s["ok"] for s in stats.values()), max((s.get("tol_units", np.inf) for s in stats.values()),
                                                          default=0.0)
 
     outputs_ok = {runtime: passes({n: tensors[n] for n in expected})[0] for runtime, tensors in values.items()} \
         if expected is not None else {}
-    result = {"outputs_ok": outputs_ok, "third_opinion": None, "node_cause": None}
+    result: dict[str, Any] = {"outputs_ok": outputs_ok, "third_opinion": None, "node_cause": None}
     node = None
     if first is not None:
         node = next(n for n in model.graph.node if first["tensor"] in n.output)

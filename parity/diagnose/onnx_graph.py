@@ -59,7 +59,7 @@ def _inferred(model):
 
 def _value_infos(inferred) -> dict:
     graph = inferred.graph
-    infos = {}
+    infos: dict[str, object] = {}
     for info in (*graph.input, *graph.value_info, *graph.output):
         infos.setdefault(info.name, info)
     return infos

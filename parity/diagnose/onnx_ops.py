@@ -13,6 +13,7 @@ Every function imports onnx / onnxruntime inside; this module imports only NumPy
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -54,11 +55,12 @@ def _defaults(opset: int) -> int:
     return 1 if opset < 13 else -1  # Softmax's default axis
 
 
-_UNARY = {"Sigmoid": sigmoid, "Log": np.log, "Exp": np.exp, "Tanh": np.tanh, "Relu": lambda x: np.maximum(x, 0.0),
-          "Sqrt": np.sqrt, "Reciprocal": lambda x: 1.0 / x, "Neg": np.negative, "Abs": np.abs,
-          "Softplus": lambda x: np.logaddexp(0.0, x), "Identity": lambda x: x}
-_BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide, "Pow": np.power,
-           "MatMul": np.matmul}
+_UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "Sigmoid": sigmoid, "Log": np.log, "Exp": np.exp, "Tanh": np.tanh, "Relu": lambda x: np.maximum(x, 0.0),
+    "Sqrt": np.sqrt, "Reciprocal": lambda x: 1.0 / x, "Neg": np.negative, "Abs": np.abs,
+    "Softplus": lambda x: np.logaddexp(0.0, x), "Identity": lambda x: x}
+_BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide, "Pow": np.power, "MatMul": np.matmul}
 
 
 def evaluate(node, inputs: list, opset: int) -> tuple[np.ndarray | None, str | None]:
@@ -111,8 +113,8 @@ def _ort_float64(node, inputs: list, opset: int) -> np.ndarray | None:
         return None
 
 
-def _inputs(node, values: dict, initializers: dict) -> list | None:
-    out = []
+def _inputs(node, values: dict, initializers: dict) -> list[np.ndarray | None] | None:
+    out: list[np.ndarray | None] = []
     for name in node.input:
         if not name:
             out.append(None)

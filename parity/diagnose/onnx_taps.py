@@ -105,13 +105,13 @@ def keras_scope(node_name: str, taps) -> str | None:
     return None
 
 
-def _scopes(graph: _Graph, taps, kind: str) -> dict[str, list[int]]:
+def _scopes(graph: _Graph, taps, kind: str | None) -> dict[str, list[int]]:
     """tap -> indices of its nodes, by ``kind`` (``metadata`` or ``name``)."""
     found: dict[str, list[int]] = {}
     tap_set = set(taps)
     for index, node in enumerate(graph.nodes):
         tap = torch_scope(node, tap_set) if kind == "metadata" else keras_scope(node.name, taps)
-        if tap in tap_set:
+        if tap is not None and tap in tap_set:
             found.setdefault(tap, []).append(index)
     return found
 
@@ -224,7 +224,7 @@ def _entry(tensor=None, how="unmapped", fused_into=None, layout=None, reason=Non
 def _pick_boundary(graph: _Graph, outputs: list[str], golden: np.ndarray | None) -> str:
     """The last boundary output, preferring those that can hold the golden activation (by size)."""
     if golden is not None:
-        sized = [n for n in outputs if graph.shapes[n] is not None and int(np.prod(graph.shapes[n])) == golden.size]
+        sized = [n for n in outputs if (shape := graph.shapes[n]) is not None and int(np.prod(shape)) == golden.size]
         if sized:
             return sized[-1]
     return outputs[-1]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -35,7 +36,7 @@ from parity.check.closeness import error_stats, times
 class Reduced:
     """The outcome of ``reduce``: the smallest failing subgraph found, or ``model`` None and the ``reason``."""
 
-    model: object | None  # the reduced ModelProto
+    model: Any  # the reduced ModelProto, None where nothing reproduced
     failing: str = "ort"
     inputs: dict[str, np.ndarray] = field(default_factory=dict)  # its graph inputs -> known values
     output: str | None = None
@@ -274,7 +275,7 @@ def _fold_shapes(model, feed: dict):
     constants = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     kept, folded = [], []
     for node in model.graph.node:
-        value = None
+        value: Any = None
         try:
             if node.op_type == "Shape" and node.input[0] in shapes:
                 attrs = {a.name: a.i for a in node.attribute}

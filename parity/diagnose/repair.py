@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
+from typing import Any
 
 import numpy as np
 
@@ -118,7 +119,9 @@ class _Search:
 
     def __init__(self, model, run, expected, tolerance_for, max_runs: int):
         self.model, self.run, self.expected, self.tolerance_for = model, run, expected, tolerance_for
-        self.max_runs, self.runs, self.limit, self.seen = max_runs, 0, None, {}
+        self.max_runs, self.runs = max_runs, 0
+        self.limit: float | None = None  # the converter's max_finite_val, where weights beyond float16's are clipped
+        self.seen: dict[tuple[frozenset[str], float | None], tuple[bool, float, dict]] = {}
         self.op_of = {node.name: node.op_type for node in model.graph.node}
 
     def judge(self, model) -> tuple[bool, float, dict]:
@@ -188,8 +191,8 @@ def rank_nodes(fp32_model, fp16_model, feed: dict, runtime: str = "onnxref", thr
     full = run_tensors(runtime, fp32_model, feed, names, threads)
     present = set(intermediate_names(fp16_model))
     half = run_tensors(runtime, fp16_model, feed, [n for n in names if n in present], threads)
-    full.update({name: value for name, value in feed.items()})
-    half.update({name: value for name, value in feed.items()})
+    full.update(feed)
+    half.update(feed)
     scores = []
     for node in fp32_model.graph.node:
         outputs = [o for o in node.output if o in half and o in full]
@@ -237,7 +240,7 @@ def _toolchain(block: list[str], limit: float | None, alone=None) -> dict:
     (without ``keep_float32``), which says whether the converter call alone reproduces the pass."""
     option = "" if limit is None else f", max_finite_val={limit:g}"
     call = f"convert_float_to_float16(model, keep_io_types=True{option}, node_block_list={block!r})"
-    result = {"onnxconverter_common": call, "tensorrt": list(block), "tensorrt_note": TENSORRT_NOTE}
+    result: dict[str, Any] = {"onnxconverter_common": call, "tensorrt": list(block), "tensorrt_note": TENSORRT_NOTE}
     if alone is not None:
         result["converter_alone"] = {"passes": alone[0], "tol_units": alone[1]}
         if not alone[0]:

@@ -168,6 +168,7 @@ def write(workspace: str, model: str, path_id: str, golden_dir: str, precision: 
         known = _as_graph_types(graph, _golden_known(spec, graph, diagnosis, reference, artifact_meta, feed,
                                                      leaf_known))
     else:
+        assert trusted is not None  # the job asks only where the diagnosis names the evaluator that is right
         trusted, known = _evaluated(trusted, graph, feed, threads)
     tolerances = spec.output_tolerances(precision)
     names = {**{r["tensor"]: r["tap"] for r in diagnosis.get("taps") or [] if r.get("tensor")},
@@ -249,8 +250,8 @@ def _readme(reduced, diagnosis, environment, command, trusted, tol, threads) -> 
         f"- python {environment.get('python', '?')}; {environment.get('platform', '')}; {environment.get('cpu', '?')}",
         "",
         "## What diverges", "",
-        f"- {describe('tensor', reduced.output, reduced.stats)} (atol {tol.atol:g}, rtol {tol.rtol:g}), judged on the "
-        f"first axis's {samples} samples at once",
+        (f"- {describe('tensor', reduced.output, reduced.stats)} (atol {tol.atol:g}, rtol {tol.rtol:g}), judged on "
+         f"the first axis's {samples} samples at once"),
         f"- runtime: {reduced.failing}" + (f" (CPU, graph optimisation level {level}, {threads} intra-op thread(s))"
                                            if level else " (onnx.reference.ReferenceEvaluator)"),
         f"- nodes: {' -> '.join(f'{n.op_type} {n.name}'.strip() for n in reduced.model.graph.node)}",
@@ -260,11 +261,11 @@ def _readme(reduced, diagnosis, environment, command, trusted, tol, threads) -> 
         *([f"- fix: {cause['fix']}"] if cause.get("fix") else []),
         f"- link: {links.get('enters_at') or 'not diagnosed'}" + (f": {links['explanation']}"
                                                                   if links.get("explanation") else ""),
-        f"- right values from: {trusted or 'given'} ('source': the float64 golden of the model's source; "
-        f"'onnxref': onnx.reference; 'ort-noopt': ONNX Runtime with graph optimisations off)", "",
+        (f"- right values from: {trusted or 'given'} ('source': the float64 golden of the model's source; "
+         f"'onnxref': onnx.reference; 'ort-noopt': ONNX Runtime with graph optimisations off)"), "",
         "## Reduction", "",
-        f"- {reduced.nodes_before} nodes -> {reduced.nodes_after}, {reduced.checks} candidate checks "
-        f"({reduced.reproduced} failed), {reduced.seconds:.2f} s",
+        (f"- {reduced.nodes_before} nodes -> {reduced.nodes_after}, {reduced.checks} candidate checks "
+         f"({reduced.reproduced} failed), {reduced.seconds:.2f} s"),
         *[f"- {step}" for step in reduced.steps], "",
         "## Reproduce", "",
         "    python repro.py    # exits 1 while the bug is present, 0 once fixed", "",

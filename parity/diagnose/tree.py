@@ -14,6 +14,7 @@ source framework's worker (ONNX Runtime runs there too), so neither side is buil
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from parity.check import closeness
 from parity.diagnose.walk import TREE_MODULES, TREE_SOURCES, walk
@@ -48,7 +49,7 @@ class Tree:
 
             self.reference_runner = native(framework)(self.spec, self.verified.arrays["weights.npz"],
                                                       self.spec.batch_size, dtype, "cpu", "fp32")
-        self.path_side = None
+        self.path_side: Any = None  # the path's runner, or the ``GraphLevels`` of its exported graph
 
     def reference(self, scope: str, names: list[str] | None = None) -> dict:
         """``{"children", "values", "inputs", "reproduces"}`` under ``scope`` (or at ``names``): ``reproduces`` says

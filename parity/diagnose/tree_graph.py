@@ -88,9 +88,9 @@ def _level(levels: GraphLevels, names, calls, expected, expected_inputs) -> dict
         else:
             nodes = []
         if where["found"] == "value" and name in expected_inputs:  # no records: the input by value too
-            found = _input_by_value(graph, guessed, where, expected_inputs[name])
-            if found:
-                where["input_tensor"], nodes = found, _between(model, found, where["tensor"])
+            by_value = _input_by_value(graph, guessed, where, expected_inputs[name])
+            if by_value:
+                where["input_tensor"], nodes = by_value, _between(model, by_value, where["tensor"])
         if nodes is None:
             where.update(found="unmapped", tensor=None,
                          reason=f"called {calls[name]} times, and its nodes do not fall into as many groups")

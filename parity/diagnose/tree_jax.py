@@ -22,6 +22,8 @@ are untyped. Imports jax (and flax) inside.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 SEPARATOR = "/"
@@ -72,7 +74,7 @@ def _flax(runner, fed, scope: str, names) -> dict | None:
     from parity.sources.jax import forward_outputs
 
     jax, spec = runner.jax, runner.spec
-    record = {"order": [], "calls": {}, "modules": {}, "single": {}, "kept": []}
+    record: dict[str, Any] = {"order": [], "calls": {}, "modules": {}, "single": {}, "kept": []}
 
     def traced(params, x):
         trace = getattr(jax.tree_util.tree_leaves(x)[0], "_trace", None)

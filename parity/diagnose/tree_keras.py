@@ -92,7 +92,8 @@ def _observe(runner, x: dict, candidates) -> dict:
     from parity.model.feeds import call_keras
     from parity.runtimes.tf_common import outputs_in_order
 
-    order, calls, values, inputs, single = [], {}, {}, {}, {}
+    calls: dict[str, int] = {}
+    order, values, inputs, single = [], {}, {}, {}
 
     def wrapped(name, original):
         def call(*args, **kwargs):
@@ -120,7 +121,7 @@ def _observe(runner, x: dict, candidates) -> dict:
         returned = outputs_in_order(runner.spec, call_keras(runner.model, feeds))
         return returned, dict(values), dict(inputs)
 
-    patched = []
+    patched: list[tuple[object, object]] = []
     for name, layer in candidates:  # an instance attribute: Layer.__call__ reads self.call
         if any(layer is other for _, other in patched):
             continue

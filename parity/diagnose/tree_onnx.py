@@ -14,6 +14,8 @@ same rules (``locate``). Imports onnx inside.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from parity.diagnose import onnx_graph, onnx_taps
@@ -63,7 +65,8 @@ def nodes_of(graph, kind: str, names) -> dict[str, list[int]]:
     """The node indices under each of ``names`` (scope paths, or a flat graph's tensors: their producer)."""
     if kind == FLAT:
         return {name: [graph.producer[name]] for name in names if name in graph.position}
-    wanted, found = set(names), {}
+    wanted = set(names)
+    found: dict[str, list[int]] = {}
     for index, node in enumerate(graph.nodes):
         for scope in node_scopes(node, kind):
             if scope in wanted:
@@ -128,7 +131,7 @@ class OnnxReference:
         self.graph = onnx_graph._Graph(onnx_graph.pinned(self.model, feed))
         self.kind = scope_kind(self.graph)
         self.evaluator = ReferenceEvaluator(computing, new_ops=onnx_source._deprecated_ops())
-        self._results = None
+        self._results: Any = None  # ReferenceEvaluator's intermediate results: {name: value}
 
     def results(self) -> dict:
         """Every tensor of the run on the golden feed, by name (computed at the first call)."""

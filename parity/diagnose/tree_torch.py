@@ -99,7 +99,8 @@ def _observe(torch, candidates, forward) -> dict:
     """One run with hooks on ``candidates`` (``[(path, module)]``): call order, call counts, first values."""
     from parity.model.layer_types import torch_masked_attention
 
-    order, calls, values, inputs, single, masked = [], {}, {}, {}, {}, {}
+    calls: dict[str, int] = {}
+    order, values, inputs, single, masked = [], {}, {}, {}, {}
     handles = []
 
     def before(name):

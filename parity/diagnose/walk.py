@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 
@@ -25,8 +26,11 @@ def walk(tree, framework: str) -> dict:
     """The descent over ``tree`` (a ``parity.diagnose.tree.Tree`` with its path side built): level by level from the
     root, as the module docstring says. Runs in the worker that holds both sides."""
     tolerances = tree.spec.output_tolerances(tree.precision)
-    scope, trail, levels, leaf, evidence = "", [], [], None, None
-    result = {"descended": True, "levels": levels, "first_divergent_path": [], "leaf": None, "verdict": None,
+    scope, trail = "", []
+    levels: list[dict[str, Any]] = []
+    leaf: dict[str, Any] | None = None
+    evidence: tuple[dict, dict] | None = None  # the reference's and the path's values at the leaf's level
+    result: dict[str, Any] = {"descended": True, "levels": levels, "first_divergent_path": [], "leaf": None, "verdict": None,
               "note": None}
     for _ in range(MAX_DEPTH):
         reference = tree.reference(scope)
@@ -70,7 +74,7 @@ def walk(tree, framework: str) -> dict:
     result.update(first_divergent_path=trail, leaf=leaf)
     if trail and result["verdict"] is None:
         result["verdict"] = "leaf"
-    if leaf is not None and result["verdict"] == "leaf":
+    if leaf is not None and evidence is not None and result["verdict"] == "leaf":
         result["cause_test"] = _test_cause(leaf, *evidence, tree.verified.arrays["weights.npz"], tolerances)
     return result
 
@@ -114,8 +118,8 @@ def _rows(children: list[dict], reference: dict, observed: dict, tolerances) -> 
             row["input"] = compare.error_stats(np.asarray(observed["inputs"][name]), reference["inputs"][name],
                                                tolerances.for_name(name))
         if child["calls"] > 1:
-            row["reason"] = " ".join(filter(None, [row.get("reason"), f"called {child['calls']} times (shared "
-                                                                      f"weights): compared at its first call"]))
+            row["reason"] = " ".join(filter(None, [row.get("reason"), (f"called {child['calls']} times (shared "
+                                                                       f"weights): compared at its first call")]))
     return rows
 
 
@@ -138,7 +142,7 @@ def _previous_observed(rows: list[dict], first: str) -> str | None:
 def _unseen_before(rows: list[dict], first: str) -> list[str]:
     """The children between the last observed one before ``first`` and ``first`` that could not be observed."""
     index = [r["tap"] for r in rows].index(first)
-    unseen = []
+    unseen: list[str] = []
     for row in reversed(rows[:index]):
         if row["stats"] is not None:
             break

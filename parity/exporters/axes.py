@@ -3,6 +3,8 @@ such as ``sequence``), how an exported graph came out (``meta["axes"]``), and th
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 from parity.platform.errors import ParityError, one_line
 
 NHWC_AXES = (0, 2, 3, 1)  # a single NCHW input's axes in the NHWC layout
@@ -38,7 +40,7 @@ def short_reason(error: BaseException | str) -> str:
     return one_line(error, REASON_CHARS)
 
 
-def axes_record(spec, shapes: dict[str, list[int | None] | None], layout: str | None = None,
+def axes_record(spec, shapes: Mapping[str, Sequence[int | None] | None], layout: str | None = None,
                 reason: str | None = None) -> dict:
     """``meta["axes"]`` from the exported inputs' shapes (input name -> one entry per axis: its size, or None
     where it is dynamic; None for an unknown rank): every declared named axis, dynamic or baked in.
@@ -68,7 +70,7 @@ def onnx_input_shapes(spec, model) -> dict[str, list[int | None] | None]:
     size); the graph's non-initializer inputs are in the spec's order."""
     initializers = {t.name for t in model.graph.initializer}
     graph_inputs = [i for i in model.graph.input if i.name not in initializers]
-    shapes = {}
+    shapes: dict[str, list[int | None] | None] = {}
     for i, graph_input in zip(spec.model_inputs, graph_inputs):
         tensor_type = graph_input.type.tensor_type
         if not tensor_type.HasField("shape"):

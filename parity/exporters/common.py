@@ -4,29 +4,35 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from parity.platform.errors import ExportError
 
+if TYPE_CHECKING:
+    from parity.model.spec import ModelSpec
+
 ONNX_FILE = "model.onnx"
+T = TypeVar("T")
 
 
 @dataclass
 class ExportJob:
     """What an exporter gets: the spec, canonical weights, the previous artifact (if any)."""
 
-    spec: object
+    spec: ModelSpec
     weights: dict[str, np.ndarray]
     batch_size: int
     opset: int
     out_dir: Path
     parent_dir: Path | None = None
-    parent_meta: dict | None = None
-    golden_manifest: dict | None = None
+    parent_meta: dict[str, Any] | None = None
+    golden_manifest: dict[str, Any] | None = None
     device: str = "cpu"  # steps that build for a device (a TensorRT engine) read these two
     precision: str = "fp32"
     inputs: dict[str, np.ndarray] | None = None  # the golden feeds at the batch size (canonical layout)
@@ -34,21 +40,33 @@ class ExportJob:
     calibration: dict[str, np.ndarray] | None = None
     path_id: str = ""  # the path being built (a quantizer reads the layers it keeps in float by it)
 
+    def parent(self) -> tuple[Path, dict[str, Any]]:
+        """The previous step's artifact folder and metadata; ``ExportError`` for a job without them (a step that
+        converts an artifact, run as the first step)."""
+        return Path(needed(self.parent_dir, "the previous step's artifact")), needed(self.parent_meta, "its metadata")
 
-def onnx_meta(spec, input_names: list[str], output_names: list[str], input_layout: str) -> dict:
+
+def needed(value: T | None, what: str) -> T:
+    """``value``, or ``ExportError`` naming ``what`` the step needs and was not given."""
+    if value is None:
+        raise ExportError(f"this export step needs {what}, and the job has none")
+    return value
+
+
+def onnx_meta(spec: ModelSpec, input_names: list[str], output_names: list[str], input_layout: str) -> dict[str, Any]:
     """An ONNX artifact's metadata: its graph inputs in the spec's input order, its outputs in the spec's
     output order, and the layout a single image input takes."""
     return {"format": "onnx", "file": ONNX_FILE, "input_names": list(input_names), "output_names": list(output_names),
             "input_layout": input_layout, "canonical_layout": spec.model_inputs[0].layout if spec.model_inputs else "flat"}
 
 
-def graph_input_names(model) -> list[str]:
+def graph_input_names(model: Any) -> list[str]:
     """The graph's inputs that are not initializers, in graph order."""
     initializers = {t.name for t in model.graph.initializer}
     return [i.name for i in model.graph.input if i.name not in initializers]
 
 
-def check_onnx_ops(model, converter: str, converter_log: str = "") -> None:
+def check_onnx_ops(model: Any, converter: str, converter_log: str = "") -> None:
     """Raise ``ExportError`` if the converter left ops that are not standard ONNX.
 
     Some converters (tf2onnx) log unsupported ops and still return a model; such a model is
@@ -65,7 +83,7 @@ def check_onnx_ops(model, converter: str, converter_log: str = "") -> None:
         raise ExportError(f"{converter} could not convert op(s) {', '.join(unknown)}{detail}")
 
 
-def save_onnx(model, out_dir: Path) -> Path:
+def save_onnx(model: Any, out_dir: Path) -> Path:
     """``model`` written as the artifact's ONNX file (the full checker runs on every ONNX artifact after its export
     step: ``parity.exporters.onnx_names.check_exported``)."""
     import onnx
@@ -76,12 +94,12 @@ def save_onnx(model, out_dir: Path) -> Path:
 
 
 @contextmanager
-def capture_logs(logger_name: str):
+def capture_logs(logger_name: str) -> Iterator[list[str]]:
     """Collect a library's ERROR log lines (converters report unsupported ops there)."""
     lines: list[str] = []
 
     class _Collect(logging.Handler):
-        def emit(self, record):
+        def emit(self, record: logging.LogRecord) -> None:
             lines.append(record.getMessage())
 
     handler = _Collect(level=logging.ERROR)
@@ -95,7 +113,7 @@ def capture_logs(logger_name: str):
 
 def failed_tf_ops(log_lines: list[str]) -> list[str]:
     """Op types that tf2onnx says it failed to convert, from its log lines."""
-    ops = set()
+    ops: set[str] = set()
     for line in log_lines:
         ops.update(re.findall(r'^op: "([^"]+)"', line, flags=re.MULTILINE))
         for counter in re.findall(r"Unsupported ops: Counter\((\{.*?\})\)", line):

@@ -33,7 +33,7 @@ def export(job: ExportJob) -> dict:
         """Each input's shape (a named axis as its name where ``dynamic``) and dtype."""
         result = []
         for i in spec.model_inputs:
-            shape = spec.input_shape(i.name, job.batch_size)
+            shape: tuple[int | str, ...] = spec.input_shape(i.name, job.batch_size)
             if dynamic:
                 shape = tuple(axis or size for axis, size in zip(i.axis_names, shape))
             result.append(jax.ShapeDtypeStruct(shape, "float32" if i.floating else i.dtype))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from parity.exporters.common import ONNX_FILE, ExportJob, onnx_meta
+from parity.exporters.common import ONNX_FILE, ExportJob, needed, onnx_meta
 from parity.model.containers import graph_feeds
 from parity.platform.errors import GoldenError
 
@@ -24,7 +24,7 @@ def export(job: ExportJob) -> dict:
     spec = job.spec
     source = spec.onnx_model_path  # golden.load (export_step) verified it is the file the golden was built from
     model = onnx_source.load_checked(source)
-    if onnx_source.source_digest(source) != job.golden_manifest.get("source_sha256"):
+    if onnx_source.source_digest(source) != needed(job.golden_manifest, "the golden manifest").get("source_sha256"):
         raise GoldenError(f"{source} changed while it was read; try again")
     large = model.ByteSize() > LARGE_BYTES  # beyond protobuf's 2 GiB: its tensors in a data file beside it
     onnx.save_model(model, str(job.out_dir / ONNX_FILE), save_as_external_data=large,

@@ -151,7 +151,8 @@ def export(job: ExportJob, node_block_list=None, max_finite_val: float | None = 
 
     if job.precision != "fp16":
         raise ExportError(f"the float16 conversion runs for fp16 paths only, not {job.precision}")
-    model = onnx.load(str(job.parent_dir / job.parent_meta["file"]))
+    parent_dir, parent_meta = job.parent()
+    model = onnx.load(str(parent_dir / parent_meta["file"]))
     block = list(dict.fromkeys(node_block_list or ()))
     unknown = sorted(set(block) - {node.name for node in model.graph.node})
     if unknown:
@@ -167,7 +168,7 @@ def export(job: ExportJob, node_block_list=None, max_finite_val: float | None = 
         raise ExportError(f"onnxconverter-common float16: {type(error).__name__}: {error}") from None
     save_onnx(converted, job.out_dir)
     casts = sum(1 for node in converted.graph.node if node.op_type == "Cast") - ops.get("Cast", 0)
-    return {**job.parent_meta, "file": ONNX_FILE,
+    return {**parent_meta, "file": ONNX_FILE,
             "float16": {"converter": "onnxconverter-common convert_float_to_float16", "keep_io_types": True,
                         "kept_float32_ops": blocked, "kept_float32_nodes": block,
                         "max_finite_val": CONVERTER_MAX_FINITE if max_finite_val is None else float(max_finite_val),

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from parity.exporters.common import ONNX_FILE, ExportJob
+from parity.exporters.common import ONNX_FILE, ExportJob, needed
 from parity.model import feeds
 from parity.platform.errors import ExportError, one_line
 from parity.runtimes.onnx_common import onnx_feed
@@ -48,7 +48,8 @@ def export_static(job: ExportJob) -> dict:
     with ``spec.quantization.calibration``; the parent's meta plus ``meta["quantization"]``."""
     if not job.calibration:
         raise ExportError("static int8 quantization needs calibration samples, and the job has none")
-    batches = calibration_batches(job.spec, job.parent_meta, job.calibration, job.batch_size)
+    batches = calibration_batches(job.spec, needed(job.parent_meta, "the parent ONNX model's metadata"),
+                                  job.calibration, job.batch_size)
     return _export(job, batches, job.spec.quantization.calibration, dynamic=False)
 
 
@@ -61,7 +62,7 @@ def export_dynamic(job: ExportJob) -> dict:
 def _export(job: ExportJob, batches, method, dynamic: bool) -> dict:
     if not job.parent_meta or job.parent_meta.get("format") != "onnx":
         raise ExportError("int8 quantization reads an ONNX model, and the step before it wrote none")
-    source = Path(job.parent_dir) / job.parent_meta["file"]
+    source = Path(needed(job.parent_dir, "the parent ONNX model")) / job.parent_meta["file"]
     record = quantize(source, Path(job.out_dir) / ONNX_FILE, batches, method,
                       nodes_to_exclude=job.spec.quantization.kept_float(job.path_id), dynamic=dynamic)
     return {**job.parent_meta, "file": ONNX_FILE, "quantization": record}
@@ -122,6 +123,8 @@ def quantize(src, dst, calibration_feeds, method: str | None, nodes_to_exclude=(
                     quantize_dynamic(str(prepared), str(dst), per_channel=True, weight_type=QuantType.QInt8,
                                      nodes_to_exclude=passed)
                 else:
+                    assert method is not None  # a static quantization is always given its calibration method
+
                     class Reader(CalibrationDataReader):
                         def __init__(self):
                             self.batches = iter(calibration_feeds)

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from parity.exporters.axes import short_reason
-from parity.exporters.common import ExportJob
+from parity.exporters.common import ExportJob, needed
 from parity.model import feeds
 from parity.platform.errors import ExportError, one_line
 from parity.runtimes.onnx_common import onnx_feed
@@ -53,7 +53,7 @@ def export(job: ExportJob) -> dict:
     if parent.get("format") not in ("onnx", "openvino"):
         raise ExportError(f"NNCF quantizes an ONNX file or an OpenVINO IR; the parent artifact is "
                           f"{parent.get('format')!r}")
-    model = ov.Core().read_model(str(Path(job.parent_dir) / parent["file"]))
+    model = ov.Core().read_model(str(Path(needed(job.parent_dir, "the parent artifact")) / parent["file"]))
     quantized, settings = quantize(model, job.spec, parent, job.calibration,
                                    job.spec.quantization.kept_float(job.path_id))
     ov.save_model(quantized, str(Path(job.out_dir) / IR_FILE), compress_to_fp16=False)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from parity.exporters.axes import REASON_CHARS, axes_record, short_reason
 from parity.exporters.common import ExportJob
@@ -79,7 +80,7 @@ def tap_records(spec, keras_model, layout: str) -> dict:
     from parity.sources.tf import call_output
 
     outputs = list(keras_model.outputs)
-    records = {}
+    records: dict[str, dict[str, Any]] = {}
     for tap in spec.taps:
         try:
             produced = call_output(keras, keras_model.get_layer(tap))

@@ -28,7 +28,7 @@ def _convert(function, input_signature, opset: int, out_dir, spec=None, layout: 
     with capture_logs("tf2onnx") as log_lines:
         try:
             model, _ = tf2onnx.convert.from_function(function, input_signature=input_signature, opset=opset)
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 - the converter's own reason is the export's reason
             ops = failed_tf_ops(log_lines)
             where = f" op(s) {', '.join(ops)}" if ops else ""
             raise ExportError(f"tf2onnx could not convert{where}: {type(error).__name__}: {error}") from None
@@ -88,7 +88,8 @@ def _keras_dynamic(keras_model, spec, wanted: dict[str, set[int]]) -> tuple[dict
         by_name = dict(zip(names, keras_inputs))
     else:
         return wanted, None  # not matched to the spec's inputs: the declared axes as they are
-    allowed, fixed = {}, []
+    allowed: dict[str, set[int]] = {}
+    fixed = []
     for name, indices in wanted.items():
         shape = tuple(by_name[name].shape)
         allowed[name] = set()
@@ -146,8 +147,9 @@ def export_saved_model(job: ExportJob) -> dict:
     import tensorflow as tf
 
     spec = job.spec
-    layout = job.parent_meta["input_layout"]
-    loaded = tf.saved_model.load(str(job.parent_dir))
+    parent_dir, parent_meta = job.parent()
+    layout = parent_meta["input_layout"]
+    loaded = tf.saved_model.load(str(parent_dir))
     wanted = declared_dynamic(spec, layout)
     saved = _saved_signature(loaded.forward)
     reason = None
@@ -156,9 +158,10 @@ def export_saved_model(job: ExportJob) -> dict:
         for i, tensor_spec in zip(spec.model_inputs, saved):
             dims = tensor_spec.shape.as_list() if tensor_spec.shape.rank is not None else None
             dynamic[i.name] = {k for k in wanted[i.name] if dims is None or k >= len(dims) or dims[k] is None}
-            kept += [f"{i.name} axis {k} is {dims[k]}" for k in sorted(wanted[i.name] - dynamic[i.name])]
+            if dims is not None:  # an unknown rank keeps nothing static
+                kept += [f"{i.name} axis {k} is {dims[k]}" for k in sorted(wanted[i.name] - dynamic[i.name])]
         if kept:
-            parent_reason = ((job.parent_meta or {}).get("axes") or {}).get("reason")
+            parent_reason = (parent_meta.get("axes") or {}).get("reason")
             reason = one_line("tf2onnx kept the SavedModel's static signature (" + "; ".join(kept) + ")"
                               + (f": {parent_reason}" if parent_reason else ""), REASON_CHARS)
     else:

@@ -9,7 +9,7 @@ from contextlib import nullcontext, redirect_stderr, redirect_stdout
 from pathlib import Path
 
 from parity.exporters.axes import REASON_CHARS, axes_record
-from parity.exporters.common import ExportJob
+from parity.exporters.common import ExportJob, needed
 from parity.exporters.torch_onnx import _torch_reason, dynamic_shapes, size_oblivious, traced_module
 from parity.platform.errors import one_line
 from parity.platform.safefs import write_bytes_atomic
@@ -96,7 +96,8 @@ def axis_bounds(job: ExportJob) -> dict[str, int]:
     for i in spec.model_inputs:
         for k, axis in enumerate(i.axis_names):
             if axis:
-                bounds[axis] = max(bounds.get(axis, 1), int(job.inputs[i.name].shape[k]))
+                traced = needed(job.inputs, "the golden inputs it is traced on")[i.name]
+                bounds[axis] = max(bounds.get(axis, 1), int(traced.shape[k]))
     if "batch" in bounds:
         bounds["batch"] = max(bounds["batch"], job.batch_size, spec.batch_size, *spec.bench_batch_sizes)
     for shape in (job.golden_manifest or {}).get("shapes") or ():
@@ -115,7 +116,7 @@ def bounded_shapes(spec, bounds: dict[str, int]):
     return (tuple(per_input),) if dims else None
 
 
-def input_shapes(spec, program) -> dict[str, list[int | None]]:
+def input_shapes(spec, program) -> dict[str, list[int | None] | None]:
     """Spec input name -> the exported program's input dims (an int, or None where the dim is symbolic)."""
     import torch
 

@@ -9,7 +9,7 @@ from contextlib import nullcontext, redirect_stderr, redirect_stdout
 import numpy as np
 
 from parity.exporters.axes import REASON_CHARS, onnx_axes
-from parity.exporters.common import ONNX_FILE, ExportJob, check_onnx_ops, graph_input_names, onnx_meta
+from parity.exporters.common import ONNX_FILE, ExportJob, check_onnx_ops, graph_input_names, needed, onnx_meta
 from parity.exporters.onnx_names import name_graph
 from parity.platform.errors import one_line
 
@@ -58,7 +58,8 @@ def traced_module(job: ExportJob):
     from parity.sources.torch import build_module
 
     module = _Flat(build_module(job.spec, job.weights, "float32"), job.spec)
-    example = tuple(torch.from_numpy(np.ascontiguousarray(job.inputs[i.name], dtype=_host(i.dtype)))
+    inputs = needed(job.inputs, "the golden inputs it is traced on")
+    example = tuple(torch.from_numpy(np.ascontiguousarray(inputs[i.name], dtype=_host(i.dtype)))
                     for i in job.spec.model_inputs)
     return module, example
 

@@ -9,7 +9,7 @@ from contextlib import redirect_stderr, redirect_stdout
 
 import numpy as np
 
-from parity.exporters.common import ExportJob
+from parity.exporters.common import ExportJob, needed
 from parity.exporters.torch_export import exported_program, program_meta, save_program
 from parity.exporters.torch_onnx import traced_module
 from parity.model import feeds
@@ -78,11 +78,11 @@ def _calibrate(prepared, job: ExportJob, static: bool) -> int:
     padded to it where the program's batch is static); returns the number of samples seen."""
     import torch
 
-    spec = job.spec
-    total = feeds.samples(spec, job.calibration)
+    spec, calibration = job.spec, needed(job.calibration, "calibration samples")
+    total = feeds.samples(spec, calibration)
     with torch.no_grad():
         for start in range(0, total, job.batch_size):
-            batch = feeds.rows(spec, job.calibration, start, start + job.batch_size)
+            batch = feeds.rows(spec, calibration, start, start + job.batch_size)
             if static:
                 batch = feeds.padded(spec, batch, job.batch_size)
             prepared(*(torch.from_numpy(np.ascontiguousarray(batch[i.name], dtype=_host(i.dtype)))
@@ -131,10 +131,10 @@ def _weighted_layers(graph) -> dict[str, bool]:
     both come out of a dequantize."""
     layers: dict[str, bool] = {}
     for node in graph.nodes:
-        if _op(node) in _WEIGHTED and _module_of(node):
+        if _op(node) in _WEIGHTED and (module := _module_of(node)):
             operands = [a for a in node.args[:2] if hasattr(a, "op")]
             int8 = bool(operands) and all(_op(a).startswith("dequantize") for a in operands)
-            name = _module_of(node)[len(WRAPPED):]
+            name = module[len(WRAPPED):]
             layers[name] = layers.get(name, True) and int8
     return layers
 

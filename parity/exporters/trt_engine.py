@@ -41,13 +41,13 @@ def export(job: ExportJob) -> dict:
     flags, cleared = precision_flags(trt, job.precision, gpu)
     if job.inputs is None:
         raise ExportError("a TensorRT build is checked on the golden inputs, and none were given")
-    parent = job.parent_meta
+    parent_dir, parent = job.parent()
     feed = onnx_feed(job.spec, parent, feeds.padded(job.spec, job.inputs, job.batch_size))
 
     builder = trt.Builder(logger())
     if "FP16" in flags and not getattr(builder, "platform_has_fast_fp16", True):  # the query is gone in 11
         raise Unavailable(f"{gpu['name']} has no fast float16 (TensorRT's platform_has_fast_fp16 is false)")
-    network, parser = parse(trt, builder, Path(job.parent_dir) / parent["file"])
+    network, parser = parse(trt, builder, parent_dir / parent["file"])
     shapes = dynamic_input_shapes(network, {name: value.shape for name, value in feed.items()})
 
     cache_path = timing_cache_path(trt, gpu)

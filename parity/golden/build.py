@@ -62,8 +62,8 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
             "cross_framework_fp64_by_tap": agreement["by_tap"],
             "metrics": golden_metrics,
             "training": {**vars(spec.training), **train_info},
-            "data": {"dataset": DATASET, "split_seed": SPLIT_SEED, "train": int(len(split.train_y)),
-                     "eval": int(len(split.eval_y)), "inputs": spec.batch_size},
+            "data": {"dataset": DATASET, "split_seed": SPLIT_SEED, "train": len(split.train_y),
+                     "eval": len(split.eval_y), "inputs": spec.batch_size},
         }
         return publish(workspace, spec, scratch, manifest, started)
     finally:
@@ -79,7 +79,7 @@ def _cross_framework_agreement(spec, references: dict[str, dict]) -> dict:
     frameworks = list(references)
     base_name = frameworks[0]
     base = references[base_name]
-    by_tap = {}
+    by_tap: dict[str, float] = {}
     worst_outputs = worst_grads = 0.0
     for other_name in frameworks[1:]:
         other = references[other_name]

@@ -47,8 +47,8 @@ def calibration_feeds(spec, verified, root: Path | None = None, limit: int = LIM
         if not _overlaps(spec, given, evaluated):
             rows = min(limit, feeds.samples(spec, given))
             return (feeds.rows(spec, given, 0, rows),
-                    f"the inputs of {declared.file} ({rows} of {feeds.samples(spec, given)} samples, apart from its "
-                    "eval set)")
+                    (f"the inputs of {declared.file} ({rows} of {feeds.samples(spec, given)} samples, apart from its "
+                     "eval set)"))
     given = feeds.from_arrays(spec, verified.arrays["inputs.npz"])
     if not _overlaps(spec, given, evaluated):
         rows = min(limit, feeds.samples(spec, given))

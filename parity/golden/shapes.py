@@ -84,7 +84,8 @@ def reference_outputs(spec, arrays: dict, run) -> dict[str, np.ndarray]:
     return outputs
 
 
-def shape_references(workspace: str, model: str, framework: str, scratch: str, dtype: str, params: dict | None) -> None:
+def shape_references(workspace: str, model: str, framework: str, scratch: str | Path, dtype: str,
+                     params: dict | None) -> None:
     """The reference outputs at every verification shape into ``shapes.npz`` (beside its inputs), in ``dtype``."""
     from parity import sources
     from parity.golden.store import load_arrays, save_npz

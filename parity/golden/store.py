@@ -265,7 +265,7 @@ def describe_arrays(path: Path) -> dict:
 
 def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
     with open(path, "wb") as f:
-        np.savez(f, **arrays)
+        np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as its allow_pickle flag too
 
 
 def new_scratch(workspace, spec) -> Path:

@@ -42,7 +42,7 @@ def train_weights(workspace: str, model: str, train_file: str, eval_file: str, o
     return {"final_loss": float(loss), "train_accuracy": train_accuracy}
 
 
-def fp64_reference(workspace: str, model: str, framework: str, scratch: str, out_file: str) -> None:
+def fp64_reference(workspace: str, model: str, framework: str, scratch: str | Path, out_file: str) -> None:
     """Outputs, taps, eval logits and gradients of one framework's definition in float64."""
     spec = Workspace(workspace).load_spec(model)
     scratch = Path(scratch)
@@ -86,7 +86,7 @@ def detect_batch_axes(spec, arrays: dict, evals: dict, run_at) -> dict:
     not run at another batch size keeps axis 0 where its size is the batch's."""
     shapes = {key: tuple(np.shape(value)) for key, value in arrays.items()}
     if not any(i.batched for i in spec.model_inputs):
-        return {key: None for key in shapes}
+        return dict.fromkeys(shapes)
     other = spec.batch_size + 1
     x = feeds.padded(spec, feeds.rows(spec, feeds.from_arrays(spec, evals), 0, other), other)
     try:

@@ -233,10 +233,10 @@ def _replace_outputs(spec, reference: dict, given: dict, axes: dict) -> float:
         if batched:
             _check_batched_output(spec, f"{given['from']}: output", name, value.shape, given["samples"])
             _check_batched_output(spec, "the model's output", name, reference[name].shape, spec.batch_size)
-            value = value if value.shape[1:] == reference[name].shape[1:] else None
-        elif value.shape != reference[name].shape:
-            value = None
-        if value is None:
+            fits = value.shape[1:] == reference[name].shape[1:]
+        else:
+            fits = value.shape == reference[name].shape
+        if not fits:
             raise ParityError(f"{given['from']}: output {name!r} has shape {np.shape(given[key])}, the model gives "
                               f"{reference[name].shape}")
         head = value[:spec.batch_size] if batched else value

@@ -66,7 +66,7 @@ def _jax_weights(spec):
     return floating, set(floating)
 
 
-def reference(workspace: str, model: str, scratch: str, shapes: dict, params: dict, out_file: str) -> dict:
+def reference(workspace: str, model: str, scratch: str | Path, shapes: dict, params: dict, out_file: str) -> dict:
     """Outputs, taps, eval outputs and (with a loss) gradients in float64 where the model runs in float64,
     else in float32 with the reason; arrays are stored as float64 either way. Returns the dtype, the reason and
     every output's and tap's batch axis (``batch_axes``), as the model's own run at two batch sizes shows."""
@@ -168,7 +168,8 @@ def given_data(workspace: str, model: str, out_file: str) -> dict:
         kinds = interop.graph_kinds(graph)
     data = spec.inputs
     sets, outputs = given_feeds(Path(workspace), data.__dict__, graph_inputs, graph_outputs, kinds)
-    structures, given = {}, {}
+    structures: dict | None = {}
+    given: dict = {}
     if spec.containers:  # taken whole, as the first set gives it: sequences and optionals by element
         sets, given, structures = _by_element(spec, sets[0], outputs[0] if outputs is not None else None,
                                               data.describe())

@@ -11,7 +11,7 @@ reason, when the float64 run fails (an op with no float64 kernel in ``onnx.refer
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -104,7 +104,7 @@ def to_float64(model) -> onnx.ModelProto:
     return out
 
 
-def reference_outputs(model, feeds: dict[str, np.ndarray], dtype: str) -> dict[str, np.ndarray]:
+def reference_outputs(model, feeds: dict[str, np.ndarray], dtype: str) -> dict[str, Any]:
     """``onnx.reference`` outputs of ``model`` by graph output name, run in ``dtype`` ("float32"
     runs the model as it is, "float64" its ``to_float64`` copy); float feeds are cast to the
     graph inputs' declared types."""
@@ -196,11 +196,31 @@ def source_digest(path) -> str:
     from parity.platform.safefs import sha256_file
 
     path = Path(path)
-    locations = external_locations(path)
+    own, may_name_files = _sha256_and_scan(path, EXTERNAL_KEY)
+    # a file that names an external data file holds the key "location" as plain bytes; one that does not hold them
+    # names none, and is hashed without parsing it (importing onnx costs about 0.18 s per process)
+    locations = external_locations(path) if may_name_files else []
     if not locations:
-        return sha256_file(path)
-    parts = [sha256_file(path), *(f"{location}:{sha256_file(path.parent / location)}" for location in locations)]
+        return own
+    parts = [own, *(f"{location}:{sha256_file(path.parent / location)}" for location in locations)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+EXTERNAL_KEY = b"location"  # the key of a tensor's external_data entry naming its file, stored as a protobuf string
+
+
+def _sha256_and_scan(path: Path, needle: bytes) -> tuple[str, bool]:
+    """The file's sha256, and whether ``needle`` occurs in its bytes (one pass over the file)."""
+    import hashlib
+
+    digest, found, tail = hashlib.sha256(), False, b""
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+            if not found:
+                found = needle in tail + block[: len(needle) - 1] or needle in block
+                tail = block[-(len(needle) - 1):]
+    return digest.hexdigest(), found
 
 
 def _external_tensors(model):

@@ -12,6 +12,7 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -86,7 +87,7 @@ def _read_set(path: Path, kinds: dict) -> TestDataSet:
             found[m[1]][int(m[2])] = file
     if not found["input"] and not found["output"]:  # a graph without inputs has output files alone
         raise InteropError(f"{path}: no input_*.pb or output_*.pb files in it")
-    tensors = {}
+    tensors: dict[str, dict[str, Any]] = {}
     for kind, files in found.items():
         if sorted(files) != list(range(len(files))):
             raise InteropError(f"{path}: {kind} files are numbered {sorted(files)}; expected "

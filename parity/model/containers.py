@@ -97,7 +97,7 @@ def flat_outputs(names, returned, kinds: dict) -> tuple[dict, dict]:
 def output_keys(outputs, structures: dict) -> list[str]:
     """Every golden key of a model's outputs, in output order: a tensor's name, each element of a sequence or a
     present optional."""
-    result = []
+    result: list[str] = []
     for name in outputs:
         result += keys(name, structures[name]) if name in structures else [name]
     return result

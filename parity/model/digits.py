@@ -32,7 +32,7 @@ def digits_split(sample_shape: tuple[int, ...]) -> Split:
     x = digits.data.astype(np.float64) / 16.0
     y = digits.target.astype(np.int64)
     order = np.random.default_rng(SPLIT_SEED).permutation(len(x))
-    n_eval = int(round(len(x) * EVAL_FRACTION))
+    n_eval = round(len(x) * EVAL_FRACTION)
     eval_idx, train_idx = order[:n_eval], order[n_eval:]
     shape = (-1, *sample_shape)
     return Split(x[train_idx].reshape(shape), y[train_idx], x[eval_idx].reshape(shape), y[eval_idx])

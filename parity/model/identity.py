@@ -47,7 +47,7 @@ def code_files(roots, workspace: Path) -> dict[str, str]:
     are defined in and what those modules hold (``import x``, ``from x import Block``), by path relative to the
     workspace where it lies inside it. Only reachable modules count: what other models loaded into the same
     process is not this model's code."""
-    seen: dict[str, types.ModuleType] = {}
+    seen: dict[str, str] = {}  # module name -> its file
     stack = [root if isinstance(root, types.ModuleType) else sys.modules.get(_module_of(root) or "") for root in roots]
     while stack:
         module = stack.pop()
@@ -56,11 +56,10 @@ def code_files(roots, workspace: Path) -> dict[str, str]:
         if (module is None or module.__name__ in seen or module.__name__.startswith("__") or not path
                 or not os.path.isfile(path) or not user_file(path)):
             continue
-        seen[module.__name__] = module
+        seen[module.__name__] = path
         for value in list(vars(module).values()):
             stack.append(value if isinstance(value, types.ModuleType) else sys.modules.get(_module_of(value) or ""))
-    return dict(sorted((_shown(module.__file__, workspace), sha256_file(Path(module.__file__)))
-                       for module in seen.values()))
+    return dict(sorted((_shown(path, workspace), sha256_file(Path(path))) for path in seen.values()))
 
 
 def _module_of(value) -> str | None:

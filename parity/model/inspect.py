@@ -4,6 +4,7 @@ parameter count, the id range of an integer input. Runs in a worker of the model
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -236,7 +237,7 @@ def _keras_layers(model, taps) -> dict:
         layer = model.get_layer(tap)
         typed = keras_layer(layer)
         extra = keras_reads(layer, previous) if typed else None
-        if extra is not None:
+        if typed and extra is not None:
             layers[tap] = {"kind": typed[0], "attrs": {**typed[1], **extra},
                            "params": tap if typed[0] in WEIGHTED else None}
         previous = layer.output
@@ -277,7 +278,7 @@ def _inspect_onnx(reference, root, given: dict):
     inputs, outputs = interop.graph_signature(model)
     kinds = interop.graph_kinds(model)
     sets = given_feeds(root, given, inputs, outputs, kinds)[0] if any(given.values()) else None
-    containers = {"inputs": {}, "outputs": {}}
+    containers: dict[str, dict[str, Any]] = {"inputs": {}, "outputs": {}}
     for output, kind in zip(model.graph.output, kinds["output"]):
         if kind is not None and not kind.startswith("unsupported: "):
             containers["outputs"][output.name] = {"kind": kind}  # its length or presence is the golden data's

@@ -154,8 +154,8 @@ def torch_masked_attention(module, args: tuple, kwargs: dict) -> tuple[dict, dic
         return None
     bound = {**dict(zip(MHA_ARGUMENTS, args)), **kwargs}
     query = bound.get("query")
-    if not torch.is_tensor(query) or bound.get("key") is not query or bound.get("value") is not query \
-            or bound.get("is_causal") or query.dim() != 3:
+    self_attention = bound.get("key") is query and bound.get("value") is query
+    if not torch.is_tensor(query) or not self_attention or bound.get("is_causal") or query.dim() != 3:
         return None
     masks = {n: bound[n] for n in ("key_padding_mask", "attn_mask") if bound.get(n) is not None}
     if not masks:
@@ -321,10 +321,11 @@ def flax_layer(module) -> tuple[str, dict] | None:
     if isinstance(module, nn.LayerNorm) and axes(module.reduction_axes) == (-1,) \
             and axes(module.feature_axes) == (-1,) and module.axis_name is None:
         return "layer_norm", {"eps": module.epsilon, "weight_layout": "flax"}
-    if isinstance(module, nn.Conv) and len(module.kernel_size) in (1, 2) and module.mask is None \
+    kernel = axes(module.kernel_size) if isinstance(module, nn.Conv) else ()  # flax reads an int as one axis
+    if isinstance(module, nn.Conv) and len(kernel) in (1, 2) and module.mask is None \
             and module.conv_general_dilated is None and module.conv_general_dilated_cls is None \
-            and module.input_dilation in (None, 1) + ((1,) * len(module.kernel_size),):
-        rank = len(module.kernel_size)
+            and module.input_dilation in (None, 1) + ((1,) * len(kernel),):
+        rank = len(kernel)
         padding = _flax_padding(module.padding, rank)
         if padding is None:
             return None

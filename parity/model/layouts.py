@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 # axes permutations; an absent entry means the layout is the same as canonical
-_PARAM_PERMUTATIONS = {
+_PARAM_PERMUTATIONS: dict[str, dict[str, tuple[int, ...]]] = {
     "torch": {"dense_kernel": (1, 0)},
     "tf": {"conv_kernel": (2, 3, 1, 0)},  # OIHW -> HWIO
     "jax": {},

@@ -18,9 +18,10 @@ Canonical conventions (framework-neutral, what golden data is stored in):
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from parity.model.values import LOW_PRECISION
 from parity.platform.precision import PRECISIONS as precision_names
@@ -42,7 +43,7 @@ class Tolerance:
     atol: float
     rtol: float
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"atol": self.atol, "rtol": self.rtol}
 
 
@@ -56,7 +57,7 @@ class Tolerances:
     def for_name(self, name: str) -> Tolerance:
         return self.overrides.get(name, self.default)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"default": self.default.to_json(), "overrides": {k: v.to_json() for k, v in self.overrides.items()}}
 
 
@@ -84,7 +85,7 @@ class Values:
     std: float = 1.0
     value: float = 0.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.kind not in VALUE_KINDS:
             raise ValueError(f"input values {self.kind!r} are not one of {VALUE_KINDS}")
         if self.kind == "integers" and int(self.high) - int(self.low) < 2:
@@ -118,7 +119,7 @@ class InputSpec:
     values: Values | None = None
     batched: bool = True
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.layout not in INPUT_LAYOUTS:
             raise ValueError(f"input layout {self.layout!r} is not one of {INPUT_LAYOUTS}")
         if self.dtype not in INPUT_DTYPES:
@@ -144,7 +145,7 @@ class InputSpec:
         sample = tuple(axes[d] if isinstance(d, str) else d for d in self.shape)
         return ((batch_size,) if self.batched else ()) + sample
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, "batched": self.batched,
                 "values": None if self.values is None else self.values.describe()}
 
@@ -158,7 +159,7 @@ class ParamSpec:
     trainable: bool = True
     dtype: str = "float32"  # the model's own; golden data stores it as it is (bfloat16 widened to float32, exactly)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.kind not in PARAM_KINDS:
             raise ValueError(f"parameter kind {self.kind!r} is not one of {PARAM_KINDS}")
         if self.dtype not in PARAM_DTYPES:
@@ -191,15 +192,15 @@ class Layer:
     """
 
     kind: str
-    attrs: dict = field(default_factory=dict)
+    attrs: dict[str, Any] = field(default_factory=dict)
     inputs: tuple[str, ...] = ()
     params: str | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.kind not in LAYER_KINDS:
             raise ValueError(f"layer kind {self.kind!r} is not one of {LAYER_KINDS}")
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "attrs": dict(self.attrs), "inputs": list(self.inputs), "params": self.params}
 
 
@@ -242,7 +243,7 @@ class Gate:
     keep: float = 0.99
     confidence: float = 0.95
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.metric not in ("accuracy", "agreement"):
             raise ValueError(f"Gate metric {self.metric!r} is not 'accuracy' or 'agreement'")
         if not 0.0 < self.keep <= 1.0 or not 0.5 <= self.confidence < 1.0:
@@ -267,7 +268,7 @@ class Quantization:
     calibration: str = "MinMax"
     keep_float: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.calibration not in CALIBRATION_METHODS:
             raise ValueError(f"calibration {self.calibration!r} is not one of {CALIBRATION_METHODS}")
 
@@ -377,7 +378,7 @@ class ModelSpec:
     gate: Gate = Gate()
     quantization: Quantization = Quantization()
     source_file: str | None = None
-    containers: dict = field(default_factory=dict)
+    containers: dict[str, Any] = field(default_factory=dict)
 
     @property
     def frameworks(self) -> tuple[str, ...]:
@@ -411,7 +412,7 @@ class ModelSpec:
         """Input name -> its gradient's name, for every floating-point input (integer and bool ones have none)."""
         return {i.name: f"input:{i.name}" for i in self.model_inputs if i.floating}
 
-    def input_shape(self, name: str, batch_size: int | None = None, axes: dict[str, int] | None = None) -> tuple:
+    def input_shape(self, name: str, batch_size: int | None = None, axes: dict[str, int] | None = None) -> tuple[int, ...]:
         """The concrete shape of input ``name`` (default: at the golden batch size and axis sizes)."""
         spec = next(i for i in self.model_inputs if i.name == name)
         return spec.full_shape(self.batch_size if batch_size is None else batch_size, {**self.axes, **(axes or {})})

@@ -23,8 +23,10 @@ import importlib
 import importlib.util
 import inspect
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from parity.platform.errors import ParityError, one_line
 
@@ -107,6 +109,8 @@ def resolve(reference: str, root: str | Path):
                 sys.path.insert(0, str(path.parent))
             if module is None:
                 module_spec = importlib.util.spec_from_file_location(name, path)
+                if module_spec is None or module_spec.loader is None:  # a .py file always has both
+                    raise UserModelError(f"{reference}: {path} cannot be imported")
                 module = importlib.util.module_from_spec(module_spec)
                 sys.modules[name] = module
                 module_spec.loader.exec_module(module)
@@ -116,7 +120,7 @@ def resolve(reference: str, root: str | Path):
             module = importlib.import_module(module_part)
     except UserModelError:
         raise
-    except (Exception, SystemExit) as error:
+    except (Exception, SystemExit) as error:  # noqa: BLE001 - whatever the user's module raises is its error
         raise UserModelError(f"cannot import {module_part}: {one_line(f'{type(error).__name__}: {error}', 300)}") from None
     target = module
     for part in attribute.split("."):
@@ -135,7 +139,7 @@ def _reference_files(reference: str, root: str | Path) -> tuple[Path, ...]:
 def _call_factory(reference: str, factory, *args):
     try:
         return factory(*args)
-    except (Exception, SystemExit) as error:
+    except (Exception, SystemExit) as error:  # noqa: BLE001 - whatever the user's factory raises is its error
         raise UserModelError(f"{reference} raised {one_line(f'{type(error).__name__}: {error}', 300)}") from None
 
 
@@ -150,9 +154,8 @@ def torch_factory(reference: str, root: str | Path):
             raise UserModelError(f"{reference} returned {type(model).__name__}, not a torch.nn.Module")
         return model
 
-    torch_module.source_files = _reference_files(reference, root)
-    torch_module.reference, torch_module.root = reference, root  # the user's factory, for parity.model.identity
-    return torch_module
+    # the user's factory, for parity.model.identity
+    return _identified(torch_module, source_files=_reference_files(reference, root), reference=reference, root=root)
 
 
 def keras_file(path: str, root: str | Path):
@@ -168,8 +171,7 @@ def keras_file(path: str, root: str | Path):
             raise UserModelError(f"cannot load Keras model {file}: {one_line(f'{type(error).__name__}: {error}', 300)}") from None
         return model if dtype == "float32" else _keras_in_dtype(keras, model, dtype)
 
-    keras_model.source_files = (Path(root) / path,)
-    return keras_model
+    return _identified(keras_model, source_files=(Path(root) / path,))
 
 
 def keras_factory(reference: str, root: str | Path):
@@ -183,9 +185,7 @@ def keras_factory(reference: str, root: str | Path):
             raise UserModelError(f"{reference} returned {type(model).__name__}, not a keras.Model")
         return model if dtype == "float32" else _keras_in_dtype(keras, model, dtype)
 
-    keras_model.source_files = _reference_files(reference, root)
-    keras_model.reference, keras_model.root = reference, root
-    return keras_model
+    return _identified(keras_model, source_files=_reference_files(reference, root), reference=reference, root=root)
 
 
 def _keras_in_dtype(keras, model, dtype: str):
@@ -226,10 +226,17 @@ def jax_function(reference: str, params_file: str, root: str | Path):
             return function(nested, *args, tap=tap)
         return function(nested, *args)
 
-    jax_apply.params_path = Path(root) / params_file
-    jax_apply.source_files = (*_reference_files(reference, root), jax_apply.params_path)
-    jax_apply.reference, jax_apply.root = reference, root
-    return jax_apply
+    params_path = Path(root) / params_file
+    return _identified(jax_apply, params_path=params_path, reference=reference, root=root,
+                       source_files=(*_reference_files(reference, root), params_path))
+
+
+def _identified(builder: Callable[..., Any], **identity: object) -> Callable[..., Any]:
+    """``builder`` carrying its identity as attributes (``source_files``; ``reference`` and ``root`` of a user's
+    factory; ``params_path``): what ``parity.model.identity`` reads."""
+    for key, value in identity.items():
+        setattr(builder, key, value)
+    return builder
 
 
 def unflatten(flat: dict) -> dict:

@@ -64,7 +64,7 @@ def to_bits(value) -> np.ndarray:
     """An ml_dtypes array's raw bits, shape kept: uint16 for bfloat16, uint8 for the others (a 4-bit value in the
     low nibble)."""
     array = np.ascontiguousarray(value)
-    bits = array.view(np.uint16 if array.dtype.itemsize == 2 else np.uint8)
+    bits: np.ndarray = array.view(np.uint16 if array.dtype.itemsize == 2 else np.uint8)
     return bits & np.uint8(0x0F) if array.dtype.name in PACKED else bits
 
 

@@ -78,6 +78,8 @@ class Workspace:
         module_name = f"parity_models_{abs(hash(str(path)))}_{name}"
         try:
             module_spec = importlib.util.spec_from_file_location(module_name, path)
+            if module_spec is None or module_spec.loader is None:  # a .py file always has both
+                raise SpecError("cannot be imported")
             module = importlib.util.module_from_spec(module_spec)
             sys.modules[module_name] = module
             module_spec.loader.exec_module(module)
@@ -91,7 +93,7 @@ class Workspace:
                 from parity.model import user as usermodel
 
                 usermodel.attach_golden(spec, self.golden_dir(name))
-        except (Exception, SystemExit) as error:  # a model file that exits at import is that model's error
+        except (Exception, SystemExit) as error:  # noqa: BLE001 - a model file that fails or exits at import
             sys.modules.pop(module_name, None)
             detail = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
             raise SpecError(f"model {name!r} ({path}) cannot be loaded: {one_line(detail, 400)}") from None

@@ -12,8 +12,12 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from parity.platform.errors import ParityError, UsageError
+
+if TYPE_CHECKING:  # the benchmark plan is imported only by a run that times
+    from parity.bench.plan import BenchOptions
 
 
 def _quiet(message: str) -> None:
@@ -30,15 +34,18 @@ def open_workspace(workspace: str | None, notice: Callable[[str], None] = _quiet
     return ws
 
 
-def check_targets(json_file: str | None, report_dir: str | None) -> None:
-    """Refuse now, before any work, a ``--json`` file or ``--report`` folder that could not be written.
+def check_targets(json_file: str | None, report_dir: str | None, junit_file: str | None = None) -> None:
+    """Refuse now, before any work, a ``--json`` or ``--junit-xml`` file or ``--report`` folder that could not be
+    written.
 
-    ``--json`` needs its folder to exist; ``--report`` may be created, in a folder that exists.
+    ``--json`` and ``--junit-xml`` need their folder to exist; ``--report`` may be created, in a folder that exists.
     """
     from parity.platform.safefs import check_writable
 
     if json_file:
         check_writable(json_file, "--json", make_parents=False)
+    if junit_file:
+        check_writable(junit_file, "--junit-xml", make_parents=False)
     if report_dir:
         report = Path(os.path.abspath(report_dir))
         check_writable(report / "index.html" if os.path.lexists(report) else report, "--report", make_parents=False)
@@ -75,7 +82,7 @@ class CheckRequest:
     threads: int = 1
     timeout_s: float = 300.0
     use_cache: bool = True
-    timing: object | None = None  # parity.bench.plan.BenchOptions
+    timing: BenchOptions | None = None
     diagnose: str | None = "failing"
     json_file: str | None = None  # "-": the JSON goes to stdout (the caller prints it), nothing is written
     report_dir: str | None = None
@@ -88,6 +95,7 @@ class CheckRequest:
     address: str | None = None  # the Ray cluster (None: one of this machine's own)
     resume: str | None = None  # a run id in the store whose finished cells are kept (ray)
     accelerator: str | None = None  # GPU cells only on nodes with accelerator_type:<this> (ray)
+    junit_file: str | None = None  # JUnit XML of the verdicts, one testcase per model and path
 
 
 def check(request: CheckRequest, *, progress=_quiet, on_checked: Callable[[dict], None] | None = None,
@@ -99,17 +107,23 @@ def check(request: CheckRequest, *, progress=_quiet, on_checked: Callable[[dict]
     one-line notes (a workspace fallback, each file written). A file that cannot be written after the run is a
     ``ParityError``.
     """
-    from parity.pipeline import orchestrate, outcome
     from parity.platform.precision import parse_device
 
     to_stdout = request.json_file == "-"
     if (request.resume is not None or request.accelerator) and request.executor != "ray":
         raise UsageError("--resume and --accelerator place cells on a cluster: use them with --executor ray")
-    check_targets(None if to_stdout else request.json_file, request.report_dir)
     device = parse_device(request.device)
-    ws = open_workspace(request.workspace, notice)
-    names = ws.select(request.models)
-    store, baseline, differ = _open_store(request, ws, device)  # refused here, before anything runs or is written
+    pool = _early_pool(request, device)  # first: it loads while the rest is checked here; the orchestrator closes it
+    try:
+        check_targets(None if to_stdout else request.json_file, request.report_dir, request.junit_file)
+        ws = open_workspace(request.workspace, notice)
+        names = ws.select(request.models)
+        store, baseline, differ = _open_store(request, ws, device)  # refused here, before anything runs or is written
+        from parity.pipeline import orchestrate, outcome
+    except BaseException:
+        if pool is not None:
+            pool.close()
+        raise
     options = orchestrate.Options(threads=request.threads, patterns=request.patterns, precision=request.precision,
                                   device=device, timeout_s=request.timeout_s, use_cache=request.use_cache,
                                   timing=request.timing, diagnose=request.diagnose)
@@ -125,7 +139,7 @@ def check(request: CheckRequest, *, progress=_quiet, on_checked: Callable[[dict]
         if request.resume is not None:
             report["executor"]["resumed_from"] = request.resume
     else:
-        report = orchestrate.check(ws, names, options, progress=progress, on_checked=on_checked)
+        report = orchestrate.check(ws, names, options, progress=progress, on_checked=on_checked, pool=pool)
     code = outcome.exit_code(report)
     history = _past_medians(store, report) if baseline is not None else None  # before this run is stored
     if store is not None:
@@ -139,13 +153,29 @@ def check(request: CheckRequest, *, progress=_quiet, on_checked: Callable[[dict]
         report["against"] = {"baseline": baseline.get("run_id"), "text": text, "exit_code": against_code}
         code = max(code, against_code)
     show(report)
-    write_results(report, None if to_stdout else request.json_file, request.report_dir, notice)
+    write_results(report, None if to_stdout else request.json_file, request.report_dir, notice,
+                  junit_file=request.junit_file)
     if store is not None and not to_stdout:  # JSON on stdout: its run_id says it, nothing else is printed
         notice(f"stored as run {report['run_id']} in {store.url}")
     why = outcome.nothing_checked(report)
     if why:  # the verdicts and files are out; the exit code 2 is said last, in one line
         notice(f"error: {why}")
     return code
+
+
+def _early_pool(request: CheckRequest, device: str):
+    """The local run's worker pool, its spare process started now (None for Ray): the spare's Python, NumPy and
+    parity load while this process imports the orchestrator, opens the results store and verifies the goldens."""
+    if request.executor != "local":
+        return None
+    from parity.platform.cache_dir import cache_folder, cache_root
+    from parity.platform.precision import worker_environment
+    from parity.run.worker import WorkerPool
+
+    root = cache_folder(cache_root())  # a file in the cache's place is named as the cache folder, not the log folder
+    pool = WorkerPool(request.threads, root / "logs", request.timeout_s, worker_environment(device, request.precision))
+    pool.prestart()
+    return pool
 
 
 def _open_store(request: CheckRequest, ws, device: str):
@@ -218,12 +248,17 @@ def _history_page(store, report: dict, out_dir: Path) -> None:
     report["history_page"] = "history.html"
 
 
-def write_results(report: dict, json_file: str | None, report_dir: str | None, notice=_quiet) -> None:
-    """The result JSON and the HTML report, each announced to ``notice`` once written."""
+def write_results(report: dict, json_file: str | None, report_dir: str | None, notice=_quiet,
+                  junit_file: str | None = None) -> None:
+    """The result JSON, the JUnit XML and the HTML report, each announced to ``notice`` once written."""
     if json_file:
         from parity.report import json_report
 
         _write_after_run("--json", json_file, lambda: json_report.write(report, json_file), notice)
+    if junit_file:
+        from parity.report import junit
+
+        _write_after_run("--junit-xml", junit_file, lambda: junit.write(report, junit_file), notice)
     if report_dir:
         from parity.report import html
 
@@ -251,6 +286,8 @@ class GoldenOutcome:
     def summary(self) -> str:
         from parity.golden import store
 
+        if self.manifest is None:  # the build or verification stopped: its error is the summary
+            return self.error or "no golden data"
         return store.summary(self.manifest, self.golden_dir)
 
 
@@ -365,7 +402,7 @@ def init_model(name: str, sources: dict[str, str | None], input_decls: tuple[str
         name=name, kind=kind, reference=scaffold.workspace_reference(reference, root), params_file=params_file,
         inputs=tuple(scaffold.parse_input(text) for text in input_decls),
         axes=tuple(scaffold.parse_axis(text) for text in axes), seed=seed, opset=opset,
-        **{key: value and scaffold.workspace_reference(value, root) for key, value in files.items()})
+        **{key: value and scaffold.workspace_reference(value, root) for key, value in files.items()})  # type: ignore[arg-type]  # the file options only
     written, info = scaffold.init(root, request, force, default_threads())
     return written, info, kind
 

@@ -9,15 +9,16 @@ import copy
 import inspect
 import shutil
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from parity import __version__
 from parity.golden import store as golden
 from parity.model import identity
+from parity.pipeline.background import Background
 from parity.pipeline.outcome import apply_expectation
 from parity.platform import devices
 from parity.platform import precision as precision_lib
@@ -28,6 +29,9 @@ from parity.platform.safefs import owned_tempdir, sha256_file, sweep
 from parity.run import paths, provenance
 from parity.run.cache import META_FILE, ExportCache, content_key
 from parity.run.worker import TaskFailed, WorkerPool, running_first
+
+if TYPE_CHECKING:  # the benchmark plan is imported only by a run that times
+    from parity.bench.plan import BenchOptions
 
 NOCACHE_PREFIX = "parity-nocache-"
 
@@ -44,7 +48,7 @@ class Options:
     device: str = "cpu"  # "cpu" or "cuda:N" (parity.platform.precision.parse_device)
     timeout_s: float = 300.0
     use_cache: bool = True
-    timing: object | None = None  # BenchOptions
+    timing: BenchOptions | None = None
     diagnose: str | None = "failing"  # diagnose layer by layer: "failing" paths, "all" selected paths, or None
     weight_perturbation: dict = field(default_factory=dict)  # (model, path) -> {param: delta}
 
@@ -236,59 +240,18 @@ class Run:
         provenance.write_slot(self.cache.root, slot, parts)
         return entry
 
-    def execute(self, model_names) -> dict:
+    def execute(self, model_names, pool: WorkerPool | None = None) -> dict:
+        """The whole run; in ``pool`` where the caller started one for these options (closed here, as our own)."""
         # the environment manifest (package versions, CPU, GPU) is read while the workers start and check
-        env_reader = _Background(lambda: environment(self.options.threads))
+        env_reader = Background(lambda: environment(self.options.threads))
         try:
             worker_env = precision_lib.worker_environment(self.options.device, self.options.precision)
-            with WorkerPool(self.options.threads, cache_root() / "logs", self.options.timeout_s, worker_env) as pool:
+            pool = pool or WorkerPool(self.options.threads, cache_root() / "logs", self.options.timeout_s, worker_env)
+            with pool:
                 pool.prestart()  # its Python and imports load while the goldens are verified here
-                started = time.perf_counter()
-                plan = self._plan(model_names)
-                self._stage("verify", started)
-                pending = []
-                for spec, manifest, path in plan:
-                    result = _result_skeleton(spec.name, path, spec.batch_size)
-                    self.results.append(result)
-                    reason = paths.unavailable_reason(path)
-                    if reason:
-                        result.update(verdict="skip", reason=reason)
-                    else:
-                        pending.append((spec, manifest, path, result))
-                started = time.perf_counter()
-                self._identify(pool, pending)
-                self._stage("verify", started)  # that the golden data still describes the model
-                # exports, shallow first and grouped by worker so each framework starts once per depth (the worker
-                # already running first, so a group is not started again at the next depth or for the checks)
-                # a timed run's other batch sizes too (static batch per artifact), while each group's worker is up:
-                # they are verified again at that batch before they are timed
-                started = time.perf_counter()
-                exports = [(item, depth, batch) for item in pending for depth in range(len(item[2].exports))
-                           for batch in self._batches(item[0])]
-                done = 0
-                for depth in range(max((len(p.exports) for _, _, p, _ in pending), default=0)):
-                    todo = [item for item in pending if len(item[2].exports) > depth]
-                    for spec, manifest, path, _ in running_first(pool, todo, lambda item: item[2].exports[depth].group):
-                        for batch in self._batches(spec):
-                            done += 1
-                            self._export(pool, spec, manifest, path, depth, batch, at_step=(done, len(exports)))
-                if exports:
-                    self._stage("export", started)
-                # every check and diagnosis of every model before any timing, one worker per group
-                started = time.perf_counter()
-                order = _check_order(pool, pending)
-                for k, (spec, manifest, path, result) in enumerate(order, 1):
-                    self._check(pool, spec, manifest, path, result, step=(k, len(order)))
-                self._stage("check", started)
-                if self.options.diagnose:
-                    started = time.perf_counter()
-                    for spec, manifest, path, result in order:
-                        self._diagnose(pool, spec, manifest, path, result)
-                    self._stage("diagnose", started)
-                for result in self.results:
-                    apply_expectation(self.specs[result["model"]], result)
+                order = self.check_in(pool, model_names)
                 if self.on_checked is not None:
-                    self.on_checked(copy.deepcopy(self._report(env_reader.result())))  # as it is now
+                    self.on_checked(copy.deepcopy(self.report(env_reader.result())))  # as it is now
                 if self.options.timing is not None:
                     from parity.bench import plan as benchmark
                     from parity.platform.host import HostMonitor
@@ -299,9 +262,68 @@ class Run:
                     self.host = monitor.audit({"worker_environment": worker_env})
                     self._stage("bench", started)
         finally:
-            if self._scratch:
-                shutil.rmtree(self._scratch, ignore_errors=True)
-        return self._report(env_reader.result())
+            self.close()
+        return self.report(env_reader.result())
+
+    def check_in(self, pool, model_names) -> list:
+        """Verify, export, check and diagnose the selected paths of ``model_names`` in ``pool`` (a ``WorkerPool``
+        the caller holds, so that many calls share its workers), appending to ``self.results``; returns the
+        checked ``(spec, manifest, path, result)`` in the order they ran (what a timed run times)."""
+        started = time.perf_counter()
+        plan = self._plan(model_names)
+        self._stage("verify", started)
+        pending = []
+        for spec, manifest, path in plan:
+            result = _result_skeleton(spec.name, path, spec.batch_size)
+            self.results.append(result)
+            reason = paths.unavailable_reason(path)
+            if reason:
+                result.update(verdict="skip", reason=reason)
+            else:
+                pending.append((spec, manifest, path, result))
+        started = time.perf_counter()
+        self._identify(pool, pending)
+        self._stage("verify", started)  # that the golden data still describes the model
+        # exports, shallow first and grouped by worker so each framework starts once per depth (the worker
+        # already running first, so a group is not started again at the next depth or for the checks)
+        # a timed run's other batch sizes too (static batch per artifact), while each group's worker is up:
+        # they are verified again at that batch before they are timed
+        started = time.perf_counter()
+        exports = [(item, depth, batch) for item in pending for depth in range(len(item[2].exports))
+                   for batch in self._batches(item[0])]
+        done = 0
+        for depth in range(max((len(p.exports) for _, _, p, _ in pending), default=0)):
+            todo = [item for item in pending if len(item[2].exports) > depth]
+            for spec, manifest, path, _ in running_first(pool, todo,
+                                                         lambda item, depth=depth: item[2].exports[depth].group):
+                for batch in self._batches(spec):
+                    done += 1
+                    self._export(pool, spec, manifest, path, depth, batch, at_step=(done, len(exports)))
+        if exports:
+            self._stage("export", started)
+        # every check and diagnosis of every model before any timing, one worker per group
+        started = time.perf_counter()
+        order = _check_order(pool, pending)
+        for k, (spec, manifest, path, result) in enumerate(order, 1):
+            checking = time.perf_counter()
+            self._check(pool, spec, manifest, path, result, step=(k, len(order)))
+            result["check_s"] = round(time.perf_counter() - checking, 4)
+        self._stage("check", started)
+        if self.options.diagnose:
+            started = time.perf_counter()
+            for spec, manifest, path, result in order:
+                self._diagnose(pool, spec, manifest, path, result)
+            self._stage("diagnose", started)
+        for result in self.results:
+            if result["model"] in model_names:
+                apply_expectation(self.specs[result["model"]], result)
+        return order
+
+    def close(self) -> None:
+        """Remove the scratch export folder of a ``--no-cache`` run (the run's results stay)."""
+        if self._scratch:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
 
     def _identify(self, pool, pending) -> None:
         """Each user model as its builder makes it now (``parity.model.identity``): its weights key its exports; a
@@ -320,7 +342,8 @@ class Run:
             for result in (r for r in self.results if r["model"] == name):
                 result["golden_changed"] = changed
 
-    def _report(self, env: dict) -> dict:
+    def report(self, env: dict) -> dict:
+        """The result document of every model checked so far, with ``env`` (``parity.platform.env.environment``)."""
         report = {"schema": RESULT_SCHEMA, "env": env, "results": self.results, "model_errors": self.model_errors,
                   "stage_seconds": {name: round(seconds, 3) for name, seconds in self.stage_seconds.items()}}
         if self.host is not None:
@@ -388,34 +411,13 @@ class Run:
             result["diagnosis"] = {**failed, "error": f"the diagnosis itself failed: {reason}"}
 
 
-class _Background:
-    """``fn()`` in a thread, started now; ``result()`` waits for it (and raises what it raised)."""
-
-    def __init__(self, fn):
-        self._value, self._error = None, None
-
-        def target():
-            try:
-                self._value = fn()
-            except BaseException as error:  # noqa: BLE001 - handed to the caller of result()
-                self._error = error
-
-        self._thread = threading.Thread(target=target, name="parity-environment", daemon=True)
-        self._thread.start()
-
-    def result(self):
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-
 def _check_order(pool, pending) -> list:
     """``pending`` grouped by worker group, the group of the worker already running (from the exports) first."""
     return running_first(pool, pending, lambda item: item[2].runtime.group)
 
 
-def check(workspace, model_names, options: Options, progress=lambda message: None, on_checked=None) -> dict:
+def check(workspace, model_names, options: Options, progress=lambda message: None, on_checked=None,
+          pool: WorkerPool | None = None) -> dict:
     """Verify goldens, export, check every selected path, diagnose failing ones; time passing paths when
     ``options.timing``.
 
@@ -424,6 +426,13 @@ def check(workspace, model_names, options: Options, progress=lambda message: Non
     every check and diagnosis of every model and before any timing, with the report as it is then (the final
     report's shape, ``timing`` still None). ``report["stage_seconds"]`` says how long each stage that ran took
     (``verify``, ``export``, ``check``, ``diagnose``, ``bench``; a timed run's exports at its extra batch sizes
-    count as ``export``).
+    count as ``export``). ``pool``: a ``WorkerPool`` for these options that the caller started early (its spare
+    loading while the caller works), closed by the run; None: the run starts its own.
     """
-    return Run(workspace, options, progress, on_checked).execute(model_names)
+    try:
+        run = Run(workspace, options, progress, on_checked)
+    except BaseException:  # the caller's pool is ours to close, even when the run cannot start
+        if pool is not None:
+            pool.close()
+        raise
+    return run.execute(model_names, pool)

@@ -76,8 +76,10 @@ def _connect(address: str | None):
         raise UsageError(f"--executor ray needs Ray, which is not installed: {INSTALL}") from None
     if not ray.is_initialized():
         try:
-            own = {} if address else {"resources": stacks.advertised()}  # a Ray of this machine advertises its stacks
-            ray.init(address=address, logging_level="ERROR", log_to_driver=False, include_dashboard=False, **own)
+            own = None if address else stacks.advertised()  # a Ray of this machine advertises its stacks
+            # ray.init annotates logging_level as int, but takes a level name too (logging's own rule)
+            ray.init(address=address, logging_level="ERROR",  # type: ignore[arg-type]
+                     log_to_driver=False, include_dashboard=False, resources=own)
         except (ConnectionError, RuntimeError, ValueError) as error:
             raise UsageError(f"--address {address}: cannot connect to a Ray cluster ({error})") from None
     return ray
@@ -147,10 +149,10 @@ def check(workspace, names, options, address: str | None = None, store=None, run
                               "host": cell.get("host")}
         results.append(result)
     compare_by_hardware(plan, results, options)
-    nodes = {r["node"]["id"]: r["node"]["hardware"] for r in results if r.get("node")}
+    hardware_of = {r["node"]["id"]: r["node"]["hardware"] for r in results if r.get("node")}
     report = {"schema": orchestrate.RESULT_SCHEMA, "env": environment(options.threads), "results": results,
               "model_errors": plan_run.model_errors, "stage_seconds": {},
-              "executor": {"kind": "ray", "address": address, "cells": len(plan), "reused": reused, "nodes": nodes}}
+              "executor": {"kind": "ray", "address": address, "cells": len(plan), "reused": reused, "nodes": hardware_of}}
     warnings = [f"{r['node']['hostname']}: {w}" for r in results if r.get("node")
                 for w in ((r["node"].get("host") or {}).get("warnings") or [])]
     if warnings:  # each node's host audit, said once per node and finding
@@ -170,7 +172,7 @@ def compare_by_hardware(plan, results: list[dict], options) -> None:
         groups.setdefault((result.get("node") or {}).get("hardware", ""), []).append((spec, manifest, path, result))
     for items in groups.values():
         _compare_to_baselines(items, options.timing)
-    for spec, _, path, result in (item for items in groups.values() for item in items):
+    for spec, _, _path, result in (item for items in groups.values() for item in items):
         for entry in ((result.get("timing") or {}).get("batches") or {}).values():
             vs = (entry or {}).get("vs_baseline") or {}
             if vs.get("reason", "").startswith("the baseline was not timed"):

@@ -98,8 +98,12 @@ def workspace_reference(reference: str, root: Path) -> str:
 
 
 
-def init(root: Path, request: Request, force: bool, threads: int, timeout_s: float = 600.0) -> tuple[Path, dict]:
-    """Look at the model in a worker and write its spec; returns the file written and what was found."""
+def init(root: Path, request: Request, force: bool, threads: int, timeout_s: float = 600.0,
+         pool=None) -> tuple[Path, dict]:
+    """Look at the model in a worker and write its spec; returns the file written and what was found. ``pool``: a
+    ``WorkerPool`` the caller holds and shares with other work (default: one of its own for this call)."""
+    from contextlib import nullcontext
+
     from parity.platform.cache_dir import cache_root
     from parity.platform.errors import ParityError
     from parity.run.worker import TaskFailed, WorkerPool
@@ -118,7 +122,7 @@ def init(root: Path, request: Request, force: bool, threads: int, timeout_s: flo
         if request.kind != "onnx":
             raise UsageError("--opset converts an ONNX file (--onnx); an exporter's opset is the spec's opset field")
         request = _converted(root, request)
-    with WorkerPool(threads, cache_root() / "logs", timeout_s) as pool:
+    with nullcontext(pool) if pool is not None else WorkerPool(threads, cache_root() / "logs", timeout_s) as pool:
         try:
             if request.kind == "onnx":
                 graph = pool.call("onnx", "parity.model.inspect:inspect_model", kind="onnx", reference=request.reference,
@@ -167,6 +171,8 @@ def _file_inputs(source: str, facts: dict, batched=lambda name: True) -> tuple[I
 
 def _graph_file_inputs(root: Path, request: Request, graph: dict) -> tuple[InputDecl, ...]:
     """The inputs of an ONNX graph from a user's ``.npz`` named after them (``x`` too for a one-input graph)."""
+    if request.inputs_file is None:
+        raise TypeError("_graph_file_inputs needs a request with an inputs file")
     expected = [g["name"] for g in graph["inputs"]]
     given = list(npz_facts(root / request.inputs_file, None)["inputs"])
     if len(expected) == 1 and given == ["x"]:
@@ -188,6 +194,8 @@ def _converted(root: Path, request: Request) -> Request:
     from parity.interop import onnx_file as onnx_source
     from parity.platform.errors import ParityError, one_line
 
+    if request.opset is None:
+        raise TypeError("_converted needs a request with an opset")
     source = root / request.reference
     model = onnx_source.load_checked(source)
     found = next((e.version for e in model.opset_import if e.domain in ("", "ai.onnx")), None)

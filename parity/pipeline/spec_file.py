@@ -65,7 +65,7 @@ class Request:
         """The declared inputs as a worker task takes them (concrete shapes, values as ``_sample`` reads them)."""
         result = []
         for d in self.inputs:
-            values = d.values
+            values: int | str | tuple[float, float] | dict[str, object] | None = d.values
             if values == "mask":
                 values = {"kind": "mask"}
             elif isinstance(values, tuple):

@@ -21,7 +21,7 @@ CPUFREQ = "/sys/devices/system/cpu/cpu0/cpufreq"
 def package_versions() -> dict[str, str | None]:
     from importlib import metadata
 
-    versions = {}
+    versions: dict[str, str | None] = {}
     for name in PACKAGES:
         try:
             versions[name] = metadata.version(name)

@@ -1,10 +1,14 @@
 """Typed errors. The CLI turns each into one clear line and an exit code."""
 
+from __future__ import annotations
 
-def one_line(text, limit: int) -> str:
+from collections.abc import Iterable
+
+
+def one_line(text: object, limit: int) -> str:
     """``text`` with its whitespace collapsed to single spaces, cut to ``limit`` characters."""
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    collapsed = " ".join(str(text).split())
+    return collapsed if len(collapsed) <= limit else collapsed[: limit - 3] + "..."
 
 
 class ParityError(Exception):
@@ -30,9 +34,10 @@ class ExportError(ParityError):
 class WeightsMismatch(ParityError):
     """Weights whose names or shapes do not match a framework's definition."""
 
-    def __init__(self, framework, missing=(), unexpected=(), misshaped=()):
+    def __init__(self, framework: str, missing: Iterable[str] = (), unexpected: Iterable[str] = (),
+                 misshaped: Iterable[tuple[str, object, object]] = ()):
         self.missing, self.unexpected, self.misshaped = list(missing), list(unexpected), list(misshaped)
-        parts = []
+        parts: list[str] = []
         if self.missing:
             parts.append(f"missing {self.missing}")
         if self.unexpected:

@@ -14,6 +14,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 CPU_ROOT = Path("/sys/devices/system/cpu")
 OTHER_LOAD_WARNING = 0.1  # CPU cores other processes may use on average during timing before it is a warning
@@ -96,7 +97,7 @@ class HostMonitor:
         ordered = sorted(self.others)
         load = {"mean": sum(ordered) / len(ordered), "median": ordered[len(ordered) // 2],
                 "samples": len(ordered)} if ordered else None
-        record = {"frequency": frequency, "other_load_cores": load, "cpus": cpus,
+        record: dict[str, Any] = {"frequency": frequency, "other_load_cores": load, "cpus": cpus,
                   "swap": {"used_mb": swap.used / 2**20, "swapped_mb_during_run": swapped / 2**20},
                   "threads": {"intra_op": self.threads, **(thread_settings or {}),
                               **{k: os.environ[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in os.environ}}}

@@ -17,13 +17,12 @@ with gradients ten times looser than outputs (JAX's ratio). A spec overrides the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from parity.platform.errors import UsageError
 
 
-@dataclass(frozen=True)
-class Precision:
+class Precision(NamedTuple):  # not a dataclass: `parity --help` imports this module, and dataclasses costs start-up
     name: str
     dtype: str  # storage dtype of weights and activations
     mantissa_bits: int  # explicit fraction bits of the arithmetic (TF32 rounds matmul inputs to 10)

@@ -247,7 +247,7 @@ def sweep(parent: str | Path, pattern: str) -> list[Path]:
     older than ``LEGACY_STALE_S``. Returns what was removed.
     """
     parent = Path(parent)
-    removed = []
+    removed: list[Path] = []
     try:
         entries = list(parent.iterdir())
     except OSError:

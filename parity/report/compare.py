@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import TypeGuard
 
 from parity.platform.errors import UsageError, one_line
 from parity.report.terminal import _label, _table
@@ -74,7 +75,7 @@ def load(path) -> dict:
     return doc
 
 
-def _duration(v) -> bool:
+def _duration(v: object) -> TypeGuard[float]:
     """Whether ``v`` is a timing in milliseconds: a positive finite number."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
 
@@ -166,7 +167,8 @@ def _samples(entry: dict) -> list[float] | None:
     if not isinstance(samples, list) or len(samples) < 2:
         return None
     values = [_number(s) for s in samples]
-    return values if all(v is not None and v > 0 for v in values) else None
+    positive = [v for v in values if v is not None and v > 0]
+    return positive if len(positive) == len(values) else None
 
 
 def _ratio(log_ratio: float) -> str:
@@ -260,7 +262,8 @@ def _sample_median(side: str, key, batch: str, median, samples: list[float], not
 
 
 def _timings(common: list[tuple[str, str]], ra: dict, rb: dict) -> list[str]:
-    rows, notes = [], []
+    rows: list[tuple] = []
+    notes: list[str] = []
     for key in common:
         bx, by = _batches(ra[key]), _batches(rb[key])
         for batch in sorted(set(bx) & set(by), key=_batch_order):
@@ -268,7 +271,7 @@ def _timings(common: list[tuple[str, str]], ra: dict, rb: dict) -> list[str]:
             ma, mb = _number(ea.get("median_ms")), _number(eb.get("median_ms"))
             sa, sb = _samples(ea), _samples(eb)
             ratio, ci, p, verdict = _tested(sa, sb) if sa and sb else ("-", "-", "-", NO_SAMPLES)
-            if ratio != "-":  # the ratio is of the samples' medians: those are the medians shown beside it
+            if ratio != "-" and sa and sb:  # the ratio is of the samples' medians: those are the medians shown
                 ma, mb = (_sample_median(side, key, batch, median, samples, notes)
                           for side, median, samples in (("A", ma, sa), ("B", mb, sb)))
             elif _duration(ma) and _duration(mb):
@@ -306,8 +309,8 @@ def _memory(common: list[tuple[str, str]], ra: dict, rb: dict) -> list[str]:
     columns = [("model", "left"), ("path", "left"), ("batch", "right"), ("A peak MB", "right"),
                ("B peak MB", "right"), ("B/A", "right"), ("A artifact MB", "right"), ("B artifact MB", "right"),
                ("change", "left")]
-    legend = [f"  peak MB: resident memory above the worker's idle size while timed; a change is one past both "
-              f"{100 * MEMORY_CHANGE:.0f}% and {MEMORY_FLOOR_MB:.0f} MB"]
+    legend = [(f"  peak MB: resident memory above the worker's idle size while timed; a change is one past both "
+               f"{100 * MEMORY_CHANGE:.0f}% and {MEMORY_FLOOR_MB:.0f} MB")]
     return ["", "Memory (B/A per batch)", _table(columns, rows)] + legend
 
 

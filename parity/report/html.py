@@ -26,14 +26,14 @@ def _label(r: dict) -> str:
         return "XPASS"
     if r.get("verdict") == "error" and r.get("expected"):
         return "xerror"
-    return {"fail": "FAIL", "error": "ERROR"}.get(r.get("verdict"), str(r.get("verdict")))
+    return {"fail": "FAIL", "error": "ERROR"}.get(str(r.get("verdict")), str(r.get("verdict")))
 
 
 def _worst(stats: dict | None):
     """The largest tol_units of a stats dict (nan counts as the worst), or None."""
     values = [s.get("tol_units") for s in (stats or {}).values() if isinstance(s, dict)]
-    values = [v for v in values if isinstance(v, (int, float))]
-    return max(values, key=lambda v: math.inf if math.isnan(v) else v) if values else None
+    numbers = [v for v in values if isinstance(v, (int, float))]
+    return max(numbers, key=lambda v: math.inf if math.isnan(v) else v) if numbers else None
 
 
 def _verdicts(results: list[dict]) -> str:
@@ -63,7 +63,7 @@ def _plot(taps: list[dict], first: str | None, salt: str) -> str:
     finite = [v for v in vals if isinstance(v, (int, float)) and math.isfinite(v) and v > 0]
     top = max(finite + [1.0]) * 10
     floor = min(finite + [1.0]) / 10
-    groups = {"measured": ([], []), "over": ([], []), "zero": ([], []), "none": ([], [])}
+    groups: dict[str, tuple[list, list]] = {"measured": ([], []), "over": ([], []), "zero": ([], []), "none": ([], [])}
     for x, v in enumerate(vals):
         kind = ("none" if not isinstance(v, (int, float)) else "over" if not math.isfinite(v)
                 else "zero" if v <= 0 else "measured")

@@ -9,9 +9,11 @@ from __future__ import annotations
 import io
 import textwrap
 from collections import defaultdict
+from collections.abc import Sequence
+from typing import cast
 
 from rich import box
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
@@ -111,17 +113,18 @@ def _short(reason: str, ref: int | None) -> str:
     return line + tag
 
 
-def _table(columns: list[tuple[str, str]], rows: list[tuple]) -> str:
+def _table(columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[object]]) -> str:
     """Plain text: a header, an ASCII rule, and rows; no colour, no trailing spaces."""
     table = Table(box=PLAIN, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
     for name, justify in columns:
-        table.add_column(name, justify=justify, no_wrap=True)
+        table.add_column(name, justify=cast("JustifyMethod", justify), no_wrap=True)  # "left" or "right"
     for row in rows:
         table.add_row(*(Text(str(cell)) for cell in row))  # Text: no markup parsing of "[...]"
-    console = Console(file=io.StringIO(), width=WIDTH, color_system=None, force_terminal=False,
+    text = io.StringIO()
+    console = Console(file=text, width=WIDTH, color_system=None, force_terminal=False,
                       markup=False, highlight=False, emoji=False)
     console.print(table)
-    return "\n".join(line.rstrip() for line in console.file.getvalue().splitlines())
+    return "\n".join(line.rstrip() for line in text.getvalue().splitlines())
 
 
 def _legend(entries: list[tuple[str, str]]) -> list[str]:
@@ -133,7 +136,7 @@ def _wrapped(ref: int, result: dict, reason: str) -> list[str]:
     """``[ref] model path (verdict): reason``, wrapped and indented; the reason's own line breaks are kept."""
     first = f"  [{ref}] {result['model']} {result['path']} ({_label(result)}): "
     indent = " " * (len(str(ref)) + 5)
-    lines = []
+    lines: list[str] = []
     for paragraph in reason.splitlines():
         lines += textwrap.wrap(paragraph, WRAP, initial_indent=indent if lines else first, subsequent_indent=indent,
                                break_long_words=False, break_on_hyphens=False)
@@ -289,7 +292,7 @@ def summary_lines(report: dict) -> list[str]:
         grads_ok = sum(1 for r in with_grads if all(s["ok"] for s in r["gradients"].values()))
         with_metrics = [r for r in ran if r.get("metrics") is not None]
         metrics_ok = sum(1 for r in with_metrics if r["metrics"]["ok"])
-        counts = defaultdict(int)
+        counts: defaultdict[str, int] = defaultdict(int)
         for r in results:
             counts[_label(r)] += 1
         verdicts = ", ".join(f"{n} {label}" for label, n in sorted(counts.items()))

@@ -10,6 +10,7 @@ from parity.bench.stats import CV_WARNING, ratio_text
 from parity.report import quantized
 from parity.report.terminal import WRAP, _label, _legend, _table
 
+_LOCKED: dict[bool | None, str] = {True: "locked", False: "not locked"}  # the clocks' lock, where known
 TIMING_LEGEND = [
     ("batch", "the batch size the row was exported at, verified at (its outputs on that many eval samples"),
     ("", "against the golden) and timed at; every figure of the row is for one call at that batch"),
@@ -182,7 +183,7 @@ def _gpu_rows(results: list[dict]) -> tuple[list[tuple], list[str]]:
                          else (f"{joules:.4g} J" if joules is not None else "not measurable here"),
                          f"{clocks.get('sm_mhz_min')}-{clocks.get('sm_mhz_max')} MHz" if clocks.get("sm_mhz_min") else "-",
                          "-" if memory is None else f"{memory:.0f}",
-                         {True: "locked", False: "not locked"}.get(clocks.get("locked"), "unknown")))
+                         _LOCKED.get(clocks.get("locked"), "unknown")))
             if clocks.get("warning"):
                 warnings.append(f"{r['model']} {r['path']} batch {batch}: {clocks['warning']}")
     return rows, warnings

@@ -84,7 +84,7 @@ def findings(baseline: dict, current: dict, history: dict | None = None) -> tupl
                 continue
             peak_a, peak_b = ((e.get("memory") or {}).get("peak_rss_mb") for e in (ea, eb))
             word = memory_change(peak_a, peak_b)
-            if word:
+            if word and peak_a is not None and peak_b is not None:  # a change is only told of two known peaks
                 failing.append(f"{where}: peak memory {ratio_text(peak_b / max(peak_a, 1e-9))} ({word}), "
                                f"{peak_a:.0f} -> {peak_b:.0f} MB")
             sa, sb = compare._samples(ea), compare._samples(eb)

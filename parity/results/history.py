@@ -9,6 +9,7 @@ Reads the store only; plots for the HTML page are drawn in ``parity.results.hist
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 
@@ -77,7 +78,7 @@ def analyse(series: Series) -> None:
     only: the newest run's; other hardware is not a step)."""
     points = series.points
     judged = [i for i, p in enumerate(points) if p["verdict"] != "skip"]
-    series.verdict_changes = [(i, points[j]["verdict"], points[i]["verdict"]) for j, i in zip(judged, judged[1:])
+    series.verdict_changes = [(i, points[j]["verdict"], points[i]["verdict"]) for j, i in itertools.pairwise(judged)
                               if points[i]["verdict"] != points[j]["verdict"]]
     if series.kind == "check" or not points:
         return
@@ -144,7 +145,7 @@ def _figure(point: dict) -> str:
     value, golden = point.get("gate") or (None, None)
     if point["median_ms"]:
         return f"{point['median_ms']:.4g}"
-    if value is not None:
+    if value is not None and golden is not None:
         return f"gate {100 * value:.2f}% / {100 * golden:.2f}%"
     return f"{point['tol_units']:.3g}x tol" if point["tol_units"] is not None else "-"
 

@@ -90,7 +90,7 @@ class ExportCache:
         if not entry.exists():
             return None
         record, problem = self._verified_record(entry)
-        if problem is None:
+        if record is not None:  # it verified
             return Entry(entry, meta=record.get("artifact"), error=record.get("error"))
         self.notice(f"cache entry {entry} is damaged ({problem}); exporting again")
         return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import fnmatch
 import importlib.util
 from dataclasses import dataclass
+from typing import Any
 
 from parity.platform import devices
 from parity.platform.errors import UsageError
@@ -187,7 +188,7 @@ _COMPILE_COST = "torch.compile compiles for tens of seconds per model and shape"
 # int8: built from the verified float path, calibrated on the training split, gated by the task metric
 _INT8_ONLY = ("fp32",)
 _INT8_WHY = "an int8 model is quantized from the float32 one and fed float32 (its precision is int8 inside)"
-_INT8 = dict(precisions=_INT8_ONLY, why_not=_INT8_WHY, quantizes=True)
+_INT8: dict[str, Any] = {"precisions": _INT8_ONLY, "why_not": _INT8_WHY, "quantizes": True}
 ORT_INT8 = Step("ort quantize_static", "onnx", _on("parity.exporters.onnx_int8:export_static", None),
                 ("onnx", "onnxruntime"), **_INT8)
 ORT_INT8DYN = Step("ort quantize_dynamic", "onnx", _on("parity.exporters.onnx_int8:export_dynamic", None),

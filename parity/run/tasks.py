@@ -7,16 +7,17 @@ from pathlib import Path
 
 import numpy as np
 
-from parity.check import accuracy_gate, metrics, training
+from parity.check import accuracy_gate, metrics
 from parity.check import closeness as compare
-from parity.exporters.common import ExportJob
-from parity.exporters.onnx_names import check_exported
-from parity.golden import calibration, shapes
+from parity.golden import shapes
 from parity.golden import store as golden
 from parity.model import batch_axes, containers, feeds
 from parity.model.workspace import Workspace
 from parity.platform.errors import NotDifferentiable, Unavailable, one_line
-from parity.run import paths, provenance
+from parity.run import paths
+
+# what only an export or a training step needs is imported by its task: a worker that only checks (a cached check,
+# the common case) has less to load before its first result
 
 
 def export_step(workspace: str, model: str, target: str, golden_dir: str, opset: int, out_dir: str,
@@ -25,6 +26,11 @@ def export_step(workspace: str, model: str, target: str, golden_dir: str, opset:
     """Run one exporter into ``out_dir`` (static batch ``batch_size``, default the spec's) for ``device`` and
     ``precision`` (which only some steps read); return its metadata plus the export time. A quantizer
     (``calibrate``) gets its calibration samples (``parity.golden.calibration``), recorded in the meta."""
+    from parity.exporters.common import ExportJob
+    from parity.exporters.onnx_names import check_exported
+    from parity.golden import calibration
+    from parity.run import provenance
+
     spec = Workspace(workspace).load_spec(model)
     verified = golden.load(Path(golden_dir), spec)
     started = time.perf_counter()
@@ -209,7 +215,9 @@ def _shape_failure(entry: dict) -> str:
     baked = f"the export baked a shape in: {'; '.join(entry['baked'])}; " if entry.get("baked") else ""
     if "error" in entry:
         return f"{where}: {baked}{entry['error']}"
-    return f"{where}: {baked}{compare.describe('output', *compare.first_failure(entry['outputs']))}"
+    failing = compare.first_failure(entry["outputs"])
+    assert failing is not None  # an entry not ok without an error has a failing output
+    return f"{where}: {baked}{compare.describe('output', *failing)}"
 
 
 def _verdict(spec, result: dict) -> tuple[str, str | None]:
@@ -225,8 +233,9 @@ def _verdict(spec, result: dict) -> tuple[str, str | None]:
     failures += [_shape_failure(entry) for entry in result.get("shapes") or () if not entry["ok"]]
     if result["gradients"] is not None:
         failing = [name for name, s in result["gradients"].items() if not s["ok"]]
-        if failing:
-            name, stats = compare.first_failure(result["gradients"])
+        worst_gradient = compare.first_failure(result["gradients"])
+        if failing and worst_gradient is not None:
+            name, stats = worst_gradient
             listed = ", ".join(failing[:6]) + (f" (+{len(failing) - 6} more)" if len(failing) > 6 else "")
             failures.append(f"gradients differ for {len(failing)} of {len(result['gradients'])} ({listed}); "
                             f"worst {compare.describe('gradient', name, stats)}")
@@ -258,6 +267,8 @@ def verify_step(workspace: str, model: str, framework: str, lr: float = 0.1, sab
     path = paths.by_id(framework)
     if not path.differentiable:
         raise NotDifferentiable(f"path {framework} cannot differentiate, so it has no training step")
+    from parity.check import training
+
     runner_class = training.sabotaged(paths.load_target(path.runtime.target), sabotage)
     started = time.perf_counter()
     runner = build_runner(spec, path, weights, spec.batch_size, 1, artifact_dir, artifact_meta, runner_class)

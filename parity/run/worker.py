@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 import traceback
+import types
 from pathlib import Path
 
 from parity.platform.errors import ParityError
@@ -144,7 +145,7 @@ def quick_exit(status: int) -> None:
         sys.stderr.flush()
         from multiprocessing import util
 
-        util._exit_function()
+        util._exit_function()  # type: ignore[attr-defined]  # private, so absent from typeshed's stubs
     finally:
         os._exit(status)
 
@@ -158,11 +159,8 @@ def _redirect_output(log_path: str) -> None:
 
 def _wait_for_group(conn) -> str:
     """A spare's wait: NumPy and parity's own modules load now, while the parent plans; then its group and log."""
-    try:
+    try:  # not jsonschema: the parent has validated the golden manifests, whose verdicts are kept in the cache
         import parity.run.tasks  # noqa: F401 - numpy and parity's own modules
-        from parity.model import manifest
-
-        manifest._validator()  # the golden manifest's schema checker, which every task's golden load needs
     except Exception:  # noqa: BLE001 - the task that needs it reports it
         traceback.print_exc()
     message = conn.recv()
@@ -271,13 +269,28 @@ def _template_main(conn, group: str | None, threads: int, log_path: str, parent_
 
 
 def _spawn(main, group: str | None, threads: int, log_path: Path, env: dict):
-    """A new interpreter running ``main`` (a worker's or a template's): the parent's end of its pipe, its process."""
+    """A new interpreter running ``main`` (a worker's or a template's): the parent's end of its pipe, its process.
+
+    The child does not run this process's ``__main__`` file again, as multiprocessing otherwise does for a script:
+    for the ``parity`` console script that is the whole CLI's imports (click and every command), for a user's script
+    calling ``assert_parity`` the script itself. A worker needs nothing from it: its tasks are named
+    ``module:function`` and its arguments are plain data."""
     context = multiprocessing.get_context("spawn")
     conn, child = context.Pipe()
     process = context.Process(target=main, args=(child, group, threads, str(log_path), os.getpid(), env), daemon=True)
-    process.start()
+    main_module = sys.modules.get("__main__")
+    with _SPAWN_LOCK:
+        sys.modules["__main__"] = types.ModuleType("__main__")  # no __file__ and no __spec__: nothing to run again
+        try:
+            process.start()  # the child's preparation data (what it runs first) is read here
+        finally:
+            if main_module is not None:
+                sys.modules["__main__"] = main_module
     child.close()
     return conn, process
+
+
+_SPAWN_LOCK = threading.Lock()
 
 
 class Template:
@@ -357,7 +370,8 @@ class _Forked:
     template (its parent)."""
 
     def __init__(self, template: Template, pid: int):
-        self.template, self.pid, self._exitcode = template, pid, None
+        self.template, self.pid = template, pid
+        self._exitcode: int | None = None
 
     @property
     def exitcode(self) -> int | None:
@@ -520,6 +534,8 @@ class WorkerPool:
             if template is not None:
                 template.close()
             spare, self.spare = self.spare, None  # where workers fork, a spare is a template
+            if isinstance(spare, Worker):
+                raise TypeError("a spare worker where workers fork from templates")
             if spare is not None and spare.alive:
                 spare.adopt(group, self.log_dir / f"template-{group}.log")
                 template = spare
@@ -537,6 +553,8 @@ class WorkerPool:
         if self.forks:
             return Worker.fork(self._template(group), self.log_dir, self.timeout_s)
         spare, self.spare = self.spare, None
+        if isinstance(spare, Template):
+            raise TypeError("a spare template where workers are spawned")
         if spare is not None and spare.alive:
             spare.adopt(group)
             return spare

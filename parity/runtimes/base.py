@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from parity.model import containers, values
 from parity.model.feeds import as_feeds
 from parity.platform.errors import NotDifferentiable, ParityError
+
+if TYPE_CHECKING:
+    from parity.model.spec import ModelSpec
+
+# what the public methods take: ``{input name: array-like}``, or a one-input model's array alone
+Feeds = Any
 
 
 class ShapeMismatch(ParityError):
@@ -23,25 +32,26 @@ class Runner:
     input may be given its array alone.
     """
 
-    differentiable = False
+    differentiable: bool = False
     # a runtime of an exported artifact that implements ``taps_impl`` says where it read each tap:
     # ``{tap: {"found", "tensor"?, "reason"?}}`` (``parity.diagnose.drift.tap_rows``); others say why they have none
-    tap_locations: dict = {}
+    tap_locations: dict[str, dict[str, Any]] = {}  # noqa: RUF012 (a runner assigns its own; never mutated)
     no_taps_reason: str = ("taps are read from ONNX graphs on the CPU runtimes only; on a GPU runtime outputs are "
                            "compared (diagnose the same path with --device cpu to locate the tap)")
 
-    def __init__(self, spec, batch_size: int, dtype: str = "float32", device: str = "cpu", precision: str = "fp32"):
+    def __init__(self, spec: ModelSpec, batch_size: int, dtype: str = "float32", device: str = "cpu",
+                 precision: str = "fp32") -> None:
         self.spec = spec
         self.dtype = dtype  # the host dtype of float feeds (float32, or float64 for a reference); see ``precision``
         self.device = device  # "cpu" or "cuda:N" (inside a worker the chosen GPU is CUDA device 0)
         self.precision = precision
-        self.numerics: dict = {}  # every flag that changes numerics, as the runner set it (in the result)
-        self.output_structures: dict[str, dict] = {}  # the last run's sequence and optional outputs' structures
+        self.numerics: dict[str, Any] = {}  # every flag that changes numerics, as the runner set it (in the result)
+        self.output_structures: dict[str, dict[str, Any]] = {}  # the last run's sequence and optional outputs' structures
         self.batch_size = batch_size
         self._output_kinds = containers.output_kinds(spec)  # an ONNX graph's sequence and optional outputs
         self._computed: dict[str, np.ndarray] = {}  # the last run's outputs as computed, before widening
 
-    def check_feed(self, feeds) -> dict[str, np.ndarray]:
+    def check_feed(self, feeds: Feeds) -> dict[str, np.ndarray]:
         """``feeds`` checked against the spec (every input, nothing else; rank, fixed sizes, one size per named
         axis and the batch axis across inputs, any size: a runtime that fixed one says so itself; integer inputs
         given integers) and converted: float inputs to the runner's host dtype, others to
@@ -53,7 +63,8 @@ class Runner:
         if unknown:
             raise ShapeMismatch(f"input {unknown[0]!r} is not an input of model {spec.name!r} (it takes "
                                 f"{', '.join(declared)})")
-        checked, sizes = {}, {}
+        checked: dict[str, np.ndarray] = {}
+        sizes: dict[str, tuple[int, str]] = {}
         for i in spec.model_inputs:
             if i.name not in feeds:
                 raise ShapeMismatch(f"input {i.name!r} of model {spec.name!r} is missing")
@@ -89,7 +100,7 @@ class Runner:
 
         return "float64" if self.dtype == "float64" else get(self.precision).dtype
 
-    def run(self, x) -> dict[str, np.ndarray]:
+    def run(self, x: Feeds) -> dict[str, np.ndarray]:
         """Outputs by the spec's names for the batch of feeds ``x`` (canonical layout); float16 / bfloat16 results
         as float32."""
         returned = self.run_impl(self.check_feed(x))
@@ -108,18 +119,18 @@ class Runner:
         float16's tolerance (``parity.check.closeness.OutputTolerances``)."""
         return {name: str(value.dtype) for name, value in self._computed.items()}
 
-    def taps(self, x) -> dict[str, np.ndarray]:
+    def taps(self, x: Feeds) -> dict[str, np.ndarray]:
         """Intermediate layer outputs by tap name, in canonical layout."""
         return widened(self.taps_impl(self.check_feed(x)))
 
-    def gradients(self, x, labels: np.ndarray) -> dict[str, np.ndarray]:
+    def gradients(self, x: Feeds, labels: np.ndarray) -> dict[str, np.ndarray]:
         """Gradients of mean cross-entropy(first output, labels) w.r.t. every trainable parameter (canonical
         names and layout) and every floating-point input (``input:<name>``; integer and bool inputs have none)."""
         if not self.differentiable:
             raise NotDifferentiable(f"{type(self).__name__} cannot differentiate")
         return widened(self.gradients_impl(self.check_feed(x), np.asarray(labels, dtype=np.int64)))
 
-    def train_step(self, x, labels: np.ndarray, lr: float) -> None:
+    def train_step(self, x: Feeds, labels: np.ndarray, lr: float) -> None:
         """One plain-SGD step in place: forward, mean cross-entropy of the first output vs ``labels``
         (the loss ``gradients`` differentiates), backward, ``w -= lr * grad`` for every parameter
         ``optimized_params`` names. Nothing is left pending when it returns: it is the timed region
@@ -139,11 +150,11 @@ class Runner:
         every trainable parameter. Read once, when a runner builds its step."""
         return list(self.spec.trainable_params)
 
-    def runtime_record(self) -> dict | None:
+    def runtime_record(self) -> dict[str, Any] | None:
         """What the runtime did that the result should say beside its numerics, read once the check has run every
         shape: a compiler's graphs and recompilations, the precision a plugin really ran at. None where nothing."""
 
-    def device_compute(self, x: dict):
+    def device_compute(self, x: dict[str, np.ndarray]) -> Callable[[], object] | None:
         """On a GPU: a zero-argument function that runs the model once on feeds ``x`` (checked, see
         ``check_feed``), put on the device beforehand, and returns when the device has finished (no host
         copies): what GPU compute time is measured on.
@@ -152,23 +163,23 @@ class Runner:
     def device_memory_peak_mb(self) -> float | None:
         """Peak device memory this runner's allocator has held, in MiB, where it can tell (else None)."""
 
-    def run_impl(self, x: dict):
+    def run_impl(self, x: dict[str, np.ndarray]) -> Any:
         raise NotImplementedError
 
-    def taps_impl(self, x: dict) -> dict[str, np.ndarray]:
+    def taps_impl(self, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         raise NotImplementedError(f"{type(self).__name__} does not report taps")
 
-    def gradients_impl(self, x: dict, labels: np.ndarray) -> dict[str, np.ndarray]:
+    def gradients_impl(self, x: dict[str, np.ndarray], labels: np.ndarray) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
-    def train_step_impl(self, x: dict, labels: np.ndarray, lr: float) -> None:
+    def train_step_impl(self, x: dict[str, np.ndarray], labels: np.ndarray, lr: float) -> None:
         raise NotImplementedError(f"{type(self).__name__} does not implement a training step")
 
     def trainable_weights_impl(self) -> dict[str, np.ndarray]:
         raise NotImplementedError(f"{type(self).__name__} does not report its trainable weights")
 
 
-def widened(arrays: dict) -> dict:
+def widened(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """float16 / bfloat16 / float8 / float4 arrays as float32 (exactly: every such value is a float32), int4 and
     uint4 as int8 and uint8 (integers stay integers), others as they are."""
     four_bit = {"int4": np.int8, "uint4": np.uint8}
@@ -176,19 +187,19 @@ def widened(arrays: dict) -> dict:
             if v.dtype.kind in "fV" and v.dtype.itemsize < 4 else v for k, v in arrays.items()}
 
 
-def is_array(value) -> bool:
+def is_array(value: object) -> bool:
     """A host array (what runners hand to ``named_outputs``; framework tensors are converted first)."""
-    return isinstance(value, np.ndarray) or np.isscalar(value) and not isinstance(value, (str, bytes))
+    return isinstance(value, np.ndarray) or (np.isscalar(value) and not isinstance(value, (str, bytes)))
 
 
-def named_outputs(spec, returned) -> dict[str, np.ndarray]:
+def named_outputs(spec: ModelSpec, returned: object) -> dict[str, np.ndarray]:
     """A runner's returned structure of host arrays as ``{output name: array}`` in the spec's order."""
     from parity.model import outputs
 
     return {name: np.asarray(value) for name, value in outputs.named(spec.outputs, outputs.flatten(returned, is_array)).items()}
 
 
-def as_tuple(outputs) -> tuple:
+def as_tuple(outputs: object) -> tuple[Any, ...]:
     if isinstance(outputs, (list, tuple)):
         return tuple(outputs)
     return (outputs,)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -219,7 +220,7 @@ def tap_map(spec, meta: dict, interpreter) -> dict[str, dict]:
     written = [(op["op_name"], int(t)) for op in ops for t in op["outputs"] if int(t) in tensors]
     model_scope = meta.get("keras_model_name")
     named = [(op_name, index, tensor_layers(tensors[index]["name"], taps, model_scope)) for op_name, index in written]
-    result = {}
+    result: dict[str, dict[str, Any]] = {}
     for tap in taps:
         record = records.get(tap) or {}
         if record.get("shape") is None and not record.get("output"):
@@ -249,7 +250,7 @@ def tap_map(spec, meta: dict, interpreter) -> dict[str, dict]:
         chosen = next((k for k in reversed(mentions) if _fits(_signature(tensors[named[k][1]]), expected)), None)
         moved = chosen is not None and all(named[k][0] in DATA_MOVEMENT and max(named[k][2], key=taps.index) == tap
                                            for k in mentions if k > chosen)
-        if chosen == last or moved:
+        if chosen is not None and (chosen == last or moved):
             _, index, _ = named[chosen]
             result[tap] = {"found": "name", "tensor": tensors[index]["name"], "index": index,
                            "layout": record.get("layout")}

@@ -23,7 +23,8 @@ class OnnxRunner(Runner):
         self.layout = meta["input_layout"]
         self.threads = threads
 
-    graph_dtypes: dict[str, str] = {}  # graph inputs the graph declares bfloat16, float8, int4 ...: name -> dtype
+    # graph inputs the graph declares bfloat16, float8, int4 ...: name -> dtype (a runner sets its own, never mutates)
+    graph_dtypes: dict[str, str] = {}  # noqa: RUF012
 
     def feed(self, x: dict) -> dict:
         return onnx_feed(self.spec, self.meta, x, self.graph_dtypes)
@@ -39,7 +40,7 @@ def onnx_feed(spec, meta: dict, feeds: dict, graph_dtypes: dict[str, str] | None
         value = feeds[i.name]
         if len(spec.model_inputs) == 1:
             value = layouts.to_layout(value, i.layout, meta["input_layout"])
-        if graph_name in (graph_dtypes or {}):
+        if graph_dtypes and graph_name in graph_dtypes:
             value = values.as_low_precision(value, graph_dtypes[graph_name])
         elif value.dtype.kind == "f" and values.low_precision_name(value) is None:
             value = value.astype(i.dtype if i.dtype in ("float16", "float64") else np.float32)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -138,7 +139,7 @@ def run_tensors(model, feed: dict, names: list[str], threads: int = 1, core=None
 
     core = core or ov.Core()
     model = core.read_model(io.BytesIO(model) if isinstance(model, bytes) else str(model))
-    ports = {}
+    ports: dict[str, Any] = {}
     for op in model.get_ops():
         for port in op.outputs():
             for name in port.get_names():

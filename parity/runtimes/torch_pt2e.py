@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 from parity.runtimes.torch_export import ExportedProgramRunner
 
@@ -32,7 +33,7 @@ class Pt2eRunner(ExportedProgramRunner):
         import inspect
 
         import torch._dynamo
-        import torch.ao.quantization.fx._decomposed  # noqa: F401 - defines the quantize / dequantize ops it loads
+        import torch.ao.quantization.fx._decomposed  # defines the quantize / dequantize ops it loads
 
         super().__init__(spec, artifact_dir, meta, batch_size, threads, device, precision)
 
@@ -40,8 +41,8 @@ class Pt2eRunner(ExportedProgramRunner):
         self.differentiable = False
         torch._dynamo.config.fail_on_recompile_limit_hit = True  # past the limit: an error, never eager
         isolated = "isolate_recompiles" in inspect.signature(torch.compile).parameters
-        self.compiled = torch.compile(self.module, backend="inductor", dynamic=False, fullgraph=True,
-                                      **({"isolate_recompiles": True} if isolated else {}))
+        options: dict[str, Any] = {"isolate_recompiles": True} if isolated else {}
+        self.compiled = torch.compile(self.module, backend="inductor", dynamic=False, fullgraph=True, **options)
         self._compiles: dict[tuple, float] = {}  # input shapes -> seconds of the first run there (compile included)
         self._steady: dict[tuple, float] = {}  # input shapes -> seconds of the second run there
         quantization = meta.get("quantization") or {}
@@ -120,9 +121,10 @@ class Pt2eRunner(ExportedProgramRunner):
         record = super().runtime_record()
         record.pop("not_differentiable", None)
         quantization = self.meta.get("quantization") or {}
-        shapes = [{"input_shapes": [list(s) for s in shape], "first_run_s": round(first, 3),
-                   "second_run_s": None if shape not in self._steady else round(self._steady[shape], 6)}
-                  for shape, first in self._compiles.items()]
+        shapes: list[dict[str, Any]] = [
+            {"input_shapes": [list(s) for s in shape], "first_run_s": round(first, 3),
+             "second_run_s": None if shape not in self._steady else round(self._steady[shape], 6)}
+            for shape, first in self._compiles.items()]
         compile_s = sum(entry["first_run_s"] - (entry["second_run_s"] or 0.0) for entry in shapes)
         record.update(ran="compiled", mode=MODE, graphs_compiled=len(shapes), compile_s=round(compile_s, 3),
                       shapes=shapes, quantized_layers=quantization.get("quantized_layers"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from typing import Any
 
 import numpy as np
 
@@ -80,7 +81,9 @@ class EngineSession:
     def __init__(self, plan: bytes, input_shapes: dict[str, tuple]):
         self.rt = cudart()
         self.buffers: dict[str, tuple[int, int]] = {}  # name -> (device pointer, bytes)
-        self.stream = self.context = self.engine = None
+        self.stream: Any = None  # TensorRT's and the CUDA runtime's objects
+        self.context: Any = None
+        self.engine: Any = None
         try:
             self._open(import_tensorrt(), plan, input_shapes)
         except BaseException:
@@ -103,8 +106,8 @@ class EngineSession:
             if dynamic and not (name in input_shapes and self.context.set_input_shape(name, tuple(input_shapes[name]))):
                 raise ExportError(f"engine input {name!r} is dynamic and no valid shape was given for it")
         self.stream = call(self.rt, self.rt.cudaStreamCreate(), "cudaStreamCreate")
-        self.dtypes = {name: engine_dtype(trt, self.engine, name) for name in names}
-        self.shapes = {name: tuple(self.context.get_tensor_shape(name)) for name in names}
+        self.dtypes: dict[str, np.dtype] = {name: engine_dtype(trt, self.engine, name) for name in names}
+        self.shapes: dict[str, tuple[int, ...]] = {name: tuple(self.context.get_tensor_shape(name)) for name in names}
         for name in names:
             nbytes = int(np.prod(self.shapes[name], dtype=np.int64)) * self.dtypes[name].itemsize
             pointer = call(self.rt, self.rt.cudaMalloc(max(nbytes, 1)), "cudaMalloc")

@@ -46,7 +46,7 @@ def check_definition(spec, params, batch_size: int) -> None:
     dtype = next(iter(params.values())).dtype
     x = packed({i.name: jax.ShapeDtypeStruct(spec.input_shape(i.name, batch_size), dtype if i.floating else i.dtype)
                 for i in spec.model_inputs})
-    recorder = None
+    recorder: _ReadRecorder | None = None  # the trace's, set as it starts
 
     def traced(p, x):
         nonlocal recorder
@@ -56,9 +56,11 @@ def check_definition(spec, params, batch_size: int) -> None:
     try:
         jax.eval_shape(traced, dict(params), x)
     except KeyError:
+        assert recorder is not None
         raise WeightsMismatch("jax", missing=recorder.missing) from None
     except TypeError as error:  # shape errors from jnp ops
         raise WeightsMismatch("jax", misshaped=[("(see trace)", "?", str(error).splitlines()[0])]) from None
+    assert recorder is not None
     unused = [name for name in params if name not in recorder.read]
     if unused:
         raise WeightsMismatch("jax", unexpected=unused)
@@ -123,7 +125,9 @@ class JaxSource(Runner):
     def _held(self, name: str, value: np.ndarray) -> np.ndarray:
         """A weight in the dtype the run holds it in (``layouts.held_dtype``); float64 needs JAX's x64 mode."""
         param = self.spec.params[name]
-        if layouts.held_dtype(param.dtype, self.compute_dtype) == "float64" and not self.jax.config.jax_enable_x64:
+        # jax sets its flags on the config at run time: its Config class declares none of them
+        if layouts.held_dtype(param.dtype, self.compute_dtype) == "float64" and \
+                not self.jax.config.jax_enable_x64:  # type: ignore[attr-defined]
             raise Unavailable(f"parameter {name!r} is float64, which JAX holds only with jax_enable_x64 (off for a "
                               f"{self.precision} run): JAX would narrow it to float32")
         return layouts.held_array(param, value, self.compute_dtype)

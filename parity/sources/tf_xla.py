@@ -8,6 +8,8 @@ compiles once per input shape; ``runtime_record`` says how often each function w
 
 from __future__ import annotations
 
+from typing import Any
+
 from parity.model.feeds import call_keras as call
 from parity.runtimes.tf_common import run_sgd_step, sgd_step, tape_gradients
 from parity.sources.tf import KerasSource
@@ -65,21 +67,21 @@ class KerasXlaSource(KerasSource):
         """XLA on (must-compile), the TensorFlow version, and per function the tf.function traces and the input
         shapes it ran at (XLA compiles each shape once: more traces than shapes are retraces)."""
         traced = {"forward": self._forward, "gradients": self._xla_call, "train_step": self._step}
-        functions = {}
+        functions: dict[str, dict[str, Any]] = {}
         for name in FUNCTIONS:
             if not self._shapes[name]:
                 continue
             function = traced.get(name)
-            entry = {"shapes": self._shapes[name]}
+            entry: dict[str, Any] = {"shapes": self._shapes[name]}
             if function is not None:
                 entry["traces"] = function.experimental_get_tracing_count()
             if name == "taps":
                 entry["compiles"] = self._tap_calls  # a tap model is built, traced and compiled per diagnosis
             functions[name] = entry
-        traced = ", ".join(f"{name} {entry.get('traces', entry.get('compiles'))} at {len(entry['shapes'])} shapes"
+        counts = ", ".join(f"{name} {entry.get('traces', entry.get('compiles'))} at {len(entry['shapes'])} shapes"
                            for name, entry in functions.items())
         return {"runtime": "tf-xla", "xla": True, "jit_compile": "must-compile", "tensorflow": self.tf.__version__,
                 "device": self.tf_device, "functions": functions,
-                "summary": f"XLA must-compile; traced: {traced}",
+                "summary": f"XLA must-compile; traced: {counts}",
                 "note": "gradients differentiate the XLA-compiled forward; TensorFlow compiles its backward "
                         "function with XLA as well"}

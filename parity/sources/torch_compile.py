@@ -36,7 +36,7 @@ class CompiledTorch(TorchSource):
         torch = self.torch
         torch._dynamo.config.fail_on_recompile_limit_hit = True
         self._calls = 0
-        self._shape = None  # the shapes of the inputs of the call being run (what a compile is recorded at)
+        self._shape: tuple[tuple[int, ...], ...] | None = None  # the shapes of the inputs of the call being run (what a compile is recorded at)
         self._shapes: dict = {}  # input shapes -> calls at them
         self._compiles: list[dict] = []
         self.numerics = {**self.numerics, "torch_compile": {"backend": "inductor", "mode": self.mode,

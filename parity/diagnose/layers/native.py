@@ -26,7 +26,9 @@ result back channels-last, and applies a fused ``"activation"`` (a form of the `
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -116,7 +118,7 @@ def _keras_attention(w: dict) -> dict:
     return found
 
 
-def _flax(w: dict, kind: str) -> dict:
+def _flax(w: dict, kind: str | None) -> dict:
     """A Flax module's own weights: a LayerNorm's ``scale`` and ``bias`` are gamma and beta; a ``Conv`` kernel is
     ``([kh,] kw, I/groups, O)`` as Keras holds it; a ``Dense`` kernel is ``(in, out)`` already."""
     if kind == "layer_norm":
@@ -126,7 +128,7 @@ def _flax(w: dict, kind: str) -> dict:
     return w
 
 
-def _keras(w: dict, kind: str, attrs: dict) -> dict:
+def _keras(w: dict, kind: str | None, attrs: dict) -> dict:
     if attrs.get("weight_layout") == "flax":
         return _flax(w, kind)
     if kind == "conv":
@@ -176,8 +178,8 @@ class Bound:
     """A layer kind bound to its declared attributes: ``forward(inputs, weights)`` and ``variants`` (each
     ``compute(inputs, weights, attrs, observed)``) in the tap's own layout."""
 
-    forward: object
-    variants: list
+    forward: Callable[[list[np.ndarray], dict[str, np.ndarray]], np.ndarray]
+    variants: list[Any]
 
 
 def bind(kind: str, attrs: dict) -> Bound:

@@ -76,7 +76,7 @@ def forward(inputs, weights, attrs):
         n = x.shape[axis]
         scale = float(scales[i] if isinstance(scales, (list, tuple)) else scales) if scales is not None else None
         m = int(sizes[i] if isinstance(sizes, (list, tuple)) else sizes) if sizes is not None else \
-            int(math.floor(n * scale))
+            math.floor(n * scale)
         x = _axis(x, axis, m, scale if scale is not None else m / n, attrs)
     return x
 
