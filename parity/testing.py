@@ -26,8 +26,16 @@ import numpy as np
 SOURCES = {"torch": "torch_factory", "tf": "keras_factory"}
 
 
-def assert_parity(make_model, inputs, paths=("torch/onnx/ort",), atol: float = 1e-4, rtol: float = 1e-4,
-                  labels=None, threads: int = 1, timeout_s: float = 600.0) -> dict:
+def assert_parity(
+    make_model,
+    inputs,
+    paths=("torch/onnx/ort",),
+    atol: float = 1e-4,
+    rtol: float = 1e-4,
+    labels=None,
+    threads: int = 1,
+    timeout_s: float = 600.0,
+) -> dict:
     """Check ``paths`` of the model ``make_model()`` returns against its own float64 reference on ``inputs``.
 
     ``make_model``: a module-level function returning a ``torch.nn.Module`` (paths ``torch*``) or a
@@ -55,17 +63,26 @@ def assert_parity(make_model, inputs, paths=("torch/onnx/ort",), atol: float = 1
     try:
         data = dict(feeds) if labels is None else {**feeds, "labels": np.asarray(labels, dtype=np.int64)}
         golden.save_npz(root / "inputs.npz", data)
-        decls = tuple(scaffold.InputDecl(name, tuple(x.shape), str(x.dtype) if x.dtype.kind in "iub" else "float32")
-                      for name, x in feeds.items())
+        decls = tuple(
+            scaffold.InputDecl(name, tuple(x.shape), str(x.dtype) if x.dtype.kind in "iub" else "float32")
+            for name, x in feeds.items()
+        )
         request = scaffold.Request(
-            name="model_under_test", kind=kind, reference=_reference(make_model, kind), inputs=decls,
-            inputs_file="inputs.npz", tolerance=(atol, rtol), builder=SOURCES.get(kind))
+            name="model_under_test",
+            kind=kind,
+            reference=_reference(make_model, kind),
+            inputs=decls,
+            inputs_file="inputs.npz",
+            tolerance=(atol, rtol),
+            builder=SOURCES.get(kind),
+        )
         scaffold.init(root, request, force=False, threads=threads, timeout_s=timeout_s)
         workspace = Workspace(root)
         with WorkerPool(threads, cache_root() / "logs", timeout_s) as pool:
             golden_build.build(workspace, workspace.load_spec(request.name), pool)
-        report = orchestrate.check(workspace, [request.name], orchestrate.Options(
-            threads=threads, patterns=tuple(paths), timeout_s=timeout_s))
+        report = orchestrate.check(
+            workspace, [request.name], orchestrate.Options(threads=threads, patterns=tuple(paths), timeout_s=timeout_s)
+        )
     finally:
         shutil.rmtree(root, ignore_errors=True)
     failing = [r for r in report["results"] if outcome.is_unexpected(r) or r["verdict"] == "skip"]
@@ -73,17 +90,23 @@ def assert_parity(make_model, inputs, paths=("torch/onnx/ort",), atol: float = 1
         shown = {**report, "results": failing}
         text = terminal.render(shown, timed=False, verbose=True)
         block = diagnosis.render_all(shown)
-        raise AssertionError("parity: paths differ from the float64 reference\n" + text + (f"\n\n{block}" if block else ""))
+        raise AssertionError(
+            "parity: paths differ from the float64 reference\n" + text + (f"\n\n{block}" if block else "")
+        )
     return report
 
 
 def _feeds(inputs) -> dict[str, np.ndarray]:
-    feeds = {name: np.asarray(value) for name, value in (inputs.items() if isinstance(inputs, dict) else [("x", inputs)])}
+    feeds = {
+        name: np.asarray(value) for name, value in (inputs.items() if isinstance(inputs, dict) else [("x", inputs)])
+    }
     if not feeds or any(name in ("labels", "y") for name in feeds):
         raise ValueError(f"inputs must name at least one input, none called labels or y (got {', '.join(feeds)})")
     for name, value in feeds.items():
         if value.ndim < 1 or value.dtype.kind not in "fiub":
-            raise ValueError(f"input {name!r} must be a numeric array with a batch axis, not {value.dtype}{list(value.shape)}")
+            raise ValueError(
+                f"input {name!r} must be a numeric array with a batch axis, not {value.dtype}{list(value.shape)}"
+            )
     return feeds
 
 
@@ -93,6 +116,7 @@ def _reference(make_model, kind: str) -> str:
         return str(Path(make_model).resolve())
     qualname = getattr(make_model, "__qualname__", "")
     if not callable(make_model) or "<" in qualname:
-        raise ValueError(f"make_model must be a module-level function (parity imports it in a worker process), "
-                         f"not {make_model!r}")
+        raise ValueError(
+            f"make_model must be a module-level function (parity imports it in a worker process), not {make_model!r}"
+        )
     return f"{Path(inspect.getfile(make_model)).resolve()}:{qualname}"

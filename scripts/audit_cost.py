@@ -22,8 +22,21 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _bench(models: list[str], budget: float, target_ci: float, out: Path) -> dict:
-    args = [sys.executable, "-m", "parity", "bench", "--workspace", str(REPO), "--budget", str(budget),
-            "--target-ci", str(target_ci), "--no-store", "--json", str(out)]
+    args = [
+        sys.executable,
+        "-m",
+        "parity",
+        "bench",
+        "--workspace",
+        str(REPO),
+        "--budget",
+        str(budget),
+        "--target-ci",
+        str(target_ci),
+        "--no-store",
+        "--json",
+        str(out),
+    ]
     for model in models:
         args += ["--model", model]
     subprocess.run(args, cwd=REPO, capture_output=True, text=True, check=False)
@@ -57,8 +70,10 @@ def main() -> None:
             if not fractions:
                 print(f"{label:28} nothing timed")
                 continue
-            print(f"{label:28} {len(fractions):6d} {100 * np.median(fractions):11.1f}% "
-                  f"{100 * np.percentile(fractions, 90):8.1f}% {100 * audit_s / timed_s:6.1f}%")
+            print(
+                f"{label:28} {len(fractions):6d} {100 * np.median(fractions):11.1f}% "
+                f"{100 * np.percentile(fractions, 90):8.1f}% {100 * audit_s / timed_s:6.1f}%"
+            )
 
 
 if __name__ == "__main__":

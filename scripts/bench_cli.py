@@ -62,11 +62,17 @@ def write_model(folder: Path) -> Path:
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
-    weights = [numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "W"),
-               numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "b")]
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Add", ["h", "b"], ["y"])],
-                              "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], weights)
+    weights = [
+        numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "W"),
+        numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "b"),
+    ]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Add", ["h", "b"], ["y"])],
+        "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+        weights,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     path = folder / "tiny.onnx"
@@ -88,7 +94,7 @@ def side_by_side(sides: dict[str, list[str]], cwd: Path, env: dict, repeats: int
     labels = list(sides)
     times: dict[str, list[float]] = {label: [] for label in labels}
     for k in range(repeats):
-        for label in labels[k % len(labels):] + labels[: k % len(labels)]:
+        for label in labels[k % len(labels) :] + labels[: k % len(labels)]:
             times[label].append(timed(sides[label], cwd, env))
     return {label: statistics.median(values) for label, values in times.items()}
 
@@ -119,9 +125,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7, help="runs of each side of (a) and (b)")
     parser.add_argument("--zoo-repeats", type=int, default=1, help="timed warm runs of (c); 0 skips it")
     parser.add_argument("--cache-dir", default=None, help="export cache for (c) (default: a scratch one, filled first)")
-    parser.add_argument("--bytecode", action="store_true",
-                        help="let every measured process cache compiled bytecode (in a scratch PYTHONPYCACHEPREFIX), "
-                             "as an installed package has it, even where PYTHONDONTWRITEBYTECODE is set")
+    parser.add_argument(
+        "--bytecode",
+        action="store_true",
+        help="let every measured process cache compiled bytecode (in a scratch PYTHONPYCACHEPREFIX), "
+        "as an installed package has it, even where PYTHONDONTWRITEBYTECODE is set",
+    )
     args = parser.parse_args()
 
     scratch = Path(tempfile.mkdtemp(prefix="parity-bench-cli-"))
@@ -134,30 +143,59 @@ def main() -> None:
         workspace = scratch / "ws"
         workspace.mkdir()
         model = write_model(workspace)
-        for command in (PARITY + ["init", "tiny", "--onnx", str(model), "--input", "x=2x8"],
-                        PARITY + ["golden", "build", "--model", "tiny"],
-                        PARITY + ["check", "-m", "tiny", "-p", "onnx/ort"]):  # the last one fills the cache
+        for command in (
+            PARITY + ["init", "tiny", "--onnx", str(model), "--input", "x=2x8"],
+            PARITY + ["golden", "build", "--model", "tiny"],
+            PARITY + ["check", "-m", "tiny", "-p", "onnx/ort"],
+        ):  # the last one fills the cache
             timed(command, workspace, env)
         bare = scratch / "bare.py"
         bare.write_text(BARE)
-        helps = side_by_side({"parity": PARITY + ["--help"], "click": [sys.executable, "-c", "import click"]},
-                             workspace, env, args.repeats)
-        checks = {"parity": PARITY + ["check", "-m", "tiny", "-p", "onnx/ort"],
-                  "bare": [sys.executable, str(bare), str(model), str(workspace / "golden" / "tiny")]}
+        helps = side_by_side(
+            {"parity": PARITY + ["--help"], "click": [sys.executable, "-c", "import click"]},
+            workspace,
+            env,
+            args.repeats,
+        )
+        checks = {
+            "parity": PARITY + ["check", "-m", "tiny", "-p", "onnx/ort"],
+            "bare": [sys.executable, str(bare), str(model), str(workspace / "golden" / "tiny")],
+        }
         beside = Path(sys.executable).with_name("polygraphy")  # this interpreter's own, else one on PATH
         polygraphy = str(beside) if beside.is_file() else shutil.which("polygraphy")
         if polygraphy:
             inputs, outputs = polygraphy_files(workspace, scratch)
             # the bare script's tolerances (atol 1e-5, rtol 1e-4); exit 0 only when the outputs match
-            checks["polygraphy"] = [polygraphy, "run", str(model), "--onnxrt", "--load-inputs", str(inputs),
-                                    "--load-outputs", str(outputs), "--atol", "1e-5", "--rtol", "1e-4"]
+            checks["polygraphy"] = [
+                polygraphy,
+                "run",
+                str(model),
+                "--onnxrt",
+                "--load-inputs",
+                str(inputs),
+                "--load-outputs",
+                str(outputs),
+                "--atol",
+                "1e-5",
+                "--rtol",
+                "1e-4",
+            ]
         checked = side_by_side(checks, workspace, env, args.repeats)
-        rows = [row("(a) parity --help  vs  python -c 'import click'", helps["parity"], helps["click"], 1.25),
-                row("(b) parity check -m tiny -p onnx/ort  vs  numpy + onnxruntime", checked["parity"],
-                    checked["bare"], 2.0)]
+        rows = [
+            row("(a) parity --help  vs  python -c 'import click'", helps["parity"], helps["click"], 1.25),
+            row(
+                "(b) parity check -m tiny -p onnx/ort  vs  numpy + onnxruntime", checked["parity"], checked["bare"], 2.0
+            ),
+        ]
         if polygraphy:
-            rows.append(row("(b) parity check -m tiny -p onnx/ort  vs  polygraphy run --onnxrt", checked["parity"],
-                            checked["polygraphy"], 1.0))
+            rows.append(
+                row(
+                    "(b) parity check -m tiny -p onnx/ort  vs  polygraphy run --onnxrt",
+                    checked["parity"],
+                    checked["polygraphy"],
+                    1.0,
+                )
+            )
         zoo = None
         if args.zoo_repeats > 0:
             zoo_env = {**base, "PARITY_CACHE_DIR": args.cache_dir or str(scratch / "zoo-cache")}
@@ -169,15 +207,21 @@ def main() -> None:
 
         print(f"{'measurement':66s} {'parity s':>9s} {'other s':>8s} {'ratio':>6s} {'target':>7s}  met")
         for line in rows:
-            print(f"{line['name']:66s} {line['parity']:9.3f} {line['bare']:8.3f} {line['ratio']:6.2f} "
-                  f"{line['target']:7.2f}  {'yes' if line['ratio'] <= line['target'] else 'NO'}")
+            print(
+                f"{line['name']:66s} {line['parity']:9.3f} {line['bare']:8.3f} {line['ratio']:6.2f} "
+                f"{line['target']:7.2f}  {'yes' if line['ratio'] <= line['target'] else 'NO'}"
+            )
         if not polygraphy:
             print("polygraphy: not installed (pip install polygraphy, in the test extra), so not compared")
         if zoo is not None:
-            print(f"{'(c) parity check, whole zoo, warm cache':66s} {zoo:9.1f} {'':8s} {'':6s} {'':7s}  "
-                  f"({args.zoo_repeats} run{'s' if args.zoo_repeats > 1 else ''})")
-        print(f"medians of {args.repeats} interleaved runs per side; python {sys.version.split()[0]}; bytecode "
-              f"{'cached' if args.bytecode or not os.environ.get('PYTHONDONTWRITEBYTECODE') else 'not cached (PYTHONDONTWRITEBYTECODE)'}")
+            print(
+                f"{'(c) parity check, whole zoo, warm cache':66s} {zoo:9.1f} {'':8s} {'':6s} {'':7s}  "
+                f"({args.zoo_repeats} run{'s' if args.zoo_repeats > 1 else ''})"
+            )
+        print(
+            f"medians of {args.repeats} interleaved runs per side; python {sys.version.split()[0]}; bytecode "
+            f"{'cached' if args.bytecode or not os.environ.get('PYTHONDONTWRITEBYTECODE') else 'not cached (PYTHONDONTWRITEBYTECODE)'}"
+        )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

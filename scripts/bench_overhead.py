@@ -45,9 +45,17 @@ def build_session(tmp: Path):
     module = build_module(spec, weights)
     path = tmp / "mlp.onnx"
     with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
-        torch.onnx.export(module, (torch.from_numpy(x),), str(path), input_names=[spec.input.name],
-                          output_names=list(spec.outputs), opset_version=spec.opset, dynamo=True,
-                          external_data=False, verbose=False)
+        torch.onnx.export(
+            module,
+            (torch.from_numpy(x),),
+            str(path),
+            input_names=[spec.input.name],
+            output_names=list(spec.outputs),
+            opset_version=spec.opset,
+            dynamo=True,
+            external_data=False,
+            verbose=False,
+        )
     with torch.inference_mode():
         reference = module(torch.from_numpy(x))
     reference = (reference[0] if isinstance(reference, tuple) else reference).numpy()
@@ -107,13 +115,19 @@ def main() -> None:
     b, p = stats.summarize(bare, 64), stats.summarize(ours, 64)
     print(f"mlp, onnxruntime CPU 1 thread, batch 64: {args.rounds} rounds x {args.calls} calls, alternating order")
     for name, s in (("bare loop", b), ("measure()", p)):
-        print(f"  {name:10s} median {s['median_ms'] * 1e3:8.2f} us  95% CI [{s['ci95_ms'][0] * 1e3:.2f}, "
-              f"{s['ci95_ms'][1] * 1e3:.2f}]  p90 {s['p90_ms'] * 1e3:.2f} us  cv {s['cv']:.3f}")
+        print(
+            f"  {name:10s} median {s['median_ms'] * 1e3:8.2f} us  95% CI [{s['ci95_ms'][0] * 1e3:.2f}, "
+            f"{s['ci95_ms'][1] * 1e3:.2f}]  p90 {s['p90_ms'] * 1e3:.2f} us  cv {s['cv']:.3f}"
+        )
     c = stats.compare_series(ours, bare)
-    print(f"  per-call medians, measure/bare: {c['ratio']:.4f}  bootstrap 95% CI [{c['ci95'][0]:.4f}, "
-          f"{c['ci95'][1]:.4f}]  Welch p={c['p']:.3g}  ({c['verdict']})")
-    print(f"  per-round ratios of medians: median {np.median(round_ratios):.4f}, "
-          f"range [{min(round_ratios):.4f}, {max(round_ratios):.4f}]")
+    print(
+        f"  per-call medians, measure/bare: {c['ratio']:.4f}  bootstrap 95% CI [{c['ci95'][0]:.4f}, "
+        f"{c['ci95'][1]:.4f}]  Welch p={c['p']:.3g}  ({c['verdict']})"
+    )
+    print(
+        f"  per-round ratios of medians: median {np.median(round_ratios):.4f}, "
+        f"range [{min(round_ratios):.4f}, {max(round_ratios):.4f}]"
+    )
     print(f"  per-block totals, measure/bare: {sum(ours) / sum(bare):.4f}")
     print(f"overhead_ratio={c['ratio']:.3f}")
 

@@ -34,8 +34,9 @@ def one_run(method: str, model: str, patterns: tuple[str, ...], batch: int, budg
     from parity.pipeline import orchestrate
 
     os.environ["PARITY_WORKER_START"] = method
-    options = orchestrate.Options(threads=1, patterns=patterns,
-                                  timing=BenchOptions(budget_s=budget_s, batch_sizes=(batch,), min_runs=30))
+    options = orchestrate.Options(
+        threads=1, patterns=patterns, timing=BenchOptions(budget_s=budget_s, batch_sizes=(batch,), min_runs=30)
+    )
     started = time.perf_counter()
     with redirect_stderr(io.StringIO()):
         report = orchestrate.check(Workspace(ROOT), [model], options)
@@ -46,8 +47,11 @@ def one_run(method: str, model: str, patterns: tuple[str, ...], batch: int, budg
         entry = timing.get("batches", {}).get(str(batch), {})
         first = timing.get("first_result") or {}
         if entry.get("verdict") == "pass":
-            out["paths"][result["path"]] = {"samples": entry["samples_ms"], "load_s": first.get("load_s"),
-                                            "first_s": first.get("first_inference_s")}
+            out["paths"][result["path"]] = {
+                "samples": entry["samples_ms"],
+                "load_s": first.get("load_s"),
+                "first_s": first.get("first_inference_s"),
+            }
     return out
 
 
@@ -55,8 +59,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--model", default="mlp")
-    parser.add_argument("--path", action="append", default=None, help="path patterns (default: every native "
-                        "path and its ONNX Runtime export)")
+    parser.add_argument(
+        "--path",
+        action="append",
+        default=None,
+        help="path patterns (default: every native path and its ONNX Runtime export)",
+    )
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--budget", type=float, default=0.5, help="seconds per timed series")
     args = parser.parse_args()
@@ -64,10 +72,13 @@ def main() -> None:
     runs: dict[str, list[dict]] = {"fork": [], "spawn": []}
     one_run("fork", args.model, patterns, args.batch, 0.05)  # exports cached, templates started: not counted
     for k in range(args.rounds):
-        for method in (("fork", "spawn") if k % 2 == 0 else ("spawn", "fork")):
+        for method in ("fork", "spawn") if k % 2 == 0 else ("spawn", "fork"):
             runs[method].append(one_run(method, args.model, patterns, args.batch, args.budget))
-            print(f"round {k + 1} {method}: check {runs[method][-1]['check_s']:.1f} s, "
-                  f"run {runs[method][-1]['wall_s']:.1f} s", flush=True)
+            print(
+                f"round {k + 1} {method}: check {runs[method][-1]['check_s']:.1f} s, "
+                f"run {runs[method][-1]['wall_s']:.1f} s",
+                flush=True,
+            )
 
     def median(method, key):
         return statistics.median(r[key] for r in runs[method])
@@ -80,14 +91,22 @@ def main() -> None:
             continue
         fork_ms, spawn_ms = statistics.median(pooled["fork"]), statistics.median(pooled["spawn"])
         ratios.append(fork_ms / spawn_ms)
-        firsts = {m: statistics.median(r["paths"][path]["first_s"] for r in runs[m] if path in r["paths"]) for m in runs}
-        print(f"{path:<18} {fork_ms:9.3f} {spawn_ms:9.3f} {fork_ms / spawn_ms:6.3f}   "
-              f"{firsts['fork'] / firsts['spawn']:.3f}")
+        firsts = {
+            m: statistics.median(r["paths"][path]["first_s"] for r in runs[m] if path in r["paths"]) for m in runs
+        }
+        print(
+            f"{path:<18} {fork_ms:9.3f} {spawn_ms:9.3f} {fork_ms / spawn_ms:6.3f}   "
+            f"{firsts['fork'] / firsts['spawn']:.3f}"
+        )
     print(f"\ntimed medians, geometric mean of fork/spawn: {statistics.geometric_mean(ratios):.3f}")
-    print(f"check stage (worker start-up included), fork/spawn: {median('fork', 'check_s'):.1f} s / "
-          f"{median('spawn', 'check_s'):.1f} s = {median('fork', 'check_s') / median('spawn', 'check_s'):.3f}")
-    print(f"whole run, fork/spawn: {median('fork', 'wall_s'):.1f} s / {median('spawn', 'wall_s'):.1f} s = "
-          f"{median('fork', 'wall_s') / median('spawn', 'wall_s'):.3f}")
+    print(
+        f"check stage (worker start-up included), fork/spawn: {median('fork', 'check_s'):.1f} s / "
+        f"{median('spawn', 'check_s'):.1f} s = {median('fork', 'check_s') / median('spawn', 'check_s'):.3f}"
+    )
+    print(
+        f"whole run, fork/spawn: {median('fork', 'wall_s'):.1f} s / {median('spawn', 'wall_s'):.1f} s = "
+        f"{median('fork', 'wall_s') / median('spawn', 'wall_s'):.3f}"
+    )
 
 
 if __name__ == "__main__":

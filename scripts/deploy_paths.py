@@ -16,8 +16,19 @@ import sys
 import tempfile
 from pathlib import Path
 
-DEPLOYED = ("torch/compile", "torch/compile-autotune", "torch/export", "torch/executorch", "torch/openvino",
-            "torch/onnx/openvino", "torch/litert", "tf/xla", "tf/litert", "tf/onnx/openvino", "jax/onnx/openvino")
+DEPLOYED = (
+    "torch/compile",
+    "torch/compile-autotune",
+    "torch/export",
+    "torch/executorch",
+    "torch/openvino",
+    "torch/onnx/openvino",
+    "torch/litert",
+    "tf/xla",
+    "tf/litert",
+    "tf/onnx/openvino",
+    "jax/onnx/openvino",
+)
 NATIVE = ("torch", "tf", "jax")
 
 
@@ -53,10 +64,21 @@ def render(report: dict) -> None:
         by_model.setdefault(r["model"], {})[r["path"]] = r
     for model, results in by_model.items():
         table = Table(title=f"{model}: deployment paths against the native baseline (same run)")
-        for column in ("path", "verdict", "batch", "first result s", "vs native", "median ms", "vs native", "peak MB",
-                       "artifact MB", "reason"):
-            table.add_column(column, justify="left" if column in ("path", "verdict", "reason") else "right",
-                             overflow="fold")
+        for column in (
+            "path",
+            "verdict",
+            "batch",
+            "first result s",
+            "vs native",
+            "median ms",
+            "vs native",
+            "peak MB",
+            "artifact MB",
+            "reason",
+        ):
+            table.add_column(
+                column, justify="left" if column in ("path", "verdict", "reason") else "right", overflow="fold"
+            )
         for path, r in results.items():
             base = results.get(path.split("/")[0]) or {}
             batches = sorted(((r.get("timing") or {}).get("batches") or {}), key=lambda b: int(b) if b.isdigit() else 0)
@@ -64,11 +86,18 @@ def render(report: dict) -> None:
             median, peak = steady(r, batch)
             base_median, _ = steady(base, batch)
             entry = ((r.get("timing") or {}).get("batches") or {}).get(batch) or {}
-            table.add_row(path, r.get("verdict", "-"), batch, "-" if first_s(r) is None else f"{first_s(r):.2f}",
-                          ratio(first_s(r), first_s(base)), "-" if median is None else f"{median:.4f}",
-                          ratio(median, base_median), "-" if peak is None else f"{peak:.0f}",
-                          "-" if entry.get("artifact_mb") is None else f"{entry['artifact_mb']:.2f}",
-                          " ".join(str(r.get("reason") or "").split())[:160])
+            table.add_row(
+                path,
+                r.get("verdict", "-"),
+                batch,
+                "-" if first_s(r) is None else f"{first_s(r):.2f}",
+                ratio(first_s(r), first_s(base)),
+                "-" if median is None else f"{median:.4f}",
+                ratio(median, base_median),
+                "-" if peak is None else f"{peak:.0f}",
+                "-" if entry.get("artifact_mb") is None else f"{entry['artifact_mb']:.2f}",
+                " ".join(str(r.get("reason") or "").split())[:160],
+            )
         console.print(table)
 
 

@@ -53,8 +53,9 @@ def main() -> None:
     if args.encoder:
         with tempfile.TemporaryDirectory() as root:
             _encoder_workspace(root, args.encoder)
-            measure(Workspace(root), args.model, args.path or ["torch/onnx/ort"], args.repeats, args.threads,
-                    verdicts=True)
+            measure(
+                Workspace(root), args.model, args.path or ["torch/onnx/ort"], args.repeats, args.threads, verdicts=True
+            )
         return
     measure(Workspace(args.workspace), args.model, args.path, args.repeats, args.threads)
 
@@ -75,8 +76,17 @@ def make_encoder():
 
     torch.manual_seed(0)
     layers = int(os.environ["PARITY_ENCODER_LAYERS"])
-    model = DistilBertModel(DistilBertConfig(vocab_size=512, dim=64, n_layers=layers, n_heads=4, hidden_dim=128,
-                                             max_position_embeddings=64, attn_implementation="eager"))
+    model = DistilBertModel(
+        DistilBertConfig(
+            vocab_size=512,
+            dim=64,
+            n_layers=layers,
+            n_heads=4,
+            hidden_dim=128,
+            max_position_embeddings=64,
+            attn_implementation="eager",
+        )
+    )
     block = model.transformer.layer[layers // 2]
     faulty = ExportNoBiasLayerNorm(64, eps=block.output_layer_norm.eps)
     with torch.no_grad():
@@ -88,19 +98,35 @@ def make_encoder():
 
 def _encoder_workspace(root: str, layers: int) -> None:
     env = {**os.environ, "PARITY_ENCODER_LAYERS": str(layers)}
-    for args in (["init", "encoder", "--torch", f"{Path(__file__).resolve()}:make_encoder",
-                  "--input", "input_ids=4x32:int64", "--input", "attention_mask=4x32:int64"],
-                 ["golden", "build", "--model", "encoder"]):
-        subprocess.run([sys.executable, "-m", "parity.cli", *args, "--workspace", root], check=True, env=env,
-                       stdout=subprocess.DEVNULL)
+    for args in (
+        [
+            "init",
+            "encoder",
+            "--torch",
+            f"{Path(__file__).resolve()}:make_encoder",
+            "--input",
+            "input_ids=4x32:int64",
+            "--input",
+            "attention_mask=4x32:int64",
+        ],
+        ["golden", "build", "--model", "encoder"],
+    ):
+        subprocess.run(
+            [sys.executable, "-m", "parity.cli", *args, "--workspace", root],
+            check=True,
+            env=env,
+            stdout=subprocess.DEVNULL,
+        )
     os.environ["PARITY_ENCODER_LAYERS"] = str(layers)  # the workers build the model from the same factory
 
 
 def measure(ws, models, path_patterns, repeats: int, threads: int, verdicts: bool = False) -> None:
     run = orchestrate.Run(ws, orchestrate.Options(threads=threads))
     print(f"threads {threads}, {repeats} back-to-back repeats in a warm worker; medians in seconds")
-    print(f"{'model':<12} {'path':<20} {'check':>7} {'taps':>7} {'runtime':>8} {'source':>7} {'tree':>7} "
-          f"{'analyse':>8} {'taps/check':>11} {'tree/check':>11} {'diagnosis/check':>16}")
+    print(
+        f"{'model':<12} {'path':<20} {'check':>7} {'taps':>7} {'runtime':>8} {'source':>7} {'tree':>7} "
+        f"{'analyse':>8} {'taps/check':>11} {'tree/check':>11} {'diagnosis/check':>16}"
+    )
     with WorkerPool(threads, cache_root() / "logs", 600) as pool:
         for model in ws.select(models):
             spec = ws.load_spec(model)
@@ -110,20 +136,30 @@ def measure(ws, models, path_patterns, repeats: int, threads: int, verdicts: boo
                 artifact = run._export(pool, spec, manifest, path, len(path.exports) - 1) if path.exports else None
                 if artifact is not None and "error" in artifact:
                     continue
-                common = {"workspace": str(ws.root), "model": model, "golden_dir": str(ws.golden_dir(model)),
-                          "threads": threads}
-                own = {**common, "path_id": path.id, "artifact_dir": artifact and artifact["dir"],
-                       "artifact_meta": artifact and artifact["meta"]}
+                common = {
+                    "workspace": str(ws.root),
+                    "model": model,
+                    "golden_dir": str(ws.golden_dir(model)),
+                    "threads": threads,
+                }
+                own = {
+                    **common,
+                    "path_id": path.id,
+                    "artifact_dir": artifact and artifact["dir"],
+                    "artifact_meta": artifact and artifact["meta"],
+                }
                 group = path.runtime.group
-                med = {"check": _median(repeats, pool.call, group, "parity.run.tasks:check_path",
-                                         precision="fp32", **own)}
+                med = {
+                    "check": _median(repeats, pool.call, group, "parity.run.tasks:check_path", precision="fp32", **own)
+                }
                 observed = pool.call(group, chain.COLLECT, precision="fp32", **own)
                 med["taps"] = _median(repeats, pool.call, group, chain.COLLECT, precision="fp32", **own)
                 med["runtime"] = 0.0
                 tree = descend(run, pool, spec, path, artifact)
                 if path.exports and path.runtime.name in ONNX_RUNTIMES:  # its own task, scoped by the descent
-                    med["runtime"] = _median(repeats, chain._runtime_link, run, pool, spec, path, artifact, arrays,
-                                             observed, tree)
+                    med["runtime"] = _median(
+                        repeats, chain._runtime_link, run, pool, spec, path, artifact, arrays, observed, tree
+                    )
                 source, med["source"] = observed, 0.0
                 if path.exports:
                     source_kw = {**common, "path_id": path.source, "precision": "fp32", "gradients": False}
@@ -132,19 +168,26 @@ def measure(ws, models, path_patterns, repeats: int, threads: int, verdicts: boo
                     med["source"] = _median(repeats, pool.call, source_group, chain.COLLECT, **source_kw)
                 med["tree"] = _median(repeats, descend, run, pool, spec, path, artifact)
                 if verdicts:  # what the diagnosis found, so the figures are those of a real one
-                    print(f"{model} {path.id}: first divergent path {' › '.join(tree['first_divergent_path']) or '-'}"
-                          f" ({tree.get('verdict')}); runtime link: {tree_link(chain._runtime_link(run, pool, spec, path, artifact, arrays, observed, tree))}")
+                    print(
+                        f"{model} {path.id}: first divergent path {' › '.join(tree['first_divergent_path']) or '-'}"
+                        f" ({tree.get('verdict')}); runtime link: {tree_link(chain._runtime_link(run, pool, spec, path, artifact, arrays, observed, tree))}"
+                    )
                 med["analyse"] = _median(repeats, chain.analyse, spec, path, arrays, observed, source)
                 total = med["taps"] + med["runtime"] + med["source"] + med["tree"] + med["analyse"]
-                print(f"{model:<12} {path.id:<20} {med['check']:>7.3f} {med['taps']:>7.3f} {med['runtime']:>8.3f} "
-                      f"{med['source']:>7.3f} {med['tree']:>7.3f} {med['analyse']:>8.3f} "
-                      f"{med['taps'] / med['check']:>11.2f} {med['tree'] / med['check']:>11.2f} "
-                      f"{total / med['check']:>16.2f}")
+                print(
+                    f"{model:<12} {path.id:<20} {med['check']:>7.3f} {med['taps']:>7.3f} {med['runtime']:>8.3f} "
+                    f"{med['source']:>7.3f} {med['tree']:>7.3f} {med['analyse']:>8.3f} "
+                    f"{med['taps'] / med['check']:>11.2f} {med['tree'] / med['check']:>11.2f} "
+                    f"{total / med['check']:>16.2f}"
+                )
 
 
 def tree_link(compared: dict) -> str:
-    return compared.get("error") or (f"on {compared['scope']['nodes']} node(s)" if compared.get("scope")
-                                     else f"on {len(compared.get('nodes', []))} tensors")
+    return compared.get("error") or (
+        f"on {compared['scope']['nodes']} node(s)"
+        if compared.get("scope")
+        else f"on {len(compared.get('nodes', []))} tensors"
+    )
 
 
 def _median(repeats: int, call, *args, **kwargs) -> float:

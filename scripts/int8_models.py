@@ -44,8 +44,13 @@ def int8_available() -> bool:
 
 def parity(root: Path, *args: str) -> tuple[int, str, float]:
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "parity.cli", *args, "--workspace", str(root)], cwd=root, check=False,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "parity.cli", *args, "--workspace", str(root)],
+        cwd=root,
+        check=False,
+        capture_output=True,
+        text=True,
+    )
     return done.returncode, (done.stdout + done.stderr).strip(), time.perf_counter() - started
 
 
@@ -53,8 +58,9 @@ def run_paths(root: Path, name: str, paths: list[str], budget: float, out: str) 
     """``parity run`` of ``paths`` on ``name`` (check, diagnose failures, time what passed); its results."""
     report = root / out
     selected = [arg for path in paths for arg in ("--path", path)]
-    code, text, _ = parity(root, "run", "--model", name, *selected, "--json", str(report), "--no-store",
-                           "--budget", str(budget))
+    code, text, _ = parity(
+        root, "run", "--model", name, *selected, "--json", str(report), "--no-store", "--budget", str(budget)
+    )
     if not report.exists():
         raise RuntimeError(f"run: {text.splitlines()[-1] if text else code}")
     return json.loads(report.read_text())["results"]
@@ -182,10 +188,16 @@ def model_table(rows: list[dict]):
         table.add_column(column, justify="left" if column in ("model", "float paths") else "right")
     for row in rows:
         floats = {p: r["verdict"] for p, r in row.get("paths", {}).items() if not r.get("gate")}
-        table.add_row(row["model"], f"{row['params']:,}" if "params" in row else "-", str(row.get("epochs", "-")),
-                      _number(row.get("train_s")), _percent(row.get("accuracy")), _number(row.get("golden_s")),
-                      _number(row.get("run_s")),
-                      ", ".join(f"{p} {v}" for p, v in floats.items()) or "-")
+        table.add_row(
+            row["model"],
+            f"{row['params']:,}" if "params" in row else "-",
+            str(row.get("epochs", "-")),
+            _number(row.get("train_s")),
+            _percent(row.get("accuracy")),
+            _number(row.get("golden_s")),
+            _number(row.get("run_s")),
+            ", ".join(f"{p} {v}" for p, v in floats.items()) or "-",
+        )
     return table
 
 
@@ -196,10 +208,24 @@ def int8_table(rows: list[dict]):
     from rich.table import Table
 
     table = Table(title="int8 paths: accuracy gate (keep 99 % of the float64 golden's accuracy, 95 % confidence)")
-    for column in ("model", "int8 path", "float64 acc", "int8 acc", "agree", "SQNR dB", "verdict", "vs float",
-                   "repair kept in float", "repaired"):
-        table.add_column(column, justify="left" if column in ("model", "int8 path", "verdict", "vs float",
-                                                             "repair kept in float", "repaired") else "right")
+    for column in (
+        "model",
+        "int8 path",
+        "float64 acc",
+        "int8 acc",
+        "agree",
+        "SQNR dB",
+        "verdict",
+        "vs float",
+        "repair kept in float",
+        "repaired",
+    ):
+        table.add_column(
+            column,
+            justify="left"
+            if column in ("model", "int8 path", "verdict", "vs float", "repair kept in float", "repaired")
+            else "right",
+        )
     notes = []
     for row in rows:
         for path, r in row.get("paths", {}).items():
@@ -215,9 +241,18 @@ def int8_table(rows: list[dict]):
                 again = (row.get("repaired") or {}).get(path)
                 if again is not None:
                     repaired = f"{(again.get('gate') or {}).get('decision', again['verdict'])}, {speed_up(again)}"
-            table.add_row(row["model"], path, _percent(gate.get("golden")), _percent(gate.get("value")),
-                          _number(gate.get("agreement"), 3), _number(sqnr(r), 1), verdict, speed_up(r), kept,
-                          repaired)
+            table.add_row(
+                row["model"],
+                path,
+                _percent(gate.get("golden")),
+                _percent(gate.get("value")),
+                _number(gate.get("agreement"), 3),
+                _number(sqnr(r), 1),
+                verdict,
+                speed_up(r),
+                kept,
+                repaired,
+            )
             if r["verdict"] != "pass":
                 notes.append(f"{row['model']} {path}: {r['verdict']}: {r.get('reason')}")
             if r["verdict"] == "fail" and not found and (r.get("diagnosis") or {}).get("error"):
@@ -229,8 +264,12 @@ def sqnr(result: dict) -> float | None:
     """The lowest SQNR (dB) of the path's outputs against the float64 golden: ``sqnr_db`` ({output: dB}) where the
     result has it, else the per-output statistics of the eval split and the inputs."""
     found = list((result.get("sqnr_db") or {}).values())
-    found += [s["sqnr_db"] for group in ("eval_outputs", "outputs") for s in (result.get(group) or {}).values()
-              if isinstance(s, dict) and s.get("sqnr_db") is not None]
+    found += [
+        s["sqnr_db"]
+        for group in ("eval_outputs", "outputs")
+        for s in (result.get(group) or {}).values()
+        if isinstance(s, dict) and s.get("sqnr_db") is not None
+    ]
     return min(found) if found else None
 
 

@@ -30,24 +30,42 @@ IDS = ["--input", "input_ids=2,sequence:int64", "--input", "attention_mask=2,seq
 MODELS = {  # name -> (init's source option, its reference, --input/--axis arguments, the faulty leaf)
     "residual_stack": ("--torch", "nestedmodels.py:make_residual_stack", ["--input", "x=2x16"], "blocks.5.norm"),
     "cnn_stages": ("--torch", "nestedmodels.py:make_cnn_stages", ["--input", "x=2x3x16x16"], "features.1.3"),
-    "distilbert": ("--torch", "nestedmodels.py:make_faulty_distilbert", [*IDS, "--axis", "sequence=16"],
-                   "transformer.layer.1.output_layer_norm"),
-    "vit": ("--torch", "nestedmodels.py:make_faulty_vit", ["--input", "pixel_values=2x3x16x16"],
-            "layers.2.layernorm_before"),
-    "bert": ("--torch", "nestedmodels.py:make_faulty_bert",
-             [*IDS, "--input", "token_type_ids=2,sequence:int64:2", "--axis", "sequence=16"],
-             "encoder.layer.1.intermediate.intermediate_act_fn"),
+    "distilbert": (
+        "--torch",
+        "nestedmodels.py:make_faulty_distilbert",
+        [*IDS, "--axis", "sequence=16"],
+        "transformer.layer.1.output_layer_norm",
+    ),
+    "vit": (
+        "--torch",
+        "nestedmodels.py:make_faulty_vit",
+        ["--input", "pixel_values=2x3x16x16"],
+        "layers.2.layernorm_before",
+    ),
+    "bert": (
+        "--torch",
+        "nestedmodels.py:make_faulty_bert",
+        [*IDS, "--input", "token_type_ids=2,sequence:int64:2", "--axis", "sequence=16"],
+        "encoder.layer.1.intermediate.intermediate_act_fn",
+    ),
     "gpt2": ("--torch", "nestedmodels.py:make_faulty_gpt2", [*IDS, "--axis", "sequence=16"], "h.1.mlp.act"),
     "keras_nested": ("--keras", "keras_nested.keras", ["--input", "x=2x12"], "encoder/norm"),
     "flax_nested": ("--jax", "nestedmodels.py:flax_apply,flax_nested.npz", ["--input", "x=2x12"], "blocks_3/norm"),
 }
-PREPARE = {"keras_nested": "import nestedmodels; nestedmodels.save_keras_nested('keras_nested.keras')",
-           "flax_nested": "import nestedmodels; nestedmodels.save_flax_params('flax_nested.npz')"}
+PREPARE = {
+    "keras_nested": "import nestedmodels; nestedmodels.save_keras_nested('keras_nested.keras')",
+    "flax_nested": "import nestedmodels; nestedmodels.save_flax_params('flax_nested.npz')",
+}
 
 
 def parity(root: Path, *args: str) -> tuple[int, str]:
-    done = subprocess.run([sys.executable, "-m", "parity.cli", *args, "--workspace", str(root)], cwd=root,
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "parity.cli", *args, "--workspace", str(root)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     return done.returncode, (done.stdout + done.stderr).strip()
 
 
@@ -56,8 +74,13 @@ def init_keras_factory(root: Path, name: str) -> None:
     spec is written by the library call ``assert_parity`` uses, with the factory as the model's builder."""
     from parity.pipeline import scaffold
 
-    request = scaffold.Request(name=name, kind="tf", reference="nestedmodels.py:make_keras_nested",
-                               inputs=(scaffold.InputDecl("x", (2, 12), "float32"),), builder="keras_factory")
+    request = scaffold.Request(
+        name=name,
+        kind="tf",
+        reference="nestedmodels.py:make_keras_nested",
+        inputs=(scaffold.InputDecl("x", (2, 12), "float32"),),
+        builder="keras_factory",
+    )
     scaffold.init(root, request, force=True, threads=2, timeout_s=300)
 
 
@@ -67,8 +90,9 @@ def one(name: str, root: Path) -> list[dict]:
     shutil.copy(FACTORIES, root / "nestedmodels.py")
     base = {"model": name, "leaf": leaf}
     if name in PREPARE:
-        done = subprocess.run([sys.executable, "-c", PREPARE[name]], cwd=root, capture_output=True, text=True,
-                              check=False)
+        done = subprocess.run(
+            [sys.executable, "-c", PREPARE[name]], cwd=root, capture_output=True, text=True, check=False
+        )
         if done.returncode:
             return [{**base, "verdict": "prepare: " + (done.stderr.strip().splitlines() or ["failed"])[-1][:150]}]
     code, text = parity(root, "init", name, flag, reference, *inputs)
@@ -102,8 +126,9 @@ def one(name: str, root: Path) -> list[dict]:
         row["fdp"] = (fdp[-1] if isinstance(fdp, list) and fdp else fdp) or "-"
         cause = diagnosis.get("cause") or {}
         row["cause"] = f"{cause.get('tap', '?')}: {cause.get('variant', '?')}" if cause else "-"
-        code, text = parity(root, "repro", "--model", name, "--path", result["path"], "--out",
-                            str(root / f"bug-{len(rows)}"), "--force")
+        code, text = parity(
+            root, "repro", "--model", name, "--path", result["path"], "--out", str(root / f"bug-{len(rows)}"), "--force"
+        )
         nodes = re.search(r"\((\d+) nodes? -> (\d+)", text)
         row["repro"] = f"{nodes[1]}->{nodes[2]}" if nodes else f"exit {code}: {text.splitlines()[-1][:60]}"
         rows.append(row)
@@ -120,8 +145,17 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
     columns = ("model", "path", "verdict", "leaf", "tap", "fdp", "cause", "repro", "diagnose_s")
-    heads = ("model", "path", "verdict", "faulty leaf", "first tap", "first divergent path", "cause", "repro nodes",
-             "diag s")
+    heads = (
+        "model",
+        "path",
+        "verdict",
+        "faulty leaf",
+        "first tap",
+        "first divergent path",
+        "cause",
+        "repro nodes",
+        "diag s",
+    )
     rows = []
     for name in names:
         root = Path(tempfile.mkdtemp(prefix=f"parity-nested-{name}-", dir=args.keep))
@@ -132,8 +166,9 @@ def main() -> None:
             if args.keep is None:
                 shutil.rmtree(root, ignore_errors=True)
         print(f"{name}: {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
-    cells = [[(f"{row[c]:.1f}" if isinstance(row.get(c), float) else str(row.get(c, "-"))) for c in columns]
-             for row in rows]
+    cells = [
+        [(f"{row[c]:.1f}" if isinstance(row.get(c), float) else str(row.get(c, "-"))) for c in columns] for row in rows
+    ]
     widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(heads)]
     print("  ".join(h.ljust(w) for h, w in zip(heads, widths)))
     for r in cells:

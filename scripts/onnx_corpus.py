@@ -54,8 +54,10 @@ def write_node_cases(out: Path) -> list[Path]:
         for k, (inputs, outputs) in enumerate(case.data_sets):
             data = folder / f"test_data_set_{k}"
             data.mkdir(exist_ok=True)
-            for kind, values, infos in (("input", inputs, case.model.graph.input),
-                                        ("output", outputs, case.model.graph.output)):
+            for kind, values, infos in (
+                ("input", inputs, case.model.graph.input),
+                ("output", outputs, case.model.graph.output),
+            ):
                 for j, value in enumerate(values):
                     info = infos[j]
                     if info.type.HasField("sequence_type"):
@@ -89,14 +91,17 @@ def read_case_data(case: Path, model) -> list[tuple[dict, list]]:
     sequence, optional, map)."""
     from onnx import MapProto, OptionalProto, SequenceProto, TensorProto, numpy_helper
 
-    parsers = {"sequence_type": (SequenceProto, numpy_helper.to_list),
-               "optional_type": (OptionalProto, numpy_helper.to_optional),
-               "map_type": (MapProto, numpy_helper.to_dict)}
+    parsers = {
+        "sequence_type": (SequenceProto, numpy_helper.to_list),
+        "optional_type": (OptionalProto, numpy_helper.to_optional),
+        "map_type": (MapProto, numpy_helper.to_dict),
+    }
     constants = {t.name for t in model.graph.initializer}
     inputs = [i for i in model.graph.input if i.name not in constants]
     sets = []
-    for folder in sorted((p for p in case.iterdir() if p.name.startswith("test_data_set_")),
-                         key=lambda p: int(p.name.rsplit("_", 1)[1])):
+    for folder in sorted(
+        (p for p in case.iterdir() if p.name.startswith("test_data_set_")), key=lambda p: int(p.name.rsplit("_", 1)[1])
+    ):
         values = {}
         for kind, slots in (("input", inputs), ("output", list(model.graph.output))):
             values[kind] = []
@@ -187,16 +192,21 @@ def same(expected, actual) -> bool:
     import numpy as np
 
     if isinstance(expected, list) or isinstance(actual, list):
-        return (isinstance(expected, list) and isinstance(actual, list) and len(expected) == len(actual)
-                and all(same(e, a) for e, a in zip(expected, actual)))
+        return (
+            isinstance(expected, list)
+            and isinstance(actual, list)
+            and len(expected) == len(actual)
+            and all(same(e, a) for e, a in zip(expected, actual))
+        )
     if expected is None or actual is None:
         return expected is None and actual is None
     expected, actual = np.asarray(expected), np.asarray(actual)
     if expected.shape != actual.shape:
         return False
     if _floating(expected):
-        return bool(np.allclose(actual.astype(np.float64), expected.astype(np.float64), rtol=RTOL, atol=ATOL,
-                                equal_nan=True))
+        return bool(
+            np.allclose(actual.astype(np.float64), expected.astype(np.float64), rtol=RTOL, atol=ATOL, equal_nan=True)
+        )
     if expected.dtype.kind in "OUS":
         return expected.astype(str).tolist() == actual.astype(str).tolist()
     return bool(np.array_equal(actual, expected))
@@ -221,8 +231,9 @@ def parity_verdict(case: Path, root: Path, opset: int | None = None, path: str =
     return says, reason
 
 
-def parity_result(case: Path, root: Path, opset: int | None = None,
-                  path: str = "onnx/ort") -> tuple[str, str | None, dict | None]:
+def parity_result(
+    case: Path, root: Path, opset: int | None = None, path: str = "onnx/ort"
+) -> tuple[str, str | None, dict | None]:
     """``parity_verdict`` and the path's entry of the result JSON (None where the case was refused)."""
     (outcome,) = parity_session([case_of(case, opset)], root, path)
     return verdict_of(outcome)
@@ -301,9 +312,11 @@ def explain(case: Path, entry: dict | None) -> str:
         return "not explained: no float output differs from the expected ones"
     name, (backend, own, max_abs, tol, rule) = max(worst.items(), key=lambda item: item[1][0])
     why = f"; {rule['why']}" if rule else ""
-    return (f"tolerance policy: ONNX Runtime's {name} is off by max_abs {max_abs:.3g}, {backend:.3g}x the backend "
-            f"tests' rtol {RTOL:g}, atol {ATOL:g} and {own:.3g}x parity's atol {tol['atol']:.3g}, rtol "
-            f"{tol['rtol']:.3g}{why}")
+    return (
+        f"tolerance policy: ONNX Runtime's {name} is off by max_abs {max_abs:.3g}, {backend:.3g}x the backend "
+        f"tests' rtol {RTOL:g}, atol {ATOL:g} and {own:.3g}x parity's atol {tol['atol']:.3g}, rtol "
+        f"{tol['rtol']:.3g}{why}"
+    )
 
 
 def reason_group(reason: str) -> str:
@@ -332,8 +345,15 @@ def main() -> None:
         started = time.perf_counter()
         ort_says, ort_reason = ort_verdict(case)
         opset = 13 if ort_says == "cannot load" else None  # what the refusal of an old opset tells a user to do
-        rows.append({"case": f"{case.parent.name}/{case.name}", "ort": ort_says, "ort_reason": ort_reason,
-                     "converted": opset is not None, "seconds": time.perf_counter() - started})
+        rows.append(
+            {
+                "case": f"{case.parent.name}/{case.name}",
+                "ort": ort_says,
+                "ort_reason": ort_reason,
+                "converted": opset is not None,
+                "seconds": time.perf_counter() - started,
+            }
+        )
         taken.append(case_of(case, opset))
 
     def on_case(outcome) -> None:
@@ -357,16 +377,20 @@ def main() -> None:
 def report(rows: list[dict]) -> None:
     loadable = [r for r in rows if r["ort"] != "cannot load"]
     taken = [r for r in loadable if r["parity"] in ("pass", "fail")]
-    print(f"\n{len(rows)} cases; ONNX Runtime loads {len(loadable)}; parity takes {len(taken)} of them "
-          f"({100 * len(taken) / max(len(loadable), 1):.1f} %)")
+    print(
+        f"\n{len(rows)} cases; ONNX Runtime loads {len(loadable)}; parity takes {len(taken)} of them "
+        f"({100 * len(taken) / max(len(loadable), 1):.1f} %)"
+    )
     refused = collections.Counter(reason_group(r["reason"]) for r in loadable if r["parity"] not in ("pass", "fail"))
     if refused:
         print("refused (cases ONNX Runtime loads), by reason:")
         for reason, count in refused.most_common():
             print(f"  {count:4d}  {reason}")
     agree = [r for r in taken if (r["parity"] == "pass") == (r["ort"] == "pass")]
-    print(f"agreement with ONNX Runtime's own verdict on the cases taken: {len(agree)} of {len(taken)} "
-          f"({100 * len(agree) / max(len(taken), 1):.1f} %)")
+    print(
+        f"agreement with ONNX Runtime's own verdict on the cases taken: {len(agree)} of {len(taken)} "
+        f"({100 * len(agree) / max(len(taken), 1):.1f} %)"
+    )
     for r in taken:
         if r not in agree:
             print(f"  differs: {r['case']}: ONNX Runtime {r['ort']}, parity {r['parity']}: {r['reason']}")

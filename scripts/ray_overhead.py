@@ -24,8 +24,19 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _check(models: list[str], executor: str, out: Path) -> tuple[float, int]:
-    args = [sys.executable, "-m", "parity", "check", "--workspace", str(REPO), "--no-store", "--json", str(out),
-            "--executor", executor]
+    args = [
+        sys.executable,
+        "-m",
+        "parity",
+        "check",
+        "--workspace",
+        str(REPO),
+        "--no-store",
+        "--json",
+        str(out),
+        "--executor",
+        executor,
+    ]
     for model in models:
         args += ["--model", model]
     started = time.perf_counter()
@@ -56,7 +67,9 @@ def main() -> None:
     print(f"ray   {ray:7.1f} s  ({ray / cells:5.2f} s per cell)")
     print(f"ray/local {ray / local:.2f}; overhead per cell {(ray - local) / cells:+.2f} s")
     tasks, actors = _tasks_and_actors(models, args.repeats)
-    print(f"in one Ray session: tasks {tasks:.1f} s, actors per group {actors:.1f} s, actors/tasks {actors / tasks:.2f}")
+    print(
+        f"in one Ray session: tasks {tasks:.1f} s, actors per group {actors:.1f} s, actors/tasks {actors / tasks:.2f}"
+    )
 
 
 def _tasks_and_actors(models: list[str], repeats: int) -> tuple[float, float]:

@@ -29,15 +29,41 @@ FACTORIES = ROOT / "tests" / "realmodels.py"
 OPT_IN = ("torch/compile", "torch/executorch")  # deployment runtimes a plain check leaves out (compile time)
 
 MODELS = {  # name -> (how init is given the model, its --input/--axis arguments, what is prepared first)
-    "bert": ("--torch", "realmodels.py:make_bert",
-             ["--input", "input_ids=2,sequence:int64", "--input", "attention_mask=2,sequence:int64",
-              "--input", "token_type_ids=2,sequence:int64", "--axis", "sequence=16"], None),
-    "gpt2": ("--torch", "realmodels.py:make_gpt2",
-             ["--input", "input_ids=2,sequence:int64", "--input", "attention_mask=2,sequence:int64",
-              "--axis", "sequence=16"], None),
+    "bert": (
+        "--torch",
+        "realmodels.py:make_bert",
+        [
+            "--input",
+            "input_ids=2,sequence:int64",
+            "--input",
+            "attention_mask=2,sequence:int64",
+            "--input",
+            "token_type_ids=2,sequence:int64",
+            "--axis",
+            "sequence=16",
+        ],
+        None,
+    ),
+    "gpt2": (
+        "--torch",
+        "realmodels.py:make_gpt2",
+        [
+            "--input",
+            "input_ids=2,sequence:int64",
+            "--input",
+            "attention_mask=2,sequence:int64",
+            "--axis",
+            "sequence=16",
+        ],
+        None,
+    ),
     "resnet18": ("--torch", "realmodels.py:make_resnet18", ["--input", "x=2x3x64x64"], "torchvision"),
-    "mobilenet_v3_small": ("--torch", "realmodels.py:make_mobilenet_v3_small", ["--input", "x=2x3x64x64"],
-                           "torchvision"),
+    "mobilenet_v3_small": (
+        "--torch",
+        "realmodels.py:make_mobilenet_v3_small",
+        ["--input", "x=2x3x64x64"],
+        "torchvision",
+    ),
     "hf_resnet18": ("--torch", "realmodels.py:make_hf_resnet18", ["--input", "pixel_values=2x3x64x64"], None),
     "hf_mobilenet_v2": ("--torch", "realmodels.py:make_hf_mobilenet_v2", ["--input", "pixel_values=2x3x96x96"], None),
     "keras_mobilenet_v2": ("--keras", "mobilenet_v2.keras", ["--input", "x=2x96x96x3"], "keras"),
@@ -47,9 +73,11 @@ MODELS = {  # name -> (how init is given the model, its --input/--axis arguments
 
 def prepare(kind: str | None, root: Path) -> str | None:
     """Files a model needs before init (a saved .keras, Flax params); why it cannot be built here, or None."""
-    code = {"keras": "import realmodels; realmodels.save_keras_mobilenet_v2('mobilenet_v2.keras')",
-            "flax": "import realmodels; realmodels.save_flax_params('flax_params.npz')",
-            "torchvision": "import torchvision"}.get(kind)
+    code = {
+        "keras": "import realmodels; realmodels.save_keras_mobilenet_v2('mobilenet_v2.keras')",
+        "flax": "import realmodels; realmodels.save_flax_params('flax_params.npz')",
+        "torchvision": "import torchvision",
+    }.get(kind)
     if code is None:
         return None
     done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
@@ -60,8 +88,9 @@ def prepare(kind: str | None, root: Path) -> str | None:
 
 def parity(root: Path, *args: str) -> tuple[int, str, float]:
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "parity.cli", *args, "--workspace", str(root)], cwd=root,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "parity.cli", *args, "--workspace", str(root)], cwd=root, capture_output=True, text=True
+    )
     return done.returncode, (done.stdout + done.stderr).strip(), time.perf_counter() - started
 
 
@@ -118,8 +147,9 @@ def main() -> None:
     rows = []
     for name in names:
         root = Path(tempfile.mkdtemp(prefix=f"parity-{name}-", dir=args.keep))
-        done = subprocess.run([sys.executable, __file__, "--one", name, "--root", str(root)], capture_output=True,
-                              text=True)
+        done = subprocess.run(
+            [sys.executable, __file__, "--one", name, "--root", str(root)], capture_output=True, text=True
+        )
         try:
             rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
         except (IndexError, json.JSONDecodeError):
@@ -135,24 +165,44 @@ def render(rows: list[dict]) -> None:
     from rich.table import Table
 
     table = Table(title="Real architectures: init -> golden build -> check (random weights, CPU)")
-    for column in ("model", "params", "inputs", "pass", "fail", "error", "xerror", "golden s", "check s", "golden MB",
-                   "peak RSS MB"):
+    for column in (
+        "model",
+        "params",
+        "inputs",
+        "pass",
+        "fail",
+        "error",
+        "xerror",
+        "golden s",
+        "check s",
+        "golden MB",
+        "peak RSS MB",
+    ):
         table.add_column(column, justify="right" if column not in ("model", "inputs") else "left")
     notes = []
     for row in rows:
         paths = row.get("paths", {})
-        counts = {v: sum(1 for verdict, _ in paths.values() if verdict == v) for v in ("pass", "fail", "error", "xerror")}
+        counts = {
+            v: sum(1 for verdict, _ in paths.values() if verdict == v) for v in ("pass", "fail", "error", "xerror")
+        }
         counts["error"] += sum(1 for verdict, _ in paths.values() if verdict in ("skip", "XPASS"))
-        table.add_row(row["model"], f"{row['params']:,}" if "params" in row else "-", row.get("inputs", "-"),
-                      *(str(counts[v]) for v in ("pass", "fail", "error", "xerror")),
-                      f"{row['golden_s']:.1f}" if "golden_s" in row else "-",
-                      f"{row['check_s']:.1f}" if "check_s" in row else "-",
-                      f"{row['golden_mb']:.1f}" if "golden_mb" in row else "-",
-                      f"{row['peak_rss_mb']:.0f}" if "params" in row else "-")
+        table.add_row(
+            row["model"],
+            f"{row['params']:,}" if "params" in row else "-",
+            row.get("inputs", "-"),
+            *(str(counts[v]) for v in ("pass", "fail", "error", "xerror")),
+            f"{row['golden_s']:.1f}" if "golden_s" in row else "-",
+            f"{row['check_s']:.1f}" if "check_s" in row else "-",
+            f"{row['golden_mb']:.1f}" if "golden_mb" in row else "-",
+            f"{row['peak_rss_mb']:.0f}" if "params" in row else "-",
+        )
         if "error" in row:
             notes.append(f"{row['model']}: {row['error']}")
-        notes += [f"{row['model']} {path}: {verdict}: {reason}" for path, (verdict, reason) in paths.items()
-                  if verdict != "pass"]
+        notes += [
+            f"{row['model']} {path}: {verdict}: {reason}"
+            for path, (verdict, reason) in paths.items()
+            if verdict != "pass"
+        ]
     console = Console(width=160)
     console.print(table)
     console.print(_matrix(rows))

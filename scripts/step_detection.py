@@ -57,8 +57,13 @@ def main() -> None:
     have_asv = _asv([1.0, 1.0, 1.0, 1.0]) is not None
     print(f"{args.histories} histories of {args.runs} runs each; injected steps at run {at}")
     print(f"{'history':36} {'step':>5}  {'parity: alarm/found  exact':>28}  {'asv: alarm/found  exact':>26}")
-    for kind in ("gaussian 3%", "heavy-tailed (t, 3 df) 3%", "bimodal: 1 run in 4 +6%, 2% noise",
-                 "outliers: 1 run in 20 x2, 2% noise", "drift 3% + noise 2%"):
+    for kind in (
+        "gaussian 3%",
+        "heavy-tailed (t, 3 df) 3%",
+        "bimodal: 1 run in 4 +6%, 2% noise",
+        "outliers: 1 run in 20 x2, 2% noise",
+        "drift 3% + noise 2%",
+    ):
         for step in (0.0, 0.05):
             counts = {"parity": [0, 0], "asv": [0, 0]}
             seconds = 0.0
@@ -76,11 +81,15 @@ def main() -> None:
                     else:
                         counts[name][0] += bool(steps)
             rate = {n: (c[0] / args.histories, c[1] / args.histories) for n, c in counts.items()}
-            cell = {n: (f"{100 * r[0]:5.1f}% alarms" if not step else f"{100 * r[0]:5.1f}% found {100 * r[1]:5.1f}%")
-                    for n, r in rate.items()}
-            print(f"{kind:36} {100 * step:4.0f}%  {cell['parity']:>28}  "
-                  f"{cell['asv'] if have_asv else 'asv not installed':>26}"
-                  f"   ({1e3 * seconds / args.histories:.1f} ms per history)")
+            cell = {
+                n: (f"{100 * r[0]:5.1f}% alarms" if not step else f"{100 * r[0]:5.1f}% found {100 * r[1]:5.1f}%")
+                for n, r in rate.items()
+            }
+            print(
+                f"{kind:36} {100 * step:4.0f}%  {cell['parity']:>28}  "
+                f"{cell['asv'] if have_asv else 'asv not installed':>26}"
+                f"   ({1e3 * seconds / args.histories:.1f} ms per history)"
+            )
 
 
 if __name__ == "__main__":

@@ -138,7 +138,7 @@ def failing_export(root: Path, name: str, source: list, path: str = "torch/onnx/
     built = invoke("golden", "build", "--workspace", root, "--model", name)
     assert built.exit_code == 0, built.output
     result = invoke("check", "--workspace", root, "--model", name, "--path", "torch", "--path", path, "--json", "-")
-    verdicts = {r["path"]: r for r in json.loads(result.output[result.output.index("{"):])["results"]}
+    verdicts = {r["path"]: r for r in json.loads(result.output[result.output.index("{") :])["results"]}
     assert verdicts["torch"]["verdict"] == "pass", verdicts["torch"]
     assert verdicts[path]["verdict"] == "fail", verdicts[path]
     return verdicts[path]["diagnosis"], result.output

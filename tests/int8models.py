@@ -37,6 +37,7 @@ HERE = Path(__file__).resolve().parent
 
 # --- the factories ``parity init`` names: build the architecture, load the trained weights beside this file ---
 
+
 def make_resnet():
     """The trained ResNet, from the folder ``save_pretrained`` wrote: pixel_values (N, 3, 32, 32) -> logits."""
     from transformers import ResNetForImageClassification
@@ -49,8 +50,9 @@ def make_bert():
     logits."""
     from transformers import BertForSequenceClassification
 
-    return BertForSequenceClassification.from_pretrained(HERE / "bert", local_files_only=True,
-                                                         attn_implementation="eager").eval()
+    return BertForSequenceClassification.from_pretrained(
+        HERE / "bert", local_files_only=True, attn_implementation="eager"
+    ).eval()
 
 
 def make_outlier_mlp():
@@ -83,6 +85,7 @@ def _mlp():
 
 # --- the data each model reads: the digits, as image, token sequence or flat vector ---
 
+
 def images(flat: np.ndarray) -> np.ndarray:
     """(N, 64) pixels in 0..1 -> (N, 3, 32, 32) float32: each pixel a 4x4 block, the grey image on three channels,
     centred and scaled as image models take them."""
@@ -107,6 +110,7 @@ INPUTS = {  # model -> (its input's name, the data as it takes it)
 
 # --- training ---
 
+
 def _new_model(name: str):
     import torch
 
@@ -114,15 +118,26 @@ def _new_model(name: str):
     if name == "resnet":
         from transformers import ResNetConfig, ResNetForImageClassification
 
-        config = ResNetConfig(num_channels=3, embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1],
-                              layer_type="basic", num_labels=10)
+        config = ResNetConfig(
+            num_channels=3, embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], layer_type="basic", num_labels=10
+        )
         return ResNetForImageClassification(config)
     if name == "bert":
         from transformers import BertConfig, BertForSequenceClassification
 
-        config = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                            intermediate_size=64, max_position_embeddings=SEQUENCE, num_labels=10, initializer_range=0.2,
-                            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, attn_implementation="eager")
+        config = BertConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=SEQUENCE,
+            num_labels=10,
+            initializer_range=0.2,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+            attn_implementation="eager",
+        )
         return BertForSequenceClassification(config)
     return _mlp()
 
@@ -195,6 +210,7 @@ def _plant_outlier(model) -> int:
 
 # --- a workspace per model ---
 
+
 def build_workspace(name: str, root: Path, epochs: int | None = None) -> dict:
     """Train ``name`` and write its workspace into ``root``: this file (the factory), the weights, and
     ``inputs.npz`` (the input's training samples and ``labels``, which calibrate, and ``eval_<input>`` /
@@ -213,7 +229,14 @@ def build_workspace(name: str, root: Path, epochs: int | None = None) -> dict:
         model.save_pretrained(root / name, safe_serialization=True)
     split = digits_split((64,))
     input_name, convert = INPUTS[name]
-    np.savez(root / "inputs.npz", **{input_name: convert(split.train_x), "labels": split.train_y,
-                                     f"eval_{input_name}": convert(split.eval_x), "eval_labels": split.eval_y})
+    np.savez(
+        root / "inputs.npz",
+        **{
+            input_name: convert(split.train_x),
+            "labels": split.train_y,
+            f"eval_{input_name}": convert(split.eval_x),
+            "eval_labels": split.eval_y,
+        },
+    )
     shutil.copy(Path(__file__), root / "int8models.py")
     return {**facts, "init": ["--torch", f"int8models.py:make_{name}", "--inputs", "inputs.npz"]}

@@ -112,10 +112,10 @@ def make_masked_encoder():
 
     class ExportMaskedAttention(nn.MultiheadAttention):
         def forward(self, query, key, value, key_padding_mask=None, **kwargs):
-            if torch.onnx.is_in_onnx_export() and key_padding_mask is not None \
-                    and key_padding_mask.dtype == torch.bool:
+            if torch.onnx.is_in_onnx_export() and key_padding_mask is not None and key_padding_mask.dtype == torch.bool:
                 key_padding_mask = torch.zeros(key_padding_mask.shape, dtype=query.dtype).masked_fill(
-                    key_padding_mask, torch.finfo(query.dtype).min)
+                    key_padding_mask, torch.finfo(query.dtype).min
+                )
             return super().forward(query, key, value, key_padding_mask=key_padding_mask, **kwargs)
 
     class Block(nn.Module):
@@ -214,8 +214,8 @@ def make_upsample_decoder():
             super().__init__()
             self.encoder = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2))
             self.decoder = nn.Sequential(
-                Block(8, 8, ExportAlignCornersUpsample(scale_factor=2, mode="bilinear")),
-                Block(8, 8, nn.Identity()))
+                Block(8, 8, ExportAlignCornersUpsample(scale_factor=2, mode="bilinear")), Block(8, 8, nn.Identity())
+            )
             self.head = nn.Conv2d(8, 2, 1)
 
         def forward(self, x):

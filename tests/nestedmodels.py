@@ -72,8 +72,13 @@ def _swap_layer_norm(parent, name: str, cls, **kwargs):
     """Replace ``parent.<name>`` (an ``nn.LayerNorm``) by a ``cls`` instance holding the same shape, eps and
     weights."""
     old = getattr(parent, name)
-    new = cls(old.normalized_shape, eps=old.eps, elementwise_affine=old.elementwise_affine,
-              bias=old.bias is not None, **kwargs)
+    new = cls(
+        old.normalized_shape,
+        eps=old.eps,
+        elementwise_affine=old.elementwise_affine,
+        bias=old.bias is not None,
+        **kwargs,
+    )
     new.load_state_dict(old.state_dict())
     setattr(parent, name, new)
 
@@ -148,9 +153,11 @@ def make_cnn_stages():
     class CnnStages(nn.Module):
         def __init__(self):
             super().__init__()
-            self.features = nn.Sequential(stage(3, 8, nn.MaxPool2d(2)),
-                                          stage(8, 8, nn.AvgPool2d(2, divisor_override=1)),
-                                          stage(8, 16, nn.AdaptiveAvgPool2d(1)))
+            self.features = nn.Sequential(
+                stage(3, 8, nn.MaxPool2d(2)),
+                stage(8, 8, nn.AvgPool2d(2, divisor_override=1)),
+                stage(8, 16, nn.AdaptiveAvgPool2d(1)),
+            )
             self.flatten = nn.Flatten()
             self.head = nn.Linear(16, 5)
 
@@ -172,8 +179,15 @@ def make_faulty_distilbert():
 
     ExportEpsLayerNorm, _ = _torch_faulty()
     torch.manual_seed(0)
-    config = DistilBertConfig(vocab_size=VOCAB, dim=32, n_heads=2, n_layers=3, hidden_dim=64,
-                              max_position_embeddings=64, attn_implementation="eager")
+    config = DistilBertConfig(
+        vocab_size=VOCAB,
+        dim=32,
+        n_heads=2,
+        n_layers=3,
+        hidden_dim=64,
+        max_position_embeddings=64,
+        attn_implementation="eager",
+    )
     model = _random_norms(DistilBertModel(config))
     _swap_layer_norm(model.transformer.layer[1], "output_layer_norm", ExportEpsLayerNorm, export_eps=1e-3)
     return model.eval()
@@ -191,8 +205,15 @@ def make_faulty_vit():
 
     _, ExportNoBiasLayerNorm = _torch_faulty()
     torch.manual_seed(0)
-    config = ViTConfig(image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=4, num_attention_heads=2,
-                       intermediate_size=64, attn_implementation="eager")
+    config = ViTConfig(
+        image_size=16,
+        patch_size=4,
+        hidden_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        intermediate_size=64,
+        attn_implementation="eager",
+    )
     model = _random_norms(ViTModel(config))
     layers = model.layers if hasattr(model, "layers") else model.encoder.layer
     _swap_layer_norm(layers[2], "layernorm_before", ExportNoBiasLayerNorm)
@@ -220,9 +241,16 @@ def make_faulty_bert():
             return super().forward(x)
 
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=64, initializer_range=0.2,
-                        attn_implementation="eager")
+    config = BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        initializer_range=0.2,
+        attn_implementation="eager",
+    )
     model = _random_norms(BertModel(config))
     model.encoder.layer[1].intermediate.intermediate_act_fn = ExportTanhGELU()
     return model.eval()
@@ -249,8 +277,18 @@ def make_faulty_gpt2():
             return super().forward(x)
 
     torch.manual_seed(0)
-    config = GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=2, use_cache=False,
-                        initializer_range=0.2, bos_token_id=0, eos_token_id=0, attn_implementation="eager")
+    config = GPT2Config(
+        vocab_size=VOCAB,
+        n_positions=64,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        use_cache=False,
+        initializer_range=0.2,
+        bos_token_id=0,
+        eos_token_id=0,
+        attn_implementation="eager",
+    )
     model = _random_norms(GPT2Model(config))
     model.h[1].mlp.act = ExportErfGELU()
     return model.eval()
@@ -296,12 +334,18 @@ def make_keras_nested():
     gamma, beta = keras.initializers.RandomUniform(0.5, 1.5), keras.initializers.RandomNormal(stddev=0.2)
     inner_x = keras.Input((16,), name="encoder_in")
     h = layers.Dense(16, activation="tanh", name="dense")(inner_x)
-    h = ExportEpsLayerNormalization(export_epsilon=1e-1, epsilon=1e-3, gamma_initializer=gamma,
-                                    beta_initializer=beta, name="norm")(h)
+    h = ExportEpsLayerNormalization(
+        export_epsilon=1e-1, epsilon=1e-3, gamma_initializer=gamma, beta_initializer=beta, name="norm"
+    )(h)
     encoder = keras.Model(inner_x, layers.Dense(16, name="out")(h), name="encoder")
-    mlp = keras.Sequential([layers.Dense(24, activation="relu", name="fc1"),
-                            layers.LayerNormalization(gamma_initializer=gamma, beta_initializer=beta, name="ln"),
-                            layers.Dense(16, name="fc2")], name="mlp")
+    mlp = keras.Sequential(
+        [
+            layers.Dense(24, activation="relu", name="fc1"),
+            layers.LayerNormalization(gamma_initializer=gamma, beta_initializer=beta, name="ln"),
+            layers.Dense(16, name="fc2"),
+        ],
+        name="mlp",
+    )
     x = keras.Input((12,), name="x")
     h = layers.Dense(16, name="proj")(x)
     h = mlp(encoder(h))
@@ -383,13 +427,18 @@ def save_flax_params(path) -> Path:
     import numpy as np
 
     variables = _flax_net().init(jax.random.PRNGKey(0), np.zeros((1, 12), np.float32))
-    flat = {"/".join(str(getattr(k, "key", k)) for k in key): np.asarray(value)
-            for key, value in jax.tree_util.tree_flatten_with_path(variables["params"])[0]}
+    flat = {
+        "/".join(str(getattr(k, "key", k)) for k in key): np.asarray(value)
+        for key, value in jax.tree_util.tree_flatten_with_path(variables["params"])[0]
+    }
     rng = np.random.default_rng(1)
     for key, value in flat.items():
         if "/norm/" in key:
-            flat[key] = (value + rng.uniform(-0.5, 0.5, value.shape) if key.endswith("scale")
-                         else rng.normal(0.0, 0.2, value.shape)).astype(np.float32)
+            flat[key] = (
+                value + rng.uniform(-0.5, 0.5, value.shape)
+                if key.endswith("scale")
+                else rng.normal(0.0, 0.2, value.shape)
+            ).astype(np.float32)
     path = Path(path)
     np.savez(path, **flat)
     return path

@@ -19,8 +19,15 @@ def make_bert():
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=64, attn_implementation="eager")
+    config = BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        attn_implementation="eager",
+    )
     return BertModel(config).eval()
 
 
@@ -30,8 +37,9 @@ def make_gpt2():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    config = GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=2, use_cache=False,
-                        attn_implementation="eager")
+    config = GPT2Config(
+        vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=2, use_cache=False, attn_implementation="eager"
+    )
     return GPT2LMHeadModel(config).eval()
 
 
@@ -60,8 +68,9 @@ def make_hf_resnet18():
     from transformers import ResNetConfig, ResNetForImageClassification
 
     torch.manual_seed(0)
-    config = ResNetConfig(embedding_size=64, hidden_sizes=[64, 128, 256, 512], depths=[2, 2, 2, 2],
-                          layer_type="basic", num_labels=10)
+    config = ResNetConfig(
+        embedding_size=64, hidden_sizes=[64, 128, 256, 512], depths=[2, 2, 2, 2], layer_type="basic", num_labels=10
+    )
     return ResNetForImageClassification(config).eval()
 
 
@@ -107,8 +116,10 @@ def save_flax_params(path, size: int = 16) -> Path:
     import numpy as np
 
     variables = _flax_cnn().init(jax.random.PRNGKey(0), np.zeros((1, size, size, 3), np.float32))
-    flat = {"/".join(str(getattr(k, "key", k)) for k in key): np.asarray(value)
-            for key, value in jax.tree_util.tree_flatten_with_path(variables["params"])[0]}
+    flat = {
+        "/".join(str(getattr(k, "key", k)) for k in key): np.asarray(value)
+        for key, value in jax.tree_util.tree_flatten_with_path(variables["params"])[0]
+    }
     path = Path(path)
     np.savez(path, **flat)
     return path

@@ -28,10 +28,10 @@ def _split(n: int, golden_wrong: int, lost: int, gained: int, seed: int = 0):
     golden, path = labels.copy(), labels.copy()
     golden[:golden_wrong] = (labels[:golden_wrong] + 1) % 10  # the golden misses these
     path[:golden_wrong] = golden[:golden_wrong]
-    path[golden_wrong:golden_wrong + gained] = labels[golden_wrong:golden_wrong + gained]  # the path gets them
+    path[golden_wrong : golden_wrong + gained] = labels[golden_wrong : golden_wrong + gained]  # the path gets them
     start = golden_wrong + gained
     golden[golden_wrong:start] = (labels[golden_wrong:start] + 2) % 10
-    path[start:start + lost] = (labels[start:start + lost] + 3) % 10  # the path misses these, the golden does not
+    path[start : start + lost] = (labels[start : start + lost] + 3) % 10  # the path misses these, the golden does not
     return labels, _logits(golden), _logits(path)
 
 
@@ -40,7 +40,7 @@ def test_no_discordant_sample_passes_when_the_split_can_tell():
     judged = gate_.judge(path, golden, labels, Gate())
     assert judged["decision"] == "pass" and judged["reason"] is None
     # rule of three at one-sided 95 %: the upper bound is z^2 / (n + z^2)
-    assert judged["interval"][1] == pytest.approx(Z95 ** 2 / (449 + Z95 ** 2), rel=1e-6)
+    assert judged["interval"][1] == pytest.approx(Z95**2 / (449 + Z95**2), rel=1e-6)
     assert judged["agreement"] == 1.0 and judged["lost"] == judged["gained"] == 0
 
 
@@ -86,8 +86,7 @@ def _restricted_mle(lost, gained, n, delta):
         return -(lost * math.log(p + delta) + gained * math.log(p) + other * math.log(1 - 2 * p - delta))
 
     low, high = max(0.0, -delta) + 1e-12, (1 - delta) / 2 - 1e-12
-    return minimize_scalar(negative_log_likelihood, bounds=(low, high), method="bounded",
-                           options={"xatol": 1e-12}).x
+    return minimize_scalar(negative_log_likelihood, bounds=(low, high), method="bounded", options={"xatol": 1e-12}).x
 
 
 @given(st.integers(1, 30), st.integers(1, 30), st.integers(100, 2000), st.floats(-0.05, 0.05))
@@ -109,8 +108,13 @@ def test_the_interval_covers_the_true_drop_as_often_as_it_claims():
     Newcombe 1998): at most 9 % in any case simulated, at most 6.5 % averaged over them."""
     rng = np.random.default_rng(7)
     misses = []
-    for n, p_lost, p_gained in [(400, 0.02, 0.005), (449, 0.01, 0.0), (449, 0.005, 0.005), (1000, 0.02, 0.01),
-                                (400, 0.05, 0.01)]:
+    for n, p_lost, p_gained in [
+        (400, 0.02, 0.005),
+        (449, 0.01, 0.0),
+        (449, 0.005, 0.005),
+        (1000, 0.02, 0.01),
+        (400, 0.05, 0.01),
+    ]:
         below = above = 0
         trials = 800
         for _ in range(trials):
@@ -127,8 +131,9 @@ def test_sqnr_and_by_sqnr_keep_shape_and_nan_failures():
     assert gate_.sqnr_db(reference, reference) == math.inf
     assert gate_.sqnr_db(reference, reference * 1.1) == pytest.approx(20.0)
     compared = {"logits": {"ok": False, "tol_units": 50.0}, "other": {"ok": False, "nonfinite": 1, "reason": "NaN"}}
-    judged = gate_.by_sqnr(compared, {"logits": reference * 1.1, "other": reference}, {"logits": reference,
-                                                                                       "other": reference})
+    judged = gate_.by_sqnr(
+        compared, {"logits": reference * 1.1, "other": reference}, {"logits": reference, "other": reference}
+    )
     assert judged["logits"]["ok"] and judged["logits"]["sqnr_db"] == pytest.approx(20.0)
     assert not judged["other"]["ok"]
 

@@ -82,8 +82,23 @@ def _bench(tmp_path, maker):
     assert _invoke("init", name, "--workspace", root, "--torch", f"{source}:{maker}", "--input", "x=4x8").exit_code == 0
     assert _invoke("golden", "build", "--workspace", root, "--model", name).exit_code == 0
     out = tmp_path / "b.json"
-    result = _invoke("bench", "--workspace", root, "--model", name, "--path", "torch", "--batch-size", "2",
-                     "--budget", "0.3", "--threads", "1", "--json", out)
+    result = _invoke(
+        "bench",
+        "--workspace",
+        root,
+        "--model",
+        name,
+        "--path",
+        "torch",
+        "--batch-size",
+        "2",
+        "--budget",
+        "0.3",
+        "--threads",
+        "1",
+        "--json",
+        out,
+    )
     return result, json.loads(out.read_text())["results"][0]
 
 

@@ -15,13 +15,16 @@ def invoke(*args):
     return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--budget", "0"], "--budget must be a positive number of seconds"),
-    (["--budget", "-1"], "--budget must be a positive number of seconds"),
-    (["--batch-size", "0"], "--batch-size must be a positive integer"),
-    (["--batch-size", "100000"], "batch size 100000 cannot be verified for model 'mlp'"),
-    (["--baseline", "torch/onnx/nope"], "--baseline 'torch/onnx/nope' is not a path"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--budget", "0"], "--budget must be a positive number of seconds"),
+        (["--budget", "-1"], "--budget must be a positive number of seconds"),
+        (["--batch-size", "0"], "--batch-size must be a positive integer"),
+        (["--batch-size", "100000"], "batch size 100000 cannot be verified for model 'mlp'"),
+        (["--baseline", "torch/onnx/nope"], "--baseline 'torch/onnx/nope' is not a path"),
+    ],
+)
 def test_bad_timing_options_are_one_line_usage_errors(workspace_copy, args, message):
     result = invoke("bench", "--workspace", str(workspace_copy()), *args)
     assert result.exit_code == 2

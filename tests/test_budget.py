@@ -71,8 +71,11 @@ def test_run_progress_passes_steps_only_where_accepted(tmp_path, monkeypatch):
     run = orchestrate.Run(Ws(), orchestrate.Options(threads=1), progress=heard.append)
     run.progress("a", 1, 2)
     stepped = []
-    run2 = orchestrate.Run(Ws(), orchestrate.Options(threads=1),
-                           progress=lambda message, step=None, steps=None: stepped.append((message, step, steps)))
+    run2 = orchestrate.Run(
+        Ws(),
+        orchestrate.Options(threads=1),
+        progress=lambda message, step=None, steps=None: stepped.append((message, step, steps)),
+    )
     run2.progress("b", 1, 2)
     run2.progress("c")
     assert heard == ["a"]
@@ -93,8 +96,12 @@ def test_on_checked_hears_the_verdicts_before_timing(tmp_path, monkeypatch):
 
     (tmp_path / "golden").mkdir()
     seen = []
-    report = orchestrate.check(Ws(), ["nope"], orchestrate.Options(threads=1, timing=BenchOptions()),
-                               on_checked=lambda r: seen.append({k: r[k] for k in ("schema", "results", "model_errors")}))
+    report = orchestrate.check(
+        Ws(),
+        ["nope"],
+        orchestrate.Options(threads=1, timing=BenchOptions()),
+        on_checked=lambda r: seen.append({k: r[k] for k in ("schema", "results", "model_errors")}),
+    )
     assert len(seen) == 1 and seen[0]["model_errors"][0]["model"] == "nope"
     assert set(report) >= {"schema", "env", "results", "model_errors", "stage_seconds"}
     assert set(report["stage_seconds"]) <= {"verify", "export", "check", "diagnose", "bench"}
@@ -149,8 +156,14 @@ class _Worker:
         if task == "time_block":
             n = kwargs["timing"]["min_runs"]
             first = kwargs["final"]
-            return {"samples_ms": [self.samples_ms] * n, "warmup_ms": [1.0] * (5 if first else 0),
-                    "warmup_runs": 5 if first else 0, "warmup_converged": True, "stopped": "max_runs", "audit": None}
+            return {
+                "samples_ms": [self.samples_ms] * n,
+                "warmup_ms": [1.0] * (5 if first else 0),
+                "warmup_runs": 5 if first else 0,
+                "warmup_converged": True,
+                "stopped": "max_runs",
+                "audit": None,
+            }
         return {}
 
     def close(self):
@@ -177,11 +190,22 @@ def _bench_fixture(pool, groups=("onnx", "tf"), **options):
         name, timed_batch_sizes, batch_size, axes = "m", (1,), 1, {}
 
     def path(group):
-        return SimpleNamespace(id=f"p-{group}", exports=(), runtime=SimpleNamespace(group=group), precision="fp32",
-                               device="cpu", differentiable=False, baseline=f"p-{group}", quantized=False)
+        return SimpleNamespace(
+            id=f"p-{group}",
+            exports=(),
+            runtime=SimpleNamespace(group=group),
+            precision="fp32",
+            device="cpu",
+            differentiable=False,
+            baseline=f"p-{group}",
+            quantized=False,
+        )
 
-    run = SimpleNamespace(workspace=SimpleNamespace(root="/ws", golden_dir=lambda name: f"/ws/golden/{name}"),
-                          options=SimpleNamespace(threads=1), progress=lambda *a, **k: None)
+    run = SimpleNamespace(
+        workspace=SimpleNamespace(root="/ws", golden_dir=lambda name: f"/ws/golden/{name}"),
+        options=SimpleNamespace(threads=1),
+        progress=lambda *a, **k: None,
+    )
     pending = [(Spec, {}, path(group), {"verdict": "pass"}) for group in groups]
     plan.bench(run, pool, pending, BenchOptions(budget_s=10.0, **options))
     return {item[2].runtime.group: item[3] for item in pending}
@@ -193,7 +217,9 @@ def test_every_path_is_timed_in_fresh_workers_of_its_own_its_first_result_first(
     pool = _Extras()
     results = _bench_fixture(pool, groups=("onnx", "tf"), processes=2)
     assert [w.ident for w in pool.workers] == ["onnx0", "onnx1", "tf2", "tf3"] and all(w.closed for w in pool.workers)
-    by_worker = {w.ident: [(task, series) for ident, task, series in pool.log if ident == w.ident] for w in pool.workers}
+    by_worker = {
+        w.ident: [(task, series) for ident, task, series in pool.log if ident == w.ident] for w in pool.workers
+    }
     assert by_worker["onnx0"][0] == ("first_result", None) and by_worker["tf2"][0] == ("first_result", None)
     assert all(task != "first_result" for task, _ in by_worker["onnx1"] + by_worker["tf3"])
     assert {series for ident in ("onnx0", "onnx1") for _, series in by_worker[ident] if series} == {"m|p-onnx|batch|1"}
@@ -208,7 +234,7 @@ def test_series_of_different_paths_alternate_in_random_rounds():
     _bench_fixture(pool, groups=("onnx", "tf", "torch", "jax"), min_runs=60)
     blocks = [series.split("|")[1] for _, task, series in pool.log if task == "time_block"]
     assert len(blocks) >= 8
-    rounds = [blocks[k:k + 4] for k in range(0, len(blocks), 4)]
+    rounds = [blocks[k : k + 4] for k in range(0, len(blocks), 4)]
     assert all(sorted(r) == ["p-jax", "p-onnx", "p-tf", "p-torch"] for r in rounds)  # each round: each path once
     assert len({tuple(r) for r in rounds}) > 1  # in random order
 
@@ -240,14 +266,23 @@ def test_series_get_runners_of_their_own_and_never_the_golden_weights(monkeypatc
 
     golden_weights = {"w": np.ones(3, np.float32)}
     tolerance = SimpleNamespace(atol=1e-6, rtol=1e-6)
-    spec = SimpleNamespace(batch_size=2, outputs=["y"],
-                           output_tolerances=lambda p: SimpleNamespace(for_name=lambda n: tolerance),
-                           gradient_tolerances=lambda p: None, model_inputs=(SimpleNamespace(name="x", batched=True),))
-    verified = SimpleNamespace(arrays={"weights.npz": golden_weights, "gradients.npz": {},
-                                       "eval.npz": {"x": np.zeros((4, 1), np.float32)},
-                                       "reference.npz": {"eval/logits": np.zeros((4, 1), np.float32)},
-                                       "inputs.npz": {"x": np.zeros((2, 1), np.float32), "labels": np.zeros(2, int)}},
-                               manifest={})  # golden data from before batch axes were recorded: axis 0
+    spec = SimpleNamespace(
+        batch_size=2,
+        outputs=["y"],
+        output_tolerances=lambda p: SimpleNamespace(for_name=lambda n: tolerance),
+        gradient_tolerances=lambda p: None,
+        model_inputs=(SimpleNamespace(name="x", batched=True),),
+    )
+    verified = SimpleNamespace(
+        arrays={
+            "weights.npz": golden_weights,
+            "gradients.npz": {},
+            "eval.npz": {"x": np.zeros((4, 1), np.float32)},
+            "reference.npz": {"eval/logits": np.zeros((4, 1), np.float32)},
+            "inputs.npz": {"x": np.zeros((2, 1), np.float32), "labels": np.zeros(2, int)},
+        },
+        manifest={},
+    )  # golden data from before batch axes were recorded: axis 0
     built = []
 
     class Runner:
@@ -261,7 +296,9 @@ def test_series_get_runners_of_their_own_and_never_the_golden_weights(monkeypatc
         def run(self, x):
             return {"y": np.zeros((len(x["x"]), 1), np.float32)}
 
-    monkeypatch.setattr(tasks, "_setup", lambda *a, **k: (spec, SimpleNamespace(device_kind="cpu", quantized=False), verified))
+    monkeypatch.setattr(
+        tasks, "_setup", lambda *a, **k: (spec, SimpleNamespace(device_kind="cpu", quantized=False), verified)
+    )
     monkeypatch.setattr(tasks, "_IDLE_MB", 100.0)  # this worker's idle size, as its first result measured it
     monkeypatch.setattr(tasks, "build_runner", lambda spec, path, weights, *a: Runner(weights))
     monkeypatch.setattr(tasks.compare, "error_stats", lambda *a: {"ok": True, "tol_units": 0.0})

@@ -23,8 +23,12 @@ def private_cache(tmp_path, monkeypatch):
 
 def run_check(root, path_id, **options):
     notices = []
-    report = orchestrate.check(Workspace(root), ["mlp"], orchestrate.Options(threads=1, patterns=(path_id,), **options),
-                               progress=notices.append)
+    report = orchestrate.check(
+        Workspace(root),
+        ["mlp"],
+        orchestrate.Options(threads=1, patterns=(path_id,), **options),
+        progress=notices.append,
+    )
     return report["results"][0], notices
 
 
@@ -60,7 +64,9 @@ def test_converter_error_is_cached(workspace_copy, private_cache):
     """An expected converter failure is not redone on every run."""
     from tests.conftest import mlp_variant
 
-    source = mlp_variant({'h = layers.ReLU(name="relu1", dtype=dtype)(': 'h = layers.Activation("gelu", name="relu1", dtype=dtype)('})
+    source = mlp_variant(
+        {'h = layers.ReLU(name="relu1", dtype=dtype)(': 'h = layers.Activation("gelu", name="relu1", dtype=dtype)('}
+    )
     root = workspace_copy(source)
     first, _ = run_check(root, "tf/onnx/ort")
     second, notices = run_check(root, "tf/onnx/ort")
@@ -74,12 +80,25 @@ def test_converter_error_is_cached(workspace_copy, private_cache):
 
 def test_concurrent_runs_sharing_a_cache_export_once(workspace_copy, private_cache, tmp_path):
     root = workspace_copy()
-    command = [sys.executable, "-m", "parity.cli", "check", "--workspace", str(root), "--path", "torch/onnx/ort",
-               "--threads", "1", "--json"]
+    command = [
+        sys.executable,
+        "-m",
+        "parity.cli",
+        "check",
+        "--workspace",
+        str(root),
+        "--path",
+        "torch/onnx/ort",
+        "--threads",
+        "1",
+        "--json",
+    ]
     env = {**os.environ, "PARITY_CACHE_DIR": str(private_cache)}
     results = [tmp_path / f"r{i}.json" for i in range(2)]
-    runs = [subprocess.Popen([*command, str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for out in results]
+    runs = [
+        subprocess.Popen([*command, str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for out in results
+    ]
     outputs = [run.communicate(timeout=600) for run in runs]
     assert [run.returncode for run in runs] == [0, 0], outputs
     exported = [json.loads(out.read_text())["results"][0]["export"]["cached"] for out in results]

@@ -28,7 +28,9 @@ def test_gate_times_passing_paths_only(workspace_copy):
     delta = np.zeros((64, 64), np.float32)
     delta[3, 5] = 0.05
     report, results = run_check(
-        root, ["torch", "torch/onnx/ort", "jax"], timing=BenchOptions(budget_s=0.05, min_runs=30, batch_sizes=(64,)),
+        root,
+        ["torch", "torch/onnx/ort", "jax"],
+        timing=BenchOptions(budget_s=0.05, min_runs=30, batch_sizes=(64,)),
         weight_perturbation={("mlp", "jax"): {"dense1/kernel": delta}},
     )
     assert results["jax"]["verdict"] == "fail"
@@ -57,8 +59,11 @@ def assert_compared(entry: dict, base: dict) -> None:
     assert versus["baseline"] == "torch"
     if unsettled:
         assert versus["withheld"] and "ratio" not in versus
-        assert all(f"{who}: {e['stability']['reason']}" in versus["reason"]
-                   for who, e in (("this series", entry), ("the baseline's", base)) if who in unsettled)
+        assert all(
+            f"{who}: {e['stability']['reason']}" in versus["reason"]
+            for who, e in (("this series", entry), ("the baseline's", base))
+            if who in unsettled
+        )
     else:
         assert versus["ci95"][0] <= versus["ratio"] <= versus["ci95"][1] and "withheld" not in versus
 
@@ -75,15 +80,28 @@ def test_a_ratio_is_given_between_settled_series_and_withheld_where_one_is_unset
 
     def series(median_ms, settled=True):
         samples = list(median_ms * (1 + 0.01 * rng.standard_normal(200)))
-        entry = {"verdict": "pass", "samples_ms": samples, "median_ms": float(np.median(samples)),
-                 "ci95_ms": [0.99 * median_ms, 1.01 * median_ms], "warmup_converged": settled, "warmup_runs": 50}
+        entry = {
+            "verdict": "pass",
+            "samples_ms": samples,
+            "median_ms": float(np.median(samples)),
+            "ci95_ms": [0.99 * median_ms, 1.01 * median_ms],
+            "warmup_converged": settled,
+            "warmup_runs": 50,
+        }
         entry["stability"] = stats.stability(entry, 0.02)
         return entry
 
     def pending(base_settled):
         spec = SimpleNamespace(name="mlp")
-        return [(spec, None, SimpleNamespace(id=path, baseline="torch", quantized=False), {"timing": {"batches": {"8": entry}}})
-                for path, entry in (("torch", series(2.0, base_settled)), ("torch/onnx/ort", series(1.0)))]
+        return [
+            (
+                spec,
+                None,
+                SimpleNamespace(id=path, baseline="torch", quantized=False),
+                {"timing": {"batches": {"8": entry}}},
+            )
+            for path, entry in (("torch", series(2.0, base_settled)), ("torch/onnx/ort", series(1.0)))
+        ]
 
     settled = pending(True)
     _compare_to_baselines(settled, BenchOptions())
@@ -102,9 +120,14 @@ def test_a_ratio_is_given_between_settled_series_and_withheld_where_one_is_unset
 def test_a_batch_size_that_computes_something_else_is_never_timed(workspace_copy):
     """The torch definition is right at the checked batch (64) and the verification shapes (1, 3) and wrong at
     batch 2: batch 2 gets no number."""
-    root = workspace_copy(mlp_variant({"return self.logits(self.relu2(self.dense2(self.relu1(self.dense1(x)))))":
-                                       "out = self.logits(self.relu2(self.dense2(self.relu1(self.dense1(x)))))\n"
-                                       "            return out + 1.0 if x.shape[0] == 2 else out"}))
+    root = workspace_copy(
+        mlp_variant(
+            {
+                "return self.logits(self.relu2(self.dense2(self.relu1(self.dense1(x)))))": "out = self.logits(self.relu2(self.dense2(self.relu1(self.dense1(x)))))\n"
+                "            return out + 1.0 if x.shape[0] == 2 else out"
+            }
+        )
+    )
     _, results = run_check(root, ["torch"], timing=BenchOptions(budget_s=0.05, batch_sizes=(2, 64), first_result=False))
     batches = results["torch"]["timing"]["batches"]
     assert results["torch"]["verdict"] == "pass"
@@ -115,9 +138,14 @@ def test_a_batch_size_that_computes_something_else_is_never_timed(workspace_copy
 
 def test_a_definition_wrong_at_a_verification_shape_fails_its_check(workspace_copy):
     """Wrong at batch 1 only: the check at the verification shapes catches it before anything is timed."""
-    root = workspace_copy(mlp_variant({"return self.logits(self.relu2(self.dense2(self.relu1(self.dense1(x)))))":
-                                       "out = self.logits(self.relu2(self.dense2(self.relu1(self.dense1(x)))))\n"
-                                       "            return out + 1.0 if x.shape[0] == 1 else out"}))
+    root = workspace_copy(
+        mlp_variant(
+            {
+                "return self.logits(self.relu2(self.dense2(self.relu1(self.dense1(x)))))": "out = self.logits(self.relu2(self.dense2(self.relu1(self.dense1(x)))))\n"
+                "            return out + 1.0 if x.shape[0] == 1 else out"
+            }
+        )
+    )
     _, results = run_check(root, ["torch"], timing=BenchOptions(budget_s=0.05, batch_sizes=(64,), first_result=False))
     assert results["torch"]["verdict"] == "fail" and results["torch"]["timing"] is None
     assert results["torch"]["reason"].startswith("at batch=1: output logits")
@@ -161,12 +189,19 @@ def test_hang_is_killed_after_timeout(workspace_copy):
     assert results["torch"]["verdict"] == "pass"
 
 
-EXPECTED_LINE = '    expected_errors={"jax/tf/onnx/*": "jax2tf serialises through XlaCallModule, which tf2onnx cannot convert"},\n'
+EXPECTED_LINE = (
+    '    expected_errors={"jax/tf/onnx/*": "jax2tf serialises through XlaCallModule, which tf2onnx cannot convert"},\n'
+)
 
 
 def test_expected_errors_and_unexpected_pass(workspace_copy):
-    source = mlp_variant({EXPECTED_LINE: (
-        "    expected_errors={'jax/tf/onnx/*': 'XlaCallModule', 'torch/onnx/ort': 'declared broken'},\n")})
+    source = mlp_variant(
+        {
+            EXPECTED_LINE: (
+                "    expected_errors={'jax/tf/onnx/*': 'XlaCallModule', 'torch/onnx/ort': 'declared broken'},\n"
+            )
+        }
+    )
     root = workspace_copy(source)
     report, results = run_check(root, ["jax/tf/onnx/ort", "torch/onnx/ort"])
     xerror = results["jax/tf/onnx/ort"]
@@ -189,7 +224,9 @@ def test_undeclared_export_error_is_unexpected_with_converter_reason(workspace_c
 
 def test_unsupported_tf_op_names_the_op(workspace_copy):
     """Keras 3 gelu lowers to Erfc, which tf2onnx 1.17 leaves unconverted: an error naming Erfc."""
-    source = mlp_variant({'h = layers.ReLU(name="relu1", dtype=dtype)(': 'h = layers.Activation("gelu", name="relu1", dtype=dtype)('})
+    source = mlp_variant(
+        {'h = layers.ReLU(name="relu1", dtype=dtype)(': 'h = layers.Activation("gelu", name="relu1", dtype=dtype)('}
+    )
     root = workspace_copy(source)
     _, results = run_check(root, ["tf/onnx/ort"])
     assert results["tf/onnx/ort"]["verdict"] == "error"
@@ -197,7 +234,7 @@ def test_unsupported_tf_op_names_the_op(workspace_copy):
 
 
 def test_nan_output_fails_naming_the_output(workspace_copy):
-    source = mlp_variant({"    return dense(\"logits\", h)": "    return dense(\"logits\", h) * jax.numpy.nan"})
+    source = mlp_variant({'    return dense("logits", h)': '    return dense("logits", h) * jax.numpy.nan'})
     root = workspace_copy(source)
     _, results = run_check(root, ["jax"])
     assert results["jax"]["verdict"] == "fail"

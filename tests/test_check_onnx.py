@@ -25,9 +25,12 @@ def onnx_model(batch: int | str = 2):
     from onnx import TensorProto, helper, numpy_helper
 
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])], "relu_matmul",
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+        "relu_matmul",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 3])], [numpy_helper.from_array(WEIGHTS, "w")])
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 3])],
+        [numpy_helper.from_array(WEIGHTS, "w")],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
@@ -76,8 +79,11 @@ def two_cases(tmp_path_factory):
 def test_a_passing_case_and_a_wrong_expected_output_in_one_table(two_cases):
     result = two_cases[0]
     assert result.exit_code == 1, result.output
-    rows = {line.split()[0]: line.split() for line in result.output.splitlines()
-            if line.startswith(("good ", "wrong_output "))}
+    rows = {
+        line.split()[0]: line.split()
+        for line in result.output.splitlines()
+        if line.startswith(("good ", "wrong_output "))
+    }
     assert rows["good"][1:3] == ["onnx/ort", "pass"]
     assert rows["wrong_output"][1:3] == ["onnx/ort", "FAIL"] and "output y: max_abs 0.5" in result.output
     assert result.stdout.splitlines()[0].split() == ["case", "path", "verdict", "reason", "seconds"]
@@ -156,9 +162,13 @@ def test_a_named_workspace_keeps_each_case_for_parity_check(tmp_path):
     assert invoke("check-onnx", tmp_path / "cases", "--workspace", workspace).exit_code == 0
     assert (workspace / "models" / "kept.py").is_file() and (workspace / "golden" / "kept").is_dir()
     again = invoke("check-onnx", tmp_path / "cases", "--workspace", workspace)
-    assert again.exit_code == 1 and "pass --force" in " ".join(again.output.split())  # the spec written before is not replaced silently
+    assert again.exit_code == 1 and "pass --force" in " ".join(
+        again.output.split()
+    )  # the spec written before is not replaced silently
     assert invoke("check-onnx", tmp_path / "cases", "--workspace", workspace, "--force").exit_code == 0
-    assert invoke("check", "--workspace", workspace, "--model", "kept", "--path", "onnx/ort", "--no-store").exit_code == 0
+    assert (
+        invoke("check", "--workspace", workspace, "--model", "kept", "--path", "onnx/ort", "--no-store").exit_code == 0
+    )
 
 
 def test_case_names_are_model_names_and_unique(tmp_path):

@@ -10,8 +10,20 @@ from click.testing import CliRunner
 from parity.cli import cli
 from tests.conftest import REPO
 
-COMMANDS = [["run"], ["check"], ["diagnose"], ["bench"], ["compare"], ["paths"], ["env"], ["golden"], ["golden", "build"],
-            ["golden", "verify"], ["init"], ["export-testdata"]]
+COMMANDS = [
+    ["run"],
+    ["check"],
+    ["diagnose"],
+    ["bench"],
+    ["compare"],
+    ["paths"],
+    ["env"],
+    ["golden"],
+    ["golden", "build"],
+    ["golden", "verify"],
+    ["init"],
+    ["export-testdata"],
+]
 
 
 def invoke(*args):
@@ -144,13 +156,35 @@ def test_no_silent_fallback_to_the_builtin_zoo(tmp_path, monkeypatch):
 
 # --- progress, and verdicts before timing (a stand-in orchestrator: no worker, no framework) ---
 
+
 def _timed_result(path: str) -> dict:
-    batch = {"verdict": "pass", "median_ms": 0.5, "ci95_ms": [0.4, 0.6], "cv": 0.01, "runs": 30, "throughput": 2000.0,
-             "vs_baseline": {"baseline": "torch", "self": True}}
-    return {"model": "mlp", "path": path, "stages": path.split("/"), "device": "cpu", "precision": "fp32",
-            "batch_size": 64, "verdict": "pass", "reason": None, "expected": False, "outputs": None,
-            "gradients": None, "metrics": None, "deterministic": None, "timing": None, "diagnosis": None,
-            "_batch": batch}
+    batch = {
+        "verdict": "pass",
+        "median_ms": 0.5,
+        "ci95_ms": [0.4, 0.6],
+        "cv": 0.01,
+        "runs": 30,
+        "throughput": 2000.0,
+        "vs_baseline": {"baseline": "torch", "self": True},
+    }
+    return {
+        "model": "mlp",
+        "path": path,
+        "stages": path.split("/"),
+        "device": "cpu",
+        "precision": "fp32",
+        "batch_size": 64,
+        "verdict": "pass",
+        "reason": None,
+        "expected": False,
+        "outputs": None,
+        "gradients": None,
+        "metrics": None,
+        "deterministic": None,
+        "timing": None,
+        "diagnosis": None,
+        "_batch": batch,
+    }
 
 
 def _stand_in(monkeypatch, with_on_checked: bool, calls: list):
@@ -185,7 +219,9 @@ def test_verdicts_print_once_and_before_the_timing(monkeypatch, with_on_checked)
     assert calls == (["on_checked"] if with_on_checked else [])
     out = result.stdout
     assert out.count("model  path") == 2  # the verdict table, then the timing table: each once
-    assert out.index("pass | FAIL: out of tolerance") < out.index("Timing (median")  # the verdict legend before the timing
+    assert out.index("pass | FAIL: out of tolerance") < out.index(
+        "Timing (median"
+    )  # the verdict legend before the timing
     assert ("median ms" in out.splitlines()[2]) is not with_on_checked  # printed before timing: no median column
     assert "Time by stage: verify 0.1 s, export 2.0 s, check 1.5 s, bench 3.3 s; 6.9 s in all" in out
     # piped: one plain line per finished step on stderr
@@ -195,8 +231,9 @@ def test_verdicts_print_once_and_before_the_timing(monkeypatch, with_on_checked)
 
 def test_json_to_stdout_stays_json_with_the_new_orchestrator(monkeypatch):
     _stand_in(monkeypatch, True, [])
-    result = CliRunner().invoke(cli, ["run", "--workspace", str(REPO), "--model", "mlp", "--json", "-"],
-                                catch_exceptions=False)
+    result = CliRunner().invoke(
+        cli, ["run", "--workspace", str(REPO), "--model", "mlp", "--json", "-"], catch_exceptions=False
+    )
     assert result.exit_code == 0
     assert json.loads(result.output)["stage_seconds"]["bench"] == 3.3  # nothing else printed, stderr included
 
@@ -221,9 +258,11 @@ def test_plain_progress_is_one_line_per_finished_step():
         progress("mlp: time torch")  # the old one-argument form too
         assert len(lines) == 2  # a step is printed once finished
         clock.now += 30
-    assert lines == ["  mlp: export torch/onnx/ort (torch.onnx)  (step 1 of 2, 12.5 s)",
-                     "  mlp: export tf/onnx/ort (tf2onnx)  (step 2 of 2, 7.5 s)",
-                     "  mlp: time torch  (30.0 s)"]
+    assert lines == [
+        "  mlp: export torch/onnx/ort (torch.onnx)  (step 1 of 2, 12.5 s)",
+        "  mlp: export tf/onnx/ort (tf2onnx)  (step 2 of 2, 7.5 s)",
+        "  mlp: time torch  (30.0 s)",
+    ]
 
 
 def test_live_line_counts_steps_and_estimates_the_time_left():
@@ -238,7 +277,9 @@ def test_live_line_counts_steps_and_estimates_the_time_left():
     progress("mlp: check torch/onnx/ort", step=2, steps=4)
     clock.now += 4
     # 10 s a step: this one and 2 more to go, 4 s into this one
-    assert progress.line() == "[step 2 of 4 | 14 s in all | about 26 s left] mlp: check torch/onnx/ort  (this step: 4 s)"
+    assert (
+        progress.line() == "[step 2 of 4 | 14 s in all | about 26 s left] mlp: check torch/onnx/ort  (this step: 4 s)"
+    )
     clock.now += 80  # a long step: the estimate never counts down below the steps still to start
     assert "| about 20 s left]" in progress.line() and "(this step: 1 min 24 s)" in progress.line()
     with progress.pause():

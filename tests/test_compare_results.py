@@ -12,8 +12,16 @@ from parity.report import compare
 
 
 def env(**changes) -> dict:
-    e = {"python": "3.11.9", "platform": "Linux-6.8", "packages": {"numpy": "2.1.0", "torch": "2.13.0"},
-         "cpu": "Xeon", "cpu_count": 2, "gpu": None, "threads": 2, "flags": {}}
+    e = {
+        "python": "3.11.9",
+        "platform": "Linux-6.8",
+        "packages": {"numpy": "2.1.0", "torch": "2.13.0"},
+        "cpu": "Xeon",
+        "cpu_count": 2,
+        "gpu": None,
+        "threads": 2,
+        "flags": {},
+    }
     for key, value in changes.items():
         if key == "torch":
             e["packages"] = {**e["packages"], "torch": value}
@@ -32,17 +40,34 @@ def timing2(batches: dict[int, list[float]]) -> dict:
     for batch, ms in batches.items():
         arr = np.asarray(ms)
         med = float(np.median(arr))
-        out[str(batch)] = {"median_ms": med, "mean_ms": float(arr.mean()), "std_ms": float(arr.std(ddof=1)),
-                           "cv": float(arr.std(ddof=1) / arr.mean()), "p90_ms": float(np.percentile(arr, 90)),
-                           "p99_ms": float(np.percentile(arr, 99)), "min_ms": float(arr.min()),
-                           "ci95_ms": [med * 0.98, med * 1.02], "runs": len(ms), "throughput": batch / med * 1e3,
-                           "samples_ms": list(ms)}
+        out[str(batch)] = {
+            "median_ms": med,
+            "mean_ms": float(arr.mean()),
+            "std_ms": float(arr.std(ddof=1)),
+            "cv": float(arr.std(ddof=1) / arr.mean()),
+            "p90_ms": float(np.percentile(arr, 90)),
+            "p99_ms": float(np.percentile(arr, 99)),
+            "min_ms": float(arr.min()),
+            "ci95_ms": [med * 0.98, med * 1.02],
+            "runs": len(ms),
+            "throughput": batch / med * 1e3,
+            "samples_ms": list(ms),
+        }
     return {"batches": out}
 
 
 def res(path: str, verdict: str = "pass", model: str = "mlp", timing=None, **extra) -> dict:
-    r = {"model": model, "path": path, "stages": path.split("/"), "device": "cpu", "precision": "fp32",
-         "verdict": verdict, "reason": None, "expected": False, "timing": timing}
+    r = {
+        "model": model,
+        "path": path,
+        "stages": path.split("/"),
+        "device": "cpu",
+        "precision": "fp32",
+        "verdict": verdict,
+        "reason": None,
+        "expected": False,
+        "timing": timing,
+    }
     r.update(extra)
     return r
 
@@ -95,7 +120,7 @@ def test_verdict_changes_new_and_missing_paths(tmp_path):
     a = doc(res("torch/eager"), res("torch/onnx/ort"), res("tf/eager"))
     b = doc(res("torch/eager"), res("torch/onnx/ort", verdict="fail"), res("jax/eager", verdict="error"))
     text = compared(tmp_path, a, b)
-    verdicts = text[text.index("Verdicts"):text.index("Timing")]
+    verdicts = text[text.index("Verdicts") : text.index("Timing")]
     assert "pass -> FAIL" in verdicts and "torch/onnx/ort" in verdicts
     assert "missing in B" in verdicts and "tf/eager" in verdicts
     assert "new in B" in verdicts and "jax/eager" in verdicts
@@ -104,35 +129,47 @@ def test_verdict_changes_new_and_missing_paths(tmp_path):
 
 
 def test_significant_slowdown_and_no_significant_difference(tmp_path):
-    a = doc(res("torch/eager", timing=timing2({64: samples(2.0, 1), 128: samples(4.0, 3)})),
-            res("torch/onnx/ort", timing=timing2({64: samples(1.0, 5, n=30, sigma=0.3)})))
-    b = doc(res("torch/eager", timing=timing2({64: samples(3.0, 2), 128: samples(4.0, 4)})),
-            res("torch/onnx/ort", timing=timing2({64: samples(1.0, 6, n=30, sigma=0.3)})))
+    a = doc(
+        res("torch/eager", timing=timing2({64: samples(2.0, 1), 128: samples(4.0, 3)})),
+        res("torch/onnx/ort", timing=timing2({64: samples(1.0, 5, n=30, sigma=0.3)})),
+    )
+    b = doc(
+        res("torch/eager", timing=timing2({64: samples(3.0, 2), 128: samples(4.0, 4)})),
+        res("torch/onnx/ort", timing=timing2({64: samples(1.0, 6, n=30, sigma=0.3)})),
+    )
     text = compared(tmp_path, a, b)
     slow = timing_row(text, "torch/eager", "64")
     assert slow.rstrip().endswith("slower")
     ratio = float(slow.split()[5])
     assert 1.4 < ratio < 1.6
-    lo, hi = (float(x) for x in slow[slow.index("[") + 1:slow.index("]")].split(","))
+    lo, hi = (float(x) for x in slow[slow.index("[") + 1 : slow.index("]")].split(","))
     assert 1 < lo < ratio < hi
     for path, batch in (("torch/eager", "128"), ("torch/onnx/ort", "64")):
         row = timing_row(text, path, batch)
         assert row.rstrip().endswith("no significant difference")
-        lo, hi = (float(x) for x in row[row.index("[") + 1:row.index("]")].split(","))
+        lo, hi = (float(x) for x in row[row.index("[") + 1 : row.index("]")].split(","))
         assert lo <= 1 <= hi
 
 
-@pytest.mark.parametrize("content, message", [
-    ({"results": []}, "not a parity result (no 'schema' field)"),
-    ({"schema": "parity.result/9", "results": []},
-     "result schema 'parity.result/9' is not one this parity reads (parity.result/2)"),
-    ({"schema": "parity.result/1", "results": []}, "result schema 'parity.result/1' is older than this parity reads"),
-    ({"schema": "parity.result/2"}, "not a parity result (no 'results' field)"),
-    ([1, 2], "not a parity result (a JSON list, not an object)"),
-    ("{not json", "not a parity result (not valid JSON"),
-    ('{"schema": "parity.result/2", "results": [], "x": NaN}', "non-standard JSON constant NaN"),
-    ({"schema": "parity.result/2", "results": [{"model": "mlp"}]}, "results[0] has no 'model' and 'path'"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ({"results": []}, "not a parity result (no 'schema' field)"),
+        (
+            {"schema": "parity.result/9", "results": []},
+            "result schema 'parity.result/9' is not one this parity reads (parity.result/2)",
+        ),
+        (
+            {"schema": "parity.result/1", "results": []},
+            "result schema 'parity.result/1' is older than this parity reads",
+        ),
+        ({"schema": "parity.result/2"}, "not a parity result (no 'results' field)"),
+        ([1, 2], "not a parity result (a JSON list, not an object)"),
+        ("{not json", "not a parity result (not valid JSON"),
+        ('{"schema": "parity.result/2", "results": [], "x": NaN}', "non-standard JSON constant NaN"),
+        ({"schema": "parity.result/2", "results": [{"model": "mlp"}]}, "results[0] has no 'model' and 'path'"),
+    ],
+)
 def test_bad_inputs_name_the_file(tmp_path, content, message):
     path = write(tmp_path, "B.json", content)
     with pytest.raises(UsageError) as info:

@@ -15,12 +15,21 @@ from parity.runtimes.base import Runner, ShapeMismatch, is_array
 
 
 def _spec(**changes):
-    fields = {"name": "m", "description": "", "input": (
-        InputSpec("input_ids", ("sequence",), dtype="int64", values=Values("integers", high=50)),
-        InputSpec("attention_mask", ("sequence",), dtype="int64", values=Values("mask")),
-        InputSpec("pixels", (3,), dtype="float32")),
-        "axes": {"sequence": 8}, "outputs": ("logits", "pooled"), "batch_size": 2, "weights_from_model": True,
-        "torch_module": lambda: None, "loss": None}
+    fields = {
+        "name": "m",
+        "description": "",
+        "input": (
+            InputSpec("input_ids", ("sequence",), dtype="int64", values=Values("integers", high=50)),
+            InputSpec("attention_mask", ("sequence",), dtype="int64", values=Values("mask")),
+            InputSpec("pixels", (3,), dtype="float32"),
+        ),
+        "axes": {"sequence": 8},
+        "outputs": ("logits", "pooled"),
+        "batch_size": 2,
+        "weights_from_model": True,
+        "torch_module": lambda: None,
+        "loss": None,
+    }
     spec = ModelSpec(**{**fields, **changes})
     spec.validate()
     return spec
@@ -30,8 +39,11 @@ class _Sum(Runner):
     """A NumPy model: logits = ids + mask (per token), pooled = pixel sums; returned as a dict."""
 
     def run_impl(self, x):
-        return {"pooled": x["pixels"].sum(-1), "logits": (x["input_ids"] + x["attention_mask"]).astype(np.float32),
-                "unused": None}
+        return {
+            "pooled": x["pixels"].sum(-1),
+            "logits": (x["input_ids"] + x["attention_mask"]).astype(np.float32),
+            "unused": None,
+        }
 
 
 @dataclasses.dataclass
@@ -42,11 +54,18 @@ class _Detections:
 
 def test_outputs_flatten_to_stable_names():
     tensor = np.zeros(2)
-    nested = (OrderedDict(last_hidden_state=tensor, pooler_output=None, attentions=(tensor, tensor)),
-              [_Detections(tensor, tensor)])
+    nested = (
+        OrderedDict(last_hidden_state=tensor, pooler_output=None, attentions=(tensor, tensor)),
+        [_Detections(tensor, tensor)],
+    )
     names = [name for name, _ in outputs.flatten(nested, is_array)]
-    assert names == ["out.0.last_hidden_state", "out.0.attentions.0", "out.0.attentions.1", "out.1.0.boxes",
-                     "out.1.0.scores"]
+    assert names == [
+        "out.0.last_hidden_state",
+        "out.0.attentions.0",
+        "out.0.attentions.1",
+        "out.1.0.boxes",
+        "out.1.0.scores",
+    ]
     assert [n for n, _ in outputs.flatten(tensor, is_array)] == ["output"]
     assert [n for n, _ in outputs.flatten({"a": {"b": tensor}}, is_array)] == ["a.b"]
 
@@ -88,13 +107,25 @@ def test_runner_names_outputs_and_batches_any_number_of_samples():
     np.testing.assert_array_equal(out["pooled"], x["pixels"].sum(-1).astype(np.float32))
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda x: {k: v for k, v in x.items() if k != "input_ids"}, r"input 'input_ids' of model 'm' is missing"),
-    (lambda x: {**x, "extra": np.zeros(2)}, r"input 'extra' is not an input of model 'm'"),
-    (lambda x: {**x, "input_ids": np.zeros((2, 8), np.float32)}, r"input 'input_ids' is int64; it was given float32"),
-    (lambda x: {**x, "attention_mask": np.ones((2, 7), np.int64)}, r"axis 'sequence' is 7 in input 'attention_mask' but 8"),
-    (lambda x: {**x, "pixels": np.zeros((2, 4), np.float32)}, r"input 'pixels' has shape \(2, 4\), the model takes \(batch, 3\)"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda x: {k: v for k, v in x.items() if k != "input_ids"}, r"input 'input_ids' of model 'm' is missing"),
+        (lambda x: {**x, "extra": np.zeros(2)}, r"input 'extra' is not an input of model 'm'"),
+        (
+            lambda x: {**x, "input_ids": np.zeros((2, 8), np.float32)},
+            r"input 'input_ids' is int64; it was given float32",
+        ),
+        (
+            lambda x: {**x, "attention_mask": np.ones((2, 7), np.int64)},
+            r"axis 'sequence' is 7 in input 'attention_mask' but 8",
+        ),
+        (
+            lambda x: {**x, "pixels": np.zeros((2, 4), np.float32)},
+            r"input 'pixels' has shape \(2, 4\), the model takes \(batch, 3\)",
+        ),
+    ],
+)
 def test_feeds_are_checked_before_anything_runs(change, message):
     spec = _spec()
     good = feeds.generate(spec, 2, None, np.random.default_rng(0))
@@ -107,11 +138,14 @@ def test_a_bare_array_feeds_only_a_model_with_one_input():
         _Sum(_spec(), 2).run(np.zeros((2, 8)))
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"axes": {}}, r"input 'input_ids' names axis 'sequence', which axes does not size"),
-    ({"outputs": ("a", "a")}, r"output names must be unique"),
-    ({"verify_shapes": ({"time": 3},)}, r"verify_shapes entry \{'time': 3\} is not"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"axes": {}}, r"input 'input_ids' names axis 'sequence', which axes does not size"),
+        ({"outputs": ("a", "a")}, r"output names must be unique"),
+        ({"verify_shapes": ({"time": 3},)}, r"verify_shapes entry \{'time': 3\} is not"),
+    ],
+)
 def test_spec_errors_name_what_is_wrong(changes, message):
     with pytest.raises(ValueError, match=message):
         _spec(**changes)

@@ -70,11 +70,13 @@ def test_a_version_converted_softmax_is_the_converter_not_onnx_runtime(root, tmp
     from tests.converterbugs import softmax_tokens_onnx
 
     softmax_tokens_onnx(str(tmp_path / "softmax18.onnx"))
-    assert _invoke("init", "smax", "--workspace", root, "--onnx", tmp_path / "softmax18.onnx",
-                   "--opset", "11").exit_code == 0
+    assert (
+        _invoke("init", "smax", "--workspace", root, "--onnx", tmp_path / "softmax18.onnx", "--opset", "11").exit_code
+        == 0
+    )
     assert _invoke("golden", "build", "--workspace", root, "--model", "smax").exit_code == 0
     result = _invoke("check", "--workspace", root, "--model", "smax", "--path", "onnx/ort", "--json", "-")
-    diagnosis = json.loads(result.output[result.output.index("{"):])["results"][0]["diagnosis"]
+    diagnosis = json.loads(result.output[result.output.index("{") :])["results"][0]["diagnosis"]
     runtime = next(c for c in diagnosis["links"]["checks"] if c["link"] == "runtime")
     # onnx.reference normalises over axis 1 alone below opset 13; the spec (and ONNX Runtime) over axes 1 and 2
     assert runtime["third_opinion"]["follows_spec"] == "ort" and runtime["ok"]
@@ -100,8 +102,12 @@ def test_third_opinion_on_a_handmade_softmax_below_opset_13():
     from parity.model.spec import Tolerance
 
     node = helper.make_node("Softmax", ["x"], ["y"], axis=1, name="sm")
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4])])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
     x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
     flat = np.exp(x.reshape(2, 12)) / np.exp(x.reshape(2, 12)).sum(1, keepdims=True)
@@ -135,15 +141,19 @@ def test_a_failure_on_the_eval_split_only_is_diagnosed_on_the_eval_samples_that_
     from tests.conftest import mlp_variant
 
     # the export clamps the first hidden layer at 4: no sample of the fixed set reaches it, four eval samples do
-    root = workspace_copy(mlp_variant({
-        "    from torch import nn\n": "    import torch\n    from torch import nn\n",
-        "return self.logits(self.relu2(self.dense2(self.relu1(self.dense1(x)))))":
-            "h = self.relu1(self.dense1(x))\n"
-            "            if torch.onnx.is_in_onnx_export():\n"
-            "                h = torch.clamp(h, max=4.0)\n"
-            "            return self.logits(self.relu2(self.dense2(h)))"}))
+    root = workspace_copy(
+        mlp_variant(
+            {
+                "    from torch import nn\n": "    import torch\n    from torch import nn\n",
+                "return self.logits(self.relu2(self.dense2(self.relu1(self.dense1(x)))))": "h = self.relu1(self.dense1(x))\n"
+                "            if torch.onnx.is_in_onnx_export():\n"
+                "                h = torch.clamp(h, max=4.0)\n"
+                "            return self.logits(self.relu2(self.dense2(h)))",
+            }
+        )
+    )
     result = _invoke("check", "--workspace", root, "--path", "torch/onnx/ort", "--json", "-")
-    checked = json.loads(result.output[result.output.index("{"):])["results"][0]
+    checked = json.loads(result.output[result.output.index("{") :])["results"][0]
     assert checked["verdict"] == "fail" and all(s["ok"] for s in checked["outputs"].values())
     diagnosis = checked["diagnosis"]
     assert diagnosis["split"]["name"] == "eval" and 1 <= len(set(diagnosis["split"]["rows"])) <= 10
@@ -155,10 +165,15 @@ def test_a_failure_on_the_eval_split_only_is_diagnosed_on_the_eval_samples_that_
 def test_a_gradient_only_failure_gets_a_backward_chain_naming_the_stopped_gradient(workspace_copy):
     from tests.conftest import mlp_variant
 
-    root = workspace_copy(mlp_variant({"self.relu2(self.dense2(self.relu1(self.dense1(x))))":
-                                       "self.relu2(self.dense2(self.relu1(self.dense1(x)))).detach()"}))
+    root = workspace_copy(
+        mlp_variant(
+            {
+                "self.relu2(self.dense2(self.relu1(self.dense1(x))))": "self.relu2(self.dense2(self.relu1(self.dense1(x)))).detach()"
+            }
+        )
+    )
     result = _invoke("check", "--workspace", root, "--path", "torch", "--json", "-")
-    checked = json.loads(result.output[result.output.index("{"):])["results"][0]
+    checked = json.loads(result.output[result.output.index("{") :])["results"][0]
     assert checked["verdict"] == "fail" and all(s["ok"] for s in checked["outputs"].values())
     gradients = checked["diagnosis"]["gradients"]
     assert checked["diagnosis"]["first_divergent_tap"] is None

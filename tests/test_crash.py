@@ -29,15 +29,17 @@ def sandbox(tmp_path, workspace_copy):
 
 
 def parity(env, *args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "parity.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "parity.cli", *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def kill_at_random_moment(env, args, latest_s: float, label: str) -> str:
     """Start ``parity args``, kill -9 it after a random delay; assert its workers die with it."""
     moment = random.Random(f"{SEED}-{label}").uniform(0.3, latest_s)
-    process = subprocess.Popen([sys.executable, "-m", "parity.cli", *args], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "parity.cli", *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.monotonic() + moment
     children = set()  # every worker seen during the run
     while time.monotonic() < deadline and process.poll() is None:
@@ -75,8 +77,9 @@ def test_killed_golden_build_leaves_nothing_after_the_next_run(sandbox):
 def test_killed_export_leaves_nothing_after_the_next_run(sandbox, cache_mode):
     root, env, tmp_path = sandbox
     args = ["check", "--workspace", str(root), "--path", "torch/onnx/ort", "--threads", "1"]
-    where = kill_at_random_moment(env, [*args, *(["--no-cache"] if cache_mode == "--no-cache" else [])], 10.0,
-                                  f"export-{cache_mode}")
+    where = kill_at_random_moment(
+        env, [*args, *(["--no-cache"] if cache_mode == "--no-cache" else [])], 10.0, f"export-{cache_mode}"
+    )
     after = parity(env, *args)
     assert after.returncode == 0, (where, after.stdout, after.stderr)
     assert not leftovers(tmp_path, root), where

@@ -19,34 +19,63 @@ from parity.run.worker import WorkerPool
 
 REPO = Path(__file__).resolve().parent.parent
 
-BATCH_STATS_BN = '''class BatchStatsBN(nn.BatchNorm2d):
+BATCH_STATS_BN = """class BatchStatsBN(nn.BatchNorm2d):
         def forward(self, x):
             return functional.batch_norm(x, None, None, self.weight, self.bias, True, 0.0, self.eps)
 
-    class CNN(nn.Module):'''
-ACTIVE_DROPOUT = '''class ActiveDropout(nn.Dropout):
+    class CNN(nn.Module):"""
+ACTIVE_DROPOUT = """class ActiveDropout(nn.Dropout):
         def forward(self, x):
             return functional.dropout(x, self.p, training=True)
 
-    class CNN(nn.Module):'''
+    class CNN(nn.Module):"""
 
 # fault id -> (model, path, {old: new} in the model file, first divergent tap, cause variant)
 DEFINITION_FAULTS = {
-    "layer_norm_eps": ("transformer", "torch", {'"norm1": nn.LayerNorm(D_MODEL, eps=EPSILON)':
-                                                '"norm1": nn.LayerNorm(D_MODEL, eps=1e-3)'}, "block0_norm1", "eps=1e-3"),
-    "gelu_tanh": ("transformer", "torch", {'nn.GELU(approximate="none")': 'nn.GELU(approximate="tanh")'},
-                  "block0_gelu", "gelu_tanh"),
-    "same_padding_split": ("cnn", "torch", {"SameConv2d(CHANNELS[0], CHANNELS[1], 3, stride=2)":
-                                            "nn.Conv2d(CHANNELS[0], CHANNELS[1], 3, stride=2, padding=1)"},
-                           "conv2", "same_top_left"),
-    "batch_norm_batch_statistics": ("cnn", "torch", {"class CNN(nn.Module):": BATCH_STATS_BN,
-                                                     "self.bn1 = nn.BatchNorm2d(": "self.bn1 = BatchStatsBN("},
-                                    "bn1", "batch_statistics"),
-    "dropout_at_inference": ("cnn", "torch", {"class CNN(nn.Module):": ACTIVE_DROPOUT,
-                                              "self.dropout = nn.Dropout(": "self.dropout = ActiveDropout("},
-                             "dropout", "dropout_active"),
-    "flatten_nhwc": ("cnn", "tf", {'h = layers.Permute((3, 1, 2), name="to_nchw", dtype=dtype)(h)': "pass"},
-                     "flatten", "flatten_nhwc"),
+    "layer_norm_eps": (
+        "transformer",
+        "torch",
+        {'"norm1": nn.LayerNorm(D_MODEL, eps=EPSILON)': '"norm1": nn.LayerNorm(D_MODEL, eps=1e-3)'},
+        "block0_norm1",
+        "eps=1e-3",
+    ),
+    "gelu_tanh": (
+        "transformer",
+        "torch",
+        {'nn.GELU(approximate="none")': 'nn.GELU(approximate="tanh")'},
+        "block0_gelu",
+        "gelu_tanh",
+    ),
+    "same_padding_split": (
+        "cnn",
+        "torch",
+        {
+            "SameConv2d(CHANNELS[0], CHANNELS[1], 3, stride=2)": "nn.Conv2d(CHANNELS[0], CHANNELS[1], 3, stride=2, padding=1)"
+        },
+        "conv2",
+        "same_top_left",
+    ),
+    "batch_norm_batch_statistics": (
+        "cnn",
+        "torch",
+        {"class CNN(nn.Module):": BATCH_STATS_BN, "self.bn1 = nn.BatchNorm2d(": "self.bn1 = BatchStatsBN("},
+        "bn1",
+        "batch_statistics",
+    ),
+    "dropout_at_inference": (
+        "cnn",
+        "torch",
+        {"class CNN(nn.Module):": ACTIVE_DROPOUT, "self.dropout = nn.Dropout(": "self.dropout = ActiveDropout("},
+        "dropout",
+        "dropout_active",
+    ),
+    "flatten_nhwc": (
+        "cnn",
+        "tf",
+        {'h = layers.Permute((3, 1, 2), name="to_nchw", dtype=dtype)(h)': "pass"},
+        "flatten",
+        "flatten_nhwc",
+    ),
 }
 
 
@@ -101,7 +130,9 @@ def _export(ws: Workspace, model: str, path_id: str, pool) -> dict:
     spec = ws.load_spec(model)
     manifest = golden.verify(ws.golden_dir(model), spec)
     path = paths.by_id(path_id)
-    artifact = orchestrate.Run(ws, orchestrate.Options(threads=1))._export(pool, spec, manifest, path, len(path.exports) - 1)
+    artifact = orchestrate.Run(ws, orchestrate.Options(threads=1))._export(
+        pool, spec, manifest, path, len(path.exports) - 1
+    )
     assert "error" not in artifact, artifact
     return artifact
 
@@ -133,8 +164,11 @@ def _set_attribute(model, op_type: str, name: str, value, index: int = 0):
 
 def test_converter_fault_layer_norm_epsilon(tmp_path, pool):
     ws = make_workspace(tmp_path / "ws", "transformer")
-    artifact = _edited(_export(ws, "transformer", "torch/onnx/ort", pool), tmp_path,
-                       lambda m: _set_attribute(m, "LayerNormalization", "epsilon", 1e-3))
+    artifact = _edited(
+        _export(ws, "transformer", "torch/onnx/ort", pool),
+        tmp_path,
+        lambda m: _set_attribute(m, "LayerNormalization", "epsilon", 1e-3),
+    )
     d = diagnose(ws, "transformer", "torch/onnx/ort", pool, artifact)
     assert d["first_divergent_tap"] == "block0_norm1"
     assert d["cause"]["variant"] == "eps=1e-3"
@@ -144,8 +178,9 @@ def test_converter_fault_layer_norm_epsilon(tmp_path, pool):
 def test_converter_fault_conv_pads_is_found_at_the_fused_tap(tmp_path, pool):
     """torch.onnx folds bn1 into conv1's Conv: conv1 is reported fused into bn1 and the fault shows at bn1."""
     ws = make_workspace(tmp_path / "ws", "cnn")
-    artifact = _edited(_export(ws, "cnn", "torch/onnx/ort", pool), tmp_path,
-                       lambda m: _set_attribute(m, "Conv", "pads", [2, 2, 0, 0]))
+    artifact = _edited(
+        _export(ws, "cnn", "torch/onnx/ort", pool), tmp_path, lambda m: _set_attribute(m, "Conv", "pads", [2, 2, 0, 0])
+    )
     d = diagnose(ws, "cnn", "torch/onnx/ort", pool, artifact)
     assert (d["taps"][0]["found"], d["taps"][0]["fused_into"]) == ("fused", "bn1")
     assert d["first_divergent_tap"] == "bn1"
@@ -158,8 +193,13 @@ def test_converter_fault_transpose_perm(tmp_path, pool):
 
     def wrong_perm(model):
         consumers = {i: n.op_type for n in model.graph.node for i in n.input}
-        node = next(n for n in model.graph.node if n.op_type == "Transpose" and list(n.attribute[0].ints) == [0, 2, 1, 3]
-                    and consumers.get(n.output[0]) == "Reshape")
+        node = next(
+            n
+            for n in model.graph.node
+            if n.op_type == "Transpose"
+            and list(n.attribute[0].ints) == [0, 2, 1, 3]
+            and consumers.get(n.output[0]) == "Reshape"
+        )
         node.attribute[0].ints[:] = [0, 1, 2, 3]
         del model.graph.value_info[:]
 
@@ -179,16 +219,25 @@ def test_runtime_fault_dropout_in_training_mode(tmp_path, pool):
     ws = make_workspace(tmp_path / "ws", "cnn")
 
     def training_dropout(model):
-        flatten = next(n for n in model.graph.node if n.op_type == "Reshape" and n.output[0] in
-                       {i for m in model.graph.node if m.op_type == "Gemm" for i in m.input})
+        flatten = next(
+            n
+            for n in model.graph.node
+            if n.op_type == "Reshape"
+            and n.output[0] in {i for m in model.graph.node if m.op_type == "Gemm" for i in m.input}
+        )
         dropped = flatten.output[0] + "_dropout"
         for n in model.graph.node:
             n.input[:] = [dropped if i == flatten.output[0] else i for i in n.input]
-        model.graph.initializer.extend([onnx.numpy_helper.from_array(np.array(0.25, np.float32), "dropout_ratio"),
-                                        onnx.numpy_helper.from_array(np.array(True), "dropout_training")])
+        model.graph.initializer.extend(
+            [
+                onnx.numpy_helper.from_array(np.array(0.25, np.float32), "dropout_ratio"),
+                onnx.numpy_helper.from_array(np.array(True), "dropout_training"),
+            ]
+        )
         index = list(model.graph.node).index(flatten) + 1
-        model.graph.node.insert(index, onnx.helper.make_node("Dropout", [flatten.output[0], "dropout_ratio",
-                                                                         "dropout_training"], [dropped]))
+        model.graph.node.insert(
+            index, onnx.helper.make_node("Dropout", [flatten.output[0], "dropout_ratio", "dropout_training"], [dropped])
+        )
 
     artifact = _edited(_export(ws, "cnn", "torch/onnx/ort", pool), tmp_path, training_dropout)
     # ONNX Runtime's optimiser removes the Dropout from the graph as it runs: the path computes the golden there

@@ -12,8 +12,8 @@ from tests.conftest import mlp_variant
 # forward unchanged, backward of relu2 without its mask: only the gradients differ
 STRAIGHT_THROUGH_RELU = {
     "from torch import nn\n": "import torch\n    from torch import nn\n\n    class StraightThroughReLU(nn.Module):\n"
-                              "        def forward(self, h):\n"
-                              "            return h + (torch.relu(h) - h).detach()\n",
+    "        def forward(self, h):\n"
+    "            return h + (torch.relu(h) - h).detach()\n",
     "self.relu2 = nn.ReLU()": "self.relu2 = StraightThroughReLU()",
 }
 
@@ -23,9 +23,11 @@ def invoke(*args):
 
 
 def test_diagnose_prints_first_divergent_tap_and_cause(workspace_copy, tmp_path):
-    root = workspace_copy(mlp_variant({'self.relu1 = nn.ReLU()': 'self.relu1 = nn.LeakyReLU(0.01)'}))
+    root = workspace_copy(mlp_variant({"self.relu1 = nn.ReLU()": "self.relu1 = nn.LeakyReLU(0.01)"}))
     out, report = tmp_path / "d.json", tmp_path / "report"
-    result = invoke("diagnose", "--workspace", str(root), "--path", "torch", "--json", str(out), "--report", str(report))
+    result = invoke(
+        "diagnose", "--workspace", str(root), "--path", "torch", "--json", str(out), "--report", str(report)
+    )
     assert result.exit_code == 1
     assert "first divergent tap: relu1" in result.output
     page = (report / "index.html").read_text()
@@ -57,8 +59,9 @@ def test_passing_paths_are_not_diagnosed_by_check_but_are_by_diagnose(workspace_
 
 
 def test_errored_path_has_nothing_to_diagnose(workspace_copy):
-    root = workspace_copy(mlp_variant({"return self.logits(": "raise RuntimeError('broken forward')\n"
-                                                               "            return self.logits("}))
+    root = workspace_copy(
+        mlp_variant({"return self.logits(": "raise RuntimeError('broken forward')\n            return self.logits("})
+    )
     result = invoke("diagnose", "--workspace", str(root), "--path", "torch")
     assert result.exit_code == 1
     assert "nothing to diagnose: the path ended in error" in result.output and "broken forward" in result.output

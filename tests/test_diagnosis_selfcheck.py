@@ -14,9 +14,13 @@ from tests.conftest import REPO
 def _observed(spec, arrays) -> dict:
     """What an instrumented run of a path that computes exactly the golden collects (outputs, taps)."""
     reference = arrays["reference.npz"]
-    return {"outputs": {n: reference[n] for n in spec.outputs},
-            "taps": {t: reference[f"tap/{t}"] for t in spec.taps},
-            "located": {t: {"found": "metadata"} for t in spec.taps}, "gradients": None, "runtime_compare": None}
+    return {
+        "outputs": {n: reference[n] for n in spec.outputs},
+        "taps": {t: reference[f"tap/{t}"] for t in spec.taps},
+        "located": {t: {"found": "metadata"} for t in spec.taps},
+        "gradients": None,
+        "runtime_compare": None,
+    }
 
 
 def test_a_failure_that_vanishes_under_instrumentation_is_never_every_link_ok():
@@ -56,8 +60,11 @@ def test_a_tap_read_in_the_wrong_layout_on_a_passing_path_is_put_right_not_repor
 
     spec, arrays = _cnn()
     observed = _observed(spec, arrays)
-    tap = next(t for t in spec.taps if observed["taps"][t].ndim == 4 and observed["taps"][t].shape[2] ==
-               observed["taps"][t].shape[3])
+    tap = next(
+        t
+        for t in spec.taps
+        if observed["taps"][t].ndim == 4 and observed["taps"][t].shape[2] == observed["taps"][t].shape[3]
+    )
     observed["taps"][tap] = np.swapaxes(observed["taps"][tap], 2, 3)  # H and W read swapped
     d = chain.analyse(spec, paths.by_id("torch/onnx/ort"), arrays, observed, _observed(spec, arrays))
     assert d["first_divergent_tap"] is None
@@ -80,8 +87,12 @@ def test_a_scrambled_tap_on_a_passing_path_is_unobservable_and_on_a_failing_path
     failing = _observed(spec, arrays)
     failing["taps"][tap] = scrambled
     failing["outputs"] = {n: v + 1.0 for n, v in failing["outputs"].items()}
-    assert chain.analyse(spec, paths.by_id("torch/onnx/ort"), arrays, failing, _observed(spec, arrays))[
-        "first_divergent_tap"] == tap
+    assert (
+        chain.analyse(spec, paths.by_id("torch/onnx/ort"), arrays, failing, _observed(spec, arrays))[
+            "first_divergent_tap"
+        ]
+        == tap
+    )
 
 
 def test_per_column_output_patterns_are_not_claimed_on_one_sample():

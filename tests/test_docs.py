@@ -135,8 +135,12 @@ def check_invocation(args: list[str]) -> click.Command:
     for param in command.get_params(ctx):
         if param.name in values and not isinstance(param.type, PATH_TYPES):
             param.type_cast_value(ctx, values[param.name])
-        if isinstance(param, click.Argument) and param.required and values.get(param.name, MISSING) is MISSING \
-                and not asks_help:
+        if (
+            isinstance(param, click.Argument)
+            and param.required
+            and values.get(param.name, MISSING) is MISSING
+            and not asks_help
+        ):
             raise click.UsageError(f"{' '.join(names)}: missing argument {param.name.upper()}")
     return command
 
@@ -148,7 +152,9 @@ def every_invocation() -> list[tuple[str, list[str] | None]]:
         for block in code_blocks(path):
             for command in shell_commands(block):
                 try:
-                    found += [(f"{block.where()}: parity {' '.join(args)}", args) for args in parity_invocations(command)]
+                    found += [
+                        (f"{block.where()}: parity {' '.join(args)}", args) for args in parity_invocations(command)
+                    ]
                 except ValueError as exc:  # shlex: an unclosed quote
                     found.append((f"{block.where()}: {command} ({exc})", None))
     return found
@@ -159,8 +165,12 @@ def python_blocks() -> list[Block]:
 
 
 # The commands cheap enough to run on every test run (the zoo's mlp, one path): each must be shown in the docs.
-CHEAP = [["--help"], ["paths"], ["paths", "--device", "cpu", "--model", "mlp"],
-         ["check", "--model", "mlp", "--path", "torch/onnx/ort"]]
+CHEAP = [
+    ["--help"],
+    ["paths"],
+    ["paths", "--device", "cpu", "--model", "mlp"],
+    ["check", "--model", "mlp", "--path", "torch/onnx/ort"],
+]
 
 
 def test_docs_show_parity_commands_and_python():
@@ -180,9 +190,20 @@ def test_every_documented_command_exists(shown, args):
         pytest.fail(f"{shown}\n  {exc.format_message()}")
 
 
-@pytest.mark.parametrize("args", [["chek"], ["check", "--modle", "mlp"], ["check", "--precision", "fp8"],
-                                  ["golden"], ["golden", "make"], ["compare", "a.json"], ["paths", "extra"],
-                                  ["bench", "--batch-size", "one"], ["run", "--model"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["chek"],
+        ["check", "--modle", "mlp"],
+        ["check", "--precision", "fp8"],
+        ["golden"],
+        ["golden", "make"],
+        ["compare", "a.json"],
+        ["paths", "extra"],
+        ["bench", "--batch-size", "one"],
+        ["run", "--model"],
+    ],
+)
 def test_a_drifted_command_is_caught(args):
     with pytest.raises(click.ClickException):
         check_invocation(args)
@@ -198,8 +219,9 @@ def test_shell_blocks_are_split_into_parity_calls():
 @pytest.mark.parametrize("args", CHEAP, ids=" ".join)
 def test_cheap_documented_commands_run(args, tmp_path):
     workspace = zoo_copy(tmp_path, "mlp")
-    done = subprocess.run([sys.executable, "-m", "parity", *args], cwd=workspace, capture_output=True, text=True,
-                          timeout=300, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "parity", *args], cwd=workspace, capture_output=True, text=True, timeout=300, check=False
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert done.stdout.strip()
 
@@ -212,8 +234,14 @@ def test_python_blocks_compile_and_runnable_ones_run(block):
 
 
 def test_mkdocs_builds_strictly(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                          cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
-                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     assert (tmp_path / "site" / "reference" / "cli" / "index.html").read_text().count("--model") > 5

@@ -12,10 +12,19 @@ TOL = Tolerance(atol=1e-5, rtol=1e-5)
 
 def spec(taps=("a", "b", "c", "d")):
     params = {f"{t}/kernel": ParamSpec((2, 2), "dense_kernel") for t in taps}
-    return ModelSpec(name="toy", description="", input=InputSpec("x", (2,)), outputs=("y",), num_classes=2,
-                     params=params, taps=taps, layers={t: Layer("dense") for t in taps},
-                     tolerances={"fp32": Tolerances(TOL)}, grad_tolerances={"fp32": Tolerances(TOL)},
-                     jax_apply=lambda p, x, tap=None: x)
+    return ModelSpec(
+        name="toy",
+        description="",
+        input=InputSpec("x", (2,)),
+        outputs=("y",),
+        num_classes=2,
+        params=params,
+        taps=taps,
+        layers={t: Layer("dense") for t in taps},
+        tolerances={"fp32": Tolerances(TOL)},
+        grad_tolerances={"fp32": Tolerances(TOL)},
+        jax_apply=lambda p, x, tap=None: x,
+    )
 
 
 def rows_for(errors: list[float]):
@@ -46,8 +55,12 @@ def test_unmapped_taps_are_kept_with_their_reason_and_skipped():
     s = spec()
     reference = {t: np.ones(4) for t in s.taps}
     observed = {"a": reference["a"], "c": reference["c"] + 1.0}
-    located = {"a": {"found": "name"}, "b": {"found": "fused", "fused_into": "c"},
-               "c": {"found": "name"}, "d": {"found": "unmapped", "reason": "no node carries d"}}
+    located = {
+        "a": {"found": "name"},
+        "b": {"found": "fused", "fused_into": "c"},
+        "c": {"found": "name"},
+        "d": {"found": "unmapped", "reason": "no node carries d"},
+    }
     rows = drift.tap_rows(s, reference, observed, located, lambda name: TOL)
     assert [r["found"] for r in rows] == ["name", "fused", "name", "unmapped"]
     assert rows[1]["stats"] is None and rows[1]["fused_into"] == "c"

@@ -27,8 +27,15 @@ def _zoo(model: str):
 
 
 def _job(spec, weights, inputs, out_dir, batch_size=None, **extra) -> ExportJob:
-    return ExportJob(spec=spec, weights=weights, batch_size=batch_size or spec.batch_size, opset=spec.opset,
-                     out_dir=out_dir, inputs=inputs, **extra)
+    return ExportJob(
+        spec=spec,
+        weights=weights,
+        batch_size=batch_size or spec.batch_size,
+        opset=spec.opset,
+        out_dir=out_dir,
+        inputs=inputs,
+        **extra,
+    )
 
 
 def _session(out_dir, meta):
@@ -58,8 +65,9 @@ def _exporter(name):
 # --------------------------------------------------------------------------- the zoo: a dynamic batch
 
 
-@pytest.mark.parametrize("model, exporter", [("mlp", "torch.onnx"), ("mlp", "tf2onnx"), ("mlp", "jax2onnx"),
-                                             ("cnn", "tf2onnx")])
+@pytest.mark.parametrize(
+    "model, exporter", [("mlp", "torch.onnx"), ("mlp", "tf2onnx"), ("mlp", "jax2onnx"), ("cnn", "tf2onnx")]
+)
 def test_zoo_export_has_a_dynamic_batch(tmp_path, model, exporter):
     spec, arrays = _zoo(model)
     meta = _exporter(exporter)(_job(spec, arrays["weights.npz"], {"x": arrays["inputs.npz"]["x"]}, tmp_path))
@@ -140,13 +148,24 @@ def _fixed_batch_module():
 
 def _token_spec(batch_size: int = 4, sequence: int = 6, module=_token_module) -> ModelSpec:
     spec = ModelSpec(
-        name="tokens", description="embedding + masked mean + linear head",
-        input=(InputSpec("input_ids", ("sequence",), layout="tokens", dtype="int64",
-                         values=Values("integers", high=VOCAB)),
-               InputSpec("attention_mask", ("sequence",), layout="tokens", dtype="int64", values=Values("mask"))),
-        outputs=("logits",), axes={"sequence": sequence}, batch_size=batch_size, weights_from_model=True, loss=None,
-        params={"embed.weight": ParamSpec((VOCAB, WIDTH)), "head.weight": ParamSpec((CLASSES, WIDTH)),
-                "head.bias": ParamSpec((CLASSES,))},
+        name="tokens",
+        description="embedding + masked mean + linear head",
+        input=(
+            InputSpec(
+                "input_ids", ("sequence",), layout="tokens", dtype="int64", values=Values("integers", high=VOCAB)
+            ),
+            InputSpec("attention_mask", ("sequence",), layout="tokens", dtype="int64", values=Values("mask")),
+        ),
+        outputs=("logits",),
+        axes={"sequence": sequence},
+        batch_size=batch_size,
+        weights_from_model=True,
+        loss=None,
+        params={
+            "embed.weight": ParamSpec((VOCAB, WIDTH)),
+            "head.weight": ParamSpec((CLASSES, WIDTH)),
+            "head.bias": ParamSpec((CLASSES,)),
+        },
         torch_module=module,
     )
     spec.validate()
@@ -157,7 +176,7 @@ def _token_feeds(rng, batch: int, sequence: int) -> dict:
     ids = rng.integers(0, VOCAB, size=(batch, sequence), dtype=np.int64)
     mask = np.ones((batch, sequence), dtype=np.int64)
     for row in range(1, batch):
-        mask[row, rng.integers(1, sequence + 1):] = 0  # padded tails, each row keeps a 1
+        mask[row, rng.integers(1, sequence + 1) :] = 0  # padded tails, each row keeps a 1
     return {"input_ids": ids, "attention_mask": mask}
 
 
@@ -187,8 +206,9 @@ def test_torch_two_inputs_share_dynamic_batch_and_sequence(tmp_path, batch_size,
     for batch, length in ((3, 9), (1, 2), (5, 1)):
         feeds = _token_feeds(rng, batch, length)
         (logits,) = session.run(["logits"], feeds)
-        np.testing.assert_allclose(logits, _torch_outputs(module, feeds), rtol=0, atol=1e-5,
-                                   err_msg=f"batch {batch}, sequence {length}")
+        np.testing.assert_allclose(
+            logits, _torch_outputs(module, feeds), rtol=0, atol=1e-5, err_msg=f"batch {batch}, sequence {length}"
+        )
 
 
 def test_torch_records_why_an_axis_was_specialised(tmp_path):
@@ -243,8 +263,11 @@ def test_tf2onnx_follows_the_savedmodels_signature(tmp_path, saved_batch):
     tf.saved_model.save(module, str(saved))
     out = tmp_path / "onnx"
     out.mkdir()
-    meta = tf_onnx.export_saved_model(_job(spec, weights, {"x": arrays["inputs.npz"]["x"]}, out, parent_dir=saved,
-                                           parent_meta={"input_layout": "flat"}))
+    meta = tf_onnx.export_saved_model(
+        _job(
+            spec, weights, {"x": arrays["inputs.npz"]["x"]}, out, parent_dir=saved, parent_meta={"input_layout": "flat"}
+        )
+    )
 
     evals, golden = arrays["eval.npz"]["x"], arrays["reference.npz"]["eval/logits"]
     session = _session(out, meta)
@@ -252,8 +275,11 @@ def test_tf2onnx_follows_the_savedmodels_signature(tmp_path, saved_batch):
         assert meta["axes"] == {"dynamic": {"x": {"0": "batch"}}, "static": {}, "reason": None}
         sizes = (1, 3)
     else:
-        assert meta["axes"] == {"dynamic": {}, "static": {"x": {"0": {"axis": "batch", "size": 64}}},
-                                "reason": "tf2onnx kept the SavedModel's static signature (x axis 0 is 64)"}
+        assert meta["axes"] == {
+            "dynamic": {},
+            "static": {"x": {"0": {"axis": "batch", "size": 64}}},
+            "reason": "tf2onnx kept the SavedModel's static signature (x axis 0 is 64)",
+        }
         sizes = (64,)
     for n in sizes:
         (logits,) = session.run(None, onnx_feed(spec, meta, {"x": evals[:n]}))
@@ -274,9 +300,16 @@ def test_jax_exporters_fall_back_static_with_the_reason(tmp_path, exporter):
     pytest.importorskip("jax2onnx" if exporter == "jax2onnx" else "tensorflow")
     import importlib
 
-    spec = ModelSpec(name="rows", description="groups of rows", input=InputSpec("x", (8,)), outputs=("logits",),
-                     num_classes=3, params={"dense/kernel": ParamSpec((8, 3), "dense_kernel")}, batch_size=8,
-                     jax_apply=_rows_of_four)
+    spec = ModelSpec(
+        name="rows",
+        description="groups of rows",
+        input=InputSpec("x", (8,)),
+        outputs=("logits",),
+        num_classes=3,
+        params={"dense/kernel": ParamSpec((8, 3), "dense_kernel")},
+        batch_size=8,
+        jax_apply=_rows_of_four,
+    )
     spec.validate()
     rng = np.random.default_rng(0)
     weights = {"dense/kernel": rng.standard_normal((8, 3)).astype(np.float32)}

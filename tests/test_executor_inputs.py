@@ -19,12 +19,17 @@ def test_a_bundle_arrives_verified_and_a_tampered_one_is_refused(tmp_path):
     packed = bundle.pack(REPO, ["mlp"])
     assert "models/mlp.py" in packed["files"] and "golden/mlp/manifest.json" in packed["files"]
     root = bundle.unpack(packed, tmp_path)
-    assert root.name == packed["digest"] and (root / "golden" / "mlp" / "weights.npz").read_bytes() == (
-        REPO / "golden" / "mlp" / "weights.npz").read_bytes()
+    assert (
+        root.name == packed["digest"]
+        and (root / "golden" / "mlp" / "weights.npz").read_bytes()
+        == (REPO / "golden" / "mlp" / "weights.npz").read_bytes()
+    )
     assert bundle.unpack(packed, tmp_path) == root  # once per node: verified again, reused
     (root / "models" / "mlp.py").write_text("tampered")
-    assert bundle.unpack(packed, tmp_path) == root and (root / "models" / "mlp.py").read_bytes() == packed["files"][
-        "models/mlp.py"]  # rewritten from the bundle, not trusted
+    assert (
+        bundle.unpack(packed, tmp_path) == root
+        and (root / "models" / "mlp.py").read_bytes() == packed["files"]["models/mlp.py"]
+    )  # rewritten from the bundle, not trusted
     bad = {**packed, "files": {**packed["files"], "models/mlp.py": b"changed in transit"}}
     with pytest.raises(ParityError, match="another sha256"):
         bundle.unpack(bad, tmp_path / "other")
@@ -42,12 +47,15 @@ def test_a_cell_requests_the_stacks_of_its_steps_and_a_node_advertises_what_it_h
 
     gpu = paths.by_id("torch/onnx/ort", "cuda", "fp32")
     timed = _request(gpu, timing=True, threads=4, accelerator="H100")
-    assert timed == {"num_cpus": 4.0, "num_gpus": 1.0, "resources": {"parity-torch": 1.0, "parity-onnx": 1.0,
-                                                                     "parity-bench": 1.0,
-                                                                     "accelerator_type:H100": 0.001}}
+    assert timed == {
+        "num_cpus": 4.0,
+        "num_gpus": 1.0,
+        "resources": {"parity-torch": 1.0, "parity-onnx": 1.0, "parity-bench": 1.0, "accelerator_type:H100": 0.001},
+    }
     assert _request(gpu, timing=False, threads=4)["num_gpus"] == 0.25
     assert _missing(timed, {"CPU": 8.0, "GPU": 1.0, "parity-torch": 1e3, "parity-onnx": 1e3, "parity-bench": 1.0}) == [
-        "accelerator_type:H100 0.001"]
+        "accelerator_type:H100 0.001"
+    ]
     out = CliRunner().invoke(cli, ["worker-resources"])
     advertised = json.loads(out.output)
     assert advertised["parity-bench"] == 1.0 and advertised["parity-torch"] > 1 and "parity-trt" not in advertised

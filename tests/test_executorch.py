@@ -18,8 +18,7 @@ EXPORTER = "parity.exporters.torch_executorch:export"
 
 
 @pytest.mark.slow  # torch/executorch is opt-in because lowering takes seconds
-def test_executorch_passes_mlp_quietly_with_its_delegation_recorded_and_names_a_batch_beyond_its_bound(tmp_path,
-                                                                                                     capfd):
+def test_executorch_passes_mlp_quietly_with_its_delegation_recorded_and_names_a_batch_beyond_its_bound(tmp_path, capfd):
     """Every layer of the mlp runs in one XNNPACK delegate; the batch is dynamic up to the largest batch parity runs,
     so the verification shapes pass too. Loading prints none of ExecuTorch's cpuinfo lines; a batch past the
     exported bound is refused naming the axis and the bound, not only ExecuTorch's error code."""
@@ -29,8 +28,9 @@ def test_executorch_passes_mlp_quietly_with_its_delegation_recorded_and_names_a_
     spec = ws.load_spec("mlp")
     meta = tasks.export_step(str(REPO), "mlp", EXPORTER, str(ws.golden_dir("mlp")), 17, str(tmp_path), None, None)
     assert meta["format"] == "pte" and (tmp_path / "model.pte").is_file()
-    result = tasks.check_path(str(REPO), "mlp", "torch/executorch", str(ws.golden_dir("mlp")), "fp32", 1,
-                              str(tmp_path), meta)
+    result = tasks.check_path(
+        str(REPO), "mlp", "torch/executorch", str(ws.golden_dir("mlp")), "fp32", 1, str(tmp_path), meta
+    )
     assert result["verdict"] == "pass", result["reason"]
     record = result["runtime"]
     assert record["delegation"]["backend"] == "XnnpackBackend"
@@ -45,7 +45,9 @@ def test_executorch_passes_mlp_quietly_with_its_delegation_recorded_and_names_a_
     verified = golden.load(ws.golden_dir("mlp"), spec)
     outputs = runner.run(feeds.from_arrays(spec, verified.arrays["inputs.npz"]))
     np.testing.assert_allclose(outputs["logits"], verified.arrays["reference.npz"]["logits"], atol=1e-5, rtol=1e-5)
-    with pytest.raises(RuntimeError, match=r"error 0x1\d \(\w+.*\); axis 'batch' of input 'x' is 65, the program takes 1 to 64"):
+    with pytest.raises(
+        RuntimeError, match=r"error 0x1\d \(\w+.*\); axis 'batch' of input 'x' is 65, the program takes 1 to 64"
+    ):
         runner.run({"x": np.zeros((65, 64), np.float32)})
     assert runner.runtime_record()["delegation"] == meta["delegation"]
 

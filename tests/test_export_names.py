@@ -97,8 +97,15 @@ def test_a_dict_key_named_like_an_inner_tensor_is_exported_and_runs_on_ort(works
     """torch.onnx writes the embedding lookup as a tensor ``embedding``; the key ``embedding`` (a later tensor) and
     ``hidden`` (the same tensor again) must name the outputs without a second definition of either name."""
     (workspace / "enc.py").write_text(textwrap.dedent(EMBEDDING))
-    results = through(workspace, "enc", "--torch", "enc.py:make", "--input", "ids=2x3:int64:10",
-                      paths=("torch", "torch/onnx/ort", "torch/onnx/onnxref"))
+    results = through(
+        workspace,
+        "enc",
+        "--torch",
+        "enc.py:make",
+        "--input",
+        "ids=2x3:int64:10",
+        paths=("torch", "torch/onnx/ort", "torch/onnx/onnxref"),
+    )
     assert verdicts(results) == dict.fromkeys(("torch", "torch/onnx/ort", "torch/onnx/onnxref"), ("pass", None))
     graph = exported_graphs(workspace, "enc", ["torch/onnx/ort"])["torch/onnx/ort"]
     assert [o.name for o in graph.output] == ["score", "embedding", "hidden"]
@@ -125,10 +132,20 @@ def test_keras_output_keys_named_like_the_converters_own_tensors(workspace):
     import sys
 
     subprocess.run([sys.executable, "-c", "import k; k.save('k.keras')"], cwd=workspace, check=True)
-    results = through(workspace, "k", "--keras", workspace / "k.keras", "--input", "x=2x3",
-                      paths=("tf", "tf/onnx/ort", "tf/onnx/onnxref"))
+    results = through(
+        workspace,
+        "k",
+        "--keras",
+        workspace / "k.keras",
+        "--input",
+        "x=2x3",
+        paths=("tf", "tf/onnx/ort", "tf/onnx/onnxref"),
+    )
     assert verdicts(results) == dict.fromkeys(("tf", "tf/onnx/ort", "tf/onnx/onnxref"), ("pass", None))
-    assert [o.name for o in exported_graphs(workspace, "k", ["tf/onnx/ort"])["tf/onnx/ort"].output] == ["Identity_1:0", "Identity_2:0"]
+    assert [o.name for o in exported_graphs(workspace, "k", ["tf/onnx/ort"])["tf/onnx/ort"].output] == [
+        "Identity_1:0",
+        "Identity_2:0",
+    ]
 
 
 JAX = """
@@ -153,10 +170,21 @@ def test_jax_returning_one_array_under_two_keys(workspace):
     import sys
 
     subprocess.run([sys.executable, "-c", "import j; j.save_params('p.npz')"], cwd=workspace, check=True)
-    results = through(workspace, "j", "--jax", "j.py:apply,p.npz", "--input", "x=2x3",
-                      paths=("jax", "jax/onnx/ort", "jax/onnx/onnxref"))
+    results = through(
+        workspace,
+        "j",
+        "--jax",
+        "j.py:apply,p.npz",
+        "--input",
+        "x=2x3",
+        paths=("jax", "jax/onnx/ort", "jax/onnx/onnxref"),
+    )
     assert verdicts(results) == dict.fromkeys(("jax", "jax/onnx/ort", "jax/onnx/onnxref"), ("pass", None))
-    assert [o.name for o in exported_graphs(workspace, "j", ["jax/onnx/ort"])["jax/onnx/ort"].output] == ["logits", "hidden", "features"]
+    assert [o.name for o in exported_graphs(workspace, "j", ["jax/onnx/ort"])["jax/onnx/ort"].output] == [
+        "logits",
+        "hidden",
+        "features",
+    ]
 
 
 def _onnx_file(path: Path) -> None:
@@ -165,14 +193,21 @@ def _onnx_file(path: Path) -> None:
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["head_cast_to_y"], name="mm"),
-             helper.make_node("Relu", ["head_cast_to_y"], ["r"], name="relu"),
-             helper.make_node("Add", ["r", "b"], ["y"], name="head")]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["head_cast_to_y"], name="mm"),
+        helper.make_node("Relu", ["head_cast_to_y"], ["r"], name="relu"),
+        helper.make_node("Add", ["r", "b"], ["y"], name="head"),
+    ]
     graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])],
-        [numpy_helper.from_array(rng.normal(size=(3, 2)).astype(np.float32), "w"),
-         numpy_helper.from_array(rng.normal(size=(2,)).astype(np.float32), "b")])
+        [
+            numpy_helper.from_array(rng.normal(size=(3, 2)).astype(np.float32), "w"),
+            numpy_helper.from_array(rng.normal(size=(2,)).astype(np.float32), "b"),
+        ],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     onnx.checker.check_model(model, full_check=True)
     onnx.save_model(model, str(path))
@@ -182,9 +217,19 @@ def test_an_onnx_file_whose_output_name_the_float16_conversion_would_reuse(works
     """The float16 conversion names the cast before output ``y`` ``<node>_cast_to_y``; a file that already has a
     tensor of that name converts, passes the checker and runs on ONNX Runtime."""
     _onnx_file(workspace / "f.onnx")
-    results = through(workspace, "f", "--onnx", workspace / "f.onnx", "--input", "x=2x3",
-                      paths=("onnx/ort", "onnx/onnxref"), precision="fp16")
-    assert {p: v for p, (v, _) in verdicts(results).items()} == {"onnx/ort": "pass", "onnx/onnxref": "pass"}, verdicts(results)
+    results = through(
+        workspace,
+        "f",
+        "--onnx",
+        workspace / "f.onnx",
+        "--input",
+        "x=2x3",
+        paths=("onnx/ort", "onnx/onnxref"),
+        precision="fp16",
+    )
+    assert {p: v for p, (v, _) in verdicts(results).items()} == {"onnx/ort": "pass", "onnx/onnxref": "pass"}, verdicts(
+        results
+    )
     graph = exported_graphs(workspace, "f", ["onnx/ort"], "fp16")["onnx/ort"]
     assert [o.name for o in graph.output] == ["y"]
 
@@ -196,9 +241,14 @@ def test_renaming_moves_the_inner_tensor_and_copies_inputs_and_shared_outputs():
 
     def graph(outputs):
         nodes = [helper.make_node("Relu", ["in_0"], ["a"]), helper.make_node("Neg", ["a"], ["b"])]
-        return helper.make_model(helper.make_graph(
-            nodes, "g", [helper.make_tensor_value_info("in_0", TensorProto.FLOAT, [2])],
-            [helper.make_tensor_value_info(name, TensorProto.FLOAT, [2]) for name in outputs]))
+        return helper.make_model(
+            helper.make_graph(
+                nodes,
+                "g",
+                [helper.make_tensor_value_info("in_0", TensorProto.FLOAT, [2])],
+                [helper.make_tensor_value_info(name, TensorProto.FLOAT, [2]) for name in outputs],
+            )
+        )
 
     def run(model):
         from onnx.reference import ReferenceEvaluator
@@ -215,8 +265,11 @@ def test_renaming_moves_the_inner_tensor_and_copies_inputs_and_shared_outputs():
     assert {k: v.tolist() for k, v in run(model).items()} == {"b": [0.0, 2.0], "a": [-0.0, -2.0]}
     model = graph(["in_0", "b", "b"])
     name_graph(model, ["x"], ["echo", "first", "second"])  # an input passed through, one tensor twice
-    assert {k: v.tolist() for k, v in run(model).items()} == {"echo": [-1.0, 2.0], "first": [-0.0, -2.0],
-                                                              "second": [-0.0, -2.0]}
+    assert {k: v.tolist() for k, v in run(model).items()} == {
+        "echo": [-1.0, 2.0],
+        "first": [-0.0, -2.0],
+        "second": [-0.0, -2.0],
+    }
     with pytest.raises(ExportError, match="input and an output 'x'"):
         name_graph(graph(["b"]), ["x"], ["x"])
 
@@ -225,8 +278,14 @@ def test_a_graph_the_checker_refuses_is_an_export_error_with_its_message(workspa
     from onnx import TensorProto, helper
 
     nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Neg", ["x"], ["y"])]
-    model = helper.make_model(helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-                                                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])]))
+    model = helper.make_model(
+        helper.make_graph(
+            nodes,
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        )
+    )
     onnx.save_model(model, str(workspace / "m.onnx"))
     with pytest.raises(ExportError, match=r"fails the ONNX checker: .*y"):
         check_exported(workspace / "m.onnx")
@@ -250,11 +309,22 @@ def test_every_zoo_export_passes_the_full_checker(model, precision):
         assert [o.name for o in graph.output] == list(spec.outputs), path_id
 
 
-REAL = {"bert": ("make_bert", "--input", "input_ids=2,sequence:int64", "--input", "attention_mask=2,sequence:int64",
-                 "--input", "token_type_ids=2,sequence:int64", "--axis", "sequence=16"),
-        "gpt2": ("make_gpt2", "--input", "input_ids=2x16:int64", "--input", "attention_mask=2x16:int64"),
-        "resnet": ("make_hf_resnet18", "--input", "pixel_values=2x3x64x64"),
-        "mobilenet": ("make_hf_mobilenet_v2", "--input", "pixel_values=2x3x96x96")}
+REAL = {
+    "bert": (
+        "make_bert",
+        "--input",
+        "input_ids=2,sequence:int64",
+        "--input",
+        "attention_mask=2,sequence:int64",
+        "--input",
+        "token_type_ids=2,sequence:int64",
+        "--axis",
+        "sequence=16",
+    ),
+    "gpt2": ("make_gpt2", "--input", "input_ids=2x16:int64", "--input", "attention_mask=2x16:int64"),
+    "resnet": ("make_hf_resnet18", "--input", "pixel_values=2x3x64x64"),
+    "mobilenet": ("make_hf_mobilenet_v2", "--input", "pixel_values=2x3x96x96"),
+}
 
 
 @pytest.mark.slow
@@ -283,13 +353,19 @@ def test_an_output_that_inner_nodes_read_stays_float16_inside_the_float16_graph(
 
     weight = numpy_helper.from_array(np.eye(3, dtype=np.float32), "w")
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["hidden"], name="mm"),
-         helper.make_node("Gather", ["hidden", "zero"], ["first"], name="select", axis=1),
-         helper.make_node("Gemm", ["first", "w"], ["pooled"], name="pool")],
-        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-        [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, [2, 3]),
-         helper.make_tensor_value_info("pooled", TensorProto.FLOAT, [2, 3])],
-        [weight, numpy_helper.from_array(np.array([2, 0, 1], dtype=np.int64), "zero")])
+        [
+            helper.make_node("MatMul", ["x", "w"], ["hidden"], name="mm"),
+            helper.make_node("Gather", ["hidden", "zero"], ["first"], name="select", axis=1),
+            helper.make_node("Gemm", ["first", "w"], ["pooled"], name="pool"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [
+            helper.make_tensor_value_info("hidden", TensorProto.FLOAT, [2, 3]),
+            helper.make_tensor_value_info("pooled", TensorProto.FLOAT, [2, 3]),
+        ],
+        [weight, numpy_helper.from_array(np.array([2, 0, 1], dtype=np.int64), "zero")],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     model = onnx.shape_inference.infer_shapes(model)
     converted = convert(model)
@@ -297,6 +373,7 @@ def test_an_output_that_inner_nodes_read_stays_float16_inside_the_float16_graph(
     assert [o.name for o in converted.graph.output] == ["hidden", "pooled"]
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     hidden, pooled = ort.InferenceSession(converted.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-        None, {"x": x})
+        None, {"x": x}
+    )
     np.testing.assert_allclose(hidden, x, rtol=1e-3)
     np.testing.assert_allclose(pooled, x[:, [2, 0, 1]], rtol=1e-3)

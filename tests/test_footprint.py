@@ -58,10 +58,29 @@ def test_energy_is_read_from_rapl_counters_with_their_wrap_undone_and_its_absenc
 
 def test_a_benchmark_records_peak_memory_and_artifact_size_per_series_and_shows_them_beside_latency(tmp_path):
     out = tmp_path / "r.json"
-    result = CliRunner().invoke(cli, ["bench", "--workspace", str(REPO), "--model", "mlp", "--path", "torch",
-                                      "--path", "torch/onnx/ort", "--batch-size", "8", "--budget", "0.05",
-                                      "--store", str(tmp_path / "s.sqlite"), "--json", str(out)],
-                                catch_exceptions=False)
+    result = CliRunner().invoke(
+        cli,
+        [
+            "bench",
+            "--workspace",
+            str(REPO),
+            "--model",
+            "mlp",
+            "--path",
+            "torch",
+            "--path",
+            "torch/onnx/ort",
+            "--batch-size",
+            "8",
+            "--budget",
+            "0.05",
+            "--store",
+            str(tmp_path / "s.sqlite"),
+            "--json",
+            str(out),
+        ],
+        catch_exceptions=False,
+    )
     assert result.exit_code == 0, result.output
     assert "Memory and energy (per timed series, beside its latency)" in result.output
     entries = {r["path"]: r["timing"]["batches"]["8"] for r in json.loads(out.read_text())["results"]}
@@ -94,8 +113,10 @@ def test_a_memory_change_is_named_by_compare_history_and_against_like_a_latency_
     shown = CliRunner().invoke(cli, ["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")]).output
     assert "Memory (B/A per batch)" in shown and "more memory" in shown and "1.600" in shown
     s = store.Store.open(f"sqlite:///{tmp_path / 'r.sqlite'}")
-    ids = [s.append(_with_memory(_doc(seed=k), 100.0 + k % 2 if k < 6 else 180.0 + k % 2), "run", tmp_path, 0)
-           for k in range(12)]
+    ids = [
+        s.append(_with_memory(_doc(seed=k), 100.0 + k % 2 if k < 6 else 180.0 + k % 2), "run", tmp_path, 0)
+        for k in range(12)
+    ]
     series, envs = build(s.history())
     lines = findings(series, envs)
     assert any("peak memory" in line and "more memory" in line and f"from run {ids[6]}" in line for line in lines)

@@ -37,8 +37,11 @@ def test_build_proves_agreement_and_writes_checksummed_files(workspace_copy):
 
 def test_build_refuses_when_definitions_disagree_and_names_first_tap(workspace_copy):
     # the JAX definition gets a slightly different dense2: a definition bug, not numerics
-    source = mlp_variant({'out = h @ params[f"{name}/kernel"] + params[f"{name}/bias"]':
-                          'out = h @ params[f"{name}/kernel"] + params[f"{name}/bias"] + (1e-7 if name == "dense2" else 0.0)'})
+    source = mlp_variant(
+        {
+            'out = h @ params[f"{name}/kernel"] + params[f"{name}/bias"]': 'out = h @ params[f"{name}/kernel"] + params[f"{name}/bias"] + (1e-7 if name == "dense2" else 0.0)'
+        }
+    )
     root = workspace_copy(source)
     before = (root / "golden" / "mlp" / "manifest.json").read_text()
     with pytest.raises(ParityError, match=r"disagree in float64 at tap 'dense2'"):

@@ -32,8 +32,10 @@ def test_an_old_manifest_names_the_upgrade_and_the_upgrade_keeps_every_array(wor
 
     result = CliRunner().invoke(cli, ["check", "--workspace", str(root), "--model", "mlp", "--path", "torch"])
     assert result.exit_code == 2
-    assert "manifest schema is 'parity.golden/2', this parity reads 'parity.golden/3'; upgrade it with " \
-           "`parity golden upgrade --model mlp`" in result.output
+    assert (
+        "manifest schema is 'parity.golden/2', this parity reads 'parity.golden/3'; upgrade it with "
+        "`parity golden upgrade --model mlp`" in result.output
+    )
 
     result = CliRunner().invoke(cli, ["golden", "upgrade", "--workspace", str(root), "--model", "mlp"])
     assert result.exit_code == 0, result.output
@@ -45,5 +47,6 @@ def test_an_old_manifest_names_the_upgrade_and_the_upgrade_keeps_every_array(wor
     # the reference at batch 3 is the float64 reference of the first three eval samples
     import numpy as np
 
-    np.testing.assert_allclose(arrays["shapes.npz"]["1/output/logits"], arrays["reference.npz"]["eval/logits"][:3],
-                               rtol=0, atol=1e-12)
+    np.testing.assert_allclose(
+        arrays["shapes.npz"]["1/output/logits"], arrays["reference.npz"]["eval/logits"][:3], rtol=0, atol=1e-12
+    )

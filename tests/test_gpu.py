@@ -38,7 +38,11 @@ def gpu_figures(result: dict) -> dict:
 def test_torch_on_cuda(workspace_copy, precision):
     result = checked(workspace_copy(), "torch", precision)
     flags = result["numerics"]
-    assert flags["torch.backends.cuda.matmul.allow_tf32"] == flags["torch.backends.cudnn.allow_tf32"] == (precision == "tf32")
+    assert (
+        flags["torch.backends.cuda.matmul.allow_tf32"]
+        == flags["torch.backends.cudnn.allow_tf32"]
+        == (precision == "tf32")
+    )
     figures = gpu_figures(result)
     assert figures["compute"]["median_ms"] > 0 and figures["peak_device_memory_mb"] > 0
     assert figures["state"].get("available") is not False or "reason" in figures["state"]

@@ -36,6 +36,7 @@ def _assert_not_measurable(summary):
 
 # --- without a GPU -------------------------------------------------------------------------------
 
+
 @pytest.mark.skipif(HAS_GPU, reason="this machine has a GPU")
 def test_gpu_state_without_gpu_gives_reason(capfd):
     state = gpu_state()
@@ -62,8 +63,9 @@ def test_missing_nvml_library_reason(monkeypatch):
         time.sleep(0.02)
     summary = sampler.summary(10)
     _assert_not_measurable(summary)
-    assert summary["energy"]["reason"] == ("not measurable here: NVML: NVML Shared Library Not Found "
-                                           "(no NVIDIA driver here)")
+    assert summary["energy"]["reason"] == (
+        "not measurable here: NVML: NVML Shared Library Not Found (no NVIDIA driver here)"
+    )
 
 
 def test_missing_package_reason(monkeypatch):
@@ -80,6 +82,7 @@ def test_summary_needs_a_call():
 
 
 # --- pure arithmetic ---------------------------------------------------------------------------
+
 
 def test_trapezoid_constant_power():
     times = [i * 0.1 for i in range(11)]  # 10 Hz over 1 s
@@ -134,6 +137,7 @@ def test_clock_rule_too_few_samples():
 
 # --- the whole sampler against a stand-in NVML -------------------------------------------------
 
+
 class _FakeNVMLError(Exception):
     pass
 
@@ -147,18 +151,27 @@ def _fake_pynvml(watts=250.0, sm=(1410,), app_clock=1410, reasons=0x2, energy_co
         raise _FakeNVMLError("Not Supported")
 
     fake = types.SimpleNamespace(
-        NVMLError=_FakeNVMLError, NVMLError_LibraryNotFound=_FakeNVMLError, NVMLError_DriverNotLoaded=_FakeNVMLError,
-        NVML_CLOCK_SM=1, NVML_CLOCK_MEM=2, NVML_CLOCK_ID_APP_CLOCK_TARGET=1, NVML_TEMPERATURE_GPU=0,
-        nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetHandleByIndex=lambda i: object(),
+        NVMLError=_FakeNVMLError,
+        NVMLError_LibraryNotFound=_FakeNVMLError,
+        NVMLError_DriverNotLoaded=_FakeNVMLError,
+        NVML_CLOCK_SM=1,
+        NVML_CLOCK_MEM=2,
+        NVML_CLOCK_ID_APP_CLOCK_TARGET=1,
+        NVML_TEMPERATURE_GPU=0,
+        nvmlInit=lambda: None,
+        nvmlShutdown=lambda: None,
+        nvmlDeviceGetHandleByIndex=lambda i: object(),
         nvmlDeviceGetPowerUsage=lambda h: int(watts * 1000),
         nvmlDeviceGetClockInfo=lambda h, kind: next(clocks),
         nvmlDeviceGetClock=lambda h, kind, clock_id: app_clock,
         nvmlDeviceGetCurrentClocksEventReasons=lambda h: reasons,
         nvmlDeviceGetComputeRunningProcesses=lambda h: [
             types.SimpleNamespace(pid=os.getpid(), usedGpuMemory=memory_mib * 1024 * 1024),
-            types.SimpleNamespace(pid=-1, usedGpuMemory=None)],
+            types.SimpleNamespace(pid=-1, usedGpuMemory=None),
+        ],
         nvmlDeviceGetTotalEnergyConsumption=(
-            (lambda h: int((time.perf_counter() - start) * watts * 1000)) if energy_counter else not_supported),
+            (lambda h: int((time.perf_counter() - start) * watts * 1000)) if energy_counter else not_supported
+        ),
     )
     return fake
 
@@ -174,8 +187,13 @@ def test_sampler_prefers_energy_counter(monkeypatch):
     assert energy["joules_per_inference"] == pytest.approx(energy["joules"] / 20)
     assert energy["joules"] == pytest.approx(250.0 * energy["window_s"], rel=0.05)
     assert energy["samples"] >= 3 and energy["sampling_hz"] > 0
-    assert summary["clocks"] == {"sm_mhz_min": 1410, "sm_mhz_max": 1410, "locked": True,
-                                 "locked_evidence": summary["clocks"]["locked_evidence"], "warning": None}
+    assert summary["clocks"] == {
+        "sm_mhz_min": 1410,
+        "sm_mhz_max": 1410,
+        "locked": True,
+        "locked_evidence": summary["clocks"]["locked_evidence"],
+        "warning": None,
+    }
     assert summary["peak_process_memory_mb"] == pytest.approx(512.0)
 
 
@@ -208,6 +226,7 @@ def test_sampler_without_power_or_counter_is_not_measurable(monkeypatch):
 
 
 # --- on a GPU ----------------------------------------------------------------------------------
+
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_GPU, reason="no NVIDIA GPU visible to NVML")

@@ -8,10 +8,15 @@ from tests.conftest import mlp_variant
 
 
 def test_stop_gradient_in_tf_fails_tf_only_naming_parameters(workspace_copy):
-    source = mlp_variant({'logits = layers.Dense(CLASSES, name="logits", dtype=dtype)(h)':
-                          'logits = layers.Dense(CLASSES, name="logits", dtype=dtype)(keras.ops.stop_gradient(h))'})
+    source = mlp_variant(
+        {
+            'logits = layers.Dense(CLASSES, name="logits", dtype=dtype)(h)': 'logits = layers.Dense(CLASSES, name="logits", dtype=dtype)(keras.ops.stop_gradient(h))'
+        }
+    )
     root = workspace_copy(source)
-    report = orchestrate.check(Workspace(root), ["mlp"], orchestrate.Options(threads=1, patterns=("torch", "tf", "jax")))
+    report = orchestrate.check(
+        Workspace(root), ["mlp"], orchestrate.Options(threads=1, patterns=("torch", "tf", "jax"))
+    )
     results = {r["path"]: r for r in report["results"]}
     assert results["torch"]["verdict"] == "pass" and results["jax"]["verdict"] == "pass"
     tf_result = results["tf"]

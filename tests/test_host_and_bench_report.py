@@ -34,8 +34,12 @@ def test_frequency_settings_and_threads_become_warnings_that_name_the_fix(tmp_pa
 
 def test_load_from_a_process_that_is_not_parity_is_measured_and_warned_about():
     # a busy loop detached from this process (its shell exits at once): not one of parity's own processes
-    out = subprocess.run(["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     pid = int(out.stdout.strip())
     try:
         with HostMonitor(threads=1, interval_s=0.2) as monitor:
@@ -49,14 +53,32 @@ def test_load_from_a_process_that_is_not_parity_is_measured_and_warned_about():
 
 def test_the_html_report_gains_the_benchmark_and_the_history_page(tmp_path):
     out = tmp_path / "report"
-    args = ["bench", "--workspace", str(REPO), "--model", "mlp", "--path", "torch/onnx/ort", "--path", "torch",
-            "--batch-size", "1", "--budget", "0.05", "--processes", "2", "--store", str(tmp_path / "r.sqlite"),
-            "--report", str(out)]
+    args = [
+        "bench",
+        "--workspace",
+        str(REPO),
+        "--model",
+        "mlp",
+        "--path",
+        "torch/onnx/ort",
+        "--path",
+        "torch",
+        "--batch-size",
+        "1",
+        "--budget",
+        "0.05",
+        "--processes",
+        "2",
+        "--store",
+        str(tmp_path / "r.sqlite"),
+        "--report",
+        str(out),
+    ]
     result = CliRunner().invoke(cli, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert "Processes (each series pooled from fresh worker processes)" in result.output
     page = (out / "index.html").read_text()
-    bench = page[page.index("<h2>Benchmark</h2>"):]
+    bench = page[page.index("<h2>Benchmark</h2>") :]
     assert "Latency of mlp at batch 1" in bench and bench.count("<svg") == 1
     assert "outputs ok over 16 inputs" in bench and "2: cv" in bench
     # the ratio to torch, or why it is withheld where a busy machine left a series unsettled

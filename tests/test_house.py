@@ -14,8 +14,25 @@ import parity
 ROOT = Path(parity.__file__).resolve().parent
 
 # Bottom to top: a module may import its own stage and the stages before it, never one after it.
-STAGES = ["platform", "interop", "model", "check", "runtimes", "sources", "exporters", "golden", "run",
-          "bench", "diagnose", "report", "results", "pipeline", "testing", "cli", "__main__"]
+STAGES = [
+    "platform",
+    "interop",
+    "model",
+    "check",
+    "runtimes",
+    "sources",
+    "exporters",
+    "golden",
+    "run",
+    "bench",
+    "diagnose",
+    "report",
+    "results",
+    "pipeline",
+    "testing",
+    "cli",
+    "__main__",
+]
 
 
 def module_name(path: Path) -> str:
@@ -64,8 +81,9 @@ def imports(module: str) -> dict[str, int]:
 
 
 def test_every_task_named_by_string_exists():
-    missing = [f"{module} names task module {name}" for module in MODULES for name in imports(module)
-               if name not in MODULES]
+    missing = [
+        f"{module} names task module {name}" for module in MODULES for name in imports(module) if name not in MODULES
+    ]
     assert not missing
 
 
@@ -75,8 +93,9 @@ def test_no_stage_imports_a_later_stage():
     for module in sorted(MODULES):
         for name, line in imports(module).items():
             if STAGES.index(stage(name)) > STAGES.index(stage(module)):
-                upward.append(f"{module} (line {line}, stage {stage(module)}) imports {name} "
-                              f"(a later stage, {stage(name)})")
+                upward.append(
+                    f"{module} (line {line}, stage {stage(module)}) imports {name} (a later stage, {stage(name)})"
+                )
     assert not upward, "\n".join(upward)
 
 
@@ -88,7 +107,7 @@ def test_no_import_circle():
         state[module] = "open"
         for name in sorted(graph[module]):
             if state.get(name) == "open":
-                circles.append(" -> ".join(trail[trail.index(name):] + [module, name]))
+                circles.append(" -> ".join(trail[trail.index(name) :] + [module, name]))
             elif name not in state:
                 visit(name, trail + [module])
         state[module] = "done"
@@ -100,8 +119,13 @@ def test_no_import_circle():
 
 
 def test_every_subpackage_says_what_lives_there():
-    silent = [name for name, path in MODULES.items() if path.name == "__init__.py" and name != "parity"
-              and not (ast.get_docstring(ast.parse(path.read_text())) or "").strip()]
+    silent = [
+        name
+        for name, path in MODULES.items()
+        if path.name == "__init__.py"
+        and name != "parity"
+        and not (ast.get_docstring(ast.parse(path.read_text())) or "").strip()
+    ]
     assert not silent, f"subpackages without a docstring: {silent}"
 
 

@@ -12,13 +12,30 @@ from parity.report import html
 
 
 def stats(tol: float) -> dict:
-    return {"max_abs": tol * 2e-5, "max_rel": tol * 1e-4, "mean_abs": tol * 4e-6, "cosine": 0.9999,
-            "tol_units": tol, "ok": tol <= 1, "n_bad": int(tol > 1), "size": 64}
+    return {
+        "max_abs": tol * 2e-5,
+        "max_rel": tol * 1e-4,
+        "mean_abs": tol * 4e-6,
+        "cosine": 0.9999,
+        "tol_units": tol,
+        "ok": tol <= 1,
+        "n_bad": int(tol > 1),
+        "size": 64,
+    }
 
 
 def tap(name: str, tol: float | None, found: str = "native", **extra) -> dict:
-    t = {"tap": name, "kind": "conv", "found": found, "tensor": None, "fused_into": None, "reason": None,
-         "stats": None if tol is None else stats(tol), "growth": None, "first_divergent": False}
+    t = {
+        "tap": name,
+        "kind": "conv",
+        "found": found,
+        "tensor": None,
+        "fused_into": None,
+        "reason": None,
+        "stats": None if tol is None else stats(tol),
+        "growth": None,
+        "first_divergent": False,
+    }
     t.update(extra)
     return t
 
@@ -26,15 +43,38 @@ def tap(name: str, tol: float | None, found: str = "native", **extra) -> dict:
 def diagnosis(taps: list[dict], first: str | None = None, cause: dict | None = None) -> dict:
     for t in taps:
         t["first_divergent"] = t["tap"] == first
-    return {"model": "cnn", "path": "torch/onnx/ort", "tolerance": {"atol": 1e-5, "rtol": 1e-5}, "taps": taps,
-            "first_divergent_tap": first, "cause": cause, "cause_test": None, "gradients": None, "links": None,
-            "patterns": [], "notes": []}
+    return {
+        "model": "cnn",
+        "path": "torch/onnx/ort",
+        "tolerance": {"atol": 1e-5, "rtol": 1e-5},
+        "taps": taps,
+        "first_divergent_tap": first,
+        "cause": cause,
+        "cause_test": None,
+        "gradients": None,
+        "links": None,
+        "patterns": [],
+        "notes": [],
+    }
 
 
 def result(path: str, verdict: str = "pass", diag: dict | None = None, **extra) -> dict:
-    r = {"model": "cnn", "path": path, "stages": path.split("/"), "device": "cpu", "precision": "fp32",
-         "verdict": verdict, "reason": None, "expected": False, "outputs": {"logits": stats(0.2)}, "gradients": None,
-         "metrics": None, "deterministic": True, "timing": None, "diagnosis": diag}
+    r = {
+        "model": "cnn",
+        "path": path,
+        "stages": path.split("/"),
+        "device": "cpu",
+        "precision": "fp32",
+        "verdict": verdict,
+        "reason": None,
+        "expected": False,
+        "outputs": {"logits": stats(0.2)},
+        "gradients": None,
+        "metrics": None,
+        "deterministic": True,
+        "timing": None,
+        "diagnosis": diag,
+    }
     r.update(extra)
     return r
 
@@ -43,33 +83,70 @@ def report(*results, env=None, model_errors=()) -> dict:
     return {"schema": "parity.result/1", "env": env or {}, "results": list(results), "model_errors": list(model_errors)}
 
 
-CAUSE = {"tap": "ln", "variant": "eps_1e-3", "description": "LayerNorm epsilon 1e-3 instead of 1e-5",
-         "before": {"max_abs": 6e-3, "tol_units": 320.0}, "after": {"max_abs": 8e-6, "tol_units": 0.4}}
+CAUSE = {
+    "tap": "ln",
+    "variant": "eps_1e-3",
+    "description": "LayerNorm epsilon 1e-3 instead of 1e-5",
+    "before": {"max_abs": 6e-3, "tol_units": 320.0},
+    "after": {"max_abs": 8e-6, "tol_units": 0.4},
+}
 
 
 def full() -> dict:
-    taps = [tap("conv1", 0.02), tap("bn1", None, "fused", fused_into="conv1"), tap("relu1", None, "unmapped"),
-            tap("ln", 320.0, growth=16000.0), tap("fc", math.inf), tap("<b>evil</b>", math.nan), tap("exact", 0.0)]
+    taps = [
+        tap("conv1", 0.02),
+        tap("bn1", None, "fused", fused_into="conv1"),
+        tap("relu1", None, "unmapped"),
+        tap("ln", 320.0, growth=16000.0),
+        tap("fc", math.inf),
+        tap("<b>evil</b>", math.nan),
+        tap("exact", 0.0),
+    ]
     diag = diagnosis(taps, "ln", CAUSE)
-    diag["cause_test"] = {"tap": "ln", "kind": "layernorm", "attrs": {"eps": 1e-5},
-                          "declared": {"max_abs": 6e-3, "tol_units": 320.0},
-                          "variants": [{"name": "eps_1e-3", "description": "epsilon 1e-3", "max_abs": 8e-6,
-                                        "tol_units": 0.4, "reproduces": True}],
-                          "explanation": "epsilon 1e-3 reproduces it"}
-    diag["links"] = {"enters_at": "converter", "explanation": "the export differs",
-                     "checks": [{"link": "runtime", "compared": "ort vs onnxref", "ok": False,
-                                 "first_divergent_node": {"node": "n1", "op_type": "Conv", "tol_units": 3.0},
-                                 "worst_tol_units": 3.0}]}
-    diag["gradients"] = {"layers": [{"layer": "ln", "ok": False, "worst_tol_units": 5.0,
-                                     "params": [{"name": "ln.weight", "tol_units": 5.0, "max_abs": 1e-4,
-                                                 "ok": False}]}],
-                         "first_departing_param": "ln.weight", "note": "gradients depart at ln"}
+    diag["cause_test"] = {
+        "tap": "ln",
+        "kind": "layernorm",
+        "attrs": {"eps": 1e-5},
+        "declared": {"max_abs": 6e-3, "tol_units": 320.0},
+        "variants": [
+            {"name": "eps_1e-3", "description": "epsilon 1e-3", "max_abs": 8e-6, "tol_units": 0.4, "reproduces": True}
+        ],
+        "explanation": "epsilon 1e-3 reproduces it",
+    }
+    diag["links"] = {
+        "enters_at": "converter",
+        "explanation": "the export differs",
+        "checks": [
+            {
+                "link": "runtime",
+                "compared": "ort vs onnxref",
+                "ok": False,
+                "first_divergent_node": {"node": "n1", "op_type": "Conv", "tol_units": 3.0},
+                "worst_tol_units": 3.0,
+            }
+        ],
+    }
+    diag["gradients"] = {
+        "layers": [
+            {
+                "layer": "ln",
+                "ok": False,
+                "worst_tol_units": 5.0,
+                "params": [{"name": "ln.weight", "tol_units": 5.0, "max_abs": 1e-4, "ok": False}],
+            }
+        ],
+        "first_departing_param": "ln.weight",
+        "note": "gradients depart at ln",
+    }
     diag["patterns"] = [{"name": "scale", "holds": False, "detail": "no common scale"}]
     diag["notes"] = ["a note & more"]
-    return report(result("torch"), result("torch/onnx/ort", "fail", diag, reason="logits out of tolerance"),
-                  result("tf", "error", outputs=None, reason="<boom> & crash"),
-                  env={"python": "3.11", "packages": {"torch": "2.13.0"}, "gpu": None, "flags": {}},
-                  model_errors=[{"model": "broken", "reason": "SyntaxError"}])
+    return report(
+        result("torch"),
+        result("torch/onnx/ort", "fail", diag, reason="logits out of tolerance"),
+        result("tf", "error", outputs=None, reason="<boom> & crash"),
+        env={"python": "3.11", "packages": {"torch": "2.13.0"}, "gpu": None, "flags": {}},
+        model_errors=[{"model": "broken", "reason": "SyntaxError"}],
+    )
 
 
 def assert_self_contained(page: str) -> None:
@@ -114,14 +191,18 @@ def test_content_taps_cause_and_escaping():
     assert "1 pass · 1 FAIL · 1 ERROR · 0 skip · 0 xerror · 1 model error(s)" in page
 
 
-@pytest.mark.parametrize("diag", [
-    diagnosis([]),
-    diagnosis([tap("a", None, "fused"), tap("b", None, "unmapped")]),
-    diagnosis([tap("a", math.inf), tap("b", math.nan)], "a"),
-    diagnosis([tap("a", 0.0), tap("b", 0.5)]),
-    diagnosis([tap("a", 3.0)], "a"),
-    {"taps": [{"tap": "x"}, {"tap": None, "stats": {"ok": False}}], "cause": {}, "links": {}, "gradients": {}},
-], ids=["no-taps", "all-fused", "non-finite", "no-divergence", "no-cause", "sparse"])
+@pytest.mark.parametrize(
+    "diag",
+    [
+        diagnosis([]),
+        diagnosis([tap("a", None, "fused"), tap("b", None, "unmapped")]),
+        diagnosis([tap("a", math.inf), tap("b", math.nan)], "a"),
+        diagnosis([tap("a", 0.0), tap("b", 0.5)]),
+        diagnosis([tap("a", 3.0)], "a"),
+        {"taps": [{"tap": "x"}, {"tap": None, "stats": {"ok": False}}], "cause": {}, "links": {}, "gradients": {}},
+    ],
+    ids=["no-taps", "all-fused", "non-finite", "no-divergence", "no-cause", "sparse"],
+)
 def test_edge_cases_render(diag):
     page = html.render(report(result("torch/onnx/ort", "fail", diag)))
     assert 'id="diag-0"' in page
@@ -133,8 +214,13 @@ def test_edge_cases_render(diag):
 
 
 def test_no_diagnosis_and_errors_only():
-    page = html.render(report(result("torch"), result("tf", "error", outputs=None, expected=True, reason="xla"),
-                              result("jax", "skip", outputs=None)))
+    page = html.render(
+        report(
+            result("torch"),
+            result("tf", "error", outputs=None, expected=True, reason="xla"),
+            result("jax", "skip", outputs=None),
+        )
+    )
     assert "Diagnosis" not in page and "<svg" not in page and "xerror" in page
     assert html.render({"results": None, "env": None}).count("No path ran") == 1
 
@@ -142,6 +228,7 @@ def test_no_diagnosis_and_errors_only():
 def test_module_import_does_not_load_matplotlib():
     import subprocess
     import sys
+
     code = "import sys, parity.report.html; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -71,18 +71,26 @@ def onnx_model(path):
     from onnx import TensorProto, helper
 
     inputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", 3]) for name in ("a", "b")]
-    graph = helper.make_graph([helper.make_node("Add", ["a", "b"], ["sum"])], "add", inputs,
-                              [helper.make_tensor_value_info("sum", TensorProto.FLOAT, ["batch", 3])])
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["a", "b"], ["sum"])],
+        "add",
+        inputs,
+        [helper.make_tensor_value_info("sum", TensorProto.FLOAT, ["batch", 3])],
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
 
 
 def test_an_onnx_graphs_inputs_take_their_shapes_from_the_file(tmp_path):
     onnx_model(tmp_path / "add.onnx")
     rng = np.random.default_rng(0)
-    np.savez(tmp_path / "data.npz", b=rng.normal(size=(5, 3)).astype(np.float32),
-             a=rng.normal(size=(5, 3)).astype(np.float32))
-    result = invoke("init", "add", "--workspace", tmp_path, "--onnx", tmp_path / "add.onnx", "--inputs",
-                    tmp_path / "data.npz")
+    np.savez(
+        tmp_path / "data.npz",
+        b=rng.normal(size=(5, 3)).astype(np.float32),
+        a=rng.normal(size=(5, 3)).astype(np.float32),
+    )
+    result = invoke(
+        "init", "add", "--workspace", tmp_path, "--onnx", tmp_path / "add.onnx", "--inputs", tmp_path / "data.npz"
+    )
     assert result.exit_code == 0, result.output
     spec = (tmp_path / "models" / "add.py").read_text()
     assert spec.index('InputSpec("a", (3,)') < spec.index('InputSpec("b", (3,)')  # the graph's order
@@ -92,8 +100,9 @@ def test_an_onnx_graphs_inputs_take_their_shapes_from_the_file(tmp_path):
     assert result.exit_code == 0 and "warning" not in result.output, result.output
 
     np.savez(tmp_path / "other.npz", a=np.zeros((5, 3), np.float32), c=np.zeros((5, 3), np.float32))
-    result = invoke("init", "add2", "--workspace", tmp_path, "--onnx", tmp_path / "add.onnx", "--inputs",
-                    tmp_path / "other.npz")
+    result = invoke(
+        "init", "add2", "--workspace", tmp_path, "--onnx", tmp_path / "add.onnx", "--inputs", tmp_path / "other.npz"
+    )
     assert result.exit_code == 2
     assert "has input arrays a, c; the graph's inputs are a, b" in result.output
     assert len(result.output.strip().splitlines()) == 1
@@ -102,7 +111,17 @@ def test_an_onnx_graphs_inputs_take_their_shapes_from_the_file(tmp_path):
 def test_a_declared_input_the_file_lacks_is_named_once(tmp_path):
     (tmp_path / "net.py").write_text("import torch\n\ndef make():\n    return torch.nn.Linear(6, 2)\n")
     np.savez(tmp_path / "data.npz", features=np.zeros((4, 6), np.float32))
-    result = invoke("init", "net", "--workspace", tmp_path, "--torch", tmp_path / "net.py:make", "--inputs",
-                    tmp_path / "data.npz", "--input", "x=4x6")
+    result = invoke(
+        "init",
+        "net",
+        "--workspace",
+        tmp_path,
+        "--torch",
+        tmp_path / "net.py:make",
+        "--inputs",
+        tmp_path / "data.npz",
+        "--input",
+        "x=4x6",
+    )
     assert result.exit_code == 2
     assert "has no array 'x' (it has features)" in result.output and "or x" not in result.output

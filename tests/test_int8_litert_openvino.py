@@ -42,9 +42,17 @@ def loaded(root: Path, model: str, keep_float: dict | None = None):
 def export_int8(exporter, root: Path, model: str, out: Path, path_id: str, keep_float=None, parent=None) -> dict:
     spec, verified, samples = loaded(root, model, keep_float)
     out.mkdir(parents=True, exist_ok=True)
-    job = ExportJob(spec=spec, weights=verified.arrays["weights.npz"], batch_size=spec.batch_size, opset=18,
-                    out_dir=out, parent_dir=parent and parent[0], parent_meta=parent and parent[1],
-                    calibration=samples, path_id=path_id)
+    job = ExportJob(
+        spec=spec,
+        weights=verified.arrays["weights.npz"],
+        batch_size=spec.batch_size,
+        opset=18,
+        out_dir=out,
+        parent_dir=parent and parent[0],
+        parent_meta=parent and parent[1],
+        calibration=samples,
+        path_id=path_id,
+    )
     return exporter(job)
 
 
@@ -55,8 +63,12 @@ def eval_accuracy(root: Path, model: str, path_id: str, out: Path, meta: dict, k
     evals = verified.arrays["eval.npz"]
     logits = feeds.run_batched(runner, feeds.from_arrays(spec, evals), spec.batch_size)["logits"]
     reference = verified.arrays["reference.npz"]["eval/logits"]
-    return (runner, metrics.accuracy(logits, evals["y"]), metrics.accuracy(reference, evals["y"]),
-            metrics.argmax_agreement(logits, reference))
+    return (
+        runner,
+        metrics.accuracy(logits, evals["y"]),
+        metrics.accuracy(reference, evals["y"]),
+        metrics.argmax_agreement(logits, reference),
+    )
 
 
 # ---- tf/litert-int8 ------------------------------------------------------------------------------------------------
@@ -117,8 +129,9 @@ def test_litert_int8_taps_are_read_dequantized(zoo, litert_int8):
     for tap in ("relu1", "pool1", "logits"):
         reference = verified.arrays["reference.npz"][f"tap/{tap}"]
         assert np.max(np.abs(taps[tap] - reference)) < 0.05 * np.max(np.abs(reference)), tap
-    value, why = dequantized({"name": "shape", "quantization_parameters": {"scales": np.zeros(0)}},
-                             np.array([1, 2], np.int32))
+    value, why = dequantized(
+        {"name": "shape", "quantization_parameters": {"scales": np.zeros(0)}}, np.array([1, 2], np.int32)
+    )
     assert value is None and "without a quantization scale" in why
 
 
@@ -143,8 +156,9 @@ def test_litert_int8_keeps_the_named_layers_in_float(zoo, tmp_path):
     _, accuracy, golden_accuracy, _ = eval_accuracy(zoo, "cnn", "tf/litert-int8", tmp_path / "kept", meta)
     assert accuracy >= golden_accuracy - ACCURACY_LOSS
     with pytest.raises(ExportError, match=r"keeps in float 'conv9'.*its ops: .*CONV_2D"):
-        export_int8(tf_litert_int8.export, zoo, "cnn", tmp_path / "wrong", "tf/litert-int8",
-                    {"tf/litert-int8": ("conv9",)})
+        export_int8(
+            tf_litert_int8.export, zoo, "cnn", tmp_path / "wrong", "tf/litert-int8", {"tf/litert-int8": ("conv9",)}
+        )
 
 
 # ---- */openvino-int8 -----------------------------------------------------------------------------------------------
@@ -158,8 +172,10 @@ def openvino_float(zoo, tmp_path_factory):
     for model, step in (("mlp", paths.TORCH_OPENVINO), ("cnn", paths.TORCH_OPENVINO), ("mlp-onnx", paths.TORCH_ONNX)):
         name = model.split("-")[0]
         out = tmp_path_factory.mktemp(f"float-{model}")
-        made[model] = out, tasks.export_step(str(zoo), name, step.target, str(zoo / "golden" / name), 18, str(out),
-                                             None, None)
+        made[model] = (
+            out,
+            tasks.export_step(str(zoo), name, step.target, str(zoo / "golden" / name), 18, str(out), None, None),
+        )
     return made
 
 
@@ -169,14 +185,17 @@ def int8_ops(xml: Path) -> tuple[int, int]:
 
     model = ov.Core().read_model(str(xml))
     kinds = [(op.get_type_name(), op.get_output_element_type(0).get_type_name()) for op in model.get_ordered_ops()]
-    return (sum(kind == "FakeQuantize" for kind, _ in kinds),
-            sum(kind == "Constant" and dtype in ("i8", "u8") for kind, dtype in kinds))
+    return (
+        sum(kind == "FakeQuantize" for kind, _ in kinds),
+        sum(kind == "Constant" and dtype in ("i8", "u8") for kind, dtype in kinds),
+    )
 
 
-@pytest.mark.parametrize("parent, path_id", [("mlp", "torch/openvino-int8"), ("cnn", "torch/openvino-int8"),
-                                             ("mlp-onnx", "torch/onnx/openvino-int8")])
-def test_openvino_int8_is_quantized_by_nncf_and_runs_int8_on_the_plugin(zoo, openvino_float, tmp_path, parent,
-                                                                        path_id):
+@pytest.mark.parametrize(
+    "parent, path_id",
+    [("mlp", "torch/openvino-int8"), ("cnn", "torch/openvino-int8"), ("mlp-onnx", "torch/onnx/openvino-int8")],
+)
+def test_openvino_int8_is_quantized_by_nncf_and_runs_int8_on_the_plugin(zoo, openvino_float, tmp_path, parent, path_id):
     """NNCF's IR holds FakeQuantize ops and int8 weights (float32 scales, nothing compressed to f16); the OPENVINO
     runtime runs it unchanged by the parent's tensor names and its CPU plugin computes those layers in int8; the
     accuracy stays within a point of the golden's; the meta is the parent's plus what NNCF did."""
@@ -190,7 +209,10 @@ def test_openvino_int8_is_quantized_by_nncf_and_runs_int8_on_the_plugin(zoo, ope
     assert 'element_type="f16"' not in (tmp_path / "model.xml").read_text()
     assert meta["format"] == "openvino" and meta["parent_format"] == parent_meta["format"]
     assert (meta["input_names"], meta["output_names"], meta["axes"]) == (
-        parent_meta["input_names"], parent_meta["output_names"], parent_meta["axes"])
+        parent_meta["input_names"],
+        parent_meta["output_names"],
+        parent_meta["axes"],
+    )
     record = meta["quantization"]
     assert record["tool"] == "nncf.quantize" and record["preset"] == "PERFORMANCE" and record["kept_float"] == []
     assert record["calibration_samples"] == 256 and record["subset_size"] == 256
@@ -216,8 +238,15 @@ def test_openvino_int8_keeps_the_named_layers_in_float(zoo, openvino_float, tmp_
     assert record["kept_float"] == [kept] and kept not in record["layers"] and record["quantized_layers"] == 2
     assert int8_ops(tmp_path / "kept" / "model.xml")[1] == 2
     with pytest.raises(ExportError, match=r"nncf.quantize failed: .*no-such-node"):
-        export_int8(openvino_int8.export, zoo, "mlp", tmp_path / "wrong", "torch/openvino-int8",
-                    {"*/openvino-int8": ("no-such-node",)}, parent)
+        export_int8(
+            openvino_int8.export,
+            zoo,
+            "mlp",
+            tmp_path / "wrong",
+            "torch/openvino-int8",
+            {"*/openvino-int8": ("no-such-node",)},
+            parent,
+        )
 
 
 # ---- NNCF's accuracy control ---------------------------------------------------------------------------------------
@@ -253,8 +282,9 @@ def test_side_by_side_on_the_float_onnx_names_onnx_nodes_and_renders(zoo, openvi
     from parity.diagnose import int8_nncf
 
     parent_dir, parent_meta = openvino_float["mlp-onnx"]
-    result = int8_nncf.nncf_side_by_side(str(zoo), "mlp", "torch/onnx/ort-int8", str(zoo / "golden" / "mlp"),
-                                         str(parent_dir), parent_meta, 1)
+    result = int8_nncf.nncf_side_by_side(
+        str(zoo), "mlp", "torch/onnx/ort-int8", str(zoo / "golden" / "mlp"), str(parent_dir), parent_meta, 1
+    )
     assert result["path"] == "torch/onnx/openvino-int8" and result["compared_with"] == "torch/onnx/ort-int8"
     assert result["max_drop"] == pytest.approx(0.01) and result["drop_type"] == "RELATIVE"
     assert result["gate"]["decision"] in ("pass", "fail", "inconclusive") and result["gate"]["value"] == result["value"]
@@ -263,5 +293,7 @@ def test_side_by_side_on_the_float_onnx_names_onnx_nodes_and_renders(zoo, openvi
     assert lines[0].startswith("  NNCF accuracy control (nncf.quantize_with_accuracy_control")
     assert any("parity's gate on NNCF's model" in line for line in lines)
     assert int8_nncf.onnx_nodes(["node_linear_1/WithoutBiases", "node_relu"], parent_dir / parent_meta["file"]) == {
-        "node_linear_1/WithoutBiases": "node_linear_1", "node_relu": "node_relu"}
+        "node_linear_1/WithoutBiases": "node_linear_1",
+        "node_relu": "node_relu",
+    }
     assert int8_nncf.render_nncf({"error": "no openvino here"}) == ["  NNCF accuracy control: no openvino here"]

@@ -59,8 +59,14 @@ def _workspace(root: Path, outlier: bool):
     verified = golden.load(ws.golden_dir("mlp"), spec)
     parent = root / "parent"
     parent.mkdir()
-    job = ExportJob(spec=spec, weights=verified.arrays["weights.npz"], batch_size=spec.batch_size, opset=spec.opset,
-                    out_dir=parent, inputs=_input_batch(verified, spec, spec.batch_size))
+    job = ExportJob(
+        spec=spec,
+        weights=verified.arrays["weights.npz"],
+        batch_size=spec.batch_size,
+        opset=spec.opset,
+        out_dir=parent,
+        inputs=_input_batch(verified, spec, spec.batch_size),
+    )
     return ws, spec, verified, parent, torch_onnx.export(job)
 
 
@@ -79,8 +85,17 @@ def _export(setup, exporter, out_dir: Path, path_id: str, keep_float=None, metho
     spec = replace(spec, quantization=replace(spec.quantization, calibration=method, keep_float=keep_float or {}))
     samples, _ = calibration.calibration_feeds(spec, verified)
     out_dir.mkdir()
-    job = ExportJob(spec=spec, weights={}, batch_size=spec.batch_size, opset=spec.opset, out_dir=out_dir,
-                    parent_dir=parent, parent_meta=meta, calibration=samples, path_id=path_id)
+    job = ExportJob(
+        spec=spec,
+        weights={},
+        batch_size=spec.batch_size,
+        opset=spec.opset,
+        out_dir=out_dir,
+        parent_dir=parent,
+        parent_meta=meta,
+        calibration=samples,
+        path_id=path_id,
+    )
     return exporter(job)
 
 
@@ -97,8 +112,7 @@ def _ops(path: Path) -> dict[str, str]:
     return {node.name: node.op_type for node in onnx.load(str(path)).graph.node}
 
 
-def test_static_export_writes_a_qdq_model_calibrated_as_the_spec_says_and_keeps_the_named_nodes_float(plain,
-                                                                                                      tmp_path):
+def test_static_export_writes_a_qdq_model_calibrated_as_the_spec_says_and_keeps_the_named_nodes_float(plain, tmp_path):
     meta = _export(plain, onnx_int8.export_static, tmp_path / "static", STATIC, method="Entropy")
     parent_meta = plain[4]
     assert {k: meta[k] for k in parent_meta} == {**parent_meta, "file": "model.onnx"}
@@ -110,8 +124,13 @@ def test_static_export_writes_a_qdq_model_calibrated_as_the_spec_says_and_keeps_
     assert "QuantizeLinear" in ops.values() and "DequantizeLinear" in ops.values()
     assert _check(plain, STATIC, tmp_path / "static", meta)["decision"] == "pass"
     # a kept node reads its own weight as the float initializer, not through a DequantizeLinear
-    kept = _export(plain, onnx_int8.export_static, tmp_path / "kept", STATIC,
-                   keep_float={"torch/onnx/ort-int8*": ("node_linear_1",)})
+    kept = _export(
+        plain,
+        onnx_int8.export_static,
+        tmp_path / "kept",
+        STATIC,
+        keep_float={"torch/onnx/ort-int8*": ("node_linear_1",)},
+    )
     assert kept["quantization"]["kept_float"] == ["node_linear_1"] and kept["quantization"]["quantized_layers"] == 2
     model = onnx.load(str(tmp_path / "kept" / "model.onnx"))
     producers = {out: node.op_type for node in model.graph.node for out in node.output}
@@ -126,8 +145,9 @@ def test_dynamic_export_quantizes_weights_and_keeps_a_named_gemm_float(plain, tm
     assert list(_ops(tmp_path / "dynamic" / "model.onnx").values()).count("MatMulInteger") == 3
     assert _check(plain, DYNAMIC, tmp_path / "dynamic", meta)["decision"] == "pass"
     # quantize_dynamic renames a Gemm before it reads nodes_to_exclude: the layer must still stay float
-    kept = _export(plain, onnx_int8.export_dynamic, tmp_path / "kept", DYNAMIC,
-                   keep_float={DYNAMIC: ("node_linear_1",)})
+    kept = _export(
+        plain, onnx_int8.export_dynamic, tmp_path / "kept", DYNAMIC, keep_float={DYNAMIC: ("node_linear_1",)}
+    )
     ops = _ops(tmp_path / "kept" / "model.onnx")
     assert list(ops.values()).count("MatMulInteger") == 2 and ops["node_linear_1_MatMul"] == "MatMul"
     assert kept["quantization"]["quantized_layers"] == 2
@@ -157,15 +177,17 @@ def test_an_outlier_channel_is_named_as_the_layer_that_costs_the_accuracy_and_re
         assert found[f"{label}_by"] == "regain" and layer["regain"] > 0.5
     # the tensor's SQNR is high (the outlier is the signal); its other channels round to zero
     first = found["first"]
-    assert first["sqnr_db"] > 30 and first["channel_sqnr_db"] < 3 and first["excluded"] == ["node_linear",
-                                                                                            "node_linear_1"]
+    assert (
+        first["sqnr_db"] > 30 and first["channel_sqnr_db"] < 3 and first["excluded"] == ["node_linear", "node_linear_1"]
+    )
     assert found["ranking"][0] == "node_linear" and found["tested"] == 3
     repair = found["repair"]
     assert repair["passes"] and repair["minimal"] and repair["after"]["decision"] == "pass"
     assert repair["nodes_to_exclude"] == ["node_linear", "node_linear_1"] and repair["runs"] <= 40
     assert all(judged["decision"] != "pass" for judged in repair["needed"].values())
-    assert repair["toolchain"]["spec"] == ('quantization=Quantization(keep_float={"torch/onnx/ort-int8": '
-                                           '("node_linear", "node_linear_1")})')
+    assert repair["toolchain"]["spec"] == (
+        'quantization=Quantization(keep_float={"torch/onnx/ort-int8": ("node_linear", "node_linear_1")})'
+    )
     lines = "\n".join(render_int8(found))
     assert "dense1 (node node_linear, Gemm)" in lines and "nodes_to_exclude=['node_linear', 'node_linear_1']" in lines
     # the exporter with the repair's list writes a model parity's check passes; with either node int8 it fails
@@ -201,14 +223,25 @@ def _jax_style_gemm(path, beta: float = 0.0) -> None:
     rng = np.random.default_rng(0)
     w1, w2 = rng.normal(size=(16, 32)).astype(np.float32), rng.normal(size=(32, 4)).astype(np.float32)
     b1 = rng.normal(size=(1, 32)).astype(np.float32)
-    inits = [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"), numpy_helper.from_array(b1, "b1"),
-             numpy_helper.from_array(np.array(0.0, np.float32), "dot_bias")]
-    nodes = [helper.make_node("Gemm", ["x", "w1", "dot_bias"], ["h"], name="g1", beta=beta),
-             helper.make_node("Add", ["h", "b1"], ["hb"], name="add"),
-             helper.make_node("Relu", ["hb"], ["r"], name="relu"),
-             helper.make_node("Gemm", ["r", "w2", "dot_bias"], ["y"], name="g2", beta=beta)]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 4])], inits)
+    inits = [
+        numpy_helper.from_array(w1, "w1"),
+        numpy_helper.from_array(w2, "w2"),
+        numpy_helper.from_array(b1, "b1"),
+        numpy_helper.from_array(np.array(0.0, np.float32), "dot_bias"),
+    ]
+    nodes = [
+        helper.make_node("Gemm", ["x", "w1", "dot_bias"], ["h"], name="g1", beta=beta),
+        helper.make_node("Add", ["h", "b1"], ["hb"], name="add"),
+        helper.make_node("Relu", ["hb"], ["r"], name="relu"),
+        helper.make_node("Gemm", ["r", "w2", "dot_bias"], ["y"], name="g2", beta=beta),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 4])],
+        inits,
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), str(path))
 
 
@@ -222,8 +255,13 @@ def test_a_jax2onnx_gemm_with_beta_zero_is_quantized_to_the_same_sum(tmp_path, d
 
     _jax_style_gemm(tmp_path / "f.onnx")
     x = np.random.default_rng(1).normal(size=(8, 16)).astype(np.float32)
-    record = onnx_int8.quantize(tmp_path / "f.onnx", tmp_path / "q.onnx", None if dynamic else [{"x": x}],
-                                None if dynamic else "MinMax", dynamic=dynamic)
+    record = onnx_int8.quantize(
+        tmp_path / "f.onnx",
+        tmp_path / "q.onnx",
+        None if dynamic else [{"x": x}],
+        None if dynamic else "MinMax",
+        dynamic=dynamic,
+    )
     assert record["quantized_layers"] >= 2
     assert any("C unused (beta=0) dropped" in c for c in record["pre_process"]["gemm_bias_rewritten"])
     expected = onnxruntime.InferenceSession(str(tmp_path / "f.onnx")).run(None, {"x": x})[0]
@@ -238,10 +276,15 @@ def test_a_graph_the_quantizer_leaves_float_is_an_export_error(tmp_path):
     from parity.exporters import onnx_int8
     from parity.platform.errors import ExportError
 
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), str(tmp_path / "f.onnx"))
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"], name="relu")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+    )
+    onnx.save(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), str(tmp_path / "f.onnx")
+    )
     with pytest.raises(ExportError, match="quantized no layer"):
         onnx_int8.quantize(tmp_path / "f.onnx", tmp_path / "q.onnx", None, None, dynamic=True)
 
@@ -250,7 +293,16 @@ def test_a_candidate_with_every_layer_kept_float_is_no_int8_model_and_not_a_repa
     from parity.diagnose.int8_repair import Candidates
 
     _jax_style_gemm(tmp_path / "f.onnx")
-    candidates = Candidates(tmp_path / "f.onnx", {"file": "f.onnx"}, None, None, True, [], tmp_path / "runs",
-                            evaluate=lambda folder, meta: pytest.fail("nothing to run"), judge=lambda logits: {})
+    candidates = Candidates(
+        tmp_path / "f.onnx",
+        {"file": "f.onnx"},
+        None,
+        None,
+        True,
+        [],
+        tmp_path / "runs",
+        evaluate=lambda folder, meta: pytest.fail("nothing to run"),
+        judge=lambda logits: {},
+    )
     judged = candidates.gate(["g1", "g2"])
     assert judged["decision"] == "fail" and judged["value"] is None and "quantized no layer" in judged["reason"]

@@ -30,9 +30,25 @@ def test_int8_paths_are_opt_in_and_bring_the_float_path_they_are_quantized_from(
 
 def test_the_zoo_mlp_int8_path_passes_its_gate_and_is_timed_against_the_float_path(tmp_path):
     root = zoo_copy(tmp_path / "ws", "mlp")
-    out = _invoke("bench", "--workspace", root, "--model", "mlp", "--path", "torch/onnx/ort-int8", "--budget", "0.2",
-                  "--threads", "1", "--json", tmp_path / "r.json", "--store", tmp_path / "r.sqlite",
-                  "--report", tmp_path / "html")
+    out = _invoke(
+        "bench",
+        "--workspace",
+        root,
+        "--model",
+        "mlp",
+        "--path",
+        "torch/onnx/ort-int8",
+        "--budget",
+        "0.2",
+        "--threads",
+        "1",
+        "--json",
+        tmp_path / "r.json",
+        "--store",
+        tmp_path / "r.sqlite",
+        "--report",
+        tmp_path / "html",
+    )
     assert out.exit_code == 0, out.output
     report = json.loads((tmp_path / "r.json").read_text())
     results = {r["path"]: r for r in report["results"]}
@@ -56,8 +72,9 @@ def test_the_zoo_mlp_int8_path_passes_its_gate_and_is_timed_against_the_float_pa
     assert "Quantized paths: speed-up over the float path" in out.output
     page = (tmp_path / "html" / "index.html").read_text()
     assert "Accuracy gates of the quantized paths" in page and "speed-up over the float path" in page
-    history = _invoke("history", "--workspace", root, "--model", "mlp", "--path", "*int8*", "--store",
-                      tmp_path / "r.sqlite")
+    history = _invoke(
+        "history", "--workspace", root, "--model", "mlp", "--path", "*int8*", "--store", tmp_path / "r.sqlite"
+    )
     assert history.exit_code == 0 and "gate 97.33% / 97.33%" in history.output, history.output
 
 
@@ -68,10 +85,27 @@ def test_a_gate_the_split_cannot_decide_is_inconclusive_and_not_timed(tmp_path):
     spec_file = root / "models" / "mlp.py"
     source = spec_file.read_text()
     assert "ModelSpec(" in source
-    spec_file.write_text(source.replace("ModelSpec(", "ModelSpec(\n    gate=Gate(keep=1.0),", 1)
-                         .replace("from parity.model.spec import ", "from parity.model.spec import Gate, ", 1))
-    out = _invoke("bench", "--workspace", root, "--model", "mlp", "--path", "torch/onnx/ort-int8dyn", "--budget",
-                  "0.2", "--threads", "1", "--json", tmp_path / "r.json", "--no-store")
+    spec_file.write_text(
+        source.replace("ModelSpec(", "ModelSpec(\n    gate=Gate(keep=1.0),", 1).replace(
+            "from parity.model.spec import ", "from parity.model.spec import Gate, ", 1
+        )
+    )
+    out = _invoke(
+        "bench",
+        "--workspace",
+        root,
+        "--model",
+        "mlp",
+        "--path",
+        "torch/onnx/ort-int8dyn",
+        "--budget",
+        "0.2",
+        "--threads",
+        "1",
+        "--json",
+        tmp_path / "r.json",
+        "--no-store",
+    )
     assert out.exit_code == 1, out.output
     int8 = {r["path"]: r for r in json.loads((tmp_path / "r.json").read_text())["results"]}["torch/onnx/ort-int8dyn"]
     assert int8["verdict"] == "fail" and int8["gate"]["decision"] == "inconclusive"
@@ -101,8 +135,19 @@ def _user_workspace(tmp_path, eval_apart: bool):
         arrays.update(eval_x=rng.normal(size=(50, 8)).astype(np.float32), eval_labels=rng.integers(0, 3, 50))
     np.savez(tmp_path / "data.npz", **arrays)
     (tmp_path / "net.py").write_text(LINEAR)
-    assert _invoke("init", "net", "--workspace", tmp_path, "--torch", f"{tmp_path / 'net.py'}:make", "--inputs",
-                   tmp_path / "data.npz").exit_code == 0
+    assert (
+        _invoke(
+            "init",
+            "net",
+            "--workspace",
+            tmp_path,
+            "--torch",
+            f"{tmp_path / 'net.py'}:make",
+            "--inputs",
+            tmp_path / "data.npz",
+        ).exit_code
+        == 0
+    )
     assert _invoke("golden", "build", "--workspace", tmp_path, "--model", "net").exit_code == 0
     ws = Workspace(tmp_path)
     spec = ws.load_spec("net")

@@ -41,11 +41,21 @@ def export_pt2e(root: Path, model: str, out: Path, keep_float: dict | None = Non
 
     spec, verified = loaded(root, model, keep_float)
     out.mkdir(parents=True, exist_ok=True)
-    inputs = feeds.padded(spec, feeds.rows(spec, feeds.from_arrays(spec, verified.arrays["eval.npz"]), 0,
-                                           spec.batch_size), spec.batch_size)
-    job = ExportJob(spec=spec, weights=verified.arrays["weights.npz"], batch_size=spec.batch_size, opset=18,
-                    out_dir=out, inputs=inputs, calibration=calibration.calibration_feeds(spec, verified)[0],
-                    path_id=PATH)
+    inputs = feeds.padded(
+        spec,
+        feeds.rows(spec, feeds.from_arrays(spec, verified.arrays["eval.npz"]), 0, spec.batch_size),
+        spec.batch_size,
+    )
+    job = ExportJob(
+        spec=spec,
+        weights=verified.arrays["weights.npz"],
+        batch_size=spec.batch_size,
+        opset=18,
+        out_dir=out,
+        inputs=inputs,
+        calibration=calibration.calibration_feeds(spec, verified)[0],
+        path_id=PATH,
+    )
     return export(job)
 
 
@@ -60,6 +70,7 @@ def program_graph(out: Path, meta: dict):
 
 def ops_of(graph, module: str) -> list:
     """The call_function nodes the model's ``module`` produced (the exporter's wrapper holds the model as ``model``)."""
+
     def inner(node):
         stack = node.meta.get("nn_module_stack") or {}
         return list(stack.values())[-1][0] if stack else ""
@@ -85,7 +96,9 @@ def test_the_program_holds_int8_runs_compiled_and_keeps_accuracy(zoo, tmp_path):
     assert sum("dequantize_per_channel" in t for t in targets) == 3
     for layer in ("dense1", "dense2", "logits"):
         (linear,) = [n for n in ops_of(graph, layer) if "linear" in op_name(n)]
-        assert "dequantize_per_tensor" in op_name(linear.args[0]) and "dequantize_per_channel" in op_name(linear.args[1])
+        assert "dequantize_per_tensor" in op_name(linear.args[0]) and "dequantize_per_channel" in op_name(
+            linear.args[1]
+        )
     assert meta["axes"]["dynamic"] == {"x": {"0": "batch"}}
 
     spec, verified = loaded(zoo, "mlp")

@@ -47,8 +47,14 @@ def test_test_data_round_trip_keeps_names_order_and_dtypes(tmp_path):
     inputs, outputs = _arrays(0), {"y": np.arange(4, dtype=np.int64), "z": np.ones((1,), np.float16)}
     written = interop.write_test_data(tmp_path / "model", inputs, outputs)
     assert written == tmp_path / "model" / "test_data_set_0"
-    assert sorted(p.name for p in written.iterdir()) == ["input_0.pb", "input_1.pb", "input_2.pb", "input_3.pb",
-                                                         "output_0.pb", "output_1.pb"]
+    assert sorted(p.name for p in written.iterdir()) == [
+        "input_0.pb",
+        "input_1.pb",
+        "input_2.pb",
+        "input_3.pb",
+        "output_0.pb",
+        "output_1.pb",
+    ]
     [data_set] = interop.read_test_data(tmp_path / "model")
     assert isinstance(data_set, interop.TestDataSet) and data_set.path == written
     _assert_same(data_set.inputs, inputs)
@@ -150,17 +156,26 @@ def _model(old_style: bool = False):
     w = numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(3, 2), "w")
     b = numpy_helper.from_array(np.ones(2, np.float32), "b")
     two = numpy_helper.from_array(np.array(2, np.int64), "two")
-    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3]),
-              helper.make_tensor_value_info("ids", TensorProto.INT64, [2])]
+    inputs = [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3]),
+        helper.make_tensor_value_info("ids", TensorProto.INT64, [2]),
+    ]
     if old_style:  # IR 3 models list every initializer among the graph inputs
         inputs += [helper.make_tensor_value_info(t.name, t.data_type, t.dims) for t in (w, b, two)]
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["y"]),
-         helper.make_node("Mul", ["ids", "two"], ["n"])],
-        "g", inputs,
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2]),
-         helper.make_tensor_value_info("n", TensorProto.INT64, [2])],
-        initializer=[w, b, two])
+        [
+            helper.make_node("MatMul", ["x", "w"], ["xw"]),
+            helper.make_node("Add", ["xw", "b"], ["y"]),
+            helper.make_node("Mul", ["ids", "two"], ["n"]),
+        ],
+        "g",
+        inputs,
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2]),
+            helper.make_tensor_value_info("n", TensorProto.INT64, [2]),
+        ],
+        initializer=[w, b, two],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
     checker.check_model(model)
     return model
@@ -180,8 +195,12 @@ def test_graph_signature_unknown_dims_and_rank():
 
     unknown = helper.make_tensor_value_info("u", TensorProto.FLOAT16, None)
     partial = helper.make_tensor_value_info("p", TensorProto.DOUBLE, [None, 4])
-    graph = helper.make_graph([helper.make_node("Identity", ["p"], ["q"])], "g", [unknown, partial],
-                              [helper.make_tensor_value_info("q", TensorProto.DOUBLE, [None, 4])])
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["p"], ["q"])],
+        "g",
+        [unknown, partial],
+        [helper.make_tensor_value_info("q", TensorProto.DOUBLE, [None, 4])],
+    )
     inputs, outputs = interop.graph_signature(helper.make_model(graph))
     assert inputs == {"u": (None, "float16"), "p": ((None, 4), "float64")} and outputs == ["q"]
 
@@ -225,13 +244,19 @@ def test_match_graph_refusals_name_the_file(tmp_path):
     inputs, outputs = interop.graph_signature(_model())
     ids = np.zeros(2, np.int64)
     cases = [
-        ({"x": np.zeros((1, 4), np.float32), "ids": ids},
-         "test_data_set_0/input_0.pb: input 'x' has shape (1, 4), model.onnx takes (N, 3)"),
+        (
+            {"x": np.zeros((1, 4), np.float32), "ids": ids},
+            "test_data_set_0/input_0.pb: input 'x' has shape (1, 4), model.onnx takes (N, 3)",
+        ),
         ({"x": np.zeros((1, 3, 1), np.float32), "ids": ids}, "input 'x' has shape (1, 3, 1)"),
-        ({"x": np.zeros((1, 3), np.float32), "ids": np.zeros(3, np.int64)},
-         "test_data_set_0/input_1.pb: input 'ids' has shape (3), model.onnx takes (2)"),
-        ({"x": np.zeros((1, 3), np.float64), "ids": ids},
-         "input_0.pb: input 'x' has dtype float64, model.onnx takes float32"),
+        (
+            {"x": np.zeros((1, 3), np.float32), "ids": np.zeros(3, np.int64)},
+            "test_data_set_0/input_1.pb: input 'ids' has shape (3), model.onnx takes (2)",
+        ),
+        (
+            {"x": np.zeros((1, 3), np.float64), "ids": ids},
+            "input_0.pb: input 'x' has dtype float64, model.onnx takes float32",
+        ),
         ({"x": np.zeros((1, 3), np.float32)}, "test_data_set_0: 1 input files, model.onnx has 2 inputs"),
         ({"x": np.zeros((1, 3), np.float32), "idz": ids}, "input_1.pb: input 'idz' is not an input of model.onnx"),
     ]
@@ -348,8 +373,12 @@ def test_reads_the_legacy_layout_of_polygraphy_0_27_to_0_29(tmp_path, no_unpickl
     buffer = io.BytesIO()
     np.savez(buffer, array)
     encoded = _legacy("ndarray", array=buffer.getvalue().decode("latin-1"))
-    iteration = _legacy("IterationResult", outputs={"y": _legacy("LazyNumpyArray", values=encoded)},
-                        runtime=0.1, runner_name="trt-runner")
+    iteration = _legacy(
+        "IterationResult",
+        outputs={"y": _legacy("LazyNumpyArray", values=encoded)},
+        runtime=0.1,
+        runner_name="trt-runner",
+    )
     path = _write_json(tmp_path / "old.json", _legacy("RunResults", lst=[["trt-runner", [iteration]]]))
     [outputs] = polygraphy.read_outputs(path)
     _assert_same(outputs, {"y": array})
@@ -401,9 +430,22 @@ def test_polygraphy_file_refusals(tmp_path):
 
     text = tmp_path / "notes.json"
     text.write_text("{not json")
-    broken = {"lst": [["r", [{"outputs": {"y": {"polygraphy_class": "ndarray"}}, "runtime": None,
-                              "runner_name": "r", "polygraphy_class": "IterationResult"}]]],
-              "polygraphy_class": "RunResults"}
+    broken = {
+        "lst": [
+            [
+                "r",
+                [
+                    {
+                        "outputs": {"y": {"polygraphy_class": "ndarray"}},
+                        "runtime": None,
+                        "runner_name": "r",
+                        "polygraphy_class": "IterationResult",
+                    }
+                ],
+            ]
+        ],
+        "polygraphy_class": "RunResults",
+    }
     truncated = _npy(np.arange(100, dtype=np.float64))[:200]
     cases = [
         (polygraphy.read_inputs, text, "notes.json: not a JSON file"),
@@ -411,22 +453,36 @@ def test_polygraphy_file_refusals(tmp_path):
         (polygraphy.read_inputs, _write_json(tmp_path / "e.json", []), "not a Polygraphy input file"),
         (polygraphy.read_inputs, _write_json(tmp_path / "n.json", 3), "not a Polygraphy input file"),
         (polygraphy.read_inputs, _write_json(tmp_path / "d.json", [{}]), "iteration 0: expected a non-empty"),
-        (polygraphy.read_inputs, _write_json(tmp_path / "g.json", [{"x": {"array": "aGVsbG8=",
-                                                                              "polygraphy_class": "ndarray"}}]),
-         "'x': the array is neither .npy nor .npz data"),
-        (polygraphy.read_inputs, _write_json(tmp_path / "t.json", [{"x": {"array": truncated,
-                                                                              "polygraphy_class": "ndarray"}}]),
-         "'x': corrupt array data"),
-        (polygraphy.read_inputs, _write_json(tmp_path / "l.json", [{"x": [1, 2]}]),
-         "'x': not a Polygraphy-encoded array"),
-        (polygraphy.read_outputs, _write_json(tmp_path / "b.json", broken),
-         "runner 'r', iteration 0, 'y': not a Polygraphy-encoded array"),
-        (polygraphy.read_outputs, _write_json(tmp_path / "z.json", {"lst": [["r", []]],
-                                                                          "polygraphy_class": "RunResults"}),
-         "runner 'r' has no iterations"),
-        (polygraphy.read_outputs, _write_json(tmp_path / "s.json", {"lst": [["r", [{"y": 1}]]],
-                                                                          "polygraphy_class": "RunResults"}),
-         "iteration 0: not a Polygraphy IterationResult"),
+        (
+            polygraphy.read_inputs,
+            _write_json(tmp_path / "g.json", [{"x": {"array": "aGVsbG8=", "polygraphy_class": "ndarray"}}]),
+            "'x': the array is neither .npy nor .npz data",
+        ),
+        (
+            polygraphy.read_inputs,
+            _write_json(tmp_path / "t.json", [{"x": {"array": truncated, "polygraphy_class": "ndarray"}}]),
+            "'x': corrupt array data",
+        ),
+        (
+            polygraphy.read_inputs,
+            _write_json(tmp_path / "l.json", [{"x": [1, 2]}]),
+            "'x': not a Polygraphy-encoded array",
+        ),
+        (
+            polygraphy.read_outputs,
+            _write_json(tmp_path / "b.json", broken),
+            "runner 'r', iteration 0, 'y': not a Polygraphy-encoded array",
+        ),
+        (
+            polygraphy.read_outputs,
+            _write_json(tmp_path / "z.json", {"lst": [["r", []]], "polygraphy_class": "RunResults"}),
+            "runner 'r' has no iterations",
+        ),
+        (
+            polygraphy.read_outputs,
+            _write_json(tmp_path / "s.json", {"lst": [["r", [{"y": 1}]]], "polygraphy_class": "RunResults"}),
+            "iteration 0: not a Polygraphy IterationResult",
+        ),
     ]
     for read, path, message in cases:
         with pytest.raises(InteropError) as caught:

@@ -81,11 +81,32 @@ TORCH_MODEL = textwrap.dedent('''
         return Net().eval()
 ''')
 
-TORCH_KINDS = {"conv": "conv", "depthwise": "conv", "bn": "batch_norm", "relu": "activation", "maxpool": "pool",
-               "avgpool": "pool", "up": "resize", "near": "resize", "conv1d": "conv", "bn1d": "batch_norm",
-               "pool1d": "pool", "avg1d": "pool", "gru": "recurrent", "lstm": "recurrent", "attn": "attention",
-               "norm": "layer_norm", "gelu": "activation", "silu": "activation", "sigmoid": "activation",
-               "tanh": "activation", "leaky": "activation", "flat": "flatten", "drop": "dropout", "head": "dense"}
+TORCH_KINDS = {
+    "conv": "conv",
+    "depthwise": "conv",
+    "bn": "batch_norm",
+    "relu": "activation",
+    "maxpool": "pool",
+    "avgpool": "pool",
+    "up": "resize",
+    "near": "resize",
+    "conv1d": "conv",
+    "bn1d": "batch_norm",
+    "pool1d": "pool",
+    "avg1d": "pool",
+    "gru": "recurrent",
+    "lstm": "recurrent",
+    "attn": "attention",
+    "norm": "layer_norm",
+    "gelu": "activation",
+    "silu": "activation",
+    "sigmoid": "activation",
+    "tanh": "activation",
+    "leaky": "activation",
+    "flat": "flatten",
+    "drop": "dropout",
+    "head": "dense",
+}
 
 
 def _init(tmp_path, name, *source):
@@ -135,10 +156,23 @@ def test_init_types_every_torch_kind_and_the_declared_forms_reproduce_torch(tmp_
     spec, text = _init(tmp_path, "seq", "--torch", f"{tmp_path / 'mynet.py'}:make", "--input", "x=2x4x8x8")
     assert {tap: layer.kind for tap, layer in spec.layers.items()} == TORCH_KINDS  # ToLength and Swap: untyped
     assert spec.layers["attn"].attrs == {"heads": 2} and spec.layers["gru"].attrs["linear_before_reset"] is True
-    assert spec.layers["avgpool"].attrs["divisor_override"] == 4 and spec.layers["avg1d"].attrs["count_include_pad"] is False
+    assert (
+        spec.layers["avgpool"].attrs["divisor_override"] == 4
+        and spec.layers["avg1d"].attrs["count_include_pad"] is False
+    )
     assert spec.layers["gelu"].attrs == {"form": "gelu_tanh"} and spec.layers["leaky"].attrs["alpha"] == 0.1
-    assert {tap for tap, layer in spec.layers.items() if layer.params} == {"conv", "depthwise", "bn", "conv1d", "bn1d",
-                                                                            "gru", "lstm", "attn", "norm", "head"}
+    assert {tap for tap, layer in spec.layers.items() if layer.params} == {
+        "conv",
+        "depthwise",
+        "bn",
+        "conv1d",
+        "bn1d",
+        "gru",
+        "lstm",
+        "attn",
+        "norm",
+        "head",
+    }
     assert all(layer.params in (None, tap) for tap, layer in spec.layers.items())
     # the generated spec stays readable: one line per typed tap
     assert '        "gru": Layer("recurrent", {"cell": "gru", "linear_before_reset": True}, params="gru"),' in text
@@ -196,8 +230,12 @@ def _keras_model(path):
     model = keras.Model(inp, out)
     bn = model.get_layer("bn")
     rng = np.random.default_rng(0)
-    bn.set_weights([w if i < 2 else (rng.uniform(-0.5, 0.5, w.shape) if i == 2 else rng.uniform(0.5, 2.0, w.shape))
-                    for i, w in enumerate(bn.get_weights())])
+    bn.set_weights(
+        [
+            w if i < 2 else (rng.uniform(-0.5, 0.5, w.shape) if i == 2 else rng.uniform(0.5, 2.0, w.shape))
+            for i, w in enumerate(bn.get_weights())
+        ]
+    )
     model.save(path)
 
 
@@ -209,13 +247,33 @@ def test_init_types_every_keras_kind_and_the_declared_forms_reproduce_keras(tmp_
     _keras_model(tmp_path / "net.keras")
     spec, text = _init(tmp_path, "knet", "--keras", str(tmp_path / "net.keras"), "--input", "x=2x8x8x4")
     assert {tap: layer.kind for tap, layer in spec.layers.items()} == {
-        "conv": "conv", "depthwise": "conv", "bn": "batch_norm", "relu": "activation", "maxpool": "pool",
-        "avgpool": "pool", "up": "resize", "resize": "resize", "flat": "flatten", "conv1d": "conv", "pool1d": "pool",
-        "gru": "recurrent", "lstm": "recurrent", "attn": "attention", "norm": "layer_norm", "gelu": "activation",
-        "gru_v1": "recurrent", "last": "recurrent", "drop": "dropout", "dense": "dense", "head": "dense"}
+        "conv": "conv",
+        "depthwise": "conv",
+        "bn": "batch_norm",
+        "relu": "activation",
+        "maxpool": "pool",
+        "avgpool": "pool",
+        "up": "resize",
+        "resize": "resize",
+        "flat": "flatten",
+        "conv1d": "conv",
+        "pool1d": "pool",
+        "gru": "recurrent",
+        "lstm": "recurrent",
+        "attn": "attention",
+        "norm": "layer_norm",
+        "gelu": "activation",
+        "gru_v1": "recurrent",
+        "last": "recurrent",
+        "drop": "dropout",
+        "dense": "dense",
+        "head": "dense",
+    }
     assert spec.layers["conv"].attrs["activation"] == "relu" and spec.layers["dense"].attrs["activation"] == "silu"
     assert spec.layers["depthwise"].attrs["groups"] == 6 and spec.layers["bn"].attrs["eps"] == 1e-3
-    assert spec.layers["gru_v1"].attrs["linear_before_reset"] is False and spec.layers["last"].attrs["sequences"] is False
+    assert (
+        spec.layers["gru_v1"].attrs["linear_before_reset"] is False and spec.layers["last"].attrs["sequences"] is False
+    )
     assert '"flat": Layer("flatten", {"order": "nhwc", "layout": "nhwc"}),' in text
 
     model = keras_file("net.keras", tmp_path)("float64")

@@ -23,9 +23,12 @@ def _ort(node, inputs: dict, initializers: dict, out_rank: int):
 
     dtype, np_dtype = TensorProto.FLOAT, np.float32
     graph = helper.make_graph(
-        [node], "one", [helper.make_tensor_value_info(n, dtype, v.shape) for n, v in inputs.items()],
+        [node],
+        "one",
+        [helper.make_tensor_value_info(n, dtype, v.shape) for n, v in inputs.items()],
         [helper.make_tensor_value_info(node.output[0], dtype, [None] * out_rank)],
-        [numpy_helper.from_array(np.asarray(v, np_dtype), n) for n, v in initializers.items()])
+        [numpy_helper.from_array(np.asarray(v, np_dtype), n) for n, v in initializers.items()],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 9
     onnx.checker.check_model(model)
@@ -41,9 +44,11 @@ def test_grouped_depthwise_and_1d_convolutions_match_torch_and_every_variant_dif
     import torch
 
     torch.manual_seed(0)
-    for module, shape in ((torch.nn.Conv2d(4, 8, 3, padding=1, groups=2), (2, 4, 7, 7)),
-                          (torch.nn.Conv2d(6, 12, 3, stride=2, padding=1, groups=6), (2, 6, 8, 8)),
-                          (torch.nn.Conv1d(4, 6, 5, padding=2, dilation=1, groups=2), (2, 4, 11))):
+    for module, shape in (
+        (torch.nn.Conv2d(4, 8, 3, padding=1, groups=2), (2, 4, 7, 7)),
+        (torch.nn.Conv2d(6, 12, 3, stride=2, padding=1, groups=6), (2, 6, 8, 8)),
+        (torch.nn.Conv1d(4, 6, 5, padding=2, dilation=1, groups=2), (2, 4, 11)),
+    ):
         module = module.double()
         x = torch.randn(*shape, dtype=torch.float64)
         attrs = {"stride": list(module.stride), "padding": list(module.padding), "groups": module.groups}
@@ -94,8 +99,9 @@ def test_resize_nearest_rounding_lost_in_a_runtime_is_named():
 
     x = np.random.default_rng(0).standard_normal((1, 2, 4, 6))
     kind, attrs = torch_layer(torch.nn.Upsample(scale_factor=1.5, mode="nearest"))
-    node = helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest",
-                            coordinate_transformation_mode="asymmetric")
+    node = helper.make_node(
+        "Resize", ["x", "", "scales"], ["y"], mode="nearest", coordinate_transformation_mode="asymmetric"
+    )
     observed = _ort(node, {"x": x}, {"scales": np.array([1.0, 1.0, 1.5, 1.5])}, 4)
     result = test_layer(Layer(kind, attrs), [x], {}, observed, FP32)
     assert _named(result) == "nearest_round_prefer_floor"
@@ -116,8 +122,11 @@ def test_onnx_gru_default_linear_before_reset_is_named():
 
     module, state = _torch_rnn("gru")
     x = torch.randn(2, 5, 4, dtype=torch.float64)
-    assert np.allclose(recompute(Layer("recurrent", {"cell": "gru"}, params="rnn"), [x.numpy()], state),
-                       module(x)[0].detach().numpy(), atol=1e-12)
+    assert np.allclose(
+        recompute(Layer("recurrent", {"cell": "gru"}, params="rnn"), [x.numpy()], state),
+        module(x)[0].detach().numpy(),
+        atol=1e-12,
+    )
     z_r_h = [1, 0, 2]  # torch r, z, n -> ONNX z, r, h
 
     def reorder(value):
@@ -127,8 +136,7 @@ def test_onnx_gru_default_linear_before_reset_is_named():
     b = np.concatenate([reorder(state["rnn.bias_ih_l0"]), reorder(state["rnn.bias_hh_l0"])])[None]
     node = helper.make_node("GRU", ["x", "w", "r", "b"], ["y"], hidden_size=3, linear_before_reset=0)
     observed = _ort(node, {"x": x.numpy().transpose(1, 0, 2)}, {"w": w, "r": r, "b": b}, 4)[:, 0].transpose(1, 0, 2)
-    result = test_layer(Layer("recurrent", {"cell": "gru"}, params="rnn"), [x.numpy()], state, observed,
-                        FP32)
+    result = test_layer(Layer("recurrent", {"cell": "gru"}, params="rnn"), [x.numpy()], state, observed, FP32)
     assert _named(result) == "linear_before_reset_0"
 
 
@@ -143,9 +151,12 @@ def test_onnx_lstm_reading_torch_gate_blocks_unordered_is_named():
     assert np.allclose(recompute(layer, [x.numpy()], state), module(x)[0].detach().numpy(), atol=1e-12)
     b = np.concatenate([state["rnn.bias_ih_l0"], state["rnn.bias_hh_l0"]])[None]
     node = helper.make_node("LSTM", ["x", "w", "r", "b"], ["y"], hidden_size=3)
-    observed = _ort(node, {"x": x.numpy().transpose(1, 0, 2)},
-                    {"w": state["rnn.weight_ih_l0"][None], "r": state["rnn.weight_hh_l0"][None], "b": b},
-                    4)[:, 0].transpose(1, 0, 2)
+    observed = _ort(
+        node,
+        {"x": x.numpy().transpose(1, 0, 2)},
+        {"w": state["rnn.weight_ih_l0"][None], "r": state["rnn.weight_hh_l0"][None], "b": b},
+        4,
+    )[:, 0].transpose(1, 0, 2)
     result = test_layer(layer, [x.numpy()], state, observed, FP32)
     assert _named(result) == "gates_onnx_order"
 
@@ -195,8 +206,12 @@ def test_fully_masked_row_conventions_of_real_torch_are_named():
         nan = mha(x, x, x, attn_mask=(~keep).repeat_interleave(2, 0))[0].numpy()
     assert np.isnan(nan[0, 1]).all() and np.isfinite(nan[1]).all()
     lowest = torch.zeros(keep.shape, dtype=torch.float64).masked_fill(~keep, torch.finfo(torch.float64).min)
-    observed = {"masked_row_nan": nan, "masked_row_uniform": _sdpa(mha, x, lowest),
-                "mask_inverted": _sdpa(mha, x, ~keep), "mask_ignored": _sdpa(mha, x, torch.ones_like(keep))}
+    observed = {
+        "masked_row_nan": nan,
+        "masked_row_uniform": _sdpa(mha, x, lowest),
+        "mask_inverted": _sdpa(mha, x, ~keep),
+        "mask_ignored": _sdpa(mha, x, torch.ones_like(keep)),
+    }
     for expected, value in observed.items():
         result = test_layer(layer, inputs, state, value, TOL)
         assert _named(result) == expected, expected

@@ -38,7 +38,7 @@ def model(name):
     with np.load(golden / "inputs.npz", allow_pickle=False) as data:
         acts = {"input": data["x"].astype(np.float64)}
     with np.load(golden / "reference.npz", allow_pickle=False) as data:
-        acts.update({k[len("tap/"):]: data[k] for k in data.files if k.startswith("tap/")})
+        acts.update({k[len("tap/") :]: data[k] for k in data.files if k.startswith("tap/")})
     return spec, weights, acts
 
 
@@ -95,7 +95,9 @@ def test_every_variant_differs_from_declared(name, tap):
     attrs = dict(layer.attrs)
     declared = module.forward(inputs, weights, attrs)
     observed = dropout_observed(inputs[0], attrs["rate"]) if layer.kind == "dropout" else golden
-    report = {v["name"]: v for v in cause.test_layer(layer, inputs, model(name)[1], golden, TOL, prefix=prefix)["variants"]}
+    report = {
+        v["name"]: v for v in cause.test_layer(layer, inputs, model(name)[1], golden, TOL, prefix=prefix)["variants"]
+    }
     for v in module.variants(attrs):
         try:
             out = v.compute(inputs, weights, attrs, observed)
@@ -173,7 +175,9 @@ def test_noise_names_no_cause(name, tap):
 
 def test_nonfinite_observed_names_no_cause():
     layer, inputs, weights, _, prefix = layer_case("transformer", "block0_gelu")
-    observed = fp32(variant("activation", dict(layer.attrs), "gelu_tanh").compute(inputs, weights, dict(layer.attrs), None))
+    observed = fp32(
+        variant("activation", dict(layer.attrs), "gelu_tanh").compute(inputs, weights, dict(layer.attrs), None)
+    )
     observed[0, 0, 0] = np.nan
     result = cause.test_layer(layer, inputs, model("transformer")[1], observed, TOL, prefix=prefix)
     assert result["cause"] is None and "non-finite" in result["explanation"]
@@ -197,8 +201,9 @@ def test_conv_same_split_matches_explicit_padding():
     conv = get("conv")
     same = conv.forward([x], {"kernel": kernel}, {"stride": 2, "padding": "same"})
     assert np.allclose(same, conv.forward([x], {"kernel": kernel}, {"stride": 2, "padding": [[0, 1], [0, 1]]}))
-    top_left = variant("conv", {"stride": 2, "padding": "same"}, "same_top_left").compute([x], {"kernel": kernel},
-                                                                                          {"stride": 2, "padding": "same"}, None)
+    top_left = variant("conv", {"stride": 2, "padding": "same"}, "same_top_left").compute(
+        [x], {"kernel": kernel}, {"stride": 2, "padding": "same"}, None
+    )
     assert np.allclose(top_left, conv.forward([x], {"kernel": kernel}, {"stride": 2, "padding": 1}))
     # one output element by hand: cross-correlation, no flip
     assert np.isclose(same[1, 4, 0, 0], np.sum(x[1, :, 0:3, 0:3] * kernel[4]))
@@ -261,9 +266,12 @@ def test_resize_matches_torch_and_names_a_lost_align_corners():
     from parity.model.spec import Layer, Tolerance
 
     x = np.random.default_rng(0).standard_normal((2, 3, 5, 7))
-    for options in ({"scale_factor": 1.5, "mode": "nearest"}, {"size": (4, 11), "mode": "nearest"},
-                    {"scale_factor": 1.7, "mode": "bilinear"}, {"scale_factor": 2, "mode": "bilinear",
-                                                                 "align_corners": True}):
+    for options in (
+        {"scale_factor": 1.5, "mode": "nearest"},
+        {"size": (4, 11), "mode": "nearest"},
+        {"scale_factor": 1.7, "mode": "bilinear"},
+        {"scale_factor": 2, "mode": "bilinear", "align_corners": True},
+    ):
         module = torch.nn.Upsample(**options)
         kind, attrs = torch_layer(module)
         assert np.allclose(get(kind).forward([x], {}, attrs), module(torch.from_numpy(x)).numpy(), atol=1e-12)
@@ -284,17 +292,25 @@ def test_recurrent_matches_torch_lstm_and_gru_and_names_a_gate_order_mix_up():
 
     torch.manual_seed(0)
     x = torch.randn(2, 5, 4, dtype=torch.float64)
-    for cell, module in (("lstm", torch.nn.LSTM(4, 3, batch_first=True)), ("gru", torch.nn.GRU(4, 3, batch_first=True))):
+    for cell, module in (
+        ("lstm", torch.nn.LSTM(4, 3, batch_first=True)),
+        ("gru", torch.nn.GRU(4, 3, batch_first=True)),
+    ):
         module = module.double()
-        weights = layer_weights({f"rnn.{k}": v.detach().numpy() for k, v in module.state_dict().items()}, "rnn",
-                                "recurrent")
+        weights = layer_weights(
+            {f"rnn.{k}": v.detach().numpy() for k, v in module.state_dict().items()}, "rnn", "recurrent"
+        )
         expected = module(x)[0].detach().numpy()
         assert np.allclose(get("recurrent").forward([x.numpy()], weights, {"cell": cell}), expected, atol=1e-12)
         # a runtime that read the gate blocks in ONNX's order
         from parity.diagnose.layers.recurrent import _onnx_order
 
         observed = _onnx_order([x.numpy()], weights, {"cell": cell}, None)
-        result = test_layer(Layer("recurrent", {"cell": cell}, params="rnn"), [x.numpy()],
-                            {f"rnn.{k}": v.detach().numpy() for k, v in module.state_dict().items()}, observed,
-                            Tolerance(1e-6, 1e-6))
+        result = test_layer(
+            Layer("recurrent", {"cell": cell}, params="rnn"),
+            [x.numpy()],
+            {f"rnn.{k}": v.detach().numpy() for k, v in module.state_dict().items()},
+            observed,
+            Tolerance(1e-6, 1e-6),
+        )
         assert result["cause"]["variant"] == "gates_onnx_order", (cell, result["explanation"])

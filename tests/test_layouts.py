@@ -39,8 +39,12 @@ def test_conv_kernel_conversion_is_the_same_convolution():
     x = rng.standard_normal((2, 3, 6, 5))
     kernel = rng.standard_normal((4, 3, 3, 2))  # OIHW, non-square on purpose
     expected = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(kernel)).numpy()
-    tf_out = tf.nn.conv2d(layouts.to_layout(x, "nchw", "nhwc"), layouts.param_to_framework("tf", "conv_kernel", kernel),
-                          strides=1, padding="VALID").numpy()
+    tf_out = tf.nn.conv2d(
+        layouts.to_layout(x, "nchw", "nhwc"),
+        layouts.param_to_framework("tf", "conv_kernel", kernel),
+        strides=1,
+        padding="VALID",
+    ).numpy()
     np.testing.assert_allclose(layouts.from_layout(tf_out, "nchw", "nhwc"), expected, rtol=1e-12, atol=1e-12)
 
 

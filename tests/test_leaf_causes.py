@@ -26,8 +26,9 @@ def _invoke(*args):
 def _checked(root, name, factory, *inputs, data=None):
     """init, golden build, check torch (passing) and torch/onnx/ort (failing): the latter's diagnosis."""
     given = ["--inputs", data] if data else []
-    return failing_export(root, name, ["--torch", f"{LEAVES}:{factory}", *given,
-                                       *[a for decl in inputs for a in ("--input", decl)]])[0]
+    return failing_export(
+        root, name, ["--torch", f"{LEAVES}:{factory}", *given, *[a for decl in inputs for a in ("--input", decl)]]
+    )[0]
 
 
 def _cause(diagnosis):
@@ -99,8 +100,14 @@ def test_the_new_kinds_match_torch_and_their_variants_differ():
     from torch import nn
 
     x = torch.randn(3, 4, 5, dtype=torch.float64) * 40  # wide: a float32 softmax underflows somewhere
-    for module in (nn.Softplus(), nn.Softplus(beta=2, threshold=1), nn.Softplus(0.5, 3), nn.Softmax(dim=1),
-                   nn.LogSoftmax(dim=-1), nn.LogSoftmax(dim=0)):
+    for module in (
+        nn.Softplus(),
+        nn.Softplus(beta=2, threshold=1),
+        nn.Softplus(0.5, 3),
+        nn.Softmax(dim=1),
+        nn.LogSoftmax(dim=-1),
+        nn.LogSoftmax(dim=0),
+    ):
         kind, attrs = torch_layer(module)
         declared = get(kind).forward([x.numpy()], {}, attrs)
         assert np.allclose(declared, module(x).numpy(), rtol=0, atol=1e-12), module
@@ -124,13 +131,17 @@ def test_a_softmax_in_the_meaning_of_opsets_before_13_is_named_on_onnx_runtime()
     from parity.model.spec import Layer, Tolerance
 
     x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
-    graph = helper.make_graph([helper.make_node("Softmax", ["x"], ["y"], axis=1)], "old",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, x.shape)])
+    graph = helper.make_graph(
+        [helper.make_node("Softmax", ["x"], ["y"], axis=1)],
+        "old",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, x.shape)],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
     model.ir_version = 7
-    observed = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-        None, {"x": x})[0]
+    observed = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[
+        0
+    ]
     kind, attrs = torch_layer(torch.nn.Softmax(dim=1))
     result = test_layer(Layer(kind, attrs), [x.astype(np.float64)], {}, observed, Tolerance(1e-6, 1e-6))
     assert _cause({"cause": result["cause"], "cause_test": result}) == "axis_coerced_2d"

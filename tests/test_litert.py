@@ -23,8 +23,6 @@ from tests.conftest import zoo_copy
 pytest.importorskip("ai_edge_litert")
 
 
-
-
 def checked(root: Path, models, patterns) -> dict:
     report = orchestrate.check(Workspace(root), list(models), orchestrate.Options(threads=1, patterns=tuple(patterns)))
     return {(r["model"], r["path"]): r for r in report["results"]}
@@ -94,7 +92,12 @@ def test_taps_are_read_at_the_last_op_of_each_layer_and_fused_layers_say_so(mlp_
     taps = runner.taps(arrays["inputs.npz"]["x"])
     located = runner.tap_locations
     assert {t: w["found"] for t, w in located.items()} == {
-        "dense1": "fused", "relu1": "name", "dense2": "fused", "relu2": "name", "logits": "name"}
+        "dense1": "fused",
+        "relu1": "name",
+        "dense2": "fused",
+        "relu2": "name",
+        "logits": "name",
+    }
     assert located["dense2"]["fused_into"] == "relu2" and located["dense2"]["tensor"] == located["relu2"]["tensor"]
     assert "relu2" in located["relu2"]["tensor"] and located["logits"]["tensor"] == meta["output_names"][0]
     assert set(taps) == {"relu1", "relu2", "logits"}
@@ -148,7 +151,11 @@ def test_litert_torch_signature_names_are_read_and_run(mlp_tflite, tmp_path):
     data = tf.lite.TFLiteConverter.from_concrete_functions([serve.get_concrete_function()], tf.Module()).convert()
     (tmp_path / "model.tflite").write_bytes(data)
     meta = litert_meta(spec, data, None)
-    assert meta["signature"] == {"name": "serving_default", "inputs": {"x": "args_0"}, "outputs": {"logits": "output_0"}}
+    assert meta["signature"] == {
+        "name": "serving_default",
+        "inputs": {"x": "args_0"},
+        "outputs": {"logits": "output_0"},
+    }
     assert meta["axes"]["dynamic"] == {"x": {"0": "batch"}} and meta["taps_reason"] == TAPS_REASON
     runner = LiteRtRunner(spec, tmp_path, meta, spec.batch_size, threads=1)
     x = arrays["inputs.npz"]["x"][:5]
@@ -176,8 +183,9 @@ def diagnosed(root: Path, model: str, artifact_dir: Path, meta: dict, pool) -> d
     spec = ws.load_spec(model)
     manifest = golden.verify(ws.golden_dir(model), spec)
     run = orchestrate.Run(ws, orchestrate.Options(threads=1))
-    return chain.diagnose(run, pool, spec, manifest, paths.by_id("tf/litert"),
-                          artifact={"dir": str(artifact_dir), "meta": meta})
+    return chain.diagnose(
+        run, pool, spec, manifest, paths.by_id("tf/litert"), artifact={"dir": str(artifact_dir), "meta": meta}
+    )
 
 
 def test_a_changed_weight_in_the_tflite_model_is_diagnosed_to_its_layer(tmp_path, pool):

@@ -24,8 +24,12 @@ from parity.model import manifest
 from parity.platform.errors import GoldenError
 from tests.conftest import REPO, reseal
 
-FUZZ = settings(max_examples=int(os.environ.get("PARITY_FUZZ_EXAMPLES", "300")), deadline=None, database=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=int(os.environ.get("PARITY_FUZZ_EXAMPLES", "300")),
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 
 
 def invoke(*args):
@@ -42,8 +46,11 @@ def assert_one_line_exit_2(result, *needles):
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
     # golden verify says FAILED; a check reports the model's error and goes on with the other models
-    failed = [line for line in result.output.splitlines()
-              if "FAILED" in line or line.startswith("error:") or ": ERROR " in line]
+    failed = [
+        line
+        for line in result.output.splitlines()
+        if "FAILED" in line or line.startswith("error:") or ": ERROR " in line
+    ]
     assert failed, result.output
     for needle in needles:
         assert needle in result.output, (needle, result.output)
@@ -75,8 +82,9 @@ def test_manifest_changed_after_a_read_is_checked_again(mlp_golden):
     edited = json.loads(original)
     edited["files"]["weights.npz"]["sha256"] = "x" * 64  # not hex: a schema violation of the same length
     edited = manifest.seal(edited)
-    data = (original.replace(before["files"]["weights.npz"]["sha256"].encode(), b"x" * 64)
-            .replace(before["digest"].encode(), edited["digest"].encode()))
+    data = original.replace(before["files"]["weights.npz"]["sha256"].encode(), b"x" * 64).replace(
+        before["digest"].encode(), edited["digest"].encode()
+    )
     assert len(data) == len(original) and json.loads(data) == edited
     path.write_bytes(data)
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
@@ -110,13 +118,16 @@ def test_resealed_wrong_metric_is_refused(mlp_golden):
         golden.verify(golden_dir)
 
 
-@pytest.mark.parametrize("edit, field", [
-    (lambda m: m.pop("versions"), "versions"),
-    (lambda m: m.update(metrics="high"), "metrics"),
-    (lambda m: m["files"]["weights.npz"].update(sha256=42), "files.weights.npz.sha256"),
-    (lambda m: m["tolerances"]["fp32"]["default"].update(atol=-1.0), "tolerances.fp32.default.atol"),
-    (lambda m: m["files"]["inputs.npz"]["arrays"]["x"].update(shape=[[[[]]]]), "files.inputs.npz.arrays.x.shape"),
-])
+@pytest.mark.parametrize(
+    "edit, field",
+    [
+        (lambda m: m.pop("versions"), "versions"),
+        (lambda m: m.update(metrics="high"), "metrics"),
+        (lambda m: m["files"]["weights.npz"].update(sha256=42), "files.weights.npz.sha256"),
+        (lambda m: m["tolerances"]["fp32"]["default"].update(atol=-1.0), "tolerances.fp32.default.atol"),
+        (lambda m: m["files"]["inputs.npz"]["arrays"]["x"].update(shape=[[[[]]]]), "files.inputs.npz.arrays.x.shape"),
+    ],
+)
 def test_schema_violation_names_the_field(mlp_golden, edit, field):
     _, golden_dir = mlp_golden
     reseal(golden_dir, edit=edit)
@@ -125,15 +136,18 @@ def test_schema_violation_names_the_field(mlp_golden, edit, field):
     assert field in str(caught.value) and "\n" not in str(caught.value)
 
 
-@pytest.mark.parametrize("content, needle", [
-    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
-    (b'{"schema": "parity.golden/2", "x": "\xff\xfe"}', "not UTF-8"),
-    (b'{"schema": "parity.golden/2", "metrics": 1e999}', "out of range"),
-    (b'{"schema": "parity.golden/2", "metrics": NaN}', "NaN is not a JSON number"),
-    (b'{"schema": "parity.golden/2", "n": 1' + b"0" * 5000 + b"}", "malformed manifest"),
-    (b"[1, 2]", "a JSON object expected"),
-    (json.dumps({"schema": "parity.golden/1"}).encode(), "this parity reads 'parity.golden/3'"),
-])
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (b'{"schema": "parity.golden/2", "x": "\xff\xfe"}', "not UTF-8"),
+        (b'{"schema": "parity.golden/2", "metrics": 1e999}', "out of range"),
+        (b'{"schema": "parity.golden/2", "metrics": NaN}', "NaN is not a JSON number"),
+        (b'{"schema": "parity.golden/2", "n": 1' + b"0" * 5000 + b"}", "malformed manifest"),
+        (b"[1, 2]", "a JSON object expected"),
+        (json.dumps({"schema": "parity.golden/1"}).encode(), "this parity reads 'parity.golden/3'"),
+    ],
+)
 def test_malformed_manifest_is_one_line(mlp_golden, content, needle):
     root, golden_dir = mlp_golden
     (golden_dir / "manifest.json").write_bytes(content)
@@ -153,9 +167,14 @@ def _paths(value, prefix=()):
 
 
 REPLACEMENTS = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=False, allow_infinity=False), st.sampled_from([0.0, 2.0, -1.0, 1e308, 1e-308]),
-    st.text(max_size=20), st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from([0.0, 2.0, -1.0, 1e308, 1e-308]),
+    st.text(max_size=20),
+    st.lists(st.integers(), max_size=3),
+    st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
     st.integers(min_value=1, max_value=5000).map(lambda depth: f"{DEEP}{depth}"),
 )
 DEEP = "@nested-lists@"  # stands for that many nested lists, spliced into the text (json.dumps would recurse)
@@ -180,7 +199,11 @@ def _mutate(original: dict, data) -> bytes:
         parent = parent[step]
     if kind == "delete":
         del parent[location[-1]]
-    elif kind == "tweak" and isinstance(parent[location[-1]], (int, float)) and not isinstance(parent[location[-1]], bool):
+    elif (
+        kind == "tweak"
+        and isinstance(parent[location[-1]], (int, float))
+        and not isinstance(parent[location[-1]], bool)
+    ):
         parent[location[-1]] = parent[location[-1]] * data.draw(st.sampled_from([0, -1, 2, 1 + 1e-12]))
     else:
         parent[location[-1]] = data.draw(REPLACEMENTS)
@@ -236,14 +259,16 @@ def test_fuzzed_golden_arrays_are_refused_naming_the_file(mlp_golden, data):
             (golden_dir / name).write_bytes(raw[: data.draw(st.integers(0, len(raw) - 1))])
         elif kind == "flip":
             position = data.draw(st.integers(0, len(raw) - 1))
-            (golden_dir / name).write_bytes(raw[:position] + bytes([raw[position] ^ 0x10]) + raw[position + 1:])
+            (golden_dir / name).write_bytes(raw[:position] + bytes([raw[position] ^ 0x10]) + raw[position + 1 :])
         elif kind == "append":
             (golden_dir / name).write_bytes(raw + data.draw(st.binary(min_size=1, max_size=16)))
         else:
             value = arrays[key]
             if kind == "nan" and value.dtype.kind == "f":
                 value = value.copy()
-                value.flat[data.draw(st.integers(0, value.size - 1))] = data.draw(st.sampled_from([np.nan, np.inf, -np.inf]))
+                value.flat[data.draw(st.integers(0, value.size - 1))] = data.draw(
+                    st.sampled_from([np.nan, np.inf, -np.inf])
+                )
             elif kind == "reshape" or (kind == "nan" and value.dtype.kind != "f"):
                 value = value.reshape(-1)[: max(value.size - 1, 0)]
             elif kind == "retype":

@@ -12,11 +12,17 @@ from tests import nestedmodels
 TORCH = {  # factory -> (its inputs, the module path of the faulty leaf, the class it still is)
     "make_residual_stack": ({"x": (2, 16)}, "blocks.5.norm", "LayerNorm"),
     "make_cnn_stages": ({"x": (2, 3, 16, 16)}, "features.1.3", "AvgPool2d"),
-    "make_faulty_distilbert": ({"input_ids": "ids", "attention_mask": "mask"},
-                               "transformer.layer.1.output_layer_norm", "LayerNorm"),
+    "make_faulty_distilbert": (
+        {"input_ids": "ids", "attention_mask": "mask"},
+        "transformer.layer.1.output_layer_norm",
+        "LayerNorm",
+    ),
     "make_faulty_vit": ({"pixel_values": (2, 3, 16, 16)}, "layers.2.layernorm_before", "LayerNorm"),
-    "make_faulty_bert": ({"input_ids": "ids", "attention_mask": "mask", "token_type_ids": "zeros"},
-                         "encoder.layer.1.intermediate.intermediate_act_fn", "GELUActivation"),
+    "make_faulty_bert": (
+        {"input_ids": "ids", "attention_mask": "mask", "token_type_ids": "zeros"},
+        "encoder.layer.1.intermediate.intermediate_act_fn",
+        "GELUActivation",
+    ),
     "make_faulty_gpt2": ({"input_ids": "ids", "attention_mask": "mask"}, "h.1.mlp.act", "NewGELUActivation"),
 }
 
@@ -25,10 +31,15 @@ def _feed(inputs: dict) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     mask = np.ones((2, 16), np.int64)
     mask[1, 11:] = 0
-    kinds = {"ids": lambda: rng.integers(0, nestedmodels.VOCAB, (2, 16)), "mask": lambda: mask,
-             "zeros": lambda: np.zeros((2, 16), np.int64)}
-    return {name: kinds[shape]() if isinstance(shape, str) else rng.standard_normal(shape).astype(np.float32)
-            for name, shape in inputs.items()}
+    kinds = {
+        "ids": lambda: rng.integers(0, nestedmodels.VOCAB, (2, 16)),
+        "mask": lambda: mask,
+        "zeros": lambda: np.zeros((2, 16), np.int64),
+    }
+    return {
+        name: kinds[shape]() if isinstance(shape, str) else rng.standard_normal(shape).astype(np.float32)
+        for name, shape in inputs.items()
+    }
 
 
 def _first_output(out):
@@ -119,7 +130,8 @@ def test_keras_fault_is_in_the_tf2onnx_export_only(tmp_path, monkeypatch):
     def exported():
         function = tf.function(lambda a: model(a))  # noqa: PLW0108 - a fresh function, traced apart from the model
         onnx_model, _ = tf2onnx.convert.from_function(
-            function, input_signature=[tf.TensorSpec((None, 12), tf.float32, name="x")], opset=17)
+            function, input_signature=[tf.TensorSpec((None, 12), tf.float32, name="x")], opset=17
+        )
         session = ort.InferenceSession(onnx_model.SerializeToString(), providers=["CPUExecutionProvider"])
         return session.run(None, {session.get_inputs()[0].name: x})[0]
 
@@ -152,13 +164,19 @@ def test_flax_fault_is_in_the_jax2onnx_export_only(tmp_path, monkeypatch):
 
     from parity.model.user import unflatten
 
-    params = unflatten({k: jnp.asarray(v) for k, v in np.load(nestedmodels.save_flax_params(tmp_path / "p.npz")).items()})
+    params = unflatten(
+        {k: jnp.asarray(v) for k, v in np.load(nestedmodels.save_flax_params(tmp_path / "p.npz")).items()}
+    )
     x = np.random.default_rng(0).standard_normal((2, 12)).astype(np.float32)
     native = np.asarray(jax.jit(nestedmodels.flax_apply)(params, x))  # as parity's native jax path runs it
 
     def exported():
-        model = to_onnx(lambda a: nestedmodels.flax_apply(params, a), [jax.ShapeDtypeStruct((2, 12), "float32")],
-                        model_name="nested", opset=17)
+        model = to_onnx(
+            lambda a: nestedmodels.flax_apply(params, a),
+            [jax.ShapeDtypeStruct((2, 12), "float32")],
+            model_name="nested",
+            opset=17,
+        )
         session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
         return session.run(None, {session.get_inputs()[0].name: x})[0]
 

@@ -11,10 +11,17 @@ import pytest
 
 from tests.conftest import REPO
 
-CASES = ("test_add", "test_matmul_2d", "test_size", "test_isnan", "test_shape", "test_reduce_sum_keepdims_example",
-         "test_where_example",
-         "test_mvn",  # the ONNX checker cannot infer through MeanVarianceNormalization's body; ONNX Runtime loads it
-         "test_scatter_with_axis")  # Scatter (deprecated for ScatterElements) has no onnx.reference implementation
+CASES = (
+    "test_add",
+    "test_matmul_2d",
+    "test_size",
+    "test_isnan",
+    "test_shape",
+    "test_reduce_sum_keepdims_example",
+    "test_where_example",
+    "test_mvn",  # the ONNX checker cannot infer through MeanVarianceNormalization's body; ONNX Runtime loads it
+    "test_scatter_with_axis",
+)  # Scatter (deprecated for ScatterElements) has no onnx.reference implementation
 
 
 def _script():

@@ -51,8 +51,23 @@ def test_bench_verifies_a_float16_output_at_the_tolerance_the_check_passed_it_at
     says, reason, _ = script.parity_result(cases["test_attention_4d_fp16"], workspace)
     assert says == "pass", reason
     out = workspace / "bench.json"
-    result = CliRunner().invoke(cli, ["bench", "--workspace", str(workspace), "--model", "test_attention_4d_fp16",
-                                      "--path", "onnx/ort", "--budget", "0.05", "--no-store", "--json", str(out)])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "bench",
+            "--workspace",
+            str(workspace),
+            "--model",
+            "test_attention_4d_fp16",
+            "--path",
+            "onnx/ort",
+            "--budget",
+            "0.05",
+            "--no-store",
+            "--json",
+            str(out),
+        ],
+    )
     (entry,) = json.loads(out.read_text())["results"]
     series = entry["timing"]["batches"]
     assert series and all(s["verdict"] == "pass" for s in series.values()), (result.output, series)
@@ -66,8 +81,11 @@ def test_each_output_of_a_mixed_graph_is_judged_by_its_own_dtype():
     stats = closeness.compare_outputs(actual, golden, judged)
     assert stats["half"]["ok"] and stats["half"]["tolerance"]["dtype"] == "float16"
     assert not stats["full"]["ok"] and "tolerance" not in stats["full"]
-    bf16 = closeness.compare_outputs({"y": golden["half"] + 3e-3}, {"y": golden["half"]},
-                                     closeness.OutputTolerances(tolerances_at, "fp32", {"y": "bfloat16"}))
+    bf16 = closeness.compare_outputs(
+        {"y": golden["half"] + 3e-3},
+        {"y": golden["half"]},
+        closeness.OutputTolerances(tolerances_at, "fp32", {"y": "bfloat16"}),
+    )
     assert bf16["y"]["ok"] and bf16["y"]["tolerance"]["rtol"] == pytest.approx(16 * 2.0**-7)
     # a float16 path at --precision fp16 keeps its precision's own tolerances, and says nothing more
     _, rule = closeness.dtype_tolerance(tolerances_at, "y", "float16", "fp16")
@@ -77,8 +95,9 @@ def test_each_output_of_a_mixed_graph_is_judged_by_its_own_dtype():
 def test_a_float16_output_takes_the_fp16_tolerance_the_spec_declares():
     """A spec that declares its fp16 tolerances has a float16 output judged at those, as ``--precision fp16`` judges
     it, not at the dtype's default."""
-    tolerances_at = _spec_tolerances({"fp32": Tolerances(Tolerance(1e-5, 1e-5)),
-                                      "fp16": Tolerances(Tolerance(1e-4, 1e-4))})
+    tolerances_at = _spec_tolerances(
+        {"fp32": Tolerances(Tolerance(1e-5, 1e-5)), "fp16": Tolerances(Tolerance(1e-4, 1e-4))}
+    )
     judged = closeness.OutputTolerances(tolerances_at, "fp32", {"y": "float16"})
     stats = closeness.compare_outputs({"y": np.full(4, 0.5 + 4.9e-4)}, {"y": np.full(4, 0.5)}, judged)
     assert not stats["y"]["ok"] and stats["y"]["tolerance"]["atol"] == pytest.approx(1e-4)

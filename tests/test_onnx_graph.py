@@ -23,7 +23,9 @@ TOL = Tolerance(1e-6, 1e-6)
 
 
 def _entries(units: dict[str, float]) -> list[dict]:
-    return [{"node": f"n_{t}", "op_type": "Op", "tensor": t, "max_abs": u * 1e-5, "tol_units": u} for t, u in units.items()]
+    return [
+        {"node": f"n_{t}", "op_type": "Op", "tensor": t, "max_abs": u * 1e-5, "tol_units": u} for t, u in units.items()
+    ]
 
 
 def test_first_divergent_node_all_within():
@@ -65,14 +67,17 @@ def test_finite_stats_nonfinite_alike_is_left_out():
     assert stats["ok"] and stats["tol_units"] == 0.0 and stats["max_abs"] == 0.0
 
 
-@pytest.mark.parametrize("actual, reference", [
-    ([1.0, np.nan], [1.0, 2.0]),        # NaN in the first runtime only
-    ([1.0, 2.0], [1.0, np.nan]),        # NaN in the second only (error_stats alone gives tol_units NaN)
-    ([np.nan, 2.0], [1.0, np.nan]),     # NaN on both sides, at different positions
-    ([np.inf, 2.0], [-np.inf, 2.0]),    # Inf at the same position, different signs
-    ([np.inf, 2.0], [np.nan, 2.0]),     # Inf against NaN
-    ([1.0, np.inf], [1.0, 2.0]),        # Inf in one runtime only
-])
+@pytest.mark.parametrize(
+    "actual, reference",
+    [
+        ([1.0, np.nan], [1.0, 2.0]),  # NaN in the first runtime only
+        ([1.0, 2.0], [1.0, np.nan]),  # NaN in the second only (error_stats alone gives tol_units NaN)
+        ([np.nan, 2.0], [1.0, np.nan]),  # NaN on both sides, at different positions
+        ([np.inf, 2.0], [-np.inf, 2.0]),  # Inf at the same position, different signs
+        ([np.inf, 2.0], [np.nan, 2.0]),  # Inf against NaN
+        ([1.0, np.inf], [1.0, 2.0]),  # Inf in one runtime only
+    ],
+)
 def test_finite_stats_nonfinite_mismatch_is_inf(actual, reference):
     stats = og._finite_stats(np.array(actual, dtype=np.float32), np.array(reference, dtype=np.float32), TOL)
     assert stats["tol_units"] == math.inf and stats["max_abs"] == math.inf and stats["ok"] is False
@@ -94,8 +99,11 @@ def test_nonfinite_node_is_the_first_divergent():
     """A node that produces NaN where the other runtime does not is picked, not its consumers."""
     ort = {"a": np.array([1.0, 2.0]), "b": np.array([np.nan, 1.0]), "c": np.array([np.nan, 3.0])}
     ref = {"a": np.array([1.0, 2.0]), "b": np.array([0.5, 1.0]), "c": np.array([0.5, 3.0])}
-    entries = [{"node": f"n_{t}", "op_type": "Op", "tensor": t, **{k: s[k] for k in ("max_abs", "tol_units")}}
-               for t in ort for s in [og._finite_stats(ort[t], ref[t], TOL)]]
+    entries = [
+        {"node": f"n_{t}", "op_type": "Op", "tensor": t, **{k: s[k] for k in ("max_abs", "tol_units")}}
+        for t in ort
+        for s in [og._finite_stats(ort[t], ref[t], TOL)]
+    ]
     assert [e["tol_units"] for e in entries] == [0.0, math.inf, math.inf]
     assert og.first_divergent_node(entries, {"a": ["x"], "b": ["a"], "c": ["b"]})["tensor"] == "b"
 
@@ -113,8 +121,13 @@ def _tiny_model():
         helper.make_node("Relu", ["m"], ["r"], name="relu"),
         helper.make_node("Add", ["r", "x"], ["y"], name="add"),
     ]
-    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], [w])
+    graph = helper.make_graph(
+        nodes,
+        "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        [w],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
 
 
@@ -141,8 +154,11 @@ def test_compare_runtimes_tiny():
     model = _tiny_model()
     feed = {"x": np.ones((2, 3), dtype=np.float32)}
     result = og.compare_runtimes(model, feed, Tolerance(1e-6, 1e-6))
-    assert [(e["node"], e["op_type"], e["tensor"]) for e in result["nodes"]] == \
-           [("mul", "Mul", "m"), ("relu", "Relu", "r"), ("add", "Add", "y")]
+    assert [(e["node"], e["op_type"], e["tensor"]) for e in result["nodes"]] == [
+        ("mul", "Mul", "m"),
+        ("relu", "Relu", "r"),
+        ("add", "Add", "y"),
+    ]
     assert result["first_divergent"] is None and all(e["max_abs"] == 0.0 for e in result["nodes"])
 
 
@@ -150,12 +166,19 @@ def test_compare_runtimes_when_onnx_reference_cannot_run():
     """ORT runs a com.microsoft contrib op that onnx.reference does not implement: no raise."""
     from onnx import TensorProto, helper
 
-    nodes = [helper.make_node("Relu", ["x"], ["m"], name="relu"),
-             helper.make_node("Gelu", ["m"], ["y"], name="gelu", domain="com.microsoft")]
-    graph = helper.make_graph(nodes, "contrib", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)],
-                              ir_version=8)
+    nodes = [
+        helper.make_node("Relu", ["x"], ["m"], name="relu"),
+        helper.make_node("Gelu", ["m"], ["y"], name="gelu", domain="com.microsoft"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "contrib",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)], ir_version=8
+    )
     result = og.compare_runtimes(model, {"x": np.ones((2, 3), dtype=np.float32)}, TOL)
     assert set(result) == {"nodes", "first_divergent", "error"}
     assert result["nodes"] == [] and result["first_divergent"] is None
@@ -167,7 +190,9 @@ def test_module_imports_no_framework():
     import subprocess
     import sys
 
-    probe = ("import sys, parity.diagnose.onnx_graph; "
-             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('onnx', 'onnxruntime', 'torch', 'tensorflow', 'jax')))")
+    probe = (
+        "import sys, parity.diagnose.onnx_graph; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('onnx', 'onnxruntime', 'torch', 'tensorflow', 'jax')))"
+    )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "[]"

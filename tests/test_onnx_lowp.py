@@ -103,8 +103,11 @@ def test_four_bit_packing_is_onnx_own(dtype):
 
     from parity.model import values
 
-    array = np.arange(-3, 4).astype(np.float32).reshape(7, 1).astype(getattr(ml_dtypes, dtype)) if dtype != "uint4" \
+    array = (
+        np.arange(-3, 4).astype(np.float32).reshape(7, 1).astype(getattr(ml_dtypes, dtype))
+        if dtype != "uint4"
         else np.arange(7, dtype=np.uint8).reshape(7, 1).astype(ml_dtypes.uint4)
+    )
     packed = values.pack4(array)
     assert packed.tobytes() == numpy_helper.from_array(array).raw_data
     assert np.array_equal(values.unpack4(packed, dtype, array.shape).view(np.uint8), values.to_bits(array))

@@ -9,8 +9,14 @@ import pytest
 
 from tests.test_onnx_corpus import corpus_of, taken_and_agreeing
 
-CASES = ("test_identity_sequence", "test_sequence_insert_at_back", "test_split_to_sequence_1", "test_identity_opt",
-         "test_if_opt", "test_loop13_seq")
+CASES = (
+    "test_identity_sequence",
+    "test_sequence_insert_at_back",
+    "test_split_to_sequence_1",
+    "test_identity_opt",
+    "test_if_opt",
+    "test_loop13_seq",
+)
 
 
 @pytest.fixture(scope="module")
@@ -94,8 +100,10 @@ def test_an_expected_sequence_of_another_length_fails_naming_it(corpus):
     case = _edited(script, cases["test_split_to_sequence_1"], "test_split_to_sequence_short", lambda items: items[:2])
     assert script.ort_verdict(case)[0] == "fail"
     says, reason = script.parity_verdict(case, workspace)
-    assert says == "fail" and "output seq: a sequence of 3 where the golden output is a sequence of 2" in reason, \
-        (says, reason)
+    assert says == "fail" and "output seq: a sequence of 3 where the golden output is a sequence of 2" in reason, (
+        says,
+        reason,
+    )
 
 
 def test_an_absent_optional_input_and_output_are_taken(corpus, tmp_path):
@@ -106,11 +114,19 @@ def test_an_absent_optional_input_and_output_are_taken(corpus, tmp_path):
     tensor = helper.make_tensor_type_proto(TensorProto.FLOAT, [3])
     optional = helper.make_optional_type_proto(tensor)
     graph = helper.make_graph(
-        [helper.make_node("OptionalHasElement", ["maybe"], ["has"]),
-         helper.make_node("Optional", [], ["none"], type=tensor), helper.make_node("Neg", ["x"], ["y"])],
-        "absent", [helper.make_value_info("maybe", optional), helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
-        [helper.make_tensor_value_info("has", TensorProto.BOOL, []), helper.make_value_info("none", optional),
-         helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
+        [
+            helper.make_node("OptionalHasElement", ["maybe"], ["has"]),
+            helper.make_node("Optional", [], ["none"], type=tensor),
+            helper.make_node("Neg", ["x"], ["y"]),
+        ],
+        "absent",
+        [helper.make_value_info("maybe", optional), helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+        [
+            helper.make_tensor_value_info("has", TensorProto.BOOL, []),
+            helper.make_value_info("none", optional),
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [3]),
+        ],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
     x = np.arange(3, dtype=np.float32)
     case = _case(tmp_path / "test_optional_absent", model, [None, x], [np.array(False), None, -x])

@@ -47,10 +47,15 @@ def small_model():
         helper.make_node("Softmax", ["rh"], ["y"], axis=-1),
     ]
     graph = helper.make_graph(
-        nodes, "small", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        nodes,
+        "small",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b"),
-         numpy_helper.from_array(np.array([1, 2, 3], np.int64), "k")],
+        [
+            numpy_helper.from_array(w, "w"),
+            numpy_helper.from_array(b, "b"),
+            numpy_helper.from_array(np.array([1, 2, 3], np.int64), "k"),
+        ],
         value_info=[helper.make_tensor_value_info("h", TensorProto.FLOAT, [2, 3])],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
@@ -103,29 +108,50 @@ def test_reference_outputs_rejects_other_dtypes():
 
 def test_if_branches_and_local_functions_are_converted():
     then_graph = helper.make_graph(
-        [helper.make_node("Constant", [], ["one"], value_floats=[0.1, 0.2]),
-         helper.make_node("Add", ["x", "one"], ["t"])],
-        "then", [], [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2])])
+        [
+            helper.make_node("Constant", [], ["one"], value_floats=[0.1, 0.2]),
+            helper.make_node("Add", ["x", "one"], ["t"]),
+        ],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2])],
+    )
     else_graph = helper.make_graph(
-        [helper.make_node("ConstantOfShape", ["shape"], ["zeros"]),  # no value: float zeros by default
-         helper.make_node("Scale", ["x"], ["s"], domain="local"),
-         helper.make_node("Add", ["s", "zeros"], ["e"])],
-        "else", [], [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2])],
-        [numpy_helper.from_array(np.array([2], np.int64), "shape")])
+        [
+            helper.make_node("ConstantOfShape", ["shape"], ["zeros"]),  # no value: float zeros by default
+            helper.make_node("Scale", ["x"], ["s"], domain="local"),
+            helper.make_node("Add", ["s", "zeros"], ["e"]),
+        ],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2])],
+        [numpy_helper.from_array(np.array([2], np.int64), "shape")],
+    )
     scale = helper.make_function(
-        "local", "Scale", ["a"], ["b"],
-        [helper.make_node("Constant", [], ["third"], value_float=1 / 3),
-         helper.make_node("Cast", ["third"], ["third_f"], to=TensorProto.FLOAT16),
-         helper.make_node("Cast", ["third_f"], ["third_ff"], to=TensorProto.FLOAT),
-         helper.make_node("Mul", ["a", "third_ff"], ["b"])],
-        [helper.make_opsetid("", 21)])
+        "local",
+        "Scale",
+        ["a"],
+        ["b"],
+        [
+            helper.make_node("Constant", [], ["third"], value_float=1 / 3),
+            helper.make_node("Cast", ["third"], ["third_f"], to=TensorProto.FLOAT16),
+            helper.make_node("Cast", ["third_f"], ["third_ff"], to=TensorProto.FLOAT),
+            helper.make_node("Mul", ["a", "third_ff"], ["b"]),
+        ],
+        [helper.make_opsetid("", 21)],
+    )
     graph = helper.make_graph(
-        [helper.make_node("If", ["cond"], ["y"], then_branch=then_graph, else_branch=else_graph)], "if",
-        [helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
-    model = helper.make_model(graph, functions=[scale],
-                              opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("local", 1)])
+        [helper.make_node("If", ["cond"], ["y"], then_branch=then_graph, else_branch=else_graph)],
+        "if",
+        [
+            helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    model = helper.make_model(
+        graph, functions=[scale], opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("local", 1)]
+    )
     onnx.checker.check_model(model, full_check=True)
 
     converted = _double_checked(model)
@@ -154,8 +180,13 @@ def torch_export(tmp_path_factory):
     pytest.importorskip("onnxscript")
     torch.manual_seed(0)
     module = torch.nn.Sequential(
-        torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
-        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(4, 2))
+        torch.nn.Conv2d(3, 4, 3),
+        torch.nn.BatchNorm2d(4),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(4, 2),
+    )
     with torch.no_grad():
         module[1].running_mean.normal_()
         module[1].running_var.uniform_(0.5, 2.0)
@@ -165,8 +196,17 @@ def torch_export(tmp_path_factory):
     path = tmp_path_factory.mktemp("torch") / "model.onnx"
     # optimize=False keeps BatchNormalization: the optimizer folds it into the Conv weights in
     # float32, which moves the float64 result ~1e-8 away from torch's float64 run
-    torch.onnx.export(module, (torch.zeros(2, 3, 8, 8),), str(path), input_names=["x"], output_names=["y"],
-                      dynamo=True, external_data=False, optimize=False, verbose=False)
+    torch.onnx.export(
+        module,
+        (torch.zeros(2, 3, 8, 8),),
+        str(path),
+        input_names=["x"],
+        output_names=["y"],
+        dynamo=True,
+        external_data=False,
+        optimize=False,
+        verbose=False,
+    )
     return module, path
 
 
@@ -217,9 +257,11 @@ def test_garbage_and_truncated_files_are_not_onnx_models(tmp_path, torch_export)
 
 def test_model_failing_the_checker_is_refused(tmp_path):
     graph = helper.make_graph(
-        [helper.make_node("Relu", ["never_produced"], ["y"])], "bad",
+        [helper.make_node("Relu", ["never_produced"], ["y"])],
+        "bad",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
     path = _save(helper.make_model(graph), tmp_path / "bad.onnx")
     message = _refused(path, "fails the ONNX checker: Nodes in a graph must be topologically sorted")
     assert "never_produced" in message
@@ -241,9 +283,11 @@ def test_op_without_a_float64_form_falls_back_to_float32_with_the_reason():
     # onnx.reference runs MeanVarianceNormalization by its schema's function body, whose epsilon
     # is a float32 Constant: in float64 the body's Add mixes float64 and float32 and fails.
     graph = helper.make_graph(
-        [helper.make_node("MeanVarianceNormalization", ["x"], ["y"])], "mvn",
+        [helper.make_node("MeanVarianceNormalization", ["x"], ["y"])],
+        "mvn",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, 3])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 3, 3])])
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 3, 3])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     x = np.random.default_rng(3).normal(size=(1, 2, 3, 3))
     with pytest.raises(Exception, match="Input type mismatch"):

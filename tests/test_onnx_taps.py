@@ -140,8 +140,9 @@ def test_metadata_and_names_do_not_depend_on_values(artifacts, model, exporter):
     faulty = {name: 3.0 * v + 1.0 for name, v in art.values().items()}
     for values in ({}, faulty):
         mapping = art.map(exporter, values=values)
-        assert {t: (m["tensor"], m["how"], m["fused_into"]) for t, m in mapping.items()} == \
-               {t: (m["tensor"], m["how"], m["fused_into"]) for t, m in clean.items()}
+        assert {t: (m["tensor"], m["how"], m["fused_into"]) for t, m in mapping.items()} == {
+            t: (m["tensor"], m["how"], m["fused_into"]) for t, m in clean.items()
+        }
 
 
 # --------------------------------------------------------------------------- robustness
@@ -251,8 +252,10 @@ def test_module_imports_no_framework():
     import subprocess
     import sys
 
-    probe = ("import sys, parity.diagnose.onnx_taps; "
-             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('onnx', 'onnxruntime', 'torch', 'tensorflow', 'jax')))")
+    probe = (
+        "import sys, parity.diagnose.onnx_taps; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('onnx', 'onnxruntime', 'torch', 'tensorflow', 'jax')))"
+    )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "[]"
 

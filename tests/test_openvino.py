@@ -30,15 +30,17 @@ def checked(root, models, patterns) -> dict:
     return {(r["model"], r["path"]): r for r in report["results"]}
 
 
-
-
 def assert_f32_hint(result: dict) -> None:
     numerics, record = result["numerics"], result["runtime"]
     assert numerics["inference_precision_hint"] == "f32" and numerics["ran_at"] == "f32"
     assert numerics["cpu_default_hint"] in ("f32", "bf16", "f16")
     assert numerics["default_here"].startswith(f"default here: {numerics['cpu_default_hint']} ")
-    assert record["inference_precision"] == {"set": "f32", "ran": "f32", "cpu_default": numerics["cpu_default_hint"],
-                                             "note": numerics["default_here"]}
+    assert record["inference_precision"] == {
+        "set": "f32",
+        "ran": "f32",
+        "cpu_default": numerics["cpu_default_hint"],
+        "note": numerics["default_here"],
+    }
     assert record["openvino"] and record["threads"] == 1 and record["dynamic_inputs"] == ["x"]
 
 
@@ -61,8 +63,9 @@ def test_at_a_reduced_precision_the_hint_asks_for_it_and_a_cpu_without_it_is_a_s
     import openvino as ov
 
     root = zoo_copy(tmp_path, "mlp")
-    report = orchestrate.check(Workspace(root), ["mlp"], orchestrate.Options(threads=1, patterns=("torch/openvino",),
-                                                                             precision=precision))
+    report = orchestrate.check(
+        Workspace(root), ["mlp"], orchestrate.Options(threads=1, patterns=("torch/openvino",), precision=precision)
+    )
     (result,) = report["results"]
     supported = ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
     if ("BF16" if hint == "bf16" else "FP16") in supported:
@@ -78,19 +81,30 @@ def test_the_ir_holds_float32_weights_and_the_spec_names(tmp_path):
     and output named as the spec names them, its batch dynamic; the IR's taps are refused with the reason."""
     import openvino as ov
 
-    meta = tasks.export_step(str(REPO), "mlp", paths.TORCH_OPENVINO.target, str(REPO / "golden" / "mlp"), 18,
-                             str(tmp_path), None, None)
+    meta = tasks.export_step(
+        str(REPO), "mlp", paths.TORCH_OPENVINO.target, str(REPO / "golden" / "mlp"), 18, str(tmp_path), None, None
+    )
     assert (meta["file"], meta["input_names"], meta["output_names"]) == ("model.xml", ["x"], ["logits"])
     xml = (tmp_path / "model.xml").read_text()
     assert 'element_type="f32"' in xml and 'element_type="f16"' not in xml
     model = ov.Core().read_model(str(tmp_path / "model.xml"))
     assert model.input("x").get_partial_shape().to_string() == "[?,64]" and model.output("logits")
     spec = Workspace(REPO).load_spec("mlp")
-    observed = collect(str(REPO), "mlp", "torch/openvino", str(REPO / "golden" / "mlp"), "fp32", 1, str(tmp_path),
-                       meta, gradients=False)
+    observed = collect(
+        str(REPO),
+        "mlp",
+        "torch/openvino",
+        str(REPO / "golden" / "mlp"),
+        "fp32",
+        1,
+        str(tmp_path),
+        meta,
+        gradients=False,
+    )
     assert observed["taps"] == {} and set(observed["located"]) == set(spec.taps)
-    assert all(where["found"] == "unmapped" and "TorchScript" in where["reason"]
-               for where in observed["located"].values())
+    assert all(
+        where["found"] == "unmapped" and "TorchScript" in where["reason"] for where in observed["located"].values()
+    )
 
 
 def test_without_the_hint_the_plugin_runs_its_own_default(tmp_path):
@@ -105,8 +119,9 @@ def test_without_the_hint_the_plugin_runs_its_own_default(tmp_path):
     if default == "f32":
         pytest.skip("OpenVINO's CPU plugin defaults to f32 on this CPU: nothing to guard against here")
     golden_dir = REPO / "golden" / "transformer"
-    meta = tasks.export_step(str(REPO), "transformer", paths.TORCH_OPENVINO.target, str(golden_dir), 18, str(tmp_path),
-                             None, None)
+    meta = tasks.export_step(
+        str(REPO), "transformer", paths.TORCH_OPENVINO.target, str(golden_dir), 18, str(tmp_path), None, None
+    )
     spec = Workspace(REPO).load_spec("transformer")
     arrays = golden.load(golden_dir, spec).arrays
     x, expected = arrays["inputs.npz"]["x"], arrays["reference.npz"]["logits"]
@@ -114,8 +129,7 @@ def test_without_the_hint_the_plugin_runs_its_own_default(tmp_path):
     unhinted = core.compile_model(core.read_model(str(tmp_path / "model.xml")), "CPU", {"INFERENCE_NUM_THREADS": 1})
     assert unhinted.get_property("INFERENCE_PRECISION_HINT").get_type_name() == default
     drift = np.max(np.abs(unhinted({"x": x.astype(np.float32)})["logits"] - expected))
-    runner = tasks.build_runner(spec, paths.by_id("torch/openvino"), {}, spec.batch_size, 1,
-                                str(tmp_path), meta)
+    runner = tasks.build_runner(spec, paths.by_id("torch/openvino"), {}, spec.batch_size, 1, str(tmp_path), meta)
     assert drift > tolerance.atol + tolerance.rtol * np.max(np.abs(expected)), drift
     assert np.max(np.abs(runner.run(x)["logits"] - expected)) < drift / 10
 
@@ -131,17 +145,25 @@ def _onnx_mlp(path: Path) -> None:
     rng = np.random.default_rng(0)
     sizes, nodes, weights, previous = (8, 16, 16, 4), [], [], "x"
     for k, (fan_in, fan_out) in enumerate(itertools.pairwise(sizes), 1):
-        weights += [numpy_helper.from_array(rng.normal(scale=fan_in ** -0.5, size=(fan_in, fan_out)).astype(np.float32),
-                                            f"w{k}"),
-                    numpy_helper.from_array(rng.normal(scale=0.1, size=fan_out).astype(np.float32), f"b{k}")]
+        weights += [
+            numpy_helper.from_array(rng.normal(scale=fan_in**-0.5, size=(fan_in, fan_out)).astype(np.float32), f"w{k}"),
+            numpy_helper.from_array(rng.normal(scale=0.1, size=fan_out).astype(np.float32), f"b{k}"),
+        ]
         output = "logits" if k == 3 else f"h{k}"
-        nodes += [helper.make_node("MatMul", [previous, f"w{k}"], [f"mm{k}"]),
-                  helper.make_node("Add", [f"mm{k}", f"b{k}"], [output if k == 3 else f"pre{k}"])]
+        nodes += [
+            helper.make_node("MatMul", [previous, f"w{k}"], [f"mm{k}"]),
+            helper.make_node("Add", [f"mm{k}", f"b{k}"], [output if k == 3 else f"pre{k}"]),
+        ]
         if k < 3:
             nodes.append(helper.make_node("Relu", [f"pre{k}"], [output]))
         previous = output
-    graph = helper.make_graph(nodes, "mlp3", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 4])], weights)
+    graph = helper.make_graph(
+        nodes,
+        "mlp3",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 4])],
+        weights,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 10  # what ONNX Runtime reads
     onnx.save(model, str(path))
@@ -183,8 +205,9 @@ def test_an_onnx_file_with_a_changed_weight_fails_and_is_diagnosed_to_its_tap(on
     ws = Workspace(root)
     artifact = tmp_path / "changed"
     artifact.mkdir()
-    meta = tasks.export_step(str(root), "net", paths.ONNX_FILE.target, str(ws.golden_dir("net")), 17, str(artifact),
-                             None, None)
+    meta = tasks.export_step(
+        str(root), "net", paths.ONNX_FILE.target, str(ws.golden_dir("net")), 17, str(artifact), None, None
+    )
     model = onnx.load(str(artifact / "model.onnx"))
     w2 = next(t for t in model.graph.initializer if t.name == "w2")
     changed = onnx.numpy_helper.to_array(w2).copy()
@@ -192,14 +215,21 @@ def test_an_onnx_file_with_a_changed_weight_fails_and_is_diagnosed_to_its_tap(on
     w2.CopyFrom(onnx.numpy_helper.from_array(changed, "w2"))
     onnx.save(model, str(artifact / "model.onnx"))
 
-    result = tasks.check_path(str(root), "net", "onnx/openvino", str(ws.golden_dir("net")), "fp32", 1, str(artifact),
-                              meta)
+    result = tasks.check_path(
+        str(root), "net", "onnx/openvino", str(ws.golden_dir("net")), "fp32", 1, str(artifact), meta
+    )
     assert result["verdict"] == "fail" and result["reason"].startswith("output logits"), result["reason"]
     spec = ws.load_spec("net")
     run = orchestrate.Run(ws, orchestrate.Options(threads=1))
     with WorkerPool(1, cache_root() / "logs", 300) as pool:
-        diagnosis = chain.diagnose(run, pool, spec, golden.verify(ws.golden_dir("net"), spec),
-                                   paths.by_id("onnx/openvino"), artifact={"dir": str(artifact), "meta": meta})
+        diagnosis = chain.diagnose(
+            run,
+            pool,
+            spec,
+            golden.verify(ws.golden_dir("net"), spec),
+            paths.by_id("onnx/openvino"),
+            artifact={"dir": str(artifact), "meta": meta},
+        )
     # the taps put it at h2; the descent into the graph's own nodes ends at the MatMul that reads the changed w2
     assert diagnosis["first_divergent_path"] == ["mm2"], (diagnosis["first_divergent_path"], diagnosis.get("notes"))
     assert any("taps put the first divergence at h2" in note for note in diagnosis["notes"])
@@ -216,8 +246,10 @@ def test_without_openvino_every_openvino_path_is_a_skip_with_the_install_hint(tm
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "openvino" else real(name, *a))
     for path_id in OPENVINO_PATHS:
         reason = paths.unavailable_reason(paths.by_id(path_id))
-        assert reason is not None and "openvino not installed (pip install openvino, or parity[openvino])" in reason, \
-            (path_id, reason)
+        assert reason is not None and "openvino not installed (pip install openvino, or parity[openvino])" in reason, (
+            path_id,
+            reason,
+        )
     result = checked(zoo_copy(tmp_path, "mlp"), ["mlp"], ["torch/openvino"])[("mlp", "torch/openvino")]
     assert result["verdict"] == "skip" and "openvino not installed" in result["reason"], result
     assert paths.unavailable_reason(paths.by_id("torch/onnx/ort")) is None  # only OpenVINO's paths
@@ -228,8 +260,11 @@ def test_without_openvino_every_openvino_path_is_a_skip_with_the_install_hint(tm
 
 @pytest.mark.slow
 def test_every_openvino_path_passes_on_the_zoo(tmp_path):
-    results = checked(zoo_copy(tmp_path, "mlp", "cnn", "transformer"), ["mlp", "cnn", "transformer"],
-                      ["torch/openvino", "*/onnx/openvino"])
+    results = checked(
+        zoo_copy(tmp_path, "mlp", "cnn", "transformer"),
+        ["mlp", "cnn", "transformer"],
+        ["torch/openvino", "*/onnx/openvino"],
+    )
     for model in ("mlp", "cnn", "transformer"):
         for path in OPENVINO_PATHS[:4]:
             result = results[(model, path)]
@@ -242,10 +277,20 @@ def test_an_exported_onnx_graph_on_openvino_has_its_layers_read_as_on_onnx_runti
     from OpenVINO's own run; on a passing path every tap it finds agrees with the golden."""
     from parity.golden import store as golden
 
-    meta = tasks.export_step(str(REPO), "mlp", paths.TORCH_ONNX.target, str(REPO / "golden" / "mlp"), 18,
-                             str(tmp_path), None, None)
-    observed = collect(str(REPO), "mlp", "torch/onnx/openvino", str(REPO / "golden" / "mlp"), "fp32", 1,
-                       str(tmp_path), meta, gradients=False)
+    meta = tasks.export_step(
+        str(REPO), "mlp", paths.TORCH_ONNX.target, str(REPO / "golden" / "mlp"), 18, str(tmp_path), None, None
+    )
+    observed = collect(
+        str(REPO),
+        "mlp",
+        "torch/onnx/openvino",
+        str(REPO / "golden" / "mlp"),
+        "fp32",
+        1,
+        str(tmp_path),
+        meta,
+        gradients=False,
+    )
     spec = Workspace(REPO).load_spec("mlp")
     reference = golden.load(REPO / "golden" / "mlp", spec).arrays["reference.npz"]
     read = {tap: value for tap, value in observed["taps"].items() if observed["located"][tap]["found"] != "fused"}

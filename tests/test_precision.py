@@ -33,6 +33,7 @@ def invoke(*args):
 
 # --- tolerances and flags ---------------------------------------------------------------------------
 
+
 def test_default_tolerances_come_from_the_dtype_and_gradients_are_looser():
     assert precision.default_tolerance("fp16") == (16 * 2**-10,) * 2
     assert precision.default_tolerance("bf16") == (16 * 2**-7,) * 2
@@ -42,8 +43,10 @@ def test_default_tolerances_come_from_the_dtype_and_gradients_are_looser():
 
 def test_a_spec_declares_per_precision_tolerances_and_defaults_are_never_tighter_than_fp32():
     spec = Workspace(REPO).load_spec("mlp")
-    spec.tolerances = {"fp32": Tolerances(Tolerance(0.5, 1e-5), {"logits": Tolerance(1e-5, 0.9)}),
-                       "fp16": Tolerances(Tolerance(0.03, 0.03))}
+    spec.tolerances = {
+        "fp32": Tolerances(Tolerance(0.5, 1e-5), {"logits": Tolerance(1e-5, 0.9)}),
+        "fp16": Tolerances(Tolerance(0.03, 0.03)),
+    }
     assert spec.output_tolerances("fp16").default == Tolerance(0.03, 0.03)  # declared wins
     bf16 = spec.output_tolerances("bf16")
     assert bf16.default == Tolerance(0.5, 0.125) and bf16.for_name("logits") == Tolerance(0.125, 0.9)
@@ -71,13 +74,21 @@ def test_worker_environment_pins_tf32_off_except_at_tf32():
 
 # --- end to end on the CPU --------------------------------------------------------------------------
 
+
 def test_bf16_native_paths_pass_with_their_tolerances_and_are_timed(workspace_copy):
     root = workspace_copy()
-    report, results = run_check(root, "mlp", ["torch", "jax"], precision="bf16",
-                                timing=BenchOptions(budget_s=0.05, min_runs=5, batch_sizes=(64,), first_result=False))
+    report, results = run_check(
+        root,
+        "mlp",
+        ["torch", "jax"],
+        precision="bf16",
+        timing=BenchOptions(budget_s=0.05, min_runs=5, batch_sizes=(64,), first_result=False),
+    )
     assert outcome.exit_code(report) == 0
-    for path_id, dtype_flag in (("torch", "torch.backends.cuda.matmul.allow_tf32"),
-                                ("jax", "jax_default_matmul_precision")):
+    for path_id, dtype_flag in (
+        ("torch", "torch.backends.cuda.matmul.allow_tf32"),
+        ("jax", "jax_default_matmul_precision"),
+    ):
         result = results[path_id]
         assert result["verdict"] == "pass" and result["precision"] == "bf16", result["reason"]
         assert result["numerics"]["dtype"] == "bfloat16" and dtype_flag in result["numerics"]
@@ -113,8 +124,19 @@ def test_a_bf16_path_that_loses_the_ranking_fails_the_metric_rule(tmp_path):
         labels = make_offset_logits().double()(torch.from_numpy(x).double()).argmax(-1).numpy()
     np.savez(tmp_path / "data.npz", x=x, labels=labels)
     models = REPO / "tests" / "usermodels.py"
-    for args in (["init", "offset", "--torch", f"{models}:make_offset_logits", "--inputs", str(tmp_path / "data.npz"),
-                  "--input", "x=64x8"], ["golden", "build", "--model", "offset"]):
+    for args in (
+        [
+            "init",
+            "offset",
+            "--torch",
+            f"{models}:make_offset_logits",
+            "--inputs",
+            str(tmp_path / "data.npz"),
+            "--input",
+            "x=64x8",
+        ],
+        ["golden", "build", "--model", "offset"],
+    ):
         result = invoke(*args, "--workspace", str(tmp_path))
         assert result.exit_code == 0, result.output
     _, fp32 = run_check(tmp_path, "offset", ["torch"], diagnose=None)
@@ -129,6 +151,7 @@ def test_a_bf16_path_that_loses_the_ranking_fails_the_metric_rule(tmp_path):
 
 
 # --- what cannot run here -----------------------------------------------------------------------------
+
 
 def test_tf32_on_the_cpu_and_bf16_on_onnx_runtime_skip_with_reasons():
     assert "tensor-core mode" in paths.unavailable_reason(paths.by_id("torch", "cpu", "tf32"))
@@ -145,7 +168,9 @@ def test_device_cuda_without_a_gpu_skips_every_path_with_its_reason(workspace_co
     assert "no NVIDIA GPU here" in result.stderr and "Traceback" not in result.output
     report = json.loads(result.stdout)
     reasons = {r["path"]: r["reason"] for r in report["results"]}
-    assert {r["verdict"] for r in report["results"]} == {"skip"} and {r["device"] for r in report["results"]} == {"cuda:0"}
+    assert {r["verdict"] for r in report["results"]} == {"skip"} and {r["device"] for r in report["results"]} == {
+        "cuda:0"
+    }
     assert all(reason.startswith("no NVIDIA GPU here") for reason in reasons.values())
     assert "torch/onnx/trt" in reasons and "torch/onnx/ort-trt" in reasons and "torch/onnx/onnxref" not in reasons
     if "+cpu" in (report["env"]["packages"].get("torch") or ""):
@@ -160,11 +185,14 @@ def test_paths_shows_the_whole_matrix_with_reasons_and_the_tensorrt_note():
         assert text in result.output
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--precision", "fp8"], "Invalid value for '--precision'"),
-    (["--device", "tpu"], "unknown device 'tpu'; use cpu, cuda or cuda:N"),
-    (["--device", "cuda:x"], "unknown device 'cuda:x'"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--precision", "fp8"], "Invalid value for '--precision'"),
+        (["--device", "tpu"], "unknown device 'tpu'; use cpu, cuda or cuda:N"),
+        (["--device", "cuda:x"], "unknown device 'cuda:x'"),
+    ],
+)
 def test_bad_device_or_precision_is_one_line_and_exit_2(args, message):
     result = CliRunner().invoke(cli, ["check", "--model", "mlp", *args])
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
@@ -217,16 +245,32 @@ def test_gpu_figures_time_compute_alone_and_say_what_cannot_be_measured():
             return 12.0
 
     runner = Resident(Workspace(REPO).load_spec("mlp"), 4, device="cuda:0")
-    figures = timing.gpu_figures(runner, np.zeros((4, 64), np.float32),
-                                 {"budget_s": 0.05, "min_runs": 5, "target_rel_ci": 0.02}, 4)
+    figures = timing.gpu_figures(
+        runner, np.zeros((4, 64), np.float32), {"budget_s": 0.05, "min_runs": 5, "target_rel_ci": 0.02}, 4
+    )
     assert figures["compute"]["median_ms"] >= 0.5 and figures["peak_device_memory_mb"] == 12.0
     if NO_GPU:
         assert figures["state"]["available"] is False
         assert figures["energy"]["joules_per_inference"] is None
         assert figures["energy"]["reason"].startswith("not measurable here")
-    result = {"model": "mlp", "path": "torch", "verdict": "pass", "timing": {"batches": {"4": {
-        "verdict": "pass", "median_ms": 1.0, "ci95_ms": [0.9, 1.1], "cv": 0.01, "runs": 5, "throughput": 4000.0,
-        "gpu": figures}}}}
+    result = {
+        "model": "mlp",
+        "path": "torch",
+        "verdict": "pass",
+        "timing": {
+            "batches": {
+                "4": {
+                    "verdict": "pass",
+                    "median_ms": 1.0,
+                    "ci95_ms": [0.9, 1.1],
+                    "cv": 0.01,
+                    "runs": 5,
+                    "throughput": 4000.0,
+                    "gpu": figures,
+                }
+            }
+        },
+    }
     text = timing_table.render({"results": [result]})
     assert "GPU compute alone" in text and "12" in text
     if NO_GPU:

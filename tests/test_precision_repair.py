@@ -80,9 +80,10 @@ def _checked(root, name, source, path_id):
     assert _invoke("golden", "build", "--workspace", root, "--model", name).exit_code == 0
     checks = {}
     for precision in ("fp32", "fp16"):
-        result = _invoke("check", "--workspace", root, "--model", name, "--path", path_id, "--precision", precision,
-                         "--json", "-")
-        checks[precision] = json.loads(result.output[result.output.index("{"):])["results"][0]
+        result = _invoke(
+            "check", "--workspace", root, "--model", name, "--path", path_id, "--precision", precision, "--json", "-"
+        )
+        checks[precision] = json.loads(result.output[result.output.index("{") :])["results"][0]
     assert checks["fp32"]["verdict"] == "pass" and checks["fp16"]["verdict"] == "fail", checks["fp16"]["reason"]
     return checks["fp16"]
 
@@ -125,32 +126,61 @@ def _verdict_with(ws, spec, parent, path_id, block, pool, out_dir) -> tuple[str,
     from parity.exporters.common import ExportJob
 
     out_dir.mkdir()
-    job = ExportJob(spec=spec, weights={}, batch_size=spec.batch_size, opset=spec.opset, out_dir=out_dir,
-                    parent_dir=Path(parent["dir"]), parent_meta=parent["meta"], precision="fp16")
+    job = ExportJob(
+        spec=spec,
+        weights={},
+        batch_size=spec.batch_size,
+        opset=spec.opset,
+        out_dir=out_dir,
+        parent_dir=Path(parent["dir"]),
+        parent_meta=parent["meta"],
+        precision="fp16",
+    )
     meta = onnx_fp16.export(job, node_block_list=block)
-    result = pool.call("onnx", "parity.run.tasks:check_path", workspace=str(ws.root), model=spec.name,
-                       path_id=path_id, golden_dir=str(ws.golden_dir(spec.name)), precision="fp16", threads=1,
-                       artifact_dir=str(out_dir), artifact_meta=meta)
+    result = pool.call(
+        "onnx",
+        "parity.run.tasks:check_path",
+        workspace=str(ws.root),
+        model=spec.name,
+        path_id=path_id,
+        golden_dir=str(ws.golden_dir(spec.name)),
+        precision="fp16",
+        threads=1,
+        artifact_dir=str(out_dir),
+        artifact_meta=meta,
+    )
     return result["verdict"], meta
 
 
-@pytest.mark.parametrize("name, ops", [("exp_sum", {"Exp", "ReduceSum", "Div"}),
-                                       ("wide_norm", {"Gemm", "LayerNormalization"})])
+@pytest.mark.parametrize(
+    "name, ops", [("exp_sum", {"Exp", "ReduceSum", "Div"}), ("wide_norm", {"Gemm", "LayerNormalization"})]
+)
 def test_an_overflow_is_repaired_by_a_minimal_list_and_the_exported_repair_passes(root, pool, name, ops, tmp_path):
     path_id = "torch/onnx/onnxref"
     checked = _checked(root, name, f"{root / 'nets.py'}:make_{name}", path_id)
     assert "NaN or Inf" in checked["reason"]
     ws, spec, parent = _parent(root, name, path_id, pool)
-    repair = pool.call("onnx", "parity.diagnose.repair:repair_for_diagnosis", workspace=str(ws.root), model=name,
-                       golden_dir=str(ws.golden_dir(name)), precision="fp16", threads=1, artifact_dir=parent["dir"],
-                       artifact_meta=parent["meta"], path_id=path_id)
+    repair = pool.call(
+        "onnx",
+        "parity.diagnose.repair:repair_for_diagnosis",
+        workspace=str(ws.root),
+        model=name,
+        golden_dir=str(ws.golden_dir(name)),
+        precision="fp16",
+        threads=1,
+        artifact_dir=parent["dir"],
+        artifact_meta=parent["meta"],
+        path_id=path_id,
+    )
     block = repair["node_block_list"]
     assert repair["passes"] and repair["minimal"] and set(repair["op_types"]) == ops and 1 <= len(block) <= 3
     assert repair["runtime"] == "onnxref" and repair["path"] == path_id and repair["runs"] <= 20
     assert not math.isfinite(repair["before"]["tol_units"]) and repair["after"]["tol_units"] <= 1
     assert set(repair["minimal_checks"]) == set(block) and all(u > 1 for u in repair["minimal_checks"].values())
-    assert repair["toolchain"]["tensorrt"] == block and f"node_block_list={block!r}" in \
-        repair["toolchain"]["onnxconverter_common"]
+    assert (
+        repair["toolchain"]["tensorrt"] == block
+        and f"node_block_list={block!r}" in repair["toolchain"]["onnxconverter_common"]
+    )
     # the exporter with the list writes a model parity's check passes; with any one node less it fails again
     verdict, meta = _verdict_with(ws, spec, parent, path_id, block, pool, tmp_path / "repaired")
     assert verdict == "pass" and meta["float16"]["kept_float32_nodes"] == block
@@ -183,12 +213,14 @@ def _graph(nodes, initializers, opset=17):
     """A float32 graph x -> y; its weights' types declared in ``value_info``, as torch.onnx declares them."""
     from onnx import helper, numpy_helper
 
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, [16, 4])],
-                              [helper.make_tensor_value_info("y", 1, [16, 4])],
-                              initializer=[numpy_helper.from_array(np.asarray(v, np.float32), k)
-                                           for k, v in initializers.items()],
-                              value_info=[helper.make_tensor_value_info(k, 1, np.shape(v))
-                                          for k, v in initializers.items()])
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", 1, [16, 4])],
+        [helper.make_tensor_value_info("y", 1, [16, 4])],
+        initializer=[numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in initializers.items()],
+        value_info=[helper.make_tensor_value_info(k, 1, np.shape(v)) for k, v in initializers.items()],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8
     return model
@@ -198,13 +230,15 @@ def _magnitude():
     """|x| computed as sqrt((256 x)^2) / 256 between two harmless nodes: (256 x)^2 overflows float16 for |x| > 1."""
     from onnx import helper
 
-    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
-             helper.make_node("Sub", ["x", "r"], ["n"], name="negative_part"),
-             helper.make_node("Add", ["r", "n"], ["x2"], name="rejoin"),
-             helper.make_node("Mul", ["x2", "scale"], ["a"], name="scale"),
-             helper.make_node("Mul", ["a", "a"], ["s"], name="square"),
-             helper.make_node("Sqrt", ["s"], ["m"], name="root"),
-             helper.make_node("Div", ["m", "scale"], ["y"], name="unscale")]
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="relu"),
+        helper.make_node("Sub", ["x", "r"], ["n"], name="negative_part"),
+        helper.make_node("Add", ["r", "n"], ["x2"], name="rejoin"),
+        helper.make_node("Mul", ["x2", "scale"], ["a"], name="scale"),
+        helper.make_node("Mul", ["a", "a"], ["s"], name="square"),
+        helper.make_node("Sqrt", ["s"], ["m"], name="root"),
+        helper.make_node("Div", ["m", "scale"], ["y"], name="unscale"),
+    ]
     return _graph(nodes, {"scale": 256.0})
 
 
@@ -234,12 +268,12 @@ def test_no_repair_exists_says_why_in_one_line_and_a_small_budget_is_not_called_
     from parity.diagnose.repair import render_repair, repair_path
 
     x = np.random.default_rng(0).standard_normal((16, 4)).astype(np.float32) * 2
-    wrong = repair_path(_magnitude(), {"x": x}, {"y": np.abs(x.astype(np.float64)) + 1}, _tolerance,
-                        runtime="onnxref")
+    wrong = repair_path(_magnitude(), {"x": x}, {"y": np.abs(x.astype(np.float64)) + 1}, _tolerance, runtime="onnxref")
     assert not wrong["passes"] and wrong["reason"].startswith("the float32 twin fails too")
     assert render_repair(wrong) == [f"  precision repair: none: {wrong['reason']}"]
-    short = repair_path(_magnitude(), {"x": x}, {"y": np.abs(x.astype(np.float64))}, _tolerance, runtime="onnxref",
-                        max_runs=4)
+    short = repair_path(
+        _magnitude(), {"x": x}, {"y": np.abs(x.astype(np.float64))}, _tolerance, runtime="onnxref", max_runs=4
+    )
     assert short["passes"] and not short["minimal"] and len(short["node_block_list"]) > 2
     assert "not proven minimal" in render_repair(short)[0]
 
@@ -252,11 +286,13 @@ def test_blocked_nodes_compute_in_float32_where_the_converter_alone_passes_float
 
     from parity.exporters.onnx_fp16 import convert
 
-    nodes = [helper.make_node("Mul", ["x", "scale"], ["a"], name="scale"),
-             helper.make_node("Mul", ["a", "a"], ["s"], name="square"),
-             helper.make_node("Sqrt", ["s"], ["m1"], name="root1"),
-             helper.make_node("Sqrt", ["s"], ["m2"], name="root2"),
-             helper.make_node("Add", ["m1", "m2"], ["y"], name="sum")]
+    nodes = [
+        helper.make_node("Mul", ["x", "scale"], ["a"], name="scale"),
+        helper.make_node("Mul", ["a", "a"], ["s"], name="square"),
+        helper.make_node("Sqrt", ["s"], ["m1"], name="root1"),
+        helper.make_node("Sqrt", ["s"], ["m2"], name="root2"),
+        helper.make_node("Add", ["m1", "m2"], ["y"], name="sum"),
+    ]
     model = _graph(nodes, {"scale": 1000.3})
     x = np.full((16, 4), 3.0, np.float32)
     block = ["scale", "square", "root1", "root2", "sum"]
@@ -281,8 +317,16 @@ def test_the_exporter_records_the_block_list_and_rejects_a_node_the_graph_lacks(
 
     def job(name):
         (tmp_path / name).mkdir()
-        return ExportJob(spec=None, weights={}, batch_size=16, opset=17, out_dir=tmp_path / name, parent_dir=tmp_path,
-                         parent_meta=meta, precision="fp16")
+        return ExportJob(
+            spec=None,
+            weights={},
+            batch_size=16,
+            opset=17,
+            out_dir=tmp_path / name,
+            parent_dir=tmp_path,
+            parent_meta=meta,
+            precision="fp16",
+        )
 
     recorded = onnx_fp16.export(job("kept"), node_block_list=["square", "root"])["float16"]
     assert recorded["kept_float32_nodes"] == ["square", "root"] and recorded["clipped_weights"] == 0

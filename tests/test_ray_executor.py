@@ -37,8 +37,17 @@ def cluster():
 
 
 def _check(tmp_path, executor="ray", paths=PATHS, **extra):
-    request = jobs.CheckRequest(workspace=str(REPO), models=("mlp",), patterns=paths, threads=1, executor=executor,
-                                store=str(tmp_path / "r.sqlite"), command="check", diagnose=None, **extra)
+    request = jobs.CheckRequest(
+        workspace=str(REPO),
+        models=("mlp",),
+        patterns=paths,
+        threads=1,
+        executor=executor,
+        store=str(tmp_path / "r.sqlite"),
+        command="check",
+        diagnose=None,
+        **extra,
+    )
     reports = []
     code = jobs.check(request, show=reports.append)
     return code, reports[0]
@@ -64,10 +73,20 @@ def test_cells_are_placed_by_resource_and_give_the_verdicts_of_a_local_run(clust
 
 @pytest.mark.slow
 def test_a_node_that_declares_nothing_runs_what_is_installed_there_and_a_run_that_checks_nothing_exits_2(
-        cluster, tmp_path):
+    cluster, tmp_path
+):
     c, nodes = cluster
-    request = jobs.CheckRequest(workspace=str(REPO), models=("mlp",), patterns=("tf",), threads=1, executor="ray",
-                                address=c.address, store=str(tmp_path / "r.sqlite"), command="check", diagnose=None)
+    request = jobs.CheckRequest(
+        workspace=str(REPO),
+        models=("mlp",),
+        patterns=("tf",),
+        threads=1,
+        executor="ray",
+        address=c.address,
+        store=str(tmp_path / "r.sqlite"),
+        command="check",
+        diagnose=None,
+    )
     reports, notes = [], []
     assert jobs.check(request, show=reports.append, notice=notes.append) == 2  # no node can run tf: nothing checked
     assert _verdicts(reports[0]) == {"tf": "skip"}
@@ -97,9 +116,17 @@ def test_a_worker_node_killed_mid_run_is_survived(cluster, tmp_path):
             killed.set()
             c.remove_node(nodes["torch"], allow_graceful=False)
 
-    request = jobs.CheckRequest(workspace=str(REPO), models=("mlp",), patterns=("torch", "torch/onnx/ort",
-                                "torch/onnx/onnxref"), threads=1, executor="ray", address=c.address,
-                                store=str(tmp_path / "r.sqlite"), command="check", diagnose=None)
+    request = jobs.CheckRequest(
+        workspace=str(REPO),
+        models=("mlp",),
+        patterns=("torch", "torch/onnx/ort", "torch/onnx/onnxref"),
+        threads=1,
+        executor="ray",
+        address=c.address,
+        store=str(tmp_path / "r.sqlite"),
+        command="check",
+        diagnose=None,
+    )
     reports = []
     code = jobs.check(request, show=reports.append, progress=progress)
     assert killed.is_set()
@@ -113,8 +140,9 @@ def test_a_worker_node_killed_mid_run_is_survived(cluster, tmp_path):
 def test_resume_runs_only_the_cells_without_a_result(cluster, tmp_path):
     c, _ = cluster
     _, first = _check(tmp_path, address=c.address, paths=("jax", "jax/onnx/ort"))
-    code, resumed = _check(tmp_path, address=c.address, paths=("jax", "jax/onnx/ort", "jax/onnx/onnxref"),
-                           resume=first["run_id"])
+    code, resumed = _check(
+        tmp_path, address=c.address, paths=("jax", "jax/onnx/ort", "jax/onnx/onnxref"), resume=first["run_id"]
+    )
     assert resumed["executor"]["reused"] == 2 and resumed["executor"]["resumed_from"] == first["run_id"]
     assert _verdicts(resumed) == {"jax": "pass", "jax/onnx/ort": "pass", "jax/onnx/onnxref": "pass"}
     assert code == 0
@@ -122,13 +150,17 @@ def test_resume_runs_only_the_cells_without_a_result(cluster, tmp_path):
 
 # --- a run that checked nothing, and where a cell goes, on node descriptions alone ----------------------------------
 
+
 def test_a_local_run_that_checks_nothing_exits_2_and_says_why_in_one_line():
     from click.testing import CliRunner
 
     from parity.cli import cli
 
-    result = CliRunner().invoke(cli, ["check", "--workspace", str(REPO), "--model", "mlp", "--path", "torch",
-                                      "--precision", "tf32", "--no-store"], catch_exceptions=False)
+    result = CliRunner().invoke(
+        cli,
+        ["check", "--workspace", str(REPO), "--model", "mlp", "--path", "torch", "--precision", "tf32", "--no-store"],
+        catch_exceptions=False,
+    )
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "mlp    torch  skip" in result.stdout  # the verdicts are shown all the same
     (line,) = result.stderr.strip().splitlines()
@@ -149,8 +181,12 @@ def test_a_cell_goes_to_declared_nodes_else_by_label_to_probed_nodes_that_have_i
     cluster = [declared, head, small, big, big2]
     assert place(_cell("torch"), cluster, timing=False) == (_cell("torch"), None)  # declared: by resource
     options, why = place(_cell("tf/onnx/ort"), cluster, timing=False)
-    assert why is None and options == {"num_cpus": 1.0, "num_gpus": 0.0, "resources": {},
-                                       "label_selector": {NODE_LABEL: "in(p1,p2,p3)"}}
+    assert why is None and options == {
+        "num_cpus": 1.0,
+        "num_gpus": 0.0,
+        "resources": {},
+        "label_selector": {NODE_LABEL: "in(p1,p2,p3)"},
+    }
     options, _ = place(_cell("tf", timing=True), cluster, timing=True)  # no parity-bench there: a whole node
     assert options["num_cpus"] == 4.0 and options["label_selector"] == {NODE_LABEL: "in(p2,p3)"}
     assert "parity-bench" not in options["resources"]

@@ -14,8 +14,16 @@ from parity.cli import cli
 from tests.conftest import REPO
 
 FACTORIES = REPO / "tests" / "realmodels.py"
-BERT_INPUTS = ("--input", "input_ids=2,sequence:int64", "--input", "attention_mask=2,sequence:int64",
-               "--input", "token_type_ids=2,sequence:int64", "--axis", "sequence=16")
+BERT_INPUTS = (
+    "--input",
+    "input_ids=2,sequence:int64",
+    "--input",
+    "attention_mask=2,sequence:int64",
+    "--input",
+    "token_type_ids=2,sequence:int64",
+    "--axis",
+    "sequence=16",
+)
 
 
 def invoke(root, *args):
@@ -71,24 +79,59 @@ def test_bert_with_three_integer_inputs_and_two_named_outputs_passes_at_every_sh
 @pytest.mark.slow
 def test_bert_is_timed_at_its_batch_size_and_each_sequence_length_it_was_verified_at(workspace):
     _through(workspace, "bert", "--torch", "realmodels.py:make_bert", *BERT_INPUTS, paths=("torch/onnx/ort",))
-    result = invoke(workspace, "run", "--model", "bert", "--path", "torch/onnx/ort", "--budget", "0.02",
-                    "--json", str(workspace / "t.json"))
+    result = invoke(
+        workspace,
+        "run",
+        "--model",
+        "bert",
+        "--path",
+        "torch/onnx/ort",
+        "--budget",
+        "0.02",
+        "--json",
+        str(workspace / "t.json"),
+    )
     (timed,) = json.loads((workspace / "t.json").read_text())["results"]
     assert list(timed["timing"]["batches"]) == ["2"] and timed["timing"]["batches"]["2"]["verdict"] == "pass"
     assert {k: v["verdict"] for k, v in timed["timing"]["shapes"].items()} == {
-        "batch=1, sequence=16": "pass", "batch=3, sequence=8": "pass"}, result.output
+        "batch=1, sequence=16": "pass",
+        "batch=3, sequence=8": "pass",
+    }, result.output
 
 
-@pytest.mark.parametrize("args, message", [
-    (("--input", "input_ids=2,sequence:int64:100000", "--input", "attention_mask=2,sequence:int64:mask",
-      "--input", "token_type_ids=2,sequence:int64:2", "--axis", "sequence=16"),
-     "input 'input_ids': ids 0 to 99999 were declared, but the embedding that reads it has 512 rows"),
-    (("--input", "input_ids=2,sequence:int64", "--axis", "sequence=16", "--axis", "time=3"),
-     "--axis time names no axis of the inputs"),
-    (("--input", "input_ids=2,sequence:int64",), "axis 'sequence' has no size: give it with --axis sequence=SIZE"),
-    (("--input", "input_ids=2,sequence:int64", "--input", "pixels=2x3", "--axis", "sequence=16"),
-     "forward takes no input 'pixels' (its inputs are input_ids, attention_mask, token_type_ids"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            (
+                "--input",
+                "input_ids=2,sequence:int64:100000",
+                "--input",
+                "attention_mask=2,sequence:int64:mask",
+                "--input",
+                "token_type_ids=2,sequence:int64:2",
+                "--axis",
+                "sequence=16",
+            ),
+            "input 'input_ids': ids 0 to 99999 were declared, but the embedding that reads it has 512 rows",
+        ),
+        (
+            ("--input", "input_ids=2,sequence:int64", "--axis", "sequence=16", "--axis", "time=3"),
+            "--axis time names no axis of the inputs",
+        ),
+        (
+            (
+                "--input",
+                "input_ids=2,sequence:int64",
+            ),
+            "axis 'sequence' has no size: give it with --axis sequence=SIZE",
+        ),
+        (
+            ("--input", "input_ids=2,sequence:int64", "--input", "pixels=2x3", "--axis", "sequence=16"),
+            "forward takes no input 'pixels' (its inputs are input_ids, attention_mask, token_type_ids",
+        ),
+    ],
+)
 def test_bad_declarations_are_one_line_and_exit_2(workspace, args, message):
     result = invoke(workspace, "init", "bert", "--torch", "realmodels.py:make_bert", *args)
     assert result.exit_code == 2 and message in result.output, result.output
@@ -101,41 +144,62 @@ def test_an_output_that_is_not_a_tensor_is_named_in_one_line(workspace):
         "    import torch\n"
         "    from transformers import GPT2Config, GPT2LMHeadModel\n"
         "    torch.manual_seed(0)\n"
-        "    return GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=1, n_head=2)).eval()\n")
+        "    return GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=1, n_head=2)).eval()\n"
+    )
     result = invoke(workspace, "init", "gpt", "--torch", "cached.py:make", "--input", "input_ids=2x8:int64:64")
-    assert result.exit_code == 2 and "model output 'past_key_values' is a DynamicCache, not a tensor" in result.output, \
-        result.output
+    assert (
+        result.exit_code == 2 and "model output 'past_key_values' is a DynamicCache, not a tensor" in result.output
+    ), result.output
 
 
 @pytest.mark.slow
 def test_gpt2_lm_head_with_a_padded_attention_mask(workspace):
-    result, by_path = _through(workspace, "gpt2", "--torch", "realmodels.py:make_gpt2", "--input",
-                               "input_ids=2,sequence:int64", "--input", "attention_mask=2,sequence:int64",
-                               "--axis", "sequence=16", paths=("torch", "torch/onnx/ort", "torch/onnx/onnxref"))
+    result, by_path = _through(
+        workspace,
+        "gpt2",
+        "--torch",
+        "realmodels.py:make_gpt2",
+        "--input",
+        "input_ids=2,sequence:int64",
+        "--input",
+        "attention_mask=2,sequence:int64",
+        "--axis",
+        "sequence=16",
+        paths=("torch", "torch/onnx/ort", "torch/onnx/onnxref"),
+    )
     assert {p: r["verdict"] for p, r in by_path.items()} == dict.fromkeys(by_path, "pass"), result.output
 
 
 @pytest.mark.slow
 def test_resnet18_and_mobilenet_v2_from_transformers(workspace):
     for name, factory, size in (("resnet", "make_hf_resnet18", 64), ("mobilenet", "make_hf_mobilenet_v2", 96)):
-        result, by_path = _through(workspace, name, "--torch", f"realmodels.py:{factory}",
-                                   "--input", f"pixel_values=2x3x{size}x{size}")
+        result, by_path = _through(
+            workspace, name, "--torch", f"realmodels.py:{factory}", "--input", f"pixel_values=2x3x{size}x{size}"
+        )
         assert {p: r["verdict"] for p, r in by_path.items()} == dict.fromkeys(by_path, "pass"), result.output
 
 
 @pytest.mark.slow
 def test_keras_mobilenet_v2_saved_as_keras(workspace):
     _prepare(workspace, "import realmodels; realmodels.save_keras_mobilenet_v2('m.keras')")
-    result, by_path = _through(workspace, "mnv2", "--keras", "m.keras", "--input", "x=2x96x96x3",
-                               paths=("tf", "tf/onnx/ort"))
+    result, by_path = _through(
+        workspace, "mnv2", "--keras", "m.keras", "--input", "x=2x96x96x3", paths=("tf", "tf/onnx/ort")
+    )
     assert {p: r["verdict"] for p, r in by_path.items()} == dict.fromkeys(by_path, "pass"), result.output
 
 
 @pytest.mark.slow
 def test_flax_linen_model_with_its_params(workspace):
     _prepare(workspace, "import realmodels; realmodels.save_flax_params('p.npz')")
-    result, by_path = _through(workspace, "cnn", "--jax", "realmodels.py:flax_apply,p.npz", "--input", "x=2x16x16x3",
-                               paths=("jax", "jax/onnx/ort"))
+    result, by_path = _through(
+        workspace,
+        "cnn",
+        "--jax",
+        "realmodels.py:flax_apply,p.npz",
+        "--input",
+        "x=2x16x16x3",
+        paths=("jax", "jax/onnx/ort"),
+    )
     assert {p: r["verdict"] for p, r in by_path.items()} == dict.fromkeys(by_path, "pass"), result.output
 
 
@@ -153,14 +217,16 @@ def test_an_export_that_baked_the_batch_in_fails_naming_the_axis_and_its_size(wo
         "            y = self.fc(x)\n"
         "            return y * 1.0 if x.shape[0] == 4 else y\n"
         "    torch.manual_seed(0)\n"
-        "    return Net().eval()\n")
+        "    return Net().eval()\n"
+    )
     result, by_path = _through(workspace, "branchy", "--torch", "branchy.py:make", "--input", "x=4x6")
     assert by_path["torch"]["verdict"] == "pass", result.output
     onnx = by_path["torch/onnx/ort"]
     assert onnx["verdict"] == "fail", result.output
     assert onnx["export"]["axes"]["static"] == {"x": {"0": {"axis": "batch", "size": 4}}}
-    assert onnx["reason"].startswith("at batch=1: the export baked a shape in: axis 'batch' of input 'x' (dimension 0) "
-                                     "fixed at 4")
+    assert onnx["reason"].startswith(
+        "at batch=1: the export baked a shape in: axis 'batch' of input 'x' (dimension 0) fixed at 4"
+    )
 
 
 def test_taps_declared_on_an_onnx_source_are_its_tensors(workspace):
@@ -170,8 +236,15 @@ def test_taps_declared_on_an_onnx_source_are_its_tensors(workspace):
 
     from tests import usermodels
 
-    torch.onnx.export(usermodels.make_net(), (torch.zeros(2, 3, 8, 8),), str(workspace / "net.onnx"), input_names=["x"],
-                      output_names=["y"], dynamo=True, dynamic_shapes=({0: torch.export.Dim("batch")},))
+    torch.onnx.export(
+        usermodels.make_net(),
+        (torch.zeros(2, 3, 8, 8),),
+        str(workspace / "net.onnx"),
+        input_names=["x"],
+        output_names=["y"],
+        dynamo=True,
+        dynamic_shapes=({0: torch.export.Dim("batch")},),
+    )
     assert invoke(workspace, "init", "net", "--onnx", "net.onnx", "--input", "x=2x3x8x8").exit_code == 0
     spec = workspace / "models" / "net.py"
     spec.write_text(spec.read_text().replace("    taps=(),", '    taps=("relu", "mean"),'))
@@ -194,12 +267,19 @@ def test_an_onnx_source_with_external_data_is_checked_with_its_data_beside_it(wo
 
     from tests import usermodels
 
-    torch.onnx.export(usermodels.make_net(), (torch.zeros(2, 3, 8, 8),), str(workspace / "plain.onnx"),
-                      input_names=["x"], output_names=["y"], dynamo=True)
+    torch.onnx.export(
+        usermodels.make_net(),
+        (torch.zeros(2, 3, 8, 8),),
+        str(workspace / "plain.onnx"),
+        input_names=["x"],
+        output_names=["y"],
+        dynamo=True,
+    )
     model = onnx.load(str(workspace / "plain.onnx"))
     (workspace / "m").mkdir()
-    onnx.save_model(model, str(workspace / "m" / "net.onnx"), save_as_external_data=True, location="net.data",
-                    size_threshold=0)
+    onnx.save_model(
+        model, str(workspace / "m" / "net.onnx"), save_as_external_data=True, location="net.data", size_threshold=0
+    )
     assert invoke(workspace, "init", "net", "--onnx", "m/net.onnx").exit_code == 0
     assert invoke(workspace, "golden", "build", "--model", "net").exit_code == 0
     result, by_path = verdicts(workspace, "net", "onnx/ort", "onnx/onnxref")
@@ -243,11 +323,14 @@ def test_keras_and_jax_models_with_two_inputs_and_named_outputs(workspace):
         "def apply(params, ids, feats):\n"
         "    import jax.numpy as jnp\n"
         "    pooled = params['emb']['table'][ids].mean(axis=1)\n"
-        "    return {'logits': jnp.concatenate([pooled, feats], -1) @ params['head']['kernel'], 'pooled': pooled}\n")
+        "    return {'logits': jnp.concatenate([pooled, feats], -1) @ params['head']['kernel'], 'pooled': pooled}\n"
+    )
     _prepare(workspace, "import two; two.save_keras('two.keras'); two.save_params('p.npz')")
     inputs = ("--input", "ids=4x5:int32:20", "--input", "feats=4x3")
-    for name, source, reference, paths in (("k", "--keras", "two.keras", ("tf", "tf/onnx/ort")),
-                                           ("j", "--jax", "two.py:apply,p.npz", ("jax", "jax/onnx/ort"))):
+    for name, source, reference, paths in (
+        ("k", "--keras", "two.keras", ("tf", "tf/onnx/ort")),
+        ("j", "--jax", "two.py:apply,p.npz", ("jax", "jax/onnx/ort")),
+    ):
         result, by_path = _through(workspace, name, source, reference, *inputs, paths=paths)
         assert 'outputs=("logits", "pooled")' in (workspace / "models" / f"{name}.py").read_text()
         assert {p: r["verdict"] for p, r in by_path.items()} == dict.fromkeys(paths, "pass"), result.output

@@ -64,8 +64,12 @@ def cache(tmp_path, monkeypatch):
 
 # --- 1. cache folders that are files, lock files that are folders ---------------------------------
 
-@pytest.mark.parametrize("name, what", [("exports", "cache folder"), ("logs", "log folder"), ("", "cache folder")],
-                         ids=["exports", "logs", "root"])
+
+@pytest.mark.parametrize(
+    "name, what",
+    [("exports", "cache folder"), ("logs", "log folder"), ("", "cache folder")],
+    ids=["exports", "logs", "root"],
+)
 def test_cache_folder_that_is_a_file(cache, name, what):
     blocker = cache / name if name else cache
     if not name:
@@ -112,6 +116,7 @@ def test_worker_log_folder_that_is_a_file(tmp_path):
 
 # --- 2. names matplotlib would parse as mathtext ---------------------------------------------------
 
+
 def test_plot_draws_tap_and_model_names_literally():
     import matplotlib
 
@@ -119,7 +124,7 @@ def test_plot_draws_tap_and_model_names_literally():
     diag = diagnosis([tap(n, 3.0 if i % 2 else 0.4) for i, n in enumerate(names)], first=names[1])
     with matplotlib.rc_context({"text.usetex": True}):  # a user's matplotlibrc changes nothing
         page = html.render(report(result("torch/onnx/ort", "fail", diag, model="m$\\sqrt{$")))
-    svg = page[page.index("<svg"):page.index("</svg>")]
+    svg = page[page.index("<svg") : page.index("</svg>")]
     for name in ["a$x^2$b", "c$\\frac{x$d", "e$_$f", "&lt;g&gt;&amp;h"]:
         assert f">{name}</text>" in svg
     assert "first divergent: c$\\frac{x$d</text>" in svg
@@ -127,6 +132,7 @@ def test_plot_draws_tap_and_model_names_literally():
 
 
 # --- 3. timing samples at the ends of the float range ----------------------------------------------
+
 
 def timed(samples: list[float]) -> dict:
     return {"batches": {"64": {"median_ms": sorted(samples)[len(samples) // 2], "samples_ms": samples}}}
@@ -162,24 +168,33 @@ def test_stats_stay_finite_in_log_space():
     assert s["mean_ms"] == pytest.approx(statistics.fmean(samples), rel=1e-12)
 
 
-@pytest.mark.parametrize("sample, shown", [("1e400", "inf"), ("0", "0"), ("-1.5", "-1.5"), ('"fast"', "a JSON str"),
-                                           ("null", "null")])
+@pytest.mark.parametrize(
+    "sample, shown", [("1e400", "inf"), ("0", "0"), ("-1.5", "-1.5"), ('"fast"', "a JSON str"), ("null", "null")]
+)
 def test_compare_refuses_samples_that_are_not_durations(tmp_path, sample, shown):
     good = json.dumps(doc(res("torch", timing=timed([1.0, 2.0, 3.0]))))
     bad = good.replace("[1.0, 2.0, 3.0]", f"[1.0, {sample}, 3.0]")
     outcome = invoke("compare", write_doc(tmp_path, "A.json", good), write_doc(tmp_path, "B.json", bad))
-    one_error_line(outcome, str(tmp_path / "B.json"), "(mlp torch)",
-                   f"timing.batches.64.samples_ms[1] is {shown}, not a positive finite number of milliseconds")
+    one_error_line(
+        outcome,
+        str(tmp_path / "B.json"),
+        "(mlp torch)",
+        f"timing.batches.64.samples_ms[1] is {shown}, not a positive finite number of milliseconds",
+    )
 
 
 def test_compare_refuses_a_median_that_is_not_a_duration(tmp_path):
     bad = json.dumps(doc(res("torch/onnx/ort", timing={"batches": {"1": {"median_ms": -2.0}}})))
-    with pytest.raises(UsageError, match=r"B\.json: results\[0\] \(mlp torch/onnx/ort\): timing\.batches\.1\."
-                                         r"median_ms is -2\.0, not a positive finite"):
+    with pytest.raises(
+        UsageError,
+        match=r"B\.json: results\[0\] \(mlp torch/onnx/ort\): timing\.batches\.1\."
+        r"median_ms is -2\.0, not a positive finite",
+    ):
         compare.load(write_doc(tmp_path, "B.json", bad))
 
 
 # --- 4. --json and --report targets that are symlinks, FIFOs, devices --------------------------------
+
 
 def test_json_and_report_follow_symlinks_to_their_targets(tmp_path):
     real = tmp_path / "results" / "real.json"
@@ -224,17 +239,35 @@ def test_json_to_stdout_through_a_link_appends_to_what_stdout_is(tmp_path):
     out = tmp_path / "out.txt"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with open(out, "wb") as f:
-        done = subprocess.run([sys.executable, "-m", "parity", "check", "--workspace", str(REPO), "--model", "mlp",
-                               "--path", "torch", "--json", str(link)], stdout=f, stderr=subprocess.PIPE, env=env,
-                              timeout=300)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "parity",
+                "check",
+                "--workspace",
+                str(REPO),
+                "--model",
+                "mlp",
+                "--path",
+                "torch",
+                "--json",
+                str(link),
+            ],
+            stdout=f,
+            stderr=subprocess.PIPE,
+            env=env,
+            timeout=300,
+        )
     assert done.returncode == 0, done.stderr.decode()
     text = out.read_text()
     assert link.is_symlink() and os.readlink(link) == "/dev/stdout"
     assert text.index("mlp: 1 pass") < text.index('"schema": "parity.result/2"')
-    assert json.loads(text[text.index("{\n"):])["results"][0]["verdict"] == "pass"
+    assert json.loads(text[text.index("{\n") :])["results"][0]["verdict"] == "pass"
 
 
 # --- 5. folders that do not exist ---------------------------------------------------------------------
+
 
 def test_json_into_a_missing_folder_is_refused_before_the_run(tmp_path):
     target = tmp_path / "typo" / "r.json"
@@ -243,8 +276,9 @@ def test_json_into_a_missing_folder_is_refused_before_the_run(tmp_path):
 
 
 def test_report_in_a_missing_parent_is_refused_and_a_new_report_folder_is_fine(tmp_path):
-    one_error_line(check("--report", str(tmp_path / "typo" / "report")),
-                   f"--report: folder {tmp_path / 'typo'} does not exist")
+    one_error_line(
+        check("--report", str(tmp_path / "typo" / "report")), f"--report: folder {tmp_path / 'typo'} does not exist"
+    )
     assert not (tmp_path / "typo").exists()
     assert safefs.check_writable(tmp_path / "report", "--report", make_parents=False) == tmp_path / "report"
     assert list(tmp_path.iterdir()) == []  # checked, nothing created before the run

@@ -38,6 +38,7 @@ def one_error_line(outcome, *words) -> str:
 
 # --- parity repro --out -------------------------------------------------------------------------------------------
 
+
 def test_repro_out_follows_a_symlink_and_refuses_a_folder_that_cannot_be_made_before_any_work(tmp_path):
     from parity.diagnose.reduce import reduce
     from parity.diagnose.repro import write_report
@@ -67,14 +68,18 @@ def test_repro_out_follows_a_symlink_and_refuses_a_folder_that_cannot_be_made_be
 
 # --- parity init __init__ -----------------------------------------------------------------------------------------
 
+
 def test_init_refuses_a_model_name_that_no_later_command_would_accept(tmp_path):
     for name in ("__init__", "_helpers"):
-        one_error_line(invoke("init", name, "--workspace", tmp_path, "--torch", f"{BUGS}:make_logsigmoid",
-                              "--input", "x=2x8"), f"model name {name!r} must not start with _")
+        one_error_line(
+            invoke("init", name, "--workspace", tmp_path, "--torch", f"{BUGS}:make_logsigmoid", "--input", "x=2x8"),
+            f"model name {name!r} must not start with _",
+        )
         assert not (tmp_path / "models" / f"{name}.py").exists()
 
 
 # --- --against '' -------------------------------------------------------------------------------------------------
+
 
 def test_an_empty_against_is_refused_like_any_unknown_run(tmp_path):
     url = tmp_path / "r.sqlite"
@@ -85,6 +90,7 @@ def test_an_empty_against_is_refused_like_any_unknown_run(tmp_path):
 
 
 # --- compare near 1e308 -------------------------------------------------------------------------------------------
+
 
 def test_compare_near_the_float_range_prints_ratios_of_the_medians_shown_and_no_library_warning(tmp_path):
     def timed(samples):  # a document whose median_ms disagrees with its own samples (B)
@@ -105,30 +111,47 @@ def test_compare_near_the_float_range_prints_ratios_of_the_medians_shown_and_no_
 
 # --- parity history and skips -------------------------------------------------------------------------------------
 
+
 def _run(verdicts: dict[str, str]) -> dict:
     reason = "no node of the cluster has parity-tf 1"
-    return {"schema": "parity.result/2",
-            "env": {"python": "3.11", "cpu": "Test CPU", "cpu_count": 2, "gpu": None, "packages": {"torch": "2.13.0"}},
-            "results": [{"model": "mlp", "path": path, "device": "cpu", "precision": "fp32", "verdict": verdict,
-                         "reason": reason if verdict == "skip" else None, "outputs": {}, "timing": None}
-                        for path, verdict in verdicts.items()],
-            "model_errors": []}
+    return {
+        "schema": "parity.result/2",
+        "env": {"python": "3.11", "cpu": "Test CPU", "cpu_count": 2, "gpu": None, "packages": {"torch": "2.13.0"}},
+        "results": [
+            {
+                "model": "mlp",
+                "path": path,
+                "device": "cpu",
+                "precision": "fp32",
+                "verdict": verdict,
+                "reason": reason if verdict == "skip" else None,
+                "outputs": {},
+                "timing": None,
+            }
+            for path, verdict in verdicts.items()
+        ],
+        "model_errors": [],
+    }
 
 
 def test_history_groups_skips_into_one_line_per_path_and_keeps_verdict_changes_as_findings(tmp_path):
     s = store.Store.open(f"sqlite:///{tmp_path / 'r.sqlite'}")
-    ids = [s.append(_run({"tf": "skip" if k % 2 else "pass", "torch": "fail" if k >= 6 else "pass"}), "check",
-                    REPO, 0) for k in range(9)]
+    ids = [
+        s.append(_run({"tf": "skip" if k % 2 else "pass", "torch": "fail" if k >= 6 else "pass"}), "check", REPO, 0)
+        for k in range(9)
+    ]
     outcome = invoke("history", "--workspace", REPO, "--store", tmp_path / "r.sqlite")
     assert outcome.exit_code == 0, outcome.output
     findings = outcome.output.split("Findings")[1].split("\n\n")[0]
     assert findings.count("->") == 1 and f"mlp torch check: pass -> fail at run {ids[6]}" in findings
     skipped = outcome.output.split("Skipped")[1].split("\n\n")[0].strip().splitlines()[1:]
-    assert skipped == [(f"  mlp tf: skipped in 4 of 9 runs, last at run {ids[7]}: no node of the cluster has "
-                        "parity-tf 1")]
+    assert skipped == [
+        (f"  mlp tf: skipped in 4 of 9 runs, last at run {ids[7]}: no node of the cluster has parity-tf 1")
+    ]
 
 
 # --- the size guard of a declared input ---------------------------------------------------------------------------
+
 
 def test_the_size_guard_counts_the_float64_a_float32_input_is_drawn_and_referenced_in():
     from parity.model.user import UserModelError, check_data_size, golden_data_limit

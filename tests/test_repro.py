@@ -94,8 +94,9 @@ def _fix(folder, runtime="ort"):
         got = ReferenceEvaluator(model).run(None, feed)[0]
     else:
         got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)[0]
-    (data / "output_0.pb").write_bytes(numpy_helper.from_array(np.asarray(got), model.graph.output[0].name)
-                                       .SerializeToString())
+    (data / "output_0.pb").write_bytes(
+        numpy_helper.from_array(np.asarray(got), model.graph.output[0].name).SerializeToString()
+    )
 
 
 # --------------------------------------------------------------------------- the reduction on handmade graphs
@@ -104,8 +105,13 @@ def _fix(folder, runtime="ort"):
 def _model(nodes, inits, output, opset=17):
     from onnx import TensorProto, helper
 
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3])],
-                              [helper.make_tensor_value_info(output, TensorProto.FLOAT, [4, 3])], initializer=inits)
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3])],
+        [helper.make_tensor_value_info(output, TensorProto.FLOAT, [4, 3])],
+        initializer=inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8
     return model
@@ -172,12 +178,14 @@ def test_reduce_cuts_away_a_node_no_boundary_covers_where_only_some_tensors_are_
     from parity.model.spec import Tolerance
 
     def build(factor):
-        nodes = [helper.make_node("Tanh", ["x"], ["a"], name="tanh"),
-                 helper.make_node("Neg", ["x"], ["u"], name="neg"),
-                 helper.make_node("Abs", ["u"], ["w"], name="abs"),
-                 helper.make_node("Sigmoid", ["a"], ["b"], name="sig"),
-                 helper.make_node("Mul", ["b", "c"], ["m"], name="mul"),
-                 helper.make_node("Add", ["m", "w"], ["out"], name="add")]
+        nodes = [
+            helper.make_node("Tanh", ["x"], ["a"], name="tanh"),
+            helper.make_node("Neg", ["x"], ["u"], name="neg"),
+            helper.make_node("Abs", ["u"], ["w"], name="abs"),
+            helper.make_node("Sigmoid", ["a"], ["b"], name="sig"),
+            helper.make_node("Mul", ["b", "c"], ["m"], name="mul"),
+            helper.make_node("Add", ["m", "w"], ["out"], name="add"),
+        ]
         return _model(nodes, [numpy_helper.from_array(np.array(factor, np.float32), "c")], "out")
 
     x = np.random.default_rng(1).standard_normal((4, 3)).astype(np.float32)
@@ -207,8 +215,9 @@ def user(tmp_path_factory):
     root = tmp_path_factory.mktemp("repro-user")
     (root / "mymodels.py").write_text(USER_MODELS)
     for name, factory, shape in (("down", "make_downsample", "2x3x7x7"), ("cancel", "make_cancelling", "2x8")):
-        made = _invoke("init", name, "--workspace", root, "--torch", f"{root / 'mymodels.py'}:{factory}",
-                       "--input", f"x={shape}")
+        made = _invoke(
+            "init", name, "--workspace", root, "--torch", f"{root / 'mymodels.py'}:{factory}", "--input", f"x={shape}"
+        )
         assert made.exit_code == 0, made.output
         assert _invoke("golden", "build", "--workspace", root, "--model", name).exit_code == 0
     return root
@@ -233,8 +242,9 @@ def test_repro_of_a_real_runtime_divergence_is_one_resize_that_fails_until_fixed
     _fix(out, "onnxref")
     assert _script(out).returncode == 0
     # the same path passes on ONNX Runtime: nothing to reduce
-    passing = _invoke("repro", "--workspace", user, "--model", "down", "--path", "torch/onnx/ort",
-                      "--out", tmp_path / "a")
+    passing = _invoke(
+        "repro", "--workspace", user, "--model", "down", "--path", "torch/onnx/ort", "--out", tmp_path / "a"
+    )
     assert passing.exit_code == 0 and "nothing to reduce: down torch/onnx/ort passes" in passing.output
     assert not (tmp_path / "a").exists()
 
@@ -247,14 +257,27 @@ def test_repro_bad_input_is_one_line_each(user, tmp_path):
 
     native = _invoke("repro", "--workspace", user, "--model", "cancel", "--path", "torch", "--out", tmp_path / "n")
     one_line(native, 2, "is a native path; its diagnosis names the definition link and there is no ONNX graph")
-    exported = _invoke("repro", "--workspace", user, "--model", "cancel", "--path", "torch/onnx/ort",
-                       "--out", tmp_path / "e")
+    exported = _invoke(
+        "repro", "--workspace", user, "--model", "cancel", "--path", "torch/onnx/ort", "--out", tmp_path / "e"
+    )
     one_line(exported, 2, "drift enters at the definition, not in the exported graph")
-    skipped = _invoke("repro", "--workspace", user, "--model", "cancel", "--path", "torch/onnx/trt",
-                      "--out", tmp_path / "s")
+    skipped = _invoke(
+        "repro", "--workspace", user, "--model", "cancel", "--path", "torch/onnx/trt", "--out", tmp_path / "s"
+    )
     one_line(skipped, 2, "does not run on cpu")
-    gpu = _invoke("repro", "--workspace", user, "--model", "cancel", "--path", "torch/onnx/ort", "--device", "cuda",
-                  "--out", tmp_path / "g")
+    gpu = _invoke(
+        "repro",
+        "--workspace",
+        user,
+        "--model",
+        "cancel",
+        "--path",
+        "torch/onnx/ort",
+        "--device",
+        "cuda",
+        "--out",
+        tmp_path / "g",
+    )
     one_line(gpu, 2, "reduces graphs on the CPU runtimes")
     full = tmp_path / "full"
     full.mkdir()
@@ -271,8 +294,12 @@ def test_repro_of_a_converter_fault_starts_from_the_golden_taps(tmp_path):
     import onnx
 
     root = tmp_path / "ws"
-    assert _invoke("init", "logsig", "--workspace", root, "--torch", f"{BUGS}:make_logsigmoid",
-                   "--input", "x=2x8").exit_code == 0
+    assert (
+        _invoke(
+            "init", "logsig", "--workspace", root, "--torch", f"{BUGS}:make_logsigmoid", "--input", "x=2x8"
+        ).exit_code
+        == 0
+    )
     assert _invoke("golden", "build", "--workspace", root, "--model", "logsig").exit_code == 0
     out = tmp_path / "bug"
     result = _invoke("repro", "--workspace", root, "--model", "logsig", "--path", "torch/onnx/ort", "--out", out)
@@ -282,8 +309,9 @@ def test_repro_of_a_converter_fault_starts_from_the_golden_taps(tmp_path):
     readme = (out / "README.md").read_text()
     assert "link: converter" in readme and "right values from: source" in readme and "float32 underflow" in readme
     assert _script(out).returncode == 1
-    again = _invoke("repro", "--workspace", root, "--model", "logsig", "--path", "torch/onnx/ort", "--out", out,
-                    "--force")
+    again = _invoke(
+        "repro", "--workspace", root, "--model", "logsig", "--path", "torch/onnx/ort", "--out", out, "--force"
+    )
     assert again.exit_code == 0 and (out / "repro.py").exists()
     _fix(out)
     assert _script(out).returncode == 0

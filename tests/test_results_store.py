@@ -17,20 +17,49 @@ from parity.results import against, store
 from tests.conftest import REPO
 
 
-def _doc(median: float = 1.0, verdict: str = "pass", packages: dict | None = None, cpu: str = "Test CPU",
-         precision: str = "fp32", seed: int = 0, spread: float = 0.01) -> dict:
+def _doc(
+    median: float = 1.0,
+    verdict: str = "pass",
+    packages: dict | None = None,
+    cpu: str = "Test CPU",
+    precision: str = "fp32",
+    seed: int = 0,
+    spread: float = 0.01,
+) -> dict:
     samples = list(median * np.exp(np.random.default_rng(seed).normal(0, spread, 200)))
     lo, hi = np.percentile(samples, [45, 55])
     q1, q3 = np.percentile(samples, [25, 75])
-    entry = {"verdict": "pass", "median_ms": float(np.median(samples)), "ci95_ms": [float(lo), float(hi)],
-             "spread": float((q3 - q1) / np.median(samples)), "runs": 200, "samples_ms": samples,
-             "stability": {"ok": True}}
-    return {"schema": "parity.result/2",
-            "env": {"python": "3.11", "cpu": cpu, "cpu_count": 2, "gpu": None,
-                    "packages": packages or {"onnxruntime": "1.31.1", "torch": "2.13.0"}},
-            "results": [{"model": "mlp", "path": "torch/onnx/ort", "device": "cpu", "precision": precision,
-                         "verdict": verdict, "reason": None, "outputs": {"logits": {"tol_units": 0.1, "ok": True}},
-                         "timing": {"batches": {"1": entry}} if verdict == "pass" else None}]}
+    entry = {
+        "verdict": "pass",
+        "median_ms": float(np.median(samples)),
+        "ci95_ms": [float(lo), float(hi)],
+        "spread": float((q3 - q1) / np.median(samples)),
+        "runs": 200,
+        "samples_ms": samples,
+        "stability": {"ok": True},
+    }
+    return {
+        "schema": "parity.result/2",
+        "env": {
+            "python": "3.11",
+            "cpu": cpu,
+            "cpu_count": 2,
+            "gpu": None,
+            "packages": packages or {"onnxruntime": "1.31.1", "torch": "2.13.0"},
+        },
+        "results": [
+            {
+                "model": "mlp",
+                "path": "torch/onnx/ort",
+                "device": "cpu",
+                "precision": precision,
+                "verdict": verdict,
+                "reason": None,
+                "outputs": {"logits": {"tol_units": 0.1, "ok": True}},
+                "timing": {"batches": {"1": entry}} if verdict == "pass" else None,
+            }
+        ],
+    }
 
 
 def _invoke(*args):
@@ -131,7 +160,7 @@ def test_against_fails_on_a_slowed_path_and_a_changed_verdict_and_passes_an_unch
     assert against.render(baseline, _doc(1.08, seed=6), [], wide)[1] == 0
 
 
-SLOW_NET = '''
+SLOW_NET = """
 import os
 import time
 
@@ -154,7 +183,7 @@ def make_net():
             return self.fc(x)
 
     return Net().eval()
-'''
+"""
 
 
 def test_against_last_end_to_end_passes_unchanged_and_fails_once_the_path_is_slower(tmp_path):
@@ -165,11 +194,28 @@ def test_against_last_end_to_end_passes_unchanged_and_fails_once_the_path_is_slo
     (tmp_path / "net.py").write_text(SLOW_NET.format(flag=str(flag)))
     root = tmp_path / "ws"
     root.mkdir()
-    assert _invoke("init", "net", "--workspace", root, "--torch", f"{tmp_path / 'net.py'}:make_net",
-                   "--input", "x=4x8").exit_code == 0
+    assert (
+        _invoke(
+            "init", "net", "--workspace", root, "--torch", f"{tmp_path / 'net.py'}:make_net", "--input", "x=4x8"
+        ).exit_code
+        == 0
+    )
     assert _invoke("golden", "build", "--workspace", root, "--model", "net").exit_code == 0
-    bench = ["bench", "--workspace", root, "--model", "net", "--path", "torch", "--budget", "0.3", "--threads", "1",
-             "--store", tmp_path / "r.sqlite"]
+    bench = [
+        "bench",
+        "--workspace",
+        root,
+        "--model",
+        "net",
+        "--path",
+        "torch",
+        "--budget",
+        "0.3",
+        "--threads",
+        "1",
+        "--store",
+        tmp_path / "r.sqlite",
+    ]
     assert _invoke(*bench).exit_code == 0
     tries = []
     for _ in range(3):

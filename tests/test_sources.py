@@ -33,11 +33,19 @@ def test_weights_with_missing_and_unexpected_names(mlp, framework):
     assert "dense2/bias" in str(info.value) and "extra/kernel" in str(info.value)
 
 
-@pytest.mark.parametrize("framework,replace", [
-    ("torch", {"self.dense2 = nn.Linear(HIDDEN[0], HIDDEN[1])": "self.dense2 = nn.Linear(HIDDEN[0], 33)",
-               "self.logits = nn.Linear(HIDDEN[1], CLASSES)": "self.logits = nn.Linear(33, CLASSES)"}),
-    ("tf", {'layers.Dense(HIDDEN[1], name="dense2"': 'layers.Dense(33, name="dense2"'}),
-])
+@pytest.mark.parametrize(
+    "framework,replace",
+    [
+        (
+            "torch",
+            {
+                "self.dense2 = nn.Linear(HIDDEN[0], HIDDEN[1])": "self.dense2 = nn.Linear(HIDDEN[0], 33)",
+                "self.logits = nn.Linear(HIDDEN[1], CLASSES)": "self.logits = nn.Linear(33, CLASSES)",
+            },
+        ),
+        ("tf", {'layers.Dense(HIDDEN[1], name="dense2"': 'layers.Dense(33, name="dense2"'}),
+    ],
+)
 def test_definition_with_misshaped_layer(mlp, workspace_copy, framework, replace):
     spec, weights = mlp
     variant = Workspace(workspace_copy(mlp_variant(replace))).load_spec("mlp")
@@ -48,7 +56,9 @@ def test_definition_with_misshaped_layer(mlp, workspace_copy, framework, replace
 
 def test_jax_definition_reading_an_unknown_name(mlp, workspace_copy):
     spec, weights = mlp
-    variant = Workspace(workspace_copy(mlp_variant({'params[f"{name}/bias"]': 'params[f"{name}/offset"]'}))).load_spec("mlp")
+    variant = Workspace(workspace_copy(mlp_variant({'params[f"{name}/bias"]': 'params[f"{name}/offset"]'}))).load_spec(
+        "mlp"
+    )
     with pytest.raises(WeightsMismatch) as info:
         JaxSource(variant, weights, spec.batch_size)
     assert "dense1/offset" in str(info.value)

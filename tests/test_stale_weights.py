@@ -32,18 +32,21 @@ def invoke(*args):
 
 def write_checkpoint(root, seed: int) -> None:
     rng = np.random.default_rng(seed)
-    np.savez(root / "checkpoint.npz", **{"0.weight": rng.normal(size=(4, 6)).astype(np.float32),
-                                          "0.bias": rng.normal(size=4).astype(np.float32)})
+    np.savez(
+        root / "checkpoint.npz",
+        **{"0.weight": rng.normal(size=(4, 6)).astype(np.float32), "0.bias": rng.normal(size=4).astype(np.float32)},
+    )
 
 
 def check(root, *args):
-    result = invoke("check", "--workspace", root, "--model", "net", "--path", "torch", "--path", "torch/onnx/ort",
-                    *args)
+    result = invoke(
+        "check", "--workspace", root, "--model", "net", "--path", "torch", "--path", "torch/onnx/ort", *args
+    )
     return result
 
 
 def results_of(result) -> dict:
-    report = json.loads(result.output[result.output.index("{"):])
+    report = json.loads(result.output[result.output.index("{") :])
     return {r["path"]: r for r in report["results"]}
 
 
@@ -79,8 +82,10 @@ def test_a_retrained_checkpoint_is_exported_again_and_said_on_every_run(checkpoi
 
     result = check(root)  # in the terminal too, on every run, as one line
     assert result.exit_code == 0
-    warning = ("warning: net: the model's weights changed since its golden data was built; rebuild with "
-               "`parity golden build --model net` if the change is intended")
+    warning = (
+        "warning: net: the model's weights changed since its golden data was built; rebuild with "
+        "`parity golden build --model net` if the change is intended"
+    )
     assert result.output.count(warning) == 1, result.output
 
     result = invoke("golden", "build", "--workspace", root, "--model", "net")  # the change was intended

@@ -25,8 +25,9 @@ HEAVY = ("jsonschema", "sqlalchemy", "onnx", "onnxruntime", "torch", "tensorflow
 
 def run_python(code: str, cache: Path, cwd: Path | None = None, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PARITY_CACHE_DIR": str(cache)}
-    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=cwd,
-                          timeout=300, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=300, check=False
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 
@@ -82,17 +83,30 @@ def _tiny_onnx(folder: Path, external: bool = False) -> Path:
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
-    weights = [numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "W"),
-               numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "b")]
+    weights = [
+        numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "W"),
+        numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "b"),
+    ]
     nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Add", ["h", "b"], ["y"])]
-    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], weights)
+    graph = helper.make_graph(
+        nodes,
+        "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+        weights,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "tiny.onnx"
-    onnx.save_model(model, str(path), save_as_external_data=external, all_tensors_to_one_file=True,
-                    location="tiny.weights", size_threshold=0)
+    onnx.save_model(
+        model,
+        str(path),
+        save_as_external_data=external,
+        all_tensors_to_one_file=True,
+        location="tiny.weights",
+        size_threshold=0,
+    )
     return path
 
 
@@ -136,8 +150,14 @@ def test_a_worker_never_runs_the_callers_script_again(tmp_path):
     script, marker = tmp_path / "user_script.py", tmp_path / "marker.txt"
     script.write_text(SCRIPT)
     env = {**os.environ, "PARITY_CACHE_DIR": str(tmp_path / "cache")}
-    done = subprocess.run([sys.executable, str(script), str(marker), str(tmp_path / "logs")], capture_output=True,
-                          text=True, env=env, timeout=300, check=False)
+    done = subprocess.run(
+        [sys.executable, str(script), str(marker), str(tmp_path / "logs")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert marker.read_text() == "ran\n"  # once: in the script's own process, in no worker
 
@@ -148,9 +168,22 @@ def test_the_store_columns_appended_without_sqlalchemy_are_the_tables(tmp_path):
     assert tuple(c.name for c in made.series.columns if c.name != "id") == results.SERIES_COLUMNS
     opened = results.Store.open(url)
     assert "engine" not in opened.__dict__  # an existing store of this version: opened with sqlite3
-    document = {"schema": "parity.result/2", "env": {"cpu": "Test CPU", "cpu_count": 2}, "model_errors": [],
-                "results": [{"model": "m", "path": "onnx/ort", "device": "cpu", "precision": "fp32",
-                             "verdict": "pass", "outputs": {"y": {"tol_units": 0.25}}, "timing": None}]}
+    document = {
+        "schema": "parity.result/2",
+        "env": {"cpu": "Test CPU", "cpu_count": 2},
+        "model_errors": [],
+        "results": [
+            {
+                "model": "m",
+                "path": "onnx/ort",
+                "device": "cpu",
+                "precision": "fp32",
+                "verdict": "pass",
+                "outputs": {"y": {"tol_units": 0.25}},
+                "timing": None,
+            }
+        ],
+    }
     run_id = opened.append(document, "check", tmp_path, 0)
     (run,) = results.Store.open(url).history()  # read back through SQLAlchemy, made on first use
     assert run["id"] == run_id and run["hardware"] == "Test CPU x2"
@@ -189,19 +222,33 @@ def test_a_cached_check_loads_no_schema_store_or_framework_library_and_still_ref
     data[-40] ^= 0xFF
     inputs.write_bytes(bytes(data))
     env = {**os.environ, "PARITY_CACHE_DIR": str(cache)}
-    refused = subprocess.run([sys.executable, "-m", "parity", "check", "-m", "tiny", "-p", "onnx/ort", "--store",
-                              str(store_file)], cwd=root, capture_output=True, text=True, env=env, timeout=300,
-                             check=False)
+    refused = subprocess.run(
+        [sys.executable, "-m", "parity", "check", "-m", "tiny", "-p", "onnx/ort", "--store", str(store_file)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert "inputs.npz: sha256 mismatch" in refused.stdout + refused.stderr
 
 
 def test_the_command_ends_with_its_exit_code_and_its_output_flushed(tmp_path):
     env = {**os.environ, "PARITY_CACHE_DIR": str(tmp_path / "cache")}
-    shown = subprocess.run([sys.executable, "-m", "parity", "--help"], capture_output=True, text=True, env=env,
-                           timeout=120, check=False)
+    shown = subprocess.run(
+        [sys.executable, "-m", "parity", "--help"], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
     assert shown.returncode == 0 and "Usage: parity" in shown.stdout and "Commands:" in shown.stdout
     (tmp_path / "models").mkdir()
-    refused = subprocess.run([sys.executable, "-m", "parity", "check", "-m", "nope"], cwd=tmp_path, capture_output=True,
-                             text=True, env=env, timeout=120, check=False)
+    refused = subprocess.run(
+        [sys.executable, "-m", "parity", "check", "-m", "nope"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
     assert refused.returncode == 2 and refused.stderr.strip().startswith("error: unknown model 'nope'")

@@ -13,6 +13,7 @@ from parity.bench.measure import measure
 
 # ---------------------------------------------------------------------------------------------- median_ci
 
+
 @pytest.mark.parametrize("n, lo, hi", [(10, 2, 9), (30, 10, 21), (100, 40, 61)])
 def test_median_ci_known_order_statistics(n, lo, hi):
     """Tabulated 95 % ranks (1-based) of the median's distribution-free CI."""
@@ -46,11 +47,24 @@ def test_median_ci_small_and_bad_input():
 
 # ---------------------------------------------------------------------------------------------- summarize
 
+
 def test_summarize_known_array():
     ms = np.random.default_rng(0).permutation(np.arange(1.0, 11.0))
     s = stats.summarize(ms, batch_size=10)
-    assert set(s) == {"median_ms", "mean_ms", "std_ms", "cv", "spread", "p90_ms", "p99_ms", "tail", "min_ms",
-                      "ci95_ms", "runs", "throughput"}
+    assert set(s) == {
+        "median_ms",
+        "mean_ms",
+        "std_ms",
+        "cv",
+        "spread",
+        "p90_ms",
+        "p99_ms",
+        "tail",
+        "min_ms",
+        "ci95_ms",
+        "runs",
+        "throughput",
+    }
     assert s["median_ms"] == 5.5
     assert s["mean_ms"] == 5.5
     assert s["std_ms"] == pytest.approx(math.sqrt(82.5 / 9))
@@ -72,6 +86,7 @@ def test_summarize_single_sample_and_cv_constant():
 
 
 # ---------------------------------------------------------------------------------------------- comparisons
+
 
 def _lognormal(seed, median, n=200, sigma=0.1):
     return np.random.default_rng(seed).lognormal(math.log(median), sigma, n)
@@ -130,7 +145,7 @@ def test_welch_log_matches_formula_and_scipy():
     la, lb = np.log(a), np.log(b)
     va, vb = la.var(ddof=1) / la.size, lb.var(ddof=1) / lb.size
     t = (la.mean() - lb.mean()) / math.sqrt(va + vb)
-    df = (va + vb) ** 2 / (va ** 2 / (la.size - 1) + vb ** 2 / (lb.size - 1))
+    df = (va + vb) ** 2 / (va**2 / (la.size - 1) + vb**2 / (lb.size - 1))
     assert w["t"] == pytest.approx(t)
     assert w["df"] == pytest.approx(df)
     assert w["p"] == pytest.approx(2 * sps.t.sf(abs(t), df))
@@ -138,6 +153,7 @@ def test_welch_log_matches_formula_and_scipy():
 
 
 # ---------------------------------------------------------------------------------------------- measure
+
 
 class FakeClock:
     """``clock()`` returns fake seconds; ``fn()`` advances them by the next duration (in ms)."""
@@ -235,8 +251,17 @@ def test_stops_on_max_runs():
     assert m["stopped"] == "max_runs" and len(m["samples_ms"]) == 123
 
 
-@pytest.mark.parametrize("kwargs", [{"budget_s": 0}, {"budget_s": -1.0}, {"budget_s": float("nan")},
-                                    {"min_runs": 0}, {"min_runs": 10, "max_runs": 5}, {"warmup_window": 0}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"budget_s": 0},
+        {"budget_s": -1.0},
+        {"budget_s": float("nan")},
+        {"min_runs": 0},
+        {"min_runs": 10, "max_runs": 5},
+        {"warmup_window": 0},
+    ],
+)
 def test_bad_arguments_raise(kwargs):
     clock = FakeClock(lambda i: 1.0)
     with pytest.raises(ValueError):
@@ -265,8 +290,7 @@ def test_tail_percentiles_are_claimed_from_enough_runs_with_an_upper_bound_that_
     assert stats.runs_needed(0.9) == 29 and stats.runs_needed(0.99) == 299
     rng = np.random.default_rng(1)
     # coverage of the 95 % upper bound of p90 on exponential samples (true p90 = ln 10)
-    covered = sum(stats.percentile_bound(rng.exponential(size=60), 0.9)["upper_ms"] >= math.log(10)
-                  for _ in range(400))
+    covered = sum(stats.percentile_bound(rng.exponential(size=60), 0.9)["upper_ms"] >= math.log(10) for _ in range(400))
     assert covered / 400 >= 0.93
     big = stats.summarize(rng.exponential(size=400), batch_size=1)
     assert big["p99_ms"] is not None and big["tail"]["p99"]["upper_ms"] >= big["p99_ms"]
@@ -274,4 +298,11 @@ def test_tail_percentiles_are_claimed_from_enough_runs_with_an_upper_bound_that_
 
 def test_ratios_read_from_a_thousand_times_faster_to_a_thousand_times_slower():
     assert [stats.ratio_text(r) for r in (0.001, 0.0123, 0.5, 1.0, 1.234, 999.0, 1000.0)] == [
-        "1/1000x", "0.0123x", "0.5x", "1x", "1.23x", "999x", "1000x"]
+        "1/1000x",
+        "0.0123x",
+        "0.5x",
+        "1x",
+        "1.23x",
+        "999x",
+        "1000x",
+    ]

@@ -38,11 +38,13 @@ def test_forward_gradients_taps_and_step_are_xla_compiled_and_match_golden(mlp):
     taps = runner.taps(x)
     for tap in spec.taps:
         np.testing.assert_allclose(taps[tap], reference[f"tap/{tap}"], atol=1e-5, rtol=1e-5, err_msg=tap)
-    step = training.check_step(runner, x, labels, 0.1, arrays["weights.npz"], arrays["gradients.npz"],
-                               spec.gradient_tolerances("fp32"))
+    step = training.check_step(
+        runner, x, labels, 0.1, arrays["weights.npz"], arrays["gradients.npz"], spec.gradient_tolerances("fp32")
+    )
     assert step["ok"], step["worst"]
     assert "HloModule" in runner._step.experimental_get_compiler_ir(
-        runner._to_tf(x), runner.tf.constant(labels), runner.tf.constant(0.1, dtype="float32"))(stage="hlo")
+        runner._to_tf(x), runner.tf.constant(labels), runner.tf.constant(0.1, dtype="float32")
+    )(stage="hlo")
     runner.run({"x": inputs["x"][:3]})
     record = runner.runtime_record()
     assert record["xla"] is True and record["jit_compile"] == "must-compile"
@@ -53,8 +55,13 @@ def test_forward_gradients_taps_and_step_are_xla_compiled_and_match_golden(mlp):
 
 
 def test_tf_xla_passes_on_mlp_with_its_gradients_and_its_training_step(tmp_path):
-    report = orchestrate.check(Workspace(zoo_copy(tmp_path, "mlp")), ["mlp"], orchestrate.Options(
-        threads=1, patterns=("tf/xla",), timing=BenchOptions(budget_s=0.05, min_runs=10, batch_sizes=(64,))))
+    report = orchestrate.check(
+        Workspace(zoo_copy(tmp_path, "mlp")),
+        ["mlp"],
+        orchestrate.Options(
+            threads=1, patterns=("tf/xla",), timing=BenchOptions(budget_s=0.05, min_runs=10, batch_sizes=(64,))
+        ),
+    )
     result = {r["path"]: r for r in report["results"]}["tf/xla"]
     assert result["verdict"] == "pass", result["reason"]
     assert result["gradients"] and all(stats["ok"] for stats in result["gradients"].values())
@@ -65,8 +72,11 @@ def test_tf_xla_passes_on_mlp_with_its_gradients_and_its_training_step(tmp_path)
 
 @pytest.mark.slow
 def test_tf_xla_passes_on_cnn_and_transformer(tmp_path):
-    report = orchestrate.check(Workspace(zoo_copy(tmp_path, "cnn", "transformer")), ["cnn", "transformer"],
-                               orchestrate.Options(threads=1, patterns=("tf/xla",)))
+    report = orchestrate.check(
+        Workspace(zoo_copy(tmp_path, "cnn", "transformer")),
+        ["cnn", "transformer"],
+        orchestrate.Options(threads=1, patterns=("tf/xla",)),
+    )
     for result in report["results"]:
         assert result["verdict"] == "pass", (result["model"], result["reason"])
         assert all(stats["ok"] for stats in result["gradients"].values())

@@ -60,8 +60,9 @@ def test_a_drift_in_one_layer_of_the_compiled_module_is_diagnosed_there(workspac
     the first divergent tap (the layers before it agree)."""
     delta = np.zeros((64, 32), np.float32)
     delta[3, 5] = 0.05
-    _, results = run_check(workspace_copy(), ["torch/compile"],
-                           weight_perturbation={("mlp", "torch/compile"): {"dense2/kernel": delta}})
+    _, results = run_check(
+        workspace_copy(), ["torch/compile"], weight_perturbation={("mlp", "torch/compile"): {"dense2/kernel": delta}}
+    )
     result = results["torch/compile"]
     assert result["verdict"] == "fail" and "output logits" in result["reason"]
     diagnosis = result["diagnosis"]

@@ -61,8 +61,15 @@ def test_exported_program_gradients_and_training_step_match_golden(model, tmp_pa
     compared = compare.compare_named(grads, verified.arrays["gradients.npz"], spec.gradient_tolerances("fp32").for_name)
     assert all(stats["ok"] for stats in compared.values()), {k: v["tol_units"] for k, v in compared.items()}
     _, _, fresh = runner_on(REPO, model, tmp_path / "a", meta)
-    step = training.check_step(fresh, x, inputs["labels"], 0.1, verified.arrays["weights.npz"],
-                               verified.arrays["gradients.npz"], spec.gradient_tolerances("fp32"))
+    step = training.check_step(
+        fresh,
+        x,
+        inputs["labels"],
+        0.1,
+        verified.arrays["weights.npz"],
+        verified.arrays["gradients.npz"],
+        spec.gradient_tolerances("fp32"),
+    )
     assert step["ok"], step["worst"]
 
 
@@ -98,8 +105,13 @@ def test_a_pt2_holding_a_pickled_custom_object_is_refused(tmp_path):
         config = next(n for n in archive.namelist() if n.endswith("_constants_config.json"))
     root = config.split("/")[0]
     entry = {"path_name": "opaque_obj_0", "is_param": False, "use_pickle": True, "tensor_meta": None}
-    _rewrite(path, {config: json.dumps({"config": {"evil": entry}}).encode(),
-                    f"{root}/data/constants/opaque_obj_0": pickle.dumps(_Touch(marker))})
+    _rewrite(
+        path,
+        {
+            config: json.dumps({"config": {"evil": entry}}).encode(),
+            f"{root}/data/constants/opaque_obj_0": pickle.dumps(_Touch(marker)),
+        },
+    )
     with pytest.raises(PickledArtifact) as raised:
         runner_on(REPO, "mlp", tmp_path / "a", meta)
     message = str(raised.value)
@@ -138,7 +150,9 @@ def test_a_pickled_weight_is_refused_by_the_weights_only_load(tmp_path):
 def test_an_axis_the_model_specialises_is_exported_static_with_the_reason(workspace_copy, tmp_path):
     """A model that fixes its batch (a reshape to 64 rows) cannot be exported with a dynamic batch: the program is
     exported static and the record says why; the check then names the baked axis at the other shapes."""
-    root = workspace_copy(mlp_variant({"def forward(self, x):\n": "def forward(self, x):\n            x = x.reshape(64, 64)\n"}))
+    root = workspace_copy(
+        mlp_variant({"def forward(self, x):\n": "def forward(self, x):\n            x = x.reshape(64, 64)\n"})
+    )
     meta = export(root, "mlp", tmp_path / "a")
     axes = meta["axes"]
     assert not axes["dynamic"] and axes["static"] == {"x": {"0": {"axis": "batch", "size": 64}}}
@@ -159,10 +173,12 @@ def test_the_program_unflattened_into_its_modules_gives_the_layers_taps(tmp_path
     from parity.model.workspace import Workspace
     from parity.run import paths
 
-    meta = tasks.export_step(str(REPO), "cnn", paths.TORCH_EXPORT.target, str(REPO / "golden" / "cnn"), 18,
-                             str(tmp_path), None, None)
-    observed = collect(str(REPO), "cnn", "torch/export", str(REPO / "golden" / "cnn"), "fp32", 1, str(tmp_path),
-                       meta, gradients=False)
+    meta = tasks.export_step(
+        str(REPO), "cnn", paths.TORCH_EXPORT.target, str(REPO / "golden" / "cnn"), 18, str(tmp_path), None, None
+    )
+    observed = collect(
+        str(REPO), "cnn", "torch/export", str(REPO / "golden" / "cnn"), "fp32", 1, str(tmp_path), meta, gradients=False
+    )
     spec = Workspace(REPO).load_spec("cnn")
     reference = golden.load(REPO / "golden" / "cnn", spec).arrays["reference.npz"]
     assert set(observed["taps"]) == set(spec.taps)
@@ -175,8 +191,14 @@ def test_an_axis_bounded_by_the_model_is_exported_bounded_and_the_record_says_wh
     """A model that slices a 70-row table by its batch (as a transformer slices its position table by its sequence)
     refuses an unbounded batch; the program is exported with the batch bounded to the sizes parity runs, passes at
     every shape, and the record says torch.export's refusal."""
-    root = workspace_copy(mlp_variant({"def forward(self, x):\n": "def forward(self, x):\n            "
-                                                                   "x = x + self.logits.weight.new_zeros(70, 64)[: x.shape[0]]\n"}))
+    root = workspace_copy(
+        mlp_variant(
+            {
+                "def forward(self, x):\n": "def forward(self, x):\n            "
+                "x = x + self.logits.weight.new_zeros(70, 64)[: x.shape[0]]\n"
+            }
+        )
+    )
     meta = export(root, "mlp", tmp_path / "a")
     axes = meta["axes"]
     assert axes["dynamic"] == {"x": {"0": "batch"}} and not axes["static"] and axes["reason"] is None

@@ -30,8 +30,9 @@ def pool(export_cache):
 
 
 def verify(pool, group: str, model: str, framework: str, **kwargs) -> dict:
-    return pool.call(group, "parity.run.tasks:verify_step", workspace=str(REPO), model=model, framework=framework,
-                     lr=LR, **kwargs)
+    return pool.call(
+        group, "parity.run.tasks:verify_step", workspace=str(REPO), model=model, framework=framework, lr=LR, **kwargs
+    )
 
 
 def assert_caught(result: dict, model: str) -> None:
@@ -48,9 +49,18 @@ def assert_caught(result: dict, model: str) -> None:
 def test_one_sgd_step_matches_golden_and_a_wrong_step_fails(pool, framework, tmp_path):
     group = "tf" if framework.startswith(("tf", "jax/tf")) else framework
     if framework == "jax/tf":  # the jax2tf SavedModel (variables in canonical layout): mlp only, to stay quick
-        meta = pool.call("jax+tf", "parity.run.tasks:export_step", workspace=str(REPO), model="mlp",
-                         target="parity.exporters.jax_tf:export", golden_dir=str(REPO / "golden" / "mlp"), opset=18,
-                         out_dir=str(tmp_path), parent_dir=None, parent_meta=None)
+        meta = pool.call(
+            "jax+tf",
+            "parity.run.tasks:export_step",
+            workspace=str(REPO),
+            model="mlp",
+            target="parity.exporters.jax_tf:export",
+            golden_dir=str(REPO / "golden" / "mlp"),
+            opset=18,
+            out_dir=str(tmp_path),
+            parent_dir=None,
+            parent_meta=None,
+        )
         artifact = {"artifact_dir": str(tmp_path), "artifact_meta": meta}
         good = verify(pool, group, "mlp", framework, **artifact)
         assert good["ok"], good
@@ -78,7 +88,7 @@ class ExactRunner(Runner):
 
     def train_step_impl(self, x, labels, lr):
         for name in self.optimized_params():
-            self.weights[name] = (self.weights[name] - np.float32(lr) * self.grads[name].astype(np.float32))
+            self.weights[name] = self.weights[name] - np.float32(lr) * self.grads[name].astype(np.float32)
 
     def trainable_weights_impl(self):
         return {n: w.copy() for n, w in self.weights.items()}

@@ -54,8 +54,11 @@ def scoped_apply(params, x, tap=None):
 
 def save_scoped_params(path) -> Path:
     rng = np.random.default_rng(0)
-    weights = {"proj/kernel": rng.standard_normal((6, WIDTH)), "proj/bias": rng.standard_normal(WIDTH),
-               "head/kernel": rng.standard_normal((WIDTH, 3))}
+    weights = {
+        "proj/kernel": rng.standard_normal((6, WIDTH)),
+        "proj/bias": rng.standard_normal(WIDTH),
+        "head/kernel": rng.standard_normal((WIDTH, 3)),
+    }
     for i in range(SCOPED_BLOCKS):
         weights[f"block_{i}/kernel"] = rng.standard_normal((WIDTH, WIDTH)) / np.sqrt(WIDTH)
         weights[f"block_{i}/bias"] = rng.standard_normal(WIDTH)
@@ -93,8 +96,10 @@ def save_offset_params(path) -> Path:
     import jax
 
     variables = _offset_net().init(jax.random.PRNGKey(0), np.zeros((1, 6), np.float32))
-    flat = {"/".join(str(k.key) for k in key): np.asarray(value)
-            for key, value in jax.tree_util.tree_flatten_with_path(variables["params"])[0]}
+    flat = {
+        "/".join(str(k.key) for k in key): np.asarray(value)
+        for key, value in jax.tree_util.tree_flatten_with_path(variables["params"])[0]
+    }
     flat["blocks_2/dense/bias"] = flat["blocks_2/dense/bias"] + np.float32(OFFSET)
     np.savez(path, **flat)
     return Path(path)
@@ -121,13 +126,17 @@ def workspace(tmp_path_factory):
     from tests import nestedmodels
 
     root = tmp_path_factory.mktemp("tree_jax")
-    models = {"flax_nested": (f"{HERE.parent / 'nestedmodels.py'}:flax_apply", nestedmodels.save_flax_params, 12),
-              "scoped": (f"{HERE}:scoped_apply", save_scoped_params, 6),
-              "offset": (f"{HERE}:offset_apply", save_offset_params, 6)}
+    models = {
+        "flax_nested": (f"{HERE.parent / 'nestedmodels.py'}:flax_apply", nestedmodels.save_flax_params, 12),
+        "scoped": (f"{HERE}:scoped_apply", save_scoped_params, 6),
+        "offset": (f"{HERE}:offset_apply", save_offset_params, 6),
+    }
     for name, (reference, save, features) in models.items():
         save(root / f"{name}.npz")
-        for args in (["init", name, "--jax", f"{reference},{root / f'{name}.npz'}", "--input", f"x=2x{features}"],
-                     ["golden", "build", "--model", name]):
+        for args in (
+            ["init", name, "--jax", f"{reference},{root / f'{name}.npz'}", "--input", f"x=2x{features}"],
+            ["golden", "build", "--model", name],
+        ):
             result = CliRunner().invoke(cli, [*args, "--workspace", str(root)], catch_exceptions=False)
             assert result.exit_code == 0, result.output
     return root
@@ -143,13 +152,19 @@ def diagnose(root: Path, model: str, path_id: str, pool) -> dict:
     ws = Workspace(root)
     spec = ws.load_spec(model)
     manifest = golden.verify(ws.golden_dir(model), spec)
-    return chain.diagnose(orchestrate.Run(ws, orchestrate.Options(threads=1)), pool, spec, manifest,
-                          paths.by_id(path_id))
+    return chain.diagnose(
+        orchestrate.Run(ws, orchestrate.Options(threads=1)), pool, spec, manifest, paths.by_id(path_id)
+    )
 
 
 def _drift(d: dict) -> list:
-    return [(level["scope"], [(r["tap"], r["found"], r["stats"] and round(r["stats"]["tol_units"], 2))
-                              for r in level["rows"]]) for level in d["tree"].get("levels", [])]
+    return [
+        (
+            level["scope"],
+            [(r["tap"], r["found"], r["stats"] and round(r["stats"]["tol_units"], 2)) for r in level["rows"]],
+        )
+        for level in d["tree"].get("levels", [])
+    ]
 
 
 def _clean(d: dict) -> None:
@@ -218,10 +233,13 @@ def test_flax_leaves_typed_and_recomputed_from_their_own_weights():
     from parity.model.layer_types import flax_layer
 
     rng = np.random.default_rng(0)
-    cases = [(nn.Dense(5), (2, 3, 4)), (nn.LayerNorm(epsilon=1e-3), (2, 7)),
-             (nn.Conv(6, (3, 3), strides=2, padding="SAME"), (2, 9, 9, 4)),
-             (nn.Conv(4, (3,), padding=[(2, 0)], kernel_dilation=2, feature_group_count=2), (2, 11, 4)),
-             (nn.Conv(3, (2, 2), padding="VALID"), (1, 5, 6, 2))]
+    cases = [
+        (nn.Dense(5), (2, 3, 4)),
+        (nn.LayerNorm(epsilon=1e-3), (2, 7)),
+        (nn.Conv(6, (3, 3), strides=2, padding="SAME"), (2, 9, 9, 4)),
+        (nn.Conv(4, (3,), padding=[(2, 0)], kernel_dilation=2, feature_group_count=2), (2, 11, 4)),
+        (nn.Conv(3, (2, 2), padding="VALID"), (1, 5, 6, 2)),
+    ]
     for module, shape in cases:
         x = rng.standard_normal(shape).astype(np.float32)
         variables = module.init(jax.random.PRNGKey(1), x)
@@ -230,8 +248,13 @@ def test_flax_leaves_typed_and_recomputed_from_their_own_weights():
         kind, attrs = flax_layer(module.bind({"params": params}))
         flat = {f"layer/{k}": np.asarray(v) for k, v in params.items()}
         weights = canonical_weights(flat, "layer", kind, attrs)
-        np.testing.assert_allclose(bind(kind, attrs).forward([x], weights), expected, rtol=1e-4, atol=1e-4,
-                                   err_msg=f"{type(module).__name__} {attrs}")
+        np.testing.assert_allclose(
+            bind(kind, attrs).forward([x], weights),
+            expected,
+            rtol=1e-4,
+            atol=1e-4,
+            err_msg=f"{type(module).__name__} {attrs}",
+        )
     assert flax_layer(nn.Conv(3, (3, 3), padding="CIRCULAR")) is None
     assert flax_layer(nn.LayerNorm(reduction_axes=(-2, -1))) is None
     assert flax_layer(nn.Dropout(0.1)) == ("dropout", {"rate": 0.1})

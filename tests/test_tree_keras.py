@@ -36,8 +36,9 @@ def make_nested():
             self.width = width
             # in the layer's own dtype: parity rebuilds the model in float64 for its reference
             self.fc = layers.Dense(width, activation="tanh", dtype=self.dtype_policy, name="fc")
-            self.norm = layers.LayerNormalization(epsilon=1e-3, gamma_initializer=gamma, beta_initializer=beta,
-                                                  dtype=self.dtype_policy, name="norm")
+            self.norm = layers.LayerNormalization(
+                epsilon=1e-3, gamma_initializer=gamma, beta_initializer=beta, dtype=self.dtype_policy, name="norm"
+            )
 
         def build(self, shape):
             self.fc.build(shape)
@@ -55,9 +56,14 @@ def make_nested():
     h = layers.Dense(16, activation="tanh", name="dense")(inner)
     h = layers.LayerNormalization(gamma_initializer=gamma, beta_initializer=beta, name="norm")(h)
     encoder = keras.Model(inner, layers.Dense(16, name="out")(h), name="encoder")
-    mlp = keras.Sequential([layers.Dense(24, activation="relu", name="fc1"),
-                            layers.LayerNormalization(gamma_initializer=gamma, beta_initializer=beta, name="ln"),
-                            layers.Dense(16, name="fc2")], name="mlp")
+    mlp = keras.Sequential(
+        [
+            layers.Dense(24, activation="relu", name="fc1"),
+            layers.LayerNormalization(gamma_initializer=gamma, beta_initializer=beta, name="ln"),
+            layers.Dense(16, name="fc2"),
+        ],
+        name="mlp",
+    )
     x = keras.Input((12,), name="x")
     h = mlp(Block(name="block")(encoder(layers.Dense(16, name="proj")(x))))
     return keras.Model(x, layers.Dense(3, name="head")(h), name="nested")
@@ -84,8 +90,13 @@ def pool():
 def workspace(tmp_path_factory, pool) -> Workspace:
     """``make_nested`` through init (as ``assert_parity`` calls it) and golden build."""
     root = tmp_path_factory.mktemp("keras_tree")
-    request = scaffold.Request(name=MODEL, kind="tf", reference=f"{Path(__file__).resolve()}:make_nested",
-                               inputs=(scaffold.InputDecl("x", (2, 12), "float32"),), builder="keras_factory")
+    request = scaffold.Request(
+        name=MODEL,
+        kind="tf",
+        reference=f"{Path(__file__).resolve()}:make_nested",
+        inputs=(scaffold.InputDecl("x", (2, 12), "float32"),),
+        builder="keras_factory",
+    )
     scaffold.init(root, request, force=False, threads=1, timeout_s=300)
     ws = Workspace(root)
     assert ws.load_spec(MODEL).taps == ("proj", "encoder", "block", "mlp", "head")
@@ -118,8 +129,13 @@ def _edited_export(ws: Workspace, pool, tmp_path: Path, scope: str, epsilon: flo
     file = folder / artifact["meta"]["file"]
     model = onnx.load(str(file))
     constants = {t.name: t for t in model.graph.initializer}
-    adds = [n for n in model.graph.node if n.op_type == "Add" and f"/{scope}/" in n.name
-            and any(i in constants and numpy_helper.to_array(constants[i]).size == 1 for i in n.input)]
+    adds = [
+        n
+        for n in model.graph.node
+        if n.op_type == "Add"
+        and f"/{scope}/" in n.name
+        and any(i in constants and numpy_helper.to_array(constants[i]).size == 1 for i in n.input)
+    ]
     assert len(adds) == 1, [n.name for n in model.graph.node if f"/{scope}/" in n.name]
     index = next(k for k, i in enumerate(adds[0].input) if i in constants)
     value = np.full_like(numpy_helper.to_array(constants[adds[0].input[index]]), epsilon)

@@ -102,9 +102,20 @@ def root(tmp_path_factory, exported):
 
 
 def test_an_optimiser_overflow_in_an_onnx_source_is_descended_to_the_scope_where_it_begins(root, exported):
-    result = _invoke("check", "--workspace", root, "--model", "nested", "--path", "onnx/ort", "--path",
-                     "onnx/ort-noopt", "--json", "-")
-    verdicts = {r["path"]: r for r in json.loads(result.output[result.output.index("{"):])["results"]}
+    result = _invoke(
+        "check",
+        "--workspace",
+        root,
+        "--model",
+        "nested",
+        "--path",
+        "onnx/ort",
+        "--path",
+        "onnx/ort-noopt",
+        "--json",
+        "-",
+    )
+    verdicts = {r["path"]: r for r in json.loads(result.output[result.output.index("{") :])["results"]}
     assert verdicts["onnx/ort-noopt"]["verdict"] == "pass" and verdicts["onnx/ort"]["verdict"] == "fail"
     diagnosis = verdicts["onnx/ort"]["diagnosis"]
     tree = diagnosis["tree"]
@@ -131,13 +142,21 @@ def test_scopes_are_read_from_node_names_without_metadata_and_a_flat_graph_has_i
     graph = onnx_graph._Graph(model)
     assert tree_onnx.scope_kind(graph) == tree_onnx.METADATA
     assert [(p, leaf) for p, _, leaf in tree_onnx.children(graph, tree_onnx.METADATA, "attn")] == [
-        ("attn.proj", True), ("attn.gain", True), ("attn.scores", True)]
+        ("attn.proj", True),
+        ("attn.gain", True),
+        ("attn.scores", True),
+    ]
 
     named = onnx_graph._Graph(_named(onnx.load(str(exported))))
     assert tree_onnx.scope_kind(named) == tree_onnx.NAMES
     top = tree_onnx.children(named, tree_onnx.NAMES, "")
-    assert [(p, leaf) for p, _, leaf in top] == [("embed", True), ("blocks.0", False), ("blocks.1", False),
-                                                 ("attn", False), ("head", True)]
+    assert [(p, leaf) for p, _, leaf in top] == [
+        ("embed", True),
+        ("blocks.0", False),
+        ("blocks.1", False),
+        ("attn", False),
+        ("head", True),
+    ]
     inner = {p: nodes for p, nodes, _ in tree_onnx.children(named, tree_onnx.NAMES, "attn")}
     assert list(inner) == ["attn/proj", "attn/gain", "attn/scores"]
     assert tree_onnx.boundary(named, tree_onnx.NAMES, "attn/scores", inner["attn/scores"]) == "matmul"
@@ -156,8 +175,9 @@ def test_scopes_are_read_from_node_names_without_metadata_and_a_flat_graph_has_i
 
 
 @pytest.mark.parametrize("rewrite, trail", [(_named, ["attn", "attn/scores"]), (_flat, ["matmul"])])
-def test_an_onnx_source_without_metadata_is_descended_by_its_names_else_its_node_outputs(tmp_path, exported,
-                                                                                         rewrite, trail):
+def test_an_onnx_source_without_metadata_is_descended_by_its_names_else_its_node_outputs(
+    tmp_path, exported, rewrite, trail
+):
     path = tmp_path / "rewritten.onnx"
     onnx.save(rewrite(onnx.load(str(exported))), str(path))
     assert _invoke("init", "nested", "--workspace", tmp_path / "ws", "--onnx", path).exit_code == 0
@@ -165,5 +185,5 @@ def test_an_onnx_source_without_metadata_is_descended_by_its_names_else_its_node
     diagnosis, _ = _diagnosed(tmp_path / "ws", "onnx/ort")
     assert diagnosis["first_divergent_path"] == trail, diagnosis["tree"]
     rows = diagnosis["tree"]["levels"][-1]["rows"]
-    assert all(r["stats"]["ok"] for r in rows[:[r["tap"] for r in rows].index(trail[-1])])
+    assert all(r["stats"]["ok"] for r in rows[: [r["tap"] for r in rows].index(trail[-1])])
     assert diagnosis["tree"]["leaf"]["class"] == ("MatMul" if rewrite is _flat else "scope")

@@ -27,7 +27,9 @@ def _invoke(*args):
 
 def _checked(root, name, factory, *inputs):
     """init, golden build, check torch (passing) and torch/onnx/ort (failing): the latter's diagnosis."""
-    return failing_export(root, name, ["--torch", f"{NESTED}:{factory}", *[a for d in inputs for a in ("--input", d)]])[0]
+    return failing_export(root, name, ["--torch", f"{NESTED}:{factory}", *[a for d in inputs for a in ("--input", d)]])[
+        0
+    ]
 
 
 def _repro_nodes(root, name, out) -> int:
@@ -134,14 +136,25 @@ def test_a_passing_path_shows_no_divergence_at_any_level(root, stack, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("factory, inputs, trail, variant", [
-    ("make_faulty_distilbert", ("input_ids=2x16:int64", "attention_mask=2x16:int64"),
-     "transformer › layer.1 › output_layer_norm", "eps="),
-    ("make_faulty_vit", ("pixel_values=2x3x16x16",), "layers.2 › layernorm_before", "no_bias"),
-    ("make_faulty_bert", ("input_ids=2x16:int64", "attention_mask=2x16:int64"),
-     "encoder › layer.1 › intermediate › intermediate_act_fn", "gelu_tanh"),
-    ("make_faulty_gpt2", ("input_ids=2x16:int64", "attention_mask=2x16:int64"), "h.1 › mlp › act", "gelu_erf"),
-])
+@pytest.mark.parametrize(
+    "factory, inputs, trail, variant",
+    [
+        (
+            "make_faulty_distilbert",
+            ("input_ids=2x16:int64", "attention_mask=2x16:int64"),
+            "transformer › layer.1 › output_layer_norm",
+            "eps=",
+        ),
+        ("make_faulty_vit", ("pixel_values=2x3x16x16",), "layers.2 › layernorm_before", "no_bias"),
+        (
+            "make_faulty_bert",
+            ("input_ids=2x16:int64", "attention_mask=2x16:int64"),
+            "encoder › layer.1 › intermediate › intermediate_act_fn",
+            "gelu_tanh",
+        ),
+        ("make_faulty_gpt2", ("input_ids=2x16:int64", "attention_mask=2x16:int64"), "h.1 › mlp › act", "gelu_erf"),
+    ],
+)
 def test_transformers_are_descended_to_their_faulty_leaf(root, tmp_path, factory, inputs, trail, variant):
     name = factory.removeprefix("make_faulty_")
     diagnosis = _checked(root, name, factory, *inputs)

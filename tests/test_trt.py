@@ -26,25 +26,34 @@ def tiny_onnx(folder):
     w = rng.standard_normal((FEATURES, CLASSES)).astype(np.float32)
     b = rng.standard_normal(CLASSES).astype(np.float32)
     graph = helper.make_graph(
-        [helper.make_node("Gemm", ["x", "w", "b"], ["z"]), helper.make_node("Relu", ["z"], ["y"])], "tiny",
+        [helper.make_node("Gemm", ["x", "w", "b"], ["z"]), helper.make_node("Relu", ["z"], ["y"])],
+        "tiny",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [BATCH, FEATURES])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [BATCH, CLASSES])],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     onnx.save_model(model, str(folder / "model.onnx"))
-    meta = {"format": "onnx", "file": "model.onnx", "input_names": ["x"], "output_names": ["y"],
-            "input_layout": "flat", "canonical_layout": "flat"}
+    meta = {
+        "format": "onnx",
+        "file": "model.onnx",
+        "input_names": ["x"],
+        "output_names": ["y"],
+        "input_layout": "flat",
+        "canonical_layout": "flat",
+    }
     return meta, w, b
 
 
 def tiny_spec():
-    return ModelSpec(name="tiny", description="", input=InputSpec("x", (FEATURES,)), outputs=("y",),
-                     batch_size=BATCH)
+    return ModelSpec(name="tiny", description="", input=InputSpec("x", (FEATURES,)), outputs=("y",), batch_size=BATCH)
 
 
 def test_importing_the_tensorrt_modules_imports_no_gpu_library():
-    probe = (f"import importlib, json, sys\nfor m in {MODULES!r}: importlib.import_module(m)\n"
-             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorrt', 'cuda', 'onnxruntime'))))")
+    probe = (
+        f"import importlib, json, sys\nfor m in {MODULES!r}: importlib.import_module(m)\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorrt', 'cuda', 'onnxruntime'))))"
+    )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == []
 

@@ -20,8 +20,9 @@ def test_a_flax_conv_with_an_int_kernel_size_is_recognised_as_one_axis():
     kind, attrs = flax_layer(module.bind({"params": params}))
     assert kind == "conv"
     weights = canonical_weights({f"layer/{k}": np.asarray(v) for k, v in params.items()}, "layer", kind, attrs)
-    np.testing.assert_allclose(bind(kind, attrs).forward([x], weights), np.asarray(module.apply({"params": params}, x)),
-                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+        bind(kind, attrs).forward([x], weights), np.asarray(module.apply({"params": params}, x)), rtol=1e-4, atol=1e-4
+    )
 
 
 def test_an_export_step_run_without_its_parent_artifact_says_what_it_lacks(tmp_path):

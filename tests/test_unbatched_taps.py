@@ -12,19 +12,19 @@ from click.testing import CliRunner
 from parity.cli import cli
 from parity.model import batch_axes
 
-GPT2_FACTORY = '''
+GPT2_FACTORY = """
 def make():
     import torch
     from transformers import GPT2Config, GPT2Model
 
     torch.manual_seed(0)
     return GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=32, vocab_size=100, use_cache=False))
-'''
+"""
 
 # a learned position table beside batched outputs: ``table`` (1, 6, 8) is the same for any batch, ``logits``
 # (batch, 4) is batched on axis 0 and ``time_major`` (6, batch, 4) on axis 1; the export clamps the features at 3,
 # which only the large eval samples reach (a failure on the eval split only)
-TABLE_FACTORY = '''
+TABLE_FACTORY = """
 import torch
 from torch import nn
 
@@ -48,7 +48,7 @@ class PositionTable(nn.Module):
 
 def make():
     return PositionTable().eval()
-'''
+"""
 
 
 def invoke(*args):
@@ -66,7 +66,7 @@ def init_and_build(root, name, factory, *options) -> dict:
 
 def check(root, name, *args) -> tuple[int, dict]:
     result = invoke("check", "--workspace", root, "--model", name, "--json", "-", *args)
-    report = json.loads(result.output[result.output.index("{"):])
+    report = json.loads(result.output[result.output.index("{") :])
     return result.exit_code, {r["path"]: r for r in report["results"]}
 
 
@@ -89,8 +89,14 @@ def test_a_position_table_output_and_tap_are_compared_whole_and_diagnosed(tmp_pa
     eval_x[[2, 5]] *= 100  # these two eval samples reach the export's clamp; the fixed input set does not
     np.savez(tmp_path / "data.npz", x=eval_x[:2], eval_x=eval_x)
     manifest = init_and_build(tmp_path, "table", TABLE_FACTORY, "--input", "x=2x6x8", "--inputs", tmp_path / "data.npz")
-    assert manifest["batch_axes"] == {"table": None, "logits": 0, "time_major": 1,
-                                      "tap/positions": None, "tap/proj": 0, "tap/mix": 0}
+    assert manifest["batch_axes"] == {
+        "table": None,
+        "logits": 0,
+        "time_major": 1,
+        "tap/positions": None,
+        "tap/proj": 0,
+        "tap/mix": 0,
+    }
     # the eval split is checked on the first output with a row per sample, joined along its batch axis
     assert manifest["files"]["reference.npz"]["arrays"]["eval/logits"]["shape"] == [8, 4]
 
@@ -120,8 +126,9 @@ def test_the_export_keeps_only_batched_outputs_dynamic_on_the_batch(tmp_path):
     assert manifest["batch_axes"]["table"] is None
     target = paths.by_id("torch/onnx/ort").exports[0].targets["cpu"]
     (tmp_path / "onnx").mkdir()
-    meta = export_step(str(tmp_path), "table", target, str(tmp_path / "golden" / "table"), 18, str(tmp_path / "onnx"),
-                       None, None)
+    meta = export_step(
+        str(tmp_path), "table", target, str(tmp_path / "golden" / "table"), 18, str(tmp_path / "onnx"), None, None
+    )
     import onnx
 
     graph = onnx.load(str(tmp_path / "onnx" / meta["file"])).graph

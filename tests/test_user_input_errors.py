@@ -55,9 +55,16 @@ def _save(graph, path: Path, opset: int = 18) -> Path:
 
 def _tiny(path: Path) -> Path:
     weight = numpy_helper.from_array(np.arange(8, dtype=np.float32).reshape(4, 2) / 8, "w")
-    return _save(helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "tiny",
-                                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
-                                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])], [weight]), path)
+    return _save(
+        helper.make_graph(
+            [helper.make_node("MatMul", ["x", "w"], ["y"])],
+            "tiny",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])],
+            [weight],
+        ),
+        path,
+    )
 
 
 def _init_and_build(root: Path, name: str = "tiny") -> Path:
@@ -75,10 +82,16 @@ def _hann_window(root: Path) -> tuple[Path, Path]:
     """ONNX's ``test_hannwindow`` case: a scalar int32 window size in, the window out; and its test data."""
     from parity.interop import onnx_test_data as interop
 
-    model = _save(helper.make_graph([helper.make_node("HannWindow", ["x"], ["y"])], "hann",
-                                    [helper.make_tensor_value_info("x", TensorProto.INT32, [])],
-                                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None])]),
-                  root / "hann.onnx", opset=17)
+    model = _save(
+        helper.make_graph(
+            [helper.make_node("HannWindow", ["x"], ["y"])],
+            "hann",
+            [helper.make_tensor_value_info("x", TensorProto.INT32, [])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None])],
+        ),
+        root / "hann.onnx",
+        opset=17,
+    )
     window = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(10, dtype=np.float32) / 10)
     interop.write_test_data(root / "hann-data", {"x": np.int32(10)}, {"y": window.astype(np.float32)})
     return model, root / "hann-data"
@@ -89,7 +102,10 @@ def test_a_scalar_onnx_input_is_taken_without_a_batch_axis(tmp_path):
     model, data = _hann_window(tmp_path)
     result = invoke("init", "hann", "--workspace", tmp_path, "--onnx", model, "--test-data", data)
     assert result.exit_code == 0, result.output
-    assert 'InputSpec("x", (), layout="native", dtype="int32", batched=False)' in (tmp_path / "models" / "hann.py").read_text()
+    assert (
+        'InputSpec("x", (), layout="native", dtype="int32", batched=False)'
+        in (tmp_path / "models" / "hann.py").read_text()
+    )
     assert invoke("golden", "build", "--workspace", tmp_path, "--model", "hann").exit_code == 0
     result = invoke("check", "--workspace", tmp_path, "--model", "hann", "--path", "onnx/ort")
     assert result.exit_code == 0, result.output
@@ -103,8 +119,9 @@ def test_a_scalar_integer_input_without_data_asks_for_its_values(tmp_path):
 
 def test_scalar_array_in_an_inputs_file_is_refused_at_init(tmp_path):
     np.savez(tmp_path / "data.npz", x=np.float32(1.0))
-    result = invoke("init", "net", "--workspace", tmp_path, "--torch", f"{MODELS}:make_net", "--inputs",
-                    tmp_path / "data.npz")
+    result = invoke(
+        "init", "net", "--workspace", tmp_path, "--torch", f"{MODELS}:make_net", "--inputs", tmp_path / "data.npz"
+    )
     refused(result, "input 'x'", "scalar (shape ())")
 
 
@@ -116,8 +133,16 @@ def test_outputs_without_a_batch_axis_are_taken_when_the_graph_has_none(tmp_path
 
     source = Path(onnx.backend.test.__file__).parent / "data" / "simple" / "test_sequence_model7"
     shutil.copytree(source, tmp_path / "seq7")  # X (2, 3, 4) in; SequenceAt gives out (3, 4)
-    result = invoke("init", "seq", "--workspace", tmp_path, "--onnx", tmp_path / "seq7" / "model.onnx",
-                    "--test-data", tmp_path / "seq7")
+    result = invoke(
+        "init",
+        "seq",
+        "--workspace",
+        tmp_path,
+        "--onnx",
+        tmp_path / "seq7" / "model.onnx",
+        "--test-data",
+        tmp_path / "seq7",
+    )
     assert result.exit_code == 0, result.output
     result = invoke("golden", "build", "--workspace", tmp_path, "--model", "seq")
     assert result.exit_code == 0, result.output
@@ -143,8 +168,12 @@ def test_a_resealed_tolerance_factor_is_refused_not_a_pass(tmp_path):
     result = _check(tmp_path)
     assert result.exit_code in (1, 2) and " pass " not in result.stdout and "FAIL" not in result.stdout, result.output
     (line,) = [line for line in result.output.splitlines() if "tolerance_factor" in line]
-    for fragment in (f"{golden_dir / 'manifest.json'}: reference.tolerance_factor is 1e+09", "float64 reference",
-                     "gives 1;", "parity golden build --model tiny"):
+    for fragment in (
+        f"{golden_dir / 'manifest.json'}: reference.tolerance_factor is 1e+09",
+        "float64 reference",
+        "gives 1;",
+        "parity golden build --model tiny",
+    ):
         assert fragment in line, line
     assert line.startswith("tiny: ERROR")
 
@@ -154,13 +183,22 @@ def test_a_resealed_tolerance_factor_is_refused_not_a_pass(tmp_path):
     assert _check(tmp_path).exit_code == 0
 
 
-@pytest.mark.parametrize("edit, recorded, derived", [
-    (lambda r: r.update(dtype="float32", tolerance_factor=1), "1", "10"),  # a float32 reference is widened
-    # given outputs widen the atol by their measured distance, never by a factor
-    (lambda r: r.update(outputs_from="ONNX test data in data", given_vs_reference_max_abs=1e-7, tolerance_factor=10),
-     "10", "1"),
-    (lambda r: r.update(tolerance_factor=10), "10", "1"),  # narrower is a disagreement too
-], ids=["float32-reference", "given-outputs", "float64-widened"])
+@pytest.mark.parametrize(
+    "edit, recorded, derived",
+    [
+        (lambda r: r.update(dtype="float32", tolerance_factor=1), "1", "10"),  # a float32 reference is widened
+        # given outputs widen the atol by their measured distance, never by a factor
+        (
+            lambda r: r.update(
+                outputs_from="ONNX test data in data", given_vs_reference_max_abs=1e-7, tolerance_factor=10
+            ),
+            "10",
+            "1",
+        ),
+        (lambda r: r.update(tolerance_factor=10), "10", "1"),  # narrower is a disagreement too
+    ],
+    ids=["float32-reference", "given-outputs", "float64-widened"],
+)
 def test_the_factor_must_follow_from_the_recorded_reference(tmp_path, edit, recorded, derived):
     from parity.model.manifest import read
     from parity.model.user import checked_tolerance_factor
@@ -183,17 +221,26 @@ def test_golden_build_refuses_a_huge_declared_shape_before_allocating(tmp_path):
     text = spec_file.read_text()
     assert 'InputSpec("x", (4,)' in text and "batch_size=2," in text
     # 64 x 10^12 samples: drawn in float64, more than a 47-bit address space holds, so no machine allocates them
-    spec_file.write_text(text.replace('InputSpec("x", (4,)', 'InputSpec("x", (1000000, 1000000)')
-                         .replace("batch_size=2,", "batch_size=64,"))
+    spec_file.write_text(
+        text.replace('InputSpec("x", (4,)', 'InputSpec("x", (1000000, 1000000)').replace(
+            "batch_size=2,", "batch_size=64,"
+        )
+    )
     result = invoke("golden", "build", "--workspace", tmp_path, "--model", "tiny")
-    line = refused(result, "tiny: golden build failed", "inputs and eval inputs of shape (64, 1000000, 1000000) float32",
-                   "would take 931.3 TiB", "parity refuses golden data over")
+    line = refused(
+        result,
+        "tiny: golden build failed",
+        "inputs and eval inputs of shape (64, 1000000, 1000000) float32",
+        "would take 931.3 TiB",
+        "parity refuses golden data over",
+    )
     assert "GiB" in line.split("over")[1] and "available" in line
 
 
 def test_init_refuses_a_huge_input_before_the_model_runs(tmp_path):
-    result = invoke("init", "net", "--workspace", tmp_path, "--torch", f"{MODELS}:make_net", "--input",
-                    "x=100000x100000x1000")
+    result = invoke(
+        "init", "net", "--workspace", tmp_path, "--torch", f"{MODELS}:make_net", "--input", "x=100000x100000x1000"
+    )
     refused(result, "input 'x' of shape (100000, 100000, 1000) float32 would take 72.8 TiB", "refuses golden data over")
     assert not (tmp_path / "models" / "net.py").exists()
 
@@ -203,5 +250,9 @@ def test_the_worker_refuses_a_huge_sample_before_drawing_it(tmp_path):
     from parity.model.user import UserModelError
 
     with pytest.raises(UserModelError, match=r"input 'x' of shape \(100000, 100000, 1000\) float32 would take"):
-        inspect_model("torch", f"{MODELS}:make_net", str(tmp_path),
-                      [{"name": "x", "shape": [100000, 100000, 1000], "dtype": "float32", "values": None}])
+        inspect_model(
+            "torch",
+            f"{MODELS}:make_net",
+            str(tmp_path),
+            [{"name": "x", "shape": [100000, 100000, 1000], "dtype": "float32", "values": None}],
+        )

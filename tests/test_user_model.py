@@ -32,7 +32,7 @@ def build(root, name):
 
 def check(root, name, *args):
     result = invoke("check", "--workspace", str(root), "--model", name, "--json", "-", *args)
-    return result.exit_code, json.loads(result.output[result.output.index("{"):])
+    return result.exit_code, json.loads(result.output[result.output.index("{") :])
 
 
 def by_path(report):
@@ -41,15 +41,29 @@ def by_path(report):
 
 def test_torch_model_from_a_file_init_build_check_with_a_broken_export_named(tmp_path):
     rng = np.random.default_rng(1)
-    np.savez(tmp_path / "data.npz", x=rng.standard_normal((6, 3, 8, 8)).astype(np.float32), labels=rng.integers(0, 4, 6))
-    init(tmp_path, "good", "--torch", f"{MODELS}:make_net", "--inputs", str(tmp_path / "data.npz"), "--input", "x=3x3x8x8")
+    np.savez(
+        tmp_path / "data.npz", x=rng.standard_normal((6, 3, 8, 8)).astype(np.float32), labels=rng.integers(0, 4, 6)
+    )
+    init(
+        tmp_path,
+        "good",
+        "--torch",
+        f"{MODELS}:make_net",
+        "--inputs",
+        str(tmp_path / "data.npz"),
+        "--input",
+        "x=3x3x8x8",
+    )
     init(tmp_path, "broken", "--torch", f"{MODELS}:make_broken_export_net", "--input", "x=2x3x8x8")
     spec_text = (tmp_path / "models" / "good.py").read_text()
     assert 'taps=("conv", "bn", "act", "pool", "flat", "head")' in spec_text and 'loss="cross_entropy"' in spec_text
 
     manifest = build(tmp_path, "good")
     assert manifest["reference"]["dtype"] == "float64" and manifest["reference"]["tolerance_factor"] == 1
-    assert set(manifest["params"]) >= {"conv.weight", "bn.running_mean"} and not manifest["params"]["bn.running_var"]["trainable"]
+    assert (
+        set(manifest["params"]) >= {"conv.weight", "bn.running_mean"}
+        and not manifest["params"]["bn.running_var"]["trainable"]
+    )
     assert manifest["data"]["eval"] == 6 and set(manifest["metrics"]) == {"accuracy", "macro_f1", "top3_accuracy"}
     code, report = check(tmp_path, "good", "--path", "torch")  # its exports: the assert_parity test
     assert code == 0
@@ -86,13 +100,25 @@ def test_onnx_file_with_testdata_from_export_testdata_and_polygraphy_files(tmp_p
     assert manifest["reference"]["given_vs_reference_max_abs"] < 1e-5
     code, report = check(tmp_path, "from_testdata")
     assert code == 0 and {r["path"]: r["verdict"] for r in report["results"]} == {
-        "onnx/ort": "pass", "onnx/ort-noopt": "pass", "onnx/onnxref": "pass", "onnx/openvino": "pass"}
+        "onnx/ort": "pass",
+        "onnx/ort-noopt": "pass",
+        "onnx/onnxref": "pass",
+        "onnx/openvino": "pass",
+    }
 
     # the same inputs and outputs as Polygraphy would have saved them
     polygraphy.write_inputs(tmp_path / "inputs.json", [given.inputs])
     polygraphy.write_run_results(tmp_path / "outputs.json", "onnxrt-runner-N0", [given.outputs])
-    init(tmp_path, "from_polygraphy", "--onnx", str(folder / "model.onnx"), "--polygraphy-inputs",
-         str(tmp_path / "inputs.json"), "--polygraphy-outputs", str(tmp_path / "outputs.json"))
+    init(
+        tmp_path,
+        "from_polygraphy",
+        "--onnx",
+        str(folder / "model.onnx"),
+        "--polygraphy-inputs",
+        str(tmp_path / "inputs.json"),
+        "--polygraphy-outputs",
+        str(tmp_path / "outputs.json"),
+    )
     manifest = build(tmp_path, "from_polygraphy")
     assert manifest["reference"]["outputs_from"].startswith("Polygraphy")
     code, report = check(tmp_path, "from_polygraphy", "--path", "onnx/ort")
@@ -104,8 +130,16 @@ def _export_onnx(path):
 
     from tests import usermodels
 
-    torch.onnx.export(usermodels.make_net(), (torch.zeros(2, 3, 8, 8),), str(path), input_names=["x"],
-                      output_names=["output"], dynamo=True, external_data=False, verbose=False)
+    torch.onnx.export(
+        usermodels.make_net(),
+        (torch.zeros(2, 3, 8, 8),),
+        str(path),
+        input_names=["x"],
+        output_names=["output"],
+        dynamo=True,
+        external_data=False,
+        verbose=False,
+    )
 
 
 @pytest.mark.slow  # five TensorFlow imports: about 30 s
@@ -113,8 +147,10 @@ def test_keras_model_saved_as_keras_file(tmp_path):
     import subprocess
     import sys
 
-    script = f"import sys; sys.path.insert(0, {str(REPO)!r}); from tests.usermodels import make_keras_model; " \
-             f"make_keras_model().save({str(tmp_path / 'user.keras')!r})"
+    script = (
+        f"import sys; sys.path.insert(0, {str(REPO)!r}); from tests.usermodels import make_keras_model; "
+        f"make_keras_model().save({str(tmp_path / 'user.keras')!r})"
+    )
     subprocess.run([sys.executable, "-c", script], check=True, capture_output=True)
     init(tmp_path, "kmodel", "--keras", str(tmp_path / "user.keras"), "--input", "image=2x8x8x3")
     assert 'taps=("conv", "bn", "relu", "pool", "head")' in (tmp_path / "models" / "kmodel.py").read_text()
@@ -132,11 +168,28 @@ def test_jax_apply_function_with_its_params_file(tmp_path):
     assert 'taps=("dense1",)' in (tmp_path / "models" / "jmlp.py").read_text()
     manifest = build(tmp_path, "jmlp")
     assert manifest["reference"]["dtype"] == "float64" and set(manifest["params"]) == {
-        "dense1/kernel", "dense1/bias", "out/kernel", "out/bias"}
-    result = invoke("run", "--workspace", str(tmp_path), "--model", "jmlp", "--path", "jax", "--path", "jax/onnx/ort",
-                    "--budget", "0.1", "--json", "-")
+        "dense1/kernel",
+        "dense1/bias",
+        "out/kernel",
+        "out/bias",
+    }
+    result = invoke(
+        "run",
+        "--workspace",
+        str(tmp_path),
+        "--model",
+        "jmlp",
+        "--path",
+        "jax",
+        "--path",
+        "jax/onnx/ort",
+        "--budget",
+        "0.1",
+        "--json",
+        "-",
+    )
     assert result.exit_code == 0, result.output
-    report = json.loads(result.output[result.output.index("{"):])
+    report = json.loads(result.output[result.output.index("{") :])
     for r in report["results"]:  # checked, then timed: batches and the first result in a fresh worker
         assert r["verdict"] == "pass" and r["timing"]["batches"]["4"]["verdict"] == "pass"
         assert "verdict" not in r["timing"]["first_result"], r["timing"]["first_result"]
@@ -153,13 +206,16 @@ def test_float32_only_model_falls_back_with_the_reason_and_wider_tolerances(tmp_
     assert code == 0 and report["results"][0]["verdict"] == "pass"
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--torch", f"{MODELS}:make_failing_factory", "--input", "x=1x3x8x8"], "checkpoint weights.pt not found"),
-    (["--torch", f"{MODELS}:make_net", "--input", "x=1x5x8x8"], "does not run on input 'x' of shape (1, 5, 8, 8)"),
-    (["--torch", f"{MODELS}:no_such_function", "--input", "x=1x3x8x8"], "has no 'no_such_function'"),
-    (["--torch", f"{MODELS}:make_net", "--input", "x=1by3"], "is not NAME=BATCHxDIMx"),
-    (["--torch", f"{MODELS}:make_net", "--onnx", "m.onnx", "--input", "x=1x3"], "exactly one of"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--torch", f"{MODELS}:make_failing_factory", "--input", "x=1x3x8x8"], "checkpoint weights.pt not found"),
+        (["--torch", f"{MODELS}:make_net", "--input", "x=1x5x8x8"], "does not run on input 'x' of shape (1, 5, 8, 8)"),
+        (["--torch", f"{MODELS}:no_such_function", "--input", "x=1x3x8x8"], "has no 'no_such_function'"),
+        (["--torch", f"{MODELS}:make_net", "--input", "x=1by3"], "is not NAME=BATCHxDIMx"),
+        (["--torch", f"{MODELS}:make_net", "--onnx", "m.onnx", "--input", "x=1x3"], "exactly one of"),
+    ],
+)
 def test_init_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     result = invoke("init", "bad", "--workspace", str(tmp_path), *args)
     assert result.exit_code == 2, result.output
@@ -170,7 +226,9 @@ def test_init_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
 def test_init_refuses_an_existing_spec_without_force(tmp_path):
     init(tmp_path, "net", "--torch", f"{MODELS}:make_net", "--input", "x=1x3x8x8")
     before = (tmp_path / "models" / "net.py").read_text()
-    result = invoke("init", "net", "--workspace", str(tmp_path), "--torch", f"{MODELS}:make_net", "--input", "x=2x3x8x8")
+    result = invoke(
+        "init", "net", "--workspace", str(tmp_path), "--torch", f"{MODELS}:make_net", "--input", "x=2x3x8x8"
+    )
     assert result.exit_code == 2 and "--force" in result.output
     assert (tmp_path / "models" / "net.py").read_text() == before
     init(tmp_path, "net", "--torch", f"{MODELS}:make_net", "--input", "x=2x3x8x8", "--force")
@@ -186,7 +244,9 @@ def test_bad_onnx_files_and_mismatched_test_data(tmp_path):
 
     model = _tiny_onnx(tmp_path / "tiny.onnx")
     interop.write_test_data(tmp_path / "data", {"x": np.zeros((1, 5), np.float32)}, {"y": np.zeros((1, 2), np.float32)})
-    result = invoke("init", "tiny", "--workspace", str(tmp_path), "--onnx", str(model), "--test-data", str(tmp_path / "data"))
+    result = invoke(
+        "init", "tiny", "--workspace", str(tmp_path), "--onnx", str(model), "--test-data", str(tmp_path / "data")
+    )
     assert result.exit_code == 2 and "input 'x' has shape (1, 5)" in result.output
 
     init(tmp_path, "tiny", "--onnx", str(model), "--input", "x=2x4")
@@ -201,9 +261,13 @@ def _tiny_onnx(path):
     from onnx import TensorProto, helper, numpy_helper
 
     weight = numpy_helper.from_array(np.arange(8, dtype=np.float32).reshape(4, 2) / 8, "w")
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "tiny",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])], [weight])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])],
+        [weight],
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
     return path
 
@@ -230,8 +294,21 @@ def test_resnet18_sized_model_init_build_run(tmp_path):
     manifest = build(tmp_path, "resnet18")
     assert manifest["reference"]["dtype"] == "float64"
     assert manifest["files"]["weights.npz"]["arrays"]["fc.weight"]["shape"] == [10, 512]
-    result = invoke("run", "--workspace", str(tmp_path), "--model", "resnet18", "--path", "torch",
-                    "--path", "torch/onnx/ort", "--budget", "0.5", "--json", "-")
+    result = invoke(
+        "run",
+        "--workspace",
+        str(tmp_path),
+        "--model",
+        "resnet18",
+        "--path",
+        "torch",
+        "--path",
+        "torch/onnx/ort",
+        "--budget",
+        "0.5",
+        "--json",
+        "-",
+    )
     assert result.exit_code == 0, result.output
-    report = json.loads(result.output[result.output.index("{"):])
+    report = json.loads(result.output[result.output.index("{") :])
     assert all(r["verdict"] == "pass" and r["timing"]["batches"]["1"]["verdict"] == "pass" for r in report["results"])

@@ -105,7 +105,8 @@ def test_a_spare_is_adopted_by_the_first_group_and_closed_when_unused(tmp_path, 
         assert pool.spare is None and pool.current_group() == "onnx"
         assert (pool.current.template if method == "fork" else pool.current) is spare
         assert pool.call("onnx", "parity.run.worker:process_origin") == (
-            "spawned" if method == "spawn" else "forked from its group's template (framework import timed there)")
+            "spawned" if method == "spawn" else "forked from its group's template (framework import timed there)"
+        )
     with worker.WorkerPool(1, tmp_path, timeout_s=120) as pool:
         pool.prestart()
         unused = pool.spare

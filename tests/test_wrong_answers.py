@@ -20,7 +20,7 @@ def invoke(*args):
 
 
 def by_path(output: str) -> dict:
-    report = json.loads(output[output.index("{"):])
+    report = json.loads(output[output.index("{") :])
     return {r["path"]: r for r in report["results"]}
 
 
@@ -61,7 +61,9 @@ MODEL = """
 
 
 def test_an_edit_to_code_the_model_imports_makes_the_export_again_and_says_why(tmp_path):
-    user_workspace(tmp_path, {"mylayers.py": LAYERS, "mymodels.py": MODEL}, "net", "mymodels.py:make", "--input", "x=2x6")
+    user_workspace(
+        tmp_path, {"mylayers.py": LAYERS, "mymodels.py": MODEL}, "net", "mymodels.py:make", "--input", "x=2x6"
+    )
     code, results = check(tmp_path, "net", "torch", "torch/onnx/ort")
     assert code == 0 and results["torch/onnx/ort"]["export"]["cached"] is False
 
@@ -90,7 +92,7 @@ def test_one_models_broken_golden_is_its_error_and_the_others_are_still_checked(
     (root / "golden" / "cnn" / "weights.npz").write_bytes(b"not an npz")
     result = invoke("check", "--workspace", root, "--path", "torch", "--json", "-")
     assert result.exit_code == 1
-    report = json.loads(result.output[result.output.index("{"):])
+    report = json.loads(result.output[result.output.index("{") :])
     assert [(r["model"], r["verdict"]) for r in report["results"]] == [("mlp", "pass")]
     (error,) = report["model_errors"]
     assert error["model"] == "cnn" and "weights.npz: sha256 mismatch" in error["reason"]
@@ -147,11 +149,27 @@ def test_token_ids_are_traced_as_integers_over_the_embeddings_range(tmp_path):
 
 def test_an_integer_input_without_a_known_range_is_refused_at_init(tmp_path):
     (tmp_path / "tokens.py").write_text(textwrap.dedent(TOKENS))
-    result = invoke("init", "b", "--workspace", tmp_path, "--torch", f"{tmp_path}/tokens.py:make_one_hot",
-                    "--input", "ids=2x4:int64")
+    result = invoke(
+        "init",
+        "b",
+        "--workspace",
+        tmp_path,
+        "--torch",
+        f"{tmp_path}/tokens.py:make_one_hot",
+        "--input",
+        "ids=2x4:int64",
+    )
     assert result.exit_code == 2 and "give the number of values its ids take" in result.output
-    result = invoke("init", "b", "--workspace", tmp_path, "--torch", f"{tmp_path}/tokens.py:make_one_hot",
-                    "--input", "ids=2x4:int64:10")
+    result = invoke(
+        "init",
+        "b",
+        "--workspace",
+        tmp_path,
+        "--torch",
+        f"{tmp_path}/tokens.py:make_one_hot",
+        "--input",
+        "ids=2x4:int64:10",
+    )
     assert result.exit_code == 0 and "high=10" in (tmp_path / "models" / "b.py").read_text()
 
 
@@ -194,9 +212,12 @@ def test_float64_buffers_and_minus_inf_masks_stay_the_models_own(tmp_path):
     golden_dir = tmp_path / "golden" / "masked"
     manifest = json.loads((golden_dir / "manifest.json").read_text())
     assert manifest["params"]["gain"]["dtype"] == "float64"
-    with np.load(golden_dir / "weights.npz") as weights, np.load(golden_dir / "inputs.npz") as inputs, \
-            np.load(golden_dir / "reference.npz") as reference:
-        assert weights["gain"].dtype == np.float64 and weights["gain"][0] == 2.0 ** 25 + 1.0
+    with (
+        np.load(golden_dir / "weights.npz") as weights,
+        np.load(golden_dir / "inputs.npz") as inputs,
+        np.load(golden_dir / "reference.npz") as reference,
+    ):
+        assert weights["gain"].dtype == np.float64 and weights["gain"][0] == 2.0**25 + 1.0
         assert np.isneginf(weights["mask"]).sum() == 10 and np.all(weights["mask"][np.tril_indices(5)] == 0)
         x, golden_output = inputs["x"], reference["output"]
     namespace = {}

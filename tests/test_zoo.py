@@ -14,8 +14,12 @@ from tests.conftest import REPO
 @pytest.mark.slow
 def test_parity_run_on_the_zoo_is_as_expected(tmp_path):
     out = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, "-m", "parity", "run", "--budget", "0.2", "--json", str(out)],
-                          cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "parity", "run", "--budget", "0.2", "--json", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
     assert report["schema"] == "parity.result/2" and not report["model_errors"]

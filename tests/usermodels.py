@@ -102,8 +102,11 @@ def make_resnet18(num_classes: int = 10):
             self.bn1 = nn.BatchNorm2d(cout)
             self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
             self.bn2 = nn.BatchNorm2d(cout)
-            self.down = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-                         if stride != 1 or cin != cout else nn.Identity())
+            self.down = (
+                nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                if stride != 1 or cin != cout
+                else nn.Identity()
+            )
 
         def forward(self, x):
             out = torch.relu(self.bn1(self.conv1(x)))
@@ -153,10 +156,15 @@ def save_jax_params(path):
     import numpy as np
 
     rng = np.random.default_rng(0)
-    np.savez(path, **{"dense1/kernel": rng.standard_normal((5, 7)).astype(np.float32),
-                      "dense1/bias": rng.standard_normal(7).astype(np.float32),
-                      "out/kernel": rng.standard_normal((7, 3)).astype(np.float32),
-                      "out/bias": np.zeros(3, np.float32)})
+    np.savez(
+        path,
+        **{
+            "dense1/kernel": rng.standard_normal((5, 7)).astype(np.float32),
+            "dense1/bias": rng.standard_normal(7).astype(np.float32),
+            "out/kernel": rng.standard_normal((7, 3)).astype(np.float32),
+            "out/bias": np.zeros(3, np.float32),
+        },
+    )
 
 
 def make_offset_logits():

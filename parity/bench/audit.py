@@ -46,8 +46,18 @@ def audit_points(min_runs: int, rng: np.random.Generator, audits: int = AUDITS_M
     return sorted(int(p) + 1 for p in rng.choice(min_runs, size=k, replace=False))
 
 
-def audited_measure(run, feeds: list, verify, timing: dict, seed: int = 0, audits: int = AUDITS_MIN,
-                    probe: int | None = None, final: bool = True, clock=time.perf_counter, start: int = 0) -> dict:
+def audited_measure(
+    run,
+    feeds: list,
+    verify,
+    timing: dict,
+    seed: int = 0,
+    audits: int = AUDITS_MIN,
+    probe: int | None = None,
+    final: bool = True,
+    clock=time.perf_counter,
+    start: int = 0,
+) -> dict:
     """Time ``run(feed)`` cycling through ``feeds`` under ``measure``'s rules (``timing``: its keyword arguments),
     with the output audits and repeat probe. ``verify(k, outputs) -> stats`` compares the outputs of ``feeds[k]``
     with its verified outputs (``stats["ok"]``; ``stats["tol_units"]`` how far). ``audits`` random audit points
@@ -101,8 +111,12 @@ def audited_measure(run, feeds: list, verify, timing: dict, seed: int = 0, audit
         state["seconds"] += clock() - started
     timed_s = sum(measured["samples_ms"]) / 1e3
     measured["audit"] = {
-        "feeds": len(feeds), "outputs": records, "ok": all(a["ok"] for a in records),
-        "probe_ms": [s * 1e3 for s in probe_ms], "seconds": state["seconds"], "next_feed": next(order) % len(feeds),
+        "feeds": len(feeds),
+        "outputs": records,
+        "ok": all(a["ok"] for a in records),
+        "probe_ms": [s * 1e3 for s in probe_ms],
+        "seconds": state["seconds"],
+        "next_feed": next(order) % len(feeds),
         "cost_fraction": state["seconds"] / timed_s if timed_s > 0 else None,
     }
     return measured
@@ -113,9 +127,13 @@ def void(entry: dict) -> dict:
     bad = next(a for a in entry["audit"]["outputs"] if not a["ok"])
     units = bad.get("tol_units")
     how = times(units) if isinstance(units, (int, float)) else "out of tolerance"
-    return {"verdict": "invalid", "audit": entry["audit"], "verified": entry.get("verified"),
-            "reason": f"invalid: outputs during timing differ from the verified ones (timed call {bad['call']}, "
-                      f"input {bad['feed']}: {how})"}
+    return {
+        "verdict": "invalid",
+        "audit": entry["audit"],
+        "verified": entry.get("verified"),
+        "reason": f"invalid: outputs during timing differ from the verified ones (timed call {bad['call']}, "
+        f"input {bad['feed']}: {how})",
+    }
 
 
 def cache_verdict(samples_ms: list[float], probe_ms: list[float]) -> dict:
@@ -134,9 +152,17 @@ def cache_verdict(samples_ms: list[float], probe_ms: list[float]) -> dict:
         from parity.bench.stats import compare_series
 
         c = compare_series(probe_ms, samples_ms)
-        found = {"flagged": bool(c["ci95"][1] < 1.0 and c["ratio"] < CACHE_RATIO), "ratio": c["ratio"],
-                 "ci95": c["ci95"], "p": c["p"], "rule": "ci", "repeats": len(probe_ms)}
+        found = {
+            "flagged": bool(c["ci95"][1] < 1.0 and c["ratio"] < CACHE_RATIO),
+            "ratio": c["ratio"],
+            "ci95": c["ci95"],
+            "p": c["p"],
+            "rule": "ci",
+            "repeats": len(probe_ms),
+        }
     if found["flagged"]:
-        found["reason"] = (f"{1 / ratio:.3g}x faster on a repeated input than on rotating verified inputs (a result "
-                           "or input cache): its timing does not show the work of new inputs")
+        found["reason"] = (
+            f"{1 / ratio:.3g}x faster on a repeated input than on rotating verified inputs (a result "
+            "or input cache): its timing does not show the work of new inputs"
+        )
     return found

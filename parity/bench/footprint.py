@@ -68,8 +68,9 @@ def rapl_domains(root: Path = POWERCAP) -> tuple[list[Path], str | None]:
         return [], f"no RAPL package domain under {root}"
     unreadable = [d for d in domains if not os.access(d / "energy_uj", os.R_OK)]
     if unreadable:
-        return [], (f"{unreadable[0] / 'energy_uj'} is not readable by this user (root only since Linux 5.10, "
-                    "CVE-2020-8694)")
+        return [], (
+            f"{unreadable[0] / 'energy_uj'} is not readable by this user (root only since Linux 5.10, CVE-2020-8694)"
+        )
     return domains, None
 
 
@@ -77,7 +78,7 @@ def read_energy(domains: list[Path]) -> list[tuple[int, int]]:
     """``(energy_uj, max_energy_range_uj)`` of each domain now."""
     readings = []
     for d in domains:
-        top = (d / "max_energy_range_uj")
+        top = d / "max_energy_range_uj"
         readings.append((int((d / "energy_uj").read_text()), int(top.read_text()) if top.exists() else 2**32))
     return readings
 
@@ -106,9 +107,16 @@ class BlockMeter:
     def stop(self, calls: int) -> dict:
         peak = None if self.peak_reason else peak_mb()
         joules = joules_between(self._energy, read_energy(self.domains)) if self._energy is not None else None
-        return {"peak_rss_mb": peak, "joules": joules, "calls": calls,
-                "reasons": {k: v for k, v in (("memory", self.peak_reason if peak is None else None),
-                                              ("energy", self.energy_reason)) if v}}
+        return {
+            "peak_rss_mb": peak,
+            "joules": joules,
+            "calls": calls,
+            "reasons": {
+                k: v
+                for k, v in (("memory", self.peak_reason if peak is None else None), ("energy", self.energy_reason))
+                if v
+            },
+        }
 
 
 def summary(blocks: list[dict]) -> dict:
@@ -118,14 +126,23 @@ def summary(blocks: list[dict]) -> dict:
     metered = [b for b in blocks if b.get("peak_rss_mb") is not None and b.get("idle_rss_mb") is not None]
     above = [b["peak_rss_mb"] - b["idle_rss_mb"] for b in metered]
     reasons = {k: v for b in blocks for k, v in (b.get("reasons") or {}).items()}
-    memory = ({"peak_rss_mb": max(*above, 0.0), "block_peaks_mb": above, "idle_rss_mb": metered[0]["idle_rss_mb"]}
-              if above
-              else {"peak_rss_mb": None, "reason": reasons.get("memory", "the worker's idle size was not measured")})
+    memory = (
+        {"peak_rss_mb": max(*above, 0.0), "block_peaks_mb": above, "idle_rss_mb": metered[0]["idle_rss_mb"]}
+        if above
+        else {"peak_rss_mb": None, "reason": reasons.get("memory", "the worker's idle size was not measured")}
+    )
     joules = [b["joules"] for b in blocks if b.get("joules") is not None]
     calls = sum(b["calls"] for b in blocks if b.get("joules") is not None)
-    energy = ({"joules_per_inference": sum(joules) / calls, "calls": calls, "source": "RAPL package counters",
-               "scope": "the whole CPU package, other processes included"} if joules and calls
-              else {"joules_per_inference": None, "reason": reasons.get("energy", "not measured")})
+    energy = (
+        {
+            "joules_per_inference": sum(joules) / calls,
+            "calls": calls,
+            "source": "RAPL package counters",
+            "scope": "the whole CPU package, other processes included",
+        }
+        if joules and calls
+        else {"joules_per_inference": None, "reason": reasons.get("energy", "not measured")}
+    )
     return {"memory": memory, "energy": energy}
 
 

@@ -29,8 +29,9 @@ import threading
 import time
 from typing import Any, Self
 
-NOT_LOCKED_WARNING = ("GPU clocks are not locked: timings may vary with boost clocks; "
-                      "lock them with nvidia-smi -lgc for stable numbers")
+NOT_LOCKED_WARNING = (
+    "GPU clocks are not locked: timings may vary with boost clocks; lock them with nvidia-smi -lgc for stable numbers"
+)
 REASON_GPU_IDLE = 0x1  # nvmlClocksEventReasonGpuIdle
 REASON_APPLICATIONS_CLOCKS = 0x2  # nvmlClocksEventReasonApplicationsClocksSetting
 MIB = 1024 * 1024
@@ -52,8 +53,7 @@ def _open(index: int):
         pynvml.nvmlInit()
     except pynvml.NVMLError as e:
         missing = (pynvml.NVMLError_LibraryNotFound, pynvml.NVMLError_DriverNotLoaded)
-        raise _Unavailable(f"NVML: {e} (no NVIDIA driver here)" if isinstance(e, missing)
-                           else f"NVML: {e}") from None
+        raise _Unavailable(f"NVML: {e} (no NVIDIA driver here)" if isinstance(e, missing) else f"NVML: {e}") from None
     try:
         return pynvml, pynvml.nvmlDeviceGetHandleByIndex(index)
     except pynvml.NVMLError as e:
@@ -81,16 +81,15 @@ def _query(pynvml, name: str, *args):
 
 
 def _applications_sm_mhz(pynvml, handle):
-    clock = _query(pynvml, "nvmlDeviceGetClock", handle, pynvml.NVML_CLOCK_SM,
-                   pynvml.NVML_CLOCK_ID_APP_CLOCK_TARGET)
-    return clock if clock is not None else _query(pynvml, "nvmlDeviceGetApplicationsClock", handle,
-                                                  pynvml.NVML_CLOCK_SM)
+    clock = _query(pynvml, "nvmlDeviceGetClock", handle, pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_ID_APP_CLOCK_TARGET)
+    return (
+        clock if clock is not None else _query(pynvml, "nvmlDeviceGetApplicationsClock", handle, pynvml.NVML_CLOCK_SM)
+    )
 
 
 def _clock_event_reasons(pynvml, handle):
     reasons = _query(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", handle)
-    return reasons if reasons is not None else _query(pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons",
-                                                      handle)
+    return reasons if reasons is not None else _query(pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", handle)
 
 
 def gpu_state(index: int = 0) -> dict:
@@ -106,6 +105,7 @@ def gpu_state(index: int = 0) -> dict:
     except _Unavailable as e:
         return {"available": False, "reason": e.reason}
     try:
+
         def q(name, *args):
             return _query(pynvml, name, h, *args)
 
@@ -152,12 +152,18 @@ def _energy_from_samples(times: list[float], watts: list[float]) -> dict | None:
         return None
     joules = sum((t1 - t0) * (w0 + w1) / 2 for t0, t1, w0, w1 in zip(times, times[1:], watts, watts[1:]))
     window = times[-1] - times[0]
-    return {"joules": joules, "window_s": window, "mean_power_w": joules / window,
-            "samples": len(times), "sampling_hz": rate}
+    return {
+        "joules": joules,
+        "window_s": window,
+        "mean_power_w": joules / window,
+        "samples": len(times),
+        "sampling_hz": rate,
+    }
 
 
-def _clock_lock_rule(sm_mhz: list[int], applications_sm_mhz: int | None = None,
-                     event_reasons: int | None = None) -> tuple[bool | None, str]:
+def _clock_lock_rule(
+    sm_mhz: list[int], applications_sm_mhz: int | None = None, event_reasons: int | None = None
+) -> tuple[bool | None, str]:
     """``(locked, evidence)`` from sampled SM clocks, the applications clock and the OR of the clock
     event reasons seen while sampling; the rule is in the module docstring."""
     n = len(sm_mhz)
@@ -260,38 +266,61 @@ class Sampler:
         if calls < 1:
             raise ValueError(f"calls must be at least 1, got {calls}")
         memory = [m for m in self.memory_mb if m is not None]
-        return {"energy": self._energy_summary(calls), "clocks": self._clock_summary(),
-                "peak_process_memory_mb": max(memory) if memory else None}
+        return {
+            "energy": self._energy_summary(calls),
+            "clocks": self._clock_summary(),
+            "peak_process_memory_mb": max(memory) if memory else None,
+        }
 
     def _energy_summary(self, calls: int) -> dict:
         if not self.times:
-            return {"joules_per_inference": None,
-                    "reason": f"not measurable here: {self.reason or 'the sampler was never started'}"}
+            return {
+                "joules_per_inference": None,
+                "reason": f"not measurable here: {self.reason or 'the sampler was never started'}",
+            }
         powered = [(t, w) for t, w in zip(self.times, self.watts) if w is not None]
         times, watts = [t for t, _ in powered], [w for _, w in powered]
         (t0, mj0), (t1, mj1) = self._energy if len(self._energy) == 2 else ((0.0, None), (0.0, None))
         if mj0 is not None and mj1 is not None and mj1 > mj0 and t1 > t0:
             joules, window = (mj1 - mj0) / 1000, t1 - t0
-            return {"joules_per_inference": joules / calls, "joules": joules,
-                    "method": "NVML total energy counter", "sampling_hz": _sampling_rate(times),
-                    "samples": len(times), "mean_power_w": joules / window, "window_s": window}
+            return {
+                "joules_per_inference": joules / calls,
+                "joules": joules,
+                "method": "NVML total energy counter",
+                "sampling_hz": _sampling_rate(times),
+                "samples": len(times),
+                "mean_power_w": joules / window,
+                "window_s": window,
+            }
         integral = _energy_from_samples(times, watts)
         if integral is None:
-            why = (f"no NVML energy counter reading and {len(times)} power sample(s); "
-                   "at least 2 are needed")
+            why = f"no NVML energy counter reading and {len(times)} power sample(s); at least 2 are needed"
             return {"joules_per_inference": None, "reason": f"not measurable here: {why}"}
-        return {"joules_per_inference": integral["joules"] / calls, "joules": integral["joules"],
-                "method": "NVML power samples (trapezoid)", "sampling_hz": integral["sampling_hz"],
-                "samples": integral["samples"], "mean_power_w": integral["mean_power_w"],
-                "window_s": integral["window_s"]}
+        return {
+            "joules_per_inference": integral["joules"] / calls,
+            "joules": integral["joules"],
+            "method": "NVML power samples (trapezoid)",
+            "sampling_hz": integral["sampling_hz"],
+            "samples": integral["samples"],
+            "mean_power_w": integral["mean_power_w"],
+            "window_s": integral["window_s"],
+        }
 
     def _clock_summary(self) -> dict:
         sm = [c for c in self.sm_mhz if c is not None]
         if not self.times:
-            return {"sm_mhz_min": None, "sm_mhz_max": None, "locked": None,
-                    "locked_evidence": f"not measurable here: {self.reason or 'the sampler was never started'}",
-                    "warning": None}
+            return {
+                "sm_mhz_min": None,
+                "sm_mhz_max": None,
+                "locked": None,
+                "locked_evidence": f"not measurable here: {self.reason or 'the sampler was never started'}",
+                "warning": None,
+            }
         locked, evidence = _clock_lock_rule(sm, self.applications_sm_mhz, self.event_reasons)
-        return {"sm_mhz_min": min(sm) if sm else None, "sm_mhz_max": max(sm) if sm else None,
-                "locked": locked, "locked_evidence": evidence,
-                "warning": None if locked else NOT_LOCKED_WARNING}
+        return {
+            "sm_mhz_min": min(sm) if sm else None,
+            "sm_mhz_max": max(sm) if sm else None,
+            "locked": locked,
+            "locked_evidence": evidence,
+            "warning": None if locked else NOT_LOCKED_WARNING,
+        }

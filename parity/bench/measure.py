@@ -37,10 +37,23 @@ def ci_within(samples: list[float], rel: float, confidence: float) -> bool:
     return bool(median > 0 and part[lo] >= median * (1.0 - rel) and part[hi] <= median * (1.0 + rel))
 
 
-def measure(fn, *, min_runs: int = 30, target_rel_ci: float = 0.02, budget_s: float = 2.0,
-            max_runs: int = 100_000, warmup_window: int = 5, warmup_tolerance: float = 0.05,
-            max_warmup_s: float | None = None, max_warmup_runs: int = 200, confidence: float = 0.95,
-            clock=time.perf_counter, hook=None, hook_points=(), extra_hook=None) -> dict:
+def measure(
+    fn,
+    *,
+    min_runs: int = 30,
+    target_rel_ci: float = 0.02,
+    budget_s: float = 2.0,
+    max_runs: int = 100_000,
+    warmup_window: int = 5,
+    warmup_tolerance: float = 0.05,
+    max_warmup_s: float | None = None,
+    max_warmup_runs: int = 200,
+    confidence: float = 0.95,
+    clock=time.perf_counter,
+    hook=None,
+    hook_points=(),
+    extra_hook=None,
+) -> dict:
     """Warm ``fn()`` up by a rule, then time it until the median's CI is tight or the budget is spent.
 
     Warm-up: windows of ``warmup_window`` calls until two consecutive windows' medians ``m1, m2``

@@ -116,10 +116,13 @@ def bench(run, pool, pending, options: BenchOptions) -> None:
     exported = [item for item in passing if item[2].exports]
     for spec, manifest, path, _result in running_first(pool, exported, lambda item: item[2].exports[-1].group):
         for batch in batches[(spec.name, path.id)]:
-            artifacts[(spec.name, path.id, batch)] = run._export(pool, spec, manifest, path, len(path.exports) - 1,
-                                                                 batch)
-    count = sum(len(batches[(spec.name, path.id)]) + _trains(path, result) + len(_shapes(spec))
-                for spec, _, path, result in passing)
+            artifacts[(spec.name, path.id, batch)] = run._export(
+                pool, spec, manifest, path, len(path.exports) - 1, batch
+            )
+    count = sum(
+        len(batches[(spec.name, path.id)]) + _trains(path, result) + len(_shapes(spec))
+        for spec, _, path, result in passing
+    )
     budget = Budget(options.budget_s, options.total_budget_s, count)
     models = list(dict.fromkeys(spec.name for spec, _, _, _ in passing))
     done = 0
@@ -134,13 +137,30 @@ def bench(run, pool, pending, options: BenchOptions) -> None:
                 # the artifact the path was checked with: its first result, training step and other shapes use it
                 own = run._export(pool, spec, manifest, path, len(path.exports) - 1) if path.exports else None
                 first, replicas[path.id] = _first_result(run, spec, path, own, pool, options)
-                result["timing"] = {"export": "static batch per exported artifact" if path.exports else None,
-                                    "train_step": None, "first_result": first}
-                series += _series_of(run, spec, path, result, own, options, budget, artifacts,
-                                     batches[(spec.name, path.id)], replicas[path.id])
+                result["timing"] = {
+                    "export": "static batch per exported artifact" if path.exports else None,
+                    "train_step": None,
+                    "first_result": first,
+                }
+                series += _series_of(
+                    run,
+                    spec,
+                    path,
+                    result,
+                    own,
+                    options,
+                    budget,
+                    artifacts,
+                    batches[(spec.name, path.id)],
+                    replicas[path.id],
+                )
             rounds.open_all(series)
-            rounds.run(series, options.min_runs, options.target_rel_ci,
-                       progress=lambda message, name=name: run.progress(f"{name}: time {message}"))
+            rounds.run(
+                series,
+                options.min_runs,
+                options.target_rel_ci,
+                progress=lambda message, name=name: run.progress(f"{name}: time {message}"),
+            )
             for s in series:
                 budget.spend(s.spent_s)
                 _place(s, options)
@@ -165,9 +185,15 @@ def _first_result(run, spec, path, own, pool, options: BenchOptions) -> tuple[di
         return {"verdict": "error", "reason": str(error)}, []
     if options.first_result:
         try:
-            first = workers[0].call("parity.bench.tasks:first_result", {
-                **_common(run, spec, path), "precision": path.precision, "artifact_dir": own and own["dir"],
-                "artifact_meta": own and own["meta"]})
+            first = workers[0].call(
+                "parity.bench.tasks:first_result",
+                {
+                    **_common(run, spec, path),
+                    "precision": path.precision,
+                    "artifact_dir": own and own["dir"],
+                    "artifact_meta": own and own["meta"],
+                },
+            )
         except TaskFailed as error:
             first = {"verdict": "error", "reason": str(error)}
         if own is not None and "verdict" not in first:
@@ -177,9 +203,14 @@ def _first_result(run, spec, path, own, pool, options: BenchOptions) -> tuple[di
 
 
 def _common(run, spec, path) -> dict:
-    return {"workspace": str(run.workspace.root), "model": spec.name, "path_id": path.id,
-            "golden_dir": str(run.workspace.golden_dir(spec.name)), "threads": run.options.threads,
-            "device": path.device}
+    return {
+        "workspace": str(run.workspace.root),
+        "model": spec.name,
+        "path_id": path.id,
+        "golden_dir": str(run.workspace.golden_dir(spec.name)),
+        "threads": run.options.threads,
+        "device": path.device,
+    }
 
 
 def _series_of(run, spec, path, result, own, options, budget: Budget, artifacts, batches, workers) -> list:
@@ -193,11 +224,25 @@ def _series_of(run, spec, path, result, own, options, budget: Budget, artifacts,
 
     def add(kind: str, key: str, batch: int, **kwargs):
         name = f"{spec.name}|{path.id}|{kind}|{key}"
-        made.append(Series(name, path, kind, key, batch, {**common, **kwargs}, budget.allot(), workers,
-                           result["timing"], artifact_mb=footprint.size_mb(kwargs.get("artifact_dir"))))
+        made.append(
+            Series(
+                name,
+                path,
+                kind,
+                key,
+                batch,
+                {**common, **kwargs},
+                budget.allot(),
+                workers,
+                result["timing"],
+                artifact_mb=footprint.size_mb(kwargs.get("artifact_dir")),
+            )
+        )
         if not workers:
-            made[-1].entry, made[-1].stopped = {"verdict": "error", "reason": result["timing"]["first_result"][
-                "reason"]}, "error"
+            made[-1].entry, made[-1].stopped = (
+                {"verdict": "error", "reason": result["timing"]["first_result"]["reason"]},
+                "error",
+            )
 
     for batch in batches:
         artifact = artifacts.get((spec.name, path.id, batch))
@@ -205,8 +250,14 @@ def _series_of(run, spec, path, result, own, options, budget: Budget, artifacts,
             budget.spend(0.0)
             result["timing"].setdefault("batches", {})[str(batch)] = {"verdict": "error", "reason": artifact["error"]}
             continue
-        add("batch", str(batch), batch, batch_size=batch, artifact_dir=artifact and artifact["dir"],
-            artifact_meta=artifact and artifact["meta"])
+        add(
+            "batch",
+            str(batch),
+            batch,
+            batch_size=batch,
+            artifact_dir=artifact and artifact["dir"],
+            artifact_meta=artifact and artifact["meta"],
+        )
     if _trains(path, result):
         add("train_step", "", spec.batch_size, lr=options.lr, **own_kwargs)
     for k, shape in _shapes(spec):
@@ -244,8 +295,11 @@ def _compare_to_baselines(pending, options: BenchOptions) -> None:
         if not timing:
             continue
         baseline_id = options.baseline or path.baseline
-        for kind, batch, entry in [(series, key, entry) for series in ("batches", "shapes")
-                                   for key, entry in (timing.get(series) or {}).items()]:
+        for kind, batch, entry in [
+            (series, key, entry)
+            for series in ("batches", "shapes")
+            for key, entry in (timing.get(series) or {}).items()
+        ]:
             if entry.get("verdict") != "pass":
                 continue
             if baseline_id == path.id:
@@ -253,8 +307,9 @@ def _compare_to_baselines(pending, options: BenchOptions) -> None:
             else:
                 entry["vs_baseline"] = _versus(entry, timed.get((spec.name, baseline_id)), kind, batch, baseline_id)
             if path.quantized:
-                entry["vs_float"] = _versus(entry, timed.get((spec.name, path.float_path)), kind, batch,
-                                            path.float_path)
+                entry["vs_float"] = _versus(
+                    entry, timed.get((spec.name, path.float_path)), kind, batch, path.float_path
+                )
 
 
 def _versus(entry: dict, base: dict | None, kind: str, batch: str, baseline_id: str) -> dict:
@@ -263,8 +318,11 @@ def _versus(entry: dict, base: dict | None, kind: str, batch: str, baseline_id: 
     other = (base or {}).get("timing", {}).get(kind, {}).get(batch, {}) if base else {}
     if other.get("verdict") != "pass":
         return {"baseline": baseline_id, "reason": "the baseline was not timed at this batch (select it with --path)"}
-    unsettled = [f"{who}: {(e.get('stability') or {}).get('reason')}" for who, e in
-                 (("this series", entry), ("the baseline's", other)) if not (e.get("stability") or {}).get("ok", True)]
+    unsettled = [
+        f"{who}: {(e.get('stability') or {}).get('reason')}"
+        for who, e in (("this series", entry), ("the baseline's", other))
+        if not (e.get("stability") or {}).get("ok", True)
+    ]
     if unsettled:
         return {"baseline": baseline_id, "withheld": True, "reason": "withheld: " + "; ".join(unsettled)}
     return {"baseline": baseline_id, **stats.compare_series(entry["samples_ms"], other["samples_ms"])}

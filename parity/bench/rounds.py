@@ -73,8 +73,14 @@ def open_all(series: list[Series]) -> None:
             s.entry = s.entry or opened
 
 
-def run(series: list[Series], min_runs: int, target_rel_ci: float, max_runs: int = 100_000, seed: int = 0,
-        progress=lambda message: None) -> None:
+def run(
+    series: list[Series],
+    min_runs: int,
+    target_rel_ci: float,
+    max_runs: int = 100_000,
+    seed: int = 0,
+    progress=lambda message: None,
+) -> None:
     """Time the open series in rounds until each stops; each one's ``entry`` then holds its result."""
     rng = np.random.default_rng(seed)
     active = [s for s in series if s.stopped is None]
@@ -99,8 +105,10 @@ def run(series: list[Series], min_runs: int, target_rel_ci: float, max_runs: int
             if s.stopped in ("fail", "error"):
                 continue
             try:
-                extra = worker.call(f"{TASKS}:close_series", {"series": s.name,
-                                                              "timing": {"budget_s": s.budget_s, "min_runs": min_runs}})
+                extra = worker.call(
+                    f"{TASKS}:close_series",
+                    {"series": s.name, "timing": {"budget_s": s.budget_s, "min_runs": min_runs}},
+                )
             except TaskFailed:
                 continue
             if worker is s.replicas[0]:
@@ -112,13 +120,26 @@ def _block(s: Series, r: int, seed: int) -> None:
     done = len(s.samples)
     probed = sum(len((b.get("audit") or {}).get("probe_ms") or ()) for b in s.blocks[r])
     want = audit.probe_target(math.ceil((done + s.block_runs) / len(s.replicas)))
-    timing = {"min_runs": s.block_runs, "max_runs": s.block_runs, "target_rel_ci": 0.0,
-              "budget_s": max(s.budget_s - s.spent_s, 1e-3), "max_warmup_s": s.budget_s,
-              **({} if first else {"max_warmup_runs": 0})}
+    timing = {
+        "min_runs": s.block_runs,
+        "max_runs": s.block_runs,
+        "target_rel_ci": 0.0,
+        "budget_s": max(s.budget_s - s.spent_s, 1e-3),
+        "max_warmup_s": s.budget_s,
+        **({} if first else {"max_warmup_runs": 0}),
+    }
     try:
-        measured = s.replicas[r].call(f"{TASKS}:time_block", {"series": s.name, "timing": timing, "seed": seed,
-                                                               "audits": audit.AUDITS_MIN if first else 1,
-                                                               "probe": max(want - probed, 0), "final": first})
+        measured = s.replicas[r].call(
+            f"{TASKS}:time_block",
+            {
+                "series": s.name,
+                "timing": timing,
+                "seed": seed,
+                "audits": audit.AUDITS_MIN if first else 1,
+                "probe": max(want - probed, 0),
+                "final": first,
+            },
+        )
     except TaskFailed as error:
         _fail(s, error)
         return
@@ -152,18 +173,30 @@ def _entry(s: Series) -> dict:
     samples = s.samples
     batch = s.entry["shape"].get("batch", 1) if s.kind == "shape" else s.batch
     first_blocks = [blocks[0] for blocks in s.blocks]
-    entry = {"verdict": "pass", **s.entry, **stats.summarize(samples, batch), "samples_ms": samples,
-             "warmup_runs": sum(b["warmup_runs"] for b in first_blocks),
-             "warmup_ms": [t for b in first_blocks for t in b["warmup_ms"]],
-             "warmup_converged": all(b["warmup_converged"] for b in first_blocks), "stopped": s.stopped,
-             "blocks": sum(len(blocks) for blocks in s.blocks), "budget_s": s.budget_s}
+    entry = {
+        "verdict": "pass",
+        **s.entry,
+        **stats.summarize(samples, batch),
+        "samples_ms": samples,
+        "warmup_runs": sum(b["warmup_runs"] for b in first_blocks),
+        "warmup_ms": [t for b in first_blocks for t in b["warmup_ms"]],
+        "warmup_converged": all(b["warmup_converged"] for b in first_blocks),
+        "stopped": s.stopped,
+        "blocks": sum(len(blocks) for blocks in s.blocks),
+        "budget_s": s.budget_s,
+    }
     entry.update(footprint.summary([b["footprint"] for blocks in s.blocks for b in blocks if b.get("footprint")]))
     audits = [b["audit"] for blocks in s.blocks for b in blocks if b.get("audit")]
     if audits:
         seconds = sum(a["seconds"] for a in audits)
-        entry["audit"] = {"feeds": audits[0]["feeds"], "outputs": [o for a in audits for o in a["outputs"]],
-                          "ok": all(a["ok"] for a in audits), "probe_ms": [t for a in audits for t in a["probe_ms"]],
-                          "seconds": seconds, "cost_fraction": seconds / (sum(samples) / 1e3) if sum(samples) else None}
+        entry["audit"] = {
+            "feeds": audits[0]["feeds"],
+            "outputs": [o for a in audits for o in a["outputs"]],
+            "ok": all(a["ok"] for a in audits),
+            "probe_ms": [t for a in audits for t in a["probe_ms"]],
+            "seconds": seconds,
+            "cost_fraction": seconds / (sum(samples) / 1e3) if sum(samples) else None,
+        }
         entry["audit"]["cache"] = audit.cache_verdict(samples, entry["audit"]["probe_ms"])
         if not entry["audit"]["ok"]:
             return audit.void(entry)
@@ -180,6 +213,10 @@ def _processes(per_replica: list[list[float]]) -> dict:
     medians = [float(np.median(x)) for x in per_replica]
     logs = np.log(medians)
     spreads = [float((np.percentile(x, 75) - np.percentile(x, 25)) / np.median(x)) for x in per_replica]
-    return {"n": len(per_replica), "medians_ms": medians,
-            "between_processes_cv": float(np.std(logs, ddof=1)) if len(logs) > 1 else 0.0,
-            "within_process_spread": float(np.median(spreads)), "runs": [len(x) for x in per_replica]}
+    return {
+        "n": len(per_replica),
+        "medians_ms": medians,
+        "between_processes_cv": float(np.std(logs, ddof=1)) if len(logs) > 1 else 0.0,
+        "within_process_spread": float(np.median(spreads)),
+        "runs": [len(x) for x in per_replica],
+    }

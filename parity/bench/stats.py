@@ -99,8 +99,8 @@ def median_ci_ranks(n: int, confidence: float = 0.95) -> tuple[int, int]:
         j -= 1
     while j + 1 < n and binomial_half_cdf(j + 1, n) <= alpha:
         j += 1
-    lo_rank = max(j + 1, 1)           # 1-based l
-    hi_rank = n + 1 - lo_rank         # 1-based n + 1 - l
+    lo_rank = max(j + 1, 1)  # 1-based l
+    hi_rank = n + 1 - lo_rank  # 1-based n + 1 - l
     return lo_rank - 1, hi_rank - 1
 
 
@@ -189,8 +189,12 @@ def percentile_bound(samples, q: float, confidence: float = 0.95) -> dict:
         k -= 1
     while k < n and _binomial_cdf(k - 1, n, q) < confidence:
         k += 1
-    return {"value_ms": float(np.percentile(ms, 100 * q)), "upper_ms": float(ms[k - 1]), "runs": int(n),
-            "needs_runs": needed}
+    return {
+        "value_ms": float(np.percentile(ms, 100 * q)),
+        "upper_ms": float(ms[k - 1]),
+        "runs": int(n),
+        "needs_runs": needed,
+    }
 
 
 def stability(entry: dict, target_rel_ci: float) -> dict:
@@ -202,7 +206,10 @@ def stability(entry: dict, target_rel_ci: float) -> dict:
     half = max(median - lo, hi - median) / median if median > 0 else math.inf
     limit = max(5 * target_rel_ci, 0.10)
     if half > limit:
-        return {"ok": False, "reason": f"its median's 95 % CI is +-{100 * half:.0f} %, wider than +-{100 * limit:.0f} %"}
+        return {
+            "ok": False,
+            "reason": f"its median's 95 % CI is +-{100 * half:.0f} %, wider than +-{100 * limit:.0f} %",
+        }
     return {"ok": True}
 
 
@@ -309,5 +316,10 @@ def compare_series(a_ms, b_ms) -> dict:
     log-times to give ``p < 0.05``; otherwise the verdict is ``"no significant difference"``.
     """
     c = compare_series_log(a_ms, b_ms)
-    return {"ratio": _exp(c["log_ratio"]), "ci95": [_exp(x) for x in c["log_ci95"]], "p": c["p"],
-            "significant": c["significant"], "verdict": c["verdict"]}
+    return {
+        "ratio": _exp(c["log_ratio"]),
+        "ci95": [_exp(x) for x in c["log_ci95"]],
+        "p": c["p"],
+        "significant": c["significant"],
+        "verdict": c["verdict"],
+    }

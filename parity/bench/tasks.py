@@ -51,8 +51,9 @@ def _weights(verified) -> dict:
 
 
 def _runner(spec, path, verified, batch_size: int, threads: int, artifact_dir, artifact_meta, weights=None):
-    return build_runner(spec, path, _weights(verified) if weights is None else weights, batch_size, threads,
-                        artifact_dir, artifact_meta)
+    return build_runner(
+        spec, path, _weights(verified) if weights is None else weights, batch_size, threads, artifact_dir, artifact_meta
+    )
 
 
 # the runner the path's first result built, kept for the first series at the spec's batch size opened after it
@@ -82,7 +83,9 @@ def rotation(spec, verified, batch_size: int, most: int = audit.MAX_FEEDS) -> li
     x = feeds.from_arrays(spec, verified.arrays["eval.npz"])
     available = feeds.samples(spec, x)
     if batch_size > available:
-        raise ValueError(f"batch size {batch_size} is larger than the eval split ({available} samples) it is verified on")
+        raise ValueError(
+            f"batch size {batch_size} is larger than the eval split ({available} samples) it is verified on"
+        )
     golden = verified.arrays["reference.npz"]["eval/logits"]
     if not any(i.batched for i in spec.model_inputs):  # one whole input set: its outputs as they are
         return [(x, golden)]
@@ -90,12 +93,18 @@ def rotation(spec, verified, batch_size: int, most: int = audit.MAX_FEEDS) -> li
     axis = batch_axes.axis_of(axes, batch_axes.eval_output(spec, axes))
     if axis is None:  # its golden is the output of the golden batch's first slice: verified at that size only
         if batch_size != spec.batch_size:
-            raise ValueError(f"no output has a batch axis: the golden output holds at batch {spec.batch_size} only, so "
-                             f"batch size {batch_size} cannot be verified")
+            raise ValueError(
+                f"no output has a batch axis: the golden output holds at batch {spec.batch_size} only, so "
+                f"batch size {batch_size} cannot be verified"
+            )
         return [(feeds.rows(spec, x, 0, batch_size), golden)]
-    return [(feeds.rows(spec, x, k * batch_size, (k + 1) * batch_size),
-             batch_axes.rows(golden, axis, k * batch_size, (k + 1) * batch_size))
-            for k in range(min(available // batch_size, most))]
+    return [
+        (
+            feeds.rows(spec, x, k * batch_size, (k + 1) * batch_size),
+            batch_axes.rows(golden, axis, k * batch_size, (k + 1) * batch_size),
+        )
+        for k in range(min(available // batch_size, most))
+    ]
 
 
 # this worker's resident size before it built any runner (its frameworks imported, the golden data loaded): what a
@@ -108,9 +117,22 @@ _METER: footprint.BlockMeter | None = None
 _OPEN: dict[str, dict] = {}
 
 
-def open_series(series: str, kind: str, workspace: str, model: str, path_id: str, golden_dir: str, precision: str,
-                threads: int, artifact_dir: str | None = None, artifact_meta: dict | None = None, device: str = "cpu",
-                batch_size: int | None = None, index: int | None = None, lr: float | None = None) -> dict:
+def open_series(
+    series: str,
+    kind: str,
+    workspace: str,
+    model: str,
+    path_id: str,
+    golden_dir: str,
+    precision: str,
+    threads: int,
+    artifact_dir: str | None = None,
+    artifact_meta: dict | None = None,
+    device: str = "cpu",
+    batch_size: int | None = None,
+    index: int | None = None,
+    lr: float | None = None,
+) -> dict:
     """Set series ``series`` up in this worker, verified before it is ever timed: a batch size on every input it will
     cycle through (outputs against the golden), a verification shape on its inputs, a training step from the
     golden weights. A failure is returned (``"verdict": "fail"``) and the series is not kept."""
@@ -119,12 +141,14 @@ def open_series(series: str, kind: str, workspace: str, model: str, path_id: str
     if _IDLE_MB is None:  # no first result measured here: idle before this worker's first runner
         _import_runtime(path)
         _IDLE_MB = footprint.resident_mb()
-    build = (lambda b: _runner(spec, path, verified, b, threads, artifact_dir, artifact_meta))
+    build = lambda b: _runner(spec, path, verified, b, threads, artifact_dir, artifact_meta)
     key = _runner_key(model, path_id, precision, device, threads, batch_size or spec.batch_size, artifact_dir)
-    openers: dict[str, Callable[..., dict[str, Any]]] = {"batch": _open_batch, "shape": _open_shape,
-                                                         "train_step": _open_train}
-    opened = openers[kind](
-        spec, path, verified, precision, key, build, batch_size=batch_size, index=index, lr=lr)
+    openers: dict[str, Callable[..., dict[str, Any]]] = {
+        "batch": _open_batch,
+        "shape": _open_shape,
+        "train_step": _open_train,
+    }
+    opened = openers[kind](spec, path, verified, precision, key, build, batch_size=batch_size, index=index, lr=lr)
     if opened.pop("verdict", "pass") != "pass":
         return {"verdict": "fail", **opened}
     meta = opened.pop("meta")
@@ -153,10 +177,19 @@ def _open_batch(spec, path, verified, precision, key, build, batch_size, **_) ->
     audit_check(runner.run(inputs[0][0]), inputs[0][1])  # its first call's set-up outside the timed series
     worst = max(range(len(checks)), key=lambda k: (not checks[k]["ok"], checks[k].get("tol_units", 0.0)))
     if not checks[worst]["ok"]:
-        return {"verdict": "fail", "verified": checks[worst],
-                "reason": compare.describe(f"output at batch {batch_size} (input {worst})", output, checks[worst])}
-    return {"meta": {"verified": checks[worst]}, "batch": batch_size, "runner": runner, "run": runner.run,
-            "feeds": [x for x, _ in inputs], "verify": lambda k, out: audit_check(out, inputs[k][1])}
+        return {
+            "verdict": "fail",
+            "verified": checks[worst],
+            "reason": compare.describe(f"output at batch {batch_size} (input {worst})", output, checks[worst]),
+        }
+    return {
+        "meta": {"verified": checks[worst]},
+        "batch": batch_size,
+        "runner": runner,
+        "run": runner.run,
+        "feeds": [x for x, _ in inputs],
+        "verify": lambda k, out: audit_check(out, inputs[k][1]),
+    }
 
 
 def _own_outputs(runner, output: str, first: dict, inputs: list) -> list:
@@ -186,15 +219,24 @@ def _open_shape(spec, path, verified, precision, key, build, index, **_) -> dict
         expected = {name: value for name, value in outputs.items() if name in expected}
     failing = compare.first_failure(check)
     if failing:
-        return {"verdict": "fail", "reason": compare.describe(f"output at {shapes.describe(shape)}", *failing),
-                "verified": check}
+        return {
+            "verdict": "fail",
+            "reason": compare.describe(f"output at {shapes.describe(shape)}", *failing),
+            "verified": check,
+        }
 
     def verify(_, outputs) -> dict:
         failing = compare.first_failure(compare.compare_named(outputs, expected, tolerances.for_name))
         return {"ok": True} if failing is None else failing[1]
 
-    return {"meta": {"verified": check, "shape": shape}, "batch": shape.get("batch", 1), "runner": runner,
-            "run": runner.run, "feeds": [x], "verify": verify}
+    return {
+        "meta": {"verified": check, "shape": shape},
+        "batch": shape.get("batch", 1),
+        "runner": runner,
+        "run": runner.run,
+        "feeds": [x],
+        "verify": verify,
+    }
 
 
 def _open_train(spec, path, verified, precision, key, build, lr, **_) -> dict:
@@ -205,19 +247,39 @@ def _open_train(spec, path, verified, precision, key, build, lr, **_) -> dict:
     inputs = verified.arrays["inputs.npz"]
     x, labels = feeds.from_arrays(spec, inputs), inputs["labels"]
     runner = _spare_or_new(key, lambda: build(spec.batch_size))
-    check = check_step(runner, x, labels, lr, verified.arrays["weights.npz"], verified.arrays["gradients.npz"],
-                       spec.gradient_tolerances(precision))
+    check = check_step(
+        runner,
+        x,
+        labels,
+        lr,
+        verified.arrays["weights.npz"],
+        verified.arrays["gradients.npz"],
+        spec.gradient_tolerances(precision),
+    )
     if not check["ok"]:
         worst = check["params"][check["worst"]]
-        return {"verdict": "fail", "verified": check,
-                "reason": f"one SGD step (lr {lr:g}) differs from golden weights - lr x golden gradient at "
-                          f"{check['worst']}: {worst['tol_units']:.3g}x the tolerance"}
-    return {"meta": {"verified": check}, "batch": spec.batch_size, "runner": runner,
-            "call": lambda: runner.train_step(x, labels, lr)}
+        return {
+            "verdict": "fail",
+            "verified": check,
+            "reason": f"one SGD step (lr {lr:g}) differs from golden weights - lr x golden gradient at "
+            f"{check['worst']}: {worst['tol_units']:.3g}x the tolerance",
+        }
+    return {
+        "meta": {"verified": check},
+        "batch": spec.batch_size,
+        "runner": runner,
+        "call": lambda: runner.train_step(x, labels, lr),
+    }
 
 
-def time_block(series: str, timing: dict, seed: int = 0, audits: int = audit.AUDITS_MIN, probe: int | None = None,
-               final: bool = True) -> dict:
+def time_block(
+    series: str,
+    timing: dict,
+    seed: int = 0,
+    audits: int = audit.AUDITS_MIN,
+    probe: int | None = None,
+    final: bool = True,
+) -> dict:
     """One block of timed calls of an open series under ``measure``'s rules (``timing``; the series' first block
     warms it up, the next ones pass ``max_warmup_runs=0``), with its output audits and share of the repeat probe
     (``parity.bench.audit``; a training step changes its weights, so its outputs are not audited)."""
@@ -228,12 +290,25 @@ def time_block(series: str, timing: dict, seed: int = 0, audits: int = audit.AUD
     if "call" in state:
         measured = {**bench.measure(state["call"], **timing), "audit": None}
     else:
-        measured = audit.audited_measure(state["run"], state["feeds"], state["verify"], timing, seed=seed,
-                                         audits=audits, probe=probe, final=final, start=state.get("next_feed", 1))
+        measured = audit.audited_measure(
+            state["run"],
+            state["feeds"],
+            state["verify"],
+            timing,
+            seed=seed,
+            audits=audits,
+            probe=probe,
+            final=final,
+            start=state.get("next_feed", 1),
+        )
         state["next_feed"] = measured["audit"]["next_feed"]  # the rotation goes on where this block left it
     checked = measured["audit"] or {}
-    calls = (len(measured["warmup_ms"]) + len(measured["samples_ms"]) + len(checked.get("outputs") or ())
-             + len(checked.get("probe_ms") or ()))
+    calls = (
+        len(measured["warmup_ms"])
+        + len(measured["samples_ms"])
+        + len(checked.get("outputs") or ())
+        + len(checked.get("probe_ms") or ())
+    )
     measured["footprint"] = {**_METER.stop(calls), "idle_rss_mb": _IDLE_MB}
     return measured
 
@@ -257,8 +332,9 @@ def gpu_figures(runner, x: dict, timing: dict, batch_size: int) -> dict:
     figures: dict[str, Any] = {"state": gpu_monitor.gpu_state(index)}
     compute = runner.device_compute(runner.check_feed(x))
     if compute is None:
-        figures["compute"] = {"reason": f"{type(runner).__name__} has no device-resident form: only the host-to-host "
-                                        "latency is measured"}
+        figures["compute"] = {
+            "reason": f"{type(runner).__name__} has no device-resident form: only the host-to-host latency is measured"
+        }
         return figures
     with gpu_monitor.Sampler(index) as sampler:
         measured = bench.measure(compute, **timing)
@@ -286,9 +362,17 @@ def _import_runtime(path) -> float:
     return startup_seconds() + sum(_IMPORT_S[p] for p in path.runtime.packages)
 
 
-def first_result(workspace: str, model: str, path_id: str, golden_dir: str, threads: int,
-                 artifact_dir: str | None = None, artifact_meta: dict | None = None, device: str = "cpu",
-                 precision: str = "fp32") -> dict:
+def first_result(
+    workspace: str,
+    model: str,
+    path_id: str,
+    golden_dir: str,
+    threads: int,
+    artifact_dir: str | None = None,
+    artifact_meta: dict | None = None,
+    device: str = "cpu",
+    precision: str = "fp32",
+) -> dict:
     """In a fresh worker, that has run nothing before: the runtime's framework import, load/compile, first
     inference, first backward, each timed alone (an exported path imports only its runtime, not the framework
     it came from). A worker forked from its group's template counts the template's import of the frameworks.
@@ -321,5 +405,10 @@ def first_result(workspace: str, model: str, path_id: str, golden_dir: str, thre
     parts["device_peak_mb"] = runner.device_memory_peak_mb()
     # forward and gradients only, its weights still the golden ones: the path's series and training step may use it
     _SPARE_RUNNER = _runner_key(model, path_id, precision, device, threads, spec.batch_size, artifact_dir), runner
-    return {**parts, "baseline_rss_mb": baseline_mb, "peak_rss_mb": peak_mb,
-            "path_peak_mb": max(peak_mb - baseline_mb, 0.0), "process": process_origin()}
+    return {
+        **parts,
+        "baseline_rss_mb": baseline_mb,
+        "peak_rss_mb": peak_mb,
+        "path_peak_mb": max(peak_mb - baseline_mb, 0.0),
+        "process": process_origin(),
+    }

@@ -43,10 +43,22 @@ def judge(logits, golden_logits, labels, gate) -> dict:
     z = NormalDist().inv_cdf(gate.confidence)
     lower, upper = paired_interval(lost, gained, n, z)
     decision = "pass" if upper <= allowed + 1e-12 else "fail" if lower > allowed + 1e-12 else "inconclusive"
-    judged = {"metric": metric, "keep": gate.keep, "confidence": gate.confidence, "samples": n,
-              "value": value, "golden": golden_value, "drop": (lost - gained) / n, "allowed": allowed,
-              "interval": [lower, upper], "lost": lost, "gained": gained,
-              "agreement": float(np.mean(predicted == golden)), "decision": decision, "more_samples": None}
+    judged = {
+        "metric": metric,
+        "keep": gate.keep,
+        "confidence": gate.confidence,
+        "samples": n,
+        "value": value,
+        "golden": golden_value,
+        "drop": (lost - gained) / n,
+        "allowed": allowed,
+        "interval": [lower, upper],
+        "lost": lost,
+        "gained": gained,
+        "agreement": float(np.mean(predicted == golden)),
+        "decision": decision,
+        "more_samples": None,
+    }
     if metric != gate.metric:
         judged["note"] = f"no labels: gated by agreement with the golden argmax instead of {gate.metric}"
     if decision == "inconclusive":
@@ -105,15 +117,20 @@ def describe(judged: dict) -> str:
     """One line: why a gate did not pass (``judge``'s result)."""
     metric, pct = judged["metric"], lambda v: f"{100 * v:.2f} %"
     low, high = judged["interval"]
-    kept = (f"{metric} {pct(judged['value'])} vs golden {pct(judged['golden'])} on {judged['samples']} samples "
-            f"({judged['lost']} lost, {judged['gained']} gained): drop {pct(judged['drop'])}, "
-            f"{100 * judged['confidence']:.0f} % bounds [{pct(low)}, {pct(high)}], allowed {pct(judged['allowed'])} "
-            f"(keep {judged['keep']:g})")
+    kept = (
+        f"{metric} {pct(judged['value'])} vs golden {pct(judged['golden'])} on {judged['samples']} samples "
+        f"({judged['lost']} lost, {judged['gained']} gained): drop {pct(judged['drop'])}, "
+        f"{100 * judged['confidence']:.0f} % bounds [{pct(low)}, {pct(high)}], allowed {pct(judged['allowed'])} "
+        f"(keep {judged['keep']:g})"
+    )
     if judged["decision"] == "fail":
         return f"accuracy gate: {kept}"
     more = judged["more_samples"]
-    decide = ("the drop sits at the allowed one: no number of samples would decide" if more is None else
-              f"about {more} more labelled samples would decide, were the rates to hold")
+    decide = (
+        "the drop sits at the allowed one: no number of samples would decide"
+        if more is None
+        else f"about {more} more labelled samples would decide, were the rates to hold"
+    )
     return f"accuracy gate inconclusive: {kept}; {decide}"
 
 
@@ -122,7 +139,7 @@ def sqnr_db(reference, test) -> float:
     (ref - test)^2); inf where they are equal, -inf where the reference is zero and the test is not."""
     reference, test = np.asarray(reference, dtype=np.float64), np.asarray(test, dtype=np.float64)
     noise = float(np.sum((reference - test) ** 2))
-    signal = float(np.sum(reference ** 2))
+    signal = float(np.sum(reference**2))
     if noise == 0.0:
         return math.inf
     if signal == 0.0:

@@ -36,13 +36,20 @@ def error_stats(actual: np.ndarray, golden: np.ndarray, tol: Tolerance) -> dict:
         differ = int(np.count_nonzero(~same))
         stats["infinite_golden"] = int(np.count_nonzero(infinite))
         if differ:
-            stats.update(ok=False, reason=f"{differ} of {stats['infinite_golden']} non-finite golden elements differ "
-                                          f"(each must be the same infinity, or NaN, at the same position)")
+            stats.update(
+                ok=False,
+                reason=f"{differ} of {stats['infinite_golden']} non-finite golden elements differ "
+                f"(each must be the same infinity, or NaN, at the same position)",
+            )
         return stats
     nonfinite = int(np.size(a) - np.count_nonzero(np.isfinite(a)))
     if nonfinite:
-        return {"ok": False, "nonfinite": nonfinite, "size": int(a.size),
-                "reason": f"{nonfinite} of {a.size} elements are NaN or Inf"}
+        return {
+            "ok": False,
+            "nonfinite": nonfinite,
+            "size": int(a.size),
+            "reason": f"{nonfinite} of {a.size} elements are NaN or Inf",
+        }
     diff = np.abs(a - golden)
     allowance = tol.atol + tol.rtol * np.abs(golden)
     g_flat, a_flat = golden.ravel(), a.ravel()
@@ -72,12 +79,22 @@ def text_stats(actual: np.ndarray, golden: np.ndarray) -> dict:
     if actual.dtype.kind not in "USO" or golden.dtype.kind not in "USO":
         return {"ok": False, "reason": f"{actual.dtype} values where the golden holds {golden.dtype} ones"}
     differ = int(np.count_nonzero(actual.astype(str) != golden.astype(str)))
-    stats: dict[str, Any] = {"max_abs": 0.0, "max_rel": 0.0, "mean_abs": 0.0, "cosine": 1.0, "tol_units": 0.0 if not differ else
-             float("inf"), "n_bad": differ, "size": int(golden.size), "ok": not differ}
+    stats: dict[str, Any] = {
+        "max_abs": 0.0,
+        "max_rel": 0.0,
+        "mean_abs": 0.0,
+        "cosine": 1.0,
+        "tol_units": 0.0 if not differ else float("inf"),
+        "n_bad": differ,
+        "size": int(golden.size),
+        "ok": not differ,
+    }
     if differ:
         first = tuple(int(i) for i in np.argwhere(actual.astype(str) != golden.astype(str))[0])
-        stats["reason"] = (f"{differ} of {golden.size} strings differ (at {first}: {str(actual[first])!r}, golden "
-                           f"{str(golden[first])!r})")
+        stats["reason"] = (
+            f"{differ} of {golden.size} strings differ (at {first}: {str(actual[first])!r}, golden "
+            f"{str(golden[first])!r})"
+        )
     return stats
 
 
@@ -96,7 +113,9 @@ def compare_named(actual: dict, golden: dict, tolerance_for) -> dict:
 REDUCED_PRECISION = {"float16": "fp16", "bfloat16": "bf16"}
 
 
-def dtype_tolerance(tolerances_at, name: str, dtype: str | None, precision: str = "fp32") -> tuple[Tolerance, dict | None]:
+def dtype_tolerance(
+    tolerances_at, name: str, dtype: str | None, precision: str = "fp32"
+) -> tuple[Tolerance, dict | None]:
     """The tolerance output ``name``, held in ``dtype``, is judged at on a path of ``precision``, and why (None: the
     spec's as it is). ``tolerances_at(precision)`` gives the spec's ``Tolerances`` (``ModelSpec.output_tolerances``).
 
@@ -187,12 +206,16 @@ def describe(kind: str, name: str, stats: dict) -> str:
     if "reason" in stats:
         return f"{kind} {name}: {stats['reason']}"
     if not math.isfinite(stats["tol_units"]):  # an allowance of 0: atol 0 where the golden element is 0
-        return (f"{kind} {name}: max_abs {stats['max_abs']:.3g}, and elements whose golden value is 0 differ where "
-                f"the tolerance allows nothing (atol 0), {stats['n_bad']} of {stats['size']} elements out")
+        return (
+            f"{kind} {name}: max_abs {stats['max_abs']:.3g}, and elements whose golden value is 0 differ where "
+            f"the tolerance allows nothing (atol 0), {stats['n_bad']} of {stats['size']} elements out"
+        )
     rule = stats.get("tolerance")
     which = f" ({rule['dtype']}: atol {rule['atol']:.3g}, rtol {rule['rtol']:.3g})" if rule else ""
-    return (f"{kind} {name}: max_abs {stats['max_abs']:.3g} is {stats['tol_units']:.3g}x the tolerance{which}, "
-            f"{stats['n_bad']} of {stats['size']} elements out")
+    return (
+        f"{kind} {name}: max_abs {stats['max_abs']:.3g} is {stats['tol_units']:.3g}x the tolerance{which}, "
+        f"{stats['n_bad']} of {stats['size']} elements out"
+    )
 
 
 def bitwise_equal(first: dict, second: dict) -> tuple[bool, float]:

@@ -66,7 +66,11 @@ def check_metrics(logits, labels, golden_logits, golden_metrics: dict, rules, pr
     values = task_metrics(logits, labels, num_classes, rules.top_k)
     fraction = rules.min_fraction.get(precision, 1.0)
     result: dict[str, Any] = {
-        name: {"value": value, "golden": golden_metrics[name], "ok": bool(value >= fraction * golden_metrics[name] - 1e-12)}
+        name: {
+            "value": value,
+            "golden": golden_metrics[name],
+            "ok": bool(value >= fraction * golden_metrics[name] - 1e-12),
+        }
         for name, value in values.items()
     }
     agreement = argmax_agreement(logits, golden_logits)

@@ -44,19 +44,34 @@ def check_step(runner, x, labels, lr: float, golden_weights: dict, golden_grads:
             params[name] = {"ok": False, "reason": "the runner reports no such trainable weight"}
             continue
         tol = grad_tolerances.for_name(name)
-        params[name] = step_stats(before.get(name), after[name], golden_weights[name], golden_grads[name], lr,
-                                  tol.atol, tol.rtol, eps, min_normal)
+        params[name] = step_stats(
+            before.get(name),
+            after[name],
+            golden_weights[name],
+            golden_grads[name],
+            lr,
+            tol.atol,
+            tol.rtol,
+            eps,
+            min_normal,
+        )
     unexpected = sorted(set(after) - set(names))
     worst = max(params, key=lambda n: (not params[n]["ok"], params[n].get("tol_units", float("inf"))), default=None)
-    result = {"ok": bool(params) and all(s["ok"] for s in params.values()) and not unexpected,
-              "params": params, "worst": worst, "lr": lr, "step_s": step_s}
+    result = {
+        "ok": bool(params) and all(s["ok"] for s in params.values()) and not unexpected,
+        "params": params,
+        "worst": worst,
+        "lr": lr,
+        "step_s": step_s,
+    }
     if unexpected:
         result["unexpected"] = unexpected
     return result
 
 
-def step_stats(before, after, weight, grad, lr: float, atol: float, rtol: float, eps: float | None = None,
-               min_normal: float = 0.0) -> dict:
+def step_stats(
+    before, after, weight, grad, lr: float, atol: float, rtol: float, eps: float | None = None, min_normal: float = 0.0
+) -> dict:
     """One parameter after one step against ``weight - lr * grad`` (float64 arithmetic); ``eps`` and
     ``min_normal``: the machine epsilon and smallest normal number of the dtype the weights are stored in
     (default: ``after``'s epsilon; below ``min_normal`` a number is rounded to subnormal spacing)."""
@@ -78,18 +93,21 @@ def step_stats(before, after, weight, grad, lr: float, atol: float, rtol: float,
         stats["start_ok"] = bool(np.all(start <= eps * np.maximum(np.abs(weight), min_normal)))
     expected = weight - lr * grad
     diff = np.abs(a - expected)
-    allowance = lr * (atol + rtol * np.abs(grad)) + 2 * eps * np.maximum(np.maximum(np.abs(weight), np.abs(expected)),
-                                                                          min_normal)
+    allowance = lr * (atol + rtol * np.abs(grad)) + 2 * eps * np.maximum(
+        np.maximum(np.abs(weight), np.abs(expected)), min_normal
+    )
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(diff == 0, 0.0, diff / allowance)
     tol_units = float(ratio.max()) if ratio.size else 0.0
-    stats.update({
-        "max_abs": float(diff.max()) if diff.size else 0.0,
-        "tol_units": tol_units,
-        "n_bad": int(np.count_nonzero(~(ratio <= 1.0))),
-        "size": int(diff.size),
-        "ok": bool(tol_units <= 1.0 and stats.get("start_ok", True)),
-    })
+    stats.update(
+        {
+            "max_abs": float(diff.max()) if diff.size else 0.0,
+            "tol_units": tol_units,
+            "n_bad": int(np.count_nonzero(~(ratio <= 1.0))),
+            "size": int(diff.size),
+            "ok": bool(tol_units <= 1.0 and stats.get("start_ok", True)),
+        }
+    )
     if not stats.get("start_ok", True):
         stats["reason"] = f"did not start from the golden weights (max_abs {stats['start_max_abs']:.3g})"
     return stats
@@ -104,8 +122,10 @@ def describe(result: dict) -> str:
     verdict = "ok" if result["ok"] else "FAILED"
     if "reason" in stats:
         return f"training step {verdict}: {name}: {stats['reason']}"
-    return (f"training step {verdict} (lr {result['lr']:g}): worst {name}, max_abs {stats['max_abs']:.3g} is "
-            f"{stats['tol_units']:.3g}x the allowance, {stats['n_bad']} of {stats['size']} elements out")
+    return (
+        f"training step {verdict} (lr {result['lr']:g}): worst {name}, max_abs {stats['max_abs']:.3g} is "
+        f"{stats['tol_units']:.3g}x the allowance, {stats['n_bad']} of {stats['size']} elements out"
+    )
 
 
 def sabotaged(runner_class, sabotage: str | None):
@@ -117,6 +137,7 @@ def sabotaged(runner_class, sabotage: str | None):
     if not sabotage:
         return runner_class
     if sabotage == "double_lr":
+
         def train_step(self, x, labels, lr):
             runner_class.train_step(self, x, labels, 2 * lr)
 

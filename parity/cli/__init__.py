@@ -24,9 +24,22 @@ def cli():
     """
 
 
-for command in (run.check, run.run, run.bench, run.diagnose, compare.compare, info.paths, info.env, models.init,
-                models.export_testdata, check_onnx.check_onnx, golden.golden, repro.repro, history.history,
-                info.worker_resources):
+for command in (
+    run.check,
+    run.run,
+    run.bench,
+    run.diagnose,
+    compare.compare,
+    info.paths,
+    info.env,
+    models.init,
+    models.export_testdata,
+    check_onnx.check_onnx,
+    golden.golden,
+    repro.repro,
+    history.history,
+    info.worker_resources,
+):
     cli.add_command(command)
 
 

@@ -11,29 +11,72 @@ from parity.cli.common import FILE, FOLDER, PRECISION_CHOICES, handle_errors, ju
 
 @click.command("check-onnx")
 @click.argument("sources", nargs=-1, required=True, metavar="DIR_OR_FILE...")
-@click.option("--path", "-p", "patterns", multiple=True,
-              help="Glob on the path id (repeatable; default onnx/ort), e.g. 'onnx/*'.")
-@click.option("--opset", type=click.IntRange(1), default=None,
-              help="Convert every file to this opset first (onnx.version_converter), as parity init --opset does.")
+@click.option(
+    "--path", "-p", "patterns", multiple=True, help="Glob on the path id (repeatable; default onnx/ort), e.g. 'onnx/*'."
+)
+@click.option(
+    "--opset",
+    type=click.IntRange(1),
+    default=None,
+    help="Convert every file to this opset first (onnx.version_converter), as parity init --opset does.",
+)
 @click.option("--device", default="cpu", show_default=True, metavar="cpu|cuda|cuda:N", help="Where every path runs.")
-@click.option("--precision", type=click.Choice(PRECISION_CHOICES), default="fp32", show_default=True,
-              help="fp32 (TF32 off), tf32 (GPU), fp16, bf16; checked against the float64 golden.")
-@click.option("--workspace", "-w", type=FOLDER, default=None,
-              help="Keep each case's models/<case>.py and golden data here, to check again with parity check "
-                   "(default: a temporary folder, removed afterwards).")
+@click.option(
+    "--precision",
+    type=click.Choice(PRECISION_CHOICES),
+    default="fp32",
+    show_default=True,
+    help="fp32 (TF32 off), tf32 (GPU), fp16, bf16; checked against the float64 golden.",
+)
+@click.option(
+    "--workspace",
+    "-w",
+    type=FOLDER,
+    default=None,
+    help="Keep each case's models/<case>.py and golden data here, to check again with parity check "
+    "(default: a temporary folder, removed afterwards).",
+)
 @click.option("--force", is_flag=True, help="Replace models/<case>.py files that exist in --workspace.")
-@click.option("--json", "json_file", type=FILE, default=None,
-              help="Write the result JSON of every case here (its folder must exist).")
+@click.option(
+    "--json",
+    "json_file",
+    type=FILE,
+    default=None,
+    help="Write the result JSON of every case here (its folder must exist).",
+)
 @junit_option
-@click.option("--threads", type=click.IntRange(1), default=None,
-              help="Intra-op threads, the same for every runtime (default: as parity check).")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=300.0, show_default=True,
-              help="Seconds one step of a case (init, golden build, export, check) may take before it is an error.")
+@click.option(
+    "--threads",
+    type=click.IntRange(1),
+    default=None,
+    help="Intra-op threads, the same for every runtime (default: as parity check).",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(1),
+    default=300.0,
+    show_default=True,
+    help="Seconds one step of a case (init, golden build, export, check) may take before it is an error.",
+)
 @click.option("--no-cache", is_flag=True, help="Export again instead of using the export cache.")
 @click.option("--verbose", "-v", is_flag=True, help="List skip and expected-error reasons in full too.")
 @handle_errors
-def check_onnx(sources, patterns, opset, device, precision, workspace, force, json_file, junit_file, threads,
-               timeout_s, no_cache, verbose):
+def check_onnx(
+    sources,
+    patterns,
+    opset,
+    device,
+    precision,
+    workspace,
+    force,
+    json_file,
+    junit_file,
+    threads,
+    timeout_s,
+    no_cache,
+    verbose,
+):
     """Check many ONNX files in one session: each with its ONNX test data, one table, one exit code.
 
     Each DIR_OR_FILE is an ONNX file or a folder searched for them: a backend-test case (model.onnx beside
@@ -49,9 +92,18 @@ def check_onnx(sources, patterns, opset, device, precision, workspace, force, js
     from parity.pipeline import check_onnx as batch
 
     cases = batch.find_cases(sources, opset)
-    request = batch.Request(patterns=patterns or batch.DEFAULT_PATHS, device=device, precision=precision,
-                            threads=threads, timeout_s=timeout_s, use_cache=not no_cache, workspace=workspace,
-                            force=force, json_file=json_file, junit_file=junit_file)
+    request = batch.Request(
+        patterns=patterns or batch.DEFAULT_PATHS,
+        device=device,
+        precision=precision,
+        threads=threads,
+        timeout_s=timeout_s,
+        use_cache=not no_cache,
+        workspace=workspace,
+        force=force,
+        json_file=json_file,
+        junit_file=junit_file,
+    )
 
     def show(report: dict) -> None:
         from parity.report import cases as table

@@ -77,8 +77,13 @@ def note(message: str) -> None:
 
 
 def workspace_option(func):
-    return click.option("--workspace", "-w", type=FOLDER, default=None,
-                        help="Folder with models/ and golden/ (default: the current folder, else the built-in zoo).")(func)
+    return click.option(
+        "--workspace",
+        "-w",
+        type=FOLDER,
+        default=None,
+        help="Folder with models/ and golden/ (default: the current folder, else the built-in zoo).",
+    )(func)
 
 
 def model_option(func):
@@ -95,79 +100,182 @@ def check_options(func):
     """Options shared by `check`, `run`, `bench` and `diagnose`."""
     from parity.platform.env import default_threads
 
-    return _apply(func, [
-        workspace_option,
-        model_option,
-        click.option("--path", "-p", "patterns", multiple=True, help="Glob on the path id, e.g. 'torch/*' (repeatable)."),
-        click.option("--device", default="cpu", show_default=True, metavar="cpu|cuda|cuda:N",
-                     help="Where every path runs; a path that cannot run there is a skip with the reason."),
-        click.option("--precision", type=click.Choice(PRECISION_CHOICES), default="fp32", show_default=True,
-                     help="fp32 (TF32 off), tf32 (GPU), fp16, bf16; checked against the float64 golden."),
-        click.option("--json", "json_file", type=OUTPUT_FILE, default=None,
-                     help="Write the result JSON here ('-': to stdout, instead of the tables). Its folder must "
-                          "exist. A symlink is followed: the file it resolves to is replaced atomically, the link "
-                          "kept. A FIFO or device (/dev/stdout, /dev/null) is written to directly."),
-        click.option("--threads", type=click.IntRange(1), default=default_threads(), show_default=True,
-                     help="Intra-op threads, the same for every framework and runtime."),
-        click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=300.0, show_default=True,
-                     help="Seconds one export or check may take before it is killed and called an error."),
-        click.option("--no-cache", is_flag=True, help="Export again instead of using the export cache."),
-        click.option("--verbose", "-v", is_flag=True, help="Print every path's full reason, expected errors and skips too."),
-        click.option("--report", "report_dir", type=FOLDER, default=None,
-                     help="Write a self-contained HTML report (index.html) into this folder (created if missing; "
-                          "its parent must exist). A symlinked folder or index.html is followed to its target."),
-    ])
+    return _apply(
+        func,
+        [
+            workspace_option,
+            model_option,
+            click.option(
+                "--path", "-p", "patterns", multiple=True, help="Glob on the path id, e.g. 'torch/*' (repeatable)."
+            ),
+            click.option(
+                "--device",
+                default="cpu",
+                show_default=True,
+                metavar="cpu|cuda|cuda:N",
+                help="Where every path runs; a path that cannot run there is a skip with the reason.",
+            ),
+            click.option(
+                "--precision",
+                type=click.Choice(PRECISION_CHOICES),
+                default="fp32",
+                show_default=True,
+                help="fp32 (TF32 off), tf32 (GPU), fp16, bf16; checked against the float64 golden.",
+            ),
+            click.option(
+                "--json",
+                "json_file",
+                type=OUTPUT_FILE,
+                default=None,
+                help="Write the result JSON here ('-': to stdout, instead of the tables). Its folder must "
+                "exist. A symlink is followed: the file it resolves to is replaced atomically, the link "
+                "kept. A FIFO or device (/dev/stdout, /dev/null) is written to directly.",
+            ),
+            click.option(
+                "--threads",
+                type=click.IntRange(1),
+                default=default_threads(),
+                show_default=True,
+                help="Intra-op threads, the same for every framework and runtime.",
+            ),
+            click.option(
+                "--timeout",
+                "timeout_s",
+                type=click.FloatRange(1),
+                default=300.0,
+                show_default=True,
+                help="Seconds one export or check may take before it is killed and called an error.",
+            ),
+            click.option("--no-cache", is_flag=True, help="Export again instead of using the export cache."),
+            click.option(
+                "--verbose", "-v", is_flag=True, help="Print every path's full reason, expected errors and skips too."
+            ),
+            click.option(
+                "--report",
+                "report_dir",
+                type=FOLDER,
+                default=None,
+                help="Write a self-contained HTML report (index.html) into this folder (created if missing; "
+                "its parent must exist). A symlinked folder or index.html is followed to its target.",
+            ),
+        ],
+    )
 
 
 def junit_option(func):
     """``--junit-xml FILE``: the verdicts as JUnit XML for a CI system (``check``, ``run``, ``check-onnx``)."""
-    return click.option("--junit-xml", "junit_file", type=FILE, default=None,
-                        help="Write the verdicts as JUnit XML here, for CI: one testcase per model and path (a failure "
-                             "with the reason and the first divergent layer, an error, or skipped). Its folder must "
-                             "exist; replaced atomically.")(func)
+    return click.option(
+        "--junit-xml",
+        "junit_file",
+        type=FILE,
+        default=None,
+        help="Write the verdicts as JUnit XML here, for CI: one testcase per model and path (a failure "
+        "with the reason and the first divergent layer, an error, or skipped). Its folder must "
+        "exist; replaced atomically.",
+    )(func)
 
 
 def store_options(func):
     """Options shared by `check`, `run` and `bench`: the results store and the baseline from it."""
-    return _apply(func, [
-        click.option("--store", default=None, metavar="URL|FILE",
-                     help="Results store every run is appended to: an SQLAlchemy URL (a shared server) or an SQLite "
-                          "file (default: $PARITY_STORE, else .parity/results.sqlite in the workspace)."),
-        click.option("--no-store", is_flag=True, help="Do not append this run to the results store."),
-        click.option("--against", default=None, metavar="last|RUN_ID",
-                     help="Compare with a stored run: a changed verdict or a timing changed beyond its noise exits 1."),
-        click.option("--allow-different-env", is_flag=True,
-                     help="Let --against compare with a run on other hardware, device or precision (listed first)."),
-    ])
+    return _apply(
+        func,
+        [
+            click.option(
+                "--store",
+                default=None,
+                metavar="URL|FILE",
+                help="Results store every run is appended to: an SQLAlchemy URL (a shared server) or an SQLite "
+                "file (default: $PARITY_STORE, else .parity/results.sqlite in the workspace).",
+            ),
+            click.option("--no-store", is_flag=True, help="Do not append this run to the results store."),
+            click.option(
+                "--against",
+                default=None,
+                metavar="last|RUN_ID",
+                help="Compare with a stored run: a changed verdict or a timing changed beyond its noise exits 1.",
+            ),
+            click.option(
+                "--allow-different-env",
+                is_flag=True,
+                help="Let --against compare with a run on other hardware, device or precision (listed first).",
+            ),
+        ],
+    )
 
 
 def executor_options(func):
     """Options shared by `check`, `run` and `bench`: where the cells run."""
-    return _apply(func, [
-        click.option("--executor", type=click.Choice(("local", "ray")), default="local", show_default=True,
-                     help="Run every (model, path) cell here, or each as a task on a Ray cluster."),
-        click.option("--address", default=None, metavar="ADDR",
-                     help="The Ray cluster to use with --executor ray (default: start one on this machine)."),
-        click.option("--resume", default=None, metavar="RUN_ID",
-                     help="With --executor ray: keep the finished cells of a stored run, run only the others."),
-        click.option("--accelerator", default=None, metavar="MODEL",
-                     help="With --executor ray and a CUDA device: GPU cells only on nodes whose GPU is this model "
-                          "(Ray's accelerator_type, e.g. H100)."),
-    ])
+    return _apply(
+        func,
+        [
+            click.option(
+                "--executor",
+                type=click.Choice(("local", "ray")),
+                default="local",
+                show_default=True,
+                help="Run every (model, path) cell here, or each as a task on a Ray cluster.",
+            ),
+            click.option(
+                "--address",
+                default=None,
+                metavar="ADDR",
+                help="The Ray cluster to use with --executor ray (default: start one on this machine).",
+            ),
+            click.option(
+                "--resume",
+                default=None,
+                metavar="RUN_ID",
+                help="With --executor ray: keep the finished cells of a stored run, run only the others.",
+            ),
+            click.option(
+                "--accelerator",
+                default=None,
+                metavar="MODEL",
+                help="With --executor ray and a CUDA device: GPU cells only on nodes whose GPU is this model "
+                "(Ray's accelerator_type, e.g. H100).",
+            ),
+        ],
+    )
 
 
 def timing_options(func):
     """Options shared by `run` and `bench`: the stopping rule, batch sizes, baseline."""
-    return _apply(func, [
-        click.option("--budget", "budget_s", type=float, default=1.0, show_default=True,
-                     help="Seconds of timed runs per path and batch size, after warm-up (at least --min-runs runs)."),
-        click.option("--min-runs", type=int, default=30, show_default=True, help="Fewest timed runs per series."),
-        click.option("--target-ci", type=float, default=0.02, show_default=True,
-                     help="Stop once the 95 % CI of the median is within this fraction of it."),
-        click.option("--batch-size", "batch_sizes", type=int, multiple=True,
-                     help="Batch size to time (repeatable; default: the spec's bench_batch_sizes)."),
-        click.option("--baseline", default=None, help="Path id every path is compared with (default: its native source)."),
-        click.option("--processes", type=click.IntRange(1), default=1, show_default=True,
-                     help="Fresh worker processes each path's series run in (pooled; process-to-process variation "
-                          "reported apart from run-to-run)."),
-    ])
+    return _apply(
+        func,
+        [
+            click.option(
+                "--budget",
+                "budget_s",
+                type=float,
+                default=1.0,
+                show_default=True,
+                help="Seconds of timed runs per path and batch size, after warm-up (at least --min-runs runs).",
+            ),
+            click.option("--min-runs", type=int, default=30, show_default=True, help="Fewest timed runs per series."),
+            click.option(
+                "--target-ci",
+                type=float,
+                default=0.02,
+                show_default=True,
+                help="Stop once the 95 % CI of the median is within this fraction of it.",
+            ),
+            click.option(
+                "--batch-size",
+                "batch_sizes",
+                type=int,
+                multiple=True,
+                help="Batch size to time (repeatable; default: the spec's bench_batch_sizes).",
+            ),
+            click.option(
+                "--baseline", default=None, help="Path id every path is compared with (default: its native source)."
+            ),
+            click.option(
+                "--processes",
+                type=click.IntRange(1),
+                default=1,
+                show_default=True,
+                help="Fresh worker processes each path's series run in (pooled; process-to-process variation "
+                "reported apart from run-to-run).",
+            ),
+        ],
+    )

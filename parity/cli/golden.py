@@ -33,8 +33,11 @@ def golden_build(models, workspace, threads):
     """
     from parity.pipeline import jobs
 
-    _report(jobs.build_goldens(workspace, models, threads, progress=say, notice=note), "build",
-            lambda outcome: f"wrote {outcome.golden_dir} | {outcome.summary}")
+    _report(
+        jobs.build_goldens(workspace, models, threads, progress=say, notice=note),
+        "build",
+        lambda outcome: f"wrote {outcome.golden_dir} | {outcome.summary}",
+    )
 
 
 def _report(outcomes, action: str, done) -> None:
@@ -67,8 +70,11 @@ def golden_upgrade(models, workspace, threads):
     """
     from parity.pipeline import jobs
 
-    _report(jobs.build_goldens(workspace, models, threads, progress=say, notice=note, upgrade=True), "upgrade",
-            lambda outcome: f"{outcome.golden_dir} is {outcome.manifest['schema']}")
+    _report(
+        jobs.build_goldens(workspace, models, threads, progress=say, notice=note, upgrade=True),
+        "upgrade",
+        lambda outcome: f"{outcome.golden_dir} is {outcome.manifest['schema']}",
+    )
 
 
 @golden.command("verify")
@@ -90,7 +96,9 @@ def golden_verify(models, workspace):
             failures += 1
             click.echo(f"{outcome.name}: FAILED {outcome.error}")
             continue
-        click.echo(f"{outcome.name}: ok ({len(outcome.manifest['files'])} files and the manifest verified, built "
-                   f"with parity {outcome.manifest['versions']['parity']})")
+        click.echo(
+            f"{outcome.name}: ok ({len(outcome.manifest['files'])} files and the manifest verified, built "
+            f"with parity {outcome.manifest['versions']['parity']})"
+        )
     if failures:
         fail(f"{failures} model(s) failed verification")

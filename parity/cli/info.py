@@ -10,10 +10,20 @@ from parity.cli.common import PRECISION_CHOICES, handle_errors, model_option, no
 @click.command()
 @model_option
 @workspace_option
-@click.option("--device", "devices", multiple=True, metavar="cpu|cuda|cuda:N",
-              help="Only this device (repeatable; default: cpu and cuda:0).")
-@click.option("--precision", "precisions", multiple=True, type=click.Choice(PRECISION_CHOICES),
-              help="Only this precision (repeatable; default: all).")
+@click.option(
+    "--device",
+    "devices",
+    multiple=True,
+    metavar="cpu|cuda|cuda:N",
+    help="Only this device (repeatable; default: cpu and cuda:0).",
+)
+@click.option(
+    "--precision",
+    "precisions",
+    multiple=True,
+    type=click.Choice(PRECISION_CHOICES),
+    help="Only this precision (repeatable; default: all).",
+)
 @handle_errors
 def paths(models, workspace, devices, precisions):
     """The path matrix: every path on every device at every precision, and why each unavailable one is.

@@ -9,36 +9,83 @@ from parity.cli.common import EXISTING_FILE, EXISTING_FOLDER, FOLDER, handle_err
 
 @click.command()
 @click.argument("name")
-@click.option("--torch", "torch_ref", metavar="MODULE:FUNCTION", help="A function returning the torch.nn.Module "
-              "(package.module:make_model or path/to/file.py:make_model).")
-@click.option("--keras", "keras_ref", metavar="FILE", help="A Keras model file (.keras), or MODULE:FUNCTION returning "
-                                                           "the model (a model with custom layers).")
+@click.option(
+    "--torch",
+    "torch_ref",
+    metavar="MODULE:FUNCTION",
+    help="A function returning the torch.nn.Module (package.module:make_model or path/to/file.py:make_model).",
+)
+@click.option(
+    "--keras",
+    "keras_ref",
+    metavar="FILE",
+    help="A Keras model file (.keras), or MODULE:FUNCTION returning the model (a model with custom layers).",
+)
 @click.option("--jax", "jax_ref", metavar="MODULE:FUNCTION,PARAMS.npz", help="apply(params, x) and its weights.")
 @click.option("--onnx", "onnx_ref", metavar="FILE", help="An ONNX file: the file itself is the source model.")
-@click.option("--input", "input_decls", metavar="NAME=BATCHxDIMx...[:DTYPE[:VALUES]]", multiple=True,
-              help="An input, batch first (one --input per input), e.g. x=1x3x224x224, ids=2x16:int64:30522 (ids 0 "
-                   "to 30521), mask=2x16:int64:mask, or with a named dynamic axis input_ids=2,sequence:int64.")
-@click.option("--axis", "axes", metavar="NAME=SIZE", multiple=True,
-              help="The golden size of a named axis of the inputs, e.g. sequence=16.")
-@click.option("--inputs", "inputs_file", type=EXISTING_FILE,
-              help=".npz with each input under its name (optional labels, eval_<name>, eval_labels); without "
-                   "--input, the inputs' names, shapes and dtypes are the file's. Default: seeded random.")
-@click.option("--test-data", type=EXISTING_FOLDER,
-              help="ONNX test-data folder (test_data_set_N/input_i.pb, output_i.pb): inputs and golden outputs.")
-@click.option("--polygraphy-inputs", type=EXISTING_FILE,
-              help="Inputs saved by polygraphy run --save-inputs.")
-@click.option("--polygraphy-outputs", type=EXISTING_FILE,
-              help="Golden outputs saved by polygraphy run --save-outputs.")
-@click.option("--opset", type=click.IntRange(1), default=None,
-              help="Convert the ONNX file to this opset first (onnx.version_converter; ONNX Runtime needs 7 or more); "
-                   "the converted file is written to models/NAME.opsetN.onnx and recorded.")
+@click.option(
+    "--input",
+    "input_decls",
+    metavar="NAME=BATCHxDIMx...[:DTYPE[:VALUES]]",
+    multiple=True,
+    help="An input, batch first (one --input per input), e.g. x=1x3x224x224, ids=2x16:int64:30522 (ids 0 "
+    "to 30521), mask=2x16:int64:mask, or with a named dynamic axis input_ids=2,sequence:int64.",
+)
+@click.option(
+    "--axis",
+    "axes",
+    metavar="NAME=SIZE",
+    multiple=True,
+    help="The golden size of a named axis of the inputs, e.g. sequence=16.",
+)
+@click.option(
+    "--inputs",
+    "inputs_file",
+    type=EXISTING_FILE,
+    help=".npz with each input under its name (optional labels, eval_<name>, eval_labels); without "
+    "--input, the inputs' names, shapes and dtypes are the file's. Default: seeded random.",
+)
+@click.option(
+    "--test-data",
+    type=EXISTING_FOLDER,
+    help="ONNX test-data folder (test_data_set_N/input_i.pb, output_i.pb): inputs and golden outputs.",
+)
+@click.option("--polygraphy-inputs", type=EXISTING_FILE, help="Inputs saved by polygraphy run --save-inputs.")
+@click.option("--polygraphy-outputs", type=EXISTING_FILE, help="Golden outputs saved by polygraphy run --save-outputs.")
+@click.option(
+    "--opset",
+    type=click.IntRange(1),
+    default=None,
+    help="Convert the ONNX file to this opset first (onnx.version_converter; ONNX Runtime needs 7 or more); "
+    "the converted file is written to models/NAME.opsetN.onnx and recorded.",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of random inputs.")
 @click.option("--force", is_flag=True, help="Replace an existing models/NAME.py.")
-@click.option("--workspace", "-w", type=FOLDER, default=None,
-              help="Folder to write models/NAME.py into (default: the current folder).")
+@click.option(
+    "--workspace",
+    "-w",
+    type=FOLDER,
+    default=None,
+    help="Folder to write models/NAME.py into (default: the current folder).",
+)
 @handle_errors
-def init(name, torch_ref, keras_ref, jax_ref, onnx_ref, input_decls, axes, inputs_file, test_data, polygraphy_inputs,
-         polygraphy_outputs, opset, seed, force, workspace):
+def init(
+    name,
+    torch_ref,
+    keras_ref,
+    jax_ref,
+    onnx_ref,
+    input_decls,
+    axes,
+    inputs_file,
+    test_data,
+    polygraphy_inputs,
+    polygraphy_outputs,
+    opset,
+    seed,
+    force,
+    workspace,
+):
     """Write models/NAME.py for your own model: a short spec to edit, then golden build and run.
 
     \b
@@ -52,19 +99,37 @@ def init(name, torch_ref, keras_ref, jax_ref, onnx_ref, input_decls, axes, input
     from parity.pipeline import jobs
 
     written, info, kind = jobs.init_model(
-        name, {"torch": torch_ref, "tf": keras_ref, "jax": jax_ref, "onnx": onnx_ref}, input_decls, axes,
-        {"inputs_file": inputs_file, "test_data": test_data, "polygraphy_inputs": polygraphy_inputs,
-         "polygraphy_outputs": polygraphy_outputs}, seed, force, workspace, opset)
+        name,
+        {"torch": torch_ref, "tf": keras_ref, "jax": jax_ref, "onnx": onnx_ref},
+        input_decls,
+        axes,
+        {
+            "inputs_file": inputs_file,
+            "test_data": test_data,
+            "polygraphy_inputs": polygraphy_inputs,
+            "polygraphy_outputs": polygraphy_outputs,
+        },
+        seed,
+        force,
+        workspace,
+        opset,
+    )
     taps = len(info.get("taps") or [])
-    click.echo(f"wrote {written} ({kind}, {info['n_params']:,} parameters, outputs {', '.join(info['outputs'])}, "
-               f"{taps} taps)")
+    click.echo(
+        f"wrote {written} ({kind}, {info['n_params']:,} parameters, outputs {', '.join(info['outputs'])}, {taps} taps)"
+    )
     click.echo(f"next: parity golden build --model {name} && parity run --model {name}")
 
 
 @click.command("export-testdata")
 @click.option("--model", "-m", "model", required=True, help="Model name.")
-@click.option("--out", "out_dir", type=FOLDER, required=True,
-              help="Folder to write test_data_set_0/ into (next to a model.onnx, say).")
+@click.option(
+    "--out",
+    "out_dir",
+    type=FOLDER,
+    required=True,
+    help="Folder to write test_data_set_0/ into (next to a model.onnx, say).",
+)
 @workspace_option
 @handle_errors
 def export_testdata(model, out_dir, workspace):

@@ -40,7 +40,11 @@ class Progress:
         self.message: str | None = None  # the step under way (None: between steps)
         self.step: int | None = None  # its number and the series' count; None: unnumbered
         self.steps: int | None = None
-        self.series: tuple[int | None, int, float] = (None, 0, 0.0)  # steps in the series, the last step number seen, seconds its finished steps took
+        self.series: tuple[int | None, int, float] = (
+            None,
+            0,
+            0.0,
+        )  # steps in the series, the last step number seen, seconds its finished steps took
         self.finished = 0  # finished steps of the series
 
     def __call__(self, message: str, step: int | None = None, steps: int | None = None) -> None:
@@ -106,8 +110,13 @@ class Progress:
             from rich.spinner import Spinner
 
             # stdout is left alone: the tables go there (and perhaps to a file) while the line lives on stderr
-            self.live = Live(Spinner("dots", text=self), console=Console(stderr=True), refresh_per_second=4,
-                             transient=True, redirect_stdout=False)
+            self.live = Live(
+                Spinner("dots", text=self),
+                console=Console(stderr=True),
+                refresh_per_second=4,
+                transient=True,
+                redirect_stdout=False,
+            )
             self.live.start()
         return self
 

@@ -13,17 +13,43 @@ from parity.platform.env import default_threads
 @click.command("repro")
 @click.option("--model", "-m", "model", required=True, help="Model name.")
 @click.option("--path", "-p", "path_id", required=True, help="The failing path, e.g. torch/onnx/ort.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
-              help="Folder to write the bug report into (must be empty, or --force).")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    required=True,
+    help="Folder to write the bug report into (must be empty, or --force).",
+)
 @click.option("--force", is_flag=True, help="Replace a non-empty --out folder.")
-@click.option("--precision", type=click.Choice(PRECISION_CHOICES), default="fp32", show_default=True,
-              help="Precision of the path.")
-@click.option("--device", default="cpu", show_default=True, metavar="cpu",
-              help="Where the path runs; the reduction runs on the CPU runtimes only.")
-@click.option("--threads", type=click.IntRange(1), default=default_threads(), show_default=True,
-              help="Intra-op threads, for the check and for every candidate of the reduction.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=300.0, show_default=True,
-              help="Seconds one export, check or reduction may take.")
+@click.option(
+    "--precision",
+    type=click.Choice(PRECISION_CHOICES),
+    default="fp32",
+    show_default=True,
+    help="Precision of the path.",
+)
+@click.option(
+    "--device",
+    default="cpu",
+    show_default=True,
+    metavar="cpu",
+    help="Where the path runs; the reduction runs on the CPU runtimes only.",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(1),
+    default=default_threads(),
+    show_default=True,
+    help="Intra-op threads, for the check and for every candidate of the reduction.",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(1),
+    default=300.0,
+    show_default=True,
+    help="Seconds one export, check or reduction may take.",
+)
 @workspace_option
 @handle_errors
 def repro(model, path_id, out_dir, force, precision, device, threads, timeout_s, workspace):
@@ -44,10 +70,27 @@ def repro(model, path_id, out_dir, force, precision, device, threads, timeout_s,
 
     from parity.pipeline import jobs
 
-    given = [("--workspace", workspace), ("--model", model), ("--path", path_id), ("--out", out_dir),
-             ("--precision", precision if precision != "fp32" else None)]
+    given = [
+        ("--workspace", workspace),
+        ("--model", model),
+        ("--path", path_id),
+        ("--out", out_dir),
+        ("--precision", precision if precision != "fp32" else None),
+    ]
     command = " ".join(["parity repro", *(f"{flag} {shlex.quote(str(value))}" for flag, value in given if value)])
-    code, line = jobs.repro(workspace, model, path_id, out_dir, force, precision, threads, timeout_s, command,
-                            progress=say, notice=note, device=device)
+    code, line = jobs.repro(
+        workspace,
+        model,
+        path_id,
+        out_dir,
+        force,
+        precision,
+        threads,
+        timeout_s,
+        command,
+        progress=say,
+        notice=note,
+        device=device,
+    )
     click.echo(line, err=code != 0)
     sys.exit(code)

@@ -22,10 +22,31 @@ from parity.cli.common import (
 # json and parity.cli.progress are imported by the command that runs: `parity --help` does not load them
 
 
-def _check_or_run(models, patterns, device, precision, json_file, threads, timeout_s, no_cache, verbose, workspace,
-                  report_dir, timing=None, diagnose="failing", command="diagnose", store=None, no_store=True,
-                  against=None, allow_different_env=False, executor="local", address=None, resume=None,
-                  accelerator=None, junit_file=None):
+def _check_or_run(
+    models,
+    patterns,
+    device,
+    precision,
+    json_file,
+    threads,
+    timeout_s,
+    no_cache,
+    verbose,
+    workspace,
+    report_dir,
+    timing=None,
+    diagnose="failing",
+    command="diagnose",
+    store=None,
+    no_store=True,
+    against=None,
+    allow_different_env=False,
+    executor="local",
+    address=None,
+    resume=None,
+    accelerator=None,
+    junit_file=None,
+):
     from parity.cli.progress import Progress
     from parity.pipeline import jobs
 
@@ -52,16 +73,35 @@ def _check_or_run(models, patterns, device, precision, json_file, threads, timeo
             if block:
                 click.echo("\n" + block)
 
-    request = jobs.CheckRequest(workspace=workspace, models=models, patterns=patterns, device=device,
-                                precision=precision, threads=threads, timeout_s=timeout_s, use_cache=not no_cache,
-                                timing=timing, diagnose=diagnose, json_file=json_file, report_dir=report_dir,
-                                command=command, store=store, use_store=not no_store, against=against,
-                                allow_different_env=allow_different_env, executor=executor, address=address,
-                                resume=resume, accelerator=accelerator, junit_file=junit_file)
+    request = jobs.CheckRequest(
+        workspace=workspace,
+        models=models,
+        patterns=patterns,
+        device=device,
+        precision=precision,
+        threads=threads,
+        timeout_s=timeout_s,
+        use_cache=not no_cache,
+        timing=timing,
+        diagnose=diagnose,
+        json_file=json_file,
+        report_dir=report_dir,
+        command=command,
+        store=store,
+        use_store=not no_store,
+        against=against,
+        allow_different_env=allow_different_env,
+        executor=executor,
+        address=address,
+        resume=resume,
+        accelerator=accelerator,
+        junit_file=junit_file,
+    )
     mode = "off" if to_stdout else ("live" if sys.stderr.isatty() else "lines")
     with Progress(mode) as progress:
-        code = jobs.check(request, progress=progress, on_checked=None if to_stdout else on_checked, show=show,
-                          notice=progress.note)
+        code = jobs.check(
+            request, progress=progress, on_checked=None if to_stdout else on_checked, show=show, notice=progress.note
+        )
     sys.exit(code)
 
 
@@ -128,7 +168,9 @@ def run(budget_s, min_runs, target_ci, batch_sizes, baseline, processes, **commo
     Example:
         parity run --model mlp --json r.json --report report/
     """
-    _check_or_run(**common, timing=_timing(budget_s, min_runs, target_ci, batch_sizes, baseline, processes), command="run")
+    _check_or_run(
+        **common, timing=_timing(budget_s, min_runs, target_ci, batch_sizes, baseline, processes), command="run"
+    )
 
 
 @click.command()
@@ -148,8 +190,12 @@ def bench(budget_s, min_runs, target_ci, batch_sizes, baseline, processes, **com
     Example:
         parity bench --model mlp --batch-size 1 --batch-size 64 --json b.json
     """
-    _check_or_run(**common, timing=_timing(budget_s, min_runs, target_ci, batch_sizes, baseline, processes), diagnose=None,
-                  command="bench")
+    _check_or_run(
+        **common,
+        timing=_timing(budget_s, min_runs, target_ci, batch_sizes, baseline, processes),
+        diagnose=None,
+        command="bench",
+    )
 
 
 @click.command()

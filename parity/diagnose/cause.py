@@ -45,8 +45,11 @@ def recompute(layer, inputs, weights, prefix: str | None = None) -> np.ndarray:
     ``test_layer``): what the spec says the layer computes."""
     attrs = dict(layer.attrs)
     prefix = prefix if prefix is not None else layer.params
-    own = layer_weights(weights, prefix, layer.kind, attrs) if prefix is not None else \
-        {k: np.asarray(v, np.float64) for k, v in weights.items()}
+    own = (
+        layer_weights(weights, prefix, layer.kind, attrs)
+        if prefix is not None
+        else {k: np.asarray(v, np.float64) for k, v in weights.items()}
+    )
     return bind(layer.kind, attrs).forward([np.asarray(x, np.float64) for x in inputs], own)
 
 
@@ -110,14 +113,26 @@ def _skipped(inputs, weights, attrs, observed):
 def generic_variants(kind: str, forward) -> list:
     """Variants of what any layer may do wrong, whatever its declared kind: computed in float16 or bfloat16, a
     dropout left active inside it (a dropout in a layer typed otherwise), or skipped (the identity)."""
-    found = [Variant("float16_rounding", "computed in float16 (inputs, weights and output rounded)",
-                     _rounded(forward, "float16")),
-             Variant("bfloat16_rounding", "computed in bfloat16 (inputs, weights and output rounded)",
-                     _rounded(forward, "bfloat16")),
-             Variant("layer_skipped", "the layer skipped: its output is its input", _skipped)]
+    found = [
+        Variant(
+            "float16_rounding", "computed in float16 (inputs, weights and output rounded)", _rounded(forward, "float16")
+        ),
+        Variant(
+            "bfloat16_rounding",
+            "computed in bfloat16 (inputs, weights and output rounded)",
+            _rounded(forward, "bfloat16"),
+        ),
+        Variant("layer_skipped", "the layer skipped: its output is its input", _skipped),
+    ]
     if kind != "dropout":
-        found.insert(2, Variant("dropout_active_inside", "a dropout active at inference inside the layer (elements "
-                                "zeroed, the rest scaled by 1/(1-rate))", _dropout_inside(forward)))
+        found.insert(
+            2,
+            Variant(
+                "dropout_active_inside",
+                "a dropout active at inference inside the layer (elements zeroed, the rest scaled by 1/(1-rate))",
+                _dropout_inside(forward),
+            ),
+        )
     return found
 
 
@@ -162,15 +177,19 @@ def test_layer(layer, inputs, weights, observed, tol, prefix: str | None = None)
     attrs = dict(layer.attrs)
     module = bind(layer.kind, attrs)
     prefix = prefix if prefix is not None else layer.params
-    own = layer_weights(weights, prefix, layer.kind, attrs) if prefix is not None else \
-        {k: np.asarray(v, np.float64) for k, v in weights.items()}
+    own = (
+        layer_weights(weights, prefix, layer.kind, attrs)
+        if prefix is not None
+        else {k: np.asarray(v, np.float64) for k, v in weights.items()}
+    )
     inputs = [np.asarray(x, np.float64) for x in inputs]
     observed = np.asarray(observed, np.float64)
     result = {"kind": layer.kind, "attrs": attrs}
 
     declared, problem = _run(module.forward, inputs, own)
-    result["declared"], reason = ({"max_abs": math.inf, "tol_units": math.inf}, problem) if problem else \
-        _error(declared, observed, tol)
+    result["declared"], reason = (
+        ({"max_abs": math.inf, "tol_units": math.inf}, problem) if problem else _error(declared, observed, tol)
+    )
     if problem:
         result["declared"]["error"] = problem
 
@@ -185,8 +204,9 @@ def test_layer(layer, inputs, weights, observed, tol, prefix: str | None = None)
         entry.update(stats)
         entry["reproduces"] = bool(stats["tol_units"] <= 1.0)
         # a variant within tolerance of the declared form cannot be told apart from it at this tolerance
-        entry["distinct"] = bool(problem is not None or declared is None or _error(value, declared, tol)[0]["tol_units"]
-                                 > 1.0)
+        entry["distinct"] = bool(
+            problem is not None or declared is None or _error(value, declared, tol)[0]["tol_units"] > 1.0
+        )
         if problem:
             entry["error"] = problem
         if variant.name in GENERIC:
@@ -198,25 +218,35 @@ def test_layer(layer, inputs, weights, observed, tol, prefix: str | None = None)
     nonfinite = int(observed.size - np.count_nonzero(np.isfinite(observed)))
     before = result["declared"]
     if before["tol_units"] <= 1.0:
-        result["explanation"] = (f"the {layer.kind} layer computes what the spec declares ({before['tol_units']:.3g} "
-                                 f"tolerance units from its observed output): the drift is inherited from its "
-                                 f"inputs or arises elsewhere")
+        result["explanation"] = (
+            f"the {layer.kind} layer computes what the spec declares ({before['tol_units']:.3g} "
+            f"tolerance units from its observed output): the drift is inherited from its "
+            f"inputs or arises elsewhere"
+        )
         return result
     # a variant reproduces non-finite observed elements only with the same NaN or infinity at the same places
     causes = [v for v in tested if v["reproduces"] and v["distinct"]]
     if causes:
         best = min(causes, key=lambda v: v["tol_units"])
         after = {"max_abs": best["max_abs"], "tol_units": best["tol_units"]}
-        result["cause"] = {"variant": best["name"], "description": best["description"],
-                           "before": {"max_abs": before["max_abs"], "tol_units": before["tol_units"]}, "after": after,
-                           "also": [v["name"] for v in causes if v is not best]}
-        result["explanation"] = (f"{best['description']}: this reproduces the observed {layer.kind} output "
-                                 f"({after['tol_units']:.3g} tolerance units; the declared form is off by "
-                                 f"{before['tol_units']:.3g})")
+        result["cause"] = {
+            "variant": best["name"],
+            "description": best["description"],
+            "before": {"max_abs": before["max_abs"], "tol_units": before["tol_units"]},
+            "after": after,
+            "also": [v["name"] for v in causes if v is not best],
+        }
+        result["explanation"] = (
+            f"{best['description']}: this reproduces the observed {layer.kind} output "
+            f"({after['tol_units']:.3g} tolerance units; the declared form is off by "
+            f"{before['tol_units']:.3g})"
+        )
         return result
     if nonfinite:
-        result["explanation"] = (f"the observed activation has {nonfinite} of {observed.size} non-finite elements "
-                                 f"(NaN/Inf): no recomputation explains them, so no cause is named")
+        result["explanation"] = (
+            f"the observed activation has {nonfinite} of {observed.size} non-finite elements "
+            f"(NaN/Inf): no recomputation explains them, so no cause is named"
+        )
         return result
     off = "cannot be recomputed" if math.isinf(before["tol_units"]) else f"is off by {before['tol_units']:.3g}"
     finite = [v for v in tested if math.isfinite(v["tol_units"])]

@@ -23,14 +23,32 @@ RUNTIME_LINK = "parity.diagnose.collect:runtime_link"
 
 
 def _collect(run, pool, spec, path, artifact, precision: str, **options) -> dict:
-    return pool.call(path.runtime.group, COLLECT, workspace=str(run.workspace.root), model=spec.name, path_id=path.id,
-                     golden_dir=str(run.workspace.golden_dir(spec.name)), precision=precision,
-                     threads=run.options.threads, artifact_dir=artifact and artifact["dir"],
-                     artifact_meta=artifact and artifact["meta"], device=path.device, **options)
+    return pool.call(
+        path.runtime.group,
+        COLLECT,
+        workspace=str(run.workspace.root),
+        model=spec.name,
+        path_id=path.id,
+        golden_dir=str(run.workspace.golden_dir(spec.name)),
+        precision=precision,
+        threads=run.options.threads,
+        artifact_dir=artifact and artifact["dir"],
+        artifact_meta=artifact and artifact["meta"],
+        device=path.device,
+        **options,
+    )
 
 
-def diagnose(run, pool, spec, manifest, path: paths.PathDef, artifact: dict | None = None,
-             failing: list[str] | None = None, split: str = "inputs") -> dict:
+def diagnose(
+    run,
+    pool,
+    spec,
+    manifest,
+    path: paths.PathDef,
+    artifact: dict | None = None,
+    failing: list[str] | None = None,
+    split: str = "inputs",
+) -> dict:
     """The diagnosis of ``path`` (a dict for the result JSON), or ``{"error": why}`` when nothing can be diagnosed.
 
     ``artifact`` overrides the path's exported artifact (``{"dir", "meta"}``), e.g. a graph
@@ -41,13 +59,17 @@ def diagnose(run, pool, spec, manifest, path: paths.PathDef, artifact: dict | No
     if path.exports and artifact is None:
         artifact = run._export(pool, spec, manifest, path, len(path.exports) - 1)
         if "error" in artifact:
-            return {"model": spec.name, "path": path.id,
-                    "error": f"nothing to diagnose: the export failed ({artifact['error']})"}
+            return {
+                "model": spec.name,
+                "path": path.id,
+                "error": f"nothing to diagnose: the export failed ({artifact['error']})",
+            }
     arrays = golden.load(run.workspace.golden_dir(spec.name), spec).arrays
     definition = path
     if path.exports and path.definition != path.id:
-        definition = paths.by_id(path.definition, path.device if path.definition in paths.NATIVE else "cpu",
-                                 path.precision)
+        definition = paths.by_id(
+            path.definition, path.device if path.definition in paths.NATIVE else "cpu", path.precision
+        )
     try:
         extra: dict[str, Any] = {}
         note: str | None = None
@@ -56,18 +78,31 @@ def diagnose(run, pool, spec, manifest, path: paths.PathDef, artifact: dict | No
             if not extra:
                 return {"model": spec.name, "path": path.id, "error": note}
         # on the fixed input set the runtime link is its own task, after the descent that may scope it
-        linked_later = split != "eval" and artifact is not None and path.runtime.name in ONNX_RUNTIMES \
-            and path.device == "cpu"
-        observed = _collect(run, pool, spec, path, artifact, path.precision,
-                            runtime_link=path.runtime.name in ONNX_RUNTIMES and not linked_later,
-                            gradients=split != "eval",
-                            weight_perturbation=run.options.weight_perturbation.get((spec.name, path.id)), **extra)
+        linked_later = (
+            split != "eval" and artifact is not None and path.runtime.name in ONNX_RUNTIMES and path.device == "cpu"
+        )
+        observed = _collect(
+            run,
+            pool,
+            spec,
+            path,
+            artifact,
+            path.precision,
+            runtime_link=path.runtime.name in ONNX_RUNTIMES and not linked_later,
+            gradients=split != "eval",
+            weight_perturbation=run.options.weight_perturbation.get((spec.name, path.id)),
+            **extra,
+        )
         source = observed
         if definition is not path:
-            artifact_of_definition = (run._export(pool, spec, manifest, definition, len(definition.exports) - 1)
-                                      if definition.exports else None)
-            source = _collect(run, pool, spec, definition, artifact_of_definition, path.precision, gradients=False,
-                              **extra)
+            artifact_of_definition = (
+                run._export(pool, spec, manifest, definition, len(definition.exports) - 1)
+                if definition.exports
+                else None
+            )
+            source = _collect(
+                run, pool, spec, definition, artifact_of_definition, path.precision, gradients=False, **extra
+            )
         tree = None
         if split != "eval":
             try:
@@ -84,11 +119,19 @@ def diagnose(run, pool, spec, manifest, path: paths.PathDef, artifact: dict | No
     if path.precision == "fp16" and path.exports and path.exports[-1].name == "float16" and failing:
         parent = run._export(pool, spec, manifest, path, len(path.exports) - 2)
         if "error" not in parent:
-            result["repair"] = pool.call(path.runtime.group, "parity.diagnose.repair:repair_for_diagnosis",
-                                         workspace=str(run.workspace.root), model=spec.name,
-                                         golden_dir=str(run.workspace.golden_dir(spec.name)), precision=path.precision,
-                                         threads=run.options.threads, artifact_dir=parent["dir"],
-                                         artifact_meta=parent["meta"], path_id=path.id, device=path.device)
+            result["repair"] = pool.call(
+                path.runtime.group,
+                "parity.diagnose.repair:repair_for_diagnosis",
+                workspace=str(run.workspace.root),
+                model=spec.name,
+                golden_dir=str(run.workspace.golden_dir(spec.name)),
+                precision=path.precision,
+                threads=run.options.threads,
+                artifact_dir=parent["dir"],
+                artifact_meta=parent["meta"],
+                path_id=path.id,
+                device=path.device,
+            )
     if note:
         result["split"] = {"name": "eval", "rows": extra["rows"]}
         result["notes"].insert(0, note)
@@ -105,20 +148,35 @@ def _runtime_link(run, pool, spec, path, artifact, arrays, observed, tree) -> di
     tolerances = spec.output_tolerances(path.precision)
     if path.source in paths.NATIVE:
         outputs_ok = all(s["ok"] for s in _output_stats(spec, observed, reference, tolerances).values())
-        rows = drift.tap_rows(spec, {t: reference[f"tap/{t}"] for t in spec.taps}, observed["taps"],
-                              observed["located"], tolerances.for_name)
+        rows = drift.tap_rows(
+            spec,
+            {t: reference[f"tap/{t}"] for t in spec.taps},
+            observed["taps"],
+            observed["located"],
+            tolerances.for_name,
+        )
         if outputs_ok and all(r["stats"] is None or r["stats"]["ok"] for r in rows):
-            return {"nodes": [], "first_divergent": None,
-                    "error": "the path's outputs and taps agree with the golden: nothing for the runtimes to dispute"}
+            return {
+                "nodes": [],
+                "first_divergent": None,
+                "error": "the path's outputs and taps agree with the golden: nothing for the runtimes to dispute",
+            }
     leaf = (tree or {}).get("leaf") or {}
     scope = None
     if (tree or {}).get("verdict") in ("leaf", "own_operations") and leaf.get("nodes") and leaf.get("tensor"):
         scope = {"nodes": [name for name, _ in leaf["nodes"]], "output": leaf["tensor"]}
     boundary = [w["tensor"] for w in observed["located"].values() if w.get("tensor")]
-    common = {"workspace": str(run.workspace.root), "model": spec.name, "path_id": path.id,
-              "golden_dir": str(run.workspace.golden_dir(spec.name)), "precision": path.precision,
-              "threads": run.options.threads, "artifact_dir": artifact["dir"], "artifact_meta": artifact["meta"],
-              "boundary": boundary}
+    common = {
+        "workspace": str(run.workspace.root),
+        "model": spec.name,
+        "path_id": path.id,
+        "golden_dir": str(run.workspace.golden_dir(spec.name)),
+        "precision": path.precision,
+        "threads": run.options.threads,
+        "artifact_dir": artifact["dir"],
+        "artifact_meta": artifact["meta"],
+        "boundary": boundary,
+    }
     if scope is not None:
         try:
             return pool.call(path.runtime.group, RUNTIME_LINK, scope=scope, **common)
@@ -131,24 +189,40 @@ def _eval_rows(run, pool, spec, path, definition, artifact, arrays) -> tuple[dic
     """``({"rows", "eval_reference"}, arrays on those rows, note)`` for a path failing on the eval split only:
     the failing rows (worst first, repeated up to the golden batch size so a graph of static batch runs them),
     and the float64 reference of the model's own source on them; ``({}, arrays, why)`` when no row fails again."""
-    common = {"workspace": str(run.workspace.root), "model": spec.name,
-              "golden_dir": str(run.workspace.golden_dir(spec.name))}
-    bad = pool.call(path.runtime.group, "parity.diagnose.eval_split:failing_rows", path_id=path.id,
-                    precision=path.precision, threads=run.options.threads, artifact_dir=artifact and artifact["dir"],
-                    artifact_meta=artifact and artifact["meta"], device=path.device, **common)
+    common = {
+        "workspace": str(run.workspace.root),
+        "model": spec.name,
+        "golden_dir": str(run.workspace.golden_dir(spec.name)),
+    }
+    bad = pool.call(
+        path.runtime.group,
+        "parity.diagnose.eval_split:failing_rows",
+        path_id=path.id,
+        precision=path.precision,
+        threads=run.options.threads,
+        artifact_dir=artifact and artifact["dir"],
+        artifact_meta=artifact and artifact["meta"],
+        device=path.device,
+        **common,
+    )
     if not bad:
         return {}, arrays, "nothing to diagnose: no eval sample fails when the path runs the eval split again"
-    rows = (bad * spec.batch_size)[:spec.batch_size]
+    rows = (bad * spec.batch_size)[: spec.batch_size]
     framework = spec.frameworks[0]
     source_group = paths.by_id(framework if framework in paths.NATIVE else "onnx/onnxref").runtime.group
     reference = pool.call(source_group, "parity.diagnose.eval_split:reference_rows", rows=rows, **common)
     evals = arrays["eval.npz"]
     picked = {k: v[np.asarray(rows)] for k, v in evals.items() if v.ndim}
-    arrays = {**arrays, "inputs.npz": picked,
-              "reference.npz": {**reference["outputs"], **{f"tap/{t}": v for t, v in reference["taps"].items()}}}
-    note = (f"the path agrees on the fixed input set and fails on the eval split only: diagnosed on the "
-            f"{len(set(rows))} eval sample(s) that fail (rows {', '.join(map(str, sorted(set(rows))[:8]))}"
-            f"{', ...' if len(set(rows)) > 8 else ''}), against the float64 reference of {spec.frameworks[0]} on them")
+    arrays = {
+        **arrays,
+        "inputs.npz": picked,
+        "reference.npz": {**reference["outputs"], **{f"tap/{t}": v for t, v in reference["taps"].items()}},
+    }
+    note = (
+        f"the path agrees on the fixed input set and fails on the eval split only: diagnosed on the "
+        f"{len(set(rows))} eval sample(s) that fail (rows {', '.join(map(str, sorted(set(rows))[:8]))}"
+        f"{', ...' if len(set(rows)) > 8 else ''}), against the float64 reference of {spec.frameworks[0]} on them"
+    )
     return {"rows": rows, "eval_reference": reference}, arrays, note
 
 
@@ -161,32 +235,44 @@ def analyse(spec, path, arrays: dict, observed: dict, source: dict, failing: lis
     tolerances = spec.output_tolerances(path.precision)
     output_stats = _output_stats(spec, observed, reference, tolerances)
     if path.exports:  # a tap read from a graph is trusted only where its mapping holds
-        observed = {**observed, "taps": mapping_check.verify(observed["taps"], golden_taps, observed["located"],
-                                                             tolerances.for_name,
-                                                             all(s["ok"] for s in output_stats.values()))}
+        observed = {
+            **observed,
+            "taps": mapping_check.verify(
+                observed["taps"],
+                golden_taps,
+                observed["located"],
+                tolerances.for_name,
+                all(s["ok"] for s in output_stats.values()),
+            ),
+        }
     rows = drift.tap_rows(spec, golden_taps, observed["taps"], observed["located"], tolerances.for_name)
     first = drift.first_divergent(rows)
     notes = []
     if not spec.taps:
         notes.append("the model declares no taps: only outputs and gradients are compared")
     if spec.taps and first is None and any(not s["ok"] for s in output_stats.values()):
-        notes.append(f"{NO_TAP_DEPARTS}: the drift is after the last compared tap or in a tap that could not be "
-                     f"compared")
+        notes.append(
+            f"{NO_TAP_DEPARTS}: the drift is after the last compared tap or in a tap that could not be compared"
+        )
     cause_test = _test_cause(spec, first, arrays, observed, golden_taps, tolerances) if first else None
     cause = None
     if cause_test and cause_test.get("cause"):
         cause = {"tap": first, **cause_test["cause"]}
     grad_stats = None
     if observed["gradients"] is not None:
-        grad_stats = compare.compare_named(observed["gradients"], arrays["gradients.npz"],
-                                           spec.gradient_tolerances(path.precision).for_name)
+        grad_stats = compare.compare_named(
+            observed["gradients"], arrays["gradients.npz"], spec.gradient_tolerances(path.precision).for_name
+        )
     output = spec.outputs[0]
     vanished = [name for name in failing or () if output_stats.get(name, {}).get("ok")]
     if vanished:
-        notes.insert(0, f"the failure disappears under instrumentation: output {', '.join(vanished)} is out of "
-                        f"tolerance in the check but within it when the taps are read too; an optimisation that "
-                        f"depends on which tensors are graph outputs changes the result (the taps, the chain and the "
-                        f"cause below describe the instrumented graph, not the failing one)")
+        notes.insert(
+            0,
+            f"the failure disappears under instrumentation: output {', '.join(vanished)} is out of "
+            f"tolerance in the check but within it when the taps are read too; an optimisation that "
+            f"depends on which tensors are graph outputs changes the result (the taps, the chain and the "
+            f"cause below describe the instrumented graph, not the failing one)",
+        )
     instrumentation = observed.get("instrumentation")
     if instrumentation:
         notes.insert(0, _instrumentation_note(instrumentation))
@@ -197,20 +283,44 @@ def analyse(spec, path, arrays: dict, observed: dict, source: dict, failing: lis
         from parity.diagnose.optimiser import describe
 
         removed = optimiser["rewritten"]["removed"] or optimiser["rewritten"]["added"] or [(None, None)]
-        node_cause = {"cause": "optimiser_rewrite", "node": removed[0][0], "op_type": removed[0][1],
-                      "description": describe(optimiser), "fix": optimiser["fix"], "fix_tested": True,
-                      "trusted": "ort-noopt", "nodes": optimiser["rewritten"]}
+        node_cause = {
+            "cause": "optimiser_rewrite",
+            "node": removed[0][0],
+            "op_type": removed[0][1],
+            "description": describe(optimiser),
+            "fix": optimiser["fix"],
+            "fix_tested": True,
+            "trusted": "ort-noopt",
+            "nodes": optimiser["rewritten"],
+        }
     return {
         "reproduces": not vanished,
-        "model": spec.name, "path": path.id, "tolerance": tolerances.default.to_json(), "taps": rows,
-        "first_divergent_tap": first, "cause": cause, "cause_test": cause_test, "node_cause": node_cause,
-        "instrumentation": instrumentation, "optimiser": optimiser,
-        "gradients": drift.gradient_layers(spec, grad_stats, first, _stopped(observed["gradients"],
-                                                                              arrays.get("gradients.npz"))),
-        "links": {"checks": [], "unreliable": True} if vanished else links.judge(spec, path, observed, source,
-                        {"taps": golden_taps, "outputs": {n: reference[n] for n in spec.outputs}}, tolerances),
-        "patterns": patterns.output_patterns(observed["outputs"][output], reference[output],
-                                             tolerances.for_name(output)),
+        "model": spec.name,
+        "path": path.id,
+        "tolerance": tolerances.default.to_json(),
+        "taps": rows,
+        "first_divergent_tap": first,
+        "cause": cause,
+        "cause_test": cause_test,
+        "node_cause": node_cause,
+        "instrumentation": instrumentation,
+        "optimiser": optimiser,
+        "gradients": drift.gradient_layers(
+            spec, grad_stats, first, _stopped(observed["gradients"], arrays.get("gradients.npz"))
+        ),
+        "links": {"checks": [], "unreliable": True}
+        if vanished
+        else links.judge(
+            spec,
+            path,
+            observed,
+            source,
+            {"taps": golden_taps, "outputs": {n: reference[n] for n in spec.outputs}},
+            tolerances,
+        ),
+        "patterns": patterns.output_patterns(
+            observed["outputs"][output], reference[output], tolerances.for_name(output)
+        ),
         "notes": notes,
     }
 
@@ -219,19 +329,26 @@ def _stopped(observed: dict | None, golden_gradients: dict | None) -> set[str]:
     """Gradients that are exactly zero where the golden's are not."""
     if not observed or not golden_gradients:
         return set()
-    return {name for name, value in observed.items()
-            if name in golden_gradients and not np.any(value) and np.any(golden_gradients[name])}
+    return {
+        name
+        for name, value in observed.items()
+        if name in golden_gradients and not np.any(value) and np.any(golden_gradients[name])
+    }
 
 
 def _instrumentation_note(seen: dict) -> str:
     if seen.get("nondeterministic"):
-        return ("the graph is not deterministic (two plain runs give different outputs): the taps come from one "
-                "instrumented run, and whether reading them changes the result cannot be checked")
+        return (
+            "the graph is not deterministic (two plain runs give different outputs): the taps come from one "
+            "instrumented run, and whether reading them changes the result cannot be checked"
+        )
     disturbing = ", ".join(f"{d['tap']} ({d['tensor']})" for d in seen["disturbing"]) or "none alone"
-    return (f"reading every tap changes what the graph computes: marking a tensor as a graph output stops an "
-            f"optimisation that depends on it not being one, so the failure disappears under full instrumentation; "
-            f"{len(seen['observable'])} tap(s) were read without changing the outputs ({seen['runs']} runs, "
-            f"bisecting the taps); unobservable: {disturbing}")
+    return (
+        f"reading every tap changes what the graph computes: marking a tensor as a graph output stops an "
+        f"optimisation that depends on it not being one, so the failure disappears under full instrumentation; "
+        f"{len(seen['observable'])} tap(s) were read without changing the outputs ({seen['runs']} runs, "
+        f"bisecting the taps); unobservable: {disturbing}"
+    )
 
 
 def _output_stats(spec, observed, reference, tolerances) -> dict:
@@ -244,8 +361,12 @@ def _test_cause(spec, tap: str, arrays: dict, observed: dict, golden_taps: dict,
 
     layer = spec.layers.get(tap)
     if layer is None:
-        return {"tap": tap, "kind": None, "cause": None,
-                "explanation": f"{tap} has no layer type in the spec, so no cause can be tested"}
+        return {
+            "tap": tap,
+            "kind": None,
+            "cause": None,
+            "explanation": f"{tap} has no layer type in the spec, so no cause can be tested",
+        }
     inputs, provenance = [], []
     for name in spec.layer_inputs(tap):
         if name == drift.INPUT:
@@ -258,6 +379,12 @@ def _test_cause(spec, tap: str, arrays: dict, observed: dict, golden_taps: dict,
             inputs.append(golden_taps[name])
             provenance.append(f"{name} from the golden")
     weights = {k: v.astype(np.float64) for k, v in arrays["weights.npz"].items()}
-    result = test_layer(layer, inputs, weights, np.asarray(observed["taps"][tap], dtype=np.float64),
-                        tolerances.for_name(tap), prefix=layer.params or tap)
+    result = test_layer(
+        layer,
+        inputs,
+        weights,
+        np.asarray(observed["taps"][tap], dtype=np.float64),
+        tolerances.for_name(tap),
+        prefix=layer.params or tap,
+    )
     return {"tap": tap, "inputs": provenance, **result}

@@ -23,10 +23,22 @@ ONNX_RUNTIMES = ("ort", "ort-noopt", "onnxref")
 SAVEDMODEL_REASON = "a SavedModel made by jax2tf exposes only its outputs, not its layers"
 
 
-def collect(workspace: str, model: str, path_id: str, golden_dir: str, precision: str, threads: int,
-            artifact_dir: str | None = None, artifact_meta: dict | None = None, runtime_link: bool = False,
-            gradients: bool = True, weight_perturbation: dict | None = None, device: str = "cpu",
-            rows: list[int] | None = None, eval_reference: dict | None = None) -> dict:
+def collect(
+    workspace: str,
+    model: str,
+    path_id: str,
+    golden_dir: str,
+    precision: str,
+    threads: int,
+    artifact_dir: str | None = None,
+    artifact_meta: dict | None = None,
+    runtime_link: bool = False,
+    gradients: bool = True,
+    weight_perturbation: dict | None = None,
+    device: str = "cpu",
+    rows: list[int] | None = None,
+    eval_reference: dict | None = None,
+) -> dict:
     """``{"outputs", "taps", "located", "gradients", "runtime_compare"}`` for one path (canonical layout).
 
     ``gradients`` False skips them (a source run only for the converter link needs none);
@@ -46,30 +58,46 @@ def collect(workspace: str, model: str, path_id: str, golden_dir: str, precision
         assert eval_reference is not None, "eval rows come with their float64 reference"
         x, labels = eval_rows(spec, verified.arrays["eval.npz"], rows), None
         reference, golden_taps = eval_reference["outputs"], eval_reference["taps"]
-    graph_taps = path.runtime.name in ONNX_RUNTIMES or (path.runtime is paths.OPENVINO and
-                                                       (artifact_meta or {}).get("format") == "onnx")
+    graph_taps = path.runtime.name in ONNX_RUNTIMES or (
+        path.runtime is paths.OPENVINO and (artifact_meta or {}).get("format") == "onnx"
+    )
     if artifact_dir is not None and graph_taps and path.device == "cpu":
-        return _collect_onnx(spec, path, artifact_dir, artifact_meta, x, golden_taps, reference, precision, threads,
-                             runtime_link)
-    runner = build_runner(spec, path, perturbed(verified.arrays["weights.npz"], weight_perturbation), spec.batch_size,
-                          threads, artifact_dir, artifact_meta)
+        return _collect_onnx(
+            spec, path, artifact_dir, artifact_meta, x, golden_taps, reference, precision, threads, runtime_link
+        )
+    runner = build_runner(
+        spec,
+        path,
+        perturbed(verified.arrays["weights.npz"], weight_perturbation),
+        spec.batch_size,
+        threads,
+        artifact_dir,
+        artifact_meta,
+    )
     if artifact_dir is None:  # a native source (or a compiled one, which says how it read them) reports its taps
         taps = runner.taps(x) if spec.taps else {}
         located = {t: runner.tap_locations.get(t, {"found": "native"}) for t in taps}
     elif type(runner).taps_impl is not Runner.taps_impl and spec.taps:  # a runtime that reads its own tensors
         taps = runner.taps(x)
-        located = {t: runner.tap_locations.get(t, {"found": "unmapped", "reason": "not reported by this runtime"})
-                   for t in spec.taps}
+        located = {
+            t: runner.tap_locations.get(t, {"found": "unmapped", "reason": "not reported by this runtime"})
+            for t in spec.taps
+        }
     else:
         reason = SAVEDMODEL_REASON if path.runtime is paths.TF_SAVEDMODEL else runner.no_taps_reason
         taps, located = {}, {t: {"found": "unmapped", "reason": reason} for t in spec.taps}
-    return {"outputs": runner.run(x), "taps": taps, "located": located,
-            "gradients": runner.gradients(x, labels) if gradients and runner.differentiable and spec.loss else None,
-            "runtime_compare": None, "instrumentation": None, "optimiser": None}
+    return {
+        "outputs": runner.run(x),
+        "taps": taps,
+        "located": located,
+        "gradients": runner.gradients(x, labels) if gradients and runner.differentiable and spec.loss else None,
+        "runtime_compare": None,
+        "instrumentation": None,
+        "optimiser": None,
+    }
 
 
-def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, reference, precision, threads,
-                  runtime_link) -> dict:
+def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, reference, precision, threads, runtime_link) -> dict:
     """An ONNX path: the plain run's outputs (what the check saw), the taps from the largest set of tap tensors
     whose marking as outputs leaves those outputs unchanged, the optimiser's part (ONNX Runtime) and the runtime
     link with its third opinion."""
@@ -109,14 +137,25 @@ def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, reference, pre
             tap_tensors = {t: w["tensor"] for t, w in mapped.items() if w.get("tensor") and w["how"] != "fused"}
             seen = instrument.observe(run, plain, tap_tensors, tolerance_for)
             values = seen["values"]
-            instrumentation = {"reproduces_with_every_tap": False, "observable": seen["observable"],
-                               "disturbing": seen["disturbing"], "runs": seen["runs"]}
+            instrumentation = {
+                "reproduces_with_every_tap": False,
+                "observable": seen["observable"],
+                "disturbing": seen["disturbing"],
+                "runs": seen["runs"],
+            }
             for item in seen["disturbing"]:
-                mapped[item["tap"]] = {**mapped[item["tap"]], "how": "unobservable",
-                                       "reason": f"marking {item['tensor']!r} as a graph output changes the outputs"}
+                mapped[item["tap"]] = {
+                    **mapped[item["tap"]],
+                    "how": "unobservable",
+                    "reason": f"marking {item['tensor']!r} as a graph output changes the outputs",
+                }
         for tap, where in mapped.items():
-            located[tap] = {"found": where["how"], "tensor": where.get("tensor"), "fused_into": where.get("fused_into"),
-                            "reason": where.get("reason")}
+            located[tap] = {
+                "found": where["how"],
+                "tensor": where.get("tensor"),
+                "fused_into": where.get("fused_into"),
+                "reason": where.get("reason"),
+            }
             if where["how"] not in ("fused", "unmapped", "unobservable") and where.get("tensor") in values:
                 try:
                     taps[tap] = onnx_taps.to_canonical(values[where["tensor"]], where, golden_taps[tap].shape)
@@ -133,12 +172,20 @@ def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, reference, pre
         boundary = graph_outputs + [where["tensor"] for where in located.values() if where.get("tensor")]
         runtime_compare = compare_runtimes(model, feed, expected, tolerance_for, tolerances.default, threads, boundary)
     outputs = {name: plain[tensor] for name, tensor in zip(spec.outputs, graph_outputs)}
-    return {"outputs": outputs, "taps": taps, "located": located, "gradients": None, "runtime_compare": runtime_compare,
-            "instrumentation": instrumentation, "optimiser": optimiser}
+    return {
+        "outputs": outputs,
+        "taps": taps,
+        "located": located,
+        "gradients": None,
+        "runtime_compare": runtime_compare,
+        "instrumentation": instrumentation,
+        "optimiser": optimiser,
+    }
 
 
-def compare_runtimes(model, feed: dict, expected: dict, tolerance_for, tol, threads: int, boundary: list[str],
-                     scope: dict | None = None) -> dict:
+def compare_runtimes(
+    model, feed: dict, expected: dict, tolerance_for, tol, threads: int, boundary: list[str], scope: dict | None = None
+) -> dict:
     """The runtime link: ONNX Runtime against the reference evaluator on every tensor (``onnx_graph``), the verdict
     judged at the ``boundary`` tensors, with a third opinion and node causes (``node_causes.judge``). ``scope``
     (``{"nodes": [names], "output": tensor}``): only the nodes of the module where the drift begins, fed what ONNX
@@ -155,8 +202,18 @@ def compare_runtimes(model, feed: dict, expected: dict, tolerance_for, tol, thre
     values_by_runtime: dict = {}
     compared = onnx_graph.compare_runtimes(model, feed, tol, threads, keep=values_by_runtime)
     if values_by_runtime:
-        compared.update(judge(model, feed, values_by_runtime, compared["first_divergent"],
-                              expected if scope is None else None, tolerance_for, tol, threads))
+        compared.update(
+            judge(
+                model,
+                feed,
+                values_by_runtime,
+                compared["first_divergent"],
+                expected if scope is None else None,
+                tolerance_for,
+                tol,
+                threads,
+            )
+        )
     compared["boundary_tensors"] = boundary
     if scope is not None:
         compared["scope"] = {"nodes": len(model.graph.node), "output": scope["output"]}
@@ -176,8 +233,18 @@ def _scoped(model, feed: dict, scope: dict, threads: int):
     return subgraph(model, scope["output"], set(read), values)
 
 
-def runtime_link(workspace: str, model: str, path_id: str, golden_dir: str, precision: str, threads: int,
-                 artifact_dir: str, artifact_meta: dict, scope: dict | None = None, boundary: Sequence[str] = ()) -> dict:
+def runtime_link(
+    workspace: str,
+    model: str,
+    path_id: str,
+    golden_dir: str,
+    precision: str,
+    threads: int,
+    artifact_dir: str,
+    artifact_meta: dict,
+    scope: dict | None = None,
+    boundary: Sequence[str] = (),
+) -> dict:
     """Worker task: the runtime link of an ONNX path on its own (``compare_runtimes``), on the whole graph or on the
     ``scope`` the descent into the model's tree found."""
     import onnx
@@ -195,5 +262,13 @@ def runtime_link(workspace: str, model: str, path_id: str, golden_dir: str, prec
     by_graph_name = dict(zip(graph_outputs, spec.outputs))
     tolerances = spec.output_tolerances(path.precision)
     expected = {name: reference[by_graph_name[name]] for name in graph_outputs}
-    return compare_runtimes(graph, feed, expected, lambda name: tolerances.for_name(by_graph_name.get(name, name)),
-                            tolerances.default, threads, [*graph_outputs, *boundary], scope)
+    return compare_runtimes(
+        graph,
+        feed,
+        expected,
+        lambda name: tolerances.for_name(by_graph_name.get(name, name)),
+        tolerances.default,
+        threads,
+        [*graph_outputs, *boundary],
+        scope,
+    )

@@ -33,11 +33,21 @@ def descend(run, pool, spec, path, artifact: dict | None) -> dict:
         return {"descended": False, "reason": f"the tree of a {framework} model is not read"}
     if artifact is None and path.exports:
         return {"descended": False, "reason": "no exported graph to descend into"}
-    return pool.call(_group(framework), DESCENT, workspace=str(run.workspace.root),
-                     model=spec.name, golden_dir=str(run.workspace.golden_dir(spec.name)), precision=path.precision,
-                     threads=run.options.threads, framework=framework, path_id=path.id,
-                     artifact_dir=artifact and artifact["dir"], artifact_meta=artifact and artifact["meta"],
-                     device=path.device, weight_perturbation=run.options.weight_perturbation.get((spec.name, path.id)))
+    return pool.call(
+        _group(framework),
+        DESCENT,
+        workspace=str(run.workspace.root),
+        model=spec.name,
+        golden_dir=str(run.workspace.golden_dir(spec.name)),
+        precision=path.precision,
+        threads=run.options.threads,
+        framework=framework,
+        path_id=path.id,
+        artifact_dir=artifact and artifact["dir"],
+        artifact_meta=artifact and artifact["meta"],
+        device=path.device,
+        weight_perturbation=run.options.weight_perturbation.get((spec.name, path.id)),
+    )
 
 
 def _group(framework: str) -> str:
@@ -52,7 +62,7 @@ def relative(path: str, parent: str | None) -> str:
     separator = next((s for s in ("/", ".") if parent and path.startswith(f"{parent}{s}")), None)
     if separator is None or parent is None:
         return path
-    held, name = parent.split(separator), path[len(parent) + 1:]
+    held, name = parent.split(separator), path[len(parent) + 1 :]
     while held and name.split(separator)[0].isdigit():
         name = f"{held.pop()}{separator}{name}"
     return name
@@ -85,9 +95,11 @@ def merge_tree(spec, result: dict, tree: dict) -> None:
         for row in result["taps"]:
             row["first_divergent"] = row["tap"] == trail[0]
         result["first_divergent_tap"] = trail[0] if trail[0] in spec.taps else None
-        result["notes"].append(f"the spec's taps put the first divergence at {spec_first}; the model's own tree puts it "
-                               f"in {trail[0]}{'' if trail[0] in spec.taps else ', which is not a tap'}: {spec_first} "
-                               f"computes what it is given")
+        result["notes"].append(
+            f"the spec's taps put the first divergence at {spec_first}; the model's own tree puts it "
+            f"in {trail[0]}{'' if trail[0] in spec.taps else ', which is not a tap'}: {spec_first} "
+            f"computes what it is given"
+        )
         result["cause"], result["cause_test"] = None, None
         for check in links.get("checks", []):  # a link's first tap from the spec's taps is not named either
             if check.get("first_divergent_tap") == spec_first:
@@ -111,9 +123,17 @@ def leaf_known(pool, spec, path, workspace: str, golden_dir: str, threads: int, 
     if not leaf.get("tensor") or tree.get("verdict") == "span":
         return {}
     framework = path.source if path.source in paths.NATIVE else spec.frameworks[0]
-    reference = pool.call(_group(framework), "parity.diagnose.tree:reference_at",
-                          workspace=workspace, model=spec.name, golden_dir=golden_dir, precision=path.precision,
-                          threads=threads, framework=framework, names=[leaf["tap"]])
+    reference = pool.call(
+        _group(framework),
+        "parity.diagnose.tree:reference_at",
+        workspace=workspace,
+        model=spec.name,
+        golden_dir=golden_dir,
+        precision=path.precision,
+        threads=threads,
+        framework=framework,
+        names=[leaf["tap"]],
+    )
     if not reference["reproduces"] or leaf["tap"] not in reference["values"]:
         return {}
     known = {leaf["tensor"]: reference["values"][leaf["tap"]]}

@@ -15,8 +15,9 @@ from parity.check import closeness as compare
 from parity.model.spec import MODEL_INPUT as INPUT
 
 
-def tap_rows(spec, reference: dict[str, np.ndarray], observed: dict[str, np.ndarray], located: dict[str, dict],
-             tolerance_for) -> list[dict]:
+def tap_rows(
+    spec, reference: dict[str, np.ndarray], observed: dict[str, np.ndarray], located: dict[str, dict], tolerance_for
+) -> list[dict]:
     """One row per tap in network order: how it was found and its error statistics against ``reference``.
 
     ``located[tap]`` is ``{"found", "tensor", "fused_into", "reason"}``; a tap without a value in
@@ -26,9 +27,17 @@ def tap_rows(spec, reference: dict[str, np.ndarray], observed: dict[str, np.ndar
     for tap in spec.taps:
         where = located.get(tap, {"found": "unmapped", "reason": "not reported by this path"})
         layer = spec.layers.get(tap)
-        row = {"tap": tap, "kind": layer.kind if layer else None, "found": where.get("found"),
-               "tensor": where.get("tensor"), "fused_into": where.get("fused_into"), "reason": where.get("reason"),
-               "stats": None, "growth": None, "first_divergent": False}
+        row = {
+            "tap": tap,
+            "kind": layer.kind if layer else None,
+            "found": where.get("found"),
+            "tensor": where.get("tensor"),
+            "fused_into": where.get("fused_into"),
+            "reason": where.get("reason"),
+            "stats": None,
+            "growth": None,
+            "first_divergent": False,
+        }
         if tap in observed and tap in reference:
             stats = compare.error_stats(observed[tap], reference[tap], tolerance_for(tap))
             row["stats"] = stats
@@ -63,7 +72,9 @@ def layer_of(param: str) -> str:
     return INPUT if param.startswith("input:") else param.split("/", 1)[0]
 
 
-def gradient_layers(spec, grad_stats: dict | None, forward_divergent: str | None, zero: set | None = None) -> dict | None:
+def gradient_layers(
+    spec, grad_stats: dict | None, forward_divergent: str | None, zero: set | None = None
+) -> dict | None:
     """Gradient statistics grouped by layer in network order, and the parameter to blame, if any.
 
     When the forward taps diverge, every gradient inherits that fault (downstream parameters see
@@ -76,31 +87,55 @@ def gradient_layers(spec, grad_stats: dict | None, forward_divergent: str | None
     groups: dict[str, list] = {}
     for name, stats in grad_stats.items():
         groups.setdefault(layer_of(name), []).append(
-            {"name": name, "ok": bool(stats.get("ok")), "tol_units": stats.get("tol_units", math.inf),
-             "max_abs": stats.get("max_abs", math.inf)})
+            {
+                "name": name,
+                "ok": bool(stats.get("ok")),
+                "tol_units": stats.get("tol_units", math.inf),
+                "max_abs": stats.get("max_abs", math.inf),
+            }
+        )
     order = [INPUT, *spec.taps]
-    layers = [{"layer": layer, "ok": all(p["ok"] for p in params),
-               "worst_tol_units": max(p["tol_units"] for p in params), "params": params}
-              for layer, params in sorted(groups.items(), key=lambda item: _position(order, item[0]))]
+    layers = [
+        {
+            "layer": layer,
+            "ok": all(p["ok"] for p in params),
+            "worst_tol_units": max(p["tol_units"] for p in params),
+            "params": params,
+        }
+        for layer, params in sorted(groups.items(), key=lambda item: _position(order, item[0]))
+    ]
     failing = [name for name in grad_stats if not grad_stats[name].get("ok")]
     if not failing:
         return {"layers": layers, "first_departing_param": None, "note": "every gradient is within tolerance"}
     if forward_divergent is not None:
-        return {"layers": layers, "first_departing_param": None,
-                "note": f"{len(failing)} gradient(s) differ, inherited from the forward divergence at "
-                        f"{forward_divergent}: no parameter is blamed for it"}
+        return {
+            "layers": layers,
+            "first_departing_param": None,
+            "note": f"{len(failing)} gradient(s) differ, inherited from the forward divergence at "
+            f"{forward_divergent}: no parameter is blamed for it",
+        }
     backward = [name for name in reversed(list(spec.params)) if name in grad_stats] + [
-        name for name in spec.input_grad_names.values() if name in grad_stats]
+        name for name in spec.input_grad_names.values() if name in grad_stats
+    ]
     first = next(name for name in backward if name in failing)
-    note = (f"the forward taps agree; in backward order the first gradient that departs is {first} "
-            f"({grad_stats[first].get('tol_units', math.inf):.3g}x the tolerance)")
+    note = (
+        f"the forward taps agree; in backward order the first gradient that departs is {first} "
+        f"({grad_stats[first].get('tol_units', math.inf):.3g}x the tolerance)"
+    )
     stopped = [name for name in backward if name in (zero or ())]
     if first in stopped:
-        note += (f": it is exactly zero where the golden's is not, as are {len(stopped) - 1} more upstream; a "
-                 f"stopped gradient (a detach, no_grad, or a non-differentiable op) between the loss and "
-                 f"{layer_of(first)}") if len(stopped) > 1 else (
-            ": it is exactly zero where the golden's is not: a stopped gradient (a detach, no_grad, or a "
-            "non-differentiable op) between the loss and it")
+        note += (
+            (
+                f": it is exactly zero where the golden's is not, as are {len(stopped) - 1} more upstream; a "
+                f"stopped gradient (a detach, no_grad, or a non-differentiable op) between the loss and "
+                f"{layer_of(first)}"
+            )
+            if len(stopped) > 1
+            else (
+                ": it is exactly zero where the golden's is not: a stopped gradient (a detach, no_grad, or a "
+                "non-differentiable op) between the loss and it"
+            )
+        )
     return {"layers": layers, "first_departing_param": first, "stopped": stopped, "note": note}
 
 

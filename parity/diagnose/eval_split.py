@@ -29,16 +29,26 @@ def eval_rows(spec, evals: dict, rows: list[int]) -> dict[str, np.ndarray]:
     return {name: value[np.asarray(rows)] if value.ndim else value for name, value in x.items()}
 
 
-def failing_rows(workspace: str, model: str, path_id: str, golden_dir: str, precision: str, threads: int,
-                 artifact_dir: str | None = None, artifact_meta: dict | None = None, device: str = "cpu") -> list[int]:
+def failing_rows(
+    workspace: str,
+    model: str,
+    path_id: str,
+    golden_dir: str,
+    precision: str,
+    threads: int,
+    artifact_dir: str | None = None,
+    artifact_meta: dict | None = None,
+    device: str = "cpu",
+) -> list[int]:
     """The eval rows (at most ``LIMIT``, worst first, then in order) whose eval output (the golden ``eval/logits``:
     the first output with a batch axis) is out of tolerance; an eval output without one (every output computed once
     for the whole batch) was computed on the first batch of rows, which are the rows taken where it fails."""
     spec = Workspace(workspace).load_spec(model)
     path = paths.by_id(path_id, device, precision)
     verified = golden.load(Path(golden_dir), spec)
-    runner = build_runner(spec, path, verified.arrays["weights.npz"], spec.batch_size, threads, artifact_dir,
-                          artifact_meta)
+    runner = build_runner(
+        spec, path, verified.arrays["weights.npz"], spec.batch_size, threads, artifact_dir, artifact_meta
+    )
     axes = batch_axes.recorded(verified.manifest)
     output = batch_axes.eval_output(spec, axes)
     evals = feeds.from_arrays(spec, verified.arrays["eval.npz"])
@@ -72,12 +82,17 @@ def reference_rows(workspace: str, model: str, golden_dir: str, rows: list[int])
         model_proto = onnx_file.load_checked(spec.onnx_model_path)
         import onnx
 
-        model_proto.graph.output.extend(onnx.helper.make_empty_tensor_value_info(t) for t in spec.taps
-                                        if t not in {o.name for o in model_proto.graph.output})
+        model_proto.graph.output.extend(
+            onnx.helper.make_empty_tensor_value_info(t)
+            for t in spec.taps
+            if t not in {o.name for o in model_proto.graph.output}
+        )
         computed = onnx_file.reference_outputs(model_proto, x, dtype)
         return {"outputs": {n: computed[n] for n in spec.outputs}, "taps": {t: computed[t] for t in spec.taps}}
     from parity import sources
 
     source = sources.native(framework)(spec, verified.arrays["weights.npz"], len(rows), dtype)
-    return {"outputs": {k: np.asarray(v, np.float64) for k, v in source.run(x).items()},
-            "taps": {k: np.asarray(v, np.float64) for k, v in source.taps(x).items()} if spec.taps else {}}
+    return {
+        "outputs": {k: np.asarray(v, np.float64) for k, v in source.run(x).items()},
+        "taps": {k: np.asarray(v, np.float64) for k, v in source.taps(x).items()} if spec.taps else {},
+    }

@@ -80,6 +80,9 @@ def observe(run: Callable[[list[str]], dict], plain: dict, tap_tensors: dict[str
     if not keep:
         reproduces([])
     kept = set(keep)
-    return {"observable": [t for t, tensor in tap_tensors.items() if tensor in kept],
-            "disturbing": [{"tap": t, "tensor": tensor} for t, tensor in tap_tensors.items() if tensor not in kept],
-            "runs": runs, "values": last}
+    return {
+        "observable": [t for t, tensor in tap_tensors.items() if tensor in kept],
+        "disturbing": [{"tap": t, "tensor": tensor} for t, tensor in tap_tensors.items() if tensor not in kept],
+        "runs": runs,
+        "values": last,
+    }

@@ -21,17 +21,29 @@ def diagnose(run, pool, spec, manifest, path) -> dict:
     found = {"model": spec.name, "path": path.id}
     if path.exports[-1].target not in ORT_STEPS:
         onnx_id = f"{path.source}/onnx/ort-int8" if path.source != "onnx" else "onnx/ort-int8"
-        return {**found, "error": (f"layers of a quantized model are ranked on ONNX Runtime's QDQ models: run "
-                                   f"--path '{onnx_id}' on the same model to name the layers that cost the accuracy")}
+        return {
+            **found,
+            "error": (
+                f"layers of a quantized model are ranked on ONNX Runtime's QDQ models: run "
+                f"--path '{onnx_id}' on the same model to name the layers that cost the accuracy"
+            ),
+        }
     parent = run._export(pool, spec, manifest, path, len(path.exports) - 2)
     if "error" in parent:
         return {**found, "error": f"the float model it was quantized from did not export: {parent['error']}"}
-    common = {"workspace": str(run.workspace.root), "model": spec.name, "path_id": path.id,
-              "golden_dir": str(run.workspace.golden_dir(spec.name)), "float_dir": parent["dir"],
-              "float_meta": parent["meta"], "threads": run.options.threads}
+    common = {
+        "workspace": str(run.workspace.root),
+        "model": spec.name,
+        "path_id": path.id,
+        "golden_dir": str(run.workspace.golden_dir(spec.name)),
+        "float_dir": parent["dir"],
+        "float_meta": parent["meta"],
+        "threads": run.options.threads,
+    }
     found["int8"] = pool.call("onnx", "parity.diagnose.int8_layers:diagnose_int8", **common)
-    nncf = paths.unavailable_reason(paths.by_id(f"{path.source}/onnx/openvino-int8" if path.source != "onnx"
-                                                else "onnx/openvino-int8"))
+    nncf = paths.unavailable_reason(
+        paths.by_id(f"{path.source}/onnx/openvino-int8" if path.source != "onnx" else "onnx/openvino-int8")
+    )
     if nncf is None:
         try:
             found["nncf"] = pool.call("openvino", "parity.diagnose.int8_nncf:nncf_side_by_side", **common)

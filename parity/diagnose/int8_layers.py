@@ -36,12 +36,15 @@ import numpy as np
 
 MAX_TESTED = 12  # layers whose regain is measured (the lowest floor_db first)
 SQNR_SAMPLES = 128  # eval samples the per-layer SQNR is computed on (whole batches, at least one)
-QUANTIZED_SUFFIX = "_quantized"  # ONNX Runtime's name for a stored int8 weight: <weight>_quantized (TENSOR_NAME_QUANT_SUFFIX)
+QUANTIZED_SUFFIX = (
+    "_quantized"  # ONNX Runtime's name for a stored int8 weight: <weight>_quantized (TENSOR_NAME_QUANT_SUFFIX)
+)
 CONV_OPS = {"Conv", "ConvTranspose", "QLinearConv", "ConvInteger"}  # channels on axis 1; other layers' on the last
 
 
-def diagnose_int8(workspace: str, model: str, path_id: str, golden_dir: str, float_dir: str, float_meta: dict,
-                  threads: int) -> dict:
+def diagnose_int8(
+    workspace: str, model: str, path_id: str, golden_dir: str, float_dir: str, float_meta: dict, threads: int
+) -> dict:
     """The worker task: the diagnosis of the int8 path ``path_id`` (see the module docstring) from the float ONNX
     artifact it was quantized from (``float_dir`` / ``float_meta``, its parent export), on the golden eval split;
     a JSON-able dict with ``layers``, ``ranking``, ``first``, ``worst`` and ``repair``."""
@@ -84,17 +87,20 @@ def diagnose_int8(workspace: str, model: str, path_id: str, golden_dir: str, flo
         return accuracy_gate.judge(logits, golden_logits, labels, spec.gate)
 
     sqnr_rows = min(feeds.samples(spec, evals), max(spec.batch_size, SQNR_SAMPLES))
-    sqnr_batches = onnx_int8.calibration_batches(spec, float_meta, feeds.rows(spec, evals, 0, sqnr_rows),
-                                                 spec.batch_size)
+    sqnr_batches = onnx_int8.calibration_batches(
+        spec, float_meta, feeds.rows(spec, evals, 0, sqnr_rows), spec.batch_size
+    )
     with tempfile.TemporaryDirectory(prefix="parity-int8-diagnose-") as scratch_dir:
         scratch = Path(scratch_dir)
         source = Path(float_dir) / float_meta["file"]
         prepared, _ = onnx_int8.prepare(source, scratch / "float.onnx")
-        candidates = int8_repair.Candidates(source, float_meta, batches, method, dynamic, kept, scratch / "runs",
-                                            evaluate, judge)
+        candidates = int8_repair.Candidates(
+            source, float_meta, batches, method, dynamic, kept, scratch / "runs", evaluate, judge
+        )
         before = candidates.gate()
-        layers, output_sqnr = layer_sqnr(prepared, candidates.file(), sqnr_batches, float_meta["output_names"], kept,
-                                         dynamic)
+        layers, output_sqnr = layer_sqnr(
+            prepared, candidates.file(), sqnr_batches, float_meta["output_names"], kept, dynamic
+        )
         modules = module_paths(onnx.load(str(source), load_external_data=False))
         for layer in layers:
             layer["module"] = modules.get(layer["node"], layer["node"])
@@ -107,22 +113,42 @@ def diagnose_int8(workspace: str, model: str, path_id: str, golden_dir: str, flo
         first, first_by, worst, worst_by = _first_and_worst(layers, ranking, output_sqnr)
         ranking_runs = candidates.runs
         if before["decision"] == "pass":
-            fixed: dict[str, Any] = {"passes": True, "nodes_to_exclude": kept,
-                                     "reason": "the path passes its gate as quantized", "runs": 0, "seconds": 0.0}
+            fixed: dict[str, Any] = {
+                "passes": True,
+                "nodes_to_exclude": kept,
+                "reason": "the path passes its gate as quantized",
+                "runs": 0,
+                "seconds": 0.0,
+            }
         else:
             measured = {layer["node"] for layer in tested}
-            untested = sorted((layer for layer in layers if layer["node"] not in measured),
-                              key=lambda layer: layer["floor_db"])
+            untested = sorted(
+                (layer for layer in layers if layer["node"] not in measured), key=lambda layer: layer["floor_db"]
+            )
             fixed = int8_repair.repair(candidates, [layer["excluded"] for layer in ranking + untested])
         if fixed.get("passes"):
             passed = candidates.record(fixed.get("added", []))["nodes_to_exclude"]
             fixed["toolchain"] = int8_repair.toolchain(path_id, fixed["nodes_to_exclude"], passed, method, dynamic)
-    return {"path": path_id, "dynamic": dynamic, "calibration": method, "kept_float": kept,
-            "gate": int8_repair.gate_summary(before), "output_sqnr_db": output_sqnr, "sqnr_samples": sqnr_rows,
-            "layers": layers, "tested": len(tested), "max_tested": MAX_TESTED,
-            "ranking": [layer["node"] for layer in ranking], "first": first, "first_by": first_by,
-            "worst": worst, "worst_by": worst_by, "ranking_runs": ranking_runs, "repair": fixed,
-            "seconds": time.perf_counter() - started}
+    return {
+        "path": path_id,
+        "dynamic": dynamic,
+        "calibration": method,
+        "kept_float": kept,
+        "gate": int8_repair.gate_summary(before),
+        "output_sqnr_db": output_sqnr,
+        "sqnr_samples": sqnr_rows,
+        "layers": layers,
+        "tested": len(tested),
+        "max_tested": MAX_TESTED,
+        "ranking": [layer["node"] for layer in ranking],
+        "first": first,
+        "first_by": first_by,
+        "worst": worst,
+        "worst_by": worst_by,
+        "ranking_runs": ranking_runs,
+        "repair": fixed,
+        "seconds": time.perf_counter() - started,
+    }
 
 
 def layer_sqnr(float_path, quantized_path, batches: list[dict], outputs: list[str], kept=(), dynamic=False):
@@ -153,14 +179,24 @@ def layer_sqnr(float_path, quantized_path, batches: list[dict], outputs: list[st
     float_nodes = {node.name: node for node in float_model.graph.node}
     stored = {t.name for t in quantized.graph.initializer}
     # a DequantizeLinear of a stored int8 weight (``<weight>_quantized``): its output is that weight to its readers
-    weight_of = {dq.output[0]: dq.input[0].removesuffix(QUANTIZED_SUFFIX) for dq in quantized.graph.node
-                 if dq.op_type == "DequantizeLinear" and dq.input[0] in stored}
+    weight_of = {
+        dq.output[0]: dq.input[0].removesuffix(QUANTIZED_SUFFIX)
+        for dq in quantized.graph.node
+        if dq.op_type == "DequantizeLinear" and dq.input[0] in stored
+    }
     quantized_names = [name for name, _ in quantized_layers(float_model, quantized, kept)]
     rows = []
     for index, name in enumerate(quantized_names):
         node = by_name.get(name, float_nodes[name])
-        row = {"node": name, "op_type": float_nodes[name].op_type, "index": index, "sqnr_db": None,
-               "channel_sqnr_db": None, "weight_sqnr_db": None, "tensor": None}
+        row = {
+            "node": name,
+            "op_type": float_nodes[name].op_type,
+            "index": index,
+            "sqnr_db": None,
+            "channel_sqnr_db": None,
+            "weight_sqnr_db": None,
+            "tensor": None,
+        }
         for out in node.output:
             key = out.removesuffix(debug.QUANT_INPUT_SUFFIX)
             reference = acts["float"].get(key)
@@ -172,8 +208,9 @@ def layer_sqnr(float_path, quantized_path, batches: list[dict], outputs: list[st
                 continue
             row.update(tensor=key, sqnr_db=_db(sqnr(reference, test)))
             if match:
-                row["channel_sqnr_db"] = _weakest_channel(match["pre_qdq"], match["post_qdq"], shapes.get(key),
-                                                          float_nodes[name].op_type in CONV_OPS)
+                row["channel_sqnr_db"] = _weakest_channel(
+                    match["pre_qdq"], match["post_qdq"], shapes.get(key), float_nodes[name].op_type in CONV_OPS
+                )
             break
         read = [weight_of[i] for i in node.input if weight_of.get(i) in weights]
         if read:
@@ -182,8 +219,9 @@ def layer_sqnr(float_path, quantized_path, batches: list[dict], outputs: list[st
         row["floor_db"] = min(found) if found else math.inf
         row["excluded"] = [name, *_readers_through_qdq(node, readers, set(quantized_names) - {name}, QUANTIZE_OPS)]
         rows.append(row)
-    output_sqnr = [_db(sqnr(acts["float"][o], acts["int8"][o])) for o in outputs if o in acts["float"]
-                   and o in acts["int8"]]
+    output_sqnr = [
+        _db(sqnr(acts["float"][o], acts["int8"][o])) for o in outputs if o in acts["float"] and o in acts["int8"]
+    ]
     return rows, min(output_sqnr) if output_sqnr else None
 
 
@@ -204,15 +242,21 @@ def _weight_pairs(float_model, quantized) -> dict[str, tuple[np.ndarray, np.ndar
         scale = numpy_helper.to_array(stored[dq.input[1]]).astype(np.float64) if dq.input[1] in stored else None
         if scale is None:
             continue
-        zero = (numpy_helper.to_array(stored[dq.input[2]]).astype(np.int32) if len(dq.input) > 2 and dq.input[2]
-                in stored else np.zeros_like(scale, dtype=np.int32))
+        zero = (
+            numpy_helper.to_array(stored[dq.input[2]]).astype(np.int32)
+            if len(dq.input) > 2 and dq.input[2] in stored
+            else np.zeros_like(scale, dtype=np.int32)
+        )
         if scale.size > 1:  # per channel, along the node's axis (ONNX's default: 1)
             axis = next((a.i for a in dq.attribute if a.name == "axis"), 1) % max(values.ndim, 1)
             shape = [1] * values.ndim
             shape[axis] = -1
             scale, zero = scale.reshape(shape), zero.reshape(shape)
         dequantized = (values - zero) * scale
-        pairs[name] = (np.atleast_1d(numpy_helper.to_array(floats[name]).astype(np.float64)), np.atleast_1d(dequantized))
+        pairs[name] = (
+            np.atleast_1d(numpy_helper.to_array(floats[name]).astype(np.float64)),
+            np.atleast_1d(dequantized),
+        )
     return pairs
 
 
@@ -226,8 +270,11 @@ def _readers_through_qdq(node, readers: dict, quantized: set[str], quantize_ops)
             for dq in readers.get(q.output[0], []):
                 if dq.op_type != "DequantizeLinear":
                     continue
-                found += [r.name for r in readers.get(dq.output[0], []) if r.name in quantized
-                          and r.op_type not in quantize_ops]
+                found += [
+                    r.name
+                    for r in readers.get(dq.output[0], [])
+                    if r.name in quantized and r.op_type not in quantize_ops
+                ]
     return list(dict.fromkeys(found))
 
 
@@ -277,8 +324,20 @@ def _first_and_worst(layers, ranking, output_sqnr):
 def _brief(layer) -> dict | None:
     if layer is None:
         return None
-    return {key: layer.get(key) for key in ("node", "op_type", "module", "sqnr_db", "channel_sqnr_db",
-                                            "weight_sqnr_db", "floor_db", "regain", "excluded")}
+    return {
+        key: layer.get(key)
+        for key in (
+            "node",
+            "op_type",
+            "module",
+            "sqnr_db",
+            "channel_sqnr_db",
+            "weight_sqnr_db",
+            "floor_db",
+            "regain",
+            "excluded",
+        )
+    }
 
 
 def _db(value) -> float:
@@ -311,20 +370,28 @@ def render_int8(diagnosis: dict) -> list[str]:
     if diagnosis.get("reason"):
         return [f"  int8 diagnosis: {diagnosis['reason']}"]
     gate = diagnosis["gate"]
-    lines = [(f"  int8 gate as quantized: {gate['decision']} ({gate['metric']} {_pct(gate['value'])} vs golden "
-              f"{_pct(gate['golden'])}); model output SQNR {_shown(diagnosis['output_sqnr_db'])} on "
-              f"{diagnosis['sqnr_samples']} eval samples")]
+    lines = [
+        (
+            f"  int8 gate as quantized: {gate['decision']} ({gate['metric']} {_pct(gate['value'])} vs golden "
+            f"{_pct(gate['golden'])}); model output SQNR {_shown(diagnosis['output_sqnr_db'])} on "
+            f"{diagnosis['sqnr_samples']} eval samples"
+        )
+    ]
     for label in ("first", "worst"):
         layer = diagnosis[label]
         if layer is None:
             continue
         by = "regains accuracy kept in float" if diagnosis[f"{label}_by"] == "regain" else "by SQNR alone"
         regain = "" if layer["regain"] is None else f", regain {100 * layer['regain']:+.2f} pts"
-        lines.append(f"  int8 {label} layer ({by}): {layer['module']} (node {layer['node']}, {layer['op_type']}): "
-                     f"SQNR {_shown(layer['sqnr_db'])}, weakest channel {_shown(layer['channel_sqnr_db'])}, weights "
-                     f"{_shown(layer['weight_sqnr_db'])}{regain}")
-    lines.append(f"  int8 layers: {len(diagnosis['layers'])} quantized, regain measured for the {diagnosis['tested']} "
-                 f"of lowest SQNR ({diagnosis['ranking_runs']} runs)")
+        lines.append(
+            f"  int8 {label} layer ({by}): {layer['module']} (node {layer['node']}, {layer['op_type']}): "
+            f"SQNR {_shown(layer['sqnr_db'])}, weakest channel {_shown(layer['channel_sqnr_db'])}, weights "
+            f"{_shown(layer['weight_sqnr_db'])}{regain}"
+        )
+    lines.append(
+        f"  int8 layers: {len(diagnosis['layers'])} quantized, regain measured for the {diagnosis['tested']} "
+        f"of lowest SQNR ({diagnosis['ranking_runs']} runs)"
+    )
     repair = diagnosis["repair"]
     if not repair.get("passes"):
         lines.append(f"  int8 repair: none: {repair.get('reason')}")
@@ -332,13 +399,20 @@ def render_int8(diagnosis: dict) -> list[str]:
         lines.append(f"  int8 repair: not needed: {repair['reason']}")
     else:
         after = repair["after"]
-        proof = ("minimal: with any one of them back in int8 the gate does not pass" if repair["minimal"]
-                 else f"not proven minimal: the budget of {repair['max_runs']} runs ran out")
-        lines.append(f"  int8 repair: keep {len(repair['added'])} node(s) in float: {', '.join(repair['added'])}; "
-                     f"the gate then says {after['decision']} ({_pct(after['value'])}; {proof}; {repair['judged']} lists "
-                     f"judged, {repair['runs']} new runs, {repair['seconds']:.1f} s)")
-        lines.append(f"  int8 repair, as the toolchain takes it: {repair['toolchain']['onnxruntime']}; in the model "
-                     f"spec: {repair['toolchain']['spec']}")
+        proof = (
+            "minimal: with any one of them back in int8 the gate does not pass"
+            if repair["minimal"]
+            else f"not proven minimal: the budget of {repair['max_runs']} runs ran out"
+        )
+        lines.append(
+            f"  int8 repair: keep {len(repair['added'])} node(s) in float: {', '.join(repair['added'])}; "
+            f"the gate then says {after['decision']} ({_pct(after['value'])}; {proof}; {repair['judged']} lists "
+            f"judged, {repair['runs']} new runs, {repair['seconds']:.1f} s)"
+        )
+        lines.append(
+            f"  int8 repair, as the toolchain takes it: {repair['toolchain']['onnxruntime']}; in the model "
+            f"spec: {repair['toolchain']['spec']}"
+        )
     return lines
 
 

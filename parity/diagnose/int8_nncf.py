@@ -39,13 +39,13 @@ def validation(spec, meta: dict, evals: dict, targets: np.ndarray, output: str, 
 
     total = feeds.samples(spec, evals)
     batches = calibration_items(spec, meta, evals, batch)
-    items = [(feed, targets[start:start + batch]) for feed, start in zip(batches, range(0, total, batch))]
+    items = [(feed, targets[start : start + batch]) for feed, start in zip(batches, range(0, total, batch))]
 
     def validation_fn(compiled, data) -> tuple[float, list[float]]:
         port = compiled.output(output)
         per_item, hits, rows = [], 0, 0
         for feed, wanted in data:
-            predicted = np.asarray(compiled(feed)[port])[:len(wanted)].argmax(axis=-1)
+            predicted = np.asarray(compiled(feed)[port])[: len(wanted)].argmax(axis=-1)
             correct = int(np.sum(predicted == wanted))
             per_item.append(correct / len(wanted))
             hits, rows = hits + correct, rows + len(wanted)
@@ -54,8 +54,19 @@ def validation(spec, meta: dict, evals: dict, targets: np.ndarray, output: str, 
     return items, validation_fn
 
 
-def accuracy_control(model, spec, meta: dict, calibration: dict, evals: dict, targets: np.ndarray, *, keep: float,
-                     kept=(), metric: str = "accuracy", max_iterations: int = MAX_ITERATIONS) -> tuple[object, dict]:
+def accuracy_control(
+    model,
+    spec,
+    meta: dict,
+    calibration: dict,
+    evals: dict,
+    targets: np.ndarray,
+    *,
+    keep: float,
+    kept=(),
+    metric: str = "accuracy",
+    max_iterations: int = MAX_ITERATIONS,
+) -> tuple[object, dict]:
     """``(NNCF's model, result)``: ``nncf.quantize_with_accuracy_control`` of the float ``ov.Model`` ``model`` (fed
     as ``meta`` says), calibrated on ``calibration`` with ``openvino_int8``'s settings and ``kept`` ignored, its
     validation the fraction of ``evals`` rows whose argmax is ``targets`` (labels, or the golden's argmax for the
@@ -79,8 +90,10 @@ def accuracy_control(model, spec, meta: dict, calibration: dict, evals: dict, ta
     items, validation_fn = validation(spec, meta, evals, np.asarray(targets), output, batch)
     validation_set = nncf.Dataset(items, lambda item: item[0])
     arguments = openvino_int8.nncf_arguments(nncf, settings, tuple(kept))
-    controlled = {("advanced_quantization_parameters" if key == "advanced_parameters" else key): value
-                  for key, value in arguments.items()}  # the same settings under the accuracy control's name
+    controlled = {
+        ("advanced_quantization_parameters" if key == "advanced_parameters" else key): value
+        for key, value in arguments.items()
+    }  # the same settings under the accuracy control's name
     subset = len(openvino_int8.calibration_items(spec, meta, calibration, batch))
     max_drop = round(1.0 - keep, 12)
     with nncf_log() as log:
@@ -89,29 +102,49 @@ def accuracy_control(model, spec, meta: dict, calibration: dict, evals: dict, ta
         quantize_seconds = time.perf_counter() - started
         started = time.perf_counter()
         restored = nncf.quantize_with_accuracy_control(
-            model, calibration_set, validation_set, validation_fn, max_drop=max_drop,
-            drop_type=nncf.DropType.RELATIVE, subset_size=subset,
-            advanced_accuracy_restorer_parameters=AdvancedAccuracyRestorerParameters(
-                max_num_iterations=max_iterations), **controlled)
+            model,
+            calibration_set,
+            validation_set,
+            validation_fn,
+            max_drop=max_drop,
+            drop_type=nncf.DropType.RELATIVE,
+            subset_size=subset,
+            advanced_accuracy_restorer_parameters=AdvancedAccuracyRestorerParameters(max_num_iterations=max_iterations),
+            **controlled,
+        )
         seconds = time.perf_counter() - started
     core = ov.Core()
     values = {}
     for name, candidate in (("float", model), ("quantized", plain), ("nncf", restored)):
-        compiled = core.compile_model(candidate, "CPU", {"INFERENCE_PRECISION_HINT": "f32",
-                                                         "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0})
+        compiled = core.compile_model(
+            candidate, "CPU", {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
+        )
         values[name] = validation_fn(compiled, items)[0]
     before, after = openvino_int8.quantized_layers(plain), openvino_int8.quantized_layers(restored)
     reverted = [name for name in before if name not in set(after)]
     drop = (values["float"] - values["nncf"]) / values["float"] if values["float"] else 0.0
     return restored, {
-        "tool": "nncf.quantize_with_accuracy_control", "nncf": nncf.__version__, "metric": metric,
-        "max_drop": max_drop, "drop_type": "RELATIVE", "samples": len(targets),
-        "float_value": values["float"], "quantized_value": values["quantized"], "value": values["nncf"],
-        "drop": drop, "met": drop <= max_drop + 1e-12, "kept_float": reverted, "reported": reported(log),
+        "tool": "nncf.quantize_with_accuracy_control",
+        "nncf": nncf.__version__,
+        "metric": metric,
+        "max_drop": max_drop,
+        "drop_type": "RELATIVE",
+        "samples": len(targets),
+        "float_value": values["float"],
+        "quantized_value": values["quantized"],
+        "value": values["nncf"],
+        "drop": drop,
+        "met": drop <= max_drop + 1e-12,
+        "kept_float": reverted,
+        "reported": reported(log),
         "quantized_layers": {"before": len(before), "after": len(after)},
-        "iterations": sum(line.startswith("Reverted ") for line in log), "max_iterations": max_iterations,
-        "seconds": seconds, "quantize_seconds": quantize_seconds, "settings": {**settings, "kept_float": list(kept)},
-        "log": [line.split("\n")[0] for line in log if not line.startswith(("Reverted ", "Elapsed"))][:40]}
+        "iterations": sum(line.startswith("Reverted ") for line in log),
+        "max_iterations": max_iterations,
+        "seconds": seconds,
+        "quantize_seconds": quantize_seconds,
+        "settings": {**settings, "kept_float": list(kept)},
+        "log": [line.split("\n")[0] for line in log if not line.startswith(("Reverted ", "Elapsed"))][:40],
+    }
 
 
 @contextmanager
@@ -151,8 +184,11 @@ def onnx_nodes(names: list[str], onnx_path: Path) -> dict[str, str]:
     """OpenVINO op name -> the ONNX node it comes from (the longest node name it is, or starts with plus ``/``)."""
     import onnx
 
-    nodes = sorted((node.name for node in onnx.load(str(onnx_path), load_external_data=False).graph.node if node.name),
-                   key=len, reverse=True)
+    nodes = sorted(
+        (node.name for node in onnx.load(str(onnx_path), load_external_data=False).graph.node if node.name),
+        key=len,
+        reverse=True,
+    )
     found = {}
     for name in names:
         node = next((node for node in nodes if name == node or name.startswith(node + "/")), None)
@@ -166,8 +202,9 @@ def openvino_path(path_id: str) -> str:
     return f"{path_id.rsplit('/', 1)[0]}/openvino-int8"
 
 
-def nncf_side_by_side(workspace: str, model: str, path_id: str, golden_dir: str, float_dir: str, float_meta: dict,
-                      threads: int) -> dict:
+def nncf_side_by_side(
+    workspace: str, model: str, path_id: str, golden_dir: str, float_dir: str, float_meta: dict, threads: int
+) -> dict:
     """The worker task: ``accuracy_control`` on the float model ``path_id`` is quantized from (``float_dir`` /
     ``float_meta``: an ONNX file or an OpenVINO IR), the spec's gate metric on the golden eval split, the layers
     the spec keeps in float for the matching ``*/openvino-int8`` path ignored; NNCF's model judged by parity's gate
@@ -192,8 +229,9 @@ def nncf_side_by_side(workspace: str, model: str, path_id: str, golden_dir: str,
     kept = spec.quantization.kept_float(ov_path)
     source = Path(float_dir) / float_meta["file"]
     float_model = ov.Core().read_model(str(source))
-    restored, result = accuracy_control(float_model, spec, float_meta, samples, evals, targets, keep=spec.gate.keep,
-                                        kept=kept, metric=metric)
+    restored, result = accuracy_control(
+        float_model, spec, float_meta, samples, evals, targets, keep=spec.gate.keep, kept=kept, metric=metric
+    )
     core = ov.Core()
     from parity.runtimes.openvino import compile_config
 
@@ -201,14 +239,20 @@ def nncf_side_by_side(workspace: str, model: str, path_id: str, golden_dir: str,
     output = batch_axes.eval_output(spec, batch_axes.recorded(verified.manifest))
     from parity.exporters.openvino_int8 import calibration_items
 
-    logits = np.concatenate([np.asarray(compiled(feed)[compiled.output(output)])
-                             for feed in calibration_items(spec, float_meta, evals, 1)])
+    logits = np.concatenate(
+        [np.asarray(compiled(feed)[compiled.output(output)]) for feed in calibration_items(spec, float_meta, evals, 1)]
+    )
     gate = accuracy_gate.judge(logits, golden_logits, labels, spec.gate)
     mapped = onnx_nodes(result["kept_float"], source) if float_meta.get("format") == "onnx" else {}
-    return {**result, "path": ov_path, "compared_with": path_id, "calibration_data": where,
-            "onnx_nodes": [mapped.get(name) for name in result["kept_float"]],
-            "keep_float": {ov_path: list(dict.fromkeys([*kept, *result["kept_float"]]))},
-            "gate": {key: gate.get(key) for key in ("decision", "value", "golden", "drop", "allowed", "reason")}}
+    return {
+        **result,
+        "path": ov_path,
+        "compared_with": path_id,
+        "calibration_data": where,
+        "onnx_nodes": [mapped.get(name) for name in result["kept_float"]],
+        "keep_float": {ov_path: list(dict.fromkeys([*kept, *result["kept_float"]]))},
+        "gate": {key: gate.get(key) for key in ("decision", "value", "golden", "drop", "allowed", "reason")},
+    }
 
 
 def render_nncf(result: dict) -> list[str]:
@@ -217,11 +261,15 @@ def render_nncf(result: dict) -> list[str]:
         return [f"  NNCF accuracy control: {result['error']}"]
     pct = lambda value: f"{100 * value:.2f} %"
     kept = result.get("kept_float") or []
-    lines = [(f"  NNCF accuracy control ({result['tool']} {result['nncf']}, {result['metric']}, max drop "
-             f"{pct(result['max_drop'])} relative) on {result['path']}: float {pct(result['float_value'])}, "
-             f"quantized {pct(result['quantized_value'])}, its model {pct(result['value'])} "
-             f"({'within' if result['met'] else 'NOT within'} its max drop) in {result['seconds']:.1f} s, "
-             f"{result['iterations']} iteration(s)")]
+    lines = [
+        (
+            f"  NNCF accuracy control ({result['tool']} {result['nncf']}, {result['metric']}, max drop "
+            f"{pct(result['max_drop'])} relative) on {result['path']}: float {pct(result['float_value'])}, "
+            f"quantized {pct(result['quantized_value'])}, its model {pct(result['value'])} "
+            f"({'within' if result['met'] else 'NOT within'} its max drop) in {result['seconds']:.1f} s, "
+            f"{result['iterations']} iteration(s)"
+        )
+    ]
     if kept:
         nodes = result.get("onnx_nodes") or [None] * len(kept)
         shown = [f"{name} (ONNX node {node})" if node and node != name else name for name, node in zip(kept, nodes)]
@@ -230,8 +278,10 @@ def render_nncf(result: dict) -> list[str]:
         lines.append("    kept nothing in float: the quantized model is within its max drop")
     gate = result.get("gate") or {}
     if gate.get("decision"):
-        lines.append(f"    parity's gate on NNCF's model: {gate['decision']}"
-                     + (f" ({gate['reason']})" if gate.get("reason") else ""))
+        lines.append(
+            f"    parity's gate on NNCF's model: {gate['decision']}"
+            + (f" ({gate['reason']})" if gate.get("reason") else "")
+        )
     if kept:
         lines.append(f"    to run it as a path: keep_float={result['keep_float']!r}")
     return lines

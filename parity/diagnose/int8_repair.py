@@ -60,8 +60,9 @@ class Candidates:
             folder = self.scratch / f"candidate-{self.runs}"
             folder.mkdir(parents=True)
             try:
-                self.records[key] = quantize(self.source, folder / "model.onnx", self.batches, self.method, excluded,
-                                             self.dynamic)
+                self.records[key] = quantize(
+                    self.source, folder / "model.onnx", self.batches, self.method, excluded, self.dynamic
+                )
             except ExportError as error:  # every layer kept in float is no int8 model: no repair
                 self.seen[key] = {"decision": "fail", "reason": str(error), "value": None}
                 return self.seen[key]
@@ -114,16 +115,35 @@ def repair(candidates: Candidates, units: list[list[str]], max_runs: int = MAX_R
     seconds = time.perf_counter() - started
     runs = candidates.runs - runs_before
     if passing is None:
-        why = (f"the run budget ({max_runs}) ran out first" if runs >= max_runs else
-               f"not even with all {len(added)} quantized node(s) kept in float")
-        return {"passes": False, "reason": f"no node list found that passes the gate: {why}", "runs": runs,
-                "judged": len(candidates.consulted), "seconds": seconds, "minimal": False, "max_runs": max_runs}
+        why = (
+            f"the run budget ({max_runs}) ran out first"
+            if runs >= max_runs
+            else f"not even with all {len(added)} quantized node(s) kept in float"
+        )
+        return {
+            "passes": False,
+            "reason": f"no node list found that passes the gate: {why}",
+            "runs": runs,
+            "judged": len(candidates.consulted),
+            "seconds": seconds,
+            "minimal": False,
+            "max_runs": max_runs,
+        }
     excluded = [*candidates.kept, *passing]
     after = candidates.gate(passing)
-    return {"passes": True, "nodes_to_exclude": excluded, "added": passing, "given": list(candidates.kept),
-            "minimal": minimal, "max_runs": max_runs,
-            "needed": {name: gate_summary(judged) for name, judged in needed.items()} if minimal else {},
-            "after": gate_summary(after), "runs": runs, "judged": len(candidates.consulted), "seconds": seconds}
+    return {
+        "passes": True,
+        "nodes_to_exclude": excluded,
+        "added": passing,
+        "given": list(candidates.kept),
+        "minimal": minimal,
+        "max_runs": max_runs,
+        "needed": {name: gate_summary(judged) for name, judged in needed.items()} if minimal else {},
+        "after": gate_summary(after),
+        "runs": runs,
+        "judged": len(candidates.consulted),
+        "seconds": seconds,
+    }
 
 
 def toolchain(path_id: str, nodes: list[str], passed: list[str], method: str | None, dynamic: bool) -> dict:

@@ -23,14 +23,22 @@ def _permuted(value: np.ndarray, golden: np.ndarray, tol) -> tuple[int, ...] | N
     if value.ndim > MAX_RANK:
         return None
     for order in itertools.permutations(range(value.ndim)):
-        if order != tuple(range(value.ndim)) and tuple(value.shape[i] for i in order) == golden.shape \
-                and _ok(np.transpose(value, order), golden, tol):
+        if (
+            order != tuple(range(value.ndim))
+            and tuple(value.shape[i] for i in order) == golden.shape
+            and _ok(np.transpose(value, order), golden, tol)
+        ):
             return order
     return None
 
 
-def verify(taps: dict[str, np.ndarray], golden: dict[str, np.ndarray], located: dict[str, dict], tolerance_for,
-           outputs_pass: bool) -> dict[str, np.ndarray]:
+def verify(
+    taps: dict[str, np.ndarray],
+    golden: dict[str, np.ndarray],
+    located: dict[str, dict],
+    tolerance_for,
+    outputs_pass: bool,
+) -> dict[str, np.ndarray]:
     """``taps`` with each wrongly ordered read put right, or removed (its ``located`` entry then says why).
 
     Only on a path whose outputs pass: there a departing tap whose sorted values agree with the golden's is a
@@ -52,11 +60,15 @@ def verify(taps: dict[str, np.ndarray], golden: dict[str, np.ndarray], located: 
         tensor = where.get("tensor")
         if order is not None:
             checked[tap] = np.transpose(value, order)
-            where["reason"] = (f"read in another axis order: tensor {tensor!r} holds the tap with axes {order} "
-                               f"(put back in order by value on a passing path)")
+            where["reason"] = (
+                f"read in another axis order: tensor {tensor!r} holds the tap with axes {order} "
+                f"(put back in order by value on a passing path)"
+            )
         else:
             del checked[tap]
-            where.update(found="unobservable",
-                         reason=f"tensor {tensor!r} holds the tap's values in another order that no axis "
-                                f"permutation undoes (a reshape after a transpose): the mapping is not trusted")
+            where.update(
+                found="unobservable",
+                reason=f"tensor {tensor!r} holds the tap's values in another order that no axis "
+                f"permutation undoes (a reshape after a transpose): the mapping is not trusted",
+            )
     return checked

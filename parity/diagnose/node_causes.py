@@ -20,8 +20,12 @@ import numpy as np
 from parity.diagnose import onnx_ops
 
 # stable float32 forms of a pair (producer, consumer) -> (description, function of the producer's input)
-_STABLE = {("Sigmoid", "Log"): ("Neg(Softplus(Neg(x))), the log-sigmoid torch computes",
-                                lambda x: -np.logaddexp(np.float32(0), -x))}
+_STABLE = {
+    ("Sigmoid", "Log"): (
+        "Neg(Softplus(Neg(x))), the log-sigmoid torch computes",
+        lambda x: -np.logaddexp(np.float32(0), -x),
+    )
+}
 AXIS_OPS = ("Softmax", "LogSoftmax", "Hardmax")
 
 
@@ -77,23 +81,35 @@ def composite_rounding(model, values: dict, tol) -> dict | None:
                 continue
             if onnx_ops.units(values[out], from_computed, tol) > 1.0:
                 continue  # the producer's float32 result does not explain what the consumer computed
-            what = (f"{flushed} element(s) too small for float32 (0, or off by more than half their size)" if flushed
-                    else f"{overflowed} element(s) overflow to inf")
-            result = {"cause": "float32_rounding", "node": producer.name, "op_type": producer.op_type,
-                      "consumer": {"node": node.name, "op_type": node.op_type},
-                      "description": (f"float32 {'underflow' if flushed else 'overflow'} in the composite "
-                                      f"{node.op_type}({producer.op_type}(x)): {producer.op_type} {producer.name}'s "
-                                      f"result has {what}, and {node.op_type} {node.name} turns them into "
-                                      f"{int(np.count_nonzero(~np.isfinite(values[out])))} non-finite values; "
-                                      f"computed together in float64 the pair is finite"),
-                      "fix": None, "fix_tested": False}
+            what = (
+                f"{flushed} element(s) too small for float32 (0, or off by more than half their size)"
+                if flushed
+                else f"{overflowed} element(s) overflow to inf"
+            )
+            result = {
+                "cause": "float32_rounding",
+                "node": producer.name,
+                "op_type": producer.op_type,
+                "consumer": {"node": node.name, "op_type": node.op_type},
+                "description": (
+                    f"float32 {'underflow' if flushed else 'overflow'} in the composite "
+                    f"{node.op_type}({producer.op_type}(x)): {producer.op_type} {producer.name}'s "
+                    f"result has {what}, and {node.op_type} {node.name} turns them into "
+                    f"{int(np.count_nonzero(~np.isfinite(values[out])))} non-finite values; "
+                    f"computed together in float64 the pair is finite"
+                ),
+                "fix": None,
+                "fix_tested": False,
+            }
             stable = _STABLE.get((producer.op_type, node.op_type))
             if stable is not None:
                 with np.errstate(all="ignore"):
                     fixed = stable[1](x.astype(np.float32))
                 ok = onnx_ops.units(fixed, together, tol) <= 1.0
-                result["fix"] = (f"compute the pair as {stable[0]}: in float32 it is within "
-                                 f"{'' if ok else 'NOT '}the tolerance of the float64 composite")
+                result["fix"] = (
+                    f"compute the pair as {stable[0]}: in float32 it is within "
+                    f"{'' if ok else 'NOT '}the tolerance of the float64 composite"
+                )
                 result["fix_tested"] = bool(ok)
             return result
     return None
@@ -114,9 +130,11 @@ def single_axis(model, node_name: str, rank: int):
     perm = [d for d in range(rank) if d != axis] + [axis]
     back = [perm.index(d) for d in range(rank)]
     moved, normalised = f"{node.output[0]}__axis_last_in", f"{node.output[0]}__axis_last_out"
-    new = [helper.make_node("Transpose", [node.input[0]], [moved], perm=perm, name=f"{node_name}__to_last"),
-           helper.make_node(node.op_type, [moved], [normalised], axis=rank - 1, name=f"{node_name}__last_axis"),
-           helper.make_node("Transpose", [normalised], [node.output[0]], perm=back, name=f"{node_name}__back")]
+    new = [
+        helper.make_node("Transpose", [node.input[0]], [moved], perm=perm, name=f"{node_name}__to_last"),
+        helper.make_node(node.op_type, [moved], [normalised], axis=rank - 1, name=f"{node_name}__last_axis"),
+        helper.make_node("Transpose", [normalised], [node.output[0]], perm=back, name=f"{node_name}__back"),
+    ]
     del graph.node[index]
     for offset, extra in enumerate(new):
         graph.node.insert(index + offset, extra)
@@ -137,16 +155,33 @@ def opset_axis(model, node, rank: int, run_outputs, expected_ok) -> dict | None:
         return None
     if not ok:
         return None
-    return {"cause": "opset_axis", "node": node.name, "op_type": node.op_type,
-            "description": (f"{node.op_type} {node.name} has axis={axis} at opset {opset}, where the ONNX spec "
-                            f"normalises over every axis from {axis} on (the input flattened to 2-D); the source "
-                            f"normalises over axis {axis} alone, which is {node.op_type}'s meaning from opset 13"),
-            "fix": (f"use opset 13 or later (the graph with {node.name} normalising over axis {axis} alone "
-                    f"passes: {worst:.3g}x the tolerance, tested)"), "fix_tested": True}
+    return {
+        "cause": "opset_axis",
+        "node": node.name,
+        "op_type": node.op_type,
+        "description": (
+            f"{node.op_type} {node.name} has axis={axis} at opset {opset}, where the ONNX spec "
+            f"normalises over every axis from {axis} on (the input flattened to 2-D); the source "
+            f"normalises over axis {axis} alone, which is {node.op_type}'s meaning from opset 13"
+        ),
+        "fix": (
+            f"use opset 13 or later (the graph with {node.name} normalising over axis {axis} alone "
+            f"passes: {worst:.3g}x the tolerance, tested)"
+        ),
+        "fix_tested": True,
+    }
 
 
-def judge(model, feed: dict, values: dict[str, dict], first: dict | None, expected: dict | None, tolerance_for, tol,
-          threads: int = 1) -> dict:
+def judge(
+    model,
+    feed: dict,
+    values: dict[str, dict],
+    first: dict | None,
+    expected: dict | None,
+    tolerance_for,
+    tol,
+    threads: int = 1,
+) -> dict:
     """What the two runtimes' full runs (``values``: runtime -> tensors) say beyond their differences: which
     runtime's outputs pass against ``expected`` (the golden, by graph output name), which one follows the spec at
     the ``first`` disputed node (a third opinion), and a node cause where one is reproduced. ``expected`` None:
@@ -158,11 +193,15 @@ def judge(model, feed: dict, values: dict[str, dict], first: dict | None, expect
     def passes(outputs) -> tuple[bool, float]:
         assert expected is not None  # called only where the graph's outputs are compared
         stats = compare_named(outputs, expected, tolerance_for)
-        return all(s["ok"] for s in stats.values()), max((s.get("tol_units", np.inf) for s in stats.values()),
-                                                         default=0.0)
+        return all(s["ok"] for s in stats.values()), max(
+            (s.get("tol_units", np.inf) for s in stats.values()), default=0.0
+        )
 
-    outputs_ok = {runtime: passes({n: tensors[n] for n in expected})[0] for runtime, tensors in values.items()} \
-        if expected is not None else {}
+    outputs_ok = (
+        {runtime: passes({n: tensors[n] for n in expected})[0] for runtime, tensors in values.items()}
+        if expected is not None
+        else {}
+    )
     result: dict[str, Any] = {"outputs_ok": outputs_ok, "third_opinion": None, "node_cause": None}
     node = None
     if first is not None:
@@ -171,8 +210,9 @@ def judge(model, feed: dict, values: dict[str, dict], first: dict | None, expect
     cause = composite_rounding(model, values["ort"], tol)
     if cause is None and node is not None and node.op_type in AXIS_OPS and expected is not None:
         rank = np.asarray(values["ort"][node.input[0]]).ndim
-        cause = opset_axis(model, node, rank, lambda edited: run_tensors("ort", edited, feed, list(expected), threads),
-                           passes)
+        cause = opset_axis(
+            model, node, rank, lambda edited: run_tensors("ort", edited, feed, list(expected), threads), passes
+        )
     if cause is not None:
         trusted = next((r for r, ok in outputs_ok.items() if ok), "source")
         result["node_cause"] = {**cause, "trusted": trusted}

@@ -200,8 +200,14 @@ def _finite_stats(actual: np.ndarray, reference: np.ndarray, tol) -> dict:
         alike = (bad_a == bad_r) & (~bad_a | (a == r) | (np.isnan(a) & np.isnan(r)))
         differ = int(a.size - np.count_nonzero(alike))
         if differ:
-            return {"ok": False, "max_abs": math.inf, "tol_units": math.inf, "n_bad": differ, "size": int(a.size),
-                    "reason": f"{differ} of {a.size} elements are NaN or Inf in one runtime and not alike in the other"}
+            return {
+                "ok": False,
+                "max_abs": math.inf,
+                "tol_units": math.inf,
+                "n_bad": differ,
+                "size": int(a.size),
+                "reason": f"{differ} of {a.size} elements are NaN or Inf in one runtime and not alike in the other",
+            }
         keep = ~bad_a
         a, r = a[keep], r[keep]
     return error_stats(a, r, tol)
@@ -233,7 +239,7 @@ def first_divergent_node(entries: list[dict], inputs_of: dict[str, list[str]]) -
 def _one_line(error: BaseException) -> str:
     text = " ".join(str(error).split()) or "no message"
     line = f"{type(error).__name__}: {text}"
-    return line if len(line) <= _REASON_CHARS else line[:_REASON_CHARS - 3] + "..."
+    return line if len(line) <= _REASON_CHARS else line[: _REASON_CHARS - 3] + "..."
 
 
 def compare_runtimes(model, feed: dict, tol, threads: int = 1, keep: dict | None = None) -> dict:
@@ -253,14 +259,20 @@ def compare_runtimes(model, feed: dict, tol, threads: int = 1, keep: dict | None
         try:
             values[runtime] = run_tensors(runtime, model, feed, names, threads)
         except Exception as error:  # noqa: BLE001 - any failure to run is reported, not raised
-            return {"nodes": [], "first_divergent": None,
-                    "error": f"{label} cannot run the graph: {_one_line(error)}"}
+            return {"nodes": [], "first_divergent": None, "error": f"{label} cannot run the graph: {_one_line(error)}"}
     entries, inputs_of = [], {}
     for name in names:
         node = graph.nodes[graph.producer[name]]
         stats = _finite_stats(values["ort"][name], values["onnxref"][name], tol)
-        entries.append({"node": node.name, "op_type": node.op_type, "tensor": name,
-                        "max_abs": stats.get("max_abs", math.inf), "tol_units": stats.get("tol_units", math.inf)})
+        entries.append(
+            {
+                "node": node.name,
+                "op_type": node.op_type,
+                "tensor": name,
+                "max_abs": stats.get("max_abs", math.inf),
+                "tol_units": stats.get("tol_units", math.inf),
+            }
+        )
         inputs_of[name] = [i for i in node.input if i]
     if keep is not None:
         keep.update({runtime: {**feed, **tensors} for runtime, tensors in values.items()})

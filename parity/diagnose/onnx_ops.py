@@ -56,11 +56,26 @@ def _defaults(opset: int) -> int:
 
 
 _UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "Sigmoid": sigmoid, "Log": np.log, "Exp": np.exp, "Tanh": np.tanh, "Relu": lambda x: np.maximum(x, 0.0),
-    "Sqrt": np.sqrt, "Reciprocal": lambda x: 1.0 / x, "Neg": np.negative, "Abs": np.abs,
-    "Softplus": lambda x: np.logaddexp(0.0, x), "Identity": lambda x: x}
+    "Sigmoid": sigmoid,
+    "Log": np.log,
+    "Exp": np.exp,
+    "Tanh": np.tanh,
+    "Relu": lambda x: np.maximum(x, 0.0),
+    "Sqrt": np.sqrt,
+    "Reciprocal": lambda x: 1.0 / x,
+    "Neg": np.negative,
+    "Abs": np.abs,
+    "Softplus": lambda x: np.logaddexp(0.0, x),
+    "Identity": lambda x: x,
+}
 _BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
-    "Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide, "Pow": np.power, "MatMul": np.matmul}
+    "Add": np.add,
+    "Sub": np.subtract,
+    "Mul": np.multiply,
+    "Div": np.divide,
+    "Pow": np.power,
+    "MatMul": np.matmul,
+}
 
 
 def evaluate(node, inputs: list, opset: int) -> tuple[np.ndarray | None, str | None]:
@@ -94,13 +109,16 @@ def _ort_float64(node, inputs: list, opset: int) -> np.ndarray | None:
         value = np.asarray(value)
         dtype = np.float64 if value.dtype.kind == "f" else value.dtype
         feed[name] = value.astype(dtype)
-        graph_inputs.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)),
-                                                          value.shape))
-    clone = helper.make_node(node.op_type, [n if o else "" for n, o in zip(names, used)], ["out"],
-                             domain=node.domain or None)
+        graph_inputs.append(
+            helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), value.shape)
+        )
+    clone = helper.make_node(
+        node.op_type, [n if o else "" for n, o in zip(names, used)], ["out"], domain=node.domain or None
+    )
     clone.attribute.extend(node.attribute)
-    graph = helper.make_graph([clone], "node", graph_inputs,
-                              [helper.make_tensor_value_info("out", TensorProto.DOUBLE, None)])
+    graph = helper.make_graph(
+        [clone], "node", graph_inputs, [helper.make_tensor_value_info("out", TensorProto.DOUBLE, None)]
+    )
     try:
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
         model.ir_version = min(model.ir_version, 10)
@@ -134,8 +152,11 @@ def units(actual, expected, tol) -> float:
         return float(stats["tol_units"])
     # equal non-finite values at the same places count as agreeing (log(0) = -inf on both sides)
     a, e = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-    if a.shape == e.shape and np.array_equal(np.isfinite(a), np.isfinite(e)) and \
-            np.array_equal(a[~np.isfinite(a)], e[~np.isfinite(e)]):
+    if (
+        a.shape == e.shape
+        and np.array_equal(np.isfinite(a), np.isfinite(e))
+        and np.array_equal(a[~np.isfinite(a)], e[~np.isfinite(e)])
+    ):
         finite = np.isfinite(a)
         return float(error_stats(a[finite], e[finite], tol).get("tol_units", math.inf)) if finite.any() else 0.0
     return math.inf
@@ -158,8 +179,13 @@ def third_opinion(model, node, values: dict[str, dict], tol) -> dict:
             continue
         expected, evaluator = evaluate(node, inputs, opset)
         if expected is None:
-            return {"evaluator": None, "opset": opset, "runtimes": {}, "follows_spec": None,
-                    "reason": f"no float64 definition of {node.op_type} here and ONNX Runtime has no float64 kernel"}
+            return {
+                "evaluator": None,
+                "opset": opset,
+                "runtimes": {},
+                "follows_spec": None,
+                "reason": f"no float64 definition of {node.op_type} here and ONNX Runtime has no float64 kernel",
+            }
         off = units(tensors[node.output[0]], expected, tol)
         judged[runtime] = {"tol_units": off, "follows": bool(off <= 1.0)}
     following = [r for r, j in judged.items() if j["follows"]]

@@ -95,7 +95,7 @@ def keras_scope(node_name: str, taps) -> str | None:
     for start in range(len(scopes)):
         best = None
         for tap, names in paths:
-            window = scopes[start:start + len(names)]
+            window = scopes[start : start + len(names)]
             if len(window) == len(names) and all(name in bases for name, bases in zip(names, window)):
                 cost = sum(bases.index(name) for name, bases in zip(names, window))
                 if best is None or cost < best[0]:
@@ -173,8 +173,10 @@ def to_canonical(value: np.ndarray, location: dict, golden_shape: tuple) -> np.n
     if value.size != expected:
         name = location.get("tensor")
         what = f"tensor {name!r}" if name is not None else "the tensor"
-        raise ValueError(f"{what} of shape {tuple(value.shape)} ({value.size} elements) cannot hold the tap's "
-                         f"golden shape {golden_shape} ({expected} elements)")
+        raise ValueError(
+            f"{what} of shape {tuple(value.shape)} ({value.size} elements) cannot hold the tap's "
+            f"golden shape {golden_shape} ({expected} elements)"
+        )
     if location.get("layout") == "nhwc" and value.ndim == 4:
         value = layouts.from_layout(value, "nchw", "nhwc")
     if value.shape != golden_shape:
@@ -288,8 +290,15 @@ def _choose_layout(graph, name, golden, values, canonical) -> tuple[str | None, 
     return None, False
 
 
-def map_taps(model, spec, exporter: str, golden_taps: dict[str, np.ndarray], values: dict[str, np.ndarray],
-             input_layout: str, graph=None) -> dict[str, dict]:
+def map_taps(
+    model,
+    spec,
+    exporter: str,
+    golden_taps: dict[str, np.ndarray],
+    values: dict[str, np.ndarray],
+    input_layout: str,
+    graph=None,
+) -> dict[str, dict]:
     """Where each tap of ``spec`` is in ``model``: ``{"tensor", "how", "fused_into", "layout",
     "reason"}`` for every tap, in ``spec.taps`` order (see the module docstring; ``graph``: the model's ``_Graph``,
     when the caller has it)."""
@@ -305,8 +314,9 @@ def map_taps(model, spec, exporter: str, golden_taps: dict[str, np.ndarray], val
     # 0. an ONNX source's taps name its own tensors
     if exporter == "onnx file":
         for tap in taps:
-            result[tap] = _entry(tap, "name") if tap in graph.shapes else _entry(
-                reason=f"the graph has no tensor {tap!r}")
+            result[tap] = (
+                _entry(tap, "name") if tap in graph.shapes else _entry(reason=f"the graph has no tensor {tap!r}")
+            )
     # 1. metadata / names: the scope's boundary output, whatever the values
     if kind is not None:
         for tap, nodes in _scopes(graph, taps, kind).items():
@@ -341,20 +351,30 @@ def map_taps(model, spec, exporter: str, golden_taps: dict[str, np.ndarray], val
     for index, tap in enumerate(taps):
         if tap in result or tap in identities:
             continue
-        later = next((t for t in taps[index + 1:] if t in result and result[t]["tensor"] is not None
-                      and result[t]["how"] != "fused"), None)
+        later = next(
+            (
+                t
+                for t in taps[index + 1 :]
+                if t in result and result[t]["tensor"] is not None and result[t]["how"] != "fused"
+            ),
+            None,
+        )
         note = f" ({notes[tap]})" if tap in notes else ""
         own = "no node of its own" if kind is not None else f"no layer names in a {exporter} graph"
         if tap not in golden:
             result[tap] = _entry(reason=f"{own}{note} and no golden activation to match")
         elif tap in no_candidates and later is not None:
-            result[tap] = _entry(how="fused", fused_into=later,
-                                 reason=f"{own}{note} and no tensor of its shape between the previous tap and "
-                                        f"{later!r}: folded into {later!r}")
+            result[tap] = _entry(
+                how="fused",
+                fused_into=later,
+                reason=f"{own}{note} and no tensor of its shape between the previous tap and "
+                f"{later!r}: folded into {later!r}",
+            )
         elif tap in closest:
             tensor, error = closest[tap]
-            result[tap] = _entry(reason=f"{own}{note}; the closest tensor {tensor!r} is off by "
-                                        f"{error:.3g} (relative L2)")
+            result[tap] = _entry(
+                reason=f"{own}{note}; the closest tensor {tensor!r} is off by {error:.3g} (relative L2)"
+            )
         elif tap in no_candidates:
             result[tap] = _entry(reason=f"{own}{note} and no tensor of its shape {golden[tap].shape}")
         else:
@@ -366,12 +386,22 @@ def map_taps(model, spec, exporter: str, golden_taps: dict[str, np.ndarray], val
             base = result.get(source)
             if base is None or base["tensor"] is None:
                 how = base["how"] if base else "unmapped"
-                result[tap] = _entry(None, how, base["fused_into"] if base else None, None,
-                                     f"no node of its own (identity: golden equals {source!r}, which is {how})")
+                result[tap] = _entry(
+                    None,
+                    how,
+                    base["fused_into"] if base else None,
+                    None,
+                    f"no node of its own (identity: golden equals {source!r}, which is {how})",
+                )
             else:
-                result[tap] = _entry(base["tensor"], base["how"], None, base["layout"],
-                                     f"no node of its own: the identity at inference (golden equals {source!r}), "
-                                     f"so the same tensor as {source!r}")
+                result[tap] = _entry(
+                    base["tensor"],
+                    base["how"],
+                    None,
+                    base["layout"],
+                    f"no node of its own: the identity at inference (golden equals {source!r}), "
+                    f"so the same tensor as {source!r}",
+                )
             result[tap]["identity_of"] = source
     # 6. layouts of metadata/name-mapped tensors (values only settle NCHW/NHWC ties)
     undecided = []
@@ -391,9 +421,17 @@ def map_taps(model, spec, exporter: str, golden_taps: dict[str, np.ndarray], val
     for tap in undecided:  # a tie without values: the nearest decided 4-D tap's layout, else the input's
         index = taps.index(tap)
         order = sorted(range(len(taps)), key=lambda j: (abs(j - index), j > index))
-        near = next((result[taps[j]]["layout"] for j in order
-                     if taps[j] not in undecided and result[taps[j]]["layout"] in ("nchw", "nhwc")
-                     and taps[j] in golden and golden[taps[j]].ndim == 4), None)
+        near = next(
+            (
+                result[taps[j]]["layout"]
+                for j in order
+                if taps[j] not in undecided
+                and result[taps[j]]["layout"] in ("nchw", "nhwc")
+                and taps[j] in golden
+                and golden[taps[j]].ndim == 4
+            ),
+            None,
+        )
         result[tap]["layout"] = near or (input_layout if input_layout in ("nchw", "nhwc") else canonical)
         result[tap]["reason"] = "layout tie (NCHW and NHWC shapes agree) settled by the neighbouring taps"
     for tap in taps:
@@ -439,14 +477,19 @@ def _value_segment(graph, segment, lower, upper, golden, values, canonical, resu
         if choice is not None:
             tensor, layout, cost = choice
             count = len({c[1] for c in candidates[tap]})
-            result[tap] = _entry(tensor, "value", None, layout, f"closest of {count} tensor(s) of its shape in "
-                                                                f"network order (relative L2 error {cost:.3g})")
+            result[tap] = _entry(
+                tensor,
+                "value",
+                None,
+                layout,
+                f"closest of {count} tensor(s) of its shape in network order (relative L2 error {cost:.3g})",
+            )
             continue
         if tap not in golden:
             continue
         # left out: what lies between its mapped neighbours decides fused / unmapped, and the reason
         low = max((placed[t] for t in segment[:index] if t in placed), default=lower)
-        high = min((placed[t] for t in segment[index + 1:] if t in placed), default=upper)
+        high = min((placed[t] for t in segment[index + 1 :] if t in placed), default=upper)
         if not any(low < p < high for p in shaped[tap]):
             no_candidates.add(tap)
         local = [c for c in candidates.get(tap, ()) if low < c[0] < high]

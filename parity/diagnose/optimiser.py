@@ -22,10 +22,29 @@ from parity.check.closeness import compare_named, times
 LEVELS = ("ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_ALL")
 # rewrites that change arithmetic, tried one at a time when no fused node's name records the rewrite (a fusion
 # that only edits a node's weights, like ConvMulFusion, keeps the node's name)
-KNOWN = ("ConvMulFusion", "ConvAddFusion", "ConvBNFusion", "MatMulScaleFusion", "MatMulAddFusion", "DivMulFusion",
-         "GemmActivationFusion", "ConvActivationFusion", "LayerNormFusion", "SimplifiedLayerNormFusion", "GeluFusion",
-         "BiasGeluFusion", "FastGeluFusion", "QuickGeluFusion", "BiasSoftmaxFusion", "AttentionFusion",
-         "SkipLayerNormFusion", "MatmulTransposeFusion", "NoopElimination", "ConstantFolding", "NchwcTransformer")
+KNOWN = (
+    "ConvMulFusion",
+    "ConvAddFusion",
+    "ConvBNFusion",
+    "MatMulScaleFusion",
+    "MatMulAddFusion",
+    "DivMulFusion",
+    "GemmActivationFusion",
+    "ConvActivationFusion",
+    "LayerNormFusion",
+    "SimplifiedLayerNormFusion",
+    "GeluFusion",
+    "BiasGeluFusion",
+    "FastGeluFusion",
+    "QuickGeluFusion",
+    "BiasSoftmaxFusion",
+    "AttentionFusion",
+    "SkipLayerNormFusion",
+    "MatmulTransposeFusion",
+    "NoopElimination",
+    "ConstantFolding",
+    "NchwcTransformer",
+)
 _FUSION = re.compile(r"/([A-Z][A-Za-z0-9]*(?:Fusion|Elimination|Transformer|Folding|Rewriter))/")
 
 
@@ -56,8 +75,15 @@ def _nodes(path: str) -> list[tuple[str, str, tuple]]:
     return [(n.name, n.op_type, tuple(n.input)) for n in onnx.load(path, load_external_data=False).graph.node]
 
 
-def optimiser_effect(model, feed: dict, output_names: list[str], expected: dict, tolerance_for,
-                     threads: int = 1, plain: dict | None = None) -> dict | None:
+def optimiser_effect(
+    model,
+    feed: dict,
+    output_names: list[str],
+    expected: dict,
+    tolerance_for,
+    threads: int = 1,
+    plain: dict | None = None,
+) -> dict | None:
     """Whether the failure of ``model``'s outputs (``output_names`` in order, compared with ``expected`` keyed the
     same way) depends on ONNX Runtime's optimisation level. None when it does not: the outputs fail with every
     optimisation off too, or pass at every level.
@@ -96,23 +122,36 @@ def optimiser_effect(model, feed: dict, output_names: list[str], expected: dict,
             tried.append({"name": name, "passes": ok, "tol_units": worst})
     fixing = [t["name"] for t in tried if t["passes"]]
     if fixing:
-        fix = (f"disable the {fixing[0]} optimisation: InferenceSession(..., disabled_optimizers=['{fixing[0]}']) "
-               f"passes (tested)")
+        fix = (
+            f"disable the {fixing[0]} optimisation: InferenceSession(..., disabled_optimizers=['{fixing[0]}']) "
+            f"passes (tested)"
+        )
     else:
         fix = f"SessionOptions.graph_optimization_level = {passes} passes (tested)"
-    return {"appears_at": appears, "passes_at": passes, "levels": {k: v[1] for k, v in levels.items()},
-            "rewritten": {"removed": removed, "added": added}, "optimisations": tried, "fix": fix}
+    return {
+        "appears_at": appears,
+        "passes_at": passes,
+        "levels": {k: v[1] for k, v in levels.items()},
+        "rewritten": {"removed": removed, "added": added},
+        "optimisations": tried,
+        "fix": fix,
+    }
 
 
 def describe(effect: dict) -> str:
     """One sentence: where the optimiser changes the result, which nodes it rewrote, and the tested fix."""
     removed = ", ".join(f"{name} ({op})" for name, op in effect["rewritten"]["removed"]) or "no node"
     added = ", ".join(f"{name} ({op})" for name, op in effect["rewritten"]["added"]) or "nothing"
-    added += " (the same names, new inputs: rewritten weights)" if set(effect["rewritten"]["added"]) & set(
-        effect["rewritten"]["removed"]) else ""
+    added += (
+        " (the same names, new inputs: rewritten weights)"
+        if set(effect["rewritten"]["added"]) & set(effect["rewritten"]["removed"])
+        else ""
+    )
     culprits = [t["name"] for t in effect["optimisations"] if t["passes"]]
     by = f" by {', '.join(culprits)}" if culprits else ""
-    return (f"ONNX Runtime's graph optimiser changes the result: the path passes at {effect['passes_at']} "
-            f"({times(effect['levels'][effect['passes_at']])}) and fails from {effect['appears_at']} "
-            f"({times(effect['levels'][effect['appears_at']])}), where {removed} are rewritten{by} into {added}; "
-            f"fix: {effect['fix']}")
+    return (
+        f"ONNX Runtime's graph optimiser changes the result: the path passes at {effect['passes_at']} "
+        f"({times(effect['levels'][effect['passes_at']])}) and fails from {effect['appears_at']} "
+        f"({times(effect['levels'][effect['appears_at']])}), where {removed} are rewritten{by} into {added}; "
+        f"fix: {effect['fix']}"
+    )

@@ -25,8 +25,11 @@ def permutation(observed: np.ndarray, golden: np.ndarray, tol) -> dict:
     if observed.ndim != 2 or observed.shape != golden.shape:
         return {"name": "permutation", "holds": False, "detail": "not applicable (needs a 2-D output)"}
     if observed.shape[0] < MIN_ROWS:
-        return {"name": "permutation", "holds": False,
-                "detail": f"not tested on {observed.shape[0]} sample(s): a column map fits almost any"}
+        return {
+            "name": "permutation",
+            "holds": False,
+            "detail": f"not tested on {observed.shape[0]} sample(s): a column map fits almost any",
+        }
     # for each observed column, the golden column closest to it (one column at a time: memory stays O(N x C))
     mapping = np.array([np.abs(golden - observed[:, [j]]).max(axis=0).argmin() for j in range(observed.shape[1])])
     if len(set(mapping.tolist())) != len(mapping) or np.array_equal(mapping, np.arange(len(mapping))):
@@ -46,9 +49,13 @@ def scale(observed: np.ndarray, golden: np.ndarray, tol) -> dict:
     a = float(np.dot(g, o)) / denominator
     holds, units = _holds(a * golden, observed, tol)
     holds = holds and not np.isclose(a, 1.0, rtol=1e-6, atol=0)
-    return {"name": "scale", "holds": holds,
-            "detail": f"observed = {a:.6g} x golden ({units:.3g}x tolerance after scaling)" if holds else
-            f"best constant scale {a:.6g} leaves {units:.3g}x the tolerance"}
+    return {
+        "name": "scale",
+        "holds": holds,
+        "detail": f"observed = {a:.6g} x golden ({units:.3g}x tolerance after scaling)"
+        if holds
+        else f"best constant scale {a:.6g} leaves {units:.3g}x the tolerance",
+    }
 
 
 def offset(observed: np.ndarray, golden: np.ndarray, tol) -> dict:
@@ -62,9 +69,16 @@ def offset(observed: np.ndarray, golden: np.ndarray, tol) -> dict:
             continue
         holds, units = _holds(golden + b, observed, tol)
         if holds:
-            shown = f"{float(b):.4g}" if np.ndim(b) == 0 else np.array2string(np.asarray(b), precision=3, max_line_width=120)
-            return {"name": "offset", "holds": True,
-                    "detail": f"observed = golden + {shown} ({per}; {units:.3g}x tolerance after the shift)"}
+            shown = (
+                f"{float(b):.4g}"
+                if np.ndim(b) == 0
+                else np.array2string(np.asarray(b), precision=3, max_line_width=120)
+            )
+            return {
+                "name": "offset",
+                "holds": True,
+                "detail": f"observed = golden + {shown} ({per}; {units:.3g}x tolerance after the shift)",
+            }
     return {"name": "offset", "holds": False, "detail": "no constant offset fits"}
 
 
@@ -83,8 +97,11 @@ def shifted_grid(observed: np.ndarray, golden: np.ndarray, tol) -> dict:
             g = np.take(golden, range(size)[source], axis=axis)
             holds, units = _holds(g, o, tol)
             if holds:
-                return {"name": "shift", "holds": True,
-                        "detail": f"shifted by {step} along axis {axis} ({units:.3g}x tolerance on the overlap)"}
+                return {
+                    "name": "shift",
+                    "holds": True,
+                    "detail": f"shifted by {step} along axis {axis} ({units:.3g}x tolerance on the overlap)",
+                }
     return {"name": "shift", "holds": False, "detail": "no one-position grid shift fits"}
 
 

@@ -91,8 +91,13 @@ def subgraph(model, output: str, cuts: set[str], known: dict):
         value = np.asarray(known[name])
         return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(value.dtype), value.shape)
 
-    graph = helper.make_graph(nodes, "reduced", [info(name) for name in inputs], [info(output)],
-                              initializer=[initializers[name] for name in read if name in initializers])
+    graph = helper.make_graph(
+        nodes,
+        "reduced",
+        [info(name) for name in inputs],
+        [info(output)],
+        initializer=[initializers[name] for name in read if name in initializers],
+    )
     reduced = helper.make_model(graph, opset_imports=list(model.opset_import))
     reduced.ir_version = model.ir_version
     used = {(node.domain, node.op_type) for node in nodes}
@@ -186,21 +191,35 @@ def reduce(model, feed: dict, failing: str, known: dict, tolerance, threads: int
     try:
         whole = search.run(model, feed, outputs)
     except Exception as error:  # noqa: BLE001 - a graph the failing runtime cannot run is not a wrong answer
-        return _stop(result, search, started, f"{failing} cannot run the whole graph: {type(error).__name__}: "
-                                              f"{' '.join(str(error).split())[:200]}")
-    bad = [name for name in outputs if name in search.producers
-           and not search.compare(name, whole[name]).get("ok", False)]
+        return _stop(
+            result,
+            search,
+            started,
+            f"{failing} cannot run the whole graph: {type(error).__name__}: {' '.join(str(error).split())[:200]}",
+        )
+    bad = [
+        name for name in outputs if name in search.producers and not search.compare(name, whole[name]).get("ok", False)
+    ]
     if not bad:
-        return _stop(result, search, started, f"the whole graph does not fail on {failing}: every output is within "
-                                              f"tolerance of the known values")
+        return _stop(
+            result,
+            search,
+            started,
+            f"the whole graph does not fail on {failing}: every output is within tolerance of the known values",
+        )
     result.reproduced += 1
     target = min(bad, key=lambda name: search.producers.get(name, -1))
     # 1. the output side: the earliest known tensor upstream of the failing output whose subgraph fails
     upstream = {name for i in search.nodes(target, set()) for name in model.graph.node[i].output}
     order = sorted((t for t in known if t in upstream and t in search.producers), key=search.producers.__getitem__)
     if search.fails(target, set()) is None:
-        return _stop(result, search, started, f"the failure stopped reproducing: output {target!r} fails when the "
-                                              f"whole graph runs but not when only its own nodes run")
+        return _stop(
+            result,
+            search,
+            started,
+            f"the failure stopped reproducing: output {target!r} fails when the "
+            f"whole graph runs but not when only its own nodes run",
+        )
     low, high = 0, order.index(target)
     while low < high:
         middle = (low + high) // 2
@@ -210,8 +229,10 @@ def reduce(model, feed: dict, failing: str, known: dict, tolerance, threads: int
             low = middle + 1
     output = order[high]
     needed = search.nodes(output, set())
-    result.steps.append(f"output side: {output!r}, the earliest of {len(order)} known tensors upstream of {target!r} "
-                        f"that fails ({len(needed)} nodes)")
+    result.steps.append(
+        f"output side: {output!r}, the earliest of {len(order)} known tensors upstream of {target!r} "
+        f"that fails ({len(needed)} nodes)"
+    )
     # 2. the input side: the latest boundary that keeps the failure, bisected (the first boundary is no cut at all)
     bounds = _boundaries(model, needed, known)
     low, high = 0, len(bounds) - 1
@@ -222,8 +243,10 @@ def reduce(model, feed: dict, failing: str, known: dict, tolerance, threads: int
         else:
             high = middle - 1
     cuts = set(bounds[low])
-    result.steps.append(f"input side: {len(search.nodes(output, cuts))} node(s) from "
-                        f"{', '.join(sorted(cuts)) or 'the graph inputs'} ({len(bounds)} boundaries with known values)")
+    result.steps.append(
+        f"input side: {len(search.nodes(output, cuts))} node(s) from "
+        f"{', '.join(sorted(cuts)) or 'the graph inputs'} ({len(bounds)} boundaries with known values)"
+    )
     # 3. node removal: each remaining node cut away where the rest still fails, latest first
     removed = 0
     for index in reversed(search.nodes(output, cuts)):
@@ -248,8 +271,10 @@ def reduce(model, feed: dict, failing: str, known: dict, tolerance, threads: int
             stats = {"ok": True}
         if not stats.get("ok", False):
             result.reproduced += 1
-            result.steps.append(f"shape folding: {len(found[0].graph.node) - len(folded.graph.node)} node(s) "
-                                f"computing shapes of the fixed inputs folded into constants")
+            result.steps.append(
+                f"shape folding: {len(found[0].graph.node) - len(folded.graph.node)} node(s) "
+                f"computing shapes of the fixed inputs folded into constants"
+            )
             found = (folded, found[1], stats)
     result.model, result.inputs, result.stats = found
     result.output, result.expected = output, np.asarray(known[output])
@@ -279,7 +304,7 @@ def _fold_shapes(model, feed: dict):
         try:
             if node.op_type == "Shape" and node.input[0] in shapes:
                 attrs = {a.name: a.i for a in node.attribute}
-                value = [np.asarray(shapes[node.input[0]], np.int64)[attrs.get("start", 0):attrs.get("end")]]
+                value = [np.asarray(shapes[node.input[0]], np.int64)[attrs.get("start", 0) : attrs.get("end")]]
             elif node.input and all(i in constants for i in node.input if i) and node.domain in ("", "ai.onnx"):
                 value = ReferenceEvaluator(node).run(None, {i: constants[i] for i in node.input if i})
         except Exception:  # noqa: BLE001 - a node the evaluator cannot take stays as it is
@@ -296,8 +321,11 @@ def _fold_shapes(model, feed: dict):
     copy.CopyFrom(model)
     del copy.graph.node[:]
     copy.graph.node.extend(kept)
-    used = [numpy_helper.from_array(constants[name], name) for name in dict.fromkeys(
-        [*(i.name for i in model.graph.initializer), *folded]) if name in reads]
+    used = [
+        numpy_helper.from_array(constants[name], name)
+        for name in dict.fromkeys([*(i.name for i in model.graph.initializer), *folded])
+        if name in reads
+    ]
     del copy.graph.initializer[:]
     copy.graph.initializer.extend(used)
     try:
@@ -312,6 +340,8 @@ def summary(result: Reduced) -> str:
     if result.model is None:
         return f"no reduction: {result.reason}"
     ops = " -> ".join(node.op_type for node in result.model.graph.node)
-    return (f"{result.failing} fails on {result.output!r} by {times(result.stats.get('tol_units', float('inf')))}: "
-            f"{ops} ({result.nodes_before} nodes -> {result.nodes_after}, {result.checks} checks, "
-            f"{result.seconds:.2f} s)")
+    return (
+        f"{result.failing} fails on {result.output!r} by {times(result.stats.get('tol_units', float('inf')))}: "
+        f"{ops} ({result.nodes_before} nodes -> {result.nodes_after}, {result.checks} checks, "
+        f"{result.seconds:.2f} s)"
+    )

@@ -38,17 +38,29 @@ from parity.exporters.onnx_fp16 import FLOAT16_MAX
 
 MAX_RUNS = 60  # candidates (a conversion and a run each) one repair may judge
 DEFAULT_PATH = "onnx/ort"  # the runtime a repair is judged on when the caller names no path: ONNX Runtime, CPU
-TENSORRT_NOTE = ("for each layer named: layer.precision = trt.float32 and layer.set_output_type(i, trt.float32) for "
-                 "its outputs, with config.set_flag(trt.BuilderFlag.OBEY_PRECISION_CONSTRAINTS); TensorRT's ONNX "
-                 "parser names a layer after the ONNX node it comes from (unverified: TensorRT does not run here)")
+TENSORRT_NOTE = (
+    "for each layer named: layer.precision = trt.float32 and layer.set_output_type(i, trt.float32) for "
+    "its outputs, with config.set_flag(trt.BuilderFlag.OBEY_PRECISION_CONSTRAINTS); TensorRT's ONNX "
+    "parser names a layer after the ONNX node it comes from (unverified: TensorRT does not run here)"
+)
 
 
 class _Budget(Exception):
     """``max_runs`` runs were made."""
 
 
-def repair_path(fp32_model, feed: dict, expected: dict, tolerance_for, *, runtime: str = "ort", run=None,
-                rank_on: str | None = None, threads: int = 1, max_runs: int = MAX_RUNS) -> dict:
+def repair_path(
+    fp32_model,
+    feed: dict,
+    expected: dict,
+    tolerance_for,
+    *,
+    runtime: str = "ort",
+    run=None,
+    rank_on: str | None = None,
+    threads: int = 1,
+    max_runs: int = MAX_RUNS,
+) -> dict:
     """The repair of the float16 conversion of ``fp32_model`` (see the module docstring).
 
     ``feed``: graph input name -> array (the fixed input set); ``expected``: output name -> float64 golden;
@@ -75,31 +87,59 @@ def repair_path(fp32_model, feed: dict, expected: dict, tolerance_for, *, runtim
 
     base = search.passes([], budgeted=False)
     if base[0]:
-        return done(passes=True, node_block_list=[], reason=f"the float16 path passes as converted on {runtime}",
-                    before=_units(base), after=_units(base))
+        return done(
+            passes=True,
+            node_block_list=[],
+            reason=f"the float16 path passes as converted on {runtime}",
+            before=_units(base),
+            after=_units(base),
+        )
     converter, converted = None, base
     clipped = onnx_fp16.clipped_weights(fp32_model)
     if clipped:  # the converter clips weights beyond max_finite_val to it: float16's own limit first
         search.limit = FLOAT16_MAX
         converted = search.passes([], budgeted=False)
-        converter = {"clipped_weights": clipped, "option": f"max_finite_val={FLOAT16_MAX:g}", "passes": converted[0],
-                     "tol_units": converted[1]}
+        converter = {
+            "clipped_weights": clipped,
+            "option": f"max_finite_val={FLOAT16_MAX:g}",
+            "passes": converted[0],
+            "tol_units": converted[1],
+        }
         if converted[0]:
-            return done(passes=True, node_block_list=[], converter=converter, op_types={}, before=_units(base),
-                        after=_units(converted), minimal=True, minimal_checks={}, ranked_on=None,
-                        toolchain=_toolchain([], search.limit))
+            return done(
+                passes=True,
+                node_block_list=[],
+                converter=converter,
+                op_types={},
+                before=_units(base),
+                after=_units(converted),
+                minimal=True,
+                minimal_checks={},
+                ranked_on=None,
+                toolchain=_toolchain([], search.limit),
+            )
     twin = search.judge(fp32_model)
     if not twin[0]:
-        return done(passes=False, reason=f"the float32 twin fails too ({_times(twin[1])} the float16 tolerance): no "
-                                         f"node kept in float32 can make the float16 path pass", before=_units(base))
+        return done(
+            passes=False,
+            reason=f"the float32 twin fails too ({_times(twin[1])} the float16 tolerance): no "
+            f"node kept in float32 can make the float16 path pass",
+            before=_units(base),
+        )
     named = [node.name for node in fp32_model.graph.node if node.name]
     if not named:
-        return done(passes=False, reason="no node has a name, and onnxconverter-common's node_block_list names nodes",
-                    before=_units(base))
+        return done(
+            passes=False,
+            reason="no node has a name, and onnxconverter-common's node_block_list names nodes",
+            before=_units(base),
+        )
     every = search.passes(named, budgeted=False)
     if not every[0]:
-        return done(passes=False, before=_units(base), reason=f"even with every node kept in float32 the path fails "
-                                                              f"({_times(every[1])} the tolerance)")
+        return done(
+            passes=False,
+            before=_units(base),
+            reason=f"even with every node kept in float32 the path fails ({_times(every[1])} the tolerance)",
+        )
     ranked_on = rank_on or (runtime if runtime in RUNTIMES else "onnxref")
     try:
         order = rank_nodes(fp32_model, onnx_fp16.convert(fp32_model, (), search.limit), feed, ranked_on, threads)
@@ -109,9 +149,18 @@ def repair_path(fp32_model, feed: dict, expected: dict, tolerance_for, *, runtim
     block, minimal, checks = search.smallest(order)
     after = search.passes(block)
     alone = search.judge(onnx_fp16.convert(fp32_model, block, search.limit, strict=False))
-    return done(passes=True, node_block_list=block, op_types=dict(Counter(search.op_of[n] for n in block)),
-                before=_units(base), after=_units(after), minimal=minimal, minimal_checks=checks,
-                ranked_on=ranked_on, converter=converter, toolchain=_toolchain(block, search.limit, alone))
+    return done(
+        passes=True,
+        node_block_list=block,
+        op_types=dict(Counter(search.op_of[n] for n in block)),
+        before=_units(base),
+        after=_units(after),
+        minimal=minimal,
+        minimal_checks=checks,
+        ranked_on=ranked_on,
+        converter=converter,
+        toolchain=_toolchain(block, search.limit, alone),
+    )
 
 
 class _Search:
@@ -166,7 +215,7 @@ class _Search:
             while chunk >= 1:  # drop halves, quarters, ... single nodes while the path still passes
                 at = 0
                 while at < len(block):
-                    trial = block[:at] + block[at + chunk:]
+                    trial = block[:at] + block[at + chunk :]
                     if trial and self.passes(trial)[0]:
                         block = trial
                     else:
@@ -244,15 +293,26 @@ def _toolchain(block: list[str], limit: float | None, alone=None) -> dict:
     if alone is not None:
         result["converter_alone"] = {"passes": alone[0], "tol_units": alone[1]}
         if not alone[0]:
-            result["onnxconverter_common"] = (f"{call}, then parity.exporters.onnx_fp16.keep_float32(converted, model, "
-                                              f"node_block_list) (the converter alone leaves float16 around the "
-                                              f"blocked nodes: {_times(alone[1])} the tolerance without it)")
+            result["onnxconverter_common"] = (
+                f"{call}, then parity.exporters.onnx_fp16.keep_float32(converted, model, "
+                f"node_block_list) (the converter alone leaves float16 around the "
+                f"blocked nodes: {_times(alone[1])} the tolerance without it)"
+            )
     return result
 
 
-def repair_for_diagnosis(workspace: str, model: str, golden_dir: str, precision: str, threads: int, artifact_dir: str,
-                         artifact_meta: dict, path_id: str | None = None, device: str = "cpu",
-                         max_runs: int = MAX_RUNS) -> dict:
+def repair_for_diagnosis(
+    workspace: str,
+    model: str,
+    golden_dir: str,
+    precision: str,
+    threads: int,
+    artifact_dir: str,
+    artifact_meta: dict,
+    path_id: str | None = None,
+    device: str = "cpu",
+    max_runs: int = MAX_RUNS,
+) -> dict:
     """The worker task whose dict a diagnosis carries under ``"repair"``: the repair of the ``precision`` path
     ``path_id`` on ``device`` (its runner judges every candidate; default ONNX Runtime on the CPU) from its float32
     parent export (``artifact_dir`` / ``artifact_meta``), on the golden fixed input set and the spec's tolerances."""
@@ -270,13 +330,20 @@ def repair_for_diagnosis(workspace: str, model: str, golden_dir: str, precision:
     from parity.runtimes.onnx_common import onnx_feed
 
     if precision != "fp16":
-        why = ("no float32 -> bfloat16 ONNX conversion runs here (bf16 ONNX paths run on TensorRT only)"
-               if precision == "bf16" else f"a {precision} path has no float16 conversion to repair")
+        why = (
+            "no float32 -> bfloat16 ONNX conversion runs here (bf16 ONNX paths run on TensorRT only)"
+            if precision == "bf16"
+            else f"a {precision} path has no float16 conversion to repair"
+        )
         return {"passes": False, "reason": why, "runs": 0, "seconds": 0.0}
     path = paths.by_id(path_id or DEFAULT_PATH, device, precision)
     if not path.exports or path.exports[-1].name != "float16":
-        return {"passes": False, "reason": f"{path.id} at {precision} is not converted by onnxconverter-common",
-                "runs": 0, "seconds": 0.0}
+        return {
+            "passes": False,
+            "reason": f"{path.id} at {precision} is not converted by onnxconverter-common",
+            "runs": 0,
+            "seconds": 0.0,
+        }
     spec = Workspace(workspace).load_spec(model)
     verified = golden.load(Path(golden_dir), spec)
     x = feeds.from_arrays(spec, verified.arrays["inputs.npz"])
@@ -292,10 +359,17 @@ def repair_for_diagnosis(workspace: str, model: str, golden_dir: str, precision:
             return build_runner(spec, path, {}, spec.batch_size, threads, scratch, meta).run(x)
 
         on_cpu = path.device == "cpu"
-        result = repair_path(fp32, feed, {name: reference[name] for name in spec.outputs}, tolerances.for_name,
-                             runtime=path.runtime.name if on_cpu else f"{path.runtime.name} on {path.device}", run=run,
-                             rank_on=path.runtime.name if on_cpu and path.runtime.name in RUNTIMES else "onnxref",
-                             threads=threads, max_runs=max_runs)
+        result = repair_path(
+            fp32,
+            feed,
+            {name: reference[name] for name in spec.outputs},
+            tolerances.for_name,
+            runtime=path.runtime.name if on_cpu else f"{path.runtime.name} on {path.device}",
+            run=run,
+            rank_on=path.runtime.name if on_cpu and path.runtime.name in RUNTIMES else "onnxref",
+            threads=threads,
+            max_runs=max_runs,
+        )
     return {**result, "path": path.id if path_id else None}
 
 
@@ -308,19 +382,28 @@ def render_repair(repair: dict) -> list[str]:
         lines.append(f"  precision repair: not needed: {repair['reason']}")
     converter = repair.get("converter")
     if converter:
-        lines.append(f"  precision repair: onnxconverter-common clipped {converter['clipped_weights']} weight(s) "
-                     f"beyond its max_finite_val (1e4) to it; with {converter['option']} the path "
-                     f"{'passes' if converter['passes'] else 'still fails'} ({_times(converter['tol_units'])} the "
-                     f"tolerance, tested)")
+        lines.append(
+            f"  precision repair: onnxconverter-common clipped {converter['clipped_weights']} weight(s) "
+            f"beyond its max_finite_val (1e4) to it; with {converter['option']} the path "
+            f"{'passes' if converter['passes'] else 'still fails'} ({_times(converter['tol_units'])} the "
+            f"tolerance, tested)"
+        )
     block = repair.get("node_block_list") or []
     if block:
         ops = ", ".join(f"{op} x{count}" for op, count in sorted(repair["op_types"].items()))
-        proof = ("minimal: with any one of them converted back it fails" if repair["minimal"]
-                 else "not proven minimal: the run budget ran out")
-        lines.append(f"  precision repair: keep {len(block)} node(s) in float32 ({ops}): {', '.join(block)}; the path "
-                     f"then passes on {repair['runtime']} ({_times(repair['before']['tol_units'])} -> "
-                     f"{_times(repair['after']['tol_units'])} the tolerance; {proof}; {repair['runs']} runs, "
-                     f"{repair['seconds']:.1f} s)")
-        lines.append(f"  precision repair, as the toolchain takes it: {repair['toolchain']['onnxconverter_common']}; "
-                     f"TensorRT: layers {', '.join(block)} in float32 with OBEY_PRECISION_CONSTRAINTS (unverified)")
+        proof = (
+            "minimal: with any one of them converted back it fails"
+            if repair["minimal"]
+            else "not proven minimal: the run budget ran out"
+        )
+        lines.append(
+            f"  precision repair: keep {len(block)} node(s) in float32 ({ops}): {', '.join(block)}; the path "
+            f"then passes on {repair['runtime']} ({_times(repair['before']['tol_units'])} -> "
+            f"{_times(repair['after']['tol_units'])} the tolerance; {proof}; {repair['runs']} runs, "
+            f"{repair['seconds']:.1f} s)"
+        )
+        lines.append(
+            f"  precision repair, as the toolchain takes it: {repair['toolchain']['onnxconverter_common']}; "
+            f"TensorRT: layers {', '.join(block)} in float32 with OBEY_PRECISION_CONSTRAINTS (unverified)"
+        )
     return lines

@@ -99,8 +99,11 @@ def _golden_known(spec, model, diagnosis, reference, meta, feed, extra: dict | N
     shapes = _Graph(model).shapes
     known = dict(feed)
     known.update({tensor: reference[name] for name, tensor in zip(spec.outputs, meta["output_names"])})
-    found = {row.get("tensor"): reference.get(f"tap/{row['tap']}") for row in diagnosis.get("taps") or []
-             if row.get("found") not in ("fused", "unmapped", "unobservable")}
+    found = {
+        row.get("tensor"): reference.get(f"tap/{row['tap']}")
+        for row in diagnosis.get("taps") or []
+        if row.get("found") not in ("fused", "unmapped", "unobservable")
+    }
     for tensor, value in {**found, **(extra or {})}.items():
         if not tensor or value is None:
             continue
@@ -120,10 +123,16 @@ def _as_graph_types(model, known: dict) -> dict:
     from onnx import helper
 
     inferred = onnx.shape_inference.infer_shapes(model)
-    types = {v.name: v.type.tensor_type.elem_type for v in (*inferred.graph.input, *inferred.graph.value_info,
-                                                            *inferred.graph.output)}
-    return {name: np.asarray(value).astype(helper.tensor_dtype_to_np_dtype(types[name]))
-            if types.get(name) else np.asarray(value) for name, value in known.items()}
+    types = {
+        v.name: v.type.tensor_type.elem_type
+        for v in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output)
+    }
+    return {
+        name: np.asarray(value).astype(helper.tensor_dtype_to_np_dtype(types[name]))
+        if types.get(name)
+        else np.asarray(value)
+        for name, value in known.items()
+    }
 
 
 def _evaluated(trusted: str, graph, feed: dict, threads: int) -> tuple[str, dict]:
@@ -140,9 +149,21 @@ def _evaluated(trusted: str, graph, feed: dict, threads: int) -> tuple[str, dict
         return "ort-noopt", onnx_graph.run_tensors("ort-noopt", graph, feed, names, threads)
 
 
-def write(workspace: str, model: str, path_id: str, golden_dir: str, precision: str, threads: int, artifact_dir: str,
-          artifact_meta: dict, diagnosis: dict, out_dir: str, environment: dict, command: str,
-          leaf_known: dict | None = None) -> dict:
+def write(
+    workspace: str,
+    model: str,
+    path_id: str,
+    golden_dir: str,
+    precision: str,
+    threads: int,
+    artifact_dir: str,
+    artifact_meta: dict,
+    diagnosis: dict,
+    out_dir: str,
+    environment: dict,
+    command: str,
+    leaf_known: dict | None = None,
+) -> dict:
     """Worker task: reduce the path's graph and write the folder; ``{"written", "ops", "output", "stats", the
     reduction's numbers, "trusted", "runtime", "reason"}``. ``leaf_known``: the reference's values at the tensors
     that bound the leaf layer the diagnosis found (its input and output), so a converter fault is cut there."""
@@ -165,31 +186,63 @@ def write(workspace: str, model: str, path_id: str, golden_dir: str, precision: 
     trusted = trusted_for(diagnosis, runtime)
     if trusted == "source":
         reference = verified.arrays["reference.npz"]
-        known = _as_graph_types(graph, _golden_known(spec, graph, diagnosis, reference, artifact_meta, feed,
-                                                     leaf_known))
+        known = _as_graph_types(
+            graph, _golden_known(spec, graph, diagnosis, reference, artifact_meta, feed, leaf_known)
+        )
     else:
         assert trusted is not None  # the job asks only where the diagnosis names the evaluator that is right
         trusted, known = _evaluated(trusted, graph, feed, threads)
     tolerances = spec.output_tolerances(precision)
-    names = {**{r["tensor"]: r["tap"] for r in diagnosis.get("taps") or [] if r.get("tensor")},
-             **dict(zip(artifact_meta["output_names"], spec.outputs))}
+    names = {
+        **{r["tensor"]: r["tap"] for r in diagnosis.get("taps") or [] if r.get("tensor")},
+        **dict(zip(artifact_meta["output_names"], spec.outputs)),
+    }
 
     def tolerance_for(tensor):
         return tolerances.for_name(names.get(tensor, ""))
 
     reduced = reduce(graph, feed, runtime, known, tolerance_for, threads)
-    numbers = {"nodes_before": reduced.nodes_before, "nodes_after": reduced.nodes_after, "checks": reduced.checks,
-               "reproduced": reduced.reproduced, "seconds": reduced.seconds, "trusted": trusted, "runtime": runtime}
+    numbers = {
+        "nodes_before": reduced.nodes_before,
+        "nodes_after": reduced.nodes_after,
+        "checks": reduced.checks,
+        "reproduced": reduced.reproduced,
+        "seconds": reduced.seconds,
+        "trusted": trusted,
+        "runtime": runtime,
+    }
     if reduced.model is None:
         return {"written": False, "reason": reduced.reason, **numbers}
-    write_report(Path(out_dir), reduced, tolerance_for(reduced.output), threads, diagnosis=diagnosis,
-                 environment=environment, command=command, trusted=trusted)
-    return {"written": True, "ops": [node.op_type for node in reduced.model.graph.node], "output": reduced.output,
-            "stats": {k: v for k, v in reduced.stats.items() if isinstance(v, (int, float, str))}, **numbers}
+    write_report(
+        Path(out_dir),
+        reduced,
+        tolerance_for(reduced.output),
+        threads,
+        diagnosis=diagnosis,
+        environment=environment,
+        command=command,
+        trusted=trusted,
+    )
+    return {
+        "written": True,
+        "ops": [node.op_type for node in reduced.model.graph.node],
+        "output": reduced.output,
+        "stats": {k: v for k, v in reduced.stats.items() if isinstance(v, (int, float, str))},
+        **numbers,
+    }
 
 
-def write_report(out: Path, reduced, tolerance, threads: int = 1, *, diagnosis: dict | None = None,
-                 environment: dict | None = None, command: str | None = None, trusted: str | None = None) -> Path:
+def write_report(
+    out: Path,
+    reduced,
+    tolerance,
+    threads: int = 1,
+    *,
+    diagnosis: dict | None = None,
+    environment: dict | None = None,
+    command: str | None = None,
+    trusted: str | None = None,
+) -> Path:
     """Write the bug-report folder of ``reduced`` (a ``Reduced`` with a model) at ``out``, replacing what is there:
     everything goes into a scratch folder beside it, which is then exchanged with ``out`` at once (a symlink at
     ``out`` is followed: the folder it leads to is replaced, the link stays)."""
@@ -205,8 +258,9 @@ def write_report(out: Path, reduced, tolerance, threads: int = 1, *, diagnosis: 
         script = SCRIPT.replace("@RUNTIME@", reduced.failing).replace("@THREADS@", str(threads))
         script = script.replace("@ATOL@", repr(float(tolerance.atol))).replace("@RTOL@", repr(float(tolerance.rtol)))
         (scratch / "repro.py").write_text(script)
-        readme = _readme(reduced, diagnosis or {}, environment or current(threads), command, trusted, tolerance,
-                         threads)
+        readme = _readme(
+            reduced, diagnosis or {}, environment or current(threads), command, trusted, tolerance, threads
+        )
         (scratch / "README.md").write_text(readme)
         safefs.replace_dir(scratch, out)
     finally:
@@ -244,31 +298,49 @@ def _readme(reduced, diagnosis, environment, command, trusted, tol, threads) -> 
     level = {"ort": "ORT_ENABLE_ALL", "ort-noopt": "ORT_DISABLE_ALL"}.get(reduced.failing)
     title = " ".join(str(p) for p in (diagnosis.get("model"), diagnosis.get("path")) if p) or "ONNX graph"
     lines = [
-        f"# {title}: {reduced.failing} departs from the known values", "",
-        "## Environment", "",
+        f"# {title}: {reduced.failing} departs from the known values",
+        "",
+        "## Environment",
+        "",
         *[f"- {name} {version}" for name, version in sorted(versions.items()) if version],
         f"- python {environment.get('python', '?')}; {environment.get('platform', '')}; {environment.get('cpu', '?')}",
         "",
-        "## What diverges", "",
-        (f"- {describe('tensor', reduced.output, reduced.stats)} (atol {tol.atol:g}, rtol {tol.rtol:g}), judged on "
-         f"the first axis's {samples} samples at once"),
-        f"- runtime: {reduced.failing}" + (f" (CPU, graph optimisation level {level}, {threads} intra-op thread(s))"
-                                           if level else " (onnx.reference.ReferenceEvaluator)"),
+        "## What diverges",
+        "",
+        (
+            f"- {describe('tensor', reduced.output, reduced.stats)} (atol {tol.atol:g}, rtol {tol.rtol:g}), judged on "
+            f"the first axis's {samples} samples at once"
+        ),
+        f"- runtime: {reduced.failing}"
+        + (
+            f" (CPU, graph optimisation level {level}, {threads} intra-op thread(s))"
+            if level
+            else " (onnx.reference.ReferenceEvaluator)"
+        ),
         f"- nodes: {' -> '.join(f'{n.op_type} {n.name}'.strip() for n in reduced.model.graph.node)}",
         f"- first divergent node: {_first_node(reduced, diagnosis)}",
         f"- first divergent tap of the diagnosis: {diagnosis.get('first_divergent_tap') or 'none'}",
         f"- tested cause: {cause.get('description') or 'none confirmed'}",
         *([f"- fix: {cause['fix']}"] if cause.get("fix") else []),
-        f"- link: {links.get('enters_at') or 'not diagnosed'}" + (f": {links['explanation']}"
-                                                                  if links.get("explanation") else ""),
-        (f"- right values from: {trusted or 'given'} ('source': the float64 golden of the model's source; "
-         f"'onnxref': onnx.reference; 'ort-noopt': ONNX Runtime with graph optimisations off)"), "",
-        "## Reduction", "",
-        (f"- {reduced.nodes_before} nodes -> {reduced.nodes_after}, {reduced.checks} candidate checks "
-         f"({reduced.reproduced} failed), {reduced.seconds:.2f} s"),
-        *[f"- {step}" for step in reduced.steps], "",
-        "## Reproduce", "",
-        "    python repro.py    # exits 1 while the bug is present, 0 once fixed", "",
+        f"- link: {links.get('enters_at') or 'not diagnosed'}"
+        + (f": {links['explanation']}" if links.get("explanation") else ""),
+        (
+            f"- right values from: {trusted or 'given'} ('source': the float64 golden of the model's source; "
+            f"'onnxref': onnx.reference; 'ort-noopt': ONNX Runtime with graph optimisations off)"
+        ),
+        "",
+        "## Reduction",
+        "",
+        (
+            f"- {reduced.nodes_before} nodes -> {reduced.nodes_after}, {reduced.checks} candidate checks "
+            f"({reduced.reproduced} failed), {reduced.seconds:.2f} s"
+        ),
+        *[f"- {step}" for step in reduced.steps],
+        "",
+        "## Reproduce",
+        "",
+        "    python repro.py    # exits 1 while the bug is present, 0 once fixed",
+        "",
         *([f"Made by `{command}`.", ""] if command else []),
     ]
     return "\n".join(lines)

@@ -47,8 +47,9 @@ class Tree:
         else:
             from parity.sources import native
 
-            self.reference_runner = native(framework)(self.spec, self.verified.arrays["weights.npz"],
-                                                      self.spec.batch_size, dtype, "cpu", "fp32")
+            self.reference_runner = native(framework)(
+                self.spec, self.verified.arrays["weights.npz"], self.spec.batch_size, dtype, "cpu", "fp32"
+            )
         self.path_side: Any = None  # the path's runner, or the ``GraphLevels`` of its exported graph
 
     def reference(self, scope: str, names: list[str] | None = None) -> dict:
@@ -56,17 +57,28 @@ class Tree:
         whether the run's outputs are the golden's, without which nothing it shows is trusted."""
         found = self.reader.level_of(self.reference_runner, self.x, scope, names)
         skipped = tuple(self.spec.tree_skip)
-        found["children"] = [c for c in found.get("children", []) if not any(
-            c["path"] == s or c["path"].startswith((f"{s}.", f"{s}/")) for s in skipped)]
+        found["children"] = [
+            c
+            for c in found.get("children", [])
+            if not any(c["path"] == s or c["path"].startswith((f"{s}.", f"{s}/")) for s in skipped)
+        ]
         golden_outputs = self.verified.arrays["reference.npz"]
-        stats = closeness.compare_named({n: found["outputs"][n] for n in self.spec.outputs if n in found["outputs"]},
-                                        {n: golden_outputs[n] for n in self.spec.outputs},
-                                        self.spec.output_tolerances("fp32").for_name)
+        stats = closeness.compare_named(
+            {n: found["outputs"][n] for n in self.spec.outputs if n in found["outputs"]},
+            {n: golden_outputs[n] for n in self.spec.outputs},
+            self.spec.output_tolerances("fp32").for_name,
+        )
         found["reproduces"] = len(stats) == len(self.spec.outputs) and all(s["ok"] for s in stats.values())
         return found
 
-    def on_path(self, path_id: str, device: str = "cpu", artifact_dir: str | None = None,
-                artifact_meta: dict | None = None, weight_perturbation: dict | None = None) -> None:
+    def on_path(
+        self,
+        path_id: str,
+        device: str = "cpu",
+        artifact_dir: str | None = None,
+        artifact_meta: dict | None = None,
+        weight_perturbation: dict | None = None,
+    ) -> None:
         """Build the path's side: a native runner (with the deliberate drift a check may add to its weights), or the
         exported graph."""
         from parity.run.tasks import perturbed
@@ -75,8 +87,9 @@ class Tree:
         path = paths.by_id(path_id, device, self.precision)
         if artifact_dir is None:
             weights = perturbed(self.verified.arrays["weights.npz"], weight_perturbation)
-            self.path_side = native(self.framework)(self.spec, weights, self.spec.batch_size, "float32", device,
-                                                    self.precision)
+            self.path_side = native(self.framework)(
+                self.spec, weights, self.spec.batch_size, "float32", device, self.precision
+            )
         else:
             from parity.diagnose.tree_graph import GraphLevels
 
@@ -88,23 +101,40 @@ class Tree:
         if hasattr(self.path_side, "level"):
             return self.path_side.level(names, calls, expected, expected_inputs)
         found = self.reader.level_of(self.path_side, self.x, scope, names)
-        return {"values": found["values"], "inputs": found["inputs"],
-                "located": {n: {"found": "native"} if n in found["values"] else
-                            {"found": "unmapped", "reason": "its first call returned no floating tensor"}
-                            for n in names}}
+        return {
+            "values": found["values"],
+            "inputs": found["inputs"],
+            "located": {
+                n: {"found": "native"}
+                if n in found["values"]
+                else {"found": "unmapped", "reason": "its first call returned no floating tensor"}
+                for n in names
+            },
+        }
 
 
-def descent(workspace: str, model: str, golden_dir: str, precision: str, threads: int, framework: str, path_id: str,
-            artifact_dir: str | None = None, artifact_meta: dict | None = None, device: str = "cpu",
-            weight_perturbation: dict | None = None) -> dict:
+def descent(
+    workspace: str,
+    model: str,
+    golden_dir: str,
+    precision: str,
+    threads: int,
+    framework: str,
+    path_id: str,
+    artifact_dir: str | None = None,
+    artifact_meta: dict | None = None,
+    device: str = "cpu",
+    weight_perturbation: dict | None = None,
+) -> dict:
     """Worker task: the whole descent of ``path_id`` (``parity.diagnose.walk.walk``), each side built once."""
     tree = Tree(workspace, model, golden_dir, framework, precision, threads)
     tree.on_path(path_id, device, artifact_dir, artifact_meta, weight_perturbation)
     return walk(tree, framework)
 
 
-def reference_at(workspace: str, model: str, golden_dir: str, precision: str, threads: int, framework: str,
-                 names: list[str]) -> dict:
+def reference_at(
+    workspace: str, model: str, golden_dir: str, precision: str, threads: int, framework: str, names: list[str]
+) -> dict:
     """Worker task: the reference's values and inputs at the module paths ``names``, and whether it reproduces the
     golden outputs."""
     found = Tree(workspace, model, golden_dir, framework, precision, threads).reference("", names)

@@ -92,15 +92,20 @@ def _level(levels: GraphLevels, names, calls, expected, expected_inputs) -> dict
             if by_value:
                 where["input_tensor"], nodes = by_value, _between(model, by_value, where["tensor"])
         if nodes is None:
-            where.update(found="unmapped", tensor=None,
-                         reason=f"called {calls[name]} times, and its nodes do not fall into as many groups")
+            where.update(
+                found="unmapped",
+                tensor=None,
+                reason=f"called {calls[name]} times, and its nodes do not fall into as many groups",
+            )
             nodes = []
         elif nodes and calls.get(name, 1) > 1:
-            where["tensor"] = onnx_taps._pick_boundary(graph, onnx_taps._boundary_outputs(graph, nodes),
-                                                       expected.get(name))
+            where["tensor"] = onnx_taps._pick_boundary(
+                graph, onnx_taps._boundary_outputs(graph, nodes), expected.get(name)
+            )
         where["nodes"] = [[graph.nodes[i].name, graph.nodes[i].op_type] for i in nodes]
-        where["input_tensor"] = where.get("input_tensor") or _input_tensor(model, graph, nodes,
-                                                                           expected_inputs.get(name))
+        where["input_tensor"] = where.get("input_tensor") or _input_tensor(
+            model, graph, nodes, expected_inputs.get(name)
+        )
         located[name] = where
     tensors = {n: w["tensor"] for n, w in located.items() if w.get("tensor") and w["found"] != "fused"}
     inputs = {n: w["input_tensor"] for n, w in located.items() if w.get("input_tensor")}
@@ -108,15 +113,17 @@ def _level(levels: GraphLevels, names, calls, expected, expected_inputs) -> dict
     values = run(wanted)
     instrumentation = None
     if not instrument.same_outputs(plain, values, tolerance_for):
-        seen = instrument.observe(run, plain, {**tensors, **{f"{n} input": t for n, t in inputs.items()}},
-                                  tolerance_for)
+        seen = instrument.observe(
+            run, plain, {**tensors, **{f"{n} input": t for n, t in inputs.items()}}, tolerance_for
+        )
         values = seen["values"]
         instrumentation = {"observable": seen["observable"], "disturbing": seen["disturbing"], "runs": seen["runs"]}
         for item in seen["disturbing"]:
             name = item["tap"].removesuffix(" input")
             if item["tap"] == name:
-                located[name].update(found="unobservable", reason=f"marking {item['tensor']!r} as a graph output "
-                                                                  f"changes the outputs")
+                located[name].update(
+                    found="unobservable", reason=f"marking {item['tensor']!r} as a graph output changes the outputs"
+                )
             else:
                 located[name]["input_tensor"] = None
     found, found_inputs = {}, {}
@@ -132,8 +139,9 @@ def _level(levels: GraphLevels, names, calls, expected, expected_inputs) -> dict
         if tensor in values and name in expected_inputs:
             layout = where["layout"] if values[tensor].ndim == expected_inputs[name].ndim == 4 else None
             try:
-                found_inputs[name] = onnx_taps.to_canonical(values[tensor], {"layout": layout, "tensor": tensor},
-                                                            expected_inputs[name].shape)
+                found_inputs[name] = onnx_taps.to_canonical(
+                    values[tensor], {"layout": layout, "tensor": tensor}, expected_inputs[name].shape
+                )
             except ValueError:
                 where["input_tensor"] = None
     for where in located.values():
@@ -216,8 +224,11 @@ def _input_tensor(model, graph, nodes: list[int], expected_input: np.ndarray | N
     graph_inputs = {i.name: i for i in model.graph.input}
     for tensor in onnx_graph.outside_inputs(model, [graph.nodes[i] for i in nodes]):
         info = graph_inputs.get(tensor)
-        shape = graph.shapes.get(tensor) if tensor in graph.position else (
-            onnx_graph._static_shape(info) if info is not None else None)
+        shape = (
+            graph.shapes.get(tensor)
+            if tensor in graph.position
+            else (onnx_graph._static_shape(info) if info is not None else None)
+        )
         if shape is not None and int(np.prod(shape)) == expected_input.size:
             return tensor
     return None

@@ -93,8 +93,11 @@ def _flax(runner, fed, scope: str, names) -> dict | None:
                 fed_array = _first_array(jax, (args, kwargs))
                 if fed_array is not None:
                     inputs[path] = fed_array
-                record["single"][path] = len(args) == 1 and isinstance(args[0], jax.Array) and all(
-                    v is None or isinstance(v, bool) for v in kwargs.values())
+                record["single"][path] = (
+                    len(args) == 1
+                    and isinstance(args[0], jax.Array)
+                    and all(v is None or isinstance(v, bool) for v in kwargs.values())
+                )
             active.append(path)
             try:
                 returned = next_fun(*args, **kwargs)
@@ -114,8 +117,11 @@ def _flax(runner, fed, scope: str, names) -> dict | None:
         def ours(value):  # a tracer of this jit's trace; one of a lifted transform's inner trace cannot leave it
             return trace is None or getattr(value, "_trace", trace) is trace
 
-        return (outputs, {p: values[p] for p in kept if p in values and ours(values[p])},
-                {p: inputs[p] for p in kept if p in inputs and ours(inputs[p])})
+        return (
+            outputs,
+            {p: values[p] for p in kept if p in values and ours(values[p])},
+            {p: inputs[p] for p in kept if p in inputs and ours(inputs[p])},
+        )
 
     outputs, values, inputs = jax.jit(traced)(runner.params, fed)
     if not any(record["order"]):
@@ -127,12 +133,24 @@ def _flax(runner, fed, scope: str, names) -> dict | None:
         module, single = record["modules"][path], record["single"][path]
         typed = flax_layer(module) if single else None
         leaf = not any(p.startswith(path + SEPARATOR) for p in record["calls"])
-        children.append({"path": path, "class": f"{type(module).__module__}.{type(module).__qualname__}",
-                         "calls": record["calls"][path], "leaf": leaf, "kind": typed[0] if typed else None,
-                         "attrs": typed[1] if typed else None, "single_input": single, "has_value": path in values})
-    return {"children": children, "values": {p: _host(v) for p, v in values.items()},
-            "inputs": {p: _host(v) for p, v in inputs.items()},
-            "outputs": {n: _host(v) for n, v in zip(spec.outputs, outputs)}}
+        children.append(
+            {
+                "path": path,
+                "class": f"{type(module).__module__}.{type(module).__qualname__}",
+                "calls": record["calls"][path],
+                "leaf": leaf,
+                "kind": typed[0] if typed else None,
+                "attrs": typed[1] if typed else None,
+                "single_input": single,
+                "has_value": path in values,
+            }
+        )
+    return {
+        "children": children,
+        "values": {p: _host(v) for p, v in values.items()},
+        "inputs": {p: _host(v) for p, v in inputs.items()},
+        "outputs": {n: _host(v) for n, v in zip(spec.outputs, outputs)},
+    }
 
 
 def _scope_of(eqn) -> tuple[str, ...]:
@@ -179,23 +197,48 @@ def _named_scopes(runner, fed, scope: str, names) -> dict:
             continue
         first = runs[path][0]
         inside = {v for i in first for v in jaxpr.eqns[i].outvars}
-        read_after = {v for eqn in jaxpr.eqns[first[-1] + 1:] for v in eqn.invars if isinstance(v, core.Var)}
+        read_after = {v for eqn in jaxpr.eqns[first[-1] + 1 :] for v in eqn.invars if isinstance(v, core.Var)}
         read_after.update(v for v in jaxpr.outvars if isinstance(v, core.Var))
-        boundary = [v for i in first for v in jaxpr.eqns[i].outvars
-                    if v in read_after and v in data and jax.numpy.issubdtype(v.aval.dtype, jax.numpy.floating)]
+        boundary = [
+            v
+            for i in first
+            for v in jaxpr.eqns[i].outvars
+            if v in read_after and v in data and jax.numpy.issubdtype(v.aval.dtype, jax.numpy.floating)
+        ]
         if boundary:
             wanted[path] = boundary[-1]
-        fed_var = next((v for i in first for v in jaxpr.eqns[i].invars
-                        if isinstance(v, core.Var) and v not in inside and v in data), None)
+        fed_var = next(
+            (
+                v
+                for i in first
+                for v in jaxpr.eqns[i].invars
+                if isinstance(v, core.Var) and v not in inside and v in data
+            ),
+            None,
+        )
         if fed_var is not None:
             inputs_of[path] = fed_var
     extra = [*wanted.values(), *inputs_of.values()]
     function = core.jaxpr_as_fun(core.ClosedJaxpr(jaxpr.replace(outvars=[*jaxpr.outvars, *extra]), closed.consts))
     returned = jax.jit(function)(*jax.tree_util.tree_leaves((runner.params, fed)))
-    outputs, found = returned[:len(jaxpr.outvars)], dict(zip(map(id, extra), returned[len(jaxpr.outvars):]))
-    children = [{"path": path, "class": "jax.named_scope", "calls": len(runs[path]),
-                 "leaf": not any(p.startswith(path + SEPARATOR) for p in runs), "kind": None, "attrs": None,
-                 "single_input": False, "has_value": path in wanted} for path in kept if path in runs]
-    return {"children": children, "values": {p: _host(found[id(v)]) for p, v in wanted.items()},
-            "inputs": {p: _host(found[id(v)]) for p, v in inputs_of.items()},
-            "outputs": {n: _host(v) for n, v in zip(spec.outputs, outputs)}}
+    outputs, found = returned[: len(jaxpr.outvars)], dict(zip(map(id, extra), returned[len(jaxpr.outvars) :]))
+    children = [
+        {
+            "path": path,
+            "class": "jax.named_scope",
+            "calls": len(runs[path]),
+            "leaf": not any(p.startswith(path + SEPARATOR) for p in runs),
+            "kind": None,
+            "attrs": None,
+            "single_input": False,
+            "has_value": path in wanted,
+        }
+        for path in kept
+        if path in runs
+    ]
+    return {
+        "children": children,
+        "values": {p: _host(found[id(v)]) for p, v in wanted.items()},
+        "inputs": {p: _host(found[id(v)]) for p, v in inputs_of.items()},
+        "outputs": {n: _host(v) for n, v in zip(spec.outputs, outputs)},
+    }

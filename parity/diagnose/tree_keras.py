@@ -24,8 +24,9 @@ _UNSET = object()
 
 def _children(keras, layer) -> list:
     """The layers ``layer`` holds, in the order it holds them (``InputLayer`` left out)."""
-    held = layer.layers if isinstance(layer, keras.Model) else layer._flatten_layers(include_self=False,
-                                                                                       recursive=False)
+    held = (
+        layer.layers if isinstance(layer, keras.Model) else layer._flatten_layers(include_self=False, recursive=False)
+    )
     return [child for child in held if not isinstance(child, keras.layers.InputLayer)]
 
 
@@ -69,16 +70,29 @@ def level_of(runner, x: dict, scope: str, names: list[str] | None = None) -> dic
     for name, layer in called:
         single = seen["single"].get(name, False)
         typed = keras_layer(layer) if single else None
-        children.append({"path": name, "class": f"{type(layer).__module__}.{type(layer).__qualname__}",
-                         "calls": seen["calls"][name], "leaf": not _children(keras, layer),
-                         "kind": typed[0] if typed else None, "attrs": typed[1] if typed else None,
-                         "single_input": single, "has_value": name in seen["values"], "params": _params(layer)})
+        children.append(
+            {
+                "path": name,
+                "class": f"{type(layer).__module__}.{type(layer).__qualname__}",
+                "calls": seen["calls"][name],
+                "leaf": not _children(keras, layer),
+                "kind": typed[0] if typed else None,
+                "attrs": typed[1] if typed else None,
+                "single_input": single,
+                "has_value": name in seen["values"],
+                "params": _params(layer),
+            }
+        )
 
     def host(values: dict) -> dict:
         return {name: layouts.from_layout(_widened(value), canonical, runner.layout) for name, value in values.items()}
 
-    return {"children": children, "values": host(seen["values"]), "inputs": host(seen["inputs"]),
-            "outputs": {name: _widened(value) for name, value in seen["outputs"].items()}}
+    return {
+        "children": children,
+        "values": host(seen["values"]),
+        "inputs": host(seen["inputs"]),
+        "outputs": {name: _widened(value) for name, value in seen["outputs"].items()},
+    }
 
 
 def _widened(value: np.ndarray) -> np.ndarray:
@@ -104,8 +118,11 @@ def _observe(runner, x: dict, candidates) -> dict:
                 fed = [t for t in tf.nest.flatten((args, kwargs)) if tf.is_tensor(t)]
                 if fed:
                     inputs[name] = fed[0]
-                single[name] = len(args) == 1 and tf.is_tensor(args[0]) and all(
-                    v is None or isinstance(v, bool) for v in kwargs.values())
+                single[name] = (
+                    len(args) == 1
+                    and tf.is_tensor(args[0])
+                    and all(v is None or isinstance(v, bool) for v in kwargs.values())
+                )
             returned = original(*args, **kwargs)
             if first:
                 out = [t for t in tf.nest.flatten(returned) if tf.is_tensor(t)]
@@ -140,6 +157,11 @@ def _observe(runner, x: dict, candidates) -> dict:
                 del layer.__dict__["call"]
             else:
                 layer.__dict__["call"] = before
-    return {"order": list(order), "calls": dict(calls), "single": dict(single),
-            "values": {n: t.numpy() for n, t in found.items()}, "inputs": {n: t.numpy() for n, t in read.items()},
-            "outputs": {n: t.numpy() for n, t in zip(runner.spec.outputs, returned)}}
+    return {
+        "order": list(order),
+        "calls": dict(calls),
+        "single": dict(single),
+        "values": {n: t.numpy() for n, t in found.items()},
+        "inputs": {n: t.numpy() for n, t in read.items()},
+        "outputs": {n: t.numpy() for n, t in zip(runner.spec.outputs, returned)},
+    }

@@ -29,7 +29,7 @@ def node_scopes(node, kind: str) -> list[str]:
         return onnx_taps.torch_module_paths(node)
     if kind == NAMES:
         parts = [p for p in node.name.strip("/").split("/")[:-1] if p]
-        return ["/".join(parts[:i + 1]) for i in range(len(parts))]
+        return ["/".join(parts[: i + 1]) for i in range(len(parts))]
     return []
 
 
@@ -53,7 +53,7 @@ def children(graph, kind: str, scope: str) -> list[tuple[str, list[int], bool]]:
         if scope:
             if scope not in scopes:
                 continue
-            scopes = scopes[scopes.index(scope) + 1:]
+            scopes = scopes[scopes.index(scope) + 1 :]
         if scopes:
             found.setdefault(scopes[0], []).append(index)
             if len(scopes) > 1:
@@ -86,8 +86,14 @@ def input_of(model, graph, nodes: list[int]) -> str | None:
     """The first float tensor ``nodes`` read from outside themselves that is not a weight (a graph input or another
     node's output)."""
     floats = {i.name for i in model.graph.input if i.type.tensor_type.elem_type in onnx_graph._float_types()}
-    return next((t for t in onnx_graph.outside_inputs(model, [graph.nodes[i] for i in nodes])
-                 if t in graph.position or t in floats), None)
+    return next(
+        (
+            t
+            for t in onnx_graph.outside_inputs(model, [graph.nodes[i] for i in nodes])
+            if t in graph.position or t in floats
+        ),
+        None,
+    )
 
 
 def locate(model, graph, names) -> tuple[dict, dict]:
@@ -99,10 +105,22 @@ def locate(model, graph, names) -> tuple[dict, dict]:
     for name in names:
         tensor = boundary(graph, kind, name, found[name]) if name in found else None
         how = "name" if kind == FLAT else kind
-        reason = None if tensor else (f"the file has no {'tensor' if kind == FLAT else 'scope'} {name!r}"
-                                      if name not in found else "its nodes feed nothing outside the scope")
-        mapped[name] = {"tensor": tensor, "how": how if tensor else "unmapped", "fused_into": None, "layout": None,
-                        "reason": reason}
+        reason = (
+            None
+            if tensor
+            else (
+                f"the file has no {'tensor' if kind == FLAT else 'scope'} {name!r}"
+                if name not in found
+                else "its nodes feed nothing outside the scope"
+            )
+        )
+        mapped[name] = {
+            "tensor": tensor,
+            "how": how if tensor else "unmapped",
+            "fused_into": None,
+            "layout": None,
+            "reason": reason,
+        }
     return mapped, found
 
 
@@ -124,10 +142,14 @@ class OnnxReference:
         self.model = onnx_source.load_checked(spec.onnx_model_path)
         computing = onnx_source.to_float64(self.model) if dtype == "float64" else self.model
         declared = {i.name: i.type for i in computing.graph.input}
-        feed = {i.name: values.as_low_precision(x[i.name], i.dtype) if i.dtype in values.LOW_PRECISION
-                else x[i.name] for i in spec.model_inputs}
-        self.feed = {name: onnx_source._cast(value, declared[name]) if name in declared else value
-                     for name, value in feed.items()}
+        feed = {
+            i.name: values.as_low_precision(x[i.name], i.dtype) if i.dtype in values.LOW_PRECISION else x[i.name]
+            for i in spec.model_inputs
+        }
+        self.feed = {
+            name: onnx_source._cast(value, declared[name]) if name in declared else value
+            for name, value in feed.items()
+        }
         self.graph = onnx_graph._Graph(onnx_graph.pinned(self.model, feed))
         self.kind = scope_kind(self.graph)
         self.evaluator = ReferenceEvaluator(computing, new_ops=onnx_source._deprecated_ops())
@@ -164,9 +186,17 @@ def level_of(runner: OnnxReference, x: dict, scope: str, names: list[str] | None
             found_inputs[path] = np.asarray(read, np.float64)
         node = graph.nodes[nodes[0]]
         read_from_outside = {t for t in node.input if t and (t in graph.position or t in runner.feed)}
-        found_children.append({"path": path, "class": node.op_type if kind == FLAT else "scope", "calls": 1,
-                               "leaf": leaf, "kind": None, "attrs": None,
-                               "single_input": kind == FLAT and len(read_from_outside) == 1, "has_value": has_value})
+        found_children.append(
+            {
+                "path": path,
+                "class": node.op_type if kind == FLAT else "scope",
+                "calls": 1,
+                "leaf": leaf,
+                "kind": None,
+                "attrs": None,
+                "single_input": kind == FLAT and len(read_from_outside) == 1,
+                "has_value": has_value,
+            }
+        )
     outputs = {name: np.asarray(results[name]) for name in runner.spec.outputs if name in results}
-    return {"children": found_children, "values": found_values, "inputs": found_inputs, "outputs": outputs,
-            "masks": {}}
+    return {"children": found_children, "values": found_values, "inputs": found_inputs, "outputs": outputs, "masks": {}}

@@ -85,14 +85,26 @@ def level(module, forward, scope: str, names: list[str] | None = None) -> dict:
         masked = seen["masked"].get(name)
         if typed and masked and not single:
             typed = (typed[0], {**typed[1], **masked[0]})
-        children.append({"path": name, "class": f"{type(child).__module__}.{type(child).__qualname__}",
-                         "calls": seen["calls"][name], "leaf": not list(child.children()),
-                         "kind": typed[0] if typed and (single or masked) else None,
-                         "attrs": typed[1] if typed and (single or masked) else None, "single_input": single,
-                         "has_value": name in seen["values"]})
+        children.append(
+            {
+                "path": name,
+                "class": f"{type(child).__module__}.{type(child).__qualname__}",
+                "calls": seen["calls"][name],
+                "leaf": not list(child.children()),
+                "kind": typed[0] if typed and (single or masked) else None,
+                "attrs": typed[1] if typed and (single or masked) else None,
+                "single_input": single,
+                "has_value": name in seen["values"],
+            }
+        )
     masks = {name: seen["masked"][name][1] for name in called if name in seen["masked"]}
-    return {"children": children, "values": seen["values"], "inputs": seen["inputs"], "outputs": seen["outputs"],
-            "masks": masks}
+    return {
+        "children": children,
+        "values": seen["values"],
+        "inputs": seen["inputs"],
+        "outputs": seen["outputs"],
+        "masks": masks,
+    }
 
 
 def _observe(torch, candidates, forward) -> dict:
@@ -111,8 +123,11 @@ def _observe(torch, candidates, forward) -> dict:
                 fed = _tensor_args(torch, args, kwargs)
                 if fed:
                     inputs[name] = _host(torch, fed[0])
-                single[name] = len(args) == 1 and torch.is_tensor(args[0]) and all(
-                    v is None or isinstance(v, bool) for v in kwargs.values())
+                single[name] = (
+                    len(args) == 1
+                    and torch.is_tensor(args[0])
+                    and all(v is None or isinstance(v, bool) for v in kwargs.values())
+                )
                 typed = None if single[name] else torch_masked_attention(module, args, kwargs)
                 if typed is not None:
                     masked[name] = (typed[0], {arg: _host(torch, m) for arg, m in typed[1].items()})
@@ -138,5 +153,12 @@ def _observe(torch, candidates, forward) -> dict:
         for handle in handles:
             handle.remove()
     flat = {name: _host(torch, t) for name, t in output_tree.flatten(returned, torch.is_tensor)}
-    return {"order": order, "calls": calls, "values": values, "inputs": inputs, "single": single, "masked": masked,
-            "outputs": flat}
+    return {
+        "order": order,
+        "calls": calls,
+        "values": values,
+        "inputs": inputs,
+        "single": single,
+        "masked": masked,
+        "outputs": flat,
+    }

@@ -15,8 +15,12 @@ from parity.check import closeness as compare
 from parity.diagnose import drift
 
 # the module that reads each source framework's tree: ``level_of(runner, x, scope, names)`` (see tree_torch)
-TREE_MODULES = {"torch": "parity.diagnose.tree_torch", "jax": "parity.diagnose.tree_jax",
-                "tf": "parity.diagnose.tree_keras", "onnx": "parity.diagnose.tree_onnx"}
+TREE_MODULES = {
+    "torch": "parity.diagnose.tree_torch",
+    "jax": "parity.diagnose.tree_jax",
+    "tf": "parity.diagnose.tree_keras",
+    "onnx": "parity.diagnose.tree_onnx",
+}
 TREE_SOURCES = tuple(TREE_MODULES)
 MAX_DEPTH = 16
 UNSEEN = ("fused", "unmapped", "unobservable")
@@ -30,13 +34,22 @@ def walk(tree, framework: str) -> dict:
     levels: list[dict[str, Any]] = []
     leaf: dict[str, Any] | None = None
     evidence: tuple[dict, dict] | None = None  # the reference's and the path's values at the leaf's level
-    result: dict[str, Any] = {"descended": True, "levels": levels, "first_divergent_path": [], "leaf": None, "verdict": None,
-              "note": None}
+    result: dict[str, Any] = {
+        "descended": True,
+        "levels": levels,
+        "first_divergent_path": [],
+        "leaf": None,
+        "verdict": None,
+        "note": None,
+    }
     for _ in range(MAX_DEPTH):
         reference = tree.reference(scope)
         if not reference["reproduces"]:
-            result.update(verdict="untrusted", note=f"{framework} in the golden's dtype no longer reproduces the "
-                                                    f"golden outputs: its tree is not compared")
+            result.update(
+                verdict="untrusted",
+                note=f"{framework} in the golden's dtype no longer reproduces the "
+                f"golden outputs: its tree is not compared",
+            )
             break
         children = [c for c in reference["children"] if c["has_value"]]
         if not children:
@@ -44,28 +57,38 @@ def walk(tree, framework: str) -> dict:
                 result.update(descended=False, reason="the model has no modules or named scopes to descend into")
             break
         names = [c["path"] for c in children]
-        observed = tree.path(scope, names, {c["path"]: c["calls"] for c in children},
-                             {n: reference["values"][n] for n in names},
-                             {n: reference["inputs"][n] for n in names if n in reference["inputs"]})
+        observed = tree.path(
+            scope,
+            names,
+            {c["path"]: c["calls"] for c in children},
+            {n: reference["values"][n] for n in names},
+            {n: reference["inputs"][n] for n in names if n in reference["inputs"]},
+        )
         rows = _rows(children, reference, observed, tolerances)
         first = drift.first_divergent(rows)
-        levels.append({"scope": scope, "rows": rows, "first_divergent": first,
-                       "instrumentation": observed.get("instrumentation")})
+        levels.append(
+            {"scope": scope, "rows": rows, "first_divergent": first, "instrumentation": observed.get("instrumentation")}
+        )
         if first is None:
             result.update(verdict="own_operations" if scope else "not_found", note=_none_departs(scope, rows))
             break
         row = next(r for r in rows if r["tap"] == first)
         before = _previous_observed(rows, first) or f"the input of {scope or 'the model'}"
         if row["input"] is not None and not row["input"]["ok"]:
-            result.update(verdict="own_operations" if scope else "not_found",
-                          note=f"{first} reads an input that already departs from the reference "
-                               f"({compare.times(row['input'].get('tol_units', math.inf))}): the drift is in what "
-                               f"{scope or 'the model'} computes between {before} and {first}, not in {first}")
+            result.update(
+                verdict="own_operations" if scope else "not_found",
+                note=f"{first} reads an input that already departs from the reference "
+                f"({compare.times(row['input'].get('tol_units', math.inf))}): the drift is in what "
+                f"{scope or 'the model'} computes between {before} and {first}, not in {first}",
+            )
             break
         span = _unseen_before(rows, first)
         if span and row["input"] is None:
-            result.update(verdict="span", note=f"between {before} and {first}: {' … '.join(span)} not observed, and "
-                                               f"{first}'s own input could not be read: the divergence is in that span")
+            result.update(
+                verdict="span",
+                note=f"between {before} and {first}: {' … '.join(span)} not observed, and "
+                f"{first}'s own input could not be read: the divergence is in that span",
+            )
             break
         trail.append(first)
         scope, leaf, evidence = first, row, (reference, observed)
@@ -87,17 +110,26 @@ def _test_cause(row: dict, reference: dict, observed: dict, weights: dict, toler
 
     name = row["tap"]
     if row["kind"] is None:
-        return {"tap": name, "kind": None, "cause": None,
-                "explanation": f"{name} ({row['class'].rsplit('.', 1)[-1]}) is not a layer the catalogue computes "
-                               f"from one input, so no cause is tested there"}
+        return {
+            "tap": name,
+            "kind": None,
+            "cause": None,
+            "explanation": f"{name} ({row['class'].rsplit('.', 1)[-1]}) is not a layer the catalogue computes "
+            f"from one input, so no cause is tested there",
+        }
     if name in observed["inputs"]:
         fed, provenance = observed["inputs"][name], f"the input of {name} as this path computed it"
     else:
         fed, provenance = reference["inputs"][name], f"the input of {name} from the reference"
     further = list(((reference.get("masks") or {}).get(name) or {}).values())  # a masked attention's mask
-    result = test_layer(Layer(row["kind"], dict(row["attrs"] or {})), [fed, *further], weights,
-                        np.asarray(observed["values"][name], np.float64), tolerances.for_name(name),
-                        prefix=row.get("params") or name)
+    result = test_layer(
+        Layer(row["kind"], dict(row["attrs"] or {})),
+        [fed, *further],
+        weights,
+        np.asarray(observed["values"][name], np.float64),
+        tolerances.for_name(name),
+        prefix=row.get("params") or name,
+    )
     return {"tap": name, "inputs": [provenance], **result}
 
 
@@ -106,20 +138,41 @@ def _rows(children: list[dict], reference: dict, observed: dict, tolerances) -> 
     compared with the reference's."""
     names = [c["path"] for c in children]
     located = observed["located"]
-    rows = drift.tap_rows(SimpleNamespace(taps=names, layers={}), reference["values"], observed["values"], located,
-                          tolerances.for_name)
+    rows = drift.tap_rows(
+        SimpleNamespace(taps=names, layers={}), reference["values"], observed["values"], located, tolerances.for_name
+    )
     for row, child in zip(rows, children):
         name = child["path"]
         where = located.get(name, {})
-        row.update({"class": child["class"], "calls": child["calls"], "leaf": child["leaf"], "kind": child["kind"],
-                    "attrs": child["attrs"], "params": child.get("params"), "nodes": where.get("nodes"), "input_tensor": where.get("input_tensor"),
-                    "input": None, "value": None, "observed_input": None})
+        row.update(
+            {
+                "class": child["class"],
+                "calls": child["calls"],
+                "leaf": child["leaf"],
+                "kind": child["kind"],
+                "attrs": child["attrs"],
+                "params": child.get("params"),
+                "nodes": where.get("nodes"),
+                "input_tensor": where.get("input_tensor"),
+                "input": None,
+                "value": None,
+                "observed_input": None,
+            }
+        )
         if name in observed["inputs"] and name in reference["inputs"]:
-            row["input"] = compare.error_stats(np.asarray(observed["inputs"][name]), reference["inputs"][name],
-                                               tolerances.for_name(name))
+            row["input"] = compare.error_stats(
+                np.asarray(observed["inputs"][name]), reference["inputs"][name], tolerances.for_name(name)
+            )
         if child["calls"] > 1:
-            row["reason"] = " ".join(filter(None, [row.get("reason"), (f"called {child['calls']} times (shared "
-                                                                       f"weights): compared at its first call")]))
+            row["reason"] = " ".join(
+                filter(
+                    None,
+                    [
+                        row.get("reason"),
+                        (f"called {child['calls']} times (shared weights): compared at its first call"),
+                    ],
+                )
+            )
     return rows
 
 
@@ -128,14 +181,18 @@ def _none_departs(scope: str, rows: list[dict]) -> str:
     if not scope:
         return "no module of the model departs from the reference on its own"
     if unseen:
-        return (f"none of the observed children of {scope} departs; {', '.join(unseen)} could not be observed: the "
-                f"drift is in {scope}'s own operations or in those")
-    return (f"none of the {len(rows)} children of {scope} departs from the reference: the drift is in {scope}'s own "
-            f"operations (functional ops between its modules, after {rows[-1]['tap']} at the latest)")
+        return (
+            f"none of the observed children of {scope} departs; {', '.join(unseen)} could not be observed: the "
+            f"drift is in {scope}'s own operations or in those"
+        )
+    return (
+        f"none of the {len(rows)} children of {scope} departs from the reference: the drift is in {scope}'s own "
+        f"operations (functional ops between its modules, after {rows[-1]['tap']} at the latest)"
+    )
 
 
 def _previous_observed(rows: list[dict], first: str) -> str | None:
-    before = [r for r in rows[:[r["tap"] for r in rows].index(first)] if r["stats"] is not None]
+    before = [r for r in rows[: [r["tap"] for r in rows].index(first)] if r["stats"] is not None]
     return before[-1]["tap"] if before else None
 
 

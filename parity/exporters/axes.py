@@ -40,8 +40,9 @@ def short_reason(error: BaseException | str) -> str:
     return one_line(error, REASON_CHARS)
 
 
-def axes_record(spec, shapes: Mapping[str, Sequence[int | None] | None], layout: str | None = None,
-                reason: str | None = None) -> dict:
+def axes_record(
+    spec, shapes: Mapping[str, Sequence[int | None] | None], layout: str | None = None, reason: str | None = None
+) -> dict:
     """``meta["axes"]`` from the exported inputs' shapes (input name -> one entry per axis: its size, or None
     where it is dynamic; None for an unknown rank): every declared named axis, dynamic or baked in.
 

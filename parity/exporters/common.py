@@ -56,8 +56,14 @@ def needed(value: T | None, what: str) -> T:
 def onnx_meta(spec: ModelSpec, input_names: list[str], output_names: list[str], input_layout: str) -> dict[str, Any]:
     """An ONNX artifact's metadata: its graph inputs in the spec's input order, its outputs in the spec's
     output order, and the layout a single image input takes."""
-    return {"format": "onnx", "file": ONNX_FILE, "input_names": list(input_names), "output_names": list(output_names),
-            "input_layout": input_layout, "canonical_layout": spec.model_inputs[0].layout if spec.model_inputs else "flat"}
+    return {
+        "format": "onnx",
+        "file": ONNX_FILE,
+        "input_names": list(input_names),
+        "output_names": list(output_names),
+        "input_layout": input_layout,
+        "canonical_layout": spec.model_inputs[0].layout if spec.model_inputs else "flat",
+    }
 
 
 def graph_input_names(model: Any) -> list[str]:
@@ -74,10 +80,7 @@ def check_onnx_ops(model: Any, converter: str, converter_log: str = "") -> None:
     """
     import onnx
 
-    unknown = sorted({
-        node.op_type for node in model.graph.node
-        if not onnx.defs.has(node.op_type, node.domain or "")
-    })
+    unknown = sorted({node.op_type for node in model.graph.node if not onnx.defs.has(node.op_type, node.domain or "")})
     if unknown:
         detail = f" ({converter_log.strip().splitlines()[-1]})" if converter_log.strip() else ""
         raise ExportError(f"{converter} could not convert op(s) {', '.join(unknown)}{detail}")

@@ -21,8 +21,9 @@ def export(job: ExportJob) -> dict:
 
     spec = job.spec
     # jax arrays, not NumPy ones: a definition may index a weight with a traced array (an embedding lookup)
-    params = {name: jax.numpy.asarray(layouts.held_array(p, job.weights[name], "float32"))
-              for name, p in spec.params.items()}
+    params = {
+        name: jax.numpy.asarray(layouts.held_array(p, job.weights[name], "float32")) for name, p in spec.params.items()
+    }
 
     names = [i.name for i in spec.model_inputs]
 
@@ -59,5 +60,7 @@ def export(job: ExportJob) -> dict:
         check_onnx_ops(model, "jax2onnx")
     save_onnx(model, job.out_dir)
     layout = spec.model_inputs[0].layout
-    return {**onnx_meta(spec, graph_input_names(model), [o.name for o in model.graph.output], layout),
-            "axes": onnx_axes(spec, model, layout, reason)}
+    return {
+        **onnx_meta(spec, graph_input_names(model), [o.name for o in model.graph.output], layout),
+        "axes": onnx_axes(spec, model, layout, reason),
+    }

@@ -38,11 +38,18 @@ def export(job: ExportJob) -> dict:
             forward = None
     if forward is None:
         forward, names = _save(job, None)
-    shapes = {i.name: (None if s.shape.rank is None else s.shape.as_list())
-              for i, s in zip(spec.model_inputs, forward.input_signature)}
-    return {"format": "tf-savedmodel", "param_names": names, "input_layout": layout,
-            "canonical_layout": spec.model_inputs[0].layout, "output_names": list(spec.outputs),
-            "axes": axes_record(spec, shapes, layout, reason)}
+    shapes = {
+        i.name: (None if s.shape.rank is None else s.shape.as_list())
+        for i, s in zip(spec.model_inputs, forward.input_signature)
+    }
+    return {
+        "format": "tf-savedmodel",
+        "param_names": names,
+        "input_layout": layout,
+        "canonical_layout": spec.model_inputs[0].layout,
+        "output_names": list(spec.outputs),
+        "axes": axes_record(spec, shapes, layout, reason),
+    }
 
 
 def _save(job: ExportJob, dynamic: dict[str, set[int]] | None):
@@ -55,19 +62,27 @@ def _save(job: ExportJob, dynamic: dict[str, set[int]] | None):
     names = list(spec.params)
     module = tf.Module()
     module.param_list = [
-        tf.Variable(layouts.held_array(spec.params[n], job.weights[n], "float32"), name=n.replace("/", "."), trainable=spec.params[n].trainable)
+        tf.Variable(
+            layouts.held_array(spec.params[n], job.weights[n], "float32"),
+            name=n.replace("/", "."),
+            trainable=spec.params[n].trainable,
+        )
         for n in names
     ]
 
     inputs = [i.name for i in spec.model_inputs]
 
     def apply(param_values, *xs):
-        return forward_outputs(spec, spec.jax_apply(dict(zip(names, param_values)), packed(dict(zip(inputs, xs))), None))
+        return forward_outputs(
+            spec, spec.jax_apply(dict(zip(names, param_values)), packed(dict(zip(inputs, xs))), None)
+        )
 
     layout = spec.model_inputs[0].layout
     options = {}
     if dynamic is not None:
-        options["polymorphic_shapes"] = [None] + [_polymorphic(spec, i, job.batch_size, dynamic) for i in spec.model_inputs]
+        options["polymorphic_shapes"] = [None] + [
+            _polymorphic(spec, i, job.batch_size, dynamic) for i in spec.model_inputs
+        ]
     converted = jax2tf.convert(apply, with_gradient=True, **options)
 
     @tf.function(autograph=False, input_signature=tf_onnx.signature(tf, spec, job.batch_size, layout, dynamic))
@@ -76,7 +91,9 @@ def _save(job: ExportJob, dynamic: dict[str, set[int]] | None):
 
     forward.get_concrete_function()  # traced here, so a refused polymorphic shape fails before anything is saved
     module.forward = forward
-    tf.saved_model.save(module, str(job.out_dir), options=tf.saved_model.SaveOptions(experimental_custom_gradients=True))
+    tf.saved_model.save(
+        module, str(job.out_dir), options=tf.saved_model.SaveOptions(experimental_custom_gradients=True)
+    )
     return forward, names
 
 

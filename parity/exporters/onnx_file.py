@@ -27,8 +27,12 @@ def export(job: ExportJob) -> dict:
     if onnx_source.source_digest(source) != needed(job.golden_manifest, "the golden manifest").get("source_sha256"):
         raise GoldenError(f"{source} changed while it was read; try again")
     large = model.ByteSize() > LARGE_BYTES  # beyond protobuf's 2 GiB: its tensors in a data file beside it
-    onnx.save_model(model, str(job.out_dir / ONNX_FILE), save_as_external_data=large,
-                    location=f"{ONNX_FILE}.data" if large else None)
+    onnx.save_model(
+        model,
+        str(job.out_dir / ONNX_FILE),
+        save_as_external_data=large,
+        location=f"{ONNX_FILE}.data" if large else None,
+    )
     inputs, outputs = interop.graph_signature(model)
     if outputs != list(spec.outputs):
         raise GoldenError(f"{source} has outputs {outputs}; the spec names {list(spec.outputs)}")

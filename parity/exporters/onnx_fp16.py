@@ -43,9 +43,13 @@ def convert(model, node_block_list=(), max_finite_val: float | None = None, stri
     free_names(model, cast_names(model))  # the converter names its casts without looking at the graph's names
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        converted = float16.convert_float_to_float16(model, keep_io_types=True,
-                                                     op_block_list=float16.DEFAULT_OP_BLOCK_LIST,
-                                                     node_block_list=list(node_block_list), **options)
+        converted = float16.convert_float_to_float16(
+            model,
+            keep_io_types=True,
+            op_block_list=float16.DEFAULT_OP_BLOCK_LIST,
+            node_block_list=list(node_block_list),
+            **options,
+        )
     return keep_float32(converted, model, node_block_list) if node_block_list and strict else converted
 
 
@@ -98,8 +102,12 @@ def keep_float32(converted, original, node_block_list):
     was_float = {o.name for o in original.graph.output if o.type.tensor_type.elem_type == TensorProto.FLOAT}
     for output in graph.output:
         cast = producer.get(output.name)
-        if output.name in was_float and cast is not None and _is_cast(cast, TensorProto.FLOAT16) and \
-                getattr(producer.get(cast.input[0]), "name", None) in blocked:
+        if (
+            output.name in was_float
+            and cast is not None
+            and _is_cast(cast, TensorProto.FLOAT16)
+            and getattr(producer.get(cast.input[0]), "name", None) in blocked
+        ):
             next(a for a in cast.attribute if a.name == "to").i = TensorProto.FLOAT
             output.type.tensor_type.elem_type = TensorProto.FLOAT
     _drop_unread(graph, read_before)
@@ -136,10 +144,17 @@ def clipped_weights(model, node_block_list=(), max_finite_val: float | None = No
 
     limit = CONVERTER_MAX_FINITE if max_finite_val is None else max_finite_val
     blocked = set(node_block_list)
-    kept = {name for node in model.graph.node for name in node.input
-            if node.name in blocked or node.op_type in float16.DEFAULT_OP_BLOCK_LIST}
-    return sum(int(np.count_nonzero(np.abs(numpy_helper.to_array(t)) > limit)) for t in model.graph.initializer
-               if t.data_type == TensorProto.FLOAT and t.name not in kept)
+    kept = {
+        name
+        for node in model.graph.node
+        for name in node.input
+        if node.name in blocked or node.op_type in float16.DEFAULT_OP_BLOCK_LIST
+    }
+    return sum(
+        int(np.count_nonzero(np.abs(numpy_helper.to_array(t)) > limit))
+        for t in model.graph.initializer
+        if t.data_type == TensorProto.FLOAT and t.name not in kept
+    )
 
 
 def export(job: ExportJob, node_block_list=None, max_finite_val: float | None = None) -> dict:
@@ -156,8 +171,10 @@ def export(job: ExportJob, node_block_list=None, max_finite_val: float | None = 
     block = list(dict.fromkeys(node_block_list or ()))
     unknown = sorted(set(block) - {node.name for node in model.graph.node})
     if unknown:
-        raise ExportError(f"node_block_list names {len(unknown)} node(s) the graph does not have: "
-                          f"{', '.join(unknown[:5])}{', ...' if len(unknown) > 5 else ''}")
+        raise ExportError(
+            f"node_block_list names {len(unknown)} node(s) the graph does not have: "
+            f"{', '.join(unknown[:5])}{', ...' if len(unknown) > 5 else ''}"
+        )
     from onnxconverter_common import float16
 
     ops = Counter(node.op_type for node in model.graph.node)
@@ -168,9 +185,17 @@ def export(job: ExportJob, node_block_list=None, max_finite_val: float | None = 
         raise ExportError(f"onnxconverter-common float16: {type(error).__name__}: {error}") from None
     save_onnx(converted, job.out_dir)
     casts = sum(1 for node in converted.graph.node if node.op_type == "Cast") - ops.get("Cast", 0)
-    return {**parent_meta, "file": ONNX_FILE,
-            "float16": {"converter": "onnxconverter-common convert_float_to_float16", "keep_io_types": True,
-                        "kept_float32_ops": blocked, "kept_float32_nodes": block,
-                        "max_finite_val": CONVERTER_MAX_FINITE if max_finite_val is None else float(max_finite_val),
-                        "clipped_weights": clipped_weights(model, block, max_finite_val),
-                        "casts_added": casts, "nodes": sum(ops.values())}}
+    return {
+        **parent_meta,
+        "file": ONNX_FILE,
+        "float16": {
+            "converter": "onnxconverter-common convert_float_to_float16",
+            "keep_io_types": True,
+            "kept_float32_ops": blocked,
+            "kept_float32_nodes": block,
+            "max_finite_val": CONVERTER_MAX_FINITE if max_finite_val is None else float(max_finite_val),
+            "clipped_weights": clipped_weights(model, block, max_finite_val),
+            "casts_added": casts,
+            "nodes": sum(ops.values()),
+        },
+    }

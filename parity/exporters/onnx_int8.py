@@ -38,8 +38,16 @@ from parity.runtimes.onnx_common import onnx_feed
 
 METHODS = ("MinMax", "Entropy", "Percentile")  # onnxruntime.quantization.CalibrationMethod names
 # the ops a dynamic quantization writes in place of a float node (its name is gone, ``<name>_...`` holds one of these)
-INTEGER_OPS = {"MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QAttention",
-               "DynamicQuantizeLSTM", "QLinearMatMul", "QLinearConv"}
+INTEGER_OPS = {
+    "MatMulInteger",
+    "ConvInteger",
+    "DynamicQuantizeMatMul",
+    "MatMulIntegerToFloat",
+    "QAttention",
+    "DynamicQuantizeLSTM",
+    "QLinearMatMul",
+    "QLinearConv",
+}
 QUANTIZE_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}
 
 
@@ -48,8 +56,9 @@ def export_static(job: ExportJob) -> dict:
     with ``spec.quantization.calibration``; the parent's meta plus ``meta["quantization"]``."""
     if not job.calibration:
         raise ExportError("static int8 quantization needs calibration samples, and the job has none")
-    batches = calibration_batches(job.spec, needed(job.parent_meta, "the parent ONNX model's metadata"),
-                                  job.calibration, job.batch_size)
+    batches = calibration_batches(
+        job.spec, needed(job.parent_meta, "the parent ONNX model's metadata"), job.calibration, job.batch_size
+    )
     return _export(job, batches, job.spec.quantization.calibration, dynamic=False)
 
 
@@ -63,8 +72,14 @@ def _export(job: ExportJob, batches, method, dynamic: bool) -> dict:
     if not job.parent_meta or job.parent_meta.get("format") != "onnx":
         raise ExportError("int8 quantization reads an ONNX model, and the step before it wrote none")
     source = Path(needed(job.parent_dir, "the parent ONNX model")) / job.parent_meta["file"]
-    record = quantize(source, Path(job.out_dir) / ONNX_FILE, batches, method,
-                      nodes_to_exclude=job.spec.quantization.kept_float(job.path_id), dynamic=dynamic)
+    record = quantize(
+        source,
+        Path(job.out_dir) / ONNX_FILE,
+        batches,
+        method,
+        nodes_to_exclude=job.spec.quantization.kept_float(job.path_id),
+        dynamic=dynamic,
+    )
     return {**job.parent_meta, "file": ONNX_FILE, "quantization": record}
 
 
@@ -74,8 +89,10 @@ def calibration_batches(spec, meta: dict, calibration: dict, batch_size: int) ->
     batches (a static-batch export takes no other size), the first one filled up when there are fewer samples."""
     total = feeds.samples(spec, calibration)
     starts = range(0, max(total - batch_size, 0) + 1, batch_size)
-    return [onnx_feed(spec, meta, feeds.padded(spec, feeds.rows(spec, calibration, start, start + batch_size),
-                                                batch_size)) for start in starts]
+    return [
+        onnx_feed(spec, meta, feeds.padded(spec, feeds.rows(spec, calibration, start, start + batch_size), batch_size))
+        for start in starts
+    ]
 
 
 def quantize(src, dst, calibration_feeds, method: str | None, nodes_to_exclude=(), dynamic: bool = False) -> dict:
@@ -110,9 +127,11 @@ def quantize(src, dst, calibration_feeds, method: str | None, nodes_to_exclude=(
         names = {node.name for node in float_model.graph.node}
         unknown = [name for name in kept if name not in names]
         if unknown:
-            raise ExportError(f"keep_float names {len(unknown)} node(s) the graph does not have: "
-                              f"{', '.join(unknown[:5])}{', ...' if len(unknown) > 5 else ''} (names are ONNX node "
-                              f"names, e.g. {', '.join(sorted(names)[:3])})")
+            raise ExportError(
+                f"keep_float names {len(unknown)} node(s) the graph does not have: "
+                f"{', '.join(unknown[:5])}{', ...' if len(unknown) > 5 else ''} (names are ONNX node "
+                f"names, e.g. {', '.join(sorted(names)[:3])})"
+            )
         passed = kept
         if dynamic:  # quantize_dynamic rewrites a Gemm as <name>_MatMul + <name>_Add before it reads the list
             ops = {node.name: node.op_type for node in float_model.graph.node}
@@ -120,8 +139,9 @@ def quantize(src, dst, calibration_feeds, method: str | None, nodes_to_exclude=(
         try:
             with _quiet():
                 if dynamic:
-                    quantize_dynamic(str(prepared), str(dst), per_channel=True, weight_type=QuantType.QInt8,
-                                     nodes_to_exclude=passed)
+                    quantize_dynamic(
+                        str(prepared), str(dst), per_channel=True, weight_type=QuantType.QInt8, nodes_to_exclude=passed
+                    )
                 else:
                     assert method is not None  # a static quantization is always given its calibration method
 
@@ -132,26 +152,48 @@ def quantize(src, dst, calibration_feeds, method: str | None, nodes_to_exclude=(
                         def get_next(self):
                             return next(self.batches, None)
 
-                    quantize_static(str(prepared), str(dst), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
-                                    calibrate_method=getattr(CalibrationMethod, method), nodes_to_exclude=kept)
+                    quantize_static(
+                        str(prepared),
+                        str(dst),
+                        Reader(),
+                        quant_format=QuantFormat.QDQ,
+                        per_channel=True,
+                        activation_type=QuantType.QInt8,
+                        weight_type=QuantType.QInt8,
+                        calibrate_method=getattr(CalibrationMethod, method),
+                        nodes_to_exclude=kept,
+                    )
         except Exception as error:  # noqa: BLE001 - the quantizer's own reason is the export's reason
-            raise ExportError(one_line(f"onnxruntime {'quantize_dynamic' if dynamic else 'quantize_static'}: "
-                                       f"{type(error).__name__}: {error}", 300)) from None
+            raise ExportError(
+                one_line(
+                    f"onnxruntime {'quantize_dynamic' if dynamic else 'quantize_static'}: "
+                    f"{type(error).__name__}: {error}",
+                    300,
+                )
+            ) from None
         quantized = quantized_layers(float_model, onnx.load(str(dst)), kept)
     if not quantized:  # an "int8" path that computes in float would pass its gate and say nothing
-        raise ExportError(f"onnxruntime {'quantize_dynamic' if dynamic else 'quantize_static'} quantized no layer of "
-                          f"this graph (ops: {', '.join(sorted({n.op_type for n in float_model.graph.node}))}; "
-                          f"{len(kept)} kept in float)")
+        raise ExportError(
+            f"onnxruntime {'quantize_dynamic' if dynamic else 'quantize_static'} quantized no layer of "
+            f"this graph (ops: {', '.join(sorted({n.op_type for n in float_model.graph.node}))}; "
+            f"{len(kept)} kept in float)"
+        )
     samples = sum(len(next(iter(batch.values()))) for batch in calibration_feeds or ()) if not dynamic else 0
-    return {"tool": f"onnxruntime {onnxruntime.__version__} quantization."
-                    f"{'quantize_dynamic' if dynamic else 'quantize_static'}",
-            "format": "QOperator (dynamic)" if dynamic else "QDQ", "calibration": None if dynamic else method,
-            "calibration_samples": samples, "per_channel": True, "weight_type": "int8",
-            "activation_type": "int8, per batch at run time" if dynamic else "int8, per tensor",
-            "pre_process": pre_process, "kept_float": kept, "nodes_to_exclude": passed,
-            "quantized_layers": len(quantized),
-            "quantized_ops": dict(Counter(op for _, op in quantized))}
+    return {
+        "tool": f"onnxruntime {onnxruntime.__version__} quantization."
+        f"{'quantize_dynamic' if dynamic else 'quantize_static'}",
+        "format": "QOperator (dynamic)" if dynamic else "QDQ",
+        "calibration": None if dynamic else method,
+        "calibration_samples": samples,
+        "per_channel": True,
+        "weight_type": "int8",
+        "activation_type": "int8, per batch at run time" if dynamic else "int8, per tensor",
+        "pre_process": pre_process,
+        "kept_float": kept,
+        "nodes_to_exclude": passed,
+        "quantized_layers": len(quantized),
+        "quantized_ops": dict(Counter(op for _, op in quantized)),
+    }
 
 
 def simplify_gemm_bias(model) -> list[str]:
@@ -192,17 +234,24 @@ def gemm_as_matmul(model) -> list[str]:
     changed = []
     for k, node in enumerate(model.graph.node):
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        if (node.op_type != "Gemm" or len(node.input) != 2 or node.input[1] not in initializers
-                or attrs.get("alpha", 1.0) != 1.0 or attrs.get("transA", 0)):
+        if (
+            node.op_type != "Gemm"
+            or len(node.input) != 2
+            or node.input[1] not in initializers
+            or attrs.get("alpha", 1.0) != 1.0
+            or attrs.get("transA", 0)
+        ):
             continue
         weights = node.input[1]
         if attrs.get("transB", 0):
-            transposed = numpy_helper.from_array(numpy_helper.to_array(initializers[weights]).T.copy(),
-                                                 f"{weights}__{node.name}_T")
+            transposed = numpy_helper.from_array(
+                numpy_helper.to_array(initializers[weights]).T.copy(), f"{weights}__{node.name}_T"
+            )
             model.graph.initializer.append(transposed)
             weights = transposed.name
-        model.graph.node[k].CopyFrom(helper.make_node("MatMul", [node.input[0], weights], list(node.output),
-                                                      name=node.name))
+        model.graph.node[k].CopyFrom(
+            helper.make_node("MatMul", [node.input[0], weights], list(node.output), name=node.name)
+        )
         changed.append(f"{node.name}: Gemm as MatMul")
     return changed
 
@@ -215,8 +264,11 @@ def prepare(src, dst) -> tuple[Path, dict]:
     try:
         with _quiet():
             quant_pre_process(str(src), str(dst))
-        return Path(dst), {"applied": True, "step": "onnxruntime.quantization.shape_inference.quant_pre_process "
-                                                    "(symbolic + ONNX shape inference, basic optimisation)"}
+        return Path(dst), {
+            "applied": True,
+            "step": "onnxruntime.quantization.shape_inference.quant_pre_process "
+            "(symbolic + ONNX shape inference, basic optimisation)",
+        }
     except Exception as error:  # noqa: BLE001 - quantizing the model as it is still works for most graphs
         return Path(src), {"applied": False, "reason": one_line(f"{type(error).__name__}: {error}", 300)}
 
@@ -253,4 +305,3 @@ def _quiet():
             yield
     finally:
         root.setLevel(level)
-

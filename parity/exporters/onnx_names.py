@@ -105,7 +105,9 @@ def _check_wanted(graph, inputs: list[str] | None, outputs: list[str] | None) ->
         if wanted is None:
             continue
         if len(wanted) != have:
-            raise ExportError(f"the exported graph has {have} {what}; the spec names {len(wanted)} ({', '.join(wanted)})")
+            raise ExportError(
+                f"the exported graph has {have} {what}; the spec names {len(wanted)} ({', '.join(wanted)})"
+            )
         twice = sorted({name for name in wanted if wanted.count(name) > 1})
         if twice:
             raise ExportError(f"the spec names two {what} {twice[0]!r}")

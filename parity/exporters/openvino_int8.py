@@ -36,8 +36,14 @@ TOOL = "nncf.quantize"
 # NNCF's range estimators for the activations, by the spec's calibration method
 RANGE_ESTIMATORS = {"MinMax": "MINMAX", "Percentile": "MEAN_QUANTILE", "Entropy": "HISTOGRAM"}
 # ops whose weights NNCF quantizes: a layer that computes in int8
-WEIGHTED_OPS = {"MatMul", "Convolution", "GroupConvolution", "ConvolutionBackpropData",
-                "GroupConvolutionBackpropData", "Gather"}
+WEIGHTED_OPS = {
+    "MatMul",
+    "Convolution",
+    "GroupConvolution",
+    "ConvolutionBackpropData",
+    "GroupConvolutionBackpropData",
+    "Gather",
+}
 INT_TYPES = {"i8", "u8"}
 
 
@@ -51,39 +57,60 @@ def export(job: ExportJob) -> dict:
         raise ExportError("an openvino-int8 path needs calibration samples and was given none")
     parent = job.parent_meta or {}
     if parent.get("format") not in ("onnx", "openvino"):
-        raise ExportError(f"NNCF quantizes an ONNX file or an OpenVINO IR; the parent artifact is "
-                          f"{parent.get('format')!r}")
+        raise ExportError(
+            f"NNCF quantizes an ONNX file or an OpenVINO IR; the parent artifact is {parent.get('format')!r}"
+        )
     model = ov.Core().read_model(str(Path(needed(job.parent_dir, "the parent artifact")) / parent["file"]))
-    quantized, settings = quantize(model, job.spec, parent, job.calibration,
-                                   job.spec.quantization.kept_float(job.path_id))
+    quantized, settings = quantize(
+        model, job.spec, parent, job.calibration, job.spec.quantization.kept_float(job.path_id)
+    )
     ov.save_model(quantized, str(Path(job.out_dir) / IR_FILE), compress_to_fp16=False)
-    return {**parent, "format": "openvino", "file": IR_FILE, "openvino": ov.__version__, "weights_dtype": "int8",
-            "parent_format": parent["format"], "quantization": settings}
+    return {
+        **parent,
+        "format": "openvino",
+        "file": IR_FILE,
+        "openvino": ov.__version__,
+        "weights_dtype": "int8",
+        "parent_format": parent["format"],
+        "quantization": settings,
+    }
 
 
 def calibration_items(spec, meta: dict, calibration: dict, batch: int) -> list[dict]:
     """The calibration samples as the model's feeds (``onnx_feed``: its input names, a single image input in its
     layout), ``batch`` samples an item (the last filled up by repeating its last sample)."""
     total = feeds.samples(spec, calibration)
-    return [onnx_feed(spec, meta, feeds.padded(spec, feeds.rows(spec, calibration, start, start + batch), batch))
-            for start in range(0, total, batch)]
+    return [
+        onnx_feed(spec, meta, feeds.padded(spec, feeds.rows(spec, calibration, start, start + batch), batch))
+        for start in range(0, total, batch)
+    ]
 
 
 def static_batch(model) -> int:
     """1 where every input's first axis is dynamic, else the size the model fixed it to."""
-    sizes = {port.get_partial_shape()[0].get_length() for port in model.inputs
-             if port.get_partial_shape().rank.is_static and port.get_partial_shape().rank.get_length()
-             and port.get_partial_shape()[0].is_static}
+    sizes = {
+        port.get_partial_shape()[0].get_length()
+        for port in model.inputs
+        if port.get_partial_shape().rank.is_static
+        and port.get_partial_shape().rank.get_length()
+        and port.get_partial_shape()[0].is_static
+    }
     return max(sizes) if sizes else 1
 
 
 def settings_for(model, spec) -> dict:
     """The quantization settings (module docstring) as data: ``{"preset", "model_type", "why", "range_estimator"}``."""
     attention = has_attention(model)
-    return {"preset": "MIXED" if attention else "PERFORMANCE", "model_type": "TRANSFORMER" if attention else None,
-            "why": ("a MatMul of two activations (attention): NNCF's transformer settings" if attention
-                    else "no attention: symmetric weights and activations"),
-            "range_estimator": RANGE_ESTIMATORS[spec.quantization.calibration]}
+    return {
+        "preset": "MIXED" if attention else "PERFORMANCE",
+        "model_type": "TRANSFORMER" if attention else None,
+        "why": (
+            "a MatMul of two activations (attention): NNCF's transformer settings"
+            if attention
+            else "no attention: symmetric weights and activations"
+        ),
+        "range_estimator": RANGE_ESTIMATORS[spec.quantization.calibration],
+    }
 
 
 def nncf_arguments(nncf, settings: dict, kept: tuple[str, ...]) -> dict:
@@ -91,10 +118,12 @@ def nncf_arguments(nncf, settings: dict, kept: tuple[str, ...]) -> dict:
     from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters
     from nncf.quantization.range_estimator import RangeEstimatorParametersSet
 
-    arguments = {"preset": getattr(nncf.QuantizationPreset, settings["preset"]),
-                 "advanced_parameters": AdvancedQuantizationParameters(
-                     activations_range_estimator_params=getattr(RangeEstimatorParametersSet,
-                                                                settings["range_estimator"]))}
+    arguments = {
+        "preset": getattr(nncf.QuantizationPreset, settings["preset"]),
+        "advanced_parameters": AdvancedQuantizationParameters(
+            activations_range_estimator_params=getattr(RangeEstimatorParametersSet, settings["range_estimator"])
+        ),
+    }
     if settings["model_type"]:
         arguments["model_type"] = getattr(nncf.ModelType, settings["model_type"])
     if kept:
@@ -111,21 +140,31 @@ def quantize(model, spec, meta: dict, calibration: dict, kept: tuple[str, ...]) 
     items = calibration_items(spec, meta, calibration, static_batch(model))
     try:
         with quiet():
-            quantized = nncf.quantize(model, nncf.Dataset(items), subset_size=len(items),
-                                      **nncf_arguments(nncf, settings, kept))
+            quantized = nncf.quantize(
+                model, nncf.Dataset(items), subset_size=len(items), **nncf_arguments(nncf, settings, kept)
+            )
     except Exception as error:  # noqa: BLE001 - NNCF's own message is the export's error
         raise ExportError(one_line(f"nncf.quantize failed: {short_reason(error)}", 600)) from None
     layers = quantized_layers(quantized)
     still = [name for name in kept if name in layers]
     if still:
         raise ExportError(f"NNCF quantized {', '.join(still)} although the spec keeps it in float")
-    record = {"tool": TOOL, "nncf": nncf.__version__, "preset": settings["preset"],
-              "model_type": settings["model_type"], "preset_why": settings["why"],
-              "calibration": spec.quantization.calibration,
-              "range_estimator": {"activations": settings["range_estimator"], "weights": "MINMAX"},
-              "calibration_samples": feeds.samples(spec, calibration), "subset_size": len(items),
-              "fast_bias_correction": True, "kept_float": list(kept), "quantized_layers": len(layers),
-              "layers": layers, **weight_record(quantized)}
+    record = {
+        "tool": TOOL,
+        "nncf": nncf.__version__,
+        "preset": settings["preset"],
+        "model_type": settings["model_type"],
+        "preset_why": settings["why"],
+        "calibration": spec.quantization.calibration,
+        "range_estimator": {"activations": settings["range_estimator"], "weights": "MINMAX"},
+        "calibration_samples": feeds.samples(spec, calibration),
+        "subset_size": len(items),
+        "fast_bias_correction": True,
+        "kept_float": list(kept),
+        "quantized_layers": len(layers),
+        "layers": layers,
+        **weight_record(quantized),
+    }
     return quantized, record
 
 
@@ -156,8 +195,16 @@ def _is_constant(node, depth: int = 6) -> bool:
     """A Constant, or reached from one through converts, reshapes, transposes and scales (a weight's chain)."""
     if node.get_type_name() == "Constant":
         return True
-    if depth == 0 or node.get_type_name() not in ("Convert", "Reshape", "Transpose", "Multiply", "Subtract",
-                                                  "Unsqueeze", "Squeeze", "FakeQuantize"):
+    if depth == 0 or node.get_type_name() not in (
+        "Convert",
+        "Reshape",
+        "Transpose",
+        "Multiply",
+        "Subtract",
+        "Unsqueeze",
+        "Squeeze",
+        "FakeQuantize",
+    ):
         return False
     return all(_is_constant(node.input_value(k).get_node(), depth - 1) for k in range(node.get_input_size()))
 
@@ -165,9 +212,12 @@ def _is_constant(node, depth: int = 6) -> bool:
 def quantized_layers(model) -> list[str]:
     """The names of the weighted ops (MatMul, Convolution ...) that read an int8 weight or a FakeQuantize'd input:
     the layers that compute in int8 on the CPU plugin."""
-    return [op.get_friendly_name() for op in model.get_ordered_ops()
-            if op.get_type_name() in WEIGHTED_OPS and any(_quantized_input(op.input_value(k).get_node())
-                                                           for k in range(op.get_input_size()))]
+    return [
+        op.get_friendly_name()
+        for op in model.get_ordered_ops()
+        if op.get_type_name() in WEIGHTED_OPS
+        and any(_quantized_input(op.input_value(k).get_node()) for k in range(op.get_input_size()))
+    ]
 
 
 def _quantized_input(node, depth: int = 4) -> bool:
@@ -191,8 +241,11 @@ def weight_record(model) -> dict:
             if scale is not None:
                 per_channel += scale > 1
                 per_tensor += scale <= 1
-    return {"per_channel": per_channel > 0, "weights": {"int8_per_channel": per_channel, "int8_per_tensor": per_tensor},
-            "fake_quantize": fake_quantize}
+    return {
+        "per_channel": per_channel > 0,
+        "weights": {"int8_per_channel": per_channel, "int8_per_tensor": per_tensor},
+        "fake_quantize": fake_quantize,
+    }
 
 
 def _scale_of(constant) -> int | None:

@@ -67,8 +67,10 @@ def convert(tf, function, input_signature: list, keras_model) -> bytes:
     except Exception as error:  # noqa: BLE001 - any converter failure is the export's error, in its own words
         refused = sorted(set(_REFUSED_OP.findall(str(error))))
         if refused:
-            raise ExportError(f"the TFLite converter could not convert op(s) {', '.join(refused)} to TFLite builtins "
-                              f"(LiteRT runs no TensorFlow ops)") from None
+            raise ExportError(
+                f"the TFLite converter could not convert op(s) {', '.join(refused)} to TFLite builtins "
+                f"(LiteRT runs no TensorFlow ops)"
+            ) from None
         raise ExportError(f"the TFLite converter failed: {short_reason(error)}") from None
 
 
@@ -88,10 +90,14 @@ def tap_records(spec, keras_model, layout: str) -> dict:
             records[tap] = {"shape": None, "output": None, "reason": one_line(str(error), REASON_CHARS)}
             continue
         single = not isinstance(produced, (list, tuple, dict))
-        output = next((spec.outputs[k] for k, out in enumerate(outputs) if out is produced and k < len(spec.outputs)),
-                      None)
-        records[tap] = {"shape": [None if d is None else int(d) for d in produced.shape] if single else None,
-                        "output": output, "layout": layout if single and len(produced.shape) == 4 else None}
+        output = next(
+            (spec.outputs[k] for k, out in enumerate(outputs) if out is produced and k < len(spec.outputs)), None
+        )
+        records[tap] = {
+            "shape": [None if d is None else int(d) for d in produced.shape] if single else None,
+            "output": output,
+            "layout": layout if single and len(produced.shape) == 4 else None,
+        }
     return records
 
 
@@ -102,20 +108,31 @@ def tflite_meta(spec, data: bytes, layout: str, reason: str | None, taps: dict) 
     axes as the inputs' ``shape_signature`` has them (-1 dynamic)."""
     inputs, outputs = _io_tensors(data)
     by_name = {name: (name, shape) for name, shape in inputs}
-    ordered = [by_name.get(i.name, inputs[k] if k < len(inputs) else (i.name, None))
-               for k, i in enumerate(spec.model_inputs)]
+    ordered = [
+        by_name.get(i.name, inputs[k] if k < len(inputs) else (i.name, None)) for k, i in enumerate(spec.model_inputs)
+    ]
     if len(outputs) != len(spec.outputs):
         raise ExportError(f"the .tflite model has {len(outputs)} output(s), the spec names {len(spec.outputs)}")
     shapes = {i.name: shape for i, (_, shape) in zip(spec.model_inputs, ordered)}
-    return {"format": "tflite", "file": TFLITE_FILE, "input_names": [name for name, _ in ordered],
-            "output_names": list(outputs), "tflite_outputs": dict(zip(spec.outputs, outputs)),
-            "tflite_inputs": {i.name: name for i, (name, _) in zip(spec.model_inputs, ordered)},
-            "signature": None,  # a frozen concrete function converts to a graph without a SignatureDef
-            "input_layout": layout,
-            "canonical_layout": spec.model_inputs[0].layout if spec.model_inputs else "flat",
-            "axes": axes_record(spec, shapes, layout, reason), "taps": taps,
-            "converter": {"optimizations": [], "supported_ops": ["TFLITE_BUILTINS"], "select_tf_ops": False,
-                          "frozen_variables": True}}
+    return {
+        "format": "tflite",
+        "file": TFLITE_FILE,
+        "input_names": [name for name, _ in ordered],
+        "output_names": list(outputs),
+        "tflite_outputs": dict(zip(spec.outputs, outputs)),
+        "tflite_inputs": {i.name: name for i, (name, _) in zip(spec.model_inputs, ordered)},
+        "signature": None,  # a frozen concrete function converts to a graph without a SignatureDef
+        "input_layout": layout,
+        "canonical_layout": spec.model_inputs[0].layout if spec.model_inputs else "flat",
+        "axes": axes_record(spec, shapes, layout, reason),
+        "taps": taps,
+        "converter": {
+            "optimizations": [],
+            "supported_ops": ["TFLITE_BUILTINS"],
+            "select_tf_ops": False,
+            "frozen_variables": True,
+        },
+    }
 
 
 def _io_tensors(data: bytes) -> tuple[list, list[str]]:

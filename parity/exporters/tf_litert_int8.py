@@ -55,27 +55,49 @@ def export(job: ExportJob) -> dict:
     converted = None
     if any(dynamic.values()):
         try:
-            converted = quantize(tf, spec, function, signature(tf, spec, job.batch_size, layout, dynamic),
-                                 keras_model, job.calibration, layout, 1, kept)
+            converted = quantize(
+                tf,
+                spec,
+                function,
+                signature(tf, spec, job.batch_size, layout, dynamic),
+                keras_model,
+                job.calibration,
+                layout,
+                1,
+                kept,
+            )
         except ExportError as error:
             if kept and "keeps in float" in str(error):  # a wrong name is wrong at any shape
                 raise
             failed = f"the TFLite converter could not quantize the dynamic axes: {short_reason(error)}"
             reason = one_line("; ".join(filter(None, (failed, reason))), REASON_CHARS)
     if converted is None:
-        converted = quantize(tf, spec, function, signature(tf, spec, job.batch_size, layout), keras_model,
-                             job.calibration, layout, job.batch_size, kept)
+        converted = quantize(
+            tf,
+            spec,
+            function,
+            signature(tf, spec, job.batch_size, layout),
+            keras_model,
+            job.calibration,
+            layout,
+            job.batch_size,
+            kept,
+        )
     data, denylisted = converted
     write_bytes_atomic(Path(job.out_dir) / TFLITE_FILE, data)
     meta = tflite_meta(spec, data, layout, reason, tap_records(spec, keras_model, layout))
     meta["keras_model_name"] = keras_model.name
     supported = [INT8_OPS, FLOAT_OPS] if denylisted else [INT8_OPS]
-    meta["converter"] = {"optimizations": ["DEFAULT"], "supported_ops": supported, "select_tf_ops": False,
-                         "frozen_variables": True, "inference_input_type": "float32",
-                         "inference_output_type": "float32",
-                         "selective": "QuantizationDebugger.get_nondebug_quantized_model" if denylisted else None}
-    meta["quantization"] = quantization_record(data, spec, job.calibration, kept, denylisted, supported,
-                                              tf.__version__)
+    meta["converter"] = {
+        "optimizations": ["DEFAULT"],
+        "supported_ops": supported,
+        "select_tf_ops": False,
+        "frozen_variables": True,
+        "inference_input_type": "float32",
+        "inference_output_type": "float32",
+        "selective": "QuantizationDebugger.get_nondebug_quantized_model" if denylisted else None,
+    }
+    meta["quantization"] = quantization_record(data, spec, job.calibration, kept, denylisted, supported, tf.__version__)
     return meta
 
 
@@ -99,8 +121,17 @@ def representative(spec, calibration: dict, layout: str, batch: int):
     return dataset
 
 
-def quantize(tf, spec, function, input_signature: list, keras_model, calibration: dict, layout: str, batch: int,
-             kept: tuple[str, ...]) -> tuple[bytes, list[str]]:
+def quantize(
+    tf,
+    spec,
+    function,
+    input_signature: list,
+    keras_model,
+    calibration: dict,
+    layout: str,
+    batch: int,
+    kept: tuple[str, ...],
+) -> tuple[bytes, list[str]]:
     """``(flatbuffer, denylisted op tensor names)``: ``function`` traced at ``input_signature`` and quantized to
     full integer, or with the ``kept`` layers denylisted (see the module docstring)."""
     dataset = representative(spec, calibration, layout, batch)
@@ -130,15 +161,22 @@ def quantize(tf, spec, function, input_signature: list, keras_model, calibration
         except Exception as error:  # noqa: BLE001 - any converter failure is the export's error, in its own words
             refused = sorted(set(_REFUSED_OP.findall(str(error))))
             if refused:
-                raise ExportError(f"the TFLite converter could not convert op(s) {', '.join(refused)} to TFLite "
-                                  f"builtins (LiteRT runs no TensorFlow ops)") from None
-            raise ExportError(f"the TFLite converter could not quantize the model to int8: "
-                              f"{short_reason(error)}") from None
-    still_int8 = [name for name, (_, dtype) in _by_output(op_outputs(data)).items()
-                  if name in denylisted and dtype not in ("float32",)]
+                raise ExportError(
+                    f"the TFLite converter could not convert op(s) {', '.join(refused)} to TFLite "
+                    f"builtins (LiteRT runs no TensorFlow ops)"
+                ) from None
+            raise ExportError(
+                f"the TFLite converter could not quantize the model to int8: {short_reason(error)}"
+            ) from None
+    still_int8 = [
+        name
+        for name, (_, dtype) in _by_output(op_outputs(data)).items()
+        if name in denylisted and dtype not in ("float32",)
+    ]
     if still_int8:
-        raise ExportError(f"the TFLite converter kept op(s) {', '.join(still_int8)} in int8 although they were "
-                          f"denylisted")
+        raise ExportError(
+            f"the TFLite converter kept op(s) {', '.join(still_int8)} in int8 although they were denylisted"
+        )
     return data, denylisted
 
 
@@ -146,8 +184,7 @@ def _debugger(tf, converter, dataset, denylisted: list[str]):
     """TensorFlow's quantization debugger over ``converter``: it calibrates (``calibrated_model``) and quantizes
     with ``denylisted`` op outputs left in float."""
     options = tf.lite.experimental.QuantizationDebugOptions(denylisted_nodes=list(denylisted))
-    return tf.lite.experimental.QuantizationDebugger(converter=converter, debug_dataset=dataset,
-                                                     debug_options=options)
+    return tf.lite.experimental.QuantizationDebugger(converter=converter, debug_dataset=dataset, debug_options=options)
 
 
 def resolve_kept(kept: tuple[str, ...], ops: list[tuple[str, str, str]], model_name: str | None) -> list[str]:
@@ -161,16 +198,22 @@ def resolve_kept(kept: tuple[str, ...], ops: list[tuple[str, str, str]], model_n
         if name in layers:
             chosen.add(name)
             continue
-        holding = {tensor for tensor, op, _ in ops
-                   if op not in EDGE_OPS and name in tensor_layers(tensor, [name], model_name)}
+        holding = {
+            tensor for tensor, op, _ in ops if op not in EDGE_OPS and name in tensor_layers(tensor, [name], model_name)
+        }
         if holding:
             chosen |= holding
         else:
             unknown.append(name)
     if unknown:
         listed = "; ".join(f"{op} {tensor!r}" for tensor, op, _ in ops if op not in EDGE_OPS | SHAPE_OPS)
-        raise ExportError(one_line(f"tf/litert-int8 keeps in float {', '.join(map(repr, unknown))}, which is no op's "
-                                   f"output tensor nor a layer in the converter's graph; its ops: {listed}", 2000))
+        raise ExportError(
+            one_line(
+                f"tf/litert-int8 keeps in float {', '.join(map(repr, unknown))}, which is no op's "
+                f"output tensor nor a layer in the converter's graph; its ops: {listed}",
+                2000,
+            )
+        )
     return [tensor for tensor in layers if tensor in chosen]
 
 
@@ -213,25 +256,39 @@ def weight_scales(data: bytes) -> dict[str, int]:
     return counts
 
 
-def quantization_record(data: bytes, spec, calibration: dict, kept: tuple[str, ...], denylisted: list[str],
-                        supported: list[str], tf_version: str) -> dict:
+def quantization_record(
+    data: bytes,
+    spec,
+    calibration: dict,
+    kept: tuple[str, ...],
+    denylisted: list[str],
+    supported: list[str],
+    tf_version: str,
+) -> dict:
     """``meta["quantization"]``: what the converter did, read back from the flatbuffer (``quantized_layers``: the
     ops that compute in int8, casts and data movement aside)."""
     from parity.runtimes.litert import DATA_MOVEMENT
 
     ops = op_outputs(data)
-    layers = [(tensor, op, dtype) for tensor, op, dtype in ops
-              if op not in EDGE_OPS | DATA_MOVEMENT and dtype != "int32"]
+    layers = [
+        (tensor, op, dtype) for tensor, op, dtype in ops if op not in EDGE_OPS | DATA_MOVEMENT and dtype != "int32"
+    ]
     scales = weight_scales(data)
-    return {"tool": TOOL, "tensorflow": tf_version, "calibration": "MinMax",
-            "calibration_note": "the TFLite converter's only calibration: each activation's min and max over the "
-                                "representative dataset",
-            "requested_calibration": spec.quantization.calibration,
-            "calibration_samples": feeds.samples(spec, calibration), "per_channel": scales["per_channel"] > 0,
-            "weights": {"int8_per_channel": scales["per_channel"], "int8_per_tensor": scales["per_tensor"]},
-            "activations": "int8 asymmetric (per tensor)", "kept_float": list(kept), "denylisted_nodes": denylisted,
-            "supported_ops": supported,
-            "quantized_layers": sum(dtype in ("int8", "uint8", "int16") for _, _, dtype in layers),
-            "float_layers": [tensor for tensor, _, dtype in layers if dtype == "float32"],
-            "input_output": "float32 (QUANTIZE after each input, DEQUANTIZE before each output)"}
-
+    return {
+        "tool": TOOL,
+        "tensorflow": tf_version,
+        "calibration": "MinMax",
+        "calibration_note": "the TFLite converter's only calibration: each activation's min and max over the "
+        "representative dataset",
+        "requested_calibration": spec.quantization.calibration,
+        "calibration_samples": feeds.samples(spec, calibration),
+        "per_channel": scales["per_channel"] > 0,
+        "weights": {"int8_per_channel": scales["per_channel"], "int8_per_tensor": scales["per_tensor"]},
+        "activations": "int8 asymmetric (per tensor)",
+        "kept_float": list(kept),
+        "denylisted_nodes": denylisted,
+        "supported_ops": supported,
+        "quantized_layers": sum(dtype in ("int8", "uint8", "int16") for _, _, dtype in layers),
+        "float_layers": [tensor for tensor, _, dtype in layers if dtype == "float32"],
+        "input_output": "float32 (QUANTIZE after each input, DEQUANTIZE before each output)",
+    }

@@ -41,16 +41,18 @@ def _convert(function, input_signature, opset: int, out_dir, spec=None, layout: 
     return model
 
 
-def _convert_dynamic(function, spec, batch_size: int, layout: str, dynamic: dict[str, set[int]], opset: int,
-                     out_dir, reason: str | None) -> tuple:
+def _convert_dynamic(
+    function, spec, batch_size: int, layout: str, dynamic: dict[str, set[int]], opset: int, out_dir, reason: str | None
+) -> tuple:
     """Convert with ``dynamic`` axes left None; if that fails, convert at the static golden shape and keep the
     error as the reason. Returns (the ONNX model, the reason some declared axes are static, or None)."""
     import tensorflow as tf
 
     if any(dynamic.values()):
         try:
-            return _convert(function, signature(tf, spec, batch_size, layout, dynamic), opset, out_dir, spec,
-                            layout), reason
+            return _convert(
+                function, signature(tf, spec, batch_size, layout, dynamic), opset, out_dir, spec, layout
+            ), reason
         except Exception as error:  # noqa: BLE001 - retried static; a static failure is the one raised
             failed = f"tf2onnx could not export the dynamic axes: {short_reason(error)}"
             reason = one_line("; ".join(filter(None, (failed, reason))), REASON_CHARS)
@@ -162,10 +164,16 @@ def export_saved_model(job: ExportJob) -> dict:
                 kept += [f"{i.name} axis {k} is {dims[k]}" for k in sorted(wanted[i.name] - dynamic[i.name])]
         if kept:
             parent_reason = (parent_meta.get("axes") or {}).get("reason")
-            reason = one_line("tf2onnx kept the SavedModel's static signature (" + "; ".join(kept) + ")"
-                              + (f": {parent_reason}" if parent_reason else ""), REASON_CHARS)
+            reason = one_line(
+                "tf2onnx kept the SavedModel's static signature ("
+                + "; ".join(kept)
+                + ")"
+                + (f": {parent_reason}" if parent_reason else ""),
+                REASON_CHARS,
+            )
     else:
         dynamic = wanted  # unreadable: try the declared axes (a signature that refuses them falls back static)
-    model, reason = _convert_dynamic(loaded.forward, spec, job.batch_size, layout, dynamic, job.opset, job.out_dir,
-                                     reason)
+    model, reason = _convert_dynamic(
+        loaded.forward, spec, job.batch_size, layout, dynamic, job.opset, job.out_dir, reason
+    )
     return {**_onnx_names(model, spec, layout), "axes": onnx_axes(spec, model, layout, reason)}

@@ -35,9 +35,16 @@ def export(job: ExportJob) -> dict:
         axes["bounds"] = {axis: [1, upper] for axis, upper in bounds.items()}
     write_bytes_atomic(Path(job.out_dir) / PTE_FILE, buffer)
     layout = spec.model_inputs[0].layout if spec.model_inputs else "flat"
-    return {"format": "pte", "file": PTE_FILE, "input_names": [i.name for i in spec.model_inputs],
-            "output_names": list(spec.outputs), "input_layout": layout, "canonical_layout": layout, "axes": axes,
-            "delegation": delegation}
+    return {
+        "format": "pte",
+        "file": PTE_FILE,
+        "input_names": [i.name for i in spec.model_inputs],
+        "output_names": list(spec.outputs),
+        "input_layout": layout,
+        "canonical_layout": layout,
+        "axes": axes,
+        "delegation": delegation,
+    }
 
 
 def _lower(program) -> tuple[bytes, dict]:
@@ -58,8 +65,16 @@ def delegation_counts(graph_module) -> dict:
     from executorch.devtools.backend_debug import get_delegation_info
 
     info = get_delegation_info(graph_module)
-    portable = {op: b.non_delegated for op, b in info.delegation_by_operator.items()
-                if b.non_delegated and op not in _BOOKKEEPING}
+    portable = {
+        op: b.non_delegated
+        for op, b in info.delegation_by_operator.items()
+        if b.non_delegated and op not in _BOOKKEEPING
+    }
     delegated = sum(b.delegated for op, b in info.delegation_by_operator.items() if op not in _BOOKKEEPING)
-    return {"backend": "XnnpackBackend", "delegated_subgraphs": info.num_delegated_subgraphs,
-            "delegated_nodes": delegated, "portable_nodes": sum(portable.values()), "portable_ops": portable}
+    return {
+        "backend": "XnnpackBackend",
+        "delegated_subgraphs": info.num_delegated_subgraphs,
+        "delegated_nodes": delegated,
+        "portable_nodes": sum(portable.values()),
+        "portable_ops": portable,
+    }

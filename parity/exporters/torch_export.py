@@ -38,9 +38,15 @@ def save_program(program, out_dir) -> None:
 
 def program_meta(spec, axes: dict) -> dict:
     """A ``.pt2`` artifact's metadata: its file, the spec's inputs and outputs in order, layouts, the axes record."""
-    return {"format": "pt2", "file": PT2_FILE, "input_names": [i.name for i in spec.model_inputs],
-            "output_names": list(spec.outputs), "input_layout": _layout(spec), "canonical_layout": _layout(spec),
-            "axes": axes}
+    return {
+        "format": "pt2",
+        "file": PT2_FILE,
+        "input_names": [i.name for i in spec.model_inputs],
+        "output_names": list(spec.outputs),
+        "input_layout": _layout(spec),
+        "canonical_layout": _layout(spec),
+        "axes": axes,
+    }
 
 
 def exported_program(job: ExportJob, dims="declared", reason: str | None = None, traced=None):
@@ -57,14 +63,18 @@ def exported_program(job: ExportJob, dims="declared", reason: str | None = None,
     module, example = traced_module(job) if traced is None else traced
     if dims == "declared":
         declared = dynamic_shapes(spec)
-        attempts = [] if declared is None else [
-            ("unbounded", declared, nullcontext), ("unbounded, sizes 0 and 1 not specialised (as torch.onnx exports)",
-                                                   declared, size_oblivious)]
+        attempts = (
+            []
+            if declared is None
+            else [
+                ("unbounded", declared, nullcontext),
+                ("unbounded, sizes 0 and 1 not specialised (as torch.onnx exports)", declared, size_oblivious),
+            ]
+        )
         if declared is not None:
             bounds = axis_bounds(job)
             shown = ", ".join(f"{axis} 1..{max(upper, 2)}" for axis, upper in bounds.items())
-            attempts.append((f"bounded to the sizes parity runs ({shown})", bounded_shapes(spec, bounds),
-                             nullcontext))
+            attempts.append((f"bounded to the sizes parity runs ({shown})", bounded_shapes(spec, bounds), nullcontext))
     else:
         attempts = [] if dims is None else [("as given", dims, nullcontext)]
     refused, program, how, note = [], None, None, None

@@ -21,8 +21,10 @@ from parity.platform.safefs import write_bytes_atomic
 
 TFLITE_FILE = "model.tflite"
 SIGNATURE = "serving_default"  # litert_torch.model.DEFAULT_SIGNATURE_NAME
-TAPS_REASON = ("litert-torch names the .tflite tensors by torch.export's graph nodes, which parity does not map to "
-               "layers: outputs are compared (diagnose torch/onnx/ort to read the layers)")
+TAPS_REASON = (
+    "litert-torch names the .tflite tensors by torch.export's graph nodes, which parity does not map to "
+    "layers: outputs are compared (diagnose torch/onnx/ort to read the layers)"
+)
 
 
 def export(job: ExportJob) -> dict:
@@ -41,8 +43,7 @@ def export(job: ExportJob) -> dict:
         try:
             edge_model = _convert(litert_torch, torch, module, example, dynamic)
         except Exception as error:  # noqa: BLE001 - converted static below; a static failure is the one raised
-            reason = one_line(f"litert-torch could not convert the dynamic axes: {_torch_reason(error)}",
-                              REASON_CHARS)
+            reason = one_line(f"litert-torch could not convert the dynamic axes: {_torch_reason(error)}", REASON_CHARS)
     if edge_model is None:
         try:
             edge_model = _convert(litert_torch, torch, module, example, None)
@@ -70,24 +71,38 @@ def litert_meta(spec, data: bytes, reason: str | None) -> dict:
     interpreter = litert.Interpreter(model_content=data)
     signatures = interpreter.get_signature_list()
     if SIGNATURE not in signatures:
-        raise ExportError(f"the .tflite model litert-torch wrote has no {SIGNATURE!r} signature (it has "
-                          f"{', '.join(signatures) or 'none'})")
+        raise ExportError(
+            f"the .tflite model litert-torch wrote has no {SIGNATURE!r} signature (it has "
+            f"{', '.join(signatures) or 'none'})"
+        )
     runner = interpreter.get_signature_runner(SIGNATURE)
     inputs, outputs = _numbered(runner.get_input_details(), "args"), _numbered(runner.get_output_details(), "output")
     if len(inputs) != len(spec.model_inputs) or len(outputs) != len(spec.outputs):
-        raise ExportError(f"the .tflite signature has {len(inputs)} input(s) and {len(outputs)} output(s); the spec "
-                          f"has {len(spec.model_inputs)} and {len(spec.outputs)}")
-    shapes = {i.name: [None if int(d) < 0 else int(d) for d in detail["shape_signature"]]
-              for i, (_, detail) in zip(spec.model_inputs, inputs)}
+        raise ExportError(
+            f"the .tflite signature has {len(inputs)} input(s) and {len(outputs)} output(s); the spec "
+            f"has {len(spec.model_inputs)} and {len(spec.outputs)}"
+        )
+    shapes = {
+        i.name: [None if int(d) < 0 else int(d) for d in detail["shape_signature"]]
+        for i, (_, detail) in zip(spec.model_inputs, inputs)
+    }
     layout = spec.model_inputs[0].layout if spec.model_inputs else "flat"
-    return {"format": "tflite", "file": TFLITE_FILE,
-            "input_names": [detail["name"] for _, detail in inputs],
-            "output_names": [detail["name"] for _, detail in outputs],
-            "signature": {"name": SIGNATURE, "inputs": dict(zip([i.name for i in spec.model_inputs],
-                                                                 [key for key, _ in inputs])),
-                          "outputs": dict(zip(spec.outputs, [key for key, _ in outputs]))},
-            "input_layout": layout, "canonical_layout": layout, "axes": axes_record(spec, shapes, None, reason),
-            "taps_reason": TAPS_REASON, "converter": {"name": "litert-torch", "quantization": None}}
+    return {
+        "format": "tflite",
+        "file": TFLITE_FILE,
+        "input_names": [detail["name"] for _, detail in inputs],
+        "output_names": [detail["name"] for _, detail in outputs],
+        "signature": {
+            "name": SIGNATURE,
+            "inputs": dict(zip([i.name for i in spec.model_inputs], [key for key, _ in inputs])),
+            "outputs": dict(zip(spec.outputs, [key for key, _ in outputs])),
+        },
+        "input_layout": layout,
+        "canonical_layout": layout,
+        "axes": axes_record(spec, shapes, None, reason),
+        "taps_reason": TAPS_REASON,
+        "converter": {"name": "litert-torch", "quantization": None},
+    }
 
 
 def _numbered(details: dict, prefix: str) -> list[tuple[str, dict]]:

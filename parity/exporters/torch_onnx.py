@@ -59,8 +59,9 @@ def traced_module(job: ExportJob):
 
     module = _Flat(build_module(job.spec, job.weights, "float32"), job.spec)
     inputs = needed(job.inputs, "the golden inputs it is traced on")
-    example = tuple(torch.from_numpy(np.ascontiguousarray(inputs[i.name], dtype=_host(i.dtype)))
-                    for i in job.spec.model_inputs)
+    example = tuple(
+        torch.from_numpy(np.ascontiguousarray(inputs[i.name], dtype=_host(i.dtype))) for i in job.spec.model_inputs
+    )
     return module, example
 
 
@@ -117,8 +118,9 @@ def _violations(error) -> str:
     """A constraint violation's message without its advice, stack and repeats: ``Constraints violated (batch)!
     - You marked batch as dynamic but your code specialized it to be a constant (4).``"""
     text = " ".join(str(getattr(error, "msg", None) or error).split())
-    text = re.sub(r"For more information, run with TORCH_LOGS=\S* ?|(If you're using|User stack:).*?(?= - |$)",
-                  "", text)
+    text = re.sub(
+        r"For more information, run with TORCH_LOGS=\S* ?|(If you're using|User stack:).*?(?= - |$)", "", text
+    )
     parts = [part.strip() for part in text.split(" - ")]
     return " - ".join(dict.fromkeys(part for part in parts if part))
 
@@ -128,7 +130,14 @@ def _export(module, example, path, opset, dynamic) -> None:
 
     with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
         torch.onnx.export(
-            module, example, str(path), opset_version=opset, dynamo=True, external_data=False, verbose=False, dynamic_shapes=dynamic,
+            module,
+            example,
+            str(path),
+            opset_version=opset,
+            dynamo=True,
+            external_data=False,
+            verbose=False,
+            dynamic_shapes=dynamic,
         )
 
 

@@ -27,8 +27,15 @@ def export(job: ExportJob) -> dict:
     dynamic = declared_dynamic(spec)
     reason = None
     try:
-        model = _convert(ov, module, example, [[-1 if k in dynamic[i.name] else size for k, size in enumerate(x.shape)]
-                                               for i, x in zip(spec.model_inputs, example)])
+        model = _convert(
+            ov,
+            module,
+            example,
+            [
+                [-1 if k in dynamic[i.name] else size for k, size in enumerate(x.shape)]
+                for i, x in zip(spec.model_inputs, example)
+            ],
+        )
     except Exception as error:  # noqa: BLE001 - converted static below; a static failure is the one raised
         reason = f"openvino.convert_model could not convert the dynamic axes: {short_reason(error)}"
         model = _convert(ov, module, example, [list(x.shape) for x in example])
@@ -36,17 +43,27 @@ def export(job: ExportJob) -> dict:
     _name(model.inputs, input_names, "inputs")
     _name(model.outputs, output_names, "outputs")
     ov.save_model(model, str(job.out_dir / IR_FILE), compress_to_fp16=False)
-    shapes = {name: [None if d.is_dynamic else d.get_length() for d in port.get_partial_shape()]
-              for name, port in zip(input_names, model.inputs)}
+    shapes = {
+        name: [None if d.is_dynamic else d.get_length() for d in port.get_partial_shape()]
+        for name, port in zip(input_names, model.inputs)
+    }
     axes = axes_record(spec, shapes, reason=reason)
     if axes["static"] and reason is None:
         axes["reason"] = "openvino.convert_model made the declared axes static"
     if axes["reason"]:
         axes["reason"] = one_line(axes["reason"], REASON_CHARS)
     layout = spec.model_inputs[0].layout if spec.model_inputs else "flat"
-    return {"format": "openvino", "file": IR_FILE, "input_names": input_names, "output_names": output_names,
-            "input_layout": layout, "canonical_layout": layout, "axes": axes, "openvino": ov.__version__,
-            "weights_dtype": "float32"}
+    return {
+        "format": "openvino",
+        "file": IR_FILE,
+        "input_names": input_names,
+        "output_names": output_names,
+        "input_layout": layout,
+        "canonical_layout": layout,
+        "axes": axes,
+        "openvino": ov.__version__,
+        "weights_dtype": "float32",
+    }
 
 
 def _convert(ov, module, example, shapes):
@@ -59,7 +76,9 @@ def _convert(ov, module, example, shapes):
 def _name(ports, names: list[str], what: str) -> None:
     """Each port's tensor named as the spec names it (the converter's names, ``args`` or none, replaced)."""
     if len(ports) != len(names):
-        raise ExportError(f"openvino.convert_model made a model with {len(ports)} {what}; the spec names "
-                          f"{len(names)} ({', '.join(names)})")
+        raise ExportError(
+            f"openvino.convert_model made a model with {len(ports)} {what}; the spec names "
+            f"{len(names)} ({', '.join(names)})"
+        )
     for port, name in zip(ports, names):
         port.get_tensor().set_names({name})

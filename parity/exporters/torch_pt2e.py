@@ -40,9 +40,11 @@ def export(job: ExportJob) -> dict:
     kept = list(spec.quantization.kept_float(job.path_id))
     unknown = [name for name in kept if WRAPPED + name not in modules]
     if unknown:
-        shown = ", ".join(sorted(m[len(WRAPPED):] for m in modules if m.startswith(WRAPPED)))
-        raise ExportError(f"keep_float for {job.path_id} names {', '.join(map(repr, unknown))}, which the program "
-                          f"of {spec.name!r} does not call (its modules: {shown})")
+        shown = ", ".join(sorted(m[len(WRAPPED) :] for m in modules if m.startswith(WRAPPED)))
+        raise ExportError(
+            f"keep_float for {job.path_id} names {', '.join(map(repr, unknown))}, which the program "
+            f"of {spec.name!r} does not call (its modules: {shown})"
+        )
     folded = _conv_bn_folds(float_module.graph)
     quantizer = x86.X86InductorQuantizer().set_global(x86.get_default_x86_inductor_quantization_config())
     for name in kept:
@@ -59,17 +61,28 @@ def export(job: ExportJob) -> dict:
     layers = _weighted_layers(graph)
     quantized = [name for name, int8 in layers.items() if int8]
     left_float = [name for name, int8 in layers.items() if not int8 and name not in kept]
-    record = {"tool": TOOL, "quantizer": "X86InductorQuantizer", "config": "default static (post-training)",
-              "calibration": "HistogramObserver (activations, per tensor); PerChannelMinMaxObserver (weights)",
-              "calibration_samples": samples, "activations": "uint8 per tensor, affine",
-              "weights": "int8 per output channel, symmetric", "per_channel": True, "kept_float": kept,
-              "quantized_layers": len(quantized), "quantized": quantized, "qdq_pairs": _qdq_pairs(graph),
-              "folded": {bn: conv for bn, conv in folded.items() if WRAPPED + bn not in _called_modules(graph)}}
+    record = {
+        "tool": TOOL,
+        "quantizer": "X86InductorQuantizer",
+        "config": "default static (post-training)",
+        "calibration": "HistogramObserver (activations, per tensor); PerChannelMinMaxObserver (weights)",
+        "calibration_samples": samples,
+        "activations": "uint8 per tensor, affine",
+        "weights": "int8 per output channel, symmetric",
+        "per_channel": True,
+        "kept_float": kept,
+        "quantized_layers": len(quantized),
+        "quantized": quantized,
+        "qdq_pairs": _qdq_pairs(graph),
+        "folded": {bn: conv for bn, conv in folded.items() if WRAPPED + bn not in _called_modules(graph)},
+    }
     if left_float:
         record["not_quantized"] = left_float
-        record["note"] = (f"the quantizer matched no int8 pattern at {', '.join(left_float)}, left in float32 "
-                          f"(X86InductorQuantizer finds a layer by the class of the module calling it, torch.nn.Conv2d, "
-                          f"torch.nn.Linear, ...: a subclass of one is not matched)")
+        record["note"] = (
+            f"the quantizer matched no int8 pattern at {', '.join(left_float)}, left in float32 "
+            f"(X86InductorQuantizer finds a layer by the class of the module calling it, torch.nn.Conv2d, "
+            f"torch.nn.Linear, ...: a subclass of one is not matched)"
+        )
     return {**program_meta(spec, axes), "quantization": record}
 
 
@@ -85,8 +98,12 @@ def _calibrate(prepared, job: ExportJob, static: bool) -> int:
             batch = feeds.rows(spec, calibration, start, start + job.batch_size)
             if static:
                 batch = feeds.padded(spec, batch, job.batch_size)
-            prepared(*(torch.from_numpy(np.ascontiguousarray(batch[i.name], dtype=_host(i.dtype)))
-                       for i in spec.model_inputs))
+            prepared(
+                *(
+                    torch.from_numpy(np.ascontiguousarray(batch[i.name], dtype=_host(i.dtype)))
+                    for i in spec.model_inputs
+                )
+            )
     return total
 
 
@@ -122,7 +139,7 @@ def _conv_bn_folds(graph) -> dict[str, str]:
             if _op(source).startswith("conv") and len(source.users) == 1:
                 bn, conv = _module_of(node), _module_of(source)
                 if bn and conv and bn != conv:
-                    folds[bn[len(WRAPPED):]] = conv[len(WRAPPED):]
+                    folds[bn[len(WRAPPED) :]] = conv[len(WRAPPED) :]
     return folds
 
 
@@ -134,7 +151,7 @@ def _weighted_layers(graph) -> dict[str, bool]:
         if _op(node) in _WEIGHTED and (module := _module_of(node)):
             operands = [a for a in node.args[:2] if hasattr(a, "op")]
             int8 = bool(operands) and all(_op(a).startswith("dequantize") for a in operands)
-            name = module[len(WRAPPED):]
+            name = module[len(WRAPPED) :]
             layers[name] = layers.get(name, True) and int8
     return layers
 
@@ -142,7 +159,10 @@ def _weighted_layers(graph) -> dict[str, bool]:
 def _qdq_pairs(graph) -> int:
     """Quantize ops whose users are dequantize ops (an activation's int8 round trip), plus the int8 weights (stored
     quantized, so only their dequantize is left in the graph)."""
-    pairs = sum(1 for n in graph.nodes if _op(n).startswith("quantize_per")
-                and any(_op(u).startswith("dequantize") for u in n.users))
+    pairs = sum(
+        1
+        for n in graph.nodes
+        if _op(n).startswith("quantize_per") and any(_op(u).startswith("dequantize") for u in n.users)
+    )
     weights = sum(1 for n in graph.nodes if _op(n).startswith("dequantize_per_channel"))
     return pairs + weights

@@ -62,12 +62,18 @@ def export(job: ExportJob) -> dict:
     outputs = parent["output_names"]
     determinism = compare(run_plan(plan, feed, outputs), run_plan(second_plan, feed, outputs))
     return {
-        "format": "tensorrt", "file": PLAN_FILE,
+        "format": "tensorrt",
+        "file": PLAN_FILE,
         **{key: parent[key] for key in ("input_names", "output_names", "input_layout", "canonical_layout")},
         "tensorrt": trt.__version__,
         "gpu": gpu,
-        "builder": {"precision": job.precision, "flags": flags, "cleared": cleared,
-                    "workspace_bytes": WORKSPACE_BYTES, "timing_cache": str(cache_path)},
+        "builder": {
+            "precision": job.precision,
+            "flags": flags,
+            "cleared": cleared,
+            "workspace_bytes": WORKSPACE_BYTES,
+            "timing_cache": str(cache_path),
+        },
         "build_determinism": {**determinism, "builds": 2, "note": DETERMINISM_NOTE},
         "build_s": [round(first_s, 3), round(second_s, 3)],
     }
@@ -80,8 +86,10 @@ def precision_flags(trt, precision: str, gpu: dict) -> tuple[list[str], list[str
         raise Unavailable(f"{precision} needs compute capability 8.0 or newer ({gpu['name']} is {capability})")
     wanted = PRECISION_FLAG[precision]
     if wanted is not None and not hasattr(trt.BuilderFlag, wanted):
-        raise Unavailable(f"TensorRT {trt.__version__} has no {wanted} builder flag (TensorRT 11 builds strongly "
-                          f"typed networks only): {precision} engines need an ONNX model already in {precision}")
+        raise Unavailable(
+            f"TensorRT {trt.__version__} has no {wanted} builder flag (TensorRT 11 builds strongly "
+            f"typed networks only): {precision} engines need an ONNX model already in {precision}"
+        )
     cleared = [name for name in REDUCED_FLAGS if name != wanted and hasattr(trt.BuilderFlag, name)]
     return ([wanted] if wanted else []), cleared
 
@@ -105,8 +113,10 @@ def dynamic_input_shapes(network, fed: dict[str, tuple]) -> dict[str, tuple]:
         dims = tuple(tensor.shape)
         if tensor.name not in fed:
             if any(d < 0 for d in dims):
-                raise ExportError(f"ONNX input {tensor.name!r} has dynamic shape {dims} and parity feeds only "
-                                  f"{', '.join(map(repr, fed))}")
+                raise ExportError(
+                    f"ONNX input {tensor.name!r} has dynamic shape {dims} and parity feeds only "
+                    f"{', '.join(map(repr, fed))}"
+                )
             continue
         shape = tuple(fed[tensor.name])
         if not (len(dims) == len(shape) and all(d < 0 or d == s for d, s in zip(dims, shape))):

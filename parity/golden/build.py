@@ -32,23 +32,40 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
         split = digits_split(spec.model_inputs[0].shape)
         save_npz(scratch / "train.npz", {"x": split.train_x, "y": split.train_y})
         save_npz(scratch / "eval.npz", {"x": split.eval_x.astype(np.float32), "y": split.eval_y})
-        save_npz(scratch / "inputs.npz", {"x": split.eval_x[:spec.batch_size].astype(np.float32),
-                                           "labels": split.eval_y[:spec.batch_size]})
+        save_npz(
+            scratch / "inputs.npz",
+            {"x": split.eval_x[: spec.batch_size].astype(np.float32), "labels": split.eval_y[: spec.batch_size]},
+        )
         progress(f"{spec.name}: training ({spec.training.epochs} epochs, torch, seed {spec.training.seed})")
-        train_info = pool.call("torch", "parity.golden.tasks:train_weights", workspace=str(workspace.root),
-                               model=spec.name, train_file=str(scratch / "train.npz"), eval_file=str(scratch / "eval.npz"),
-                               out_file=str(scratch / "weights.npz"))
+        train_info = pool.call(
+            "torch",
+            "parity.golden.tasks:train_weights",
+            workspace=str(workspace.root),
+            model=spec.name,
+            train_file=str(scratch / "train.npz"),
+            eval_file=str(scratch / "eval.npz"),
+            out_file=str(scratch / "weights.npz"),
+        )
         references = {}
         for framework in spec.frameworks:
             progress(f"{spec.name}: float64 reference in {framework}")
             out_file = scratch / f"reference-{framework}.npz"
-            pool.call(framework, "parity.golden.tasks:fp64_reference", workspace=str(workspace.root), model=spec.name,
-                      framework=framework, scratch=str(scratch), out_file=str(out_file))
+            pool.call(
+                framework,
+                "parity.golden.tasks:fp64_reference",
+                workspace=str(workspace.root),
+                model=spec.name,
+                framework=framework,
+                scratch=str(scratch),
+                out_file=str(out_file),
+            )
             references[framework] = load_arrays(scratch, out_file.name)
         agreement = _cross_framework_agreement(spec, references)
         reference = references[spec.frameworks[0]]
         save_npz(scratch / "reference.npz", {k: v for k, v in reference.items() if not k.startswith("grad/")})
-        save_npz(scratch / "gradients.npz", {k[len("grad/"):]: v for k, v in reference.items() if k.startswith("grad/")})
+        save_npz(
+            scratch / "gradients.npz", {k[len("grad/") :]: v for k, v in reference.items() if k.startswith("grad/")}
+        )
 
         progress(f"{spec.name}: float64 reference at the verification shapes")
         build_shapes(workspace, spec, scratch, pool, spec.frameworks[0], "float64", None)
@@ -62,8 +79,13 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
             "cross_framework_fp64_by_tap": agreement["by_tap"],
             "metrics": golden_metrics,
             "training": {**vars(spec.training), **train_info},
-            "data": {"dataset": DATASET, "split_seed": SPLIT_SEED, "train": len(split.train_y),
-                     "eval": len(split.eval_y), "inputs": spec.batch_size},
+            "data": {
+                "dataset": DATASET,
+                "split_seed": SPLIT_SEED,
+                "train": len(split.train_y),
+                "eval": len(split.eval_y),
+                "inputs": spec.batch_size,
+            },
         }
         return publish(workspace, spec, scratch, manifest, started)
     finally:

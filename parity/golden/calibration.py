@@ -26,7 +26,9 @@ LIMIT = 256  # calibration samples at most: ranges settle well before, and each 
 SEED_OFFSET = 1_000_003  # generated calibration samples: the inputs' seed plus this, so never the same draw
 
 
-def calibration_feeds(spec, verified, root: Path | None = None, limit: int = LIMIT) -> tuple[dict[str, np.ndarray], str]:
+def calibration_feeds(
+    spec, verified, root: Path | None = None, limit: int = LIMIT
+) -> tuple[dict[str, np.ndarray], str]:
     """``(feeds, where)``: up to ``limit`` calibration samples for ``spec`` (canonical layout, float32 for float
     inputs) and a line saying where they come from; ``root``: the workspace a user's inputs file is relative to.
     Raises ``Unavailable`` where only the eval split exists."""
@@ -46,9 +48,13 @@ def calibration_feeds(spec, verified, root: Path | None = None, limit: int = LIM
         given = {name: _stored(spec, name, value) for name, value in given.items()}  # as the golden stores them
         if not _overlaps(spec, given, evaluated):
             rows = min(limit, feeds.samples(spec, given))
-            return (feeds.rows(spec, given, 0, rows),
-                    (f"the inputs of {declared.file} ({rows} of {feeds.samples(spec, given)} samples, apart from its "
-                     "eval set)"))
+            return (
+                feeds.rows(spec, given, 0, rows),
+                (
+                    f"the inputs of {declared.file} ({rows} of {feeds.samples(spec, given)} samples, apart from its "
+                    "eval set)"
+                ),
+            )
     given = feeds.from_arrays(spec, verified.arrays["inputs.npz"])
     if not _overlaps(spec, given, evaluated):
         rows = min(limit, feeds.samples(spec, given))
@@ -56,11 +62,15 @@ def calibration_feeds(spec, verified, root: Path | None = None, limit: int = LIM
     if declared is not None and not (declared.file or declared.test_data or declared.polygraphy_inputs):
         rng = np.random.default_rng(declared.seed + SEED_OFFSET)
         drawn = feeds.generate(spec, min(limit, max(spec.batch_size, 64)), declared.values(), rng)
-        return drawn, (f"{feeds.samples(spec, drawn)} fresh samples of the inputs' declared distribution "
-                       f"(seed {declared.seed + SEED_OFFSET})")
-    raise Unavailable(f"model {spec.name!r} has no calibration data apart from the eval set the accuracy gate "
-                      "measures on: give the eval set apart from the inputs (eval_x and eval_labels in the inputs "
-                      ".npz), and the inputs calibrate")
+        return drawn, (
+            f"{feeds.samples(spec, drawn)} fresh samples of the inputs' declared distribution "
+            f"(seed {declared.seed + SEED_OFFSET})"
+        )
+    raise Unavailable(
+        f"model {spec.name!r} has no calibration data apart from the eval set the accuracy gate "
+        "measures on: give the eval set apart from the inputs (eval_x and eval_labels in the inputs "
+        ".npz), and the inputs calibrate"
+    )
 
 
 def _overlaps(spec, given: dict, evaluated: dict) -> bool:

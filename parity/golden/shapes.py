@@ -48,8 +48,10 @@ def _cut(spec, evals: dict, shape: dict) -> dict[str, np.ndarray]:
         for axis, dim in enumerate(i.shape):
             if isinstance(dim, str) and shape[dim] != spec.axes[dim]:
                 if shape[dim] > spec.axes[dim]:
-                    raise ParityError(f"verification shape {shape}: axis {dim!r} of input {i.name!r} is longer than the "
-                                      f"data given ({spec.axes[dim]}); declare verify_shapes with sizes up to it")
+                    raise ParityError(
+                        f"verification shape {shape}: axis {dim!r} of input {i.name!r} is longer than the "
+                        f"data given ({spec.axes[dim]}); declare verify_shapes with sizes up to it"
+                    )
                 value = np.take(value, np.arange(shape[dim]), axis=axis + offset)
         out[i.name] = np.asarray(value, order="C")  # a scalar stays 0-d
     return out
@@ -77,15 +79,18 @@ def reference_outputs(spec, arrays: dict, run) -> dict[str, np.ndarray]:
         except ParityError:
             raise
         except Exception as error:  # noqa: BLE001 - the model's own failure at this shape
-            raise ParityError(f"the model does not run at verification shape {describe(shape)} "
-                              f"({one_line(f'{type(error).__name__}: {error}', 300)}); declare the shapes it takes "
-                              f"with verify_shapes, or () for the golden shape alone") from None
+            raise ParityError(
+                f"the model does not run at verification shape {describe(shape)} "
+                f"({one_line(f'{type(error).__name__}: {error}', 300)}); declare the shapes it takes "
+                f"with verify_shapes, or () for the golden shape alone"
+            ) from None
         outputs.update({f"{k}/output/{name}": values.golden(result[name]) for name in spec.outputs})
     return outputs
 
 
-def shape_references(workspace: str, model: str, framework: str, scratch: str | Path, dtype: str,
-                     params: dict | None) -> None:
+def shape_references(
+    workspace: str, model: str, framework: str, scratch: str | Path, dtype: str, params: dict | None
+) -> None:
     """The reference outputs at every verification shape into ``shapes.npz`` (beside its inputs), in ``dtype``."""
     from parity import sources
     from parity.golden.store import load_arrays, save_npz
@@ -106,6 +111,7 @@ def shape_references(workspace: str, model: str, framework: str, scratch: str | 
         def run(x, _batch):
             return onnx_source.reference_outputs(graph, x, dtype)
     else:
+
         def run(x, batch):
             return sources.native(framework)(spec, weights, batch, dtype).run(x)
 
@@ -135,21 +141,34 @@ def upgrade(workspace, spec, pool, progress=lambda message: None) -> dict:
     old_files = [name for name in store.FILES if name != FILE]
     for name in old_files:
         if sha256_file(golden_dir / name) != old["files"][name]["sha256"]:
-            raise GoldenError(f"{golden_dir / name}: sha256 does not match its manifest; "
-                              f"{manifest_lib.rebuild_hint(spec.name)}")
+            raise GoldenError(
+                f"{golden_dir / name}: sha256 does not match its manifest; {manifest_lib.rebuild_hint(spec.name)}"
+            )
     started = time.perf_counter()
     scratch = store.new_scratch(workspace, spec)
     try:
         for name in old_files:
             shutil.copyfile(golden_dir / name, scratch / name)
         progress(f"{spec.name}: reference at the verification shapes {[describe(s) for s in spec.check_shapes()]}")
-        build_shapes(workspace, spec, scratch, pool, old["reference_framework"],
-                     (old.get("reference") or {}).get("dtype", "float64"), old.get("params"))
+        build_shapes(
+            workspace,
+            spec,
+            scratch,
+            pool,
+            old["reference_framework"],
+            (old.get("reference") or {}).get("dtype", "float64"),
+            old.get("params"),
+        )
         manifest = {key: value for key, value in old.items() if key != "digest"}
-        manifest.update(schema=manifest_lib.SCHEMA, shapes=spec.check_shapes(),
-                        migrated={"from_schema": old["schema"], "parity": __version__})
-        manifest["files"] = {**old["files"], FILE: {"sha256": sha256_file(scratch / FILE),
-                                                    "arrays": store.describe_arrays(scratch / FILE)}}
+        manifest.update(
+            schema=manifest_lib.SCHEMA,
+            shapes=spec.check_shapes(),
+            migrated={"from_schema": old["schema"], "parity": __version__},
+        )
+        manifest["files"] = {
+            **old["files"],
+            FILE: {"sha256": sha256_file(scratch / FILE), "arrays": store.describe_arrays(scratch / FILE)},
+        }
         manifest["build_seconds"] = round(old["build_seconds"] + time.perf_counter() - started, 1)
         final = scratch / spec.name
         final.mkdir()
@@ -170,5 +189,13 @@ def build_shapes(workspace, spec, scratch: Path, pool, framework: str, dtype: st
 
     evals = feeds.from_arrays(spec, load_arrays(scratch, "eval.npz"))
     save_npz(scratch / FILE, shape_inputs(spec, evals, spec.inputs if spec.weights_from_model else None))
-    pool.call(framework, "parity.golden.shapes:shape_references", workspace=str(workspace.root), model=spec.name,
-              framework=framework, scratch=str(scratch), dtype=dtype, params=params)
+    pool.call(
+        framework,
+        "parity.golden.shapes:shape_references",
+        workspace=str(workspace.root),
+        model=spec.name,
+        framework=framework,
+        scratch=str(scratch),
+        dtype=dtype,
+        params=params,
+    )

@@ -89,8 +89,10 @@ def _checked_arrays(path: Path, described: dict) -> dict[str, np.ndarray]:
     for key, array in arrays.items():
         expected = described[key]
         if list(array.shape) != expected["shape"] or str(array.dtype) != expected["dtype"]:
-            raise GoldenError(f"{path}: array {key!r} is {array.dtype}{list(array.shape)}, the manifest says "
-                              f"{expected['dtype']}{expected['shape']}")
+            raise GoldenError(
+                f"{path}: array {key!r} is {array.dtype}{list(array.shape)}, the manifest says "
+                f"{expected['dtype']}{expected['shape']}"
+            )
         problem = nonfinite_problem(path.name, key, array, expected.get("infinite", 0), expected.get("nan", 0))
         if problem:
             raise GoldenError(f"{path}: {problem}")
@@ -107,7 +109,8 @@ def nonfinite_problem(file: str, key: str, array: np.ndarray, declared: int, dec
     nan = int(np.count_nonzero(np.isnan(array)))
     inf = int(np.count_nonzero(np.isinf(array)))
     what = {"weights.npz": "weight", "reference.npz": "reference output", "gradients.npz": "reference gradient"}.get(
-        file, "input")
+        file, "input"
+    )
     if nan and file == "weights.npz":
         return f"array {key!r} ({what}) has {nan} NaN value(s) of {array.size}; a NaN weight is never golden data"
     if inf != declared:
@@ -133,8 +136,10 @@ def _check_metrics(golden: Golden) -> None:
     recomputed = task_metrics(logits, labels, logits.shape[1], top_k)
     for name, value in recomputed.items():
         if golden.metrics.get(name) != value:
-            raise GoldenError(f"{golden.dir / MANIFEST}: golden metric {name} is {golden.metrics.get(name)!r}, but the "
-                              f"verified eval logits give {value!r}; {manifest_lib.rebuild_hint(golden.dir.name)}")
+            raise GoldenError(
+                f"{golden.dir / MANIFEST}: golden metric {name} is {golden.metrics.get(name)!r}, but the "
+                f"verified eval logits give {value!r}; {manifest_lib.rebuild_hint(golden.dir.name)}"
+            )
 
 
 def _check_against_spec(golden: Golden, spec) -> None:
@@ -149,8 +154,12 @@ def _check_against_spec(golden: Golden, spec) -> None:
             problems.append(f"{file} has no {key!r}")
         elif shape is not None and tuple(array.shape) != tuple(shape):
             problems.append(f"{file} {key!r} has shape {list(array.shape)}, the spec needs {list(shape)}")
-        elif dtype is not None and str(array.dtype) != dtype and not (dtype == "integer" and array.dtype.kind in "iu") \
-                and not (dtype in ("unicode", "float64") and array.dtype.kind == "U"):  # text: any width
+        elif (
+            dtype is not None
+            and str(array.dtype) != dtype
+            and not (dtype == "integer" and array.dtype.kind in "iu")
+            and not (dtype in ("unicode", "float64") and array.dtype.kind == "U")
+        ):  # text: any width
             problems.append(f"{file} {key!r} is {array.dtype}, golden data needs {dtype}")
 
     for name, param in spec.params.items():
@@ -159,7 +168,9 @@ def _check_against_spec(golden: Golden, spec) -> None:
     if extra:
         problems.append(f"weights.npz has parameters the spec does not declare: {extra}")
     first = spec.model_inputs[0] if spec.model_inputs else None  # an ONNX graph may take no input
-    n_eval = len(arrays["eval.npz"].get(feeds.key(spec, first.name), ())) if first and first.batched else spec.batch_size
+    n_eval = (
+        len(arrays["eval.npz"].get(feeds.key(spec, first.name), ())) if first and first.batched else spec.batch_size
+    )
     labelled = not spec.weights_from_model or "y" in arrays["eval.npz"]
     for i in spec.model_inputs:
         stored = values.stored_dtype(i.dtype)
@@ -183,22 +194,36 @@ def _check_against_spec(golden: Golden, spec) -> None:
     elif arrays["gradients.npz"]:
         problems.append("gradients.npz has gradients but the spec declares no loss")
     if golden.manifest["shapes"] != spec.check_shapes():
-        problems.append(f"the golden data is verified at shapes {golden.manifest['shapes']}, the spec declares "
-                        f"{spec.check_shapes()}")
+        problems.append(
+            f"the golden data is verified at shapes {golden.manifest['shapes']}, the spec declares "
+            f"{spec.check_shapes()}"
+        )
     else:
         for k, shape in enumerate(spec.check_shapes()):
             for i in spec.model_inputs:
-                expect("shapes.npz", f"{k}/input/{i.name}", i.full_shape(shape.get("batch", 1), shape),
-                       values.stored_dtype(i.dtype))
+                expect(
+                    "shapes.npz",
+                    f"{k}/input/{i.name}",
+                    i.full_shape(shape.get("batch", 1), shape),
+                    values.stored_dtype(i.dtype),
+                )
             for name in spec.outputs:
                 key = f"{k}/output/{name}"
                 expect("shapes.npz", key, None, "float64")
                 value, golden_output = arrays["shapes.npz"].get(key), arrays["reference.npz"].get(name)
                 axis = batch_axes.axis_of(axes, name)
-                if value is not None and golden_output is not None and (value.ndim != golden_output.ndim or (
-                        axis is not None and "batch" in shape and value.shape[axis] != shape["batch"])):
-                    problems.append(f"shapes.npz {key!r} has shape {list(value.shape)}, not an output of "
-                                    f"{golden_output.ndim} dimensions at {shape}")
+                if (
+                    value is not None
+                    and golden_output is not None
+                    and (
+                        value.ndim != golden_output.ndim
+                        or (axis is not None and "batch" in shape and value.shape[axis] != shape["batch"])
+                    )
+                ):
+                    problems.append(
+                        f"shapes.npz {key!r} has shape {list(value.shape)}, not an output of "
+                        f"{golden_output.ndim} dimensions at {shape}"
+                    )
     if any(i.batched for i in spec.model_inputs):
         problems += _batch_problems(arrays["reference.npz"], axes, spec.batch_size)
     if labelled and f"top{spec.metric_rules.top_k}_accuracy" not in golden.metrics:
@@ -210,8 +235,10 @@ def _check_against_spec(golden: Golden, spec) -> None:
         elif source_digest(source) != golden.manifest.get("source_sha256"):
             problems.append(f"the source model {source} changed since the golden data was built from it")
     if problems:
-        raise GoldenError(f"{golden.dir}: golden data does not match the model spec ({spec.source_file}): "
-                          f"{'; '.join(problems[:4])}{' ...' if len(problems) > 4 else ''}; {manifest_lib.rebuild_hint(golden.dir.name)}")
+        raise GoldenError(
+            f"{golden.dir}: golden data does not match the model spec ({spec.source_file}): "
+            f"{'; '.join(problems[:4])}{' ...' if len(problems) > 4 else ''}; {manifest_lib.rebuild_hint(golden.dir.name)}"
+        )
 
 
 def _batch_problems(reference: dict, axes: dict, batch_size: int) -> list[str]:
@@ -234,16 +261,20 @@ def summary(manifest: dict, golden_dir: Path) -> str:
     metrics = f" | eval accuracy {m['accuracy']:.4f}, macro-F1 {m['macro_f1']:.4f}" if m else ""
     reference = manifest.get("reference")
     if reference is None:
-        return (f"cross-framework fp64 max abs {manifest['cross_framework_fp64_max_abs']:.3g} (gradients "
-                f"{manifest['cross_framework_fp64_grad_max_abs']:.3g}){metrics}")
+        return (
+            f"cross-framework fp64 max abs {manifest['cross_framework_fp64_max_abs']:.3g} (gradients "
+            f"{manifest['cross_framework_fp64_grad_max_abs']:.3g}){metrics}"
+        )
     size_mb = sum(path.stat().st_size for path in Path(golden_dir).iterdir()) / 1e6
     line = f"{manifest['frameworks'][0]} reference in {reference['dtype']}"
     if reference["reason"]:
         line += f" ({reference['reason']}; tolerances widened x{reference['tolerance_factor']:g})"
     if reference.get("given_vs_reference_max_abs") is not None:
         distance = reference["given_vs_reference_max_abs"]
-        line += (f"; golden outputs from {reference['outputs_from']} (max abs {distance:.3g} from the reference, "
-                 f"added to the output atol)")
+        line += (
+            f"; golden outputs from {reference['outputs_from']} (max abs {distance:.3g} from the reference, "
+            f"added to the output atol)"
+        )
     return f"{line}; {manifest['data']['dataset']}, {manifest['data']['eval']} samples; {size_mb:.1f} MB{metrics}"
 
 
@@ -258,8 +289,12 @@ def describe_arrays(path: Path) -> dict:
     for key, array in read_npz(path, GoldenError, "golden file").items():
         infinite = int(np.count_nonzero(np.isinf(array))) if array.dtype.kind == "f" else 0
         nan = int(np.count_nonzero(np.isnan(array))) if array.dtype.kind == "f" else 0
-        described[key] = {"shape": list(array.shape), "dtype": str(array.dtype),
-                          **({"infinite": infinite} if infinite else {}), **({"nan": nan} if nan else {})}
+        described[key] = {
+            "shape": list(array.shape),
+            "dtype": str(array.dtype),
+            **({"infinite": infinite} if infinite else {}),
+            **({"nan": nan} if nan else {}),
+        }
     return described
 
 
@@ -282,19 +317,24 @@ def publish(workspace, spec, scratch: Path, fields: dict, started: float) -> dic
     from parity.platform.cache_dir import named_lock
     from parity.platform.env import package_versions
 
-    manifest = manifest_lib.seal({
-        "schema": SCHEMA,
-        "model": spec.name,
-        "description": spec.description,
-        "files": {name: {"sha256": sha256_file(scratch / name), "arrays": describe_arrays(scratch / name)} for name in FILES},
-        "tolerances": {p: t.to_json() for p, t in spec.tolerances.items()},
-        "grad_tolerances": {p: t.to_json() for p, t in spec.grad_tolerances.items()},
-        "batch_size": spec.batch_size,
-        "shapes": spec.check_shapes(),
-        "versions": {"parity": __version__, **package_versions()},
-        **fields,
-        "build_seconds": round(time.perf_counter() - started, 1),
-    })
+    manifest = manifest_lib.seal(
+        {
+            "schema": SCHEMA,
+            "model": spec.name,
+            "description": spec.description,
+            "files": {
+                name: {"sha256": sha256_file(scratch / name), "arrays": describe_arrays(scratch / name)}
+                for name in FILES
+            },
+            "tolerances": {p: t.to_json() for p, t in spec.tolerances.items()},
+            "grad_tolerances": {p: t.to_json() for p, t in spec.grad_tolerances.items()},
+            "batch_size": spec.batch_size,
+            "shapes": spec.check_shapes(),
+            "versions": {"parity": __version__, **package_versions()},
+            **fields,
+            "build_seconds": round(time.perf_counter() - started, 1),
+        }
+    )
     target_dir = workspace.golden_dir(spec.name)
     final = scratch / spec.name  # named like its target: the manifest names its folder
     final.mkdir()

@@ -46,19 +46,28 @@ def fp64_reference(workspace: str, model: str, framework: str, scratch: str | Pa
     """Outputs, taps, eval logits and gradients of one framework's definition in float64."""
     spec = Workspace(workspace).load_spec(model)
     scratch = Path(scratch)
-    arrays, _ = reference_arrays(spec, framework, load_arrays(scratch, "weights.npz"),
-                                 load_arrays(scratch, "inputs.npz"), load_arrays(scratch, "eval.npz"), "float64",
-                                 detect_axes=False)  # the zoo's outputs and taps are batched on axis 0
+    arrays, _ = reference_arrays(
+        spec,
+        framework,
+        load_arrays(scratch, "weights.npz"),
+        load_arrays(scratch, "inputs.npz"),
+        load_arrays(scratch, "eval.npz"),
+        "float64",
+        detect_axes=False,
+    )  # the zoo's outputs and taps are batched on axis 0
     save_npz(Path(out_file), arrays)
 
 
-def reference_arrays(spec, framework: str, weights: dict, inputs: dict, evals: dict, dtype: str,
-                     detect_axes: bool = True) -> tuple[dict, dict]:
+def reference_arrays(
+    spec, framework: str, weights: dict, inputs: dict, evals: dict, dtype: str, detect_axes: bool = True
+) -> tuple[dict, dict]:
     """A native source's outputs, taps, eval outputs (``eval/logits``) and, with a loss, gradients (``grad/…``),
     all computed in ``dtype`` from the golden ``inputs.npz`` and ``eval.npz`` arrays, and the batch axis of every
     output and tap (``detect_axes``; else none recorded: axis 0); a definition that returns another floating dtype
     anywhere raises ``TypeError`` (integer and bool outputs are compared as they are)."""
-    source = sources.native(framework)(spec, weights, spec.batch_size, dtype)  # each source holds every weight as layouts.held_dtype says
+    source = sources.native(framework)(
+        spec, weights, spec.batch_size, dtype
+    )  # each source holds every weight as layouts.held_dtype says
     x = feeds.from_arrays(spec, inputs)  # floating feeds are cast to ``dtype`` by the runner; token ids stay integers
     arrays = dict(source.run(x))
     if spec.taps:
@@ -70,7 +79,8 @@ def reference_arrays(spec, framework: str, weights: dict, inputs: dict, evals: d
 
     axes = detect_batch_axes(spec, arrays, evals, run_at) if detect_axes else {}
     arrays["eval/logits"] = feeds.run_batched(source, feeds.from_arrays(spec, evals), spec.batch_size, axes)[
-        batch_axes.eval_output(spec, axes)]
+        batch_axes.eval_output(spec, axes)
+    ]
     if spec.loss is not None:
         arrays.update({f"grad/{name}": v for name, v in source.gradients(x, inputs["labels"]).items()})
     for key, value in arrays.items():
@@ -93,5 +103,6 @@ def detect_batch_axes(spec, arrays: dict, evals: dict, run_at) -> dict:
         found = run_at(x, other)
     except Exception:  # noqa: BLE001 - a model that takes one batch size only (its verification shapes say so)
         return batch_axes.guess(shapes, spec.batch_size)
-    return batch_axes.detect(shapes, {key: tuple(np.shape(value)) for key, value in found.items()},
-                             spec.batch_size, other)
+    return batch_axes.detect(
+        shapes, {key: tuple(np.shape(value)) for key, value in found.items()}, spec.batch_size, other
+    )

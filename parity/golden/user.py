@@ -31,8 +31,12 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
     """Inputs, weights, reference and gradients of a user model into ``golden/<model>/``, atomically."""
     spec = workspace.load_spec(spec.name, attach_golden=False)  # tolerances as declared, not as last widened
     for i in spec.model_inputs:
-        usermodel.check_data_size("inputs and eval inputs" + (f" {i.name!r}" if len(spec.model_inputs) > 1 else ""),
-                                  spec.input_shape(i.name), i.dtype, copies=2)
+        usermodel.check_data_size(
+            "inputs and eval inputs" + (f" {i.name!r}" if len(spec.model_inputs) > 1 else ""),
+            spec.input_shape(i.name),
+            i.dtype,
+            copies=2,
+        )
     framework = spec.frameworks[0]
     data = spec.inputs or InputData()
     started = time.perf_counter()
@@ -40,22 +44,38 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
     try:
         given = _prepare_inputs(workspace, spec, data, pool, scratch)
         progress(f"{spec.name}: reading the {framework} model's weights")
-        params = pool.call(framework, "parity.golden.user_tasks:read_weights", workspace=str(workspace.root), model=spec.name,
-                           out_file=str(scratch / "weights.npz"))
+        params = pool.call(
+            framework,
+            "parity.golden.user_tasks:read_weights",
+            workspace=str(workspace.root),
+            model=spec.name,
+            out_file=str(scratch / "weights.npz"),
+        )
         # what the model computes with and the code it runs, so every later run can tell the model has changed
-        built_from = pool.call(framework, "parity.model.identity:model_identity", workspace=str(workspace.root),
-                               model=spec.name)
+        built_from = pool.call(
+            framework, "parity.model.identity:model_identity", workspace=str(workspace.root), model=spec.name
+        )
         shapes = {k: list(v.shape) for k, v in golden.load_arrays(scratch, "weights.npz").items()}
         spec.params = usermodel.native_params(shapes, params)
         progress(f"{spec.name}: float64 reference in {framework}")
-        info = pool.call(framework, "parity.golden.user_tasks:reference", workspace=str(workspace.root), model=spec.name,
-                         scratch=str(scratch), shapes=shapes, params=params,
-                         out_file=str(scratch / "reference-source.npz"))
+        info = pool.call(
+            framework,
+            "parity.golden.user_tasks:reference",
+            workspace=str(workspace.root),
+            model=spec.name,
+            scratch=str(scratch),
+            shapes=shapes,
+            params=params,
+            out_file=str(scratch / "reference-source.npz"),
+        )
         reference = golden.load_arrays(scratch, "reference-source.npz")
         given_vs_reference = None
         if given is not None:
-            given_vs_reference = (_replace_elements(spec, reference, given, info.get("containers") or {})
-                                  if spec.containers else _replace_outputs(spec, reference, given, info["batch_axes"]))
+            given_vs_reference = (
+                _replace_elements(spec, reference, given, info.get("containers") or {})
+                if spec.containers
+                else _replace_outputs(spec, reference, given, info["batch_axes"])
+            )
         factor = usermodel.tolerance_factor(info["dtype"])
         usermodel.widen_tolerances(spec, factor)
         usermodel.widen_for_given(spec, given_vs_reference)
@@ -67,15 +87,25 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
         fields = {
             "reference_framework": framework,
             "frameworks": [framework],
-            "cross_framework_fp64_max_abs": 0.0, "cross_framework_fp64_grad_max_abs": 0.0,
+            "cross_framework_fp64_max_abs": 0.0,
+            "cross_framework_fp64_grad_max_abs": 0.0,
             "cross_framework_fp64_by_tap": {},
             "metrics": _metrics(spec, reference["eval/logits"], eval_data.get("y")),
             "training": {},
-            "data": {"dataset": data.describe(), "split_seed": data.seed, "train": 0, "eval": feeds.samples(spec, feeds.from_arrays(spec, eval_data)),
-                     "inputs": spec.batch_size},
-            "reference": {"dtype": info["dtype"], "reason": info["reason"], "tolerance_factor": factor,
-                          "outputs_from": given["from"] if given is not None else f"{framework} reference",
-                          "given_vs_reference_max_abs": given_vs_reference},
+            "data": {
+                "dataset": data.describe(),
+                "split_seed": data.seed,
+                "train": 0,
+                "eval": feeds.samples(spec, feeds.from_arrays(spec, eval_data)),
+                "inputs": spec.batch_size,
+            },
+            "reference": {
+                "dtype": info["dtype"],
+                "reason": info["reason"],
+                "tolerance_factor": factor,
+                "outputs_from": given["from"] if given is not None else f"{framework} reference",
+                "given_vs_reference_max_abs": given_vs_reference,
+            },
             "params": params,
             "batch_axes": info["batch_axes"],
         }
@@ -96,8 +126,13 @@ def _prepare_inputs(workspace, spec, data: InputData, pool, scratch: Path) -> di
     """Write ``inputs.npz`` and ``eval.npz``; return golden outputs given with the inputs, if any."""
     given = None
     if data.test_data or data.polygraphy_inputs:
-        found = pool.call("onnx", "parity.golden.user_tasks:given_data", workspace=str(workspace.root),
-                          model=spec.name, out_file=str(scratch / "given.npz"))
+        found = pool.call(
+            "onnx",
+            "parity.golden.user_tasks:given_data",
+            workspace=str(workspace.root),
+            model=spec.name,
+            out_file=str(scratch / "given.npz"),
+        )
         arrays = golden.load_arrays(scratch, "given.npz")
         x = eval_x = feeds.from_arrays(spec, arrays)
         labels = eval_y = None
@@ -117,14 +152,17 @@ def _prepare_inputs(workspace, spec, data: InputData, pool, scratch: Path) -> di
     available = feeds.samples(spec, x)
     if available < spec.batch_size:
         raise ParityError(f"{data.describe()}: {available} samples, fewer than the batch size {spec.batch_size}")
-    inputs = feeds.to_arrays(spec, {name: _stored(spec, name, value)
-                                    for name, value in feeds.rows(spec, x, 0, spec.batch_size).items()})
+    inputs = feeds.to_arrays(
+        spec, {name: _stored(spec, name, value) for name, value in feeds.rows(spec, x, 0, spec.batch_size).items()}
+    )
     evals = feeds.to_arrays(spec, {name: _stored(spec, name, value) for name, value in eval_x.items()})
     if spec.loss is not None:
         if labels is None:
-            raise ParityError(f"model {spec.name!r} declares loss {spec.loss!r}, which needs labels; "
-                              f"{data.describe()} has none (set loss=None for no gradients)")
-        inputs["labels"] = np.asarray(labels[:spec.batch_size], dtype=np.int64)
+            raise ParityError(
+                f"model {spec.name!r} declares loss {spec.loss!r}, which needs labels; "
+                f"{data.describe()} has none (set loss=None for no gradients)"
+            )
+        inputs["labels"] = np.asarray(labels[: spec.batch_size], dtype=np.int64)
     if eval_y is not None:
         if len(eval_y) != feeds.samples(spec, eval_x):
             raise ParityError(f"{data.describe()}: {len(eval_y)} labels for {feeds.samples(spec, eval_x)} eval samples")
@@ -172,10 +210,16 @@ def _check_samples(spec, x: dict, what: str) -> None:
         value = np.asarray(x[i.name])
         want = i.full_shape(value.shape[0] if i.batched and value.ndim else 0, spec.axes)
         if value.shape != want:
-            shown = ", ".join(map(str, (("batch",) if i.batched else ()) + tuple(
-                f"{d}={spec.axes[d]}" if isinstance(d, str) else d for d in i.shape)))
-            raise ParityError(f"{what}: input {i.name!r} has shape {tuple(value.shape)}; model {spec.name!r} takes "
-                              f"({shown})")
+            shown = ", ".join(
+                map(
+                    str,
+                    (("batch",) if i.batched else ())
+                    + tuple(f"{d}={spec.axes[d]}" if isinstance(d, str) else d for d in i.shape),
+                )
+            )
+            raise ParityError(
+                f"{what}: input {i.name!r} has shape {tuple(value.shape)}; model {spec.name!r} takes ({shown})"
+            )
         if i.dtype in values.LOW_PRECISION:  # raw bits (uint8), numbers, or an array of the dtype itself
             if value.dtype.kind not in "fiuV":
                 raise ParityError(f"{what}: input {i.name!r} is {value.dtype}; model {spec.name!r} takes {i.dtype}")
@@ -208,8 +252,10 @@ def _replace_elements(spec, reference: dict, given: dict, structures: dict) -> f
             value = values.golden(given[f"given/{key}"])
             if computed_structure == given_structure:
                 if value.shape != computed[key].shape or values.is_text(value) != values.is_text(computed[key]):
-                    raise ParityError(f"{given['from']}: output {key!r} is {value.dtype} of shape {value.shape}, the "
-                                      f"model gives {computed[key].dtype} of shape {computed[key].shape}")
+                    raise ParityError(
+                        f"{given['from']}: output {key!r} is {value.dtype} of shape {value.shape}, the "
+                        f"model gives {computed[key].dtype} of shape {computed[key].shape}"
+                    )
                 if not values.is_text(value):
                     worst = max(worst, finite_distance(value, computed[key]))
             reference[key] = value
@@ -237,12 +283,15 @@ def _replace_outputs(spec, reference: dict, given: dict, axes: dict) -> float:
         else:
             fits = value.shape == reference[name].shape
         if not fits:
-            raise ParityError(f"{given['from']}: output {name!r} has shape {np.shape(given[key])}, the model gives "
-                              f"{reference[name].shape}")
-        head = value[:spec.batch_size] if batched else value
+            raise ParityError(
+                f"{given['from']}: output {name!r} has shape {np.shape(given[key])}, the model gives "
+                f"{reference[name].shape}"
+            )
+        head = value[: spec.batch_size] if batched else value
         if values.is_text(head) != values.is_text(reference[name]):
-            raise ParityError(f"{given['from']}: output {name!r} is {head.dtype}, the model gives "
-                              f"{reference[name].dtype}")
+            raise ParityError(
+                f"{given['from']}: output {name!r} is {head.dtype}, the model gives {reference[name].dtype}"
+            )
         if not values.is_text(head):  # text has no distance: the given strings are the golden, compared for equality
             worst = max(worst, finite_distance(head, reference[name]))
         reference[name] = head
@@ -261,8 +310,10 @@ def _check_batched_output(spec, what: str, name: str, shape: tuple, samples: int
     """Refuse an output that does not follow the inputs' batch axis (batch first, one row per sample)."""
     if len(shape) == 0 or shape[0] != samples:
         inputs = ", ".join(repr(i.name) for i in spec.model_inputs)
-        raise ParityError(f"{what} {name!r} has shape {tuple(shape)} for {samples} samples of input {inputs}; parity "
-                          f"needs outputs batched like the input, batch first")
+        raise ParityError(
+            f"{what} {name!r} has shape {tuple(shape)} for {samples} samples of input {inputs}; parity "
+            f"needs outputs batched like the input, batch first"
+        )
 
 
 def _metrics(spec, logits: np.ndarray, labels) -> dict:
@@ -271,6 +322,8 @@ def _metrics(spec, logits: np.ndarray, labels) -> dict:
     if labels is None:
         return {}
     if logits.ndim != 2 or logits.shape[1] != spec.num_classes:
-        raise ParityError(f"labels need a classifier output of shape (batch, num_classes); {spec.outputs[0]!r} has "
-                          f"shape {logits.shape} and the spec says num_classes={spec.num_classes}")
+        raise ParityError(
+            f"labels need a classifier output of shape (batch, num_classes); {spec.outputs[0]!r} has "
+            f"shape {logits.shape} and the spec says num_classes={spec.num_classes}"
+        )
     return task_metrics(logits, labels, spec.num_classes, spec.metric_rules.top_k)

@@ -24,19 +24,28 @@ def read_weights(workspace: str, model: str, out_file: str) -> dict:
     float32, exactly), into ``out_file``; returns ``{name: {"trainable": bool, "dtype": str}}``."""
     spec = Workspace(workspace).load_spec(model, attach_golden=False)
     framework = spec.frameworks[0]
-    weights, trainable = {"torch": _torch_weights, "tf": _keras_weights, "jax": _jax_weights,
-                          "onnx": lambda _spec: ({}, set())}[framework](spec)
+    weights, trainable = {
+        "torch": _torch_weights,
+        "tf": _keras_weights,
+        "jax": _jax_weights,
+        "onnx": lambda _spec: ({}, set()),
+    }[framework](spec)
     dtypes = {name: str(np.asarray(v).dtype) for name, v in weights.items()}
-    golden.save_npz(Path(out_file), {k: np.asarray(v, dtype=np.float32 if dtypes[k] == "bfloat16" else None)
-                                     for k, v in weights.items()})
+    golden.save_npz(
+        Path(out_file),
+        {k: np.asarray(v, dtype=np.float32 if dtypes[k] == "bfloat16" else None) for k, v in weights.items()},
+    )
     return {name: {"trainable": name in trainable, "dtype": dtypes[name]} for name in weights}
 
 
 def _torch_weights(spec):
     module = spec.torch_module()
     trainable = {name for name, p in module.named_parameters() if p.requires_grad}
-    state = {k: _torch_array(v) for k, v in module.state_dict().items()
-             if not k.endswith(SKIPPED_TORCH_STATE) and v.is_floating_point()}
+    state = {
+        k: _torch_array(v)
+        for k, v in module.state_dict().items()
+        if not k.endswith(SKIPPED_TORCH_STATE) and v.is_floating_point()
+    }
     return state, trainable
 
 
@@ -109,14 +118,21 @@ def _onnx_reference(spec, _weights, inputs, evals, dtype: str, structures: dict)
         known = {name for node in model.graph.node for name in node.output}
         missing = [tap for tap in spec.taps if tap not in known]
         if missing:
-            raise UserModelError(f"{spec.onnx_model_path}: no node computes tap {missing[0]!r} (a tap of an ONNX source "
-                                 f"is the name of a tensor its graph computes)")
-        model.graph.output.extend(onnx.helper.make_empty_tensor_value_info(tap) for tap in spec.taps
-                                  if tap not in {o.name for o in model.graph.output})
+            raise UserModelError(
+                f"{spec.onnx_model_path}: no node computes tap {missing[0]!r} (a tap of an ONNX source "
+                f"is the name of a tensor its graph computes)"
+            )
+        model.graph.output.extend(
+            onnx.helper.make_empty_tensor_value_info(tap)
+            for tap in spec.taps
+            if tap not in {o.name for o in model.graph.output}
+        )
 
     def typed(x: dict) -> dict:  # float8, int4 ... inputs, which golden data holds as raw bits, as ml_dtypes arrays
-        return {i.name: values.as_low_precision(x[i.name], i.dtype) if i.dtype in values.LOW_PRECISION else x[i.name]
-                for i in spec.model_inputs}
+        return {
+            i.name: values.as_low_precision(x[i.name], i.dtype) if i.dtype in values.LOW_PRECISION else x[i.name]
+            for i in spec.model_inputs
+        }
 
     def outputs(x, taps: bool = True) -> dict:  # every input in its own dtype
         computed = _reference_run(spec, model, typed(x), dtype, structures)
@@ -133,8 +149,11 @@ def _onnx_reference(spec, _weights, inputs, evals, dtype: str, structures: dict)
     arrays = outputs(feeds.from_arrays(spec, inputs))
     axes = detect_batch_axes(spec, arrays, evals, lambda x, _batch: outputs(x))
     eval_key = containers.eval_key(spec, axes, structures)
-    arrays["eval/logits"] = np.zeros(0) if eval_key is None else feeds.run_batched(
-        Evaluator(), feeds.from_arrays(spec, evals), spec.batch_size, axes)[eval_key]
+    arrays["eval/logits"] = (
+        np.zeros(0)
+        if eval_key is None
+        else feeds.run_batched(Evaluator(), feeds.from_arrays(spec, evals), spec.batch_size, axes)[eval_key]
+    )
     return arrays, axes
 
 
@@ -146,8 +165,9 @@ def _reference_run(spec, model, x: dict, dtype: str, structures: dict) -> dict:
     if not spec.containers:
         return onnx_source.reference_outputs(model, x, dtype)
     computed = onnx_source.reference_outputs(model, containers.graph_feeds(spec, x), dtype)
-    arrays, found = containers.flat_outputs(spec.outputs, [computed[name] for name in spec.outputs],
-                                            containers.output_kinds(spec))
+    arrays, found = containers.flat_outputs(
+        spec.outputs, [computed[name] for name in spec.outputs], containers.output_kinds(spec)
+    )
     structures.update(found)
     return {**computed, **arrays}
 
@@ -171,15 +191,19 @@ def given_data(workspace: str, model: str, out_file: str) -> dict:
     structures: dict | None = {}
     given: dict = {}
     if spec.containers:  # taken whole, as the first set gives it: sequences and optionals by element
-        sets, given, structures = _by_element(spec, sets[0], outputs[0] if outputs is not None else None,
-                                              data.describe())
+        sets, given, structures = _by_element(
+            spec, sets[0], outputs[0] if outputs is not None else None, data.describe()
+        )
         outputs = None
     declared = [i.name for i in spec.model_inputs]
     if len(sets[0]) != len(declared) or (set(sets[0]) != set(declared) and graph_inputs is not None):
-        raise UserModelError(f"{data.describe()} gives inputs {', '.join(sets[0])}; the model takes {', '.join(declared)}")
+        raise UserModelError(
+            f"{data.describe()} gives inputs {', '.join(sets[0])}; the model takes {', '.join(declared)}"
+        )
     by_name = set(sets[0]) == set(declared)  # else in order: test data written without names
     if not any(i.batched for i in spec.model_inputs):  # no batch axis to stack sets along: the first set is the data
         sets, outputs = sets[:1], outputs[:1] if outputs is not None else None
+
     def stack(arrays: list):
         return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
@@ -207,8 +231,10 @@ def _by_element(spec, feed: dict, outputs: list | None, source: str) -> tuple[li
             continue
         arrays, structure = containers.flatten(name, value, containers.kind_of(declared[name]))
         if structure != declared[name]:
-            raise UserModelError(f"{source}: input {name!r} is {containers.describe(structure)}; the model's spec "
-                                 f"declares {containers.describe(declared[name])} (run `parity init` again)")
+            raise UserModelError(
+                f"{source}: input {name!r} is {containers.describe(structure)}; the model's spec "
+                f"declares {containers.describe(declared[name])} (run `parity init` again)"
+            )
         flat.update(arrays)
     if outputs is None:
         return [flat], {}, None

@@ -22,8 +22,11 @@ def given_feeds(root, given: dict, graph_inputs: dict | None, graph_outputs: lis
     else:
         source = root / given["polygraphy_inputs"]
         feeds = polygraphy.read_inputs(source)
-        outputs = (polygraphy.read_outputs(root / given["polygraphy_outputs"])
-                   if given.get("polygraphy_outputs") else [{}] * len(feeds))
+        outputs = (
+            polygraphy.read_outputs(root / given["polygraphy_outputs"])
+            if given.get("polygraphy_outputs")
+            else [{}] * len(feeds)
+        )
         if len(outputs) != len(feeds):
             raise InteropError(f"{given['polygraphy_outputs']} has {len(outputs)} iterations for {len(feeds)} inputs")
         sets = [onnx_test_data.TestDataSet(source, feed, out) for feed, out in zip(feeds, outputs)]
@@ -50,8 +53,10 @@ def npz_facts(path: Path, names: list[str] | None) -> dict:
     if names is None:
         names = [key for key in arrays if key not in DATA_KEYS and not key.startswith("eval_")]
         if not names:
-            raise UsageError(f"{path} has no input arrays (it has {', '.join(arrays) or 'none'}): name each array "
-                             f"after the model input it feeds, or declare the inputs with --input NAME=BATCHxDIMx...")
+            raise UsageError(
+                f"{path} has no input arrays (it has {', '.join(arrays) or 'none'}): name each array "
+                f"after the model input it feeds, or declare the inputs with --input NAME=BATCHxDIMx..."
+            )
     found = {}
     for name in names:
         key = name if name in arrays or len(names) > 1 else "x"
@@ -60,5 +65,8 @@ def npz_facts(path: Path, names: list[str] | None) -> dict:
             raise UsageError(f"{path} has no array {name!r}{alias} (it has {', '.join(arrays) or 'none'})")
         found[name] = (tuple(arrays[key].shape), str(arrays[key].dtype))
     labels = arrays.get("labels", arrays.get("y"))
-    return {"inputs": found, "labelled": labels is not None,
-            "classes": int(labels.max()) + 1 if labels is not None and labels.size else 0}
+    return {
+        "inputs": found,
+        "labelled": labels is not None,
+        "classes": int(labels.max()) + 1 if labels is not None and labels.size else 0,
+    }

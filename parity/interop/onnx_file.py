@@ -26,9 +26,15 @@ FLOATS = frozenset({1, 10, 16})  # FLOAT, FLOAT16, BFLOAT16
 # int attributes naming an element type, on ops of the default domain (not BitCast: bit layout)
 _DTYPE_ATTRIBUTES = frozenset({"to", "dtype", "output_datatype", "output_dtype"})
 # ops whose dtype attribute, when absent, means FLOAT
-_FLOAT_BY_DEFAULT = {"RandomNormal": "dtype", "RandomUniform": "dtype", "HannWindow": "output_datatype",
-                     "HammingWindow": "output_datatype", "BlackmanWindow": "output_datatype",
-                     "MelWeightMatrix": "output_datatype", "SequenceEmpty": "dtype"}
+_FLOAT_BY_DEFAULT = {
+    "RandomNormal": "dtype",
+    "RandomUniform": "dtype",
+    "HannWindow": "output_datatype",
+    "HammingWindow": "output_datatype",
+    "BlackmanWindow": "output_datatype",
+    "MelWeightMatrix": "output_datatype",
+    "SequenceEmpty": "dtype",
+}
 
 
 class OnnxFileError(ParityError):
@@ -46,8 +52,10 @@ def load_checked(path) -> onnx.ModelProto:
         raise OnnxFileError(f"{path}: not a file")
     outside = [location for location in external_locations(path) if not _inside(path.parent, location)]
     if outside:
-        raise OnnxFileError(f"{path}: external data {outside[0]!r} lies outside the model's folder; parity reads data "
-                            f"files only beside the model")
+        raise OnnxFileError(
+            f"{path}: external data {outside[0]!r} lies outside the model's folder; parity reads data "
+            f"files only beside the model"
+        )
     try:
         model = onnx.load(str(path), load_external_data=True)
     except Exception as error:  # noqa: BLE001 - a parse error or missing external data
@@ -55,10 +63,19 @@ def load_checked(path) -> onnx.ModelProto:
             bare = onnx.load(str(path), load_external_data=False)
         except Exception:  # noqa: BLE001 - the file itself does not parse
             raise OnnxFileError(f"{path}: not an ONNX model ({_reason(error)})") from None
-        missing = sorted({entry.value for tensor in _external_tensors(bare) for entry in tensor.external_data
-                          if entry.key == "location" and not (path.parent / entry.value).is_file()})
-        what = f"external data file(s) missing: {', '.join(missing)}" if missing else \
-            f"external data cannot be loaded ({_reason(error)})"
+        missing = sorted(
+            {
+                entry.value
+                for tensor in _external_tensors(bare)
+                for entry in tensor.external_data
+                if entry.key == "location" and not (path.parent / entry.value).is_file()
+            }
+        )
+        what = (
+            f"external data file(s) missing: {', '.join(missing)}"
+            if missing
+            else f"external data cannot be loaded ({_reason(error)})"
+        )
         raise OnnxFileError(f"{path}: {what}") from None
     if not model.HasField("graph"):
         raise OnnxFileError(f"{path}: not an ONNX model (no graph)")
@@ -118,8 +135,10 @@ def reference_outputs(model, feeds: dict[str, np.ndarray], dtype: str) -> dict[s
     feeds = {name: _cast(value, declared[name]) if name in declared else value for name, value in feeds.items()}
     names = [output.name for output in model.graph.output]
     values = ReferenceEvaluator(model, new_ops=_deprecated_ops()).run(None, feeds)
-    return {name: value if value is None or isinstance(value, list) else np.asarray(value)  # sequences, optionals
-            for name, value in zip(names, values)}
+    return {
+        name: value if value is None or isinstance(value, list) else np.asarray(value)  # sequences, optionals
+        for name, value in zip(names, values)
+    }
 
 
 def _deprecated_ops() -> list:
@@ -142,9 +161,16 @@ def float64_reference(model, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np
     except Exception as error:  # noqa: BLE001 - any float64 failure falls back to float32
         reason = f"float64 run failed: {_reason(error)}; reference computed in float32"
         outputs, used = reference_outputs(model, feeds, "float32"), "float32"
-    floats = {o.name for o in model.graph.output if o.type.WhichOneof("value") == "tensor_type"
-              and o.type.tensor_type.elem_type in FLOATS | {DOUBLE}}
-    return {name: value.astype(np.float64) if name in floats else value for name, value in outputs.items()}, used, reason
+    floats = {
+        o.name
+        for o in model.graph.output
+        if o.type.WhichOneof("value") == "tensor_type" and o.type.tensor_type.elem_type in FLOATS | {DOUBLE}
+    }
+    return (
+        {name: value.astype(np.float64) if name in floats else value for name, value in outputs.items()},
+        used,
+        reason,
+    )
 
 
 # --------------------------------------------------------------------------- helpers
@@ -179,8 +205,14 @@ def external_locations(path) -> list[str]:
         bare = onnx.load(str(path), load_external_data=False)
     except Exception:  # noqa: BLE001 - reported by load_checked
         return []
-    return list(dict.fromkeys(entry.value for tensor in _external_tensors(bare) for entry in tensor.external_data
-                              if entry.key == "location"))
+    return list(
+        dict.fromkeys(
+            entry.value
+            for tensor in _external_tensors(bare)
+            for entry in tensor.external_data
+            if entry.key == "location"
+        )
+    )
 
 
 def _inside(folder: Path, location: str) -> bool:
@@ -219,7 +251,7 @@ def _sha256_and_scan(path: Path, needle: bytes) -> tuple[str, bool]:
             digest.update(block)
             if not found:
                 found = needle in tail + block[: len(needle) - 1] or needle in block
-                tail = block[-(len(needle) - 1):]
+                tail = block[-(len(needle) - 1) :]
     return digest.hexdigest(), found
 
 
@@ -227,8 +259,10 @@ def _external_tensors(model):
     """Top-level initializers and Constant tensors kept in external data (where files are named)."""
     from onnx import AttributeProto, TensorProto
 
-    tensors = [*model.graph.initializer,
-               *(a.t for node in model.graph.node for a in node.attribute if a.type == AttributeProto.TENSOR)]
+    tensors = [
+        *model.graph.initializer,
+        *(a.t for node in model.graph.node for a in node.attribute if a.type == AttributeProto.TENSOR),
+    ]
     return [tensor for tensor in tensors if tensor.data_location == TensorProto.EXTERNAL]
 
 

@@ -40,6 +40,7 @@ class TestDataSet:
 
 # ---------------------------------------------------------------- ONNX test-data folders
 
+
 def write_test_data(folder, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray], index: int = 0) -> Path:
     """Write ``folder/test_data_set_{index}`` (replacing one that exists) atomically; return it."""
     from onnx import numpy_helper
@@ -55,8 +56,9 @@ def write_test_data(folder, inputs: dict[str, np.ndarray], outputs: dict[str, np
                 try:
                     data = numpy_helper.from_array(np.asarray(array), name).SerializeToString()
                 except Exception as error:  # noqa: BLE001 - any dtype or value onnx cannot store
-                    raise InteropError(f"{target}: {kind} {name!r} cannot be stored as an ONNX tensor: "
-                                       f"{one_line(error, 120)}") from None
+                    raise InteropError(
+                        f"{target}: {kind} {name!r} cannot be stored as an ONNX tensor: {one_line(error, 120)}"
+                    ) from None
                 with open(scratch / f"{kind}_{i}.pb", "wb") as f:
                     f.write(data)
                     f.flush()
@@ -90,8 +92,10 @@ def _read_set(path: Path, kinds: dict) -> TestDataSet:
     tensors: dict[str, dict[str, Any]] = {}
     for kind, files in found.items():
         if sorted(files) != list(range(len(files))):
-            raise InteropError(f"{path}: {kind} files are numbered {sorted(files)}; expected "
-                               f"{kind}_0.pb to {kind}_{len(files) - 1}.pb without gaps")
+            raise InteropError(
+                f"{path}: {kind} files are numbered {sorted(files)}; expected "
+                f"{kind}_0.pb to {kind}_{len(files) - 1}.pb without gaps"
+            )
         tensors[kind] = {}
         for i in range(len(files)):
             slots = kinds.get(kind) or []
@@ -143,8 +147,10 @@ def _read_container(file: Path, kind: str):
     from onnx import OptionalProto, SequenceProto, numpy_helper
 
     if kind.startswith("unsupported: "):
-        raise InteropError(f"{file}: the graph's slot is {kind[len('unsupported: '):]}; parity holds tensors, "
-                           f"sequences of tensors and optionals of those")
+        raise InteropError(
+            f"{file}: the graph's slot is {kind[len('unsupported: ') :]}; parity holds tensors, "
+            f"sequences of tensors and optionals of those"
+        )
     proto = SequenceProto() if kind == SEQUENCE else OptionalProto()
     what = "onnx.SequenceProto" if kind == SEQUENCE else "onnx.OptionalProto"
     try:
@@ -152,6 +158,7 @@ def _read_container(file: Path, kind: str):
         value = numpy_helper.to_list(proto) if kind == SEQUENCE else numpy_helper.to_optional(proto)
     except Exception as error:  # noqa: BLE001 - OSError, DecodeError, a value of another kind alike
         raise InteropError(f"{file}: not a serialized {what} ({one_line(error, 120)})") from None
+
     def held(item):  # text as unicode, numbers as they are
         item = np.asarray(item)
         return unicode(item) if item.dtype.kind in "OS" else item
@@ -194,8 +201,9 @@ def graph_signature(model) -> tuple[dict[str, tuple], list[str]]:
             elif tensor.elem_type:
                 dtype = str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)))
             if tensor.HasField("shape"):
-                shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-                              for d in tensor.shape.dim)
+                shape = tuple(
+                    d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim
+                )
         inputs[value.name] = (shape, dtype)
     return inputs, [value.name for value in graph.output]
 
@@ -205,12 +213,15 @@ def graph_kinds(model) -> dict[str, list]:
     ``{"input": [...], "output": [...]}``, None for a tensor."""
     graph = model.graph
     constants = {t.name for t in graph.initializer} | {t.values.name for t in graph.sparse_initializer}
-    return {"input": [graph_kind(v.type) for v in graph.input if v.name not in constants],
-            "output": [graph_kind(v.type) for v in graph.output]}
+    return {
+        "input": [graph_kind(v.type) for v in graph.input if v.name not in constants],
+        "output": [graph_kind(v.type) for v in graph.output],
+    }
 
 
-def match_graph(sets: list[TestDataSet], graph_inputs: dict[str, tuple], graph_outputs: list[str] | None = None,
-                source: str = "") -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]]]:
+def match_graph(
+    sets: list[TestDataSet], graph_inputs: dict[str, tuple], graph_outputs: list[str] | None = None, source: str = ""
+) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]]]:
     """Check each set against the graph; return (inputs, outputs) per set, keyed by the graph's names.
 
     ``graph_inputs`` is ``{name: (shape, dtype)}`` as from ``graph_signature``; ``source`` names the
@@ -224,9 +235,13 @@ def match_graph(sets: list[TestDataSet], graph_inputs: dict[str, tuple], graph_o
         feed = _rekey(s, s.inputs, names, "input", graph)
         for name, (file, array) in feed.items():
             shape, dtype = graph_inputs[name]
-            if shape is not None and (len(shape) != array.ndim or any(
-                    isinstance(want, int) and want != got for want, got in zip(shape, array.shape))):
-                raise InteropError(f"{file}: input {name!r} has shape {_dims(array.shape)}, {graph} takes {_dims(shape)}")
+            if shape is not None and (
+                len(shape) != array.ndim
+                or any(isinstance(want, int) and want != got for want, got in zip(shape, array.shape))
+            ):
+                raise InteropError(
+                    f"{file}: input {name!r} has shape {_dims(array.shape)}, {graph} takes {_dims(shape)}"
+                )
             if dtype == "str" and array.dtype.kind != "U":
                 raise InteropError(f"{file}: input {name!r} has dtype {array.dtype}, {graph} takes strings")
             if dtype is not None and dtype != "str" and np.dtype(dtype) != array.dtype:
@@ -235,7 +250,9 @@ def match_graph(sets: list[TestDataSet], graph_inputs: dict[str, tuple], graph_o
         if graph_outputs is None or not s.outputs:
             references.append(dict(s.outputs))
         else:
-            references.append({n: a for n, (_, a) in _rekey(s, s.outputs, list(graph_outputs), "output", graph).items()})
+            references.append(
+                {n: a for n, (_, a) in _rekey(s, s.outputs, list(graph_outputs), "output", graph).items()}
+            )
     return feeds, references
 
 
@@ -243,7 +260,9 @@ def _dims(shape) -> str:
     return "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"
 
 
-def _rekey(s: TestDataSet, tensors: dict, names: list[str], kind: str, graph: str) -> dict[str, tuple[Path, np.ndarray]]:
+def _rekey(
+    s: TestDataSet, tensors: dict, names: list[str], kind: str, graph: str
+) -> dict[str, tuple[Path, np.ndarray]]:
     """``{graph name: (file, array)}`` in graph order: by name when every tensor names one, else by position."""
     keys = list(tensors)
     if len(keys) != len(names):
@@ -255,8 +274,10 @@ def _rekey(s: TestDataSet, tensors: dict, names: list[str], kind: str, graph: st
         if key not in names and key != f"{kind}_{i}":
             raise InteropError(f"{files[key]}: {kind} {key!r} is not an {kind} of {graph} (it has {names})")
         if key in names and key != names[i]:
-            raise InteropError(f"{files[key]}: {kind} {key!r} is number {i}, {graph} has it as number "
-                               f"{names.index(key)}; name all {kind}s or none")
+            raise InteropError(
+                f"{files[key]}: {kind} {key!r} is number {i}, {graph} has it as number "
+                f"{names.index(key)}; name all {kind}s or none"
+            )
     return {name: (files[key], tensors[key]) for name, key in zip(names, keys)}
 
 

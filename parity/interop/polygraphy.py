@@ -27,8 +27,10 @@ from parity.platform.safefs import write_text_atomic
 
 _LEGACY_PREFIX, _LEGACY_MARKER = "__polygraphy_encoded_", "polygraphy_serialized_json_type"
 _NO_PICKLE = "parity never unpickles"
-_RESAVE = ("re-save with Polygraphy 0.30 or later, which stores arrays with np.save "
-           "(polygraphy run ... --save-inputs inputs.json --save-outputs outputs.json)")
+_RESAVE = (
+    "re-save with Polygraphy 0.30 or later, which stores arrays with np.save "
+    "(polygraphy run ... --save-inputs inputs.json --save-outputs outputs.json)"
+)
 
 
 def read_inputs(path) -> list[dict[str, np.ndarray]]:
@@ -48,7 +50,8 @@ def read_outputs(path, runner: str | None = None) -> list[dict[str, np.ndarray]]
     data = _load_json(path)
     entries = data.get("lst") if _cls(data) == "RunResults" else None
     if not isinstance(entries, list) or not all(
-            isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) and isinstance(e[1], list) for e in entries):
+        isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) and isinstance(e[1], list) for e in entries
+    ):
         raise InteropError(f"{path}: not a Polygraphy RunResults file (polygraphy run --save-outputs)")
     runners = [name for name, _ in entries]
     if runner is None and len(entries) != 1:
@@ -70,16 +73,28 @@ def read_outputs(path, runner: str | None = None) -> list[dict[str, np.ndarray]]
 
 def write_inputs(path, feeds: list[dict[str, np.ndarray]]) -> None:
     """Write feed dicts as ``polygraphy run --save-inputs`` does (readable by ``--load-inputs``)."""
-    write_text_atomic(Path(path), json.dumps([{n: _encode(a, path) for n, a in feed.items()} for feed in feeds], indent=4))
+    write_text_atomic(
+        Path(path), json.dumps([{n: _encode(a, path) for n, a in feed.items()} for feed in feeds], indent=4)
+    )
 
 
 def write_run_results(path, runner_name: str, iterations: list[dict[str, np.ndarray]]) -> None:
     """Write one runner's outputs as ``polygraphy run --save-outputs`` does (``RunResults.load`` reads it)."""
-    results = [{"outputs": {name: {"values": _encode(array, path), "polygraphy_class": "LazyArray"}
-                            for name, array in outputs.items()},
-                "runtime": None, "runner_name": runner_name, "polygraphy_class": "IterationResult"}
-               for outputs in iterations]
-    write_text_atomic(Path(path), json.dumps({"lst": [[runner_name, results]], "polygraphy_class": "RunResults"}, indent=4))
+    results = [
+        {
+            "outputs": {
+                name: {"values": _encode(array, path), "polygraphy_class": "LazyArray"}
+                for name, array in outputs.items()
+            },
+            "runtime": None,
+            "runner_name": runner_name,
+            "polygraphy_class": "IterationResult",
+        }
+        for outputs in iterations
+    ]
+    write_text_atomic(
+        Path(path), json.dumps({"lst": [[runner_name, results]], "polygraphy_class": "RunResults"}, indent=4)
+    )
 
 
 def _encode(array, path) -> dict:
@@ -111,8 +126,9 @@ def _cls(obj) -> str | None:
         return None
     if isinstance(obj.get("polygraphy_class"), str):
         return obj["polygraphy_class"]
-    return next((k[len(_LEGACY_PREFIX):] for k, v in obj.items()
-                 if k.startswith(_LEGACY_PREFIX) and v == _LEGACY_MARKER), None)
+    return next(
+        (k[len(_LEGACY_PREFIX) :] for k, v in obj.items() if k.startswith(_LEGACY_PREFIX) and v == _LEGACY_MARKER), None
+    )
 
 
 def _arrays(obj, where: str) -> dict[str, np.ndarray]:
@@ -126,8 +142,10 @@ def _array(obj, where: str) -> np.ndarray:
     if kind in ("LazyArray", "LazyNumpyArray"):
         return _array(obj.get("values"), where)
     if kind == "Tensor":
-        raise InteropError(f"{where}: a torch.Tensor stored with torch.save, a pickle; {_NO_PICKLE}: "
-                           "save NumPy arrays, which Polygraphy stores with np.save")
+        raise InteropError(
+            f"{where}: a torch.Tensor stored with torch.save, a pickle; {_NO_PICKLE}: "
+            "save NumPy arrays, which Polygraphy stores with np.save"
+        )
     if kind != "ndarray" or not isinstance(obj.get("array"), str):
         raise InteropError(f"{where}: not a Polygraphy-encoded array")
     try:
@@ -146,6 +164,8 @@ def _array(obj, where: str) -> np.ndarray:
         return loaded
     except Exception as error:  # noqa: BLE001 - numpy and zipfile errors on untrusted bytes
         if "allow_pickle" in str(error):
-            raise InteropError(f"{where}: an object array, which only a pickle holds; {_NO_PICKLE}: "
-                               "save numeric arrays (np.save with allow_pickle=False, as Polygraphy does)") from None
+            raise InteropError(
+                f"{where}: an object array, which only a pickle holds; {_NO_PICKLE}: "
+                "save numeric arrays (np.save with allow_pickle=False, as Polygraphy does)"
+            ) from None
         raise InteropError(f"{where}: corrupt array data ({one_line(error, 100)})") from None

@@ -26,8 +26,14 @@ def detect(shapes: dict[str, tuple], other_shapes: dict[str, tuple], batch: int,
         elif len(other) != len(shape):
             axes[key] = None
         else:
-            axes[key] = next((axis for axis, (size, other_size) in enumerate(zip(shape, other))
-                              if size == batch and other_size == other_batch), None)
+            axes[key] = next(
+                (
+                    axis
+                    for axis, (size, other_size) in enumerate(zip(shape, other))
+                    if size == batch and other_size == other_batch
+                ),
+                None,
+            )
     return axes
 
 

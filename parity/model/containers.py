@@ -25,8 +25,12 @@ def element(name: str, index: int) -> str:
 def unwrap(value, kind: str):
     """A runtime's value for a slot of ``kind`` as a list (sequence), None (absent optional) or an array:
     ``onnx.reference`` hands an ``Optional`` op's result over wrapped in a one-item list."""
-    if kind.startswith(OPTIONAL) and isinstance(value, list) and len(value) == 1 and (
-            kind == OPTIONAL or value[0] is None or isinstance(value[0], list)):
+    if (
+        kind.startswith(OPTIONAL)
+        and isinstance(value, list)
+        and len(value) == 1
+        and (kind == OPTIONAL or value[0] is None or isinstance(value[0], list))
+    ):
         return value[0]
     return value
 
@@ -37,8 +41,10 @@ def flatten(name: str, value, kind: str) -> tuple[dict[str, np.ndarray], dict]:
     if kind == SEQUENCE:
         if not isinstance(value, (list, tuple)):
             raise ValueError(f"{name!r} is a sequence; the value is a {type(value).__name__}")
-        return ({element(name, k): np.asarray(item) for k, item in enumerate(value)},
-                {"kind": SEQUENCE, "length": len(value)})
+        return (
+            {element(name, k): np.asarray(item) for k, item in enumerate(value)},
+            {"kind": SEQUENCE, "length": len(value)},
+        )
     if value is None:
         return {}, {"kind": OPTIONAL, "present": False}
     if kind == OPTIONAL:
@@ -110,8 +116,10 @@ def compare_structures(actual: dict, golden: dict) -> dict:
     for name, want in golden.items():
         got = actual.get(name)
         if got != want:
-            result[name] = {"ok": False, "reason": f"{describe(got) if got else 'missing'} where the golden output is "
-                                                   f"{describe(want)}"}
+            result[name] = {
+                "ok": False,
+                "reason": f"{describe(got) if got else 'missing'} where the golden output is {describe(want)}",
+            }
     return result
 
 

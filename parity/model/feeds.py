@@ -74,10 +74,13 @@ def run_batched(runner, feeds, batch_size: int, axes: dict | None = None) -> dic
     if not any(i.batched for i in spec.model_inputs):  # one whole input set, outputs as they come
         return runner.run(feeds)
     n = samples(spec, feeds)
-    chunks = [runner.run(padded(spec, rows(spec, feeds, start, start + batch_size), batch_size))
-              for start in range(0, n, batch_size)]
-    return {name: batch_axes.join([c[name] for c in chunks], batch_axes.axis_of(axes or {}, name), n)
-            for name in chunks[0]}
+    chunks = [
+        runner.run(padded(spec, rows(spec, feeds, start, start + batch_size), batch_size))
+        for start in range(0, n, batch_size)
+    ]
+    return {
+        name: batch_axes.join([c[name] for c in chunks], batch_axes.axis_of(axes or {}, name), n) for name in chunks[0]
+    }
 
 
 def call_torch(module, tensors: dict):
@@ -118,8 +121,11 @@ def draw(values, shape: tuple, dtype: str, rng: np.random.Generator) -> np.ndarr
     if dtype == TEXT:  # an ONNX string input: short lowercase words, drawn like any other golden data
         letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
         lengths = rng.integers(1, 9, size=shape)
-        return np.vectorize(lambda n: "".join(rng.choice(letters, n)), otypes=[str])(lengths).astype(str) \
-            if lengths.size else np.zeros(shape, dtype="<U1")
+        return (
+            np.vectorize(lambda n: "".join(rng.choice(letters, n)), otypes=[str])(lengths).astype(str)
+            if lengths.size
+            else np.zeros(shape, dtype="<U1")
+        )
     if values.kind == "fixed":
         return np.full(shape, values.value, dtype=store)
     if values.kind == "mask":
@@ -129,8 +135,9 @@ def draw(values, shape: tuple, dtype: str, rng: np.random.Generator) -> np.ndarr
             raise ParityError(f"integer values for a {dtype} input: declare Values('uniform', ...) or an integer dtype")
         return rng.integers(int(values.low), int(values.high), size=shape).astype(store)
     if not dtype.startswith(("float", "bfloat")):
-        raise ParityError(f"{values.kind} values for a {dtype} input: declare Values('integers', low, high) "
-                          f"or Values('mask')")
+        raise ParityError(
+            f"{values.kind} values for a {dtype} input: declare Values('integers', low, high) or Values('mask')"
+        )
     if values.kind == "uniform":
         return rng.uniform(values.low, values.high, size=shape).astype(store)
     return rng.normal(values.mean, values.std, size=shape).astype(store)

@@ -53,8 +53,14 @@ def code_files(roots, workspace: Path) -> dict[str, str]:
         module = stack.pop()
         path = getattr(module, "__file__", None)
         # "__" names are generated code (TensorFlow's autograph writes a new one per run), not the user's
-        if (module is None or module.__name__ in seen or module.__name__.startswith("__") or not path
-                or not os.path.isfile(path) or not user_file(path)):
+        if (
+            module is None
+            or module.__name__ in seen
+            or module.__name__.startswith("__")
+            or not path
+            or not os.path.isfile(path)
+            or not user_file(path)
+        ):
             continue
         seen[module.__name__] = path
         for value in list(vars(module).values()):
@@ -169,12 +175,18 @@ def changes(model: str, recorded: dict | None, now: dict | None) -> dict | None:
         return None
     what = " and ".join(part for part, changed in (("weights", weights), ("code", code)) if changed)
     files = f" ({', '.join(code[:3])}{f' and {len(code) - 3} more' if len(code) > 3 else ''})" if code else ""
-    return {"weights": weights, "code": code,
-            "message": f"the model's {what} changed since its golden data was built{files}; rebuild with "
-                       f"`parity golden build --model {model}` if the change is intended"}
+    return {
+        "weights": weights,
+        "code": code,
+        "message": f"the model's {what} changed since its golden data was built{files}; rebuild with "
+        f"`parity golden build --model {model}` if the change is intended",
+    }
 
 
 def not_compared(reason: str) -> dict:
     """``changes``'s record for a model that could not be built to compare it (``reason``: why)."""
-    return {"weights": None, "code": [], "message": "the model could not be built to compare it with the one its "
-                                                    f"golden data was built from ({reason})"}
+    return {
+        "weights": None,
+        "code": [],
+        "message": f"the model could not be built to compare it with the one its golden data was built from ({reason})",
+    }

@@ -23,7 +23,9 @@ def _sample(decl: dict, seed: int = 0) -> np.ndarray:
 
     values = decl.get("values")
     if np.dtype(decl["dtype"]).kind in "iub":  # id 0 alone (valid whatever the range, checked later), or a mask
-        values = Values("mask") if isinstance(values, dict) and values.get("kind") == "mask" else Values("fixed", value=0)
+        values = (
+            Values("mask") if isinstance(values, dict) and values.get("kind") == "mask" else Values("fixed", value=0)
+        )
     elif isinstance(values, dict):
         values = Values(**values)
     else:
@@ -33,7 +35,9 @@ def _sample(decl: dict, seed: int = 0) -> np.ndarray:
 
 def _rejects(inputs: list[dict], error: BaseException) -> UserModelError:
     shown = ", ".join(f"{d['name']!r} of shape {tuple(d['shape'])} {d['dtype']}" for d in inputs)
-    return UserModelError(f"the model does not run on input {shown}: {one_line(f'{type(error).__name__}: {error}', 300)}")
+    return UserModelError(
+        f"the model does not run on input {shown}: {one_line(f'{type(error).__name__}: {error}', 300)}"
+    )
 
 
 def _outputs(returned, is_tensor, shape) -> dict:
@@ -49,8 +53,15 @@ def _outputs(returned, is_tensor, shape) -> dict:
     return {"outputs": [name for name, _ in leaves], "output_shapes": [list(shape(value)) for _, value in leaves]}
 
 
-def inspect_model(kind: str, reference: str, root: str, inputs: list[dict], params_file: str | None = None,
-                  given: dict | None = None, names_from: str | None = None) -> dict:
+def inspect_model(
+    kind: str,
+    reference: str,
+    root: str,
+    inputs: list[dict],
+    params_file: str | None = None,
+    given: dict | None = None,
+    names_from: str | None = None,
+) -> dict:
     """Build the model, run it once on a sample of each declared input (``{"name", "shape", "dtype", "values"}``,
     batch first), and report what a spec needs: output names and shapes, default taps (top-level layers whose
     output is one tensor), parameter count, and the number of ids of each integer input an embedding reads.
@@ -113,9 +124,14 @@ def _inspect_torch(reference, root, inputs, _params_file, names_from=None):
         for handle in handles:
             handle.remove()
     taps = [n for n, child in module.named_children() if _torch_tap(child, recorded.get(n))]
-    return {**_outputs(returned, torch.is_tensor, lambda t: t.shape), "taps": taps,
-            "n_params": int(sum(p.numel() for p in module.parameters())), "input_values": embedding_sizes,
-            "layers": _torch_layers(module, taps, recorded, fed, list(tensors.values())), "input_names": order}
+    return {
+        **_outputs(returned, torch.is_tensor, lambda t: t.shape),
+        "taps": taps,
+        "n_params": int(sum(p.numel() for p in module.parameters())),
+        "input_values": embedding_sizes,
+        "layers": _torch_layers(module, taps, recorded, fed, list(tensors.values())),
+        "input_names": order,
+    }
 
 
 def _torch_tap(child, output) -> bool:
@@ -127,8 +143,7 @@ def _torch_tap(child, output) -> bool:
 
     if isinstance(output, torch.Tensor):
         return True
-    typed = torch_layer(child) if isinstance(output, tuple) and output and isinstance(output[0], torch.Tensor) \
-        else None
+    typed = torch_layer(child) if isinstance(output, tuple) and output and isinstance(output[0], torch.Tensor) else None
     return typed is not None and typed[0] in ("recurrent", "attention")
 
 
@@ -163,8 +178,9 @@ def _check_takes(reference: str, forward, names: list[str]) -> None:
         raise UserModelError(f"{reference}: forward takes no input {unknown[0]!r} (its inputs are {', '.join(named)})")
 
 
-def _file_names_fit(reference: str, what: str, function, names: list[str], names_from: str | None,
-                    parameters=None) -> list[str] | None:
+def _file_names_fit(
+    reference: str, what: str, function, names: list[str], names_from: str | None, parameters=None
+) -> list[str] | None:
     """With inputs named by a file (``names_from``): refuse names the model does not take, or a required input the
     file lacks; return the model's order of them. One array of a model with one required input goes positionally,
     whatever its name."""
@@ -175,8 +191,11 @@ def _file_names_fit(reference: str, what: str, function, names: list[str], names
     if parameters is None:
         parameters = list(inspect.signature(function).parameters.values())
     named = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    required = [p.name for p in parameters if p.default is p.empty
-                and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    required = [
+        p.name
+        for p in parameters
+        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
     if len(names) == 1 and len(required) <= 1:
         return None
     takes_more = any(p.kind is p.VAR_KEYWORD for p in parameters)
@@ -189,8 +208,10 @@ def _file_names_fit(reference: str, what: str, function, names: list[str], names
 
 def _misnamed(source: str, given: list[str], what: str, expected: list[str], missing=()) -> UserModelError:
     needs = f" ({', '.join(missing)} required)" if missing else ""
-    return UserModelError(f"{source} has input arrays {', '.join(given)}; {what} {', '.join(expected)}{needs}: name "
-                          f"each array after the input it feeds, or declare the inputs with --input")
+    return UserModelError(
+        f"{source} has input arrays {', '.join(given)}; {what} {', '.join(expected)}{needs}: name "
+        f"each array after the input it feeds, or declare the inputs with --input"
+    )
 
 
 def _inspect_keras(reference, root, inputs, _params_file, names_from=None):
@@ -206,8 +227,10 @@ def _inspect_keras(reference, root, inputs, _params_file, names_from=None):
     if names_from and len(inputs) > 1 and sorted(d["name"] for d in inputs) != sorted(names):
         raise _misnamed(names_from, [d["name"] for d in inputs], f"{reference}'s inputs are", names)
     if len(names) != len(inputs):
-        raise UserModelError(f"{reference} has {len(names)} inputs ({', '.join(names)}); "
-                             f"{len(inputs)} were declared ({', '.join(d['name'] for d in inputs)})")
+        raise UserModelError(
+            f"{reference} has {len(names)} inputs ({', '.join(names)}); "
+            f"{len(inputs)} were declared ({', '.join(d['name'] for d in inputs)})"
+        )
     embedding_sizes = {}
     for layer in model.layers:
         if isinstance(layer, keras.layers.Embedding):
@@ -218,13 +241,21 @@ def _inspect_keras(reference, root, inputs, _params_file, names_from=None):
         returned = call(model, {d["name"]: _sample(d) for d in inputs})
     except Exception as error:  # noqa: BLE001
         raise _rejects(inputs, error) from None
-    taps = [layer.name for layer in model.layers if type(layer).__name__ != "InputLayer"
-            and not isinstance(layer.output, (list, tuple, dict))]
+    taps = [
+        layer.name
+        for layer in model.layers
+        if type(layer).__name__ != "InputLayer" and not isinstance(layer.output, (list, tuple, dict))
+    ]
     import tensorflow as tf
 
-    return {**_outputs(returned, tf.is_tensor, lambda t: t.shape), "taps": taps,
-            "n_params": int(model.count_params()), "input_values": embedding_sizes,
-            "layers": _keras_layers(model, taps), "input_names": names if names_from and len(inputs) > 1 else None}
+    return {
+        **_outputs(returned, tf.is_tensor, lambda t: t.shape),
+        "taps": taps,
+        "n_params": int(model.count_params()),
+        "input_values": embedding_sizes,
+        "layers": _keras_layers(model, taps),
+        "input_names": names if names_from and len(inputs) > 1 else None,
+    }
 
 
 def _keras_layers(model, taps) -> dict:
@@ -238,8 +269,11 @@ def _keras_layers(model, taps) -> dict:
         typed = keras_layer(layer)
         extra = keras_reads(layer, previous) if typed else None
         if typed and extra is not None:
-            layers[tap] = {"kind": typed[0], "attrs": {**typed[1], **extra},
-                           "params": tap if typed[0] in WEIGHTED else None}
+            layers[tap] = {
+                "kind": typed[0],
+                "attrs": {**typed[1], **extra},
+                "params": tap if typed[0] in WEIGHTED else None,
+            }
         previous = layer.output
     return layers
 
@@ -256,21 +290,27 @@ def _inspect_jax(reference, root, inputs, params_file, names_from=None):
     if names_from:  # the function's arguments after params name its inputs (``tap`` is parity's own)
         function = resolve(reference, root)
         arguments = [p for p in list(inspect.signature(function).parameters.values())[1:] if p.name != "tap"]
-        order = _file_names_fit(reference, "the function", function, [d["name"] for d in inputs], names_from,
-                                arguments)
+        order = _file_names_fit(reference, "the function", function, [d["name"] for d in inputs], names_from, arguments)
     if order:  # positionally, in the function's order
         inputs = sorted(inputs, key=lambda d: order.index(d["name"]))
     params = read_npz(apply.params_path, UserModelError, ".npz")
     names = []
     samples = {d["name"]: _sample(d) for d in inputs}
     try:
-        returned = apply(params, tuple(samples.values()) if len(samples) > 1 else next(iter(samples.values())),
-                         tap=lambda name, _value: names.append(name))
+        returned = apply(
+            params,
+            tuple(samples.values()) if len(samples) > 1 else next(iter(samples.values())),
+            tap=lambda name, _value: names.append(name),
+        )
     except Exception as error:  # noqa: BLE001
         raise _rejects(inputs, error) from None
-    return {**_outputs(returned, lambda v: isinstance(v, (jax.Array, np.ndarray)), np.shape),
-            "taps": list(dict.fromkeys(names)), "n_params": int(sum(v.size for v in params.values())),
-            "input_values": {}, "input_names": order}
+    return {
+        **_outputs(returned, lambda v: isinstance(v, (jax.Array, np.ndarray)), np.shape),
+        "taps": list(dict.fromkeys(names)),
+        "n_params": int(sum(v.size for v in params.values())),
+        "input_values": {},
+        "input_names": order,
+    }
 
 
 def _inspect_onnx(reference, root, given: dict):
@@ -285,9 +325,11 @@ def _inspect_onnx(reference, root, given: dict):
             continue
         if kind is None and output.type.tensor_type.elem_type != 0:
             continue
-        what = "a tensor of no element type" if kind is None else kind[len("unsupported: "):]
-        raise UserModelError(f"{reference}: output {output.name!r} is {what}; parity compares tensors, sequences of "
-                             f"tensors and optionals of those")
+        what = "a tensor of no element type" if kind is None else kind[len("unsupported: ") :]
+        raise UserModelError(
+            f"{reference}: output {output.name!r} is {what}; parity compares tensors, sequences of "
+            f"tensors and optionals of those"
+        )
     described = []
     for (name, (graph_shape, graph_dtype)), kind in zip(inputs.items(), kinds["input"]):
         if kind is not None:  # a sequence or optional: its elements are the inputs, as the data given has them
@@ -296,16 +338,28 @@ def _inspect_onnx(reference, root, given: dict):
         if graph_shape is None and sets:  # rank unknown to the graph: the data given says it
             graph_shape = tuple(sets[0][name].shape)
         if graph_shape is None or graph_dtype is None:
-            raise UserModelError(f"{reference}: input {name!r} is not a tensor of known rank and type; parity feeds "
-                                 f"tensors only")
-        described.append({"name": name, "shape": [d if isinstance(d, int) else None for d in graph_shape],
-                          "axis_names": [d if isinstance(d, str) else None for d in graph_shape],
-                          "dtype": graph_dtype if graph_dtype == "str" else str(np.dtype(graph_dtype)),
-                          "given_shape": list(sets[0][name].shape) if sets else None})
+            raise UserModelError(
+                f"{reference}: input {name!r} is not a tensor of known rank and type; parity feeds tensors only"
+            )
+        described.append(
+            {
+                "name": name,
+                "shape": [d if isinstance(d, int) else None for d in graph_shape],
+                "axis_names": [d if isinstance(d, str) else None for d in graph_shape],
+                "dtype": graph_dtype if graph_dtype == "str" else str(np.dtype(graph_dtype)),
+                "given_shape": list(sets[0][name].shape) if sets else None,
+            }
+        )
     found = {key: value for key, value in containers.items() if value}
-    return {"inputs": described, "outputs": list(outputs), "output_shapes": None, "taps": [],
-            "n_params": int(sum(np.prod(i.dims) for i in model.graph.initializer)), "input_values": {},
-            **({"containers": found} if found else {})}
+    return {
+        "inputs": described,
+        "outputs": list(outputs),
+        "output_shapes": None,
+        "taps": [],
+        "n_params": int(sum(np.prod(i.dims) for i in model.graph.initializer)),
+        "input_values": {},
+        **({"containers": found} if found else {}),
+    }
 
 
 def _container_input(reference, name: str, kind: str, sets, declared: dict) -> list[dict]:
@@ -314,12 +368,23 @@ def _container_input(reference, name: str, kind: str, sets, declared: dict) -> l
     from parity.model import containers
 
     if kind.startswith("unsupported: "):
-        raise UserModelError(f"{reference}: input {name!r} is {kind[len('unsupported: '):]}; parity feeds tensors, "
-                             f"sequences of tensors and optionals of those")
+        raise UserModelError(
+            f"{reference}: input {name!r} is {kind[len('unsupported: ') :]}; parity feeds tensors, "
+            f"sequences of tensors and optionals of those"
+        )
     if not sets:
-        raise UserModelError(f"{reference}: input {name!r} is {'a sequence' if kind == 'sequence' else 'an optional'}; "
-                             f"its value comes from the data given with the model (--test-data DIR)")
+        raise UserModelError(
+            f"{reference}: input {name!r} is {'a sequence' if kind == 'sequence' else 'an optional'}; "
+            f"its value comes from the data given with the model (--test-data DIR)"
+        )
     arrays, declared[name] = containers.flatten(name, sets[0][name], kind)
-    return [{"name": key, "shape": list(array.shape), "axis_names": [None] * array.ndim,
-             "dtype": "str" if array.dtype.kind == "U" else str(array.dtype), "given_shape": list(array.shape)}
-            for key, array in arrays.items()]
+    return [
+        {
+            "name": key,
+            "shape": list(array.shape),
+            "axis_names": [None] * array.ndim,
+            "dtype": "str" if array.dtype.kind == "U" else str(array.dtype),
+            "given_shape": list(array.shape),
+        }
+        for key, array in arrays.items()
+    ]

@@ -14,18 +14,41 @@ keras or flax inside.
 from __future__ import annotations
 
 WEIGHTED = ("dense", "conv", "batch_norm", "layer_norm", "recurrent", "attention")  # kinds that read weights
-ACTIVATIONS = {"ReLU": "relu", "ReLU6": "relu6", "Sigmoid": "sigmoid", "Tanh": "tanh", "SiLU": "silu",
-               "Hardswish": "hard_swish", "Hardsigmoid": "hard_sigmoid", "Softplus": "softplus"}
+ACTIVATIONS = {
+    "ReLU": "relu",
+    "ReLU6": "relu6",
+    "Sigmoid": "sigmoid",
+    "Tanh": "tanh",
+    "SiLU": "silu",
+    "Hardswish": "hard_swish",
+    "Hardsigmoid": "hard_sigmoid",
+    "Softplus": "softplus",
+}
 # the activation classes of transformers (transformers.activations) -> the catalogue's form
-HF_ACTIVATIONS = {"GELUActivation": "gelu_erf", "NewGELUActivation": "gelu_tanh", "GELUTanh": "gelu_tanh",
-                  "PytorchGELUTanh": "gelu_tanh", "FastGELUActivation": "gelu_tanh",
-                  "QuickGELUActivation": "gelu_sigmoid", "SiLUActivation": "silu"}
+HF_ACTIVATIONS = {
+    "GELUActivation": "gelu_erf",
+    "NewGELUActivation": "gelu_tanh",
+    "GELUTanh": "gelu_tanh",
+    "PytorchGELUTanh": "gelu_tanh",
+    "FastGELUActivation": "gelu_tanh",
+    "QuickGELUActivation": "gelu_sigmoid",
+    "SiLUActivation": "silu",
+}
 # Keras activation names (as its configs serialise them) -> (form, alpha); "linear" is no activation
-KERAS_ACTIVATIONS = {"relu": ("relu", None), "relu6": ("relu6", None), "sigmoid": ("sigmoid", None),
-                     "tanh": ("tanh", None), "silu": ("silu", None), "swish": ("silu", None),
-                     "gelu": ("gelu_erf", None), "softplus": ("softplus", None), "hard_sigmoid": ("hard_sigmoid", None),
-                     "hard_silu": ("hard_swish", None), "hard_swish": ("hard_swish", None),
-                     "leaky_relu": ("leaky_relu", 0.2)}
+KERAS_ACTIVATIONS = {
+    "relu": ("relu", None),
+    "relu6": ("relu6", None),
+    "sigmoid": ("sigmoid", None),
+    "tanh": ("tanh", None),
+    "silu": ("silu", None),
+    "swish": ("silu", None),
+    "gelu": ("gelu_erf", None),
+    "softplus": ("softplus", None),
+    "hard_sigmoid": ("hard_sigmoid", None),
+    "hard_silu": ("hard_swish", None),
+    "hard_swish": ("hard_swish", None),
+    "leaky_relu": ("leaky_relu", 0.2),
+}
 
 
 def _pair(value):
@@ -36,12 +59,17 @@ def _pair(value):
 
 
 def _torch_pool(module, nn):
-    if isinstance(module, (nn.MaxPool1d, nn.MaxPool2d)) and (module.return_indices or
-                                                             module.dilation not in (1, (1,), (1, 1))):
+    if isinstance(module, (nn.MaxPool1d, nn.MaxPool2d)) and (
+        module.return_indices or module.dilation not in (1, (1,), (1, 1))
+    ):
         return None
-    attrs = {"mode": "max" if isinstance(module, (nn.MaxPool1d, nn.MaxPool2d)) else "avg",
-             "size": _pair(module.kernel_size), "stride": _pair(module.stride or module.kernel_size),
-             "padding": _pair(module.padding), "ceil_mode": bool(module.ceil_mode)}
+    attrs = {
+        "mode": "max" if isinstance(module, (nn.MaxPool1d, nn.MaxPool2d)) else "avg",
+        "size": _pair(module.kernel_size),
+        "stride": _pair(module.stride or module.kernel_size),
+        "padding": _pair(module.padding),
+        "ceil_mode": bool(module.ceil_mode),
+    }
     if attrs["mode"] == "avg":
         attrs["count_include_pad"] = bool(module.count_include_pad)
         if getattr(module, "divisor_override", None):
@@ -53,9 +81,12 @@ def _torch_upsample(module):
     if module.mode not in ("nearest", "bilinear", "linear") or module.recompute_scale_factor:
         return None
     nearest = module.mode == "nearest"
-    attrs = {"mode": "nearest" if nearest else "linear",
-             "coordinate_transformation_mode": "asymmetric" if nearest else
-             ("align_corners" if module.align_corners else "pytorch_half_pixel")}
+    attrs = {
+        "mode": "nearest" if nearest else "linear",
+        "coordinate_transformation_mode": "asymmetric"
+        if nearest
+        else ("align_corners" if module.align_corners else "pytorch_half_pixel"),
+    }
     if nearest:
         attrs["nearest_mode"] = "floor"
     if module.size is not None:
@@ -68,8 +99,9 @@ def _torch_upsample(module):
 def _torch_recurrent(module, nn):
     if not module.batch_first or module.num_layers != 1 or module.bidirectional or getattr(module, "proj_size", 0):
         return None
-    return "recurrent", ({"cell": "gru", "linear_before_reset": True} if isinstance(module, nn.GRU)
-                         else {"cell": "lstm"})
+    return "recurrent", (
+        {"cell": "gru", "linear_before_reset": True} if isinstance(module, nn.GRU) else {"cell": "lstm"}
+    )
 
 
 def torch_layer(module) -> tuple[str, dict] | None:
@@ -80,8 +112,12 @@ def torch_layer(module) -> tuple[str, dict] | None:
     if isinstance(module, nn.Linear):
         return "dense", {}
     if isinstance(module, (nn.Conv1d, nn.Conv2d)) and module.padding_mode == "zeros":
-        return "conv", {"stride": _pair(module.stride), "padding": _pair(module.padding),
-                        "dilation": _pair(module.dilation), "groups": module.groups}
+        return "conv", {
+            "stride": _pair(module.stride),
+            "padding": _pair(module.padding),
+            "dilation": _pair(module.dilation),
+            "groups": module.groups,
+        }
     if isinstance(module, (nn.BatchNorm1d, nn.BatchNorm2d)) and module.track_running_stats:
         return "batch_norm", {"eps": module.eps}
     if isinstance(module, nn.LayerNorm) and len(module.normalized_shape) == 1:
@@ -90,8 +126,14 @@ def torch_layer(module) -> tuple[str, dict] | None:
         return "activation", {"form": "gelu_tanh" if module.approximate == "tanh" else "gelu_erf"}
     if isinstance(module, nn.LeakyReLU):
         return "activation", {"form": "leaky_relu", "alpha": module.negative_slope}
-    hf = next((HF_ACTIVATIONS[c.__name__] for c in type(module).__mro__
-               if c.__module__ == "transformers.activations" and c.__name__ in HF_ACTIVATIONS), None)
+    hf = next(
+        (
+            HF_ACTIVATIONS[c.__name__]
+            for c in type(module).__mro__
+            if c.__module__ == "transformers.activations" and c.__name__ in HF_ACTIVATIONS
+        ),
+        None,
+    )
     if hf is not None:
         return "activation", {"form": hf}
     if isinstance(module, nn.Softplus):  # torch's softplus is x itself where beta*x > threshold
@@ -107,8 +149,12 @@ def torch_layer(module) -> tuple[str, dict] | None:
     if isinstance(module, (nn.GRU, nn.LSTM)):
         return _torch_recurrent(module, nn)
     if isinstance(module, nn.MultiheadAttention):
-        if not module.batch_first or not module._qkv_same_embed_dim or module.bias_k is not None \
-                or module.add_zero_attn:
+        if (
+            not module.batch_first
+            or not module._qkv_same_embed_dim
+            or module.bias_k is not None
+            or module.add_zero_attn
+        ):
             return None
         return "attention", {"heads": module.num_heads}
     if type(module) is nn.Dropout:
@@ -128,13 +174,26 @@ def torch_reads(module, args: tuple, kwargs: dict, previous) -> bool:
         fed = [args[i] if i < len(args) else kwargs.get(n) for i, n in enumerate(names)]
         rest = {k: v for k, v in kwargs.items() if k not in names}
         masked = len(args) > 3 and any(a is not None and not isinstance(a, bool) for a in args[3:])
-        return all(f is previous for f in fed) and not masked and rest.get("key_padding_mask") is None \
-            and rest.get("attn_mask") is None and not rest.get("is_causal", False)
+        return (
+            all(f is previous for f in fed)
+            and not masked
+            and rest.get("key_padding_mask") is None
+            and rest.get("attn_mask") is None
+            and not rest.get("is_causal", False)
+        )
     return len(args) == 1 and args[0] is previous and all(v is None for v in kwargs.values())
 
 
-MHA_ARGUMENTS = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask", "average_attn_weights",
-                 "is_causal")  # nn.MultiheadAttention.forward's parameters, in order
+MHA_ARGUMENTS = (
+    "query",
+    "key",
+    "value",
+    "key_padding_mask",
+    "need_weights",
+    "attn_mask",
+    "average_attn_weights",
+    "is_causal",
+)  # nn.MultiheadAttention.forward's parameters, in order
 
 
 def torch_masked_attention(module, args: tuple, kwargs: dict) -> tuple[dict, dict] | None:
@@ -162,13 +221,16 @@ def torch_masked_attention(module, args: tuple, kwargs: dict) -> tuple[dict, dic
         return {}, {}
     if len(masks) != 1 or not all(torch.is_tensor(m) for m in masks.values()):
         return None
-    (name, mask), = masks.items()
+    ((name, mask),) = masks.items()
     if mask.dtype != torch.bool and not mask.is_floating_point():
         return None
     if name == "attn_mask" and mask.dim() == 3:
         mask = mask.reshape(query.shape[0], module.num_heads, *mask.shape[1:])
-    attrs = {"mask": "ignore" if mask.dtype == torch.bool else "additive", "key_padding": name == "key_padding_mask",
-             "masked_rows": "nan"}
+    attrs = {
+        "mask": "ignore" if mask.dtype == torch.bool else "additive",
+        "key_padding": name == "key_padding_mask",
+        "masked_rows": "nan",
+    }
     return attrs, {name: mask}
 
 
@@ -200,31 +262,63 @@ def _keras_image(layer, config):
     L = keras.layers
     last = {"layout": "nhwc"} if config.get("data_format", "channels_last") == "channels_last" else {}
     if type(layer) in (L.Conv1D, L.Conv2D) and config["padding"] in ("same", "valid"):
-        return "conv", _fused({"stride": _pair(config["strides"]), "padding": config["padding"],
-                               "dilation": _pair(config["dilation_rate"]), "groups": config.get("groups", 1),
-                               **last, "weight_layout": "keras"}, config)
+        return "conv", _fused(
+            {
+                "stride": _pair(config["strides"]),
+                "padding": config["padding"],
+                "dilation": _pair(config["dilation_rate"]),
+                "groups": config.get("groups", 1),
+                **last,
+                "weight_layout": "keras",
+            },
+            config,
+        )
     if type(layer) is L.DepthwiseConv2D and config["padding"] in ("same", "valid"):
         channels = int(layer.kernel.shape[2])
-        return "conv", _fused({"stride": _pair(config["strides"]), "padding": config["padding"],
-                               "dilation": _pair(config["dilation_rate"]), "groups": channels, **last,
-                               "weight_layout": "keras_depthwise"}, config)
+        return "conv", _fused(
+            {
+                "stride": _pair(config["strides"]),
+                "padding": config["padding"],
+                "dilation": _pair(config["dilation_rate"]),
+                "groups": channels,
+                **last,
+                "weight_layout": "keras_depthwise",
+            },
+            config,
+        )
     pools = {L.MaxPooling1D: "max", L.MaxPooling2D: "max", L.AveragePooling1D: "avg", L.AveragePooling2D: "avg"}
     if type(layer) in pools:
-        return "pool", {"mode": pools[type(layer)], "size": _pair(config["pool_size"]),
-                        "stride": _pair(config["strides"] or config["pool_size"]), "padding": config["padding"],
-                        **last}
+        return "pool", {
+            "mode": pools[type(layer)],
+            "size": _pair(config["pool_size"]),
+            "stride": _pair(config["strides"] or config["pool_size"]),
+            "padding": config["padding"],
+            **last,
+        }
     if type(layer) is L.UpSampling2D and config["interpolation"] in ("nearest", "bilinear"):
         nearest = config["interpolation"] == "nearest"  # nearest repeats each pixel; bilinear is tf.image.resize's
-        return "resize", {"mode": "nearest" if nearest else "linear", "scale": _pair(config["size"]),
-                          "coordinate_transformation_mode": "asymmetric" if nearest else "half_pixel",
-                          **({"nearest_mode": "floor"} if nearest else {}), **last}
-    if type(layer) is L.Resizing and config["interpolation"] in ("nearest", "bilinear") \
-            and not config.get("crop_to_aspect_ratio") and not config.get("pad_to_aspect_ratio") \
-            and not config.get("antialias"):
+        return "resize", {
+            "mode": "nearest" if nearest else "linear",
+            "scale": _pair(config["size"]),
+            "coordinate_transformation_mode": "asymmetric" if nearest else "half_pixel",
+            **({"nearest_mode": "floor"} if nearest else {}),
+            **last,
+        }
+    if (
+        type(layer) is L.Resizing
+        and config["interpolation"] in ("nearest", "bilinear")
+        and not config.get("crop_to_aspect_ratio")
+        and not config.get("pad_to_aspect_ratio")
+        and not config.get("antialias")
+    ):
         nearest = config["interpolation"] == "nearest"  # tf.image.resize: half-pixel centres, nearest rounds up
-        return "resize", {"mode": "nearest" if nearest else "linear", "size": [config["height"], config["width"]],
-                          "coordinate_transformation_mode": "half_pixel",
-                          **({"nearest_mode": "round_prefer_ceil"} if nearest else {}), **last}
+        return "resize", {
+            "mode": "nearest" if nearest else "linear",
+            "size": [config["height"], config["width"]],
+            "coordinate_transformation_mode": "half_pixel",
+            **({"nearest_mode": "round_prefer_ceil"} if nearest else {}),
+            **last,
+        }
     if type(layer) is L.Flatten:
         return "flatten", {"order": "nhwc", **last} if last else {"order": "nchw"}
     return None
@@ -256,17 +350,26 @@ def keras_layer(layer) -> tuple[str, dict] | None:
     if type(layer) is L.LeakyReLU:
         return "activation", {"form": "leaky_relu", "alpha": float(config["negative_slope"])}
     if type(layer) in (L.GRU, L.LSTM):
-        if config["go_backwards"] or config["stateful"] or config["return_state"] \
-                or config["activation"] != "tanh" or config["recurrent_activation"] != "sigmoid":
+        if (
+            config["go_backwards"]
+            or config["stateful"]
+            or config["return_state"]
+            or config["activation"] != "tanh"
+            or config["recurrent_activation"] != "sigmoid"
+        ):
             return None
         attrs = {"cell": "gru" if type(layer) is L.GRU else "lstm", "sequences": bool(config["return_sequences"])}
         if type(layer) is L.GRU:
             attrs["linear_before_reset"] = bool(config["reset_after"])
         return "recurrent", {**attrs, "weight_layout": "keras"}
     if type(layer) is L.MultiHeadAttention:
-        if config.get("value_dim") not in (None, config["key_dim"]) or config.get("output_shape") is not None \
-                or config.get("attention_axes") not in (None, (1,), [1]) or config.get("use_gate") \
-                or config.get("sliding_window"):
+        if (
+            config.get("value_dim") not in (None, config["key_dim"])
+            or config.get("output_shape") is not None
+            or config.get("attention_axes") not in (None, (1,), [1])
+            or config.get("use_gate")
+            or config.get("sliding_window")
+        ):
             return None
         return "attention", {"heads": config["num_heads"], "weight_layout": "keras"}
     if type(layer) is L.Dropout and not config.get("noise_shape"):
@@ -318,20 +421,34 @@ def flax_layer(module) -> tuple[str, dict] | None:
 
     if isinstance(module, nn.Dense) and module.dot_general is None and module.dot_general_cls is None:
         return "dense", {}
-    if isinstance(module, nn.LayerNorm) and axes(module.reduction_axes) == (-1,) \
-            and axes(module.feature_axes) == (-1,) and module.axis_name is None:
+    if (
+        isinstance(module, nn.LayerNorm)
+        and axes(module.reduction_axes) == (-1,)
+        and axes(module.feature_axes) == (-1,)
+        and module.axis_name is None
+    ):
         return "layer_norm", {"eps": module.epsilon, "weight_layout": "flax"}
     kernel = axes(module.kernel_size) if isinstance(module, nn.Conv) else ()  # flax reads an int as one axis
-    if isinstance(module, nn.Conv) and len(kernel) in (1, 2) and module.mask is None \
-            and module.conv_general_dilated is None and module.conv_general_dilated_cls is None \
-            and module.input_dilation in (None, 1) + ((1,) * len(kernel),):
+    if (
+        isinstance(module, nn.Conv)
+        and len(kernel) in (1, 2)
+        and module.mask is None
+        and module.conv_general_dilated is None
+        and module.conv_general_dilated_cls is None
+        and module.input_dilation in (None, 1) + ((1,) * len(kernel),)
+    ):
         rank = len(kernel)
         padding = _flax_padding(module.padding, rank)
         if padding is None:
             return None
-        return "conv", {"stride": _pair(module.strides or 1), "padding": padding,
-                        "dilation": _pair(module.kernel_dilation or 1), "groups": module.feature_group_count,
-                        "layout": "nhwc", "weight_layout": "flax"}
+        return "conv", {
+            "stride": _pair(module.strides or 1),
+            "padding": padding,
+            "dilation": _pair(module.kernel_dilation or 1),
+            "groups": module.feature_group_count,
+            "layout": "nhwc",
+            "weight_layout": "flax",
+        }
     if isinstance(module, nn.Dropout) and module.broadcast_dims in ((), None):
         return "dropout", {"rate": module.rate}
     return None

@@ -107,7 +107,10 @@ def _finite_float(text: str) -> float:
 
 
 def _field(error) -> str:
-    return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in error.absolute_path).lstrip(".") or "(top level)"
+    return (
+        "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in error.absolute_path).lstrip(".")
+        or "(top level)"
+    )
 
 
 def rebuild_hint(model: str) -> str:
@@ -139,7 +142,9 @@ def read(path: Path, allow_older: bool = False) -> dict:
     except GoldenError:
         raise
     except UnicodeDecodeError as error:
-        raise GoldenError(f"{path}: malformed manifest (not UTF-8 at byte {error.start}); {rebuild_hint(model)}") from None
+        raise GoldenError(
+            f"{path}: malformed manifest (not UTF-8 at byte {error.start}); {rebuild_hint(model)}"
+        ) from None
     except RecursionError:
         raise GoldenError(f"{path}: malformed manifest (nested too deeply); {rebuild_hint(model)}") from None
     except (OSError, ValueError) as error:
@@ -147,8 +152,9 @@ def read(path: Path, allow_older: bool = False) -> dict:
     if not isinstance(manifest, dict):
         raise GoldenError(f"{path}: malformed manifest (a JSON object expected, got {type(manifest).__name__})")
     if manifest.get("schema") in UPGRADABLE and not allow_older:
-        raise GoldenError(f"{path}: manifest schema is {manifest['schema']!r}, this parity reads {SCHEMA!r}; "
-                          f"{upgrade_hint(model)}")
+        raise GoldenError(
+            f"{path}: manifest schema is {manifest['schema']!r}, this parity reads {SCHEMA!r}; {upgrade_hint(model)}"
+        )
     if manifest.get("schema") != SCHEMA and not (allow_older and manifest.get("schema") in UPGRADABLE):
         found = manifest.get("schema")
         found = one_line(repr(found), 60) if found is not None else "none"

@@ -71,8 +71,10 @@ def named(declared, leaves: list[tuple[str, object]]) -> dict[str, object]:
     if positional(names) and len(names) == len(declared):
         return {name: value for name, (_, value) in zip(declared, leaves)}
     missing = [name for name in declared if name not in by_name]
-    raise OutputError(f"the model returns outputs {', '.join(names) or 'none'}; the spec declares "
-                      f"{', '.join(missing)} too (declare outputs=({', '.join(map(repr, names))},))")
+    raise OutputError(
+        f"the model returns outputs {', '.join(names) or 'none'}; the spec declares "
+        f"{', '.join(missing)} too (declare outputs=({', '.join(map(repr, names))},))"
+    )
 
 
 def first(declared, value, is_tensor):

@@ -32,8 +32,23 @@ PARAM_DTYPES = ("float32", "float64", "float16", "bfloat16")
 INPUT_LAYOUTS = ("flat", "tokens", "nchw", "native")  # native: the source framework's own, never converted
 LOSSES = ("cross_entropy",)
 MODEL_INPUT = "input"  # in Layer.inputs: the model input rather than a tap
-LAYER_KINDS = ("dense", "conv", "batch_norm", "layer_norm", "activation", "pool", "flatten", "attention", "dropout",
-               "add", "position", "mean", "resize", "recurrent", "softmax")
+LAYER_KINDS = (
+    "dense",
+    "conv",
+    "batch_norm",
+    "layer_norm",
+    "activation",
+    "pool",
+    "flatten",
+    "attention",
+    "dropout",
+    "add",
+    "position",
+    "mean",
+    "resize",
+    "recurrent",
+    "softmax",
+)
 
 
 @dataclass(frozen=True)
@@ -61,9 +76,23 @@ class Tolerances:
         return {"default": self.default.to_json(), "overrides": {k: v.to_json() for k, v in self.overrides.items()}}
 
 
-INPUT_DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "uint16",
-                "uint32", "uint64", "bool", "str",  # str: an ONNX string tensor, held as NumPy unicode
-                *LOW_PRECISION)  # float8, int4, uint4, float4 of an ONNX graph: golden data holds their raw bits
+INPUT_DTYPES = (
+    "float32",
+    "float64",
+    "float16",
+    "bfloat16",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "bool",
+    "str",  # str: an ONNX string tensor, held as NumPy unicode
+    *LOW_PRECISION,
+)  # float8, int4, uint4, float4 of an ONNX graph: golden data holds their raw bits
 VALUE_KINDS = ("normal", "uniform", "integers", "mask", "fixed")
 BATCH = "batch"  # the axis name of the leading batch axis (its size is the spec's batch size)
 
@@ -89,8 +118,10 @@ class Values:
         if self.kind not in VALUE_KINDS:
             raise ValueError(f"input values {self.kind!r} are not one of {VALUE_KINDS}")
         if self.kind == "integers" and int(self.high) - int(self.low) < 2:
-            raise ValueError(f"integer values from {self.low:g} to {self.high:g} (excluded) take one value: declare "
-                             "the range the ids cover, e.g. Values(\"integers\", high=VOCAB_SIZE)")
+            raise ValueError(
+                f"integer values from {self.low:g} to {self.high:g} (excluded) take one value: declare "
+                'the range the ids cover, e.g. Values("integers", high=VOCAB_SIZE)'
+            )
 
     def describe(self) -> str:
         if self.kind == "normal":
@@ -125,10 +156,13 @@ class InputSpec:
         if self.dtype not in INPUT_DTYPES:
             raise ValueError(f"input {self.name!r}: dtype {self.dtype!r} is not one of {INPUT_DTYPES}")
         for dim in self.shape:
-            if not (isinstance(dim, str) and dim.isidentifier() and dim != BATCH) and \
-                    not (isinstance(dim, int) and not isinstance(dim, bool) and dim >= 0):
-                raise ValueError(f"input {self.name!r}: shape {self.shape!r} has {dim!r}, neither a size nor an axis "
-                                 f"name (a Python identifier other than {BATCH!r}, which is implicit)")
+            if not (isinstance(dim, str) and dim.isidentifier() and dim != BATCH) and not (
+                isinstance(dim, int) and not isinstance(dim, bool) and dim >= 0
+            ):
+                raise ValueError(
+                    f"input {self.name!r}: shape {self.shape!r} has {dim!r}, neither a size nor an axis "
+                    f"name (a Python identifier other than {BATCH!r}, which is implicit)"
+                )
 
     @property
     def floating(self) -> bool:
@@ -146,8 +180,13 @@ class InputSpec:
         return ((batch_size,) if self.batched else ()) + sample
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, "batched": self.batched,
-                "values": None if self.values is None else self.values.describe()}
+        return {
+            "name": self.name,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "batched": self.batched,
+            "values": None if self.values is None else self.values.describe(),
+        }
 
 
 @dataclass(frozen=True)
@@ -224,8 +263,12 @@ class MetricRules:
     its float64 golden value (MLPerf style, for reduced precision).
     """
 
-    min_argmax_agreement: dict[str, float] = field(default_factory=lambda: {"fp32": 1.0, "tf32": 0.99, "fp16": 0.99, "bf16": 0.98})
-    min_fraction: dict[str, float] = field(default_factory=lambda: {"fp32": 1.0, "tf32": 0.99, "fp16": 0.99, "bf16": 0.99})
+    min_argmax_agreement: dict[str, float] = field(
+        default_factory=lambda: {"fp32": 1.0, "tf32": 0.99, "fp16": 0.99, "bf16": 0.98}
+    )
+    min_fraction: dict[str, float] = field(
+        default_factory=lambda: {"fp32": 1.0, "tf32": 0.99, "fp16": 0.99, "bf16": 0.99}
+    )
     top_k: int = 3
 
 
@@ -247,8 +290,10 @@ class Gate:
         if self.metric not in ("accuracy", "agreement"):
             raise ValueError(f"Gate metric {self.metric!r} is not 'accuracy' or 'agreement'")
         if not 0.0 < self.keep <= 1.0 or not 0.5 <= self.confidence < 1.0:
-            raise ValueError(f"Gate keep must be in (0, 1] and confidence in [0.5, 1) (got keep={self.keep}, "
-                             f"confidence={self.confidence})")
+            raise ValueError(
+                f"Gate keep must be in (0, 1] and confidence in [0.5, 1) (got keep={self.keep}, "
+                f"confidence={self.confidence})"
+            )
 
 
 CALIBRATION_METHODS = ("MinMax", "Entropy", "Percentile")
@@ -412,7 +457,9 @@ class ModelSpec:
         """Input name -> its gradient's name, for every floating-point input (integer and bool ones have none)."""
         return {i.name: f"input:{i.name}" for i in self.model_inputs if i.floating}
 
-    def input_shape(self, name: str, batch_size: int | None = None, axes: dict[str, int] | None = None) -> tuple[int, ...]:
+    def input_shape(
+        self, name: str, batch_size: int | None = None, axes: dict[str, int] | None = None
+    ) -> tuple[int, ...]:
         """The concrete shape of input ``name`` (default: at the golden batch size and axis sizes)."""
         spec = next(i for i in self.model_inputs if i.name == name)
         return spec.full_shape(self.batch_size if batch_size is None else batch_size, {**self.axes, **(axes or {})})
@@ -422,7 +469,7 @@ class ModelSpec:
         without a batch axis or a named one."""
         batched = any(i.batched for i in self.model_inputs)
         second = {name: size // 2 if size > 1 else 2 for name, size in self.axes.items()}
-        shapes = ([{BATCH: 1}, {BATCH: 3, **second}] if batched else [second] if second else [])
+        shapes = [{BATCH: 1}, {BATCH: 3, **second}] if batched else [second] if second else []
         return tuple(shapes)
 
     def check_shapes(self) -> list[dict[str, int]]:
@@ -467,19 +514,23 @@ class ModelSpec:
             raise ValueError("a model needs at least one output")
         if len(set(self.outputs)) != len(self.outputs):
             raise ValueError(f"output names must be unique: {self.outputs}")
-        if not all(isinstance(i, InputSpec) for i in self.model_inputs) or \
-                (not self.model_inputs and self.frameworks != ("onnx",)):  # only an ONNX graph may take no input
+        if not all(isinstance(i, InputSpec) for i in self.model_inputs) or (
+            not self.model_inputs and self.frameworks != ("onnx",)
+        ):  # only an ONNX graph may take no input
             raise ValueError("input is an InputSpec or a tuple of InputSpec")
         if self.containers and (self.frameworks != ("onnx",) or set(self.containers) - {"inputs", "outputs"}):
-            raise ValueError("containers declare an ONNX graph's sequences and optionals: {'inputs': ..., 'outputs': ...}")
+            raise ValueError(
+                "containers declare an ONNX graph's sequences and optionals: {'inputs': ..., 'outputs': ...}"
+            )
         names = [i.name for i in self.model_inputs]
         if len(set(names)) != len(names):
             raise ValueError(f"input names must be unique: {names}")
         for i in self.model_inputs:
             unsized = [d for d in i.shape if isinstance(d, str) and d not in self.axes]
             if unsized:
-                raise ValueError(f"input {i.name!r} names axis {unsized[0]!r}, which axes does not size "
-                                 f"(axes={self.axes})")
+                raise ValueError(
+                    f"input {i.name!r} names axis {unsized[0]!r}, which axes does not size (axes={self.axes})"
+                )
             if len(self.model_inputs) > 1 and i.layout not in ("flat", "native", "tokens"):
                 raise ValueError(f"input {i.name!r}: layout {i.layout!r} is for a single-input model")
         bad = {k: v for k, v in self.axes.items() if not isinstance(v, int) or isinstance(v, bool) or v < 1}
@@ -487,10 +538,14 @@ class ModelSpec:
             raise ValueError(f"axes sizes must be positive integers: {bad}")
         known = {BATCH, *self.axes}
         for shape in self.verify_shapes or ():
-            if not isinstance(shape, dict) or any(k not in known for k in shape) or \
-                    any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in shape.values()):
-                raise ValueError(f"verify_shapes entry {shape!r} is not {{axis: positive size}} over the axes "
-                                 f"{sorted(known)}")
+            if (
+                not isinstance(shape, dict)
+                or any(k not in known for k in shape)
+                or any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in shape.values())
+            ):
+                raise ValueError(
+                    f"verify_shapes entry {shape!r} is not {{axis: positive size}} over the axes {sorted(known)}"
+                )
         for precision in list(self.tolerances) + list(self.grad_tolerances):
             if precision not in PRECISIONS:
                 raise ValueError(f"unknown precision {precision!r} in tolerances; known: {PRECISIONS}")
@@ -514,8 +569,12 @@ class ModelSpec:
             if "onnx" in self.frameworks:
                 raise ValueError("an ONNX source model takes its weights from the file: set weights_from_model=True")
             if not self.params or self.num_classes < 1:
-                raise ValueError("a model trained by parity declares params and num_classes (or set "
-                                 "weights_from_model=True to take the weights from the model)")
+                raise ValueError(
+                    "a model trained by parity declares params and num_classes (or set "
+                    "weights_from_model=True to take the weights from the model)"
+                )
         elif len(self.frameworks) != 1:
-            raise ValueError("a model whose weights come from the model defines exactly one builder "
-                             f"(it defines {', '.join(self.frameworks)})")
+            raise ValueError(
+                "a model whose weights come from the model defines exactly one builder "
+                f"(it defines {', '.join(self.frameworks)})"
+            )

@@ -67,8 +67,10 @@ class InputData:
         if self.distribution not in DISTRIBUTIONS:
             raise ValueError(f"input distribution {self.distribution!r} is not one of {DISTRIBUTIONS}")
         if self.distribution == "integers" and int(self.high) - int(self.low) < 2:
-            raise ValueError(f"integer inputs from {self.low:g} to {self.high:g} (excluded) take one value: declare the "
-                             "range the ids cover, e.g. InputData(distribution=\"integers\", low=0, high=VOCAB_SIZE)")
+            raise ValueError(
+                f"integer inputs from {self.low:g} to {self.high:g} (excluded) take one value: declare the "
+                'range the ids cover, e.g. InputData(distribution="integers", low=0, high=VOCAB_SIZE)'
+            )
         if self.polygraphy_outputs and not self.polygraphy_inputs:
             raise ValueError("polygraphy_outputs needs the polygraphy_inputs they were computed from")
 
@@ -96,7 +98,9 @@ def resolve(reference: str, root: str | Path):
     """The object a ``module:attribute`` or ``file.py:attribute`` reference names (imported now)."""
     module_part, sep, attribute = reference.rpartition(":")
     if not sep or not module_part or not attribute:
-        raise UserModelError(f"{reference!r} is not a reference like package.module:function or path/to/file.py:function")
+        raise UserModelError(
+            f"{reference!r} is not a reference like package.module:function or path/to/file.py:function"
+        )
     root = Path(root)
     try:
         if module_part.endswith(".py"):
@@ -121,7 +125,9 @@ def resolve(reference: str, root: str | Path):
     except UserModelError:
         raise
     except (Exception, SystemExit) as error:  # noqa: BLE001 - whatever the user's module raises is its error
-        raise UserModelError(f"cannot import {module_part}: {one_line(f'{type(error).__name__}: {error}', 300)}") from None
+        raise UserModelError(
+            f"cannot import {module_part}: {one_line(f'{type(error).__name__}: {error}', 300)}"
+        ) from None
     target = module
     for part in attribute.split("."):
         if not hasattr(target, part):
@@ -168,7 +174,9 @@ def keras_file(path: str, root: str | Path):
         try:
             model = keras.models.load_model(file, compile=False)
         except Exception as error:  # noqa: BLE001 - any loader failure is the file's problem
-            raise UserModelError(f"cannot load Keras model {file}: {one_line(f'{type(error).__name__}: {error}', 300)}") from None
+            raise UserModelError(
+                f"cannot load Keras model {file}: {one_line(f'{type(error).__name__}: {error}', 300)}"
+            ) from None
         return model if dtype == "float32" else _keras_in_dtype(keras, model, dtype)
 
     return _identified(keras_model, source_files=(Path(root) / path,))
@@ -195,8 +203,14 @@ def _keras_in_dtype(keras, model, dtype: str):
         if isinstance(node, dict):
             if node.get("class_name") == "DTypePolicy" and isinstance(node.get("config"), dict):
                 return {**node, "config": {**node["config"], "name": dtype}}
-            return {key: (dtype if key == "dtype" and isinstance(value, str) and value.startswith(("float", "bfloat"))
-                          else rewrite(value)) for key, value in node.items()}
+            return {
+                key: (
+                    dtype
+                    if key == "dtype" and isinstance(value, str) and value.startswith(("float", "bfloat"))
+                    else rewrite(value)
+                )
+                for key, value in node.items()
+            }
         if isinstance(node, list):
             return [rewrite(item) for item in node]
         return node
@@ -227,8 +241,13 @@ def jax_function(reference: str, params_file: str, root: str | Path):
         return function(nested, *args)
 
     params_path = Path(root) / params_file
-    return _identified(jax_apply, params_path=params_path, reference=reference, root=root,
-                       source_files=(*_reference_files(reference, root), params_path))
+    return _identified(
+        jax_apply,
+        params_path=params_path,
+        reference=reference,
+        root=root,
+        source_files=(*_reference_files(reference, root), params_path),
+    )
 
 
 def _identified(builder: Callable[..., Any], **identity: object) -> Callable[..., Any]:
@@ -294,8 +313,9 @@ def widen_for_given(spec, distance: float | None) -> None:
     def add(t: Tolerance) -> Tolerance:
         return Tolerance(t.atol + min(distance, t.atol), t.rtol)
 
-    spec.tolerances = {p: Tolerances(add(t.default), {k: add(v) for k, v in t.overrides.items()})
-                       for p, t in spec.tolerances.items()}
+    spec.tolerances = {
+        p: Tolerances(add(t.default), {k: add(v) for k, v in t.overrides.items()}) for p, t in spec.tolerances.items()
+    }
 
 
 def checked_tolerance_factor(manifest: dict, path: Path) -> float:
@@ -307,13 +327,17 @@ def checked_tolerance_factor(manifest: dict, path: Path) -> float:
     reference = manifest.get("reference")
     if reference is None:
         return 1.0
-    given = (reference.get("given_vs_reference_max_abs") is not None
-             or reference["outputs_from"] != f"{manifest['reference_framework']} reference")
+    given = (
+        reference.get("given_vs_reference_max_abs") is not None
+        or reference["outputs_from"] != f"{manifest['reference_framework']} reference"
+    )
     derived = tolerance_factor(reference["dtype"])
     if reference["tolerance_factor"] != derived:
         made = f"{reference['dtype']} reference, outputs {'given' if given else 'computed'}"
-        raise GoldenError(f"{path}: reference.tolerance_factor is {reference['tolerance_factor']:g}, but how the "
-                          f"reference was made ({made}) gives {derived:g}; {rebuild_hint(Path(path).parent.name)}")
+        raise GoldenError(
+            f"{path}: reference.tolerance_factor is {reference['tolerance_factor']:g}, but how the "
+            f"reference was made ({made}) gives {derived:g}; {rebuild_hint(Path(path).parent.name)}"
+        )
     return derived
 
 
@@ -323,9 +347,15 @@ def native_params(shapes: dict, params: dict) -> dict:
     manifest records) says."""
     from parity.model.spec import ParamSpec
 
-    return {name: ParamSpec(tuple(shape), "tensor", params.get(name, {}).get("trainable", False),
-                            params.get(name, {}).get("dtype", "float32"))
-            for name, shape in shapes.items()}
+    return {
+        name: ParamSpec(
+            tuple(shape),
+            "tensor",
+            params.get(name, {}).get("trainable", False),
+            params.get(name, {}).get("dtype", "float32"),
+        )
+        for name, shape in shapes.items()
+    }
 
 
 def widen_tolerances(spec, factor: float) -> None:
@@ -367,9 +397,11 @@ def check_data_size(what: str, shape, dtype: str, copies: int = 1) -> None:
     need = copies * math.prod(int(d) for d in shape) * itemsize
     limit, why = golden_data_limit()
     if need > limit:
-        raise UserModelError(f"{what} of shape {tuple(int(d) for d in shape)} {dtype} would take {format_bytes(need)} "
-                             f"as parity holds it (drawn and referenced at 8 bytes an element); parity refuses golden "
-                             f"data over {format_bytes(limit)} ({why}): declare a smaller batch or input shape")
+        raise UserModelError(
+            f"{what} of shape {tuple(int(d) for d in shape)} {dtype} would take {format_bytes(need)} "
+            f"as parity holds it (drawn and referenced at 8 bytes an element); parity refuses golden "
+            f"data over {format_bytes(limit)} ({why}): declare a smaller batch or input shape"
+        )
 
 
 def format_bytes(count: int) -> str:

@@ -41,8 +41,16 @@ def runtime_feed(value: np.ndarray) -> np.ndarray:
 # ONNX element types NumPy holds only through ml_dtypes, by ml_dtypes' name and ONNX's enum. Golden data keeps
 # their raw bits (uint8, one element a byte: int4, uint4 and float4 unpacked) and the spec their name, so nothing
 # is rounded, no NaN loses its sign and no pickle is needed. bfloat16 is held as float32, which holds it exactly.
-LOW_PRECISION = {"float8_e4m3fn": 17, "float8_e4m3fnuz": 18, "float8_e5m2": 19, "float8_e5m2fnuz": 20, "uint4": 21,
-                 "int4": 22, "float4_e2m1fn": 23, "float8_e8m0fnu": 24}
+LOW_PRECISION = {
+    "float8_e4m3fn": 17,
+    "float8_e4m3fnuz": 18,
+    "float8_e5m2": 19,
+    "float8_e5m2fnuz": 20,
+    "uint4": 21,
+    "int4": 22,
+    "float4_e2m1fn": 23,
+    "float8_e8m0fnu": 24,
+}
 ONNX_ELEMENT_TYPES = {"bfloat16": 16, **LOW_PRECISION}
 PACKED = frozenset({"uint4", "int4", "float4_e2m1fn"})  # two to a byte in ONNX's (and ONNX Runtime's) buffers
 

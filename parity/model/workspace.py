@@ -43,8 +43,10 @@ class Workspace:
         """A line to show when the built-in zoo is used because the current folder is no workspace."""
         if not self.is_fallback:
             return None
-        return (f"no models/ in {os.getcwd()}: using the built-in zoo at {self.root} "
-                f"(pass --workspace DIR to choose a workspace)")
+        return (
+            f"no models/ in {os.getcwd()}: using the built-in zoo at {self.root} "
+            f"(pass --workspace DIR to choose a workspace)"
+        )
 
     def model_names(self) -> list[str]:
         return sorted(p.stem for p in self.models_dir.glob("*.py") if not p.stem.startswith("_"))
@@ -62,7 +64,9 @@ class Workspace:
             return known
         unknown = [n for n in names if n not in known]
         if unknown:
-            raise UsageError(f"unknown model {', '.join(map(repr, unknown))}; models in {self.models_dir}: {', '.join(known) or 'none'}")
+            raise UsageError(
+                f"unknown model {', '.join(map(repr, unknown))}; models in {self.models_dir}: {', '.join(known) or 'none'}"
+            )
         return list(dict.fromkeys(names))
 
     def load_spec(self, name: str, attach_golden: bool = True):

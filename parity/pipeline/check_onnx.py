@@ -140,9 +140,15 @@ def _quiet(message: str) -> None:
     pass
 
 
-def check(cases: Sequence[Case], request: Request, *, progress=_quiet,
-          on_case: Callable[[CaseOutcome], None] | None = None, show: Callable[[dict], None] = lambda report: None,
-          notice: Callable[[str], None] = _quiet) -> tuple[dict, int]:
+def check(
+    cases: Sequence[Case],
+    request: Request,
+    *,
+    progress=_quiet,
+    on_case: Callable[[CaseOutcome], None] | None = None,
+    show: Callable[[dict], None] = lambda report: None,
+    notice: Callable[[str], None] = _quiet,
+) -> tuple[dict, int]:
     """Take every case in turn (init, golden build, check of the paths ``request.patterns`` select) in one session;
     returns the result document of them all and the exit code: 0 every path passed, 1 a case was refused or a
     path failed or errored, 2 nothing was checked (every path skipped). ``progress(message, step=k, steps=n)``
@@ -166,8 +172,10 @@ def check(cases: Sequence[Case], request: Request, *, progress=_quiet,
     jobs.check_targets(request.json_file, None, request.junit_file)
     device = precision_lib.parse_device(request.device)
     if not paths.select(tuple(request.patterns), ("onnx",), device, request.precision):
-        raise UsageError(f"--path {', '.join(request.patterns)} matches no path of an ONNX file; its paths start "
-                         f"with onnx/ (e.g. onnx/ort, 'onnx/*')")
+        raise UsageError(
+            f"--path {', '.join(request.patterns)} matches no path of an ONNX file; its paths start "
+            f"with onnx/ (e.g. onnx/ort, 'onnx/*')"
+        )
     threads = request.threads or default_threads()
     if request.workspace:
         root = Path(request.workspace).resolve()
@@ -180,9 +188,15 @@ def check(cases: Sequence[Case], request: Request, *, progress=_quiet,
     try:
         (root / "models").mkdir(parents=True, exist_ok=True)
         ws = Workspace(root)
-        options = orchestrate.Options(threads=threads, patterns=tuple(request.patterns), precision=request.precision,
-                                      device=device, timeout_s=request.timeout_s, use_cache=request.use_cache,
-                                      diagnose=request.diagnose)
+        options = orchestrate.Options(
+            threads=threads,
+            patterns=tuple(request.patterns),
+            precision=request.precision,
+            device=device,
+            timeout_s=request.timeout_s,
+            use_cache=request.use_cache,
+            diagnose=request.diagnose,
+        )
         run = orchestrate.Run(ws, options)  # its steps are a case's; progress hears the cases
         env_reader = Background(lambda: environment(threads))
         worker_env = precision_lib.worker_environment(device, request.precision)
@@ -230,11 +244,13 @@ def _check_case(run, pool, case: Case, request: Request, threads: int) -> CaseOu
     step = "init"
     try:
         root = run.workspace.root
-        init = scaffold.Request(name=case.name, kind="onnx",
-                                reference=scaffold.workspace_reference(str(case.model), root),
-                                test_data=(scaffold.workspace_reference(str(case.test_data), root)
-                                           if case.test_data else None),
-                                opset=case.opset)
+        init = scaffold.Request(
+            name=case.name,
+            kind="onnx",
+            reference=scaffold.workspace_reference(str(case.model), root),
+            test_data=(scaffold.workspace_reference(str(case.test_data), root) if case.test_data else None),
+            opset=case.opset,
+        )
         scaffold.init(root, init, request.force or not request.workspace, threads, pool=pool)
         step = "golden build"
         spec = run.workspace.load_spec(case.name, attach_golden=False)
@@ -254,10 +270,17 @@ def _check_case(run, pool, case: Case, request: Request, threads: int) -> CaseOu
 
 
 def _case_entry(o: CaseOutcome) -> dict:
-    return {"name": o.case.name, "label": o.case.label, "model_file": str(o.case.model),
-            "test_data": str(o.case.test_data) if o.case.test_data else None, "opset": o.case.opset,
-            "seconds": round(o.seconds, 4), "error": o.error, "crashed": o.crashed,
-            "paths": [r["path"] for r in o.results]}
+    return {
+        "name": o.case.name,
+        "label": o.case.label,
+        "model_file": str(o.case.model),
+        "test_data": str(o.case.test_data) if o.case.test_data else None,
+        "opset": o.case.opset,
+        "seconds": round(o.seconds, 4),
+        "error": o.error,
+        "crashed": o.crashed,
+        "paths": [r["path"] for r in o.results],
+    }
 
 
 def exit_code(report: dict) -> int:

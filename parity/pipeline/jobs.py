@@ -51,8 +51,9 @@ def check_targets(json_file: str | None, report_dir: str | None, junit_file: str
         check_writable(report / "index.html" if os.path.lexists(report) else report, "--report", make_parents=False)
 
 
-def bench_options(budget_s: float, min_runs: int, target_ci: float, batch_sizes, baseline: str | None,
-                  processes: int = 1):
+def bench_options(
+    budget_s: float, min_runs: int, target_ci: float, batch_sizes, baseline: str | None, processes: int = 1
+):
     """The timing options of ``run`` and ``bench``, refused with a usage error when out of range."""
     from parity.bench.plan import BenchOptions
     from parity.run import paths as path_registry
@@ -66,8 +67,14 @@ def bench_options(budget_s: float, min_runs: int, target_ci: float, batch_sizes,
         raise UsageError(f"--batch-size must be a positive integer, not {bad[0]}")
     if baseline and baseline not in path_registry.CHAIN_IDS:
         raise UsageError(f"--baseline {baseline!r} is not a path; known paths: {', '.join(path_registry.CHAIN_IDS)}")
-    return BenchOptions(budget_s=budget_s, min_runs=min_runs, target_rel_ci=target_ci,
-                        batch_sizes=tuple(dict.fromkeys(batch_sizes)), baseline=baseline, processes=processes)
+    return BenchOptions(
+        budget_s=budget_s,
+        min_runs=min_runs,
+        target_rel_ci=target_ci,
+        batch_sizes=tuple(dict.fromkeys(batch_sizes)),
+        baseline=baseline,
+        processes=processes,
+    )
 
 
 @dataclass(frozen=True)
@@ -98,8 +105,14 @@ class CheckRequest:
     junit_file: str | None = None  # JUnit XML of the verdicts, one testcase per model and path
 
 
-def check(request: CheckRequest, *, progress=_quiet, on_checked: Callable[[dict], None] | None = None,
-          show: Callable[[dict], None] = lambda report: None, notice: Callable[[str], None] = _quiet) -> int:
+def check(
+    request: CheckRequest,
+    *,
+    progress=_quiet,
+    on_checked: Callable[[dict], None] | None = None,
+    show: Callable[[dict], None] = lambda report: None,
+    notice: Callable[[str], None] = _quiet,
+) -> int:
     """Check (and diagnose, and time) the selected paths; returns the exit code.
 
     ``progress(message[, step=k, steps=n])`` hears each step as the orchestrator starts it; ``on_checked(report)``
@@ -124,9 +137,16 @@ def check(request: CheckRequest, *, progress=_quiet, on_checked: Callable[[dict]
         if pool is not None:
             pool.close()
         raise
-    options = orchestrate.Options(threads=request.threads, patterns=request.patterns, precision=request.precision,
-                                  device=device, timeout_s=request.timeout_s, use_cache=request.use_cache,
-                                  timing=request.timing, diagnose=request.diagnose)
+    options = orchestrate.Options(
+        threads=request.threads,
+        patterns=request.patterns,
+        precision=request.precision,
+        device=device,
+        timeout_s=request.timeout_s,
+        use_cache=request.use_cache,
+        timing=request.timing,
+        diagnose=request.diagnose,
+    )
     run_id = None
     if request.executor == "ray":
         from parity.pipeline import ray_executor
@@ -134,8 +154,17 @@ def check(request: CheckRequest, *, progress=_quiet, on_checked: Callable[[dict]
 
         resumed = store.cell_results(request.resume) if request.resume is not None else None
         run_id = new_run_id() if store is not None else None
-        report = ray_executor.check(ws, names, options, request.address, store, run_id, resumed, progress=progress,
-                                    accelerator=request.accelerator)
+        report = ray_executor.check(
+            ws,
+            names,
+            options,
+            request.address,
+            store,
+            run_id,
+            resumed,
+            progress=progress,
+            accelerator=request.accelerator,
+        )
         if request.resume is not None:
             report["executor"]["resumed_from"] = request.resume
     else:
@@ -153,8 +182,9 @@ def check(request: CheckRequest, *, progress=_quiet, on_checked: Callable[[dict]
         report["against"] = {"baseline": baseline.get("run_id"), "text": text, "exit_code": against_code}
         code = max(code, against_code)
     show(report)
-    write_results(report, None if to_stdout else request.json_file, request.report_dir, notice,
-                  junit_file=request.junit_file)
+    write_results(
+        report, None if to_stdout else request.json_file, request.report_dir, notice, junit_file=request.junit_file
+    )
     if store is not None and not to_stdout:  # JSON on stdout: its run_id says it, nothing else is printed
         notice(f"stored as run {report['run_id']} in {store.url}")
     why = outcome.nothing_checked(report)
@@ -200,8 +230,9 @@ def _open_store(request: CheckRequest, ws, device: str):
     return store, baseline, differ
 
 
-def history(workspace: str | None, models, patterns, store: str | None, report_dir: str | None,
-            notice=_quiet) -> tuple[str, Path | None]:
+def history(
+    workspace: str | None, models, patterns, store: str | None, report_dir: str | None, notice=_quiet
+) -> tuple[str, Path | None]:
     """``parity history``: the text, and the HTML page written into ``report_dir`` (None without one)."""
     from parity.results import history as past
     from parity.results import store as results
@@ -248,8 +279,9 @@ def _history_page(store, report: dict, out_dir: Path) -> None:
     report["history_page"] = "history.html"
 
 
-def write_results(report: dict, json_file: str | None, report_dir: str | None, notice=_quiet,
-                  junit_file: str | None = None) -> None:
+def write_results(
+    report: dict, json_file: str | None, report_dir: str | None, notice=_quiet, junit_file: str | None = None
+) -> None:
     """The result JSON, the JUnit XML and the HTML report, each announced to ``notice`` once written."""
     if json_file:
         from parity.report import json_report
@@ -291,8 +323,9 @@ class GoldenOutcome:
         return store.summary(self.manifest, self.golden_dir)
 
 
-def build_goldens(workspace: str | None, models, threads: int | None, progress=_quiet,
-                  notice=_quiet, upgrade: bool = False) -> Iterator[GoldenOutcome]:
+def build_goldens(
+    workspace: str | None, models, threads: int | None, progress=_quiet, notice=_quiet, upgrade: bool = False
+) -> Iterator[GoldenOutcome]:
     """Build each selected model's golden data in turn (one model's failure does not stop the next); ``upgrade``:
     bring golden data of an older schema to the current one instead (``parity.golden.shapes.upgrade``)."""
     from parity.golden import build as golden_build
@@ -303,8 +336,10 @@ def build_goldens(workspace: str | None, models, threads: int | None, progress=_
 
     ws = open_workspace(workspace, notice)
     if ws.is_fallback:
-        raise UsageError(f"golden {'upgrade' if upgrade else 'build'} writes only into a workspace you name: run it "
-                         f"in a folder with models/, or pass --workspace {ws.root} for the built-in zoo")
+        raise UsageError(
+            f"golden {'upgrade' if upgrade else 'build'} writes only into a workspace you name: run it "
+            f"in a folder with models/, or pass --workspace {ws.root} for the built-in zoo"
+        )
     with WorkerPool(threads or default_threads(), cache_root() / "logs", timeout_s=1800) as pool:
         for name in ws.select(models):
             try:
@@ -348,13 +383,25 @@ def path_rows(workspace: str | None, models, devices, precisions, notice=_quiet)
     rows = []
     for path in path_registry.matrix(devices, precisions or path_registry.ALL):
         if frameworks is None or path.source in frameworks:
-            rows.append({"id": path.id, "device": path.device, "precision": path.precision,
-                         "steps": " -> ".join(s.name for s in path.exports) or (
-                             "native" if path.id in path_registry.NATIVE else path.runtime.name),
-                         "reason": path_registry.unavailable_reason(path),
-                         "note": "; ".join(n for n in (path.runtime.note, *(s.note for s in path.exports),
-                                                       path.opt_in and f"opt-in ({path.opt_in}): name it with --path")
-                                           if n)})
+            rows.append(
+                {
+                    "id": path.id,
+                    "device": path.device,
+                    "precision": path.precision,
+                    "steps": " -> ".join(s.name for s in path.exports)
+                    or ("native" if path.id in path_registry.NATIVE else path.runtime.name),
+                    "reason": path_registry.unavailable_reason(path),
+                    "note": "; ".join(
+                        n
+                        for n in (
+                            path.runtime.note,
+                            *(s.note for s in path.exports),
+                            path.opt_in and f"opt-in ({path.opt_in}): name it with --path",
+                        )
+                        if n
+                    ),
+                }
+            )
     return rows
 
 
@@ -372,15 +419,27 @@ def export_test_data(workspace: str | None, model: str, out_dir: str, notice=_qu
     verified = store.load(ws.golden_dir(name), spec)
     reference = verified.arrays["reference.npz"]
     written = interop.write_test_data(
-        Path(out_dir), feeds.from_arrays(spec, verified.arrays["inputs.npz"]),
-        {out: reference[out].astype(np.float32) if reference[out].dtype.kind == "f" else reference[out]
-         for out in spec.outputs})
+        Path(out_dir),
+        feeds.from_arrays(spec, verified.arrays["inputs.npz"]),
+        {
+            out: reference[out].astype(np.float32) if reference[out].dtype.kind == "f" else reference[out]
+            for out in spec.outputs
+        },
+    )
     return written, spec
 
 
-def init_model(name: str, sources: dict[str, str | None], input_decls: tuple[str, ...], axes: tuple[str, ...],
-               files: dict[str, str | None], seed: int, force: bool, workspace: str | None,
-               opset: int | None = None) -> tuple[Path, dict, str]:
+def init_model(
+    name: str,
+    sources: dict[str, str | None],
+    input_decls: tuple[str, ...],
+    axes: tuple[str, ...],
+    files: dict[str, str | None],
+    seed: int,
+    force: bool,
+    workspace: str | None,
+    opset: int | None = None,
+) -> tuple[Path, dict, str]:
     """``parity init``: ``sources`` maps torch/tf/jax/onnx to what was given (exactly one), ``files`` the data
     files (inputs_file, test_data, polygraphy_inputs, polygraphy_outputs). Returns the spec written, what the
     model said about itself, and the source kind."""
@@ -399,16 +458,35 @@ def init_model(name: str, sources: dict[str, str | None], input_decls: tuple[str
             raise UsageError("--jax takes MODULE:FUNCTION,PARAMS.npz (the apply function and its weights)")
         params_file = scaffold.workspace_reference(params_file, root)
     request = scaffold.Request(
-        name=name, kind=kind, reference=scaffold.workspace_reference(reference, root), params_file=params_file,
+        name=name,
+        kind=kind,
+        reference=scaffold.workspace_reference(reference, root),
+        params_file=params_file,
         inputs=tuple(scaffold.parse_input(text) for text in input_decls),
-        axes=tuple(scaffold.parse_axis(text) for text in axes), seed=seed, opset=opset,
-        **{key: value and scaffold.workspace_reference(value, root) for key, value in files.items()})  # type: ignore[arg-type]  # the file options only
+        axes=tuple(scaffold.parse_axis(text) for text in axes),
+        seed=seed,
+        opset=opset,
+        # the file options only: mypy reads every field's type into the ** expansion
+        **{key: value and scaffold.workspace_reference(value, root) for key, value in files.items()},  # type: ignore[arg-type]
+    )
     written, info = scaffold.init(root, request, force, default_threads())
     return written, info, kind
 
 
-def repro(workspace: str | None, model: str, path_id: str, out_dir: str, force: bool, precision: str, threads: int,
-          timeout_s: float, command: str, progress=_quiet, notice=_quiet, device: str = "cpu") -> tuple[int, str]:
+def repro(
+    workspace: str | None,
+    model: str,
+    path_id: str,
+    out_dir: str,
+    force: bool,
+    precision: str,
+    threads: int,
+    timeout_s: float,
+    command: str,
+    progress=_quiet,
+    notice=_quiet,
+    device: str = "cpu",
+) -> tuple[int, str]:
     """``parity repro``: check and diagnose one path, reduce its exported graph, write the bug report folder.
 
     Returns ``(exit code, one line)``: 0 with the folder written, or when the path passes (nothing to reduce); 1 when
@@ -429,8 +507,9 @@ def repro(workspace: str | None, model: str, path_id: str, out_dir: str, force: 
     if out.exists() and any(out.iterdir()) and not force:
         raise UsageError(f"--out {out_dir} is not an empty folder: choose another or pass --force to replace it")
     if parse_device(device) != "cpu":
-        raise UsageError(f"--device {device}: parity repro reduces graphs on the CPU runtimes (ort, ort-noopt, "
-                         f"onnxref) only")
+        raise UsageError(
+            f"--device {device}: parity repro reduces graphs on the CPU runtimes (ort, ort-noopt, onnxref) only"
+        )
     path = paths.by_id(path_id, "cpu", precision)
     ws = open_workspace(workspace, notice)
     names = ws.select([model])
@@ -448,19 +527,26 @@ def repro(workspace: str | None, model: str, path_id: str, out_dir: str, force: 
     diagnosis = result.get("diagnosis") or {}
     if not path.exports:
         link = (diagnosis.get("links") or {}).get("enters_at") or "definition"
-        return 2, (f"nothing to reduce: {where} is a native path; its diagnosis names the {link} link and there is no "
-                   f"ONNX graph to reduce")
+        return 2, (
+            f"nothing to reduce: {where} is a native path; its diagnosis names the {link} link and there is no "
+            f"ONNX graph to reduce"
+        )
     if path.runtime.name not in ("ort", "ort-noopt", "onnxref"):
         return 2, f"nothing to reduce: {where} runs on {path.runtime.name}, not on a CPU ONNX runtime"
     if diagnosis.get("error"):
         return 2, f"nothing to reduce: {diagnosis['error']}"
     if diagnosis.get("split"):
-        return 2, (f"nothing to reduce on the fixed input set: {where} fails on the eval split only (rows "
-                   f"{', '.join(map(str, sorted(set(diagnosis['split']['rows']))))}); see its diagnosis")
+        return 2, (
+            f"nothing to reduce on the fixed input set: {where} fails on the eval split only (rows "
+            f"{', '.join(map(str, sorted(set(diagnosis['split']['rows']))))}); see its diagnosis"
+        )
     if trusted_for(diagnosis, path.runtime.name) is None:
         link = (diagnosis.get("links") or {}).get("enters_at")
-        return 2, (f"nothing to reduce: {where}'s drift enters at the {link}, not in the exported graph" if link else
-                   f"nothing to reduce: the diagnosis of {where} names no link that a graph could reproduce")
+        return 2, (
+            f"nothing to reduce: {where}'s drift enters at the {link}, not in the exported graph"
+            if link
+            else f"nothing to reduce: the diagnosis of {where} names no link that a graph could reproduce"
+        )
     spec = ws.load_spec(model)
     with WorkerPool(threads, cache_root() / "logs", timeout_s) as pool:
         run = orchestrate.Run(ws, options)
@@ -474,16 +560,32 @@ def repro(workspace: str | None, model: str, path_id: str, out_dir: str, force: 
             leaf = leaf_known(pool, spec, path, str(ws.root), str(ws.golden_dir(model)), threads, diagnosis)
         progress(f"{model}: reduce {path.id}")
         try:
-            outcome = pool.call(path.runtime.group, "parity.diagnose.repro:write", workspace=str(ws.root),
-                                model=model, path_id=path.id, golden_dir=str(ws.golden_dir(model)),
-                                precision=precision, threads=threads, artifact_dir=artifact["dir"],
-                                artifact_meta=artifact["meta"], diagnosis=diagnosis, out_dir=str(out),
-                                environment=environment(threads), command=command, leaf_known=leaf)
+            outcome = pool.call(
+                path.runtime.group,
+                "parity.diagnose.repro:write",
+                workspace=str(ws.root),
+                model=model,
+                path_id=path.id,
+                golden_dir=str(ws.golden_dir(model)),
+                precision=precision,
+                threads=threads,
+                artifact_dir=artifact["dir"],
+                artifact_meta=artifact["meta"],
+                diagnosis=diagnosis,
+                out_dir=str(out),
+                environment=environment(threads),
+                command=command,
+                leaf_known=leaf,
+            )
         except TaskFailed as error:
             return 1, f"the reduction of {where} failed: {error}"
-    counts = (f"{outcome['nodes_before']} nodes -> {outcome['nodes_after']}, {outcome['checks']} checks, "
-              f"{outcome['seconds']:.2f} s")
+    counts = (
+        f"{outcome['nodes_before']} nodes -> {outcome['nodes_after']}, {outcome['checks']} checks, "
+        f"{outcome['seconds']:.2f} s"
+    )
     if not outcome["written"]:
         return 1, f"no bug report: the failure of {where} does not reproduce in its reduced graph: {outcome['reason']}"
-    return 0, (f"wrote {out_dir}: {where} reduced to {' -> '.join(outcome['ops'])} ({counts}); "
-               f"`python {Path(out_dir) / 'repro.py'}` exits 1 while the bug is present")
+    return 0, (
+        f"wrote {out_dir}: {where} reduced to {' -> '.join(outcome['ops'])} ({counts}); "
+        f"`python {Path(out_dir) / 'repro.py'}` exits 1 while the bug is present"
+    )

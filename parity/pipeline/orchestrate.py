@@ -54,10 +54,24 @@ class Options:
 
 
 def _result_skeleton(model: str, path: paths.PathDef, spec_batch: int) -> dict:
-    return {"model": model, "path": path.id, "stages": path.stages, "device": path.device, "precision": path.precision,
-            "batch_size": spec_batch,
-            "verdict": None, "reason": None, "expected": False, "outputs": None, "gradients": None, "metrics": None,
-            "deterministic": None, "timing": None, "diagnosis": None, "golden_changed": None}
+    return {
+        "model": model,
+        "path": path.id,
+        "stages": path.stages,
+        "device": path.device,
+        "precision": path.precision,
+        "batch_size": spec_batch,
+        "verdict": None,
+        "reason": None,
+        "expected": False,
+        "outputs": None,
+        "gradients": None,
+        "metrics": None,
+        "deterministic": None,
+        "timing": None,
+        "diagnosis": None,
+        "golden_changed": None,
+    }
 
 
 def _package_version(name: str) -> str | None:
@@ -78,8 +92,11 @@ def accepts_steps(progress) -> bool:
         return False
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         return True
-    names = {p.name for p in parameters if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                                       inspect.Parameter.KEYWORD_ONLY)}
+    names = {
+        p.name
+        for p in parameters
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    }
     return {"step", "steps"} <= names
 
 
@@ -143,12 +160,17 @@ class Run:
             return
         from parity.model import feeds
 
-        available = manifest["files"]["eval.npz"]["arrays"][feeds.key(spec, spec.model_inputs[0].name)]["shape"][0] \
-            if spec.model_inputs else 1  # a graph without inputs runs once, whole
+        available = (
+            manifest["files"]["eval.npz"]["arrays"][feeds.key(spec, spec.model_inputs[0].name)]["shape"][0]
+            if spec.model_inputs
+            else 1
+        )  # a graph without inputs runs once, whole
         for batch in self.options.timing.batch_sizes or spec.timed_batch_sizes:
             if batch > available:
-                raise UsageError(f"batch size {batch} cannot be verified for model {spec.name!r}: its eval split has "
-                                 f"{available} samples (each batch size is checked against them before it is timed)")
+                raise UsageError(
+                    f"batch size {batch} cannot be verified for model {spec.name!r}: its eval split has "
+                    f"{available} samples (each batch size is checked against them before it is timed)"
+                )
 
     def _batches(self, spec) -> list:
         """The batch sizes a path of ``spec`` is exported at: the spec's (None), then a timed run's others."""
@@ -162,19 +184,34 @@ class Run:
         capability, so an engine for another GPU is never reused), and the slot those parts fill."""
         steps = path.exports[: depth + 1]
         keyed_on = {k for s in steps for k in s.keyed_on}
-        slot = {"workspace": str(self.workspace.root), "model": spec.name, "source": path.source,
-                "steps": [(s.name, s.target) for s in steps], "batch_size": batch_size or spec.batch_size,
-                "precision": path.precision if "precision" in keyed_on else None,
-                "device": devices.engine_identity(path.device) if "device" in keyed_on else None}
+        slot = {
+            "workspace": str(self.workspace.root),
+            "model": spec.name,
+            "source": path.source,
+            "steps": [(s.name, s.target) for s in steps],
+            "batch_size": batch_size or spec.batch_size,
+            "precision": path.precision if "precision" in keyed_on else None,
+            "device": devices.engine_identity(path.device) if "device" in keyed_on else None,
+        }
         parts = {
-            "parity": __version__, "parity_code": provenance.parity_digest(), "model": spec.name, "source": path.source,
-            "model_file_sha256": sha256_file(Path(spec.source_file)), "builder_files": provenance.builder_files(spec),
-            "weights_sha256": manifest["files"]["weights.npz"]["sha256"], "source_sha256": manifest.get("source_sha256"),
+            "parity": __version__,
+            "parity_code": provenance.parity_digest(),
+            "model": spec.name,
+            "source": path.source,
+            "model_file_sha256": sha256_file(Path(spec.source_file)),
+            "builder_files": provenance.builder_files(spec),
+            "weights_sha256": manifest["files"]["weights.npz"]["sha256"],
+            "source_sha256": manifest.get("source_sha256"),
             # the weights the model's builder holds now (a factory's checkpoint): an export is made from the model
             "model_weights_sha256": (self.identities.get(spec.name) or {}).get("weights_sha256"),
-            "steps": [{"name": s.name, "target": s.target, "versions": {p: _package_version(p) for p in s.packages}}
-                      for s in steps],
-            "opset": spec.opset, "batch_size": slot["batch_size"], "precision": slot["precision"], "device": slot["device"],
+            "steps": [
+                {"name": s.name, "target": s.target, "versions": {p: _package_version(p) for p in s.packages}}
+                for s in steps
+            ],
+            "opset": spec.opset,
+            "batch_size": slot["batch_size"],
+            "precision": slot["precision"],
+            "device": slot["device"],
         }
         return parts, provenance.slot_id(slot)
 
@@ -194,10 +231,14 @@ class Run:
         lock = self.cache.lock(key, timeout_s=self.options.timeout_s + 60)
         try:
             with lock:
-                entry = self._export_locked(pool, spec, path, depth, key, step, parent, batch_size, parts, slot, at_step)
+                entry = self._export_locked(
+                    pool, spec, path, depth, key, step, parent, batch_size, parts, slot, at_step
+                )
         except TimeoutError:
-            entry = {"error": f"{step.name}: cache entry {key} stayed locked by another run for {lock.timeout:g} s",
-                     "cached": False}
+            entry = {
+                "error": f"{step.name}: cache entry {key} stayed locked by another run for {lock.timeout:g} s",
+                "cached": False,
+            }
         self.exports[key] = entry
         return entry
 
@@ -212,21 +253,39 @@ class Run:
     def _export_locked(self, pool, spec, path, depth, key, step, parent, batch_size, parts, slot, at_step=None) -> dict:
         hit, stale = self._fresh_hit(key)
         if hit is not None:
-            return {"error": hit.error, "cached": True} if hit.error else {"dir": str(hit.dir), "meta": hit.meta, "cached": True}
+            return (
+                {"error": hit.error, "cached": True}
+                if hit.error
+                else {"dir": str(hit.dir), "meta": hit.meta, "cached": True}
+            )
         before = provenance.read_slot(self.cache.root, slot)
-        rebuilt = stale or (provenance.why_changed(before, parts, self.workspace.root) if before not in (None, parts)
-                            else None)
+        rebuilt = stale or (
+            provenance.why_changed(before, parts, self.workspace.root) if before not in (None, parts) else None
+        )
         at = f", batch {batch_size}" if batch_size and batch_size != spec.batch_size else ""
-        self.progress(f"{spec.name}: export {path.id} ({step.name}{at})" + (f", again: {rebuilt}" if rebuilt else ""),
-                      *(at_step or ()))
+        self.progress(
+            f"{spec.name}: export {path.id} ({step.name}{at})" + (f", again: {rebuilt}" if rebuilt else ""),
+            *(at_step or ()),
+        )
         staging = self.cache.staging_dir()
         try:
-            meta = pool.call(step.group, "parity.run.tasks:export_step", workspace=str(self.workspace.root),
-                             model=spec.name, target=step.target, golden_dir=str(self.workspace.golden_dir(spec.name)),
-                             opset=spec.opset, out_dir=str(staging), parent_dir=parent and parent["dir"],
-                             parent_meta=parent and parent["meta"], batch_size=batch_size, device=path.device,
-                             precision=path.precision, calibrate=step.quantizes,
-                             path_id=path.id)
+            meta = pool.call(
+                step.group,
+                "parity.run.tasks:export_step",
+                workspace=str(self.workspace.root),
+                model=spec.name,
+                target=step.target,
+                golden_dir=str(self.workspace.golden_dir(spec.name)),
+                opset=spec.opset,
+                out_dir=str(staging),
+                parent_dir=parent and parent["dir"],
+                parent_meta=parent and parent["meta"],
+                batch_size=batch_size,
+                device=path.device,
+                precision=path.precision,
+                calibrate=step.quantizes,
+                path_id=path.id,
+            )
         except TaskFailed as error:
             shutil.rmtree(staging, ignore_errors=True)
             reason = str(error)
@@ -236,7 +295,12 @@ class Run:
                 self.cache.commit_error(key, reason, {"code_files": code})
                 provenance.write_slot(self.cache.root, slot, parts)
             return {"error": reason, "cached": False, "rebuilt": rebuilt, "log": error.log}
-        entry = {"dir": str(self.cache.commit(key, staging, meta).dir), "meta": meta, "cached": False, "rebuilt": rebuilt}
+        entry = {
+            "dir": str(self.cache.commit(key, staging, meta).dir),
+            "meta": meta,
+            "cached": False,
+            "rebuilt": rebuilt,
+        }
         provenance.write_slot(self.cache.root, slot, parts)
         return entry
 
@@ -289,13 +353,18 @@ class Run:
         # a timed run's other batch sizes too (static batch per artifact), while each group's worker is up:
         # they are verified again at that batch before they are timed
         started = time.perf_counter()
-        exports = [(item, depth, batch) for item in pending for depth in range(len(item[2].exports))
-                   for batch in self._batches(item[0])]
+        exports = [
+            (item, depth, batch)
+            for item in pending
+            for depth in range(len(item[2].exports))
+            for batch in self._batches(item[0])
+        ]
         done = 0
         for depth in range(max((len(p.exports) for _, _, p, _ in pending), default=0)):
             todo = [item for item in pending if len(item[2].exports) > depth]
-            for spec, manifest, path, _ in running_first(pool, todo,
-                                                         lambda item, depth=depth: item[2].exports[depth].group):
+            for spec, manifest, path, _ in running_first(
+                pool, todo, lambda item, depth=depth: item[2].exports[depth].group
+            ):
                 for batch in self._batches(spec):
                     done += 1
                     self._export(pool, spec, manifest, path, depth, batch, at_step=(done, len(exports)))
@@ -329,12 +398,17 @@ class Run:
         """Each user model as its builder makes it now (``parity.model.identity``): its weights key its exports; a
         change since its golden build is said on every result of the model (``golden_changed``), whose verdict
         stands."""
-        for name, (spec, manifest) in {s.name: (s, m) for s, m, _, _ in pending
-                                       if s.weights_from_model and s.frameworks[0] != "onnx"}.items():
+        for name, (spec, manifest) in {
+            s.name: (s, m) for s, m, _, _ in pending if s.weights_from_model and s.frameworks[0] != "onnx"
+        }.items():
             self.progress(f"{name}: reading the model's weights")
             try:
-                now = pool.call(spec.frameworks[0], "parity.model.identity:model_identity",
-                                workspace=str(self.workspace.root), model=name)
+                now = pool.call(
+                    spec.frameworks[0],
+                    "parity.model.identity:model_identity",
+                    workspace=str(self.workspace.root),
+                    model=name,
+                )
                 changed = identity.changes(name, manifest.get("built_from"), now)
             except TaskFailed as error:  # the checks say why it does not build; here, that it was not compared
                 now, changed = None, identity.not_compared(str(error))
@@ -344,8 +418,13 @@ class Run:
 
     def report(self, env: dict) -> dict:
         """The result document of every model checked so far, with ``env`` (``parity.platform.env.environment``)."""
-        report = {"schema": RESULT_SCHEMA, "env": env, "results": self.results, "model_errors": self.model_errors,
-                  "stage_seconds": {name: round(seconds, 3) for name, seconds in self.stage_seconds.items()}}
+        report = {
+            "schema": RESULT_SCHEMA,
+            "env": env,
+            "results": self.results,
+            "model_errors": self.model_errors,
+            "stage_seconds": {name: round(seconds, 3) for name, seconds in self.stage_seconds.items()},
+        }
         if self.host is not None:
             report["host"] = self.host
         return report
@@ -358,20 +437,33 @@ class Run:
             if "error" in artifact:
                 result.update(verdict="error", reason=artifact["error"], export=export, log=artifact.get("log"))
                 return
-            result["export"] = {**export, "export_s": artifact["meta"].get("export_s"),
-                                **{key: artifact["meta"][key] for key in ("opset", "axes", "quantization", "calibration_data")
-                                   if key in artifact["meta"]}}
+            result["export"] = {
+                **export,
+                "export_s": artifact["meta"].get("export_s"),
+                **{
+                    key: artifact["meta"][key]
+                    for key in ("opset", "axes", "quantization", "calibration_data")
+                    if key in artifact["meta"]
+                },
+            }
             if "build_determinism" in artifact["meta"]:  # a TensorRT engine: built twice, both run on the golden inputs
                 result["export"]["build_determinism"] = artifact["meta"]["build_determinism"]
         self.progress(f"{spec.name}: check {path.id}", *(step or ()))
         try:
             outcome = pool.call(
-                path.runtime.group, "parity.run.tasks:check_path", workspace=str(self.workspace.root), model=spec.name,
-                path_id=path.id, golden_dir=str(self.workspace.golden_dir(spec.name)), precision=path.precision,
-                threads=self.options.threads, artifact_dir=artifact and artifact["dir"],
+                path.runtime.group,
+                "parity.run.tasks:check_path",
+                workspace=str(self.workspace.root),
+                model=spec.name,
+                path_id=path.id,
+                golden_dir=str(self.workspace.golden_dir(spec.name)),
+                precision=path.precision,
+                threads=self.options.threads,
+                artifact_dir=artifact and artifact["dir"],
                 artifact_meta=artifact and artifact["meta"],
                 export_s=0.0 if artifact is None or artifact["cached"] else artifact["meta"].get("export_s", 0.0),
-                weight_perturbation=self.options.weight_perturbation.get((spec.name, path.id)), device=path.device,
+                weight_perturbation=self.options.weight_perturbation.get((spec.name, path.id)),
+                device=path.device,
             )
         except TaskFailed as error:
             result.update(verdict="error", reason=f"{path.runtime.name}: {error}", log=error.log)
@@ -380,20 +472,31 @@ class Run:
 
     def _diagnose(self, pool, spec, manifest, path, result) -> None:
         """Diagnose ``path``'s drift layer by layer into ``result["diagnosis"]`` (options.diagnose says which)."""
-        wanted = self.options.diagnose == "all" or (result["verdict"] == "fail" and spec.expected_error(path.id) is None)
+        wanted = self.options.diagnose == "all" or (
+            result["verdict"] == "fail" and spec.expected_error(path.id) is None
+        )
         if not wanted:
             return
         from parity.diagnose import chain
 
         failed = {"model": spec.name, "path": path.id}
         if result["verdict"] == "error":
-            result["diagnosis"] = {**failed, "error": f"nothing to diagnose: the path ended in error ({result['reason']})"}
+            result["diagnosis"] = {
+                **failed,
+                "error": f"nothing to diagnose: the path ended in error ({result['reason']})",
+            }
             return
-        golden_shape_ok = all(stats["ok"] for part in ("outputs", "eval_outputs", "gradients")
-                              for stats in (result.get(part) or {}).values())
+        golden_shape_ok = all(
+            stats["ok"]
+            for part in ("outputs", "eval_outputs", "gradients")
+            for stats in (result.get(part) or {}).values()
+        )
         if result["verdict"] == "fail" and golden_shape_ok and any(not s["ok"] for s in result.get("shapes") or ()):
-            result["diagnosis"] = {**failed, "error": "nothing to diagnose layer by layer: the path agrees at the golden "
-                                                      "shape and fails only at other shapes (see its reason)"}
+            result["diagnosis"] = {
+                **failed,
+                "error": "nothing to diagnose layer by layer: the path agrees at the golden "
+                "shape and fails only at other shapes (see its reason)",
+            }
             return
         self.progress(f"{spec.name}: diagnose {path.id}")
         try:
@@ -404,8 +507,9 @@ class Run:
                 return
             failing = [name for name, stats in (result.get("outputs") or {}).items() if not stats["ok"]]
             eval_only = not failing and any(not s["ok"] for s in (result.get("eval_outputs") or {}).values())
-            result["diagnosis"] = chain.diagnose(self, pool, spec, manifest, path, failing=failing,
-                                                 split="eval" if eval_only else "inputs")
+            result["diagnosis"] = chain.diagnose(
+                self, pool, spec, manifest, path, failing=failing, split="eval" if eval_only else "inputs"
+            )
         except Exception as error:  # noqa: BLE001 - a diagnosis that breaks must not cost the run its results
             reason = one_line(f"{type(error).__name__}: {error}", 300)
             result["diagnosis"] = {**failed, "error": f"the diagnosis itself failed: {reason}"}
@@ -416,8 +520,14 @@ def _check_order(pool, pending) -> list:
     return running_first(pool, pending, lambda item: item[2].runtime.group)
 
 
-def check(workspace, model_names, options: Options, progress=lambda message: None, on_checked=None,
-          pool: WorkerPool | None = None) -> dict:
+def check(
+    workspace,
+    model_names,
+    options: Options,
+    progress=lambda message: None,
+    on_checked=None,
+    pool: WorkerPool | None = None,
+) -> dict:
     """Verify goldens, export, check every selected path, diagnose failing ones; time passing paths when
     ``options.timing``.
 

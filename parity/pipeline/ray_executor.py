@@ -50,9 +50,13 @@ def run_cell(bundle: dict, model: str, path_id: str, options) -> dict:
     if result is None:
         reason = "; ".join(e["reason"] for e in report["model_errors"]) or "the path did not run"
         result = {"model": model, "path": path_id, "verdict": "error", "reason": reason}
-    return {"result": result, "env": report["env"], "host": report.get("host"),
-            "node": {"id": ray.get_runtime_context().get_node_id(), "hostname": socket.gethostname()},
-            "seconds": time.perf_counter() - started}
+    return {
+        "result": result,
+        "env": report["env"],
+        "host": report.get("host"),
+        "node": {"id": ray.get_runtime_context().get_node_id(), "hostname": socket.gethostname()},
+        "seconds": time.perf_counter() - started,
+    }
 
 
 def cell_key(model: str, path) -> str:
@@ -78,8 +82,13 @@ def _connect(address: str | None):
         try:
             own = None if address else stacks.advertised()  # a Ray of this machine advertises its stacks
             # ray.init annotates logging_level as int, but takes a level name too (logging's own rule)
-            ray.init(address=address, logging_level="ERROR",  # type: ignore[arg-type]
-                     log_to_driver=False, include_dashboard=False, resources=own)
+            ray.init(
+                address=address,
+                logging_level="ERROR",  # type: ignore[arg-type]
+                log_to_driver=False,
+                include_dashboard=False,
+                resources=own,
+            )
         except (ConnectionError, RuntimeError, ValueError) as error:
             raise UsageError(f"--address {address}: cannot connect to a Ray cluster ({error})") from None
     return ray
@@ -89,8 +98,17 @@ def _lost(error) -> str:
     return f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
 
 
-def check(workspace, names, options, address: str | None = None, store=None, run_id: str | None = None,
-          resume: dict | None = None, progress=lambda message, **kw: None, accelerator: str | None = None) -> dict:
+def check(
+    workspace,
+    names,
+    options,
+    address: str | None = None,
+    store=None,
+    run_id: str | None = None,
+    resume: dict | None = None,
+    progress=lambda message, **kw: None,
+    accelerator: str | None = None,
+) -> dict:
     """The merged report of every cell of ``names`` x the selected paths, run on the cluster at ``address``
     (None: a Ray of this machine's own); ``resume``: finished cells (key -> cell) not run again; ``accelerator``:
     GPU cells only on nodes of that GPU model (``accelerator_type:<model>``, e.g. H100)."""
@@ -114,12 +132,21 @@ def check(workspace, names, options, address: str | None = None, store=None, run
             continue
         placement, why = ray_nodes.place(_request(path, timing, options.threads, accelerator), nodes, timing)
         if placement is None:
-            cells[key] = {"result": {"model": spec.name, "path": path.id, "stages": path.stages,
-                                     "device": path.device, "precision": path.precision, "verdict": "skip",
-                                     "reason": why}}
+            cells[key] = {
+                "result": {
+                    "model": spec.name,
+                    "path": path.id,
+                    "stages": path.stages,
+                    "device": path.device,
+                    "precision": path.precision,
+                    "verdict": "skip",
+                    "reason": why,
+                }
+            }
             continue
         ref = task.options(**placement, max_retries=MAX_RETRIES, retry_exceptions=False).remote(
-            bundle, spec.name, path.id, options)
+            bundle, spec.name, path.id, options
+        )
         pending[ref] = (key, spec, path)
     done = 0
     while pending:
@@ -128,9 +155,17 @@ def check(workspace, names, options, address: str | None = None, store=None, run
         try:
             cell = ray.get(ready[0])
         except Exception as error:  # noqa: BLE001 - a task error, a lost node after its retries: the cell's error
-            cell = {"result": {"model": spec.name, "path": path.id, "stages": path.stages, "device": path.device,
-                               "precision": path.precision, "verdict": "error",
-                               "reason": f"the cell did not finish on the cluster ({_lost(error)})"}}
+            cell = {
+                "result": {
+                    "model": spec.name,
+                    "path": path.id,
+                    "stages": path.stages,
+                    "device": path.device,
+                    "precision": path.precision,
+                    "verdict": "error",
+                    "reason": f"the cell did not finish on the cluster ({_lost(error)})",
+                }
+            }
         cells[key] = cell
         if store is not None and run_id is not None:
             store.add_cell(run_id, key, cell)
@@ -145,16 +180,29 @@ def check(workspace, names, options, address: str | None = None, store=None, run
         cell = cells[cell_key(spec.name, path)]
         result = dict(cell["result"])
         if cell.get("node"):
-            result["node"] = {**cell["node"], "hardware": hardware(cell["env"]), "env": cell["env"],
-                              "host": cell.get("host")}
+            result["node"] = {
+                **cell["node"],
+                "hardware": hardware(cell["env"]),
+                "env": cell["env"],
+                "host": cell.get("host"),
+            }
         results.append(result)
     compare_by_hardware(plan, results, options)
     hardware_of = {r["node"]["id"]: r["node"]["hardware"] for r in results if r.get("node")}
-    report = {"schema": orchestrate.RESULT_SCHEMA, "env": environment(options.threads), "results": results,
-              "model_errors": plan_run.model_errors, "stage_seconds": {},
-              "executor": {"kind": "ray", "address": address, "cells": len(plan), "reused": reused, "nodes": hardware_of}}
-    warnings = [f"{r['node']['hostname']}: {w}" for r in results if r.get("node")
-                for w in ((r["node"].get("host") or {}).get("warnings") or [])]
+    report = {
+        "schema": orchestrate.RESULT_SCHEMA,
+        "env": environment(options.threads),
+        "results": results,
+        "model_errors": plan_run.model_errors,
+        "stage_seconds": {},
+        "executor": {"kind": "ray", "address": address, "cells": len(plan), "reused": reused, "nodes": hardware_of},
+    }
+    warnings = [
+        f"{r['node']['hostname']}: {w}"
+        for r in results
+        if r.get("node")
+        for w in ((r["node"].get("host") or {}).get("warnings") or [])
+    ]
     if warnings:  # each node's host audit, said once per node and finding
         report["host"] = {"warnings": list(dict.fromkeys(warnings))}
     return report
@@ -176,8 +224,11 @@ def compare_by_hardware(plan, results: list[dict], options) -> None:
         for entry in ((result.get("timing") or {}).get("batches") or {}).values():
             vs = (entry or {}).get("vs_baseline") or {}
             if vs.get("reason", "").startswith("the baseline was not timed"):
-                others = [r for r in results if r["model"] == spec.name and r["path"] == vs["baseline"]
-                          and r.get("timing")]
+                others = [
+                    r for r in results if r["model"] == spec.name and r["path"] == vs["baseline"] and r.get("timing")
+                ]
                 if others:
-                    vs["reason"] = (f"the baseline was timed on other hardware ({others[0]['node']['hardware']}, "
-                                    f"this on {result['node']['hardware']}): not compared")
+                    vs["reason"] = (
+                        f"the baseline was timed on other hardware ({others[0]['node']['hardware']}, "
+                        f"this on {result['node']['hardware']}): not compared"
+                    )

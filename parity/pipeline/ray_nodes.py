@@ -19,8 +19,10 @@ from parity.run import stacks
 PROBE_TIMEOUT_S = 60.0
 NODE_LABEL = "ray.io/node-id"  # the label Ray gives every node, its id
 PARITY_RESOURCES = (*stacks.STACKS, stacks.BENCH)
-HINT = ("a node runs what it declares with `ray start --resources \"$(parity worker-resources)\"`, else what is "
-        "installed there")
+HINT = (
+    'a node runs what it declares with `ray start --resources "$(parity worker-resources)"`, else what is '
+    "installed there"
+)
 
 
 @dataclass(frozen=True)
@@ -48,8 +50,12 @@ def probe(ray, timeout_s: float = PROBE_TIMEOUT_S) -> list[Node]:
     nodes, asked = [], {}
     task = ray.remote(stacks.advertised)
     for info in alive:
-        node = Node(info["NodeID"], info.get("NodeManagerHostname") or info["NodeID"][:8], dict(info["Resources"]),
-                    declared=any(name in info["Resources"] for name in PARITY_RESOURCES))
+        node = Node(
+            info["NodeID"],
+            info.get("NodeManagerHostname") or info["NodeID"][:8],
+            dict(info["Resources"]),
+            declared=any(name in info["Resources"] for name in PARITY_RESOURCES),
+        )
         nodes.append(node)
         if not node.declared:
             ref = task.options(num_cpus=0, max_retries=0, label_selector={NODE_LABEL: node.id}).remote()
@@ -62,13 +68,18 @@ def probe(ray, timeout_s: float = PROBE_TIMEOUT_S) -> list[Node]:
             installed = {name: amount for name, amount in ray.get(ref).items() if name in stacks.STACKS}
             found[node.id] = Node(node.id, node.hostname, {**node.resources, **installed})
         except Exception as error:  # noqa: BLE001 - parity missing there, a lost node: that node runs nothing
-            found[node.id] = Node(node.id, node.hostname, node.resources,
-                                  problem=f"its probe failed ({one_line(f'{type(error).__name__}: {error}', 200)})")
+            found[node.id] = Node(
+                node.id,
+                node.hostname,
+                node.resources,
+                problem=f"its probe failed ({one_line(f'{type(error).__name__}: {error}', 200)})",
+            )
     for ref in late:
         ray.cancel(ref, force=True)
         node = asked[ref]
-        found[node.id] = Node(node.id, node.hostname, node.resources,
-                              problem=f"it did not answer the probe within {timeout_s:g} s")
+        found[node.id] = Node(
+            node.id, node.hostname, node.resources, problem=f"it did not answer the probe within {timeout_s:g} s"
+        )
     return [found.get(node.id, node) for node in nodes]
 
 
@@ -96,10 +107,14 @@ def why_not(request: dict, nodes: list[Node]) -> str:
     """Why no node of ``nodes`` can run a cell asking for ``request``: what none has, or what none has together
     (nodes without a CPU, which run no cell, and nodes whose probe failed are left out and the latter named)."""
     lacking = [missing(request, node.resources) for node in nodes if not node.problem and node.resources.get("CPU")]
-    everywhere = [item for item in (lacking[0] if lacking else missing(request, {}))
-                  if all(item in items for items in lacking)]
+    everywhere = [
+        item for item in (lacking[0] if lacking else missing(request, {})) if all(item in items for items in lacking)
+    ]
     together = list(dict.fromkeys(item for items in lacking for item in items))
-    text = (f"no node of the cluster has {', '.join(everywhere)}" if everywhere else
-            f"no node of the cluster has {' and '.join(together)} together")
+    text = (
+        f"no node of the cluster has {', '.join(everywhere)}"
+        if everywhere
+        else f"no node of the cluster has {' and '.join(together)} together"
+    )
     broken = [f"{node.hostname}: {node.problem}" for node in nodes if node.problem]
     return text + (f"; not usable: {'; '.join(broken)}" if broken else "") + f" ({HINT})"

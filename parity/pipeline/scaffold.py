@@ -19,8 +19,20 @@ from parity.model.user import check_data_size
 from parity.pipeline.spec_file import InputDecl, Request, write
 from parity.platform.errors import UsageError
 
-INPUT_DTYPES = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
-                "uint64", "bool")
+INPUT_DTYPES = (
+    "float32",
+    "float64",
+    "float16",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "bool",
+)
 _DIM = r"(?:\d+|[A-Za-z_]\w*)"
 
 
@@ -30,14 +42,20 @@ def parse_input(text: str) -> InputDecl:
 
     Dimensions are separated by ``x`` (sizes) or ``,`` (sizes and axis names); the first is the batch. VALUES
     is a number of ids (integers 0 to N-1), ``mask`` (ones with padded tails), or a range ``LOW..HIGH``."""
-    match = re.fullmatch(r"([A-Za-z_][\w.:/-]*?)=((?:\d+(?:x\d+)*)|(?:" + _DIM + r"(?:," + _DIM + r")*)|)"
-                         r"(?::(\w+)(?::([\w.+-]+))?)?", text.strip())
+    match = re.fullmatch(
+        r"([A-Za-z_][\w.:/-]*?)=((?:\d+(?:x\d+)*)|(?:" + _DIM + r"(?:," + _DIM + r")*)|)"
+        r"(?::(\w+)(?::([\w.+-]+))?)?",
+        text.strip(),
+    )
     if not match:
-        raise UsageError(f"--input {text!r} is not NAME=BATCHxDIMx...[:DTYPE[:VALUES]] (e.g. x=1x3x224x224, "
-                         f"ids=8x128:int64:30522, or with a named axis input_ids=2,sequence:int64:30522)")
+        raise UsageError(
+            f"--input {text!r} is not NAME=BATCHxDIMx...[:DTYPE[:VALUES]] (e.g. x=1x3x224x224, "
+            f"ids=8x128:int64:30522, or with a named axis input_ids=2,sequence:int64:30522)"
+        )
     name, dims_text, dtype, values_text = match.group(1), match.group(2), match.group(3) or "float32", match.group(4)
-    dims = tuple(int(d) if d.isdigit() else d
-                 for d in re.split(r"[x,]" if "," not in dims_text else ",", dims_text) if d)  # empty: an ONNX scalar
+    dims = tuple(
+        int(d) if d.isdigit() else d for d in re.split(r"[x,]" if "," not in dims_text else ",", dims_text) if d
+    )  # empty: an ONNX scalar
     if any(isinstance(d, int) and d < 1 for d in dims):
         raise UsageError(f"--input {text!r}: every dimension must be at least 1")
     if dims and not isinstance(dims[0], int):
@@ -58,7 +76,9 @@ def parse_input(text: str) -> InputDecl:
         values = (low, high)
     elif values_text:
         if not values_text.isdigit() or not integer or int(values_text) < 2:
-            raise UsageError(f"--input {text!r}: a number of values ({values_text}) is for integer inputs, and at least 2")
+            raise UsageError(
+                f"--input {text!r}: a number of values ({values_text}) is for integer inputs, and at least 2"
+            )
         values = int(values_text)
     return InputDecl(name, dims, dtype, values)
 
@@ -77,13 +97,17 @@ def check_name(name: str) -> None:
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", name) or keyword.iskeyword(name):
         raise UsageError(f"model name {name!r} must be a Python identifier (letters, digits, _), like resnet18")
     if name.startswith("_"):
-        raise UsageError(f"model name {name!r} must not start with _: models/_*.py are helper modules, not models "
-                         f"(name it like resnet18)")
+        raise UsageError(
+            f"model name {name!r} must not start with _: models/_*.py are helper modules, not models "
+            f"(name it like resnet18)"
+        )
 
 
 def workspace_reference(reference: str, root: Path) -> str:
     """A file reference relative to the workspace where it lies inside it (the spec moves with the folder)."""
-    file_part, sep, attribute = reference.rpartition(":") if reference.count(":") and ".py:" in reference else (reference, "", "")
+    file_part, sep, attribute = (
+        reference.rpartition(":") if reference.count(":") and ".py:" in reference else (reference, "", "")
+    )
     path = Path(file_part)
     if not (file_part.endswith((".py", ".keras", ".onnx", ".npz", ".h5")) or path.is_dir()):
         return reference  # package.module:function
@@ -97,9 +121,9 @@ def workspace_reference(reference: str, root: Path) -> str:
     return f"{shown}{sep}{attribute}"
 
 
-
-def init(root: Path, request: Request, force: bool, threads: int, timeout_s: float = 600.0,
-         pool=None) -> tuple[Path, dict]:
+def init(
+    root: Path, request: Request, force: bool, threads: int, timeout_s: float = 600.0, pool=None
+) -> tuple[Path, dict]:
     """Look at the model in a worker and write its spec; returns the file written and what was found. ``pool``: a
     ``WorkerPool`` the caller holds and shares with other work (default: one of its own for this call)."""
     from contextlib import nullcontext
@@ -125,25 +149,47 @@ def init(root: Path, request: Request, force: bool, threads: int, timeout_s: flo
     with nullcontext(pool) if pool is not None else WorkerPool(threads, cache_root() / "logs", timeout_s) as pool:
         try:
             if request.kind == "onnx":
-                graph = pool.call("onnx", "parity.model.inspect:inspect_model", kind="onnx", reference=request.reference,
-                                  root=str(root), inputs=[],
-                                  given={"test_data": request.test_data, "polygraphy_inputs": request.polygraphy_inputs,
-                                         "polygraphy_outputs": None})
+                graph = pool.call(
+                    "onnx",
+                    "parity.model.inspect:inspect_model",
+                    kind="onnx",
+                    reference=request.reference,
+                    root=str(root),
+                    inputs=[],
+                    given={
+                        "test_data": request.test_data,
+                        "polygraphy_inputs": request.polygraphy_inputs,
+                        "polygraphy_outputs": None,
+                    },
+                )
                 if request.inputs_file and not request.inputs:
                     request = _with(request, inputs=_graph_file_inputs(root, request, graph))
                 request = _onnx_inputs(request, graph)
                 if request.inputs_file:
                     labelled = npz_facts(root / request.inputs_file, [d.name for d in request.inputs])["labelled"]
             if not request.inputs and not (request.kind == "onnx" and not graph["inputs"]):
-                raise UsageError("give the model's inputs with --input NAME=BATCHxDIMx... (e.g. x=1x3x224x224), one "
-                                 "--input per input")
+                raise UsageError(
+                    "give the model's inputs with --input NAME=BATCHxDIMx... (e.g. x=1x3x224x224), one "
+                    "--input per input"
+                )
             _check_axes(request)
             for decl in request.inputs:
                 check_data_size(f"input {decl.name!r}", request.concrete(decl), decl.dtype)
             # an ONNX graph was read above, with the data given (a sequence input's elements are the data's)
-            info = graph if request.kind == "onnx" else pool.call(
-                request.kind, "parity.model.inspect:inspect_model", kind=request.kind, reference=request.reference,
-                root=str(root), inputs=request.worker_inputs(), params_file=request.params_file, names_from=names_from)
+            info = (
+                graph
+                if request.kind == "onnx"
+                else pool.call(
+                    request.kind,
+                    "parity.model.inspect:inspect_model",
+                    kind=request.kind,
+                    reference=request.reference,
+                    root=str(root),
+                    inputs=request.worker_inputs(),
+                    params_file=request.params_file,
+                    names_from=names_from,
+                )
+            )
         except TaskFailed as error:
             raise ParityError(str(error)) from None
     if info.get("input_names"):  # the model's own order (a JAX apply takes its inputs by position)
@@ -178,8 +224,10 @@ def _graph_file_inputs(root: Path, request: Request, graph: dict) -> tuple[Input
     if len(expected) == 1 and given == ["x"]:
         given = expected
     if sorted(given) != sorted(expected):
-        raise UsageError(f"{request.inputs_file} has input arrays {', '.join(given)}; the graph's inputs are "
-                         f"{', '.join(expected)}: name each array after the input it feeds")
+        raise UsageError(
+            f"{request.inputs_file} has input arrays {', '.join(given)}; the graph's inputs are "
+            f"{', '.join(expected)}: name each array after the input it feeds"
+        )
     facts = npz_facts(root / request.inputs_file, expected)
     dynamic = {g["name"]: bool(g["shape"]) and g["shape"][0] is None for g in graph["inputs"]}
     return _file_inputs(request.inputs_file, facts, lambda name: dynamic[name])
@@ -204,18 +252,24 @@ def _converted(root: Path, request: Request) -> Request:
         converted.ir_version = _lowest_ir_version(converted)
         onnx.checker.check_model(converted, full_check=True)
     except Exception as error:  # noqa: BLE001 - the converter's own refusal, said in one line
-        raise ParityError(f"{request.reference}: onnx.version_converter cannot take opset {found} to "
-                          f"{request.opset}: {one_line(f'{type(error).__name__}: {error}', 300)}") from None
+        raise ParityError(
+            f"{request.reference}: onnx.version_converter cannot take opset {found} to "
+            f"{request.opset}: {one_line(f'{type(error).__name__}: {error}', 300)}"
+        ) from None
     target = root / "models" / f"{request.name}.opset{request.opset}.onnx"
     target.parent.mkdir(parents=True, exist_ok=True)
     large = converted.ByteSize() > 2**31 - 1 - (1 << 20)
     scratch = target.with_name(f".{target.name}.tmp")
-    onnx.save_model(converted, str(scratch), save_as_external_data=large,
-                    location=f"{target.name}.data" if large else None)
+    onnx.save_model(
+        converted, str(scratch), save_as_external_data=large, location=f"{target.name}.data" if large else None
+    )
     scratch.replace(target)
-    return _with(request, reference=str(target.relative_to(root)),
-                 converted_from=f"converted from {request.reference} (opset {found}) to opset {request.opset} by "
-                                f"onnx.version_converter")
+    return _with(
+        request,
+        reference=str(target.relative_to(root)),
+        converted_from=f"converted from {request.reference} (opset {found}) to opset {request.opset} by "
+        f"onnx.version_converter",
+    )
 
 
 # the IR version that introduced an element type (float8 9, int4/uint4 10, float4 11, float8e8m0 12)
@@ -232,11 +286,17 @@ def _lowest_ir_version(model) -> int:
     graph = inferred.graph
     types = {v.type.tensor_type.elem_type for v in (*graph.input, *graph.output, *graph.value_info)}
     types |= {t.data_type for t in graph.initializer}
-    types |= {a.i for node in graph.node for a in node.attribute if node.op_type in ("Cast", "CastLike") and a.name == "to"}
+    types |= {
+        a.i for node in graph.node for a in node.attribute if node.op_type in ("Cast", "CastLike") and a.name == "to"
+    }
     if any(t > max(_TYPE_IR) for t in types):  # a type newer than this table: keep the file's own version
         return model.ir_version
-    needed = max([onnx.helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True),
-                  *(_TYPE_IR.get(t, 3) for t in types)])
+    needed = max(
+        [
+            onnx.helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True),
+            *(_TYPE_IR.get(t, 3) for t in types),
+        ]
+    )
     return min(model.ir_version, needed)
 
 
@@ -261,8 +321,10 @@ def _check_axes(request: Request) -> None:
 def check_batched(name: str, shape, source: str) -> None:
     """Refuse an input without a batch axis (a 0-d scalar): parity's inputs are batch first."""
     if len(shape) == 0:
-        raise UsageError(f"input {name!r} of {source} is a scalar (shape ()); parity checks inputs with a batch axis "
-                         f"first and does not support scalar inputs yet")
+        raise UsageError(
+            f"input {name!r} of {source} is a scalar (shape ()); parity checks inputs with a batch axis "
+            f"first and does not support scalar inputs yet"
+        )
 
 
 def _integer_ranges(request: Request, info: dict) -> Request:
@@ -274,8 +336,10 @@ def _integer_ranges(request: Request, info: dict) -> Request:
     decls = []
     for decl in request.inputs:
         if isinstance(decl.values, int) and decl.name in embedding and decl.values > embedding[decl.name]:
-            raise UsageError(f"input {decl.name!r}: ids 0 to {decl.values - 1} were declared, but the embedding that "
-                             f"reads it has {embedding[decl.name]} rows (ids 0 to {embedding[decl.name] - 1})")
+            raise UsageError(
+                f"input {decl.name!r}: ids 0 to {decl.values - 1} were declared, but the embedding that "
+                f"reads it has {embedding[decl.name]} rows (ids 0 to {embedding[decl.name] - 1})"
+            )
         if value_kinds.dtype_kind(decl.dtype) in "iub" and decl.values is None:
             if "mask" in decl.name.lower() or decl.dtype == "bool":
                 decl = _with(decl, values="mask")
@@ -283,9 +347,11 @@ def _integer_ranges(request: Request, info: dict) -> Request:
                 decl = _with(decl, values=int(embedding[decl.name]))
             else:
                 shape = ",".join(map(str, decl.shape))
-                raise UsageError(f"input {decl.name!r} is {decl.dtype} and no embedding reads it directly: give the "
-                                 f"number of values its ids take, e.g. --input {decl.name}={shape}:{decl.dtype}:30522 "
-                                 f"(ids 0 to 30521), or :mask for an attention mask")
+                raise UsageError(
+                    f"input {decl.name!r} is {decl.dtype} and no embedding reads it directly: give the "
+                    f"number of values its ids take, e.g. --input {decl.name}={shape}:{decl.dtype}:30522 "
+                    f"(ids 0 to 30521), or :mask for an attention mask"
+                )
         decls.append(decl)
     return _with(request, inputs=tuple(decls))
 
@@ -310,20 +376,22 @@ def _onnx_inputs(request: Request, graph: dict) -> Request:
         shape = decl.shape if decl else g.get("given_shape")
         if shape is None:
             if any(d is None for d in graph_shape):
-                raise UsageError(f"the graph's input {name!r} has dynamic dimensions "
-                                 f"{[a or d for a, d in zip(g['axis_names'], graph_shape)]}: give its shape with "
-                                 f"--input {name}=BATCHxDIMx...")
+                raise UsageError(
+                    f"the graph's input {name!r} has dynamic dimensions "
+                    f"{[a or d for a, d in zip(g['axis_names'], graph_shape)]}: give its shape with "
+                    f"--input {name}=BATCHxDIMx..."
+                )
             shape = tuple(graph_shape)
         concrete = request.concrete(InputDecl(name, tuple(shape)))
         if len(concrete) != len(graph_shape) or any(g_ is not None and g_ != d for g_, d in zip(graph_shape, concrete)):
             raise UsageError(f"input {name!r} of shape {tuple(shape)} does not fit the graph's {graph_shape}")
         # a string input (fed as NumPy unicode) and the low-precision ones (through ml_dtypes) are an ONNX graph's
         if g["dtype"] not in (*INPUT_DTYPES, "str", *value_kinds.ONNX_ELEMENT_TYPES):
-            raise UsageError(f"{request.reference}: input {name!r} is a {g['dtype']} tensor; parity feeds "
-                             f"{', '.join(INPUT_DTYPES)} tensors")
+            raise UsageError(
+                f"{request.reference}: input {name!r} is a {g['dtype']} tensor; parity feeds "
+                f"{', '.join(INPUT_DTYPES)} tensors"
+            )
         # a graph with sequences or optionals is taken whole, as its data gives it: they have no batch axis
         batched = bool(graph_shape) and graph_shape[0] is None and not graph.get("containers")
         decls.append(InputDecl(name, tuple(shape), g["dtype"], decl.values if decl else None, batched))
     return _with(request, inputs=tuple(decls))
-
-

@@ -18,9 +18,12 @@ DEFAULT_GRAD_TOLERANCE = (1e-5, 1e-3)
 BUILDERS = {"torch": "torch_factory", "tf": "keras_file", "jax": "jax_function", "onnx": None}
 # a known converter limit, declared as the zoo declares it (see models/mlp.py)
 JAX_TF_ONNX = ("jax/tf/onnx/*", "jax2tf serialises through XlaCallModule, which tf2onnx cannot convert")
-TAP_ORIGIN = {"torch": "the model's top-level submodules (named children)", "tf": "the Keras model's layers",
-              "jax": "the names your apply function passes to tap(name, value)",
-              "onnx": "none by default (a tap is a layer name the graph's node names carry)"}
+TAP_ORIGIN = {
+    "torch": "the model's top-level submodules (named children)",
+    "tf": "the Keras model's layers",
+    "jax": "the names your apply function passes to tap(name, value)",
+    "onnx": "none by default (a tap is a layer name the graph's node names carry)",
+}
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,6 @@ class Request:
         return result
 
 
-
 def _py(value) -> str:
     """A Python literal with double-quoted strings (the style of the zoo's model files)."""
     if isinstance(value, str):
@@ -97,10 +99,12 @@ def render(request: Request, info: dict) -> str:
     elif kind == "jax":
         source = f"jax_apply=jax_function({_py(request.reference)}, {_py(request.params_file)}, root=WORKSPACE)"
     else:
-        source = f"{ {'torch': 'torch_module', 'tf': 'keras_model'}[kind]}={builder}({_py(request.reference)}, root=WORKSPACE)"
+        source = f"{ {'torch': 'torch_module', 'tf': 'keras_model'}[kind] }={builder}({_py(request.reference)}, root=WORKSPACE)"
     width = info["output_shapes"][0][-1] if info.get("output_shapes") else 0
     specs = [_input_spec(d) for d in request.inputs]
-    spec_imports = ["InputSpec", "ModelSpec", "Tolerance", "Tolerances"] + (["MetricRules"] if labelled and width < 3 else [])
+    spec_imports = ["InputSpec", "ModelSpec", "Tolerance", "Tolerances"] + (
+        ["MetricRules"] if labelled and width < 3 else []
+    )
     if any("Values(" in text for text in specs):
         spec_imports.append("Values")
     layers = info.get("layers") or {}
@@ -136,8 +140,11 @@ def render(request: Request, info: dict) -> str:
         f"    batch_size={batch},",
         f"    inputs={_input_data(request)},",
         f"    outputs={_py(tuple(info['outputs']))},",
-        *([f"    containers={info['containers']!r},  # the graph's sequence and optional inputs and outputs"]
-          if info.get("containers") else []),
+        *(
+            [f"    containers={info['containers']!r},  # the graph's sequence and optional inputs and outputs"]
+            if info.get("containers")
+            else []
+        ),
     ]
     if labelled:
         lines.append(f"    num_classes={width},")
@@ -145,15 +152,17 @@ def render(request: Request, info: dict) -> str:
             lines.append(f"    metric_rules=MetricRules(top_k={width}),")
     loss = '"cross_entropy"' if labelled else "None"
     lines += [
-        f"    loss={loss},  # \"cross_entropy\" of the first output checks gradients; it needs labels",
+        f'    loss={loss},  # "cross_entropy" of the first output checks gradients; it needs labels',
         f"    # taps: {TAP_ORIGIN[kind]}; `parity diagnose` compares each one",
         f"    taps={_py(tuple(info.get('taps') or ()))},",
         "    # the diagnosis also descends the model's own tree (every module); tree_skip=(...) names modules it leaves out",
         *_layer_lines(layers),
         *([f"    expected_errors={{{_py(JAX_TF_ONNX[0])}: {_py(JAX_TF_ONNX[1])}}},"] if kind == "jax" else []),
-        f"    tolerances={{\"fp32\": Tolerances(Tolerance(atol={request.tolerance[0]:g}, rtol={request.tolerance[1]:g}))}},",
-        (f"    grad_tolerances={{\"fp32\": Tolerances(Tolerance(atol={DEFAULT_GRAD_TOLERANCE[0]:g}, "
-         f"rtol={DEFAULT_GRAD_TOLERANCE[1]:g}))}},"),
+        f'    tolerances={{"fp32": Tolerances(Tolerance(atol={request.tolerance[0]:g}, rtol={request.tolerance[1]:g}))}},',
+        (
+            f'    grad_tolerances={{"fp32": Tolerances(Tolerance(atol={DEFAULT_GRAD_TOLERANCE[0]:g}, '
+            f"rtol={DEFAULT_GRAD_TOLERANCE[1]:g}))}},"
+        ),
         ")",
         "",
     ]
@@ -163,14 +172,14 @@ def render(request: Request, info: dict) -> str:
 def _input_spec(decl: InputDecl) -> str:
     """``InputSpec(...)`` for one declared input (its shape without the batch axis, or whole where it has none)."""
     shape = tuple(decl.shape[1:]) if decl.batched else tuple(decl.shape)
-    text = f"InputSpec({_py(decl.name)}, {_py(shape)}, layout=\"native\", dtype={_py(decl.dtype)}"
+    text = f'InputSpec({_py(decl.name)}, {_py(shape)}, layout="native", dtype={_py(decl.dtype)}'
     if not decl.batched:
         text += ", batched=False"
     integer = value_kinds.dtype_kind(decl.dtype) in "iub"
     if decl.values == "mask":
-        text += ", values=Values(\"mask\")"
+        text += ', values=Values("mask")'
     elif isinstance(decl.values, int):
-        text += f", values=Values(\"integers\", low=0, high={decl.values})"
+        text += f', values=Values("integers", low=0, high={decl.values})'
     elif isinstance(decl.values, tuple):
         text += f", values=Values({_py('integers' if integer else 'uniform')}, low={decl.values[0]:g}, high={decl.values[1]:g})"
     return text + ")"
@@ -184,7 +193,7 @@ def _input_data(request: Request) -> str:
     if request.polygraphy_inputs:
         outputs = f", polygraphy_outputs={_py(request.polygraphy_outputs)}" if request.polygraphy_outputs else ""
         return f"InputData(polygraphy_inputs={_py(request.polygraphy_inputs)}{outputs})"
-    return f"InputData(distribution=\"normal\", mean=0.0, std=1.0, seed={request.seed})"
+    return f'InputData(distribution="normal", mean=0.0, std=1.0, seed={request.seed})'
 
 
 def write(root: Path, request: Request, info: dict, force: bool) -> Path:
@@ -202,8 +211,10 @@ def _layer_lines(layers: dict) -> list[str]:
     the prefix of its weights as golden build names them (the tap's own name), for the kinds that read weights."""
     if not layers:
         return []
-    lines = ["    # layers: the kind of each tap init recognised; the diagnosis recomputes it and tests known variants",
-             "    layers={"]
+    lines = [
+        "    # layers: the kind of each tap init recognised; the diagnosis recomputes it and tests known variants",
+        "    layers={",
+    ]
     for tap, layer in layers.items():
         pairs = ", ".join(f"{_py(k)}: {_py(v)}" for k, v in layer["attrs"].items())
         attrs = f", {{{pairs}}}" if pairs else ""

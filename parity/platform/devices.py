@@ -23,15 +23,22 @@ def nvidia_gpus() -> tuple[dict, ...] | str:
     if shutil.which("nvidia-smi") is None:
         return "no NVIDIA GPU here (nvidia-smi not found)"
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index,name,driver_version,compute_cap",
-                              "--format=csv,noheader"], capture_output=True, text=True, timeout=20, check=True).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index,name,driver_version,compute_cap", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError) as error:
         return f"no usable NVIDIA GPU here (nvidia-smi failed: {error})"
     gpus = []
     for line in out.strip().splitlines():
         fields = [f.strip() for f in line.split(",")]
         if len(fields) == 4 and fields[0].isdigit():
-            gpus.append({"index": int(fields[0]), "name": fields[1], "driver": fields[2], "compute_capability": fields[3]})
+            gpus.append(
+                {"index": int(fields[0]), "name": fields[1], "driver": fields[2], "compute_capability": fields[3]}
+            )
     return tuple(gpus) or "no NVIDIA GPU here (nvidia-smi lists none)"
 
 
@@ -65,13 +72,17 @@ def _torch() -> str | None:
     version_file = _package_file("torch", "version.py")
     text = version_file.read_text() if version_file and version_file.exists() else ""
     if re.search(r"^cuda\s*(:[^=]*)?=\s*None", text, flags=re.MULTILINE):
-        return (f"torch {_version('torch')} is a CPU-only build (install a CUDA build, e.g. pip install torch "
-                "--index-url https://download.pytorch.org/whl/cu128)")
+        return (
+            f"torch {_version('torch')} is a CPU-only build (install a CUDA build, e.g. pip install torch "
+            "--index-url https://download.pytorch.org/whl/cu128)"
+        )
     return None
 
 
 def _jax() -> str | None:
-    plugins = [d for d in ("jax-cuda13-plugin", "jax-cuda12-plugin", "jax_cuda13_plugin", "jax_cuda12_plugin") if _version(d)]
+    plugins = [
+        d for d in ("jax-cuda13-plugin", "jax-cuda12-plugin", "jax_cuda13_plugin", "jax_cuda12_plugin") if _version(d)
+    ]
     if not plugins:
         return f"jaxlib {_version('jaxlib')} has no CUDA plugin (pip install 'jax[cuda12]')"
     return None
@@ -79,7 +90,9 @@ def _jax() -> str | None:
 
 def _onnxruntime() -> str | None:
     if _version("onnxruntime-gpu") is None:
-        return "onnxruntime is the CPU build (pip uninstall onnxruntime, then pip install onnxruntime-gpu, or parity[gpu])"
+        return (
+            "onnxruntime is the CPU build (pip uninstall onnxruntime, then pip install onnxruntime-gpu, or parity[gpu])"
+        )
     return None
 
 
@@ -104,6 +117,8 @@ def cuda_build_problems(packages) -> list[str]:
 def engine_identity(device: str) -> dict:
     """What a TensorRT engine is only valid for: TensorRT version, GPU name and compute capability."""
     found = gpu(device)
-    return {"tensorrt": _version("tensorrt") or _version("tensorrt-cu12") or _version("tensorrt-cu13"),
-            "gpu": found.get("name") if isinstance(found, dict) else None,
-            "compute_capability": found.get("compute_capability") if isinstance(found, dict) else None}
+    return {
+        "tensorrt": _version("tensorrt") or _version("tensorrt-cu12") or _version("tensorrt-cu13"),
+        "gpu": found.get("name") if isinstance(found, dict) else None,
+        "compute_capability": found.get("compute_capability") if isinstance(found, dict) else None,
+    }

@@ -8,13 +8,41 @@ import sys
 # importlib.metadata, platform and subprocess are imported where they are used: the CLI imports this module
 # for ``default_threads`` and ``parity --help`` must start fast
 
-PACKAGES = ("parity", "numpy", "click", "torch", "onnx", "onnxscript", "onnxruntime", "onnxruntime-gpu",
-            "tensorflow", "tensorflow-cpu", "keras", "tf2onnx", "jax", "jaxlib", "jax2onnx", "tensorrt",
-            "scikit-learn", "protobuf", "ml_dtypes")
+PACKAGES = (
+    "parity",
+    "numpy",
+    "click",
+    "torch",
+    "onnx",
+    "onnxscript",
+    "onnxruntime",
+    "onnxruntime-gpu",
+    "tensorflow",
+    "tensorflow-cpu",
+    "keras",
+    "tf2onnx",
+    "jax",
+    "jaxlib",
+    "jax2onnx",
+    "tensorrt",
+    "scikit-learn",
+    "protobuf",
+    "ml_dtypes",
+)
 # environment variables that change numerics or threading
-FLAG_VARIABLES = ("TF_ENABLE_ONEDNN_OPTS", "TF_DETERMINISTIC_OPS", "XLA_FLAGS", "OMP_NUM_THREADS",
-                  "NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "ONEDNN_DEFAULT_FPMATH_MODE",
-                  "CUBLAS_WORKSPACE_CONFIG", "JAX_ENABLE_X64", "JAX_DEFAULT_MATMUL_PRECISION", "PARITY_CACHE_DIR")
+FLAG_VARIABLES = (
+    "TF_ENABLE_ONEDNN_OPTS",
+    "TF_DETERMINISTIC_OPS",
+    "XLA_FLAGS",
+    "OMP_NUM_THREADS",
+    "NVIDIA_TF32_OVERRIDE",
+    "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
+    "ONEDNN_DEFAULT_FPMATH_MODE",
+    "CUBLAS_WORKSPACE_CONFIG",
+    "JAX_ENABLE_X64",
+    "JAX_DEFAULT_MATMUL_PRECISION",
+    "PARITY_CACHE_DIR",
+)
 CPUFREQ = "/sys/devices/system/cpu/cpu0/cpufreq"
 
 
@@ -54,9 +82,11 @@ def cpu_frequency() -> dict:
             return None
 
     khz = {name: read(name) for name in ("scaling_cur_freq", "cpuinfo_max_freq")}
-    return {"governor": read("scaling_governor"),
-            "mhz": int(khz["scaling_cur_freq"]) // 1000 if khz["scaling_cur_freq"] else None,
-            "max_mhz": int(khz["cpuinfo_max_freq"]) // 1000 if khz["cpuinfo_max_freq"] else None}
+    return {
+        "governor": read("scaling_governor"),
+        "mhz": int(khz["scaling_cur_freq"]) // 1000 if khz["scaling_cur_freq"] else None,
+        "max_mhz": int(khz["cpuinfo_max_freq"]) // 1000 if khz["cpuinfo_max_freq"] else None,
+    }
 
 
 def gpu_info() -> dict | None:
@@ -67,8 +97,13 @@ def gpu_info() -> dict | None:
     if shutil.which("nvidia-smi") is None:
         return None
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     if not out:

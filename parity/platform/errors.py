@@ -34,8 +34,13 @@ class ExportError(ParityError):
 class WeightsMismatch(ParityError):
     """Weights whose names or shapes do not match a framework's definition."""
 
-    def __init__(self, framework: str, missing: Iterable[str] = (), unexpected: Iterable[str] = (),
-                 misshaped: Iterable[tuple[str, object, object]] = ()):
+    def __init__(
+        self,
+        framework: str,
+        missing: Iterable[str] = (),
+        unexpected: Iterable[str] = (),
+        misshaped: Iterable[tuple[str, object, object]] = (),
+    ):
         self.missing, self.unexpected, self.misshaped = list(missing), list(unexpected), list(misshaped)
         parts: list[str] = []
         if self.missing:

@@ -95,22 +95,36 @@ class HostMonitor:
         swapped = (swap.sin - self._swap_before.sin) + (swap.sout - self._swap_before.sout)
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         ordered = sorted(self.others)
-        load = {"mean": sum(ordered) / len(ordered), "median": ordered[len(ordered) // 2],
-                "samples": len(ordered)} if ordered else None
-        record: dict[str, Any] = {"frequency": frequency, "other_load_cores": load, "cpus": cpus,
-                  "swap": {"used_mb": swap.used / 2**20, "swapped_mb_during_run": swapped / 2**20},
-                  "threads": {"intra_op": self.threads, **(thread_settings or {}),
-                              **{k: os.environ[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in os.environ}}}
+        load = (
+            {"mean": sum(ordered) / len(ordered), "median": ordered[len(ordered) // 2], "samples": len(ordered)}
+            if ordered
+            else None
+        )
+        record: dict[str, Any] = {
+            "frequency": frequency,
+            "other_load_cores": load,
+            "cpus": cpus,
+            "swap": {"used_mb": swap.used / 2**20, "swapped_mb_during_run": swapped / 2**20},
+            "threads": {
+                "intra_op": self.threads,
+                **(thread_settings or {}),
+                **{k: os.environ[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in os.environ},
+            },
+        }
         warnings = []
         slow = {g: n for g, n in frequency["governors"].items() if g != "performance"}
         if slow:
-            warnings.append(f"CPU frequency governor {', '.join(f'{g!r} on {n} CPU(s)' for g, n in slow.items())}: "
-                            f"set 'performance' for stable timings ({TUNE})")
+            warnings.append(
+                f"CPU frequency governor {', '.join(f'{g!r} on {n} CPU(s)' for g, n in slow.items())}: "
+                f"set 'performance' for stable timings ({TUNE})"
+            )
         if frequency["boost"]:
             warnings.append(f"CPU boost (turbo) is on: clocks follow temperature and load; turn it off ({TUNE})")
         if load and load["median"] > OTHER_LOAD_WARNING:
-            warnings.append(f"other processes used {load['median']:.2f} CPU cores (median of {load['samples']} "
-                            f"samples) while parity timed: stop them, or give parity CPUs of its own")
+            warnings.append(
+                f"other processes used {load['median']:.2f} CPU cores (median of {load['samples']} "
+                f"samples) while parity timed: stop them, or give parity CPUs of its own"
+            )
         if swapped > 0:
             warnings.append(f"the machine swapped {swapped / 2**20:.0f} MiB while parity timed: free memory first")
         if cpus and self.threads > cpus:

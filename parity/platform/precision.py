@@ -31,7 +31,7 @@ class Precision(NamedTuple):  # not a dataclass: `parity --help` imports this mo
 
     @property
     def eps(self) -> float:
-        return 2.0 ** -self.mantissa_bits
+        return 2.0**-self.mantissa_bits
 
 
 PRECISIONS = {
@@ -80,11 +80,13 @@ def torch_flags(torch, precision: str, device: str) -> dict:
     # a float16 / bfloat16 matmul accumulates in float32: no reduced-precision reductions
     torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
-    flags = {"torch.backends.cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
-             "torch.backends.cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
-             "torch.float32_matmul_precision": torch.get_float32_matmul_precision(),
-             "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction": False,
-             "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction": False}
+    flags = {
+        "torch.backends.cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "torch.backends.cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
+        "torch.float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction": False,
+        "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction": False,
+    }
     for name in ("matmul", "conv", "rnn"):
         backend = getattr(torch.backends.mkldnn, name, None)
         if backend is not None and hasattr(backend, "fp32_precision"):
@@ -103,8 +105,11 @@ def jax_flags(jax, precision: str, device: str) -> dict:
 def tf_flags(tf, precision: str, device: str) -> dict:
     tf32 = precision == "tf32"
     tf.config.experimental.enable_tensor_float_32_execution(tf32)
-    return {"tf.config.experimental.enable_tensor_float_32_execution": tf32, "dtype": get(precision).dtype,
-            "device": device}
+    return {
+        "tf.config.experimental.enable_tensor_float_32_execution": tf32,
+        "dtype": get(precision).dtype,
+        "device": device,
+    }
 
 
 def worker_environment(device: str, precision: str) -> dict[str, str | None]:
@@ -116,8 +121,12 @@ def worker_environment(device: str, precision: str) -> dict[str, str | None]:
     if device == "cpu":
         return {"JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": ""}
     index = device.partition(":")[2] or "0"
-    return {"JAX_PLATFORMS": "cuda,cpu", "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": index,
-            "NVIDIA_TF32_OVERRIDE": None if precision == "tf32" else "0"}
+    return {
+        "JAX_PLATFORMS": "cuda,cpu",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "CUDA_VISIBLE_DEVICES": index,
+        "NVIDIA_TF32_OVERRIDE": None if precision == "tf32" else "0",
+    }
 
 
 def parse_device(text: str) -> str:

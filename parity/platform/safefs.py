@@ -114,8 +114,12 @@ def _write_through(path: Path, data: bytes) -> None:
 
 def _kind(mode: int) -> str | None:
     """What a file that is neither a regular file nor a folder is, or None."""
-    for test, name in ((stat.S_ISSOCK, "socket"), (stat.S_ISBLK, "block device"), (stat.S_ISFIFO, "FIFO"),
-                       (stat.S_ISCHR, "character device")):
+    for test, name in (
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISCHR, "character device"),
+    ):
         if test(mode):
             return name
     return None

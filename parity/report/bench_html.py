@@ -29,8 +29,11 @@ def _ratio(e: dict) -> str:
     if "ratio" not in vs:
         return _e(vs.get("reason") or "-")
     lo, hi = vs["ci95"]
-    rule = (f"{vs['verdict']}: CI excludes 1 and Welch p {vs['p']:.2g} &lt; 0.05" if vs["significant"]
-            else f"no significant difference (p {vs['p']:.2g})")
+    rule = (
+        f"{vs['verdict']}: CI excludes 1 and Welch p {vs['p']:.2g} &lt; 0.05"
+        if vs["significant"]
+        else f"no significant difference (p {vs['p']:.2g})"
+    )
     return f"{ratio_text(vs['ratio'])} [{ratio_text(lo)}, {ratio_text(hi)}] vs {_e(vs['baseline'])}: {rule}"
 
 
@@ -59,17 +62,46 @@ def _rows(results: list[dict]) -> list:
     rows = []
     for r, batch, e in _series(results):
         if e.get("verdict") != "pass":
-            rows.append(("hl", [_e(r["model"]), _e(r["path"]), _e(batch), _badge(str(e.get("verdict")).upper()),
-                                *["-"] * 7, _e(e.get("reason"))]))
+            rows.append(
+                (
+                    "hl",
+                    [
+                        _e(r["model"]),
+                        _e(r["path"]),
+                        _e(batch),
+                        _badge(str(e.get("verdict")).upper()),
+                        *["-"] * 7,
+                        _e(e.get("reason")),
+                    ],
+                )
+            )
             continue
         lo, hi = e["ci95_ms"]
         processes = e.get("processes")
-        rows.append(("", [_e(r["model"]), _e(r["path"]), _e(batch), _badge("pass"), _n(e["median_ms"], ".4g"),
-                          f"[{lo:.4g}, {hi:.4g}]", _n(100 * e.get("spread", e["cv"]), ".1f", "%"), _tail(e),
-                          _n(e["runs"], "d"),
-                          (f"{processes['n']}: cv {100 * processes['between_processes_cv']:.1f}% between, "
-                           f"{100 * processes['within_process_spread']:.1f}% within" if processes else "1"),
-                          _audit(e), _ratio(e)]))
+        rows.append(
+            (
+                "",
+                [
+                    _e(r["model"]),
+                    _e(r["path"]),
+                    _e(batch),
+                    _badge("pass"),
+                    _n(e["median_ms"], ".4g"),
+                    f"[{lo:.4g}, {hi:.4g}]",
+                    _n(100 * e.get("spread", e["cv"]), ".1f", "%"),
+                    _tail(e),
+                    _n(e["runs"], "d"),
+                    (
+                        f"{processes['n']}: cv {100 * processes['between_processes_cv']:.1f}% between, "
+                        f"{100 * processes['within_process_spread']:.1f}% within"
+                        if processes
+                        else "1"
+                    ),
+                    _audit(e),
+                    _ratio(e),
+                ],
+            )
+        )
     return rows
 
 
@@ -78,10 +110,14 @@ def _footprint(results: list[dict]) -> str:
     if not rows:
         return ""
     notes = "".join(f"<li>not measured here: {_e(why)}</li>" for why in unmeasured)
-    return ("<h3>Memory and energy (per timed series, beside its latency)</h3>"
-            + _table(["model", "path", "batch", "median ms", "peak MB above idle", "artifact MB", "device MB",
-                      "J / inference"], [("", [_e(c) for c in row]) for row in rows])
-            + (f"<ul>{notes}</ul>" if notes else ""))
+    return (
+        "<h3>Memory and energy (per timed series, beside its latency)</h3>"
+        + _table(
+            ["model", "path", "batch", "median ms", "peak MB above idle", "artifact MB", "device MB", "J / inference"],
+            [("", [_e(c) for c in row]) for row in rows],
+        )
+        + (f"<ul>{notes}</ul>" if notes else "")
+    )
 
 
 def _first(results: list[dict]) -> str:
@@ -90,16 +126,30 @@ def _first(results: list[dict]) -> str:
         f = (r.get("timing") or {}).get("first_result")
         if not f or f.get("verdict") == "error":
             continue
-        ms = [None if f.get(k) is None else 1e3 * f[k] for k in ("first_inference_s", "second_inference_s",
-                                                                 "first_backward_s")]
-        rows.append(("", [_e(r["model"]), _e(r["path"]), _n(f.get("import_s"), ".3f"),
-                          "cache" if f.get("export_cached") else _n(f.get("export_s"), ".3f"), _n(f.get("load_s"), ".3f"),
-                          *[_n(v, ".2f") for v in ms], _n(f.get("path_peak_mb"), ".0f")]))
+        ms = [
+            None if f.get(k) is None else 1e3 * f[k]
+            for k in ("first_inference_s", "second_inference_s", "first_backward_s")
+        ]
+        rows.append(
+            (
+                "",
+                [
+                    _e(r["model"]),
+                    _e(r["path"]),
+                    _n(f.get("import_s"), ".3f"),
+                    "cache" if f.get("export_cached") else _n(f.get("export_s"), ".3f"),
+                    _n(f.get("load_s"), ".3f"),
+                    *[_n(v, ".2f") for v in ms],
+                    _n(f.get("path_peak_mb"), ".0f"),
+                ],
+            )
+        )
     if not rows:
         return ""
     return "<h3>Time to first result (fresh worker)</h3>" + _table(
         ["model", "path", "import s", "export s", "load s", "1st run ms", "2nd run ms", "1st backward ms", "peak MB"],
-        rows)
+        rows,
+    )
 
 
 def _plots(results: list[dict]) -> str:
@@ -115,8 +165,9 @@ def _plots(results: list[dict]) -> str:
         for _, samples in series:
             x = np.sort(np.asarray(samples))
             data.append(x[np.linspace(0, x.size - 1, MAX_PLOTTED).astype(int)] if x.size > MAX_PLOTTED else x)
-        out.append(f"<h3>Latency of {_e(model)} at batch {_e(batch)}</h3>" + _boxes([p for p, _ in series], data,
-                                                                                   f"lat{k}"))
+        out.append(
+            f"<h3>Latency of {_e(model)} at batch {_e(batch)}</h3>" + _boxes([p for p, _ in series], data, f"lat{k}")
+        )
     return "".join(out)
 
 
@@ -144,11 +195,30 @@ def render(report: dict) -> str:
     found = warnings(report)
     if found:
         body.append("<ul>" + "".join(f"<li class='bad'>{_e(w)}</li>" for w in found) + "</ul>")
-    body.append(_table(["model", "path", "batch", "verdict", "median ms", "95% CI ms", "spread", "p99 ms (95% bound)",
-                        "runs", "processes", "audit", "vs baseline"], _rows(results)))
+    body.append(
+        _table(
+            [
+                "model",
+                "path",
+                "batch",
+                "verdict",
+                "median ms",
+                "95% CI ms",
+                "spread",
+                "p99 ms (95% bound)",
+                "runs",
+                "processes",
+                "audit",
+                "vs baseline",
+            ],
+            _rows(results),
+        )
+    )
     speed = quantized.speed_rows(results)
     if speed:
-        body.append("<h3>Quantized paths: speed-up over the float path, beside their accuracy</h3>"
-                    + _table([name for name, _ in quantized.SPEED_COLUMNS], [("", [_e(c) for c in row]) for row in speed]))
+        body.append(
+            "<h3>Quantized paths: speed-up over the float path, beside their accuracy</h3>"
+            + _table([name for name, _ in quantized.SPEED_COLUMNS], [("", [_e(c) for c in row]) for row in speed])
+        )
     body += [_footprint(results), _first(results), _plots(results)]
     return "\n".join(b for b in body if b)

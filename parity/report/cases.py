@@ -38,16 +38,28 @@ def render(report: dict, verbose: bool = False) -> str:
                 reasons.append((case["label"], case_name(result), label, reason))
                 ref = len(reasons)
             seconds = result.get("check_s")
-            rows.append((case["label"], case_name(result), label, _short(reason, ref),
-                         "-" if seconds is None else f"{seconds:.2f}"))
+            rows.append(
+                (
+                    case["label"],
+                    case_name(result),
+                    label,
+                    _short(reason, ref),
+                    "-" if seconds is None else f"{seconds:.2f}",
+                )
+            )
     lines = [_table(COLUMNS, rows)] if rows else []
     if reasons:
         lines += ["", "Reasons"]
         for ref, (case, path, label, reason) in enumerate(reasons, 1):
             head = f"  [{ref}] {case} {path} ({label}): "
-            lines += textwrap.wrap(" ".join(reason.split()), WRAP, initial_indent=head,
-                                   subsequent_indent=" " * (len(str(ref)) + 5), break_long_words=False,
-                                   break_on_hyphens=False)
+            lines += textwrap.wrap(
+                " ".join(reason.split()),
+                WRAP,
+                initial_indent=head,
+                subsequent_indent=" " * (len(str(ref)) + 5),
+                break_long_words=False,
+                break_on_hyphens=False,
+            )
     return "\n".join(lines + ["", summary(report)])
 
 
@@ -60,6 +72,7 @@ def summary(report: dict) -> str:
     refused = sum(1 for case in cases if case["error"])
     seconds = [case["seconds"] for case in cases]
     paths = ", ".join(f"{n} {label}" for label, n in sorted(counts.items())) or "none checked"
-    cost = (f"; {statistics.median(seconds):.2f} s per case (median), {_duration(sum(seconds))} in all"
-            if seconds else "")
+    cost = (
+        f"; {statistics.median(seconds):.2f} s per case (median), {_duration(sum(seconds))} in all" if seconds else ""
+    )
     return f"{len(cases)} case{'s' * (len(cases) != 1)} ({refused} refused); paths: {paths}{cost}"

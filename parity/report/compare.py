@@ -56,8 +56,10 @@ def load(path) -> dict:
     if "schema" not in doc:
         raise refuse("not a parity result (no 'schema' field)")
     if doc["schema"] in OLDER:
-        raise refuse(f"result schema {doc['schema']!r} is older than this parity reads ({SCHEMA}, which keeps "
-                     f"the raw samples): run it again with this parity")
+        raise refuse(
+            f"result schema {doc['schema']!r} is older than this parity reads ({SCHEMA}, which keeps "
+            f"the raw samples): run it again with this parity"
+        )
     if doc["schema"] != SCHEMA:
         raise refuse(f"result schema {doc['schema']!r} is not one this parity reads ({SCHEMA})")
     if "results" not in doc:
@@ -91,7 +93,7 @@ def _timing_problem(result: dict) -> str | None:
     """What is wrong with a result's timing (every median and raw sample a positive finite ms), or None."""
     timing = result.get("timing")
     batches = timing.get("batches") if isinstance(timing, dict) else None
-    for batch, entry in (batches.items() if isinstance(batches, dict) else ()):
+    for batch, entry in batches.items() if isinstance(batches, dict) else ():
         if not isinstance(entry, dict):
             continue
         where = f"timing.batches.{batch}"
@@ -107,6 +109,7 @@ def _timing_problem(result: dict) -> str | None:
 
 
 # --- formatting helpers ---------------------------------------------------------------------------
+
 
 def _value(v) -> str:
     if v is _ABSENT:
@@ -194,6 +197,7 @@ def _batch_order(key: str):
 
 # --- the report -----------------------------------------------------------------------------------
 
+
 def _environment(a: dict, b: dict, common: list[tuple[str, str]], ra: dict, rb: dict) -> list[str]:
     env_a, env_b = a.get("env") or {}, b.get("env") or {}
     diffs = _env_diff(env_a, env_b)
@@ -204,14 +208,18 @@ def _environment(a: dict, b: dict, common: list[tuple[str, str]], ra: dict, rb: 
         warnings.append(f"threads differ: {_value(threads_a)} -> {_value(threads_b)}; timings compared anyway")
     for key in common:
         x, y = ra[key], rb[key]
-        what = [f"{field} {_value(x.get(field, _ABSENT))} -> {_value(y.get(field, _ABSENT))}"
-                for field in ("precision", "device") if x.get(field, _ABSENT) != y.get(field, _ABSENT)]
+        what = [
+            f"{field} {_value(x.get(field, _ABSENT))} -> {_value(y.get(field, _ABSENT))}"
+            for field in ("precision", "device")
+            if x.get(field, _ABSENT) != y.get(field, _ABSENT)
+        ]
         if "fp32" in (x.get("precision"), y.get("precision")) and x.get("precision") != y.get("precision"):
             what.append("a reduced-precision path against an fp32 one: the difference includes the precision itself")
         bx, by = _batches(x), _batches(y)
         if bx and by and set(bx) != set(by):
-            what.append(f"batch size {', '.join(sorted(bx, key=_batch_order))} -> "
-                        f"{', '.join(sorted(by, key=_batch_order))}")
+            what.append(
+                f"batch size {', '.join(sorted(bx, key=_batch_order))} -> {', '.join(sorted(by, key=_batch_order))}"
+            )
         if what:
             warnings.append(f"{key[0]} {key[1]}: {'; '.join(what)}; compared anyway")
     return lines + [f"warning: {w}" for w in warnings]
@@ -256,8 +264,10 @@ def _sample_median(side: str, key, batch: str, median, samples: list[float], not
 
     found = median_of(samples)
     if median is not None and not math.isclose(median, found, rel_tol=1e-9):
-        notes.append(f"  note: {side} {key[0]} {key[1]} batch {batch}: its median_ms {_ms(median)} is not its samples' "
-                     f"median ({_ms(found)}), which is shown and compared")
+        notes.append(
+            f"  note: {side} {key[0]} {key[1]} batch {batch}: its median_ms {_ms(median)} is not its samples' "
+            f"median ({_ms(found)}), which is shown and compared"
+        )
     return found
 
 
@@ -272,18 +282,31 @@ def _timings(common: list[tuple[str, str]], ra: dict, rb: dict) -> list[str]:
             sa, sb = _samples(ea), _samples(eb)
             ratio, ci, p, verdict = _tested(sa, sb) if sa and sb else ("-", "-", "-", NO_SAMPLES)
             if ratio != "-" and sa and sb:  # the ratio is of the samples' medians: those are the medians shown
-                ma, mb = (_sample_median(side, key, batch, median, samples, notes)
-                          for side, median, samples in (("A", ma, sa), ("B", mb, sb)))
+                ma, mb = (
+                    _sample_median(side, key, batch, median, samples, notes)
+                    for side, median, samples in (("A", ma, sa), ("B", mb, sb))
+                )
             elif _duration(ma) and _duration(mb):
                 ratio = _ratio(math.log(mb) - math.log(ma))
             rows.append((*key, batch, _ms(ma), _ms(mb), ratio, ci, p, verdict))
     lines = ["Timing (B/A per batch)"]
     if not rows:
         return lines + ["  no path timed in both"]
-    columns = [("model", "left"), ("path", "left"), ("batch", "right"), ("A median ms", "right"),
-               ("B median ms", "right"), ("B/A", "right"), ("95% CI", "left"), ("p", "right"), ("verdict", "left")]
-    legend = ["  B/A: ratio of the medians (above 1: B is slower); 95% CI of that ratio and p (Welch's t-test on",
-              f"  log-times) from the raw samples; a CI containing 1 reads '{NO_DIFFERENCE}'"]
+    columns = [
+        ("model", "left"),
+        ("path", "left"),
+        ("batch", "right"),
+        ("A median ms", "right"),
+        ("B median ms", "right"),
+        ("B/A", "right"),
+        ("95% CI", "left"),
+        ("p", "right"),
+        ("verdict", "left"),
+    ]
+    legend = [
+        "  B/A: ratio of the medians (above 1: B is slower); 95% CI of that ratio and p (Welch's t-test on",
+        f"  log-times) from the raw samples; a CI containing 1 reads '{NO_DIFFERENCE}'",
+    ]
     return lines + [_table(columns, rows)] + legend + notes
 
 
@@ -301,16 +324,37 @@ def _memory(common: list[tuple[str, str]], ra: dict, rb: dict) -> list[str]:
             if pa is None and pb is None and sa is None and sb is None:
                 continue
             ratio = "-" if not pa or pb is None else f"{pb / pa:.3f}"
-            rows.append((*key, batch, megabytes(pa), megabytes(pb), ratio, megabytes(sa, ".2f"),
-                         megabytes(sb, ".2f"),
-                         memory_change(pa, pb) or ("-" if pa is None or pb is None else "no change")))
+            rows.append(
+                (
+                    *key,
+                    batch,
+                    megabytes(pa),
+                    megabytes(pb),
+                    ratio,
+                    megabytes(sa, ".2f"),
+                    megabytes(sb, ".2f"),
+                    memory_change(pa, pb) or ("-" if pa is None or pb is None else "no change"),
+                )
+            )
     if not rows:
         return []
-    columns = [("model", "left"), ("path", "left"), ("batch", "right"), ("A peak MB", "right"),
-               ("B peak MB", "right"), ("B/A", "right"), ("A artifact MB", "right"), ("B artifact MB", "right"),
-               ("change", "left")]
-    legend = [(f"  peak MB: resident memory above the worker's idle size while timed; a change is one past both "
-               f"{100 * MEMORY_CHANGE:.0f}% and {MEMORY_FLOOR_MB:.0f} MB")]
+    columns = [
+        ("model", "left"),
+        ("path", "left"),
+        ("batch", "right"),
+        ("A peak MB", "right"),
+        ("B peak MB", "right"),
+        ("B/A", "right"),
+        ("A artifact MB", "right"),
+        ("B artifact MB", "right"),
+        ("change", "left"),
+    ]
+    legend = [
+        (
+            f"  peak MB: resident memory above the worker's idle size while timed; a change is one past both "
+            f"{100 * MEMORY_CHANGE:.0f}% and {MEMORY_FLOOR_MB:.0f} MB"
+        )
+    ]
     return ["", "Memory (B/A per batch)", _table(columns, rows)] + legend
 
 

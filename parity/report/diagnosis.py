@@ -23,18 +23,32 @@ def _row(row: dict) -> tuple:
         note = s["reason"]
     else:
         note = f"{s['n_bad']} of {s['size']} out" if not s["ok"] else ""
-    return (MARK if row["first_divergent"] else "", row["tap"], row.get("kind") or "-", row.get("found") or "-",
-            _num(s.get("max_abs")), _num(s.get("max_rel")), _num(s.get("mean_abs")), _num(s.get("cosine"), ".6f"),
-            _num(s.get("tol_units"), ".3g"), _num(row.get("growth"), ".3g"), note)
+    return (
+        MARK if row["first_divergent"] else "",
+        row["tap"],
+        row.get("kind") or "-",
+        row.get("found") or "-",
+        _num(s.get("max_abs")),
+        _num(s.get("max_rel")),
+        _num(s.get("mean_abs")),
+        _num(s.get("cosine"), ".6f"),
+        _num(s.get("tol_units"), ".3g"),
+        _num(row.get("growth"), ".3g"),
+        note,
+    )
 
 
 def _cause_lines(d: dict) -> list[str]:
     cause, test = d.get("cause"), d.get("cause_test")
     if cause:
         before, after = cause["before"], cause["after"]
-        return [(f"  cause: {cause['description']} [{cause['variant']}]: recomputing {cause['tap']} this way "
-                 f"reproduces the path ({before['tol_units']:.3g}x the tolerance as declared -> "
-                 f"{after['tol_units']:.3g}x with the variant; max_abs {before['max_abs']:.3g} -> {after['max_abs']:.3g})")]
+        return [
+            (
+                f"  cause: {cause['description']} [{cause['variant']}]: recomputing {cause['tap']} this way "
+                f"reproduces the path ({before['tol_units']:.3g}x the tolerance as declared -> "
+                f"{after['tol_units']:.3g}x with the variant; max_abs {before['max_abs']:.3g} -> {after['max_abs']:.3g})"
+            )
+        ]
     if test:
         return [f"  cause: none confirmed: {test.get('explanation', '')}"]
     return []
@@ -66,29 +80,41 @@ def tree_lines(d: dict) -> list[str]:
     if not tree.get("descended") or not tree.get("levels"):
         return []
     head = display(trail) or "none"
-    root = Tree(escape(f"first divergent path: {head}" + (f" ({tree['verdict'].replace('_', ' ')})" if tree.get("verdict")
-                                                   not in (None, "leaf") else "")))
+    root = Tree(
+        escape(
+            f"first divergent path: {head}"
+            + (f" ({tree['verdict'].replace('_', ' ')})" if tree.get("verdict") not in (None, "leaf") else "")
+        )
+    )
     node, parent = root, None
     for level in tree["levels"]:
         rows = level["rows"]
         first = level["first_divergent"]
         if first is None:
             worst = max((r["stats"].get("tol_units", 0.0) for r in rows if r["stats"]), default=0.0)
-            node.add(escape(f"{len(rows)} children of {level['scope'] or 'the model'}, none departs (worst "
-                            f"{worst:.3g}x)"))
+            node.add(
+                escape(f"{len(rows)} children of {level['scope'] or 'the model'}, none departs (worst {worst:.3g}x)")
+            )
             break
         index = [r["tap"] for r in rows].index(first)
         row = rows[index]
         before = [r for r in rows[:index] if r["stats"]]
         worst = max((r["stats"].get("tol_units", 0.0) for r in before), default=None)
-        context = (f"after {relative(before[0]['tap'], parent)}, within tolerance" if len(before) == 1 else
-                   f"after {len(before)} within tolerance, worst {worst:.3g}x" if before else "its first child")
+        context = (
+            f"after {relative(before[0]['tap'], parent)}, within tolerance"
+            if len(before) == 1
+            else f"after {len(before)} within tolerance, worst {worst:.3g}x"
+            if before
+            else "its first child"
+        )
         unseen = [relative(r["tap"], parent) for r in rows[:index] if not r["stats"]]
         if unseen:
             context += f"; not observed: {', '.join(unseen)}"
-        label = (f"{relative(first, parent)}  {_units(row['stats'])}  input {_units(row['input'])}  "
-                 f"{row['class'].rsplit('.', 1)[-1]}{' [' + row['kind'] + ']' if row.get('kind') else ''}"
-                 f"{' called ' + str(row['calls']) + 'x' if row['calls'] > 1 else ''}  ({context})")
+        label = (
+            f"{relative(first, parent)}  {_units(row['stats'])}  input {_units(row['input'])}  "
+            f"{row['class'].rsplit('.', 1)[-1]}{' [' + row['kind'] + ']' if row.get('kind') else ''}"
+            f"{' called ' + str(row['calls']) + 'x' if row['calls'] > 1 else ''}  ({context})"
+        )
         node, parent = node.add(escape(label)), first
     leaf = tree.get("leaf") or {}
     if leaf.get("nodes") and tree.get("verdict") == "leaf":
@@ -107,7 +133,9 @@ def _link_lines(d: dict) -> list[str]:
     parts = []
     for check in links.get("checks", []):
         where = check.get("first_divergent_tap") or (check.get("first_divergent_node") or {}).get("node")
-        parts.append(f"{check['link']} {'ok' if check['ok'] else 'DIFFERS'}" + (f" (first at {where})" if where else ""))
+        parts.append(
+            f"{check['link']} {'ok' if check['ok'] else 'DIFFERS'}" + (f" (first at {where})" if where else "")
+        )
     lines = [f"  chain: {' | '.join(parts)}"] if parts else []
     if links.get("enters_at"):
         lines.append(f"  drift enters at the {links['enters_at']}: {links['explanation']}")
@@ -123,23 +151,47 @@ def render(d: dict) -> str:
         from parity.diagnose.int8_chain import render as render_int8
 
         lines = [f"{header}: the quantized layers that cost the accuracy, and the fewest to keep in float"]
-        return "\n".join(lines + [wrapped for line in render_int8(d) for wrapped in textwrap.wrap(
-            line, WRAP, subsequent_indent="    ", break_long_words=False, break_on_hyphens=False)])
+        return "\n".join(
+            lines
+            + [
+                wrapped
+                for line in render_int8(d)
+                for wrapped in textwrap.wrap(
+                    line, WRAP, subsequent_indent="    ", break_long_words=False, break_on_hyphens=False
+                )
+            ]
+        )
     tol = d["tolerance"]
     lines = [f"{header} (tap tolerance atol {tol['atol']:g}, rtol {tol['rtol']:g}; {MARK} first divergent tap)"]
     if d["taps"]:
-        columns = [("", "left"), ("tap", "left"), ("kind", "left"), ("found", "left"), ("max_abs", "right"),
-                   ("max_rel", "right"), ("mean_abs", "right"), ("cosine", "right"), ("tol×", "right"),
-                   ("growth", "right"), ("note", "left")]
+        columns = [
+            ("", "left"),
+            ("tap", "left"),
+            ("kind", "left"),
+            ("found", "left"),
+            ("max_abs", "right"),
+            ("max_rel", "right"),
+            ("mean_abs", "right"),
+            ("cosine", "right"),
+            ("tol×", "right"),
+            ("growth", "right"),
+            ("note", "left"),
+        ]
         lines.append(_table(columns, [_row(r) for r in d["taps"]]))
     first = d.get("first_divergent_tap")
     lines += tree_lines(d)
-    notes = [f"  first divergent tap: {first}" if first else
-             "  first divergent tap: none (no tap is over tolerance and growing)"]
+    notes = [
+        f"  first divergent tap: {first}"
+        if first
+        else "  first divergent tap: none (no tap is over tolerance and growing)"
+    ]
     notes += _cause_lines(d) + _node_cause_lines(d) + _link_lines(d)
     holding = [p["detail"] for p in d.get("patterns", []) if p["holds"]]
-    notes.append(f"  output pattern: {'; '.join(holding)}" if holding else
-                 "  output patterns: no class permutation, constant scale, offset or grid shift explains the outputs")
+    notes.append(
+        f"  output pattern: {'; '.join(holding)}"
+        if holding
+        else "  output patterns: no class permutation, constant scale, offset or grid shift explains the outputs"
+    )
     if d.get("gradients"):
         notes.append(f"  gradients: {d['gradients']['note']}")
     if d.get("repair"):

@@ -47,9 +47,22 @@ def _verdicts(results: list[dict]) -> str:
         if r.get("diagnosis"):
             path = f'<a href="#diag-{i}">{path}</a> <span class="muted">(diagnosis)</span>'
         grad_cell = "-" if grads is None else _flag(not bad, f"ok {len(grads)}", f"{bad} bad")
-        rows.append(("", [_e(r.get("model")), path, _badge(_label(r)), _n(_worst(r.get("outputs"))), grad_cell,
-                          _n(acc, ".4f"), _n(m.get("argmax_agreement"), ".3f"), _n(t.get("median_ms"), ".3f"),
-                          _e(r.get("reason"))]))
+        rows.append(
+            (
+                "",
+                [
+                    _e(r.get("model")),
+                    path,
+                    _badge(_label(r)),
+                    _n(_worst(r.get("outputs"))),
+                    grad_cell,
+                    _n(acc, ".4f"),
+                    _n(m.get("argmax_agreement"), ".3f"),
+                    _n(t.get("median_ms"), ".3f"),
+                    _e(r.get("reason")),
+                ],
+            )
+        )
     return _table(["model", "path", "verdict", "tol×", "grads", "acc", "agree", "median ms", "reason"], rows)
 
 
@@ -65,8 +78,15 @@ def _plot(taps: list[dict], first: str | None, salt: str) -> str:
     floor = min(finite + [1.0]) / 10
     groups: dict[str, tuple[list, list]] = {"measured": ([], []), "over": ([], []), "zero": ([], []), "none": ([], [])}
     for x, v in enumerate(vals):
-        kind = ("none" if not isinstance(v, (int, float)) else "over" if not math.isfinite(v)
-                else "zero" if v <= 0 else "measured")
+        kind = (
+            "none"
+            if not isinstance(v, (int, float))
+            else "over"
+            if not math.isfinite(v)
+            else "zero"
+            if v <= 0
+            else "measured"
+        )
         groups[kind][0].append(x)
         groups[kind][1].append({"over": top, "zero": floor}.get(kind, v))
     with plot_style(salt):
@@ -80,24 +100,45 @@ def _plot(taps: list[dict], first: str | None, salt: str) -> str:
         if colours:
             ax.scatter(*groups["measured"], s=18, c=colours, zorder=2, label="tol× at tap (red: out of tolerance)")
         if groups["over"][0]:
-            ax.scatter(*groups["over"], marker="^", s=40, color="#a40e26", zorder=3,
-                       label=f"inf/nan (clipped at {top:.0e})")
+            ax.scatter(
+                *groups["over"], marker="^", s=40, color="#a40e26", zorder=3, label=f"inf/nan (clipped at {top:.0e})"
+            )
             for x in groups["over"][0]:
-                ax.annotate(_num(vals[x]), (x, top), xytext=(0, 5), textcoords="offset points", ha="center",
-                            fontsize=7, color="#a40e26")
+                ax.annotate(
+                    _num(vals[x]),
+                    (x, top),
+                    xytext=(0, 5),
+                    textcoords="offset points",
+                    ha="center",
+                    fontsize=7,
+                    color="#a40e26",
+                )
         if groups["zero"][0]:
             ax.scatter(*groups["zero"], marker="v", s=30, color="#116329", zorder=3, label="exact (0)")
         if groups["none"][0]:
             trans = blended_transform_factory(ax.transData, ax.transAxes)
-            ax.scatter(groups["none"][0], [0.04] * len(groups["none"][0]), marker="x", s=28, color="#8c959f",
-                       transform=trans, zorder=3, label="fused / unmapped (no value)")
+            ax.scatter(
+                groups["none"][0],
+                [0.04] * len(groups["none"][0]),
+                marker="x",
+                s=28,
+                color="#8c959f",
+                transform=trans,
+                zorder=3,
+                label="fused / unmapped (no value)",
+            )
         ax.axhline(1.0, color="#cf222e", ls="--", lw=1, label="tolerance (1×)")
         names = [str(t.get("tap")) for t in taps]
         if first in names:
             x = names.index(first)
             ax.axvspan(x - 0.4, x + 0.4, color="#ffcecb", zorder=0, label=f"first divergent: {first[:30]}")
-        ax.set_xticks(range(len(taps)), [n if len(n) <= 24 else n[:23] + "…" for n in names], rotation=50,
-                      ha="right", rotation_mode="anchor")
+        ax.set_xticks(
+            range(len(taps)),
+            [n if len(n) <= 24 else n[:23] + "…" for n in names],
+            rotation=50,
+            ha="right",
+            rotation_mode="anchor",
+        )
         ax.set_xlim(-0.6, len(taps) - 0.4)
         ax.set_ylim(floor / 2, top * 3)
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))  # no mathtext: plain SVG text
@@ -111,8 +152,11 @@ def _taps(taps: list[dict]) -> str:
     rows = []
     for t in taps:
         s = t.get("stats") or {}
-        note = [f"fused into {t['fused_into']}" if t.get("fused_into") else "", t.get("reason") or "",
-                f"tensor {t['tensor']}" if t.get("tensor") and t.get("tensor") != t.get("tap") else ""]
+        note = [
+            f"fused into {t['fused_into']}" if t.get("fused_into") else "",
+            t.get("reason") or "",
+            f"tensor {t['tensor']}" if t.get("tensor") and t.get("tensor") != t.get("tap") else "",
+        ]
         tol = _n(s.get("tol_units"))
         if s.get("ok") is False:
             tol = _Right(f'<span class="bad">{tol}</span>')
@@ -134,8 +178,9 @@ def _tree(d: dict, i: int) -> str:
         rows = [r for r in level["rows"] if isinstance(r, dict)]
         first = level.get("first_divergent")
         scope = level.get("scope") or "the model"
-        head = f"{_e(scope)}: {len(rows)} children" + (f" — first divergent <b>{_e(first)}</b>" if first else
-                                                          " — none departs")
+        head = f"{_e(scope)}: {len(rows)} children" + (
+            f" — first divergent <b>{_e(first)}</b>" if first else " — none departs"
+        )
         body = _plot(rows, first, f"diag-{i}-tree-{depth}") + _taps(rows) if rows else ""
         html = f"<details open><summary>{head}</summary><div class='level'>{body}{html}</div></details>"
     leaf = tree.get("leaf") or {}
@@ -151,15 +196,25 @@ def _headline(d: dict) -> str:
     if not first and not trail:
         measured = [(t.get("stats") or {}).get("ok") for t in d.get("taps") or [] if isinstance(t, dict)]
         measured = [ok for ok in measured if ok is not None]
-        return ("no divergent tap: " + ("no tap could be compared" if not measured else
-                "every compared tap is within tolerance" if all(measured) else "none identified"))
-    text = (f"first divergent path: <b>{_e(display(trail))}</b> — " if len(trail) > 1 or not first else
-            f"first divergent tap: <b>{_e(first)}</b> — ")
+        return "no divergent tap: " + (
+            "no tap could be compared"
+            if not measured
+            else "every compared tap is within tolerance"
+            if all(measured)
+            else "none identified"
+        )
+    text = (
+        f"first divergent path: <b>{_e(display(trail))}</b> — "
+        if len(trail) > 1 or not first
+        else f"first divergent tap: <b>{_e(first)}</b> — "
+    )
     if not cause:
         return text + "no known variant explains it"
     before, after = cause.get("before") or {}, cause.get("after") or {}
-    return text + (f"cause: {_e(cause.get('description') or cause.get('variant'))} — error "
-                   f"{_num(before.get('tol_units'), '.2g')}× → {_num(after.get('tol_units'), '.2g')}× tolerance")
+    return text + (
+        f"cause: {_e(cause.get('description') or cause.get('variant'))} — error "
+        f"{_num(before.get('tol_units'), '.2g')}× → {_num(after.get('tol_units'), '.2g')}× tolerance"
+    )
 
 
 def _cause_test(ct: dict) -> str:
@@ -168,8 +223,18 @@ def _cause_test(ct: dict) -> str:
     rows = [("", ["<b>declared</b>", _e(attrs), _n(declared.get("max_abs")), _n(declared.get("tol_units")), ""])]
     for v in ct.get("variants") or []:
         rep = bool(v.get("reproduces"))
-        rows.append(("rep" if rep else "", [_e(v.get("name")), _e(v.get("description")), _n(v.get("max_abs")),
-                                            _n(v.get("tol_units")), _flag(True, "✔ reproduces") if rep else "-"]))
+        rows.append(
+            (
+                "rep" if rep else "",
+                [
+                    _e(v.get("name")),
+                    _e(v.get("description")),
+                    _n(v.get("max_abs")),
+                    _n(v.get("tol_units")),
+                    _flag(True, "✔ reproduces") if rep else "-",
+                ],
+            )
+        )
     title = f"Cause test at {_e(ct.get('tap'))} <span class='muted'>({_e(ct.get('kind'))})</span>"
     table = _table(["variant", "description", "max_abs", "tol×", "reproduces"], rows)
     return f"<h3>{title}</h3>{table}<p>{_e(ct.get('explanation'))}</p>"
@@ -177,26 +242,46 @@ def _cause_test(ct: dict) -> str:
 
 def _links(links: dict) -> str:
     if links.get("unreliable"):
-        return ("<h3>Where the drift enters: not judged</h3><p>The instrumented run does not reproduce the failure "
-                "(see the notes).</p>")
+        return (
+            "<h3>Where the drift enters: not judged</h3><p>The instrumented run does not reproduce the failure "
+            "(see the notes).</p>"
+        )
     rows = []
     for c in links.get("checks") or []:
         node = c.get("first_divergent_node") or {}
         where = c.get("first_divergent_tap") or (
-            f"{node.get('node')} ({node.get('op_type')}, {_num(node.get('tol_units'))}×)" if node else "-")
-        rows.append(("" if c.get("ok") else "hl", [_e(c.get("link")), _e(c.get("compared")),
-                                                   _flag(c.get("ok"), "ok", "diverges"), _e(where),
-                                                   _n(c.get("worst_tol_units"))]))
+            f"{node.get('node')} ({node.get('op_type')}, {_num(node.get('tol_units'))}×)" if node else "-"
+        )
+        rows.append(
+            (
+                "" if c.get("ok") else "hl",
+                [
+                    _e(c.get("link")),
+                    _e(c.get("compared")),
+                    _flag(c.get("ok"), "ok", "diverges"),
+                    _e(where),
+                    _n(c.get("worst_tol_units")),
+                ],
+            )
+        )
     table = _table(["link", "compared", "result", "first divergent", "worst tol×"], rows) if rows else ""
     title = f"Where the drift enters: {_e(links.get('enters_at') or 'unknown')}"
     return f"<h3>{title}</h3><p>{_e(links.get('explanation'))}</p>{table}"
 
 
 def _gradients(g: dict) -> str:
-    rows = [("" if layer.get("ok") else "hl",
-             [_e(layer.get("layer")), _flag(layer.get("ok")), _n(layer.get("worst_tol_units")),
-              _e(", ".join(str(p.get("name")) for p in layer.get("params") or [] if not p.get("ok")) or "-")])
-            for layer in g.get("layers") or []]
+    rows = [
+        (
+            "" if layer.get("ok") else "hl",
+            [
+                _e(layer.get("layer")),
+                _flag(layer.get("ok")),
+                _n(layer.get("worst_tol_units")),
+                _e(", ".join(str(p.get("name")) for p in layer.get("params") or [] if not p.get("ok")) or "-"),
+            ],
+        )
+        for layer in g.get("layers") or []
+    ]
     first = g.get("first_departing_param")
     text = " · ".join(filter(None, [_e(g.get("note")), first and f"first departing parameter: <b>{_e(first)}</b>"]))
     table = _table(["layer", "result", "worst tol×", "bad parameters"], rows)
@@ -208,19 +293,25 @@ def _diagnosis(i: int, r: dict) -> str:
     taps = [t for t in d.get("taps") or [] if isinstance(t, dict)]
     tol = d.get("tolerance") or {}
     title = f"Diagnosis: {_e(r.get('model'))} · {_e(r.get('path'))} {_badge(_label(r))}"
-    tolerance = (f"tolerance: atol {_num(tol.get('atol'))}, rtol {_num(tol.get('rtol'))}; "
-                 f"{len(taps)} taps in network order")
+    tolerance = (
+        f"tolerance: atol {_num(tol.get('atol'))}, rtol {_num(tol.get('rtol'))}; {len(taps)} taps in network order"
+    )
     if d.get("error"):
-        return (f'<section class="diag" id="diag-{i}"><h2>{title}</h2>'
-                f'<p class="headline quiet">{_e(d["error"])}</p></section>')
+        return (
+            f'<section class="diag" id="diag-{i}"><h2>{title}</h2>'
+            f'<p class="headline quiet">{_e(d["error"])}</p></section>'
+        )
     if "int8" in d:
         from parity.diagnose.int8_chain import render as render_int8
 
         items = "".join(f"<li>{_e(line.strip())}</li>" for line in render_int8(d))
         return f'<section class="diag" id="diag-{i}"><h2>{title}</h2><ul>{items}</ul></section>'
     quiet = "" if d.get("first_divergent_tap") else " quiet"
-    parts = [f'<section class="diag" id="diag-{i}"><h2>{title}</h2>', f'<p class="headline{quiet}">{_headline(d)}</p>',
-             f'<p class="muted">{tolerance}</p>']
+    parts = [
+        f'<section class="diag" id="diag-{i}"><h2>{title}</h2>',
+        f'<p class="headline{quiet}">{_headline(d)}</p>',
+        f'<p class="muted">{tolerance}</p>',
+    ]
     if taps:
         parts += [_plot(taps, d.get("first_divergent_tap"), f"diag-{i}"), _taps(taps)]
     else:
@@ -231,13 +322,17 @@ def _diagnosis(i: int, r: dict) -> str:
     if d.get("node_cause"):
         cause = d["node_cause"]
         fix = f" Fix: {_e(cause['fix'])}." if cause.get("fix") else ""
-        parts.append(f"<h3>Cause on the graph: {_e(cause['op_type'])} {_e(cause['node'])}</h3>"
-                     f"<p>{_e(cause['description'])}.{fix}</p>")
+        parts.append(
+            f"<h3>Cause on the graph: {_e(cause['op_type'])} {_e(cause['node'])}</h3>"
+            f"<p>{_e(cause['description'])}.{fix}</p>"
+        )
     if d.get("links"):
         parts.append(_links(d["links"]))
     if d.get("patterns"):
-        rows = [("", [_e(p.get("name")), _flag(not p.get("holds"), "no", "holds"), _e(p.get("detail"))])
-                for p in d["patterns"]]
+        rows = [
+            ("", [_e(p.get("name")), _flag(not p.get("holds"), "no", "holds"), _e(p.get("detail"))])
+            for p in d["patterns"]
+        ]
         parts.append("<h3>Output patterns</h3>" + _table(["pattern", "holds", "detail"], rows))
     if d.get("gradients"):
         parts.append(_gradients(d["gradients"]))
@@ -266,21 +361,38 @@ def render(report: dict) -> str:
     summary += f" · {counts['XPASS']} XPASS" if counts.get("XPASS") else ""
     summary += f" · {len(errors)} model error(s)" if errors else ""
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    body = [f"<h1>parity report</h1><p class='muted'>generated {now} · schema {_e(report.get('schema'))}</p>",
-            f'<p class="summary">{_e(summary)}</p>',
-            *(f"<p>{_e(line)}</p>" for line in placement(results) if line), "<h2>Verdicts</h2>",
-            _verdicts(results) if results else "<p>No path ran.</p>"]
+    body = [
+        f"<h1>parity report</h1><p class='muted'>generated {now} · schema {_e(report.get('schema'))}</p>",
+        f'<p class="summary">{_e(summary)}</p>',
+        *(f"<p>{_e(line)}</p>" for line in placement(results) if line),
+        "<h2>Verdicts</h2>",
+        _verdicts(results) if results else "<p>No path ran.</p>",
+    ]
     if errors:
-        body.append("<h2>Model errors</h2>" + _table(["model", "reason"], [
-            ("hl", [_e(p.get("model")), _e(p.get("reason"))]) for p in errors if isinstance(p, dict)]))
+        body.append(
+            "<h2>Model errors</h2>"
+            + _table(
+                ["model", "reason"],
+                [("hl", [_e(p.get("model")), _e(p.get("reason"))]) for p in errors if isinstance(p, dict)],
+            )
+        )
     gated = quantized.gate_rows(results)
     if gated:
-        body.append("<h2>Accuracy gates of the quantized paths</h2>"
-                    + _table([name for name, _ in quantized.GATE_COLUMNS],
-                             [("pass" if row[7] == "pass" else "fail", [_e(c) for c in row]) for row in gated])
-                    + "<ul>" + "".join(f"<li><b>{_e(k)}</b> {_e(v)}</li>" for k, v in quantized.GATE_LEGEND if k)
-                    + "".join(f"<li>{_e(r['model'])} {_e(r['path'])}: {_e(quantized.recipe(r))}</li>"
-                              for r in results if quantized.recipe(r)) + "</ul>")
+        body.append(
+            "<h2>Accuracy gates of the quantized paths</h2>"
+            + _table(
+                [name for name, _ in quantized.GATE_COLUMNS],
+                [("pass" if row[7] == "pass" else "fail", [_e(c) for c in row]) for row in gated],
+            )
+            + "<ul>"
+            + "".join(f"<li><b>{_e(k)}</b> {_e(v)}</li>" for k, v in quantized.GATE_LEGEND if k)
+            + "".join(
+                f"<li>{_e(r['model'])} {_e(r['path'])}: {_e(quantized.recipe(r))}</li>"
+                for r in results
+                if quantized.recipe(r)
+            )
+            + "</ul>"
+        )
     body += [_diagnosis(i, r) for i, r in enumerate(results) if r.get("diagnosis")]
     from parity.report import bench_html
 
@@ -288,10 +400,13 @@ def render(report: dict) -> str:
     if report.get("history_page"):
         body.append(f'<p><a href="{_e(report["history_page"])}">History of these paths over the stored runs</a></p>')
     env = _flatten(report.get("env") or {})
-    body.append("<h2>Environment</h2>" + _table(["key", "value"], [("", [f"<code>{_e(k)}</code>", _e(v)])
-                                                                    for k, v in env if k]))
-    head = ('<meta charset="utf-8"><meta name="viewport" content="width=device-width,initial-scale=1">'
-            f"<title>parity report</title><style>{CSS}</style>")
+    body.append(
+        "<h2>Environment</h2>" + _table(["key", "value"], [("", [f"<code>{_e(k)}</code>", _e(v)]) for k, v in env if k])
+    )
+    head = (
+        '<meta charset="utf-8"><meta name="viewport" content="width=device-width,initial-scale=1">'
+        f"<title>parity report</title><style>{CSS}</style>"
+    )
     return f'<!DOCTYPE html>\n<html lang="en"><head>{head}</head><body>\n' + "\n".join(body) + "\n</body></html>\n"
 
 

@@ -57,6 +57,7 @@ def _badge(label: str) -> str:
 
 def _table(headers: list[str], rows: list[tuple[str, list[str]]]) -> str:
     """``rows``: (the row's class, its cells already escaped; a ``_Right`` cell is right-aligned)."""
+
     def cell(c: str) -> str:
         return f'<td class="n">{c}</td>' if isinstance(c, _Right) else f"<td>{c}</td>"
 
@@ -71,8 +72,16 @@ def plot_style(salt: str):
     drawn literally, never parsed as mathtext ("a$x^2$b") or LaTeX."""
     import matplotlib
 
-    return matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": salt, "font.size": 8,
-                                  "font.family": "sans-serif", "text.parse_math": False, "text.usetex": False})
+    return matplotlib.rc_context(
+        {
+            "svg.fonttype": "none",
+            "svg.hashsalt": salt,
+            "font.size": 8,
+            "font.family": "sans-serif",
+            "text.parse_math": False,
+            "text.usetex": False,
+        }
+    )
 
 
 def inline_svg(fig, label: str) -> str:
@@ -80,5 +89,5 @@ def inline_svg(fig, label: str) -> str:
     buf = io.StringIO()
     fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
     svg = buf.getvalue()
-    svg = re.sub(r"<metadata>.*?</metadata>", "", svg[svg.index("<svg"):], flags=re.DOTALL)
+    svg = re.sub(r"<metadata>.*?</metadata>", "", svg[svg.index("<svg") :], flags=re.DOTALL)
     return f'<div class="plot" role="img" aria-label="{escape(label)}">{svg}</div>'

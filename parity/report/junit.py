@@ -27,8 +27,11 @@ _PACKAGES = ("onnx", "onnxruntime", "torch", "tensorflow-cpu", "tensorflow", "ja
 
 def case_name(result: dict) -> str:
     """The path id, with ``[device-precision]`` (only the parts that are not cpu and fp32) like a pytest id."""
-    placement = [part for part, default in zip((result.get("device", "cpu"), result.get("precision", "fp32")),
-                                               DEFAULT_PLACEMENT) if part != default]
+    placement = [
+        part
+        for part, default in zip((result.get("device", "cpu"), result.get("precision", "fp32")), DEFAULT_PLACEMENT)
+        if part != default
+    ]
     return result["path"] + (f"[{'-'.join(placement)}]" if placement else "")
 
 
@@ -110,17 +113,33 @@ def to_xml(report: dict, suite: str = "parity") -> ET.Element:
         case = ET.Element("testcase", classname=problem["model"], name="model", time="0.000")
         ET.SubElement(case, "error", message=" ".join(str(problem["reason"]).split())).text = str(problem["reason"])
         cases.append(case)
-    attributes = {"tests": str(len(cases)), "failures": str(counts["failure"]), "errors": str(counts["error"]),
-                  "skipped": str(counts["skipped"]), "time": f"{total:.3f}"}
+    attributes = {
+        "tests": str(len(cases)),
+        "failures": str(counts["failure"]),
+        "errors": str(counts["error"]),
+        "skipped": str(counts["skipped"]),
+        "time": f"{total:.3f}",
+    }
     root = ET.Element("testsuites", {"name": suite, **{k: v for k, v in attributes.items() if k != "skipped"}})
-    testsuite = ET.SubElement(root, "testsuite", {"name": suite, **attributes,
-                                                  "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                                                  "hostname": socket.gethostname()})
+    testsuite = ET.SubElement(
+        root,
+        "testsuite",
+        {
+            "name": suite,
+            **attributes,
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "hostname": socket.gethostname(),
+        },
+    )
     properties = ET.SubElement(testsuite, "properties")
-    facts = {"parity.version": packages.get("parity") or _own_version(), "python": env.get("python"),
-             "cpu": env.get("cpu"), "gpu": (env.get("gpu") or {}).get("name") if isinstance(env.get("gpu"), dict)
-             else env.get("gpu"), "threads": env.get("threads"),
-             **{f"package.{name}": packages.get(name) for name in _PACKAGES}}
+    facts = {
+        "parity.version": packages.get("parity") or _own_version(),
+        "python": env.get("python"),
+        "cpu": env.get("cpu"),
+        "gpu": (env.get("gpu") or {}).get("name") if isinstance(env.get("gpu"), dict) else env.get("gpu"),
+        "threads": env.get("threads"),
+        **{f"package.{name}": packages.get(name) for name in _PACKAGES},
+    }
     for name, value in facts.items():
         if value is not None:
             ET.SubElement(properties, "property", name=name, value=str(value))

@@ -30,8 +30,12 @@ def percent(value: float) -> str:
 
 def lowest_sqnr(result: dict) -> float | None:
     """The lowest SQNR (dB) over the result's outputs and eval outputs, or None where none was measured."""
-    found = [s["sqnr_db"] for group in ("outputs", "eval_outputs") for s in (result.get(group) or {}).values()
-             if "sqnr_db" in s]
+    found = [
+        s["sqnr_db"]
+        for group in ("outputs", "eval_outputs")
+        for s in (result.get(group) or {}).values()
+        if "sqnr_db" in s
+    ]
     return min(found) if found else None
 
 
@@ -51,15 +55,35 @@ def gate_rows(results: list[dict]) -> list[tuple]:
             continue
         low, high = g["interval"]
         decision = g["decision"] + (f" (+{g['more_samples']} samples)" if g.get("more_samples") else "")
-        rows.append((r["model"], r["path"], g["metric"], f"{percent(g['value'])} / {percent(g['golden'])}",
-                     f"{percent(g['drop'])} [{percent(low)}, {percent(high)}]", f"{g['lost']} / {g['gained']}",
-                     percent(g["allowed"]), decision, f"{g['agreement']:.3f}", db(lowest_sqnr(r))))
+        rows.append(
+            (
+                r["model"],
+                r["path"],
+                g["metric"],
+                f"{percent(g['value'])} / {percent(g['golden'])}",
+                f"{percent(g['drop'])} [{percent(low)}, {percent(high)}]",
+                f"{g['lost']} / {g['gained']}",
+                percent(g["allowed"]),
+                decision,
+                f"{g['agreement']:.3f}",
+                db(lowest_sqnr(r)),
+            )
+        )
     return rows
 
 
-GATE_COLUMNS = [("model", "left"), ("path", "left"), ("metric", "left"), ("int8 / golden", "right"),
-                ("drop [bounds]", "right"), ("lost / gained", "right"), ("allowed", "right"), ("gate", "left"),
-                ("agree", "right"), ("SQNR dB", "right")]
+GATE_COLUMNS = [
+    ("model", "left"),
+    ("path", "left"),
+    ("metric", "left"),
+    ("int8 / golden", "right"),
+    ("drop [bounds]", "right"),
+    ("lost / gained", "right"),
+    ("allowed", "right"),
+    ("gate", "left"),
+    ("agree", "right"),
+    ("SQNR dB", "right"),
+]
 
 
 def speed_rows(results: list[dict]) -> list[tuple]:
@@ -72,13 +96,29 @@ def speed_rows(results: list[dict]) -> list[tuple]:
             if not g or not isinstance(e, dict) or e.get("verdict") != "pass":
                 continue
             vs = e.get("vs_float") or {}
-            rows.append((r["model"], r["path"], batch, f"{e['median_ms']:.4f}", vs.get("baseline", "-"),
-                         speedup(vs), f"{percent(g['value'])} / {percent(g['golden'])}"))
+            rows.append(
+                (
+                    r["model"],
+                    r["path"],
+                    batch,
+                    f"{e['median_ms']:.4f}",
+                    vs.get("baseline", "-"),
+                    speedup(vs),
+                    f"{percent(g['value'])} / {percent(g['golden'])}",
+                )
+            )
     return rows
 
 
-SPEED_COLUMNS = [("model", "left"), ("path", "left"), ("batch", "right"), ("median ms", "right"),
-                 ("float path", "left"), ("vs float", "left"), ("int8 / golden", "right")]
+SPEED_COLUMNS = [
+    ("model", "left"),
+    ("path", "left"),
+    ("batch", "right"),
+    ("median ms", "right"),
+    ("float path", "left"),
+    ("vs float", "left"),
+    ("int8 / golden", "right"),
+]
 
 
 def speedup(vs: dict) -> str:
@@ -101,8 +141,11 @@ def recipe(result: dict) -> str | None:
     if not q:
         return None
     parts = [q.get("tool", "?")]
-    parts += [f"{k.replace('_', ' ')} {q[k]}" for k in ("calibration", "calibration_samples", "per_channel",
-                                                         "quantized_layers") if q.get(k) not in (None, "")]
+    parts += [
+        f"{k.replace('_', ' ')} {q[k]}"
+        for k in ("calibration", "calibration_samples", "per_channel", "quantized_layers")
+        if q.get(k) not in (None, "")
+    ]
     if q.get("kept_float"):
         parts.append(f"kept in float: {', '.join(q['kept_float'])}")
     if export.get("calibration_data"):

@@ -121,8 +121,9 @@ def _table(columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[object]])
     for row in rows:
         table.add_row(*(Text(str(cell)) for cell in row))  # Text: no markup parsing of "[...]"
     text = io.StringIO()
-    console = Console(file=text, width=WIDTH, color_system=None, force_terminal=False,
-                      markup=False, highlight=False, emoji=False)
+    console = Console(
+        file=text, width=WIDTH, color_system=None, force_terminal=False, markup=False, highlight=False, emoji=False
+    )
     console.print(table)
     return "\n".join(line.rstrip() for line in text.getvalue().splitlines())
 
@@ -138,8 +139,14 @@ def _wrapped(ref: int, result: dict, reason: str) -> list[str]:
     indent = " " * (len(str(ref)) + 5)
     lines: list[str] = []
     for paragraph in reason.splitlines():
-        lines += textwrap.wrap(paragraph, WRAP, initial_indent=indent if lines else first, subsequent_indent=indent,
-                               break_long_words=False, break_on_hyphens=False)
+        lines += textwrap.wrap(
+            paragraph,
+            WRAP,
+            initial_indent=indent if lines else first,
+            subsequent_indent=indent,
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
     return lines
 
 
@@ -182,8 +189,10 @@ def placement(results: list[dict]) -> list[str]:
     lines = []
     for device, precision in dict.fromkeys((r.get("device", "cpu"), r.get("precision", "fp32")) for r in results):
         described = PRECISIONS[precision].description if precision in PRECISIONS else precision
-        lines.append(f"device {device}, precision {precision} ({described}): every path against the float64 golden "
-                     f"under the {precision} tolerances and metric rules")
+        lines.append(
+            f"device {device}, precision {precision} ({described}): every path against the float64 golden "
+            f"under the {precision} tolerances and metric rules"
+        )
     return [*lines, ""]
 
 
@@ -195,8 +204,10 @@ def dtype_tolerances(results: list[dict]) -> list[str]:
         for name, stats in (r.get("outputs") or {}).items():
             rule = stats.get("tolerance")
             if rule:
-                lines.append(f"  {r['model']} {r['path']} output {name}: atol {rule['atol']:.3g}, rtol "
-                             f"{rule['rtol']:.3g}; {rule['why']}")
+                lines.append(
+                    f"  {r['model']} {r['path']} output {name}: atol {rule['atol']:.3g}, rtol "
+                    f"{rule['rtol']:.3g}; {rule['why']}"
+                )
     return ["", "Tolerances by output dtype"] + lines if lines else []
 
 
@@ -211,8 +222,17 @@ def render(report: dict, timed: bool, verbose: bool = False) -> str:
         return "\n".join(summary_lines(report))
     head = placement(results)
     listed = UNEXPECTED + (("xerror", "skip") if verbose else ())
-    columns = [("model", "left"), ("path", "left"), ("verdict", "left"), ("tol×", "right"), ("max_abs", "right"),
-               ("grads", "left"), ("acc", "right"), ("agree", "right"), ("det", "left")]
+    columns = [
+        ("model", "left"),
+        ("path", "left"),
+        ("verdict", "left"),
+        ("tol×", "right"),
+        ("max_abs", "right"),
+        ("grads", "left"),
+        ("acc", "right"),
+        ("agree", "right"),
+        ("det", "left"),
+    ]
     columns += [("median ms", "right")] * timed + [("reason", "left")]
     rows, reasons, hidden = [], [], 0
     for r in results:
@@ -238,15 +258,34 @@ def render(report: dict, timed: bool, verbose: bool = False) -> str:
             lines += _wrapped(ref, r, reason)
     gated = quantized.gate_rows(results)
     if gated:
-        lines += ["", "Accuracy gates of the quantized paths (int8 outputs are judged by the task, not elementwise)",
-                  _table(quantized.GATE_COLUMNS, gated), "", *_legend(quantized.GATE_LEGEND)]
-        lines += [line for r in results if quantized.recipe(r) for line in textwrap.wrap(
-            f"{r['model']} {r['path']}: {quantized.recipe(r)}", WRAP, initial_indent="  ", subsequent_indent="    ")]
+        lines += [
+            "",
+            "Accuracy gates of the quantized paths (int8 outputs are judged by the task, not elementwise)",
+            _table(quantized.GATE_COLUMNS, gated),
+            "",
+            *_legend(quantized.GATE_LEGEND),
+        ]
+        lines += [
+            line
+            for r in results
+            if quantized.recipe(r)
+            for line in textwrap.wrap(
+                f"{r['model']} {r['path']}: {quantized.recipe(r)}", WRAP, initial_indent="  ", subsequent_indent="    "
+            )
+        ]
     ran = [r for r in results if (r.get("runtime") or {}).get("summary")]
     if ran:
         lines += ["", "What the compilers and runtimes did (`runtime` in the JSON has all)"]
-        lines += [line for r in ran for line in textwrap.wrap(f"{r['model']} {r['path']}: {r['runtime']['summary']}",
-                                                               WRAP, initial_indent="  ", subsequent_indent="    ")]
+        lines += [
+            line
+            for r in ran
+            for line in textwrap.wrap(
+                f"{r['model']} {r['path']}: {r['runtime']['summary']}",
+                WRAP,
+                initial_indent="  ",
+                subsequent_indent="    ",
+            )
+        ]
     return "\n".join(lines + ["", *summary_lines(report)])
 
 
@@ -262,20 +301,27 @@ def render_paths(rows: list[dict]) -> str:
             cell = f"skip [{reasons.setdefault(r['reason'], len(reasons) + 1)}]"
         table.setdefault((r["id"], r["device"]), {"chain": r["steps"]})[r["precision"]] = cell
     columns = [("path", "left"), ("device", "left"), *[(p, "left") for p in precisions], ("export chain", "left")]
-    body = [(path, device, *[cells.get(p, "-") for p in precisions], cells["chain"])
-            for (path, device), cells in table.items()]
+    body = [
+        (path, device, *[cells.get(p, "-") for p in precisions], cells["chain"])
+        for (path, device), cells in table.items()
+    ]
     lines = [_table(columns, body)]
     if reasons:
-        lines += ["", "Why not"] + [line for reason, n in reasons.items() for line in
-                                    textwrap.wrap(f"[{n}] {reason}", WRAP, initial_indent="  ", subsequent_indent="      ")]
+        lines += ["", "Why not"] + [
+            line
+            for reason, n in reasons.items()
+            for line in textwrap.wrap(f"[{n}] {reason}", WRAP, initial_indent="  ", subsequent_indent="      ")
+        ]
     notes: dict[str, list[str]] = {}  # each note once, with the paths it is about
     for r in rows:
         if r.get("note") and r["id"] not in notes.setdefault(r["note"], []):
             notes[r["note"]].append(r["id"])
     if notes:
-        lines += ["", "Notes"] + [line for note, ids in notes.items()
-                                  for line in textwrap.wrap(f"{', '.join(ids)}: {note}", WRAP, initial_indent="  ",
-                                                            subsequent_indent="    ")]
+        lines += ["", "Notes"] + [
+            line
+            for note, ids in notes.items()
+            for line in textwrap.wrap(f"{', '.join(ids)}: {note}", WRAP, initial_indent="  ", subsequent_indent="    ")
+        ]
     return "\n".join(lines)
 
 
@@ -296,8 +342,10 @@ def summary_lines(report: dict) -> list[str]:
         for r in results:
             counts[_label(r)] += 1
         verdicts = ", ".join(f"{n} {label}" for label, n in sorted(counts.items()))
-        lines.append(f"{model}: {verdicts} | outputs ok {outputs_ok}/{len(ran)}, gradients ok {grads_ok}/{len(with_grads)}, "
-                     f"metrics ok {metrics_ok}/{len(with_metrics)}")
+        lines.append(
+            f"{model}: {verdicts} | outputs ok {outputs_ok}/{len(ran)}, gradients ok {grads_ok}/{len(with_grads)}, "
+            f"metrics ok {metrics_ok}/{len(with_metrics)}"
+        )
     for problem in report.get("model_errors", []):
         lines.append(f"{problem['model']}: ERROR {problem['reason']}")
     changed = {r["model"]: r["golden_changed"]["message"] for r in report["results"] if r.get("golden_changed")}
@@ -307,7 +355,9 @@ def summary_lines(report: dict) -> list[str]:
             lines.append(f"note: {r['model']} {r['path']}: exported again ({r['export']['rebuilt']})")
         build = (r.get("export") or {}).get("build_determinism")
         if build and not build["deterministic"]:
-            lines.append(f"warning: {r['model']} {r['path']}: two TensorRT builds of the same model give outputs "
-                         f"that differ by up to {build['max_abs_diff']:.3g} (tactics chosen by timing); the engine "
-                         "checked is the one timed")
+            lines.append(
+                f"warning: {r['model']} {r['path']}: two TensorRT builds of the same model give outputs "
+                f"that differ by up to {build['max_abs_diff']:.3g} (tactics chosen by timing); the engine "
+                "checked is the one timed"
+            )
     return lines

@@ -83,14 +83,39 @@ def _batch_rows(r: dict) -> list[tuple]:
     for batch, e in series_of(r):
         if e.get("verdict") != "pass":
             prefix = "" if e.get("verdict") == "invalid" else "not timed: "
-            rows.append((r["model"], r["path"], e.get("verdict", "error").upper(), batch, "-", "-", "-", "-", "-", "-",
-                         prefix + " ".join(str(e.get("reason", "")).split())[:90]))
+            rows.append(
+                (
+                    r["model"],
+                    r["path"],
+                    e.get("verdict", "error").upper(),
+                    batch,
+                    "-",
+                    "-",
+                    "-",
+                    "-",
+                    "-",
+                    "-",
+                    prefix + " ".join(str(e.get("reason", "")).split())[:90],
+                )
+            )
             continue
         lo, hi = e["ci95_ms"]
         spread = e.get("spread", e["cv"])
-        rows.append((r["model"], r["path"], "pass", batch, f"{e['median_ms']:.4f}", f"[{lo:.4f}, {hi:.4f}]",
-                     f"{100 * spread:.1f}%", "-" if e.get("p99_ms") is None else f"{e['p99_ms']:.4f}", str(e["runs"]),
-                     f"{e['throughput']:.0f}", _ratio(e)))
+        rows.append(
+            (
+                r["model"],
+                r["path"],
+                "pass",
+                batch,
+                f"{e['median_ms']:.4f}",
+                f"[{lo:.4f}, {hi:.4f}]",
+                f"{100 * spread:.1f}%",
+                "-" if e.get("p99_ms") is None else f"{e['p99_ms']:.4f}",
+                str(e["runs"]),
+                f"{e['throughput']:.0f}",
+                _ratio(e),
+            )
+        )
     return rows
 
 
@@ -110,9 +135,18 @@ def footprint_rows(results: list[dict]) -> tuple[list[tuple], list[str]]:
                 if figure.get("reason") and figure["reason"] not in why:
                     why.append(figure["reason"])
             joules = energy.get("joules_per_inference")
-            rows.append((r["model"], r["path"], batch, f"{e['median_ms']:.4f}", megabytes(memory.get("peak_rss_mb")),
-                         megabytes(e.get("artifact_mb"), ".2f"), megabytes(device),
-                         "-" if joules is None else f"{joules:.4g}"))
+            rows.append(
+                (
+                    r["model"],
+                    r["path"],
+                    batch,
+                    f"{e['median_ms']:.4f}",
+                    megabytes(memory.get("peak_rss_mb")),
+                    megabytes(e.get("artifact_mb"), ".2f"),
+                    megabytes(device),
+                    "-" if joules is None else f"{joules:.4g}",
+                )
+            )
     return rows, why
 
 
@@ -128,11 +162,31 @@ def _train_rows(results: list[dict]) -> list[tuple]:
         if not step:
             continue
         if step.get("verdict") != "pass":
-            rows.append((r["model"], r["path"], step.get("verdict", "error").upper(), _batch(r), "-", "-", "-",
-                         " ".join(str(step.get("reason", "")).split())[:90]))
+            rows.append(
+                (
+                    r["model"],
+                    r["path"],
+                    step.get("verdict", "error").upper(),
+                    _batch(r),
+                    "-",
+                    "-",
+                    "-",
+                    " ".join(str(step.get("reason", "")).split())[:90],
+                )
+            )
             continue
-        rows.append((r["model"], r["path"], "pass", _batch(r), f"{step['median_ms']:.3f}", f"{step['steps_per_s']:.1f}",
-                     f"{step['samples_per_s']:.0f}", f"worst parameter {step['verified']['worst']}"))
+        rows.append(
+            (
+                r["model"],
+                r["path"],
+                "pass",
+                _batch(r),
+                f"{step['median_ms']:.3f}",
+                f"{step['steps_per_s']:.1f}",
+                f"{step['samples_per_s']:.0f}",
+                f"worst parameter {step['verified']['worst']}",
+            )
+        )
     return rows
 
 
@@ -156,9 +210,20 @@ def _first_rows(results: list[dict]) -> list[tuple]:
         if not first or first.get("verdict") == "error":
             continue
         export = "cache" if first.get("export_cached") else _seconds(first.get("export_s"))
-        rows.append((r["model"], r["path"], _batch(r), _seconds(first["import_s"]), export, _seconds(first["load_s"]),
-                     _ms(first["first_inference_s"]), _ms(first["second_inference_s"]),
-                     _ms(first["first_backward_s"]), f"{first['path_peak_mb']:.0f}"))
+        rows.append(
+            (
+                r["model"],
+                r["path"],
+                _batch(r),
+                _seconds(first["import_s"]),
+                export,
+                _seconds(first["load_s"]),
+                _ms(first["first_inference_s"]),
+                _ms(first["second_inference_s"]),
+                _ms(first["first_backward_s"]),
+                f"{first['path_peak_mb']:.0f}",
+            )
+        )
     return rows
 
 
@@ -178,12 +243,21 @@ def _gpu_rows(results: list[dict]) -> tuple[list[tuple], list[str]]:
             joules = energy.get("joules_per_inference")
             lo, hi = compute["ci95_ms"]
             memory = gpu.get("peak_device_memory_mb")
-            rows.append((r["model"], r["path"], batch, f"{compute['median_ms']:.4f}", f"[{lo:.4f}, {hi:.4f}]",
-                         f"{joules:.4g} J @ {energy['sampling_hz']:.0f} Hz" if joules is not None and energy.get("sampling_hz")
-                         else (f"{joules:.4g} J" if joules is not None else "not measurable here"),
-                         f"{clocks.get('sm_mhz_min')}-{clocks.get('sm_mhz_max')} MHz" if clocks.get("sm_mhz_min") else "-",
-                         "-" if memory is None else f"{memory:.0f}",
-                         _LOCKED.get(clocks.get("locked"), "unknown")))
+            rows.append(
+                (
+                    r["model"],
+                    r["path"],
+                    batch,
+                    f"{compute['median_ms']:.4f}",
+                    f"[{lo:.4f}, {hi:.4f}]",
+                    f"{joules:.4g} J @ {energy['sampling_hz']:.0f} Hz"
+                    if joules is not None and energy.get("sampling_hz")
+                    else (f"{joules:.4g} J" if joules is not None else "not measurable here"),
+                    f"{clocks.get('sm_mhz_min')}-{clocks.get('sm_mhz_max')} MHz" if clocks.get("sm_mhz_min") else "-",
+                    "-" if memory is None else f"{memory:.0f}",
+                    _LOCKED.get(clocks.get("locked"), "unknown"),
+                )
+            )
             if clocks.get("warning"):
                 warnings.append(f"{r['model']} {r['path']} batch {batch}: {clocks['warning']}")
     return rows, warnings
@@ -193,55 +267,162 @@ def render(report: dict) -> str:
     """The benchmark block printed after the verdict table of ``run`` / ``bench``."""
     results = report["results"]
     lines = ["Timing (median of the timed runs; input ready on the host -> outputs on the host as NumPy)"]
-    columns = [("model", "left"), ("path", "left"), ("verdict", "left"), ("batch", "right"), ("median ms", "right"),
-               ("95% CI ms", "right"), ("spread", "right"), ("p99 ms", "right"), ("runs", "right"), ("samples/s", "right"),
-               ("vs baseline (ratio of medians [95% CI])", "left")]
+    columns = [
+        ("model", "left"),
+        ("path", "left"),
+        ("verdict", "left"),
+        ("batch", "right"),
+        ("median ms", "right"),
+        ("95% CI ms", "right"),
+        ("spread", "right"),
+        ("p99 ms", "right"),
+        ("runs", "right"),
+        ("samples/s", "right"),
+        ("vs baseline (ratio of medians [95% CI])", "left"),
+    ]
     lines += [_table(columns, [row for r in results for row in _batch_rows(r)]), "", *_legend(TIMING_LEGEND)]
-    processes = [(r["model"], r["path"], batch, str(e["processes"]["n"]),
-                  f"{100 * e['processes']['between_processes_cv']:.1f}%",
-                  f"{100 * e['processes']['within_process_spread']:.1f}%",
-                  ", ".join(f"{m:.4g}" for m in e["processes"]["medians_ms"]))
-                 for r in results for batch, e in ((r.get("timing") or {}).get("batches") or {}).items()
-                 if isinstance(e, dict) and e.get("processes")]
+    processes = [
+        (
+            r["model"],
+            r["path"],
+            batch,
+            str(e["processes"]["n"]),
+            f"{100 * e['processes']['between_processes_cv']:.1f}%",
+            f"{100 * e['processes']['within_process_spread']:.1f}%",
+            ", ".join(f"{m:.4g}" for m in e["processes"]["medians_ms"]),
+        )
+        for r in results
+        for batch, e in ((r.get("timing") or {}).get("batches") or {}).items()
+        if isinstance(e, dict) and e.get("processes")
+    ]
     if processes:
-        lines += ["", "Processes (each series pooled from fresh worker processes)",
-                  _table([("model", "left"), ("path", "left"), ("batch", "right"), ("processes", "right"),
-                          ("between", "right"), ("within", "right"), ("median ms per process", "left")], processes),
-                  "", *_legend([("between", "process-to-process variation: cv of the processes' medians"),
-                                ("within", "run-to-run: the processes' median spread (interquartile range / median)")])]
+        lines += [
+            "",
+            "Processes (each series pooled from fresh worker processes)",
+            _table(
+                [
+                    ("model", "left"),
+                    ("path", "left"),
+                    ("batch", "right"),
+                    ("processes", "right"),
+                    ("between", "right"),
+                    ("within", "right"),
+                    ("median ms per process", "left"),
+                ],
+                processes,
+            ),
+            "",
+            *_legend(
+                [
+                    ("between", "process-to-process variation: cv of the processes' medians"),
+                    ("within", "run-to-run: the processes' median spread (interquartile range / median)"),
+                ]
+            ),
+        ]
     gpu, clock_warnings = _gpu_rows(results)
     if gpu:
-        lines += ["", ("GPU compute alone (input on the device, outputs left there, synchronised after each call), "
-                       "energy per inference over that window"),
-                  _table([("model", "left"), ("path", "left"), ("batch", "right"), ("median ms", "right"),
-                          ("95% CI ms", "right"), ("energy / inference", "right"), ("SM clock", "right"),
-                          ("peak device MB", "right"), ("clocks", "left")], gpu), "", *_legend(GPU_LEGEND)]
+        lines += [
+            "",
+            (
+                "GPU compute alone (input on the device, outputs left there, synchronised after each call), "
+                "energy per inference over that window"
+            ),
+            _table(
+                [
+                    ("model", "left"),
+                    ("path", "left"),
+                    ("batch", "right"),
+                    ("median ms", "right"),
+                    ("95% CI ms", "right"),
+                    ("energy / inference", "right"),
+                    ("SM clock", "right"),
+                    ("peak device MB", "right"),
+                    ("clocks", "left"),
+                ],
+                gpu,
+            ),
+            "",
+            *_legend(GPU_LEGEND),
+        ]
     footprint, unmeasured = footprint_rows(results)
     if footprint:
-        lines += ["", "Memory and energy (per timed series, beside its latency)",
-                  _table([("model", "left"), ("path", "left"), ("batch", "right"), ("median ms", "right"),
-                          ("peak MB", "right"), ("artifact MB", "right"), ("device MB", "right"),
-                          ("J / inference", "right")], footprint), "", *_legend(FOOTPRINT_LEGEND)]
+        lines += [
+            "",
+            "Memory and energy (per timed series, beside its latency)",
+            _table(
+                [
+                    ("model", "left"),
+                    ("path", "left"),
+                    ("batch", "right"),
+                    ("median ms", "right"),
+                    ("peak MB", "right"),
+                    ("artifact MB", "right"),
+                    ("device MB", "right"),
+                    ("J / inference", "right"),
+                ],
+                footprint,
+            ),
+            "",
+            *_legend(FOOTPRINT_LEGEND),
+        ]
         lines += [f"  not measured here: {why}" for why in unmeasured]
     speed = quantized.speed_rows(results)
     if speed:
-        lines += ["", "Quantized paths: speed-up over the float path they were quantized from, beside their accuracy",
-                  _table(quantized.SPEED_COLUMNS, speed), "", *_legend(quantized.SPEED_LEGEND)]
+        lines += [
+            "",
+            "Quantized paths: speed-up over the float path they were quantized from, beside their accuracy",
+            _table(quantized.SPEED_COLUMNS, speed),
+            "",
+            *_legend(quantized.SPEED_LEGEND),
+        ]
     train = _train_rows(results)
     if train:
-        lines += ["", "Training step (forward, loss, backward, SGD update; verified against the golden first)",
-                  _table([("model", "left"), ("path", "left"), ("verdict", "left"), ("batch", "right"),
-                          ("median ms", "right"), ("steps/s", "right"), ("samples/s", "right"), ("check", "left")],
-                         train), "", *_legend(TRAIN_LEGEND)]
+        lines += [
+            "",
+            "Training step (forward, loss, backward, SGD update; verified against the golden first)",
+            _table(
+                [
+                    ("model", "left"),
+                    ("path", "left"),
+                    ("verdict", "left"),
+                    ("batch", "right"),
+                    ("median ms", "right"),
+                    ("steps/s", "right"),
+                    ("samples/s", "right"),
+                    ("check", "left"),
+                ],
+                train,
+            ),
+            "",
+            *_legend(TRAIN_LEGEND),
+        ]
     first = _first_rows(results)
     if first:
-        title = ("Time to first result in a fresh worker (peak MB: resident memory the path added above the "
-                 "worker after import)")
-        lines += ["", title,
-                  _table([("model", "left"), ("path", "left"), ("batch", "right"), ("import s", "right"),
-                          ("export s", "right"), ("load s", "right"), ("1st run ms", "right"),
-                          ("2nd run ms", "right"), ("1st backward ms", "right"), ("peak MB", "right")], first),
-                  "", *_legend(FIRST_LEGEND)]
+        title = (
+            "Time to first result in a fresh worker (peak MB: resident memory the path added above the "
+            "worker after import)"
+        )
+        lines += [
+            "",
+            title,
+            _table(
+                [
+                    ("model", "left"),
+                    ("path", "left"),
+                    ("batch", "right"),
+                    ("import s", "right"),
+                    ("export s", "right"),
+                    ("load s", "right"),
+                    ("1st run ms", "right"),
+                    ("2nd run ms", "right"),
+                    ("1st backward ms", "right"),
+                    ("peak MB", "right"),
+                ],
+                first,
+            ),
+            "",
+            *_legend(FIRST_LEGEND),
+        ]
     hardware: dict[str, list[str]] = {}
     for r in results:
         if r.get("timing") and r.get("node"):
@@ -257,8 +438,11 @@ def render(report: dict) -> str:
 def series_of(result: dict) -> list[tuple[str, dict]]:
     """(batch size or shape, entry) of every timed series of a result: its batch sizes, then its other shapes."""
     timing = result.get("timing") or {}
-    return [(key, e) for key, e in [*(timing.get("batches") or {}).items(), *(timing.get("shapes") or {}).items()]
-            if isinstance(e, dict)]
+    return [
+        (key, e)
+        for key, e in [*(timing.get("batches") or {}).items(), *(timing.get("shapes") or {}).items()]
+        if isinstance(e, dict)
+    ]
 
 
 def _series(results: list[dict]):
@@ -286,12 +470,16 @@ def warnings(report: dict) -> list[str]:
     noisy = [(label, e.get("spread", e["cv"])) for label, e in series if e.get("spread", e["cv"]) / 1.349 > CV_WARNING]
     if series and len(noisy) > len(series) / 2:
         spreads = sorted(v for _, v in noisy)
-        found.append(f"this machine is too noisy for the requested precision: {len(noisy)} of {len(series)} series "
-                     f"spread by more than {100 * 1.349 * CV_WARNING:.1f}% (median {100 * spreads[len(spreads) // 2]:.0f}%"
-                     "); compare medians by their intervals only, and see the host audit")
+        found.append(
+            f"this machine is too noisy for the requested precision: {len(noisy)} of {len(series)} series "
+            f"spread by more than {100 * 1.349 * CV_WARNING:.1f}% (median {100 * spreads[len(spreads) // 2]:.0f}%"
+            "); compare medians by their intervals only, and see the host audit"
+        )
     elif noisy:
-        found.append(f"spread above {100 * 1.349 * CV_WARNING:.1f}% (compare those medians by their intervals): "
-                     + _few([f"{label} {100 * v:.1f}%" for label, v in noisy]))
+        found.append(
+            f"spread above {100 * 1.349 * CV_WARNING:.1f}% (compare those medians by their intervals): "
+            + _few([f"{label} {100 * v:.1f}%" for label, v in noisy])
+        )
     return found
 
 

@@ -27,13 +27,18 @@ def check_environment(baseline: dict, hardware: str, device: str, precision: str
     from parity.results.store import hardware as hardware_of
 
     results = baseline.get("results") or [{}]
-    theirs = {"hardware": hardware_of(baseline.get("env") or {}), "device": results[0].get("device") or "cpu",
-              "precision": results[0].get("precision") or "fp32"}
+    theirs = {
+        "hardware": hardware_of(baseline.get("env") or {}),
+        "device": results[0].get("device") or "cpu",
+        "precision": results[0].get("precision") or "fp32",
+    }
     ours = {"hardware": hardware, "device": device, "precision": precision}
     differ = [f"{k} {theirs[k]} -> {ours[k]}" for k in theirs if theirs[k] != ours[k]]
     if differ and not allow:
-        raise UsageError(f"baseline run {baseline.get('run_id')} was measured with a different {'; '.join(differ)}: "
-                         "its numbers are not comparable (--allow-different-env compares anyway, listing this)")
+        raise UsageError(
+            f"baseline run {baseline.get('run_id')} was measured with a different {'; '.join(differ)}: "
+            "its numbers are not comparable (--allow-different-env compares anyway, listing this)"
+        )
     return differ
 
 
@@ -77,16 +82,21 @@ def findings(baseline: dict, current: dict, history: dict | None = None) -> tupl
                 continue
             if ea.get("verdict") != "pass" or eb.get("verdict") != "pass":
                 continue
-            unsettled = [who for who, e in (("the baseline's", ea), ("this run's", eb))
-                         if not (e.get("stability") or {}).get("ok", True)]
+            unsettled = [
+                who
+                for who, e in (("the baseline's", ea), ("this run's", eb))
+                if not (e.get("stability") or {}).get("ok", True)
+            ]
             if unsettled:
                 withheld.append(f"{where}: not compared, {' and '.join(unsettled)} series did not settle")
                 continue
             peak_a, peak_b = ((e.get("memory") or {}).get("peak_rss_mb") for e in (ea, eb))
             word = memory_change(peak_a, peak_b)
             if word and peak_a is not None and peak_b is not None:  # a change is only told of two known peaks
-                failing.append(f"{where}: peak memory {ratio_text(peak_b / max(peak_a, 1e-9))} ({word}), "
-                               f"{peak_a:.0f} -> {peak_b:.0f} MB")
+                failing.append(
+                    f"{where}: peak memory {ratio_text(peak_b / max(peak_a, 1e-9))} ({word}), "
+                    f"{peak_a:.0f} -> {peak_b:.0f} MB"
+                )
             sa, sb = compare._samples(ea), compare._samples(eb)
             if not sa or not sb:
                 continue
@@ -95,9 +105,11 @@ def findings(baseline: dict, current: dict, history: dict | None = None) -> tupl
             noise = max(_noise(ea), _noise(eb), past_noise((history or {}).get((*key, batch), [])), NOISE_FLOOR)
             if c["significant"] and abs(ratio - 1.0) > noise:
                 word = "slower" if ratio > 1 else "faster"
-                failing.append(f"{where}: {ratio_text(ratio)} ({word}; 95% CI [{ratio_text(math.exp(lo))}, "
-                               f"{ratio_text(math.exp(hi))}], p {c['p']:.2g}; noise +-{100 * noise:.1f}%), median "
-                               f"{ea['median_ms']:.4g} -> {eb['median_ms']:.4g} ms")
+                failing.append(
+                    f"{where}: {ratio_text(ratio)} ({word}; 95% CI [{ratio_text(math.exp(lo))}, "
+                    f"{ratio_text(math.exp(hi))}], p {c['p']:.2g}; noise +-{100 * noise:.1f}%), median "
+                    f"{ea['median_ms']:.4g} -> {eb['median_ms']:.4g} ms"
+                )
     return failing, withheld
 
 
@@ -112,6 +124,7 @@ def render(baseline: dict, current: dict, differ: list[str], history: dict | Non
     lines += [f"  changed: {line}" for line in failing]
     lines += [f"  withheld: {line}" for line in withheld]
     if not failing:
-        lines.append(f"  no verdict changed and no timing or peak memory changed beyond its noise ({len(common)} paths "
-                     "in both)")
+        lines.append(
+            f"  no verdict changed and no timing or peak memory changed beyond its noise ({len(common)} paths in both)"
+        )
     return "\n".join(lines), 1 if failing else 0

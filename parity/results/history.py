@@ -47,7 +47,9 @@ def version_changes(before: dict, after: dict) -> list[str]:
     """``name a -> b`` for every package whose version differs between two environment manifests, then Python and
     hardware."""
     pa, pb = before.get("packages") or {}, after.get("packages") or {}
-    lines = [f"{n} {pa.get(n) or '-'} -> {pb.get(n) or '-'}" for n in sorted(set(pa) | set(pb)) if pa.get(n) != pb.get(n)]
+    lines = [
+        f"{n} {pa.get(n) or '-'} -> {pb.get(n) or '-'}" for n in sorted(set(pa) | set(pb)) if pa.get(n) != pb.get(n)
+    ]
     for key in ("python", "cpu", "gpu"):
         if before.get(key) != after.get(key):
             lines.append(f"{key} {before.get(key) or '-'} -> {after.get(key) or '-'}")
@@ -63,11 +65,20 @@ def build(runs: list[dict]) -> tuple[list[Series], dict[str, dict]]:
         for row in run["rows"]:
             key = (row["model"], row["path"], row["device"], row["precision"], row["kind"], row["key"])
             series = found.setdefault(key, Series(*key))
-            series.points.append({"run": run["id"], "created": run["created"], "verdict": row["verdict"],
-                                  "median_ms": row["median_ms"], "ci": (row["ci_lo_ms"], row["ci_hi_ms"]),
-                                  "hardware": run["hardware"], "tol_units": row["tol_units"],
-                                  "reason": row.get("reason"), "peak_rss_mb": row.get("peak_rss_mb"),
-                                  "gate": (row.get("gate_value"), row.get("gate_golden"))})
+            series.points.append(
+                {
+                    "run": run["id"],
+                    "created": run["created"],
+                    "verdict": row["verdict"],
+                    "median_ms": row["median_ms"],
+                    "ci": (row["ci_lo_ms"], row["ci_hi_ms"]),
+                    "hardware": run["hardware"],
+                    "tol_units": row["tol_units"],
+                    "reason": row.get("reason"),
+                    "peak_rss_mb": row.get("peak_rss_mb"),
+                    "gate": (row.get("gate_value"), row.get("gate_golden")),
+                }
+            )
     for series in found.values():
         analyse(series)
     return list(found.values()), envs
@@ -78,13 +89,17 @@ def analyse(series: Series) -> None:
     only: the newest run's; other hardware is not a step)."""
     points = series.points
     judged = [i for i, p in enumerate(points) if p["verdict"] != "skip"]
-    series.verdict_changes = [(i, points[j]["verdict"], points[i]["verdict"]) for j, i in itertools.pairwise(judged)
-                              if points[i]["verdict"] != points[j]["verdict"]]
+    series.verdict_changes = [
+        (i, points[j]["verdict"], points[i]["verdict"])
+        for j, i in itertools.pairwise(judged)
+        if points[i]["verdict"] != points[j]["verdict"]
+    ]
     if series.kind == "check" or not points:
         return
     hardware = points[-1]["hardware"]
-    timed = [(i, p) for i, p in enumerate(points)
-             if p["verdict"] == "pass" and p["median_ms"] and p["hardware"] == hardware]
+    timed = [
+        (i, p) for i, p in enumerate(points) if p["verdict"] == "pass" and p["median_ms"] and p["hardware"] == hardware
+    ]
     if len(timed) >= 4:
         values = [p["median_ms"] for _, p in timed]
         ses = [se_from_ci(p["median_ms"], *p["ci"]) for _, p in timed]
@@ -92,9 +107,11 @@ def analyse(series: Series) -> None:
     # peak memory by the same test, a step only where it also moved past footprint.memory_change's thresholds
     held = [(i, p) for i, p in timed if p.get("peak_rss_mb")]
     if len(held) >= 4:
-        series.memory_steps = [Step(held[s.index][0], s.before, s.after, s.p)
-                               for s in detect([p["peak_rss_mb"] for _, p in held], min_change=MEMORY_CHANGE)
-                               if memory_change(s.before, s.after)]
+        series.memory_steps = [
+            Step(held[s.index][0], s.before, s.after, s.p)
+            for s in detect([p["peak_rss_mb"] for _, p in held], min_change=MEMORY_CHANGE)
+            if memory_change(s.before, s.after)
+        ]
 
 
 def findings(series: list[Series], envs: dict) -> list[str]:
@@ -106,15 +123,19 @@ def findings(series: list[Series], envs: dict) -> list[str]:
             previous = next(p for p in reversed(s.points[:index]) if p["verdict"] != "skip")
             changed = version_changes(envs[previous["run"]], envs[run])
             lines.append(f"{s.label}: {before} -> {after} at run {run}" + _changed(changed))
-        kinds = (("", "slower", "faster", "median ", ".4g", "ms", s.steps),
-                 ("peak memory ", "more memory", "less memory", "", ".0f", "MB", s.memory_steps))
+        kinds = (
+            ("", "slower", "faster", "median ", ".4g", "ms", s.steps),
+            ("peak memory ", "more memory", "less memory", "", ".0f", "MB", s.memory_steps),
+        )
         for what, up, down, figure, spec, unit, steps in kinds:
             for step in steps:
                 run = s.points[step.index]["run"]
                 changed = version_changes(envs[s.points[step.index - 1]["run"]], envs[run])
-                lines.append(f"{s.label}: {what}{ratio_text(step.ratio)} ({up if step.ratio > 1 else down}; {figure}"
-                             f"{step.before:{spec}} -> {step.after:{spec}} {unit}, p {step.p:.2g}) from run {run}"
-                             + _changed(changed))
+                lines.append(
+                    f"{s.label}: {what}{ratio_text(step.ratio)} ({up if step.ratio > 1 else down}; {figure}"
+                    f"{step.before:{spec}} -> {step.after:{spec}} {unit}, p {step.p:.2g}) from run {run}"
+                    + _changed(changed)
+                )
     return lines
 
 
@@ -128,8 +149,10 @@ def skipped(series: list[Series]) -> list[str]:
         reasons = list(dict.fromkeys(p["reason"] or "no reason recorded" for p in reversed(skips)))
         more = f" (and {len(reasons) - 1} other reason{'s' if len(reasons) > 2 else ''})" if len(reasons) > 1 else ""
         label = s.label.removesuffix(" check")
-        lines.append(f"{label}: skipped in {len(skips)} of {len(s.points)} runs, last at run {skips[-1]['run']}: "
-                     f"{one_line(reasons[0], 200)}{more}")
+        lines.append(
+            f"{label}: skipped in {len(skips)} of {len(s.points)} runs, last at run {skips[-1]['run']}: "
+            f"{one_line(reasons[0], 200)}{more}"
+        )
     return lines
 
 
@@ -178,14 +201,34 @@ def render(series: list[Series], envs: dict, where: str, runs: int) -> str:
             lo, hi = p["ci"]
             changed = version_changes(envs[s.points[i - 1]["run"]], envs[p["run"]]) if i else []
             figure = _figure(p)
-            rows.append((p["run"], _when(p["created"]), p["verdict"], figure,
-                         f"[{lo:.4g}, {hi:.4g}]" if lo and hi else "-",
-                         "-" if p.get("peak_rss_mb") is None else f"{p['peak_rss_mb']:.0f}", marks.get(i, ""),
-                         ", ".join(changed[:3]) + (" ..." if len(changed) > 3 else "")))
+            rows.append(
+                (
+                    p["run"],
+                    _when(p["created"]),
+                    p["verdict"],
+                    figure,
+                    f"[{lo:.4g}, {hi:.4g}]" if lo and hi else "-",
+                    "-" if p.get("peak_rss_mb") is None else f"{p['peak_rss_mb']:.0f}",
+                    marks.get(i, ""),
+                    ", ".join(changed[:3]) + (" ..." if len(changed) > 3 else ""),
+                )
+            )
         head = "worst error" if s.kind == "check" else "median ms"
-        lines += ["", s.label + (f" ({len(s.points) - len(shown)} older runs not shown)" if len(shown) < len(s.points)
-                                 else ""),
-                  _table([("run", "left"), ("date", "left"), ("verdict", "left"), (head, "right"),
-                          ("95% CI ms", "left"), ("peak MB", "right"), ("", "left"), ("versions changed", "left")],
-                         rows)]
+        lines += [
+            "",
+            s.label + (f" ({len(s.points) - len(shown)} older runs not shown)" if len(shown) < len(s.points) else ""),
+            _table(
+                [
+                    ("run", "left"),
+                    ("date", "left"),
+                    ("verdict", "left"),
+                    (head, "right"),
+                    ("95% CI ms", "left"),
+                    ("peak MB", "right"),
+                    ("", "left"),
+                    ("versions changed", "left"),
+                ],
+                rows,
+            ),
+        ]
     return "\n".join(lines)

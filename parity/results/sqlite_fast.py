@@ -15,7 +15,7 @@ def existing_store(url: str, schema: str, version: str, timeout_s: float) -> Pat
     for anything else (no file yet, not a store, another version, locked past the timeout, another URL), which the
     caller then opens or refuses through SQLAlchemy, with its reason."""
     prefix = "sqlite:///"
-    path = url[len(prefix):] if url.startswith(prefix) else ""
+    path = url[len(prefix) :] if url.startswith(prefix) else ""
     if not path or "?" in path or path == ":memory:" or not os.path.isfile(path):
         return None
     try:  # mode=rw: never create a file here

@@ -109,8 +109,15 @@ def _trend_explains(y: np.ndarray, w: np.ndarray, k: int, f_min: float = TREND_F
     return y.size <= 4 or (line - both) / max(both / (y.size - 4), 1e-300) < f_min
 
 
-def detect(values, ses=None, alpha: float = ALPHA, min_change: float = MIN_CHANGE, min_size: int = MIN_SIZE,
-           permutations: int = PERMUTATIONS, seed: int = 0) -> list[Step]:
+def detect(
+    values,
+    ses=None,
+    alpha: float = ALPHA,
+    min_change: float = MIN_CHANGE,
+    min_size: int = MIN_SIZE,
+    permutations: int = PERMUTATIONS,
+    seed: int = 0,
+) -> list[Step]:
     """Steps in ``values`` (positive, in run order; e.g. medians in ms) given each one's standard error of its log
     (``ses``; zeros when unknown), oldest first."""
     y = np.log(np.asarray(values, dtype=np.float64))

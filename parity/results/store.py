@@ -33,9 +33,28 @@ SCHEMA, VERSION = "parity.store", 3
 ADDED = {2: ("peak_rss_mb", "artifact_mb"), 3: ("gate_value", "gate_golden")}
 DEFAULT = Path(".parity") / "results.sqlite"
 # the columns of ``series`` a run fills (all but its own id), in the order of the table (a test compares them)
-SERIES_COLUMNS = ("run_id", "model", "path", "device", "precision", "kind", "key", "verdict", "reason", "tol_units",
-                  "median_ms", "ci_lo_ms", "ci_hi_ms", "spread", "runs", "samples_ms", "peak_rss_mb", "artifact_mb",
-                  "gate_value", "gate_golden")
+SERIES_COLUMNS = (
+    "run_id",
+    "model",
+    "path",
+    "device",
+    "precision",
+    "kind",
+    "key",
+    "verdict",
+    "reason",
+    "tol_units",
+    "median_ms",
+    "ci_lo_ms",
+    "ci_hi_ms",
+    "spread",
+    "runs",
+    "samples_ms",
+    "peak_rss_mb",
+    "artifact_mb",
+    "gate_value",
+    "gate_golden",
+)
 LOCK_TIMEOUT_S = 30.0
 
 
@@ -49,10 +68,12 @@ def default_url(workspace_root: Path) -> str:
 
 def _tables(sa):
     metadata = sa.MetaData()
-    meta = sa.Table("meta", metadata, sa.Column("key", sa.String(64), primary_key=True),
-                    sa.Column("value", sa.Text, nullable=False))
+    meta = sa.Table(
+        "meta", metadata, sa.Column("key", sa.String(64), primary_key=True), sa.Column("value", sa.Text, nullable=False)
+    )
     runs = sa.Table(
-        "runs", metadata,
+        "runs",
+        metadata,
         sa.Column("id", sa.String(40), primary_key=True),
         sa.Column("created", sa.Float, nullable=False, index=True),
         sa.Column("command", sa.String(32), nullable=False),
@@ -62,9 +83,11 @@ def _tables(sa):
         sa.Column("device", sa.String(32), nullable=False),
         sa.Column("precision", sa.String(16), nullable=False),
         sa.Column("exit_code", sa.Integer, nullable=False),
-        sa.Column("document", sa.Text, nullable=False))
+        sa.Column("document", sa.Text, nullable=False),
+    )
     series = sa.Table(
-        "series", metadata,
+        "series",
+        metadata,
         sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
         sa.Column("run_id", sa.String(40), sa.ForeignKey("runs.id"), nullable=False, index=True),
         sa.Column("model", sa.String(200), nullable=False),
@@ -85,33 +108,47 @@ def _tables(sa):
         sa.Column("peak_rss_mb", sa.Float),  # the series' peak resident memory above its worker's idle size
         sa.Column("artifact_mb", sa.Float),
         sa.Column("gate_value", sa.Float),  # a quantized path's check: its gate metric, and the float64 golden's
-        sa.Column("gate_golden", sa.Float))
+        sa.Column("gate_golden", sa.Float),
+    )
     cells = sa.Table(
-        "cells", metadata,  # each cell of a distributed run as it finishes: what --resume keeps
+        "cells",
+        metadata,  # each cell of a distributed run as it finishes: what --resume keeps
         sa.Column("run_id", sa.String(40), primary_key=True),
         sa.Column("cell", sa.String(400), primary_key=True),
         sa.Column("created", sa.Float, nullable=False),
-        sa.Column("result", sa.Text, nullable=False))
+        sa.Column("result", sa.Text, nullable=False),
+    )
     return metadata, meta, runs, series, cells
 
 
 def hardware(env: dict) -> str:
     """What timings depend on, as one string: CPU model and count, GPU name(s)."""
     gpu = env.get("gpu")
-    gpus = ", ".join(g.get("name", "?") for g in gpu) if isinstance(gpu, list) else (gpu or {}).get("name") if isinstance(
-        gpu, dict) else None
+    gpus = (
+        ", ".join(g.get("name", "?") for g in gpu)
+        if isinstance(gpu, list)
+        else (gpu or {}).get("name")
+        if isinstance(gpu, dict)
+        else None
+    )
     return f"{env.get('cpu') or 'unknown CPU'} x{env.get('cpu_count')}" + (f"; {gpus}" if gpus else "")
 
 
 def git_commit(folder: Path) -> str | None:
     """The commit the workspace is at (``+dirty`` with uncommitted changes), None outside a git repository."""
     try:
-        head = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10, check=False)
+        head = subprocess.run(
+            ["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=False
+        )
         if head.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "-C", str(folder), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10, check=False)
+        dirty = subprocess.run(
+            ["git", "-C", str(folder), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
         return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return None
@@ -125,16 +162,31 @@ def series_rows(document: dict) -> list[dict]:
     """One row per path checked and per series timed, from a result document."""
     rows = []
     for r in document.get("results", []):
-        base = {"model": r["model"], "path": r["path"], "device": r.get("device") or "cpu",
-                "precision": r.get("precision") or "fp32"}
-        worst = max((_finite(s.get("tol_units")) or 0.0 for s in (r.get("outputs") or {}).values()
-                     if isinstance(s, dict)), default=None)
+        base = {
+            "model": r["model"],
+            "path": r["path"],
+            "device": r.get("device") or "cpu",
+            "precision": r.get("precision") or "fp32",
+        }
+        worst = max(
+            (_finite(s.get("tol_units")) or 0.0 for s in (r.get("outputs") or {}).values() if isinstance(s, dict)),
+            default=None,
+        )
         gate = r.get("gate") or {}
         if "value" in gate:  # judged by the task metric: its int8 outputs are off by more than any tolerance
             worst = None
-        rows.append({**base, "kind": "check", "key": "", "verdict": r["verdict"], "reason": r.get("reason"),
-                     "tol_units": worst, "gate_value": _finite(gate.get("value")),
-                     "gate_golden": _finite(gate.get("golden"))})
+        rows.append(
+            {
+                **base,
+                "kind": "check",
+                "key": "",
+                "verdict": r["verdict"],
+                "reason": r.get("reason"),
+                "tol_units": worst,
+                "gate_value": _finite(gate.get("value")),
+                "gate_golden": _finite(gate.get("golden")),
+            }
+        )
         timing = r.get("timing") or {}
         entries = [("batch", k, e) for k, e in (timing.get("batches") or {}).items()]
         entries += [("shape", k, e) for k, e in (timing.get("shapes") or {}).items()]
@@ -142,13 +194,23 @@ def series_rows(document: dict) -> list[dict]:
             entries.append(("train_step", "", timing["train_step"]))
         for kind, key, e in entries:
             ci = e.get("ci95_ms") or [None, None]
-            rows.append({**base, "kind": kind, "key": str(key), "verdict": e.get("verdict") or "error",
-                         "reason": e.get("reason"), "median_ms": _finite(e.get("median_ms")),
-                         "ci_lo_ms": _finite(ci[0]), "ci_hi_ms": _finite(ci[1]),
-                         "spread": _finite(e.get("spread")), "runs": e.get("runs"),
-                         "samples_ms": json.dumps(e["samples_ms"]) if e.get("samples_ms") else None,
-                         "peak_rss_mb": _finite((e.get("memory") or {}).get("peak_rss_mb")),
-                         "artifact_mb": _finite(e.get("artifact_mb"))})
+            rows.append(
+                {
+                    **base,
+                    "kind": kind,
+                    "key": str(key),
+                    "verdict": e.get("verdict") or "error",
+                    "reason": e.get("reason"),
+                    "median_ms": _finite(e.get("median_ms")),
+                    "ci_lo_ms": _finite(ci[0]),
+                    "ci_hi_ms": _finite(ci[1]),
+                    "spread": _finite(e.get("spread")),
+                    "runs": e.get("runs"),
+                    "samples_ms": json.dumps(e["samples_ms"]) if e.get("samples_ms") else None,
+                    "peak_rss_mb": _finite((e.get("memory") or {}).get("peak_rss_mb")),
+                    "artifact_mb": _finite(e.get("artifact_mb")),
+                }
+            )
     return rows
 
 
@@ -209,8 +271,13 @@ class Store:
         try:
             engine = _sqlite_engine(sa, url) if sqlite else sa.create_engine(url)
         except (ImportError, sa.exc.NoSuchModuleError) as error:
-            raise StoreError(one_line(f"--store {shown}: its database driver is not installed ({error}); install "
-                                      "it, e.g. pip install psycopg2-binary for postgresql://", 300)) from None
+            raise StoreError(
+                one_line(
+                    f"--store {shown}: its database driver is not installed ({error}); install "
+                    "it, e.g. pip install psycopg2-binary for postgresql://",
+                    300,
+                )
+            ) from None
         except sa.exc.ArgumentError as error:
             raise StoreError(one_line(f"--store {shown}: {error}", 300)) from None
         store = cls(engine, shown, sa)
@@ -227,8 +294,10 @@ class Store:
                 names = set(sa.inspect(conn).get_table_names())
                 if not names:
                     self.metadata.create_all(conn)
-                    conn.execute(self.meta.insert(), [{"key": "schema", "value": SCHEMA},
-                                                      {"key": "version", "value": str(VERSION)}])
+                    conn.execute(
+                        self.meta.insert(),
+                        [{"key": "schema", "value": SCHEMA}, {"key": "version", "value": str(VERSION)}],
+                    )
                     return
                 if "meta" not in names:
                     raise self._refuse(f"not a parity store (it has tables {', '.join(sorted(names))}, no 'meta')")
@@ -245,8 +314,10 @@ class Store:
         if version in {str(v) for v in range(1, VERSION)}:
             self._migrate(int(version))
         elif version != str(VERSION):
-            raise self._refuse(f"written by store schema version {version}, this parity reads version {VERSION} "
-                               "(no migration between them): use a parity of that version, or a new --store")
+            raise self._refuse(
+                f"written by store schema version {version}, this parity reads version {VERSION} "
+                "(no migration between them): use a parity of that version, or a new --store"
+            )
 
     def _migrate(self, version: int) -> None:
         """A store of an older version brought to this one in one transaction: the columns added since (its older
@@ -260,8 +331,12 @@ class Store:
 
     def add_cell(self, run_id: str, cell: str, result: dict) -> None:
         """One finished cell of a distributed run, kept so that ``--resume`` reruns only the cells without one."""
-        row = {"run_id": run_id, "cell": cell, "created": time.time(),
-               "result": json.dumps(sanitize(result), allow_nan=False)}
+        row = {
+            "run_id": run_id,
+            "cell": cell,
+            "created": time.time(),
+            "result": json.dumps(sanitize(result), allow_nan=False),
+        }
         try:
             with self.engine.begin() as conn:
                 conn.execute(self.cells.delete().where((self.cells.c.run_id == run_id) & (self.cells.c.cell == cell)))
@@ -273,8 +348,9 @@ class Store:
         """The finished cells of ``run_id`` (cell -> result); a run id the store has never seen is refused."""
         sa = self.sa
         with self.engine.connect() as conn:
-            rows = conn.execute(sa.select(self.cells.c.cell, self.cells.c.result)
-                                .where(self.cells.c.run_id == run_id)).all()
+            rows = conn.execute(
+                sa.select(self.cells.c.cell, self.cells.c.result).where(self.cells.c.run_id == run_id)
+            ).all()
             known = rows or conn.execute(sa.select(self.runs.c.id).where(self.runs.c.id == run_id)).first()
         if not known:
             raise self._refuse(f"has no run {run_id!r} to resume")
@@ -286,11 +362,18 @@ class Store:
         run_id = run_id or new_run_id()
         env = document.get("env") or {}
         results = document.get("results") or [{}]
-        row = {"id": run_id, "created": time.time(), "command": command, "workspace": str(workspace),
-               "git_commit": git_commit(workspace), "hardware": hardware(env),
-               "device": results[0].get("device") or "cpu", "precision": results[0].get("precision") or "fp32",
-               "exit_code": exit_code,
-               "document": json.dumps(sanitize({**document, "run_id": run_id}), allow_nan=False)}
+        row = {
+            "id": run_id,
+            "created": time.time(),
+            "command": command,
+            "workspace": str(workspace),
+            "git_commit": git_commit(workspace),
+            "hardware": hardware(env),
+            "device": results[0].get("device") or "cpu",
+            "precision": results[0].get("precision") or "fp32",
+            "exit_code": exit_code,
+            "document": json.dumps(sanitize({**document, "run_id": run_id}), allow_nan=False),
+        }
         if "engine" not in self.__dict__:  # opened with sqlite3: appended with it
             series = [{c: r.get(c) for c in SERIES_COLUMNS} | {"run_id": run_id} for r in series_rows(document)]
             assert self.sqlite_file is not None  # a store without an engine was opened on its file
@@ -318,8 +401,11 @@ class Store:
         """The stored result document of ``run_id`` (``last``: the newest run)."""
         sa = self.sa
         query = sa.select(self.runs.c.document)
-        query = (query.order_by(self.runs.c.created.desc()).limit(1) if run_id == "last"
-                 else query.where(self.runs.c.id == run_id))
+        query = (
+            query.order_by(self.runs.c.created.desc()).limit(1)
+            if run_id == "last"
+            else query.where(self.runs.c.id == run_id)
+        )
         with self.engine.connect() as conn:
             found = conn.execute(query).scalar()
         if found is None:
@@ -338,16 +424,25 @@ class Store:
         if models:
             series = series.where(self.series.c.model.in_(list(models)))
         with self.engine.connect() as conn:
-            runs = conn.execute(sa.select(*columns, *([self.runs.c.document] if with_env else []))
-                                .order_by(self.runs.c.created)).all()
+            runs = conn.execute(
+                sa.select(*columns, *([self.runs.c.document] if with_env else [])).order_by(self.runs.c.created)
+            ).all()
             rows = conn.execute(series).mappings().all()
         by_run: dict[str, list[dict]] = {}
         for row in rows:
             if not patterns or any(fnmatchcase(row["path"], p) for p in patterns):
                 by_run.setdefault(row["run_id"], []).append(dict(row))
-        return [{"id": r.id, "created": r.created, "git_commit": r.git_commit, "hardware": r.hardware,
-                 "env": (json.loads(r.document).get("env") or {}) if with_env else None, "rows": by_run.get(r.id, [])}
-                for r in runs]
+        return [
+            {
+                "id": r.id,
+                "created": r.created,
+                "git_commit": r.git_commit,
+                "hardware": r.hardware,
+                "env": (json.loads(r.document).get("env") or {}) if with_env else None,
+                "rows": by_run.get(r.id, []),
+            }
+            for r in runs
+        ]
 
 
 def _sqlite_engine(sa, url: str):

@@ -50,7 +50,11 @@ def _file_hashes(folder: Path) -> dict[str, str]:
 
 def _problem(entry: Path, record) -> str | None:
     """What is wrong with an entry (its record, then every file's sha256), or None."""
-    if not isinstance(record, dict) or record.get("schema") != ENTRY_SCHEMA or not isinstance(record.get("files"), dict):
+    if (
+        not isinstance(record, dict)
+        or record.get("schema") != ENTRY_SCHEMA
+        or not isinstance(record.get("files"), dict)
+    ):
         return f"{META_FILE} is not a {ENTRY_SCHEMA} record"
     if record.get("digest") != manifest_lib.canonical_digest(record):
         return f"{META_FILE} digest mismatch"

@@ -104,18 +104,35 @@ class PathDef:
 
 
 # package name as imported -> distribution to install
-INSTALL_NAMES = {"tensorflow": "tensorflow-cpu", "jax": "jax", "torch": "torch", "onnx": "onnx",
-                 "onnxruntime": "onnxruntime", "onnxscript": "onnxscript", "tf2onnx": "tf2onnx",
-                 "jax2onnx": "jax2onnx", "keras": "keras", "onnxconverter_common": "onnxconverter-common",
-                 "tensorrt": "tensorrt", "cuda": "cuda-python", "openvino": "openvino",
-                 "ai_edge_litert": "ai-edge-litert", "executorch": "executorch", "litert_torch": "litert-torch",
-                 "nncf": "nncf", "torchao": "torchao"}
+INSTALL_NAMES = {
+    "tensorflow": "tensorflow-cpu",
+    "jax": "jax",
+    "torch": "torch",
+    "onnx": "onnx",
+    "onnxruntime": "onnxruntime",
+    "onnxscript": "onnxscript",
+    "tf2onnx": "tf2onnx",
+    "jax2onnx": "jax2onnx",
+    "keras": "keras",
+    "onnxconverter_common": "onnxconverter-common",
+    "tensorrt": "tensorrt",
+    "cuda": "cuda-python",
+    "openvino": "openvino",
+    "ai_edge_litert": "ai-edge-litert",
+    "executorch": "executorch",
+    "litert_torch": "litert-torch",
+    "nncf": "nncf",
+    "torchao": "torchao",
+}
 # packages the installer refuses beside parity's pinned stack: its own reason, said instead of an install hint
-WONT_INSTALL = {"litert_torch": "pip refuses litert-torch 0.10 beside this stack: xdsl 0.28.0 (through litert-converter "
-                                "0.5.0) depends on typing-extensions<4.13 and >=4.7, and constraints.txt pins "
-                                "typing-extensions==4.16.0"}
+WONT_INSTALL = {
+    "litert_torch": "pip refuses litert-torch 0.10 beside this stack: xdsl 0.28.0 (through litert-converter "
+    "0.5.0) depends on typing-extensions<4.13 and >=4.7, and constraints.txt pins "
+    "typing-extensions==4.16.0"
+}
 GPU_INSTALL_NAMES = {"tensorflow": "tensorflow[and-cuda]", "onnxruntime": "onnxruntime-gpu", "jax": "jax[cuda12]"}
 SOURCE_PACKAGES = {"torch": ("torch",), "tf": ("tensorflow", "keras"), "jax": ("jax",), "onnx": ("onnx",)}
+
 
 def _on(cpu: str | None, cuda: str | None) -> dict:
     return {kind: target for kind, target in (("cpu", cpu), ("cuda", cuda)) if target}
@@ -132,90 +149,238 @@ NATIVE = {
     "jax": _native("jax", "jax", "parity.sources.jax:JaxSource", ("jax",)),
 }
 _ONNX_CPU = ("fp32", "fp16")
-UNVERIFIED = ("written against TensorRT's documented Python API (10/11); TensorRT cannot be installed on parity's "
-              "own development and CI machines, so this runtime is unverified there")
-_NO_ONNX_BF16 = ("no well-kept float32 -> bfloat16 ONNX converter exists and ONNX Runtime has few bfloat16 kernels; "
-                 "bf16 ONNX paths run on TensorRT (--device cuda)")
-TORCH_ONNX = Step("torch.onnx", "torch", _on("parity.exporters.torch_onnx:export", None), ("torch", "onnx", "onnxscript"))
+UNVERIFIED = (
+    "written against TensorRT's documented Python API (10/11); TensorRT cannot be installed on parity's "
+    "own development and CI machines, so this runtime is unverified there"
+)
+_NO_ONNX_BF16 = (
+    "no well-kept float32 -> bfloat16 ONNX converter exists and ONNX Runtime has few bfloat16 kernels; "
+    "bf16 ONNX paths run on TensorRT (--device cuda)"
+)
+TORCH_ONNX = Step(
+    "torch.onnx", "torch", _on("parity.exporters.torch_onnx:export", None), ("torch", "onnx", "onnxscript")
+)
 TF2ONNX = Step("tf2onnx", "tf", _on("parity.exporters.tf_onnx:export_keras", None), ("tensorflow", "tf2onnx", "onnx"))
 JAX2ONNX = Step("jax2onnx", "jax", _on("parity.exporters.jax_onnx:export", None), ("jax", "jax2onnx", "onnx"))
 JAX2TF = Step("jax2tf", "jax+tf", _on("parity.exporters.jax_tf:export", None), ("jax", "tensorflow"))
-SAVEDMODEL2ONNX = Step("tf2onnx", "tf", _on("parity.exporters.tf_onnx:export_saved_model", None),
-                       ("tensorflow", "tf2onnx", "onnx"))
+SAVEDMODEL2ONNX = Step(
+    "tf2onnx", "tf", _on("parity.exporters.tf_onnx:export_saved_model", None), ("tensorflow", "tf2onnx", "onnx")
+)
 ONNX_FILE = Step("onnx file", "onnx", _on("parity.exporters.onnx_file:export", None), ("onnx",))
 # reduced precision of an ONNX model: float32 -> float16, ops that must stay float32 kept in float32
-ONNX_FP16 = Step("float16", "onnx", _on("parity.exporters.onnx_fp16:export", None), ("onnx", "onnxconverter_common"),
-                 keyed_on=("precision",))
-TRT_ENGINE = Step("trt build", "trt", _on(None, "parity.exporters.trt_engine:export"), ("tensorrt", "cuda", "onnx"),
-                  keyed_on=("precision", "device"), note=UNVERIFIED)
-ORT = Step("ort", "onnx", _on("parity.runtimes.ort:OrtRunner", "parity.runtimes.ort_cuda:OrtCudaRunner"),
-           ("onnxruntime",), precisions=("fp32", "tf32", "fp16"), why_not=_NO_ONNX_BF16)
-ORT_NOOPT = Step("ort-noopt", "onnx", _on("parity.runtimes.ort:OrtNoOptRunner", "parity.runtimes.ort_cuda:OrtCudaNoOptRunner"),
-                 ("onnxruntime",), precisions=("fp32", "tf32", "fp16"), why_not=_NO_ONNX_BF16)
-ORT_TRT = Step("ort-trt", "onnx", _on(None, "parity.runtimes.ort_trt:OrtTrtRunner"), ("onnxruntime",),
-               cuda_packages=("tensorrt",), note=UNVERIFIED)
-ONNXREF = Step("onnxref", "onnx", _on("parity.runtimes.onnxref:OnnxRefRunner", None), ("onnx",), precisions=_ONNX_CPU,
-               why_not="the ONNX reference evaluator runs float32 and float16 models only")
+ONNX_FP16 = Step(
+    "float16",
+    "onnx",
+    _on("parity.exporters.onnx_fp16:export", None),
+    ("onnx", "onnxconverter_common"),
+    keyed_on=("precision",),
+)
+TRT_ENGINE = Step(
+    "trt build",
+    "trt",
+    _on(None, "parity.exporters.trt_engine:export"),
+    ("tensorrt", "cuda", "onnx"),
+    keyed_on=("precision", "device"),
+    note=UNVERIFIED,
+)
+ORT = Step(
+    "ort",
+    "onnx",
+    _on("parity.runtimes.ort:OrtRunner", "parity.runtimes.ort_cuda:OrtCudaRunner"),
+    ("onnxruntime",),
+    precisions=("fp32", "tf32", "fp16"),
+    why_not=_NO_ONNX_BF16,
+)
+ORT_NOOPT = Step(
+    "ort-noopt",
+    "onnx",
+    _on("parity.runtimes.ort:OrtNoOptRunner", "parity.runtimes.ort_cuda:OrtCudaNoOptRunner"),
+    ("onnxruntime",),
+    precisions=("fp32", "tf32", "fp16"),
+    why_not=_NO_ONNX_BF16,
+)
+ORT_TRT = Step(
+    "ort-trt",
+    "onnx",
+    _on(None, "parity.runtimes.ort_trt:OrtTrtRunner"),
+    ("onnxruntime",),
+    cuda_packages=("tensorrt",),
+    note=UNVERIFIED,
+)
+ONNXREF = Step(
+    "onnxref",
+    "onnx",
+    _on("parity.runtimes.onnxref:OnnxRefRunner", None),
+    ("onnx",),
+    precisions=_ONNX_CPU,
+    why_not="the ONNX reference evaluator runs float32 and float16 models only",
+)
 TRT = Step("trt", "trt", _on(None, "parity.runtimes.trt:TrtRunner"), ("tensorrt", "cuda"), note=UNVERIFIED)
 # the runtimes models are deployed to
 TORCH_EXPORT = Step("torch.export", "torch", _on("parity.exporters.torch_export:export", None), ("torch",))
-TORCH_EXECUTORCH = Step("executorch", "torch", _on("parity.exporters.torch_executorch:export", None),
-                        ("torch", "executorch"), extra="executorch")
-TORCH_OPENVINO = Step("openvino.convert_model", "torch", _on("parity.exporters.torch_openvino:export", None),
-                      ("torch", "openvino"), extra="openvino")
+TORCH_EXECUTORCH = Step(
+    "executorch",
+    "torch",
+    _on("parity.exporters.torch_executorch:export", None),
+    ("torch", "executorch"),
+    extra="executorch",
+)
+TORCH_OPENVINO = Step(
+    "openvino.convert_model",
+    "torch",
+    _on("parity.exporters.torch_openvino:export", None),
+    ("torch", "openvino"),
+    extra="openvino",
+)
 TF_LITERT = Step("tflite converter", "tf", _on("parity.exporters.tf_litert:export", None), ("tensorflow",))
-TORCH_LITERT = Step("litert-torch", "torch", _on("parity.exporters.torch_litert:export", None),
-                    ("torch", "litert_torch"), extra="litert",
-                    note="written against litert-torch's documented API; unverified where it cannot be installed")
+TORCH_LITERT = Step(
+    "litert-torch",
+    "torch",
+    _on("parity.exporters.torch_litert:export", None),
+    ("torch", "litert_torch"),
+    extra="litert",
+    note="written against litert-torch's documented API; unverified where it cannot be installed",
+)
 _FP32_ONLY = ("fp32",)
-COMPILED = Step("torch.compile", "torch", _on("parity.sources.torch_compile:CompiledTorch", None), ("torch",),
-                differentiable=True, precisions=_FP32_ONLY, why_not="parity compiles the float32 module")
-COMPILED_AUTOTUNE = Step("torch.compile max-autotune", "torch",
-                         _on("parity.sources.torch_compile:AutotunedTorch", None), ("torch",), differentiable=True,
-                         precisions=_FP32_ONLY, why_not="parity compiles the float32 module")
-PT2 = Step("exported program", "torch", _on("parity.runtimes.torch_export:ExportedProgramRunner", None), ("torch",),
-           differentiable=True, precisions=_FP32_ONLY, why_not="the program is exported at float32")
-EXECUTORCH = Step("executorch", "torch", _on("parity.runtimes.executorch:ExecuTorchRunner", None), ("executorch",),
-                  precisions=_FP32_ONLY, why_not="the .pte program is lowered at float32", extra="executorch")
-OPENVINO = Step("openvino", "openvino", _on("parity.runtimes.openvino:OpenVinoRunner", None), ("openvino",),
-                precisions=("fp32", "fp16", "bf16"), extra="openvino",
-                why_not="OpenVINO's CPU plugin has inference precision hints f32, f16 and bf16 only")
-LITERT = Step("litert", "litert", _on("parity.runtimes.litert:LiteRtRunner", None), ("ai_edge_litert",),
-              precisions=_FP32_ONLY, why_not="the .tflite model is converted at float32", extra="litert")
-TF_XLA = Step("tf xla", "tf", _on("parity.sources.tf_xla:KerasXlaSource", None), ("tensorflow", "keras"),
-              differentiable=True, precisions=_FP32_ONLY, why_not="parity compiles the float32 Keras model with XLA")
+COMPILED = Step(
+    "torch.compile",
+    "torch",
+    _on("parity.sources.torch_compile:CompiledTorch", None),
+    ("torch",),
+    differentiable=True,
+    precisions=_FP32_ONLY,
+    why_not="parity compiles the float32 module",
+)
+COMPILED_AUTOTUNE = Step(
+    "torch.compile max-autotune",
+    "torch",
+    _on("parity.sources.torch_compile:AutotunedTorch", None),
+    ("torch",),
+    differentiable=True,
+    precisions=_FP32_ONLY,
+    why_not="parity compiles the float32 module",
+)
+PT2 = Step(
+    "exported program",
+    "torch",
+    _on("parity.runtimes.torch_export:ExportedProgramRunner", None),
+    ("torch",),
+    differentiable=True,
+    precisions=_FP32_ONLY,
+    why_not="the program is exported at float32",
+)
+EXECUTORCH = Step(
+    "executorch",
+    "torch",
+    _on("parity.runtimes.executorch:ExecuTorchRunner", None),
+    ("executorch",),
+    precisions=_FP32_ONLY,
+    why_not="the .pte program is lowered at float32",
+    extra="executorch",
+)
+OPENVINO = Step(
+    "openvino",
+    "openvino",
+    _on("parity.runtimes.openvino:OpenVinoRunner", None),
+    ("openvino",),
+    precisions=("fp32", "fp16", "bf16"),
+    extra="openvino",
+    why_not="OpenVINO's CPU plugin has inference precision hints f32, f16 and bf16 only",
+)
+LITERT = Step(
+    "litert",
+    "litert",
+    _on("parity.runtimes.litert:LiteRtRunner", None),
+    ("ai_edge_litert",),
+    precisions=_FP32_ONLY,
+    why_not="the .tflite model is converted at float32",
+    extra="litert",
+)
+TF_XLA = Step(
+    "tf xla",
+    "tf",
+    _on("parity.sources.tf_xla:KerasXlaSource", None),
+    ("tensorflow", "keras"),
+    differentiable=True,
+    precisions=_FP32_ONLY,
+    why_not="parity compiles the float32 Keras model with XLA",
+)
 _COMPILE_COST = "torch.compile compiles for tens of seconds per model and shape"
 # int8: built from the verified float path, calibrated on the training split, gated by the task metric
 _INT8_ONLY = ("fp32",)
 _INT8_WHY = "an int8 model is quantized from the float32 one and fed float32 (its precision is int8 inside)"
 _INT8: dict[str, Any] = {"precisions": _INT8_ONLY, "why_not": _INT8_WHY, "quantizes": True}
-ORT_INT8 = Step("ort quantize_static", "onnx", _on("parity.exporters.onnx_int8:export_static", None),
-                ("onnx", "onnxruntime"), **_INT8)
-ORT_INT8DYN = Step("ort quantize_dynamic", "onnx", _on("parity.exporters.onnx_int8:export_dynamic", None),
-                   ("onnx", "onnxruntime"), **_INT8)
-TF_LITERT_INT8 = Step("tflite converter int8", "tf", _on("parity.exporters.tf_litert_int8:export", None),
-                      ("tensorflow",), **_INT8)
-OPENVINO_INT8 = Step("nncf quantize", "openvino", _on("parity.exporters.openvino_int8:export", None),
-                     ("openvino", "nncf"), extra="openvino", **_INT8)
-TORCH_PT2E = Step("pt2e quantize (x86 inductor)", "torch", _on("parity.exporters.torch_pt2e:export", None),
-                  ("torch", "torchao"), **_INT8)
-PT2E = Step("pt2e int8 program", "torch", _on("parity.runtimes.torch_pt2e:Pt2eRunner", None), ("torch", "torchao"),
-            precisions=_INT8_ONLY, why_not=_INT8_WHY)
+ORT_INT8 = Step(
+    "ort quantize_static",
+    "onnx",
+    _on("parity.exporters.onnx_int8:export_static", None),
+    ("onnx", "onnxruntime"),
+    **_INT8,
+)
+ORT_INT8DYN = Step(
+    "ort quantize_dynamic",
+    "onnx",
+    _on("parity.exporters.onnx_int8:export_dynamic", None),
+    ("onnx", "onnxruntime"),
+    **_INT8,
+)
+TF_LITERT_INT8 = Step(
+    "tflite converter int8", "tf", _on("parity.exporters.tf_litert_int8:export", None), ("tensorflow",), **_INT8
+)
+OPENVINO_INT8 = Step(
+    "nncf quantize",
+    "openvino",
+    _on("parity.exporters.openvino_int8:export", None),
+    ("openvino", "nncf"),
+    extra="openvino",
+    **_INT8,
+)
+TORCH_PT2E = Step(
+    "pt2e quantize (x86 inductor)",
+    "torch",
+    _on("parity.exporters.torch_pt2e:export", None),
+    ("torch", "torchao"),
+    **_INT8,
+)
+PT2E = Step(
+    "pt2e int8 program",
+    "torch",
+    _on("parity.runtimes.torch_pt2e:Pt2eRunner", None),
+    ("torch", "torchao"),
+    precisions=_INT8_ONLY,
+    why_not=_INT8_WHY,
+)
 _INT8_COST = "an int8 path calibrates and is gated on the whole eval split; name it: --path '*int8*'"
 
 
 def _int8_chains(source: str, to_onnx: tuple) -> tuple[PathDef, ...]:
     """``source``'s int8 paths from its ONNX file: ONNX Runtime static (QDQ) and dynamic, and NNCF to OpenVINO."""
     base = source if source == "onnx" else f"{source}/onnx"
-    return (PathDef(f"{base}/ort-int8", source, (*to_onnx, ORT_INT8), ORT, opt_in=_INT8_COST, float_path=f"{base}/ort"),
-            PathDef(f"{base}/ort-int8dyn", source, (*to_onnx, ORT_INT8DYN), ORT, opt_in=_INT8_COST,
-                    float_path=f"{base}/ort"),
-            PathDef(f"{base}/openvino-int8", source, (*to_onnx, OPENVINO_INT8), OPENVINO, opt_in=_INT8_COST,
-                    float_path=f"{base}/openvino"))
-TF_SAVEDMODEL = Step("tf", "tf", _on("parity.runtimes.tf_savedmodel:SavedModelRunner",
-                                     "parity.runtimes.tf_savedmodel:SavedModelRunner"), ("tensorflow",),
-                     differentiable=True, precisions=("fp32", "tf32"),
-                     why_not="the jax2tf SavedModel is exported at float32: parity runs it at fp32 (and tf32 on a GPU)")
+    return (
+        PathDef(f"{base}/ort-int8", source, (*to_onnx, ORT_INT8), ORT, opt_in=_INT8_COST, float_path=f"{base}/ort"),
+        PathDef(
+            f"{base}/ort-int8dyn", source, (*to_onnx, ORT_INT8DYN), ORT, opt_in=_INT8_COST, float_path=f"{base}/ort"
+        ),
+        PathDef(
+            f"{base}/openvino-int8",
+            source,
+            (*to_onnx, OPENVINO_INT8),
+            OPENVINO,
+            opt_in=_INT8_COST,
+            float_path=f"{base}/openvino",
+        ),
+    )
+
+
+TF_SAVEDMODEL = Step(
+    "tf",
+    "tf",
+    _on("parity.runtimes.tf_savedmodel:SavedModelRunner", "parity.runtimes.tf_savedmodel:SavedModelRunner"),
+    ("tensorflow",),
+    differentiable=True,
+    precisions=("fp32", "tf32"),
+    why_not="the jax2tf SavedModel is exported at float32: parity runs it at fp32 (and tf32 on a GPU)",
+)
 
 # every chain, once; ``matrix`` puts each on the devices its runtime runs on, at every precision
 CHAINS: tuple[PathDef, ...] = (
@@ -227,14 +392,25 @@ CHAINS: tuple[PathDef, ...] = (
     PathDef("torch/compile", "torch", (), COMPILED, opt_in=_COMPILE_COST),
     PathDef("torch/compile-autotune", "torch", (), COMPILED_AUTOTUNE, opt_in=_COMPILE_COST),
     PathDef("torch/export", "torch", (TORCH_EXPORT,), PT2),
-    PathDef("torch/executorch", "torch", (TORCH_EXECUTORCH,), EXECUTORCH,
-            opt_in="lowering to XNNPACK takes seconds per model and shape"),
+    PathDef(
+        "torch/executorch",
+        "torch",
+        (TORCH_EXECUTORCH,),
+        EXECUTORCH,
+        opt_in="lowering to XNNPACK takes seconds per model and shape",
+    ),
     PathDef("torch/openvino", "torch", (TORCH_OPENVINO,), OPENVINO),
     PathDef("torch/onnx/openvino", "torch", (TORCH_ONNX,), OPENVINO),
     PathDef("torch/litert", "torch", (TORCH_LITERT,), LITERT),
     *_int8_chains("torch", (TORCH_ONNX,)),
-    PathDef("torch/openvino-int8", "torch", (TORCH_OPENVINO, OPENVINO_INT8), OPENVINO, opt_in=_INT8_COST,
-            float_path="torch/openvino"),
+    PathDef(
+        "torch/openvino-int8",
+        "torch",
+        (TORCH_OPENVINO, OPENVINO_INT8),
+        OPENVINO,
+        opt_in=_INT8_COST,
+        float_path="torch/openvino",
+    ),
     # timed against the float module compiled by the same Inductor: the speed-up is int8's, not the compiler's
     PathDef("torch/pt2e-int8", "torch", (TORCH_PT2E,), PT2E, opt_in=_INT8_COST, float_path="torch/compile"),
     PathDef("tf", "tf", (), NATIVE["tf"]),
@@ -281,10 +457,13 @@ def variant(chain: PathDef, device: str, precision: str) -> PathDef:
 
 def matrix(devices=("cpu", "cuda:0"), precisions=ALL) -> list[PathDef]:
     """Every chain on every device its runtime runs on, at every precision (available or not)."""
-    return [variant(chain, device, precision)
-            for device in devices for chain in CHAINS if device.partition(":")[0] in chain.runtime.targets
-            for precision in precisions]
-
+    return [
+        variant(chain, device, precision)
+        for device in devices
+        for chain in CHAINS
+        if device.partition(":")[0] in chain.runtime.targets
+        for precision in precisions
+    ]
 
 
 def missing_packages(path: PathDef) -> list[str]:
@@ -301,8 +480,10 @@ def unavailable_reason(path: PathDef) -> str | None:
         if isinstance(found, str):
             reasons.append(found)
         elif path.precision in ("tf32", "bf16") and float(found["compute_capability"]) < 8.0:
-            reasons.append(f"{path.precision} needs compute capability 8.0 or newer ({found['name']} is "
-                           f"{found['compute_capability']})")
+            reasons.append(
+                f"{path.precision} needs compute capability 8.0 or newer ({found['name']} is "
+                f"{found['compute_capability']})"
+            )
     missing = missing_packages(path)
     refused = [m for m in missing if m in WONT_INSTALL]
     reasons.extend(f"{m} not installed: {WONT_INSTALL[m]}" for m in refused)
@@ -311,8 +492,10 @@ def unavailable_reason(path: PathDef) -> str | None:
         names = {**INSTALL_NAMES, **(GPU_INSTALL_NAMES if path.device_kind == "cuda" else {})}
         extras = [s.extra for s in (*path.exports, path.runtime) if set(s.packages) & set(missing)]
         extra = "gpu" if path.device_kind == "cuda" else ",".join(dict.fromkeys(extras)) or "cpu"
-        reasons.append(f"{', '.join(missing)} not installed (pip install {' '.join(names.get(m, m) for m in missing)}, "
-                       f"or parity[{extra}])")
+        reasons.append(
+            f"{', '.join(missing)} not installed (pip install {' '.join(names.get(m, m) for m in missing)}, "
+            f"or parity[{extra}])"
+        )
     if path.device_kind == "cuda":  # only the runtime runs on the GPU: exporters run on the CPU
         reasons.extend(devices.cuda_build_problems([p for p in path.runtime.packages if p not in missing]))
     if "tensorrt" in missing:
@@ -335,10 +518,14 @@ def select(patterns=(), frameworks=None, device: str = "cpu", precision: str = "
     if patterns:
         for pattern in patterns:
             if not any(fnmatch.fnmatchcase(p.id, pattern) for p in every):
-                raise UsageError(f"--path {pattern!r} matches no path on {device}; known paths: "
-                                 f"{', '.join(p.id for p in every)}")
-        picked = [p for p in chosen if any(fnmatch.fnmatchcase(p.id, pat) and (not p.opt_in or _spells(pat, p))
-                                           for pat in patterns)]
+                raise UsageError(
+                    f"--path {pattern!r} matches no path on {device}; known paths: {', '.join(p.id for p in every)}"
+                )
+        picked = [
+            p
+            for p in chosen
+            if any(fnmatch.fnmatchcase(p.id, pat) and (not p.opt_in or _spells(pat, p)) for pat in patterns)
+        ]
         # a quantized path is built from its float path and timed against it: that path is checked and timed too
         wanted = {p.id for p in picked} | {p.float_path for p in picked if p.quantized}
         return [p for p in chosen if p.id in wanted]

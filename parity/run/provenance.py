@@ -86,10 +86,14 @@ def short_names(paths, root: Path) -> str:
 
 
 # key parts grouped by what a user changes, in the order a reason names them
-_GROUPS = (("model code changed", ("builder_files",)), ("model spec changed", ("model_file_sha256", "opset")),
-           ("weights changed", ("weights_sha256", "source_sha256", "model_weights_sha256")),
-           ("parity changed", ("parity", "parity_code")), ("versions changed", ("steps",)),
-           ("the export it is made from was made again", ("parent",)))
+_GROUPS = (
+    ("model code changed", ("builder_files",)),
+    ("model spec changed", ("model_file_sha256", "opset")),
+    ("weights changed", ("weights_sha256", "source_sha256", "model_weights_sha256")),
+    ("parity changed", ("parity", "parity_code")),
+    ("versions changed", ("steps",)),
+    ("the export it is made from was made again", ("parent",)),
+)
 
 
 def why_changed(before: dict, now: dict, root: Path) -> str:

@@ -20,9 +20,21 @@ from parity.run import paths
 # the common case) has less to load before its first result
 
 
-def export_step(workspace: str, model: str, target: str, golden_dir: str, opset: int, out_dir: str,
-                parent_dir: str | None, parent_meta: dict | None, batch_size: int | None = None,
-                device: str = "cpu", precision: str = "fp32", calibrate: bool = False, path_id: str = "") -> dict:
+def export_step(
+    workspace: str,
+    model: str,
+    target: str,
+    golden_dir: str,
+    opset: int,
+    out_dir: str,
+    parent_dir: str | None,
+    parent_meta: dict | None,
+    batch_size: int | None = None,
+    device: str = "cpu",
+    precision: str = "fp32",
+    calibrate: bool = False,
+    path_id: str = "",
+) -> dict:
     """Run one exporter into ``out_dir`` (static batch ``batch_size``, default the spec's) for ``device`` and
     ``precision`` (which only some steps read); return its metadata plus the export time. A quantizer
     (``calibrate``) gets its calibration samples (``parity.golden.calibration``), recorded in the meta."""
@@ -34,10 +46,20 @@ def export_step(workspace: str, model: str, target: str, golden_dir: str, opset:
     spec = Workspace(workspace).load_spec(model)
     verified = golden.load(Path(golden_dir), spec)
     started = time.perf_counter()
-    job = ExportJob(spec=spec, weights=verified.arrays["weights.npz"], batch_size=batch_size or spec.batch_size,
-                    opset=opset, out_dir=Path(out_dir), parent_dir=Path(parent_dir) if parent_dir else None,
-                    parent_meta=parent_meta, golden_manifest=verified.manifest, device=device, precision=precision,
-                    inputs=_input_batch(verified, spec, batch_size or spec.batch_size), path_id=path_id)
+    job = ExportJob(
+        spec=spec,
+        weights=verified.arrays["weights.npz"],
+        batch_size=batch_size or spec.batch_size,
+        opset=opset,
+        out_dir=Path(out_dir),
+        parent_dir=Path(parent_dir) if parent_dir else None,
+        parent_meta=parent_meta,
+        golden_manifest=verified.manifest,
+        device=device,
+        precision=precision,
+        inputs=_input_batch(verified, spec, batch_size or spec.batch_size),
+        path_id=path_id,
+    )
     where = None
     if calibrate:
         job.calibration, where = calibration.calibration_feeds(spec, verified, Workspace(workspace).root)
@@ -84,8 +106,16 @@ def perturbed(weights: dict, perturbation: dict | None) -> dict:
     return weights
 
 
-def build_runner(spec, path, weights: dict, batch_size: int, threads: int, artifact_dir: str | None = None,
-                 artifact_meta: dict | None = None, runner_class=None):
+def build_runner(
+    spec,
+    path,
+    weights: dict,
+    batch_size: int,
+    threads: int,
+    artifact_dir: str | None = None,
+    artifact_meta: dict | None = None,
+    runner_class=None,
+):
     """The path's runner at a static batch, on the path's device at its precision: a native source from
     canonical ``weights``, or the path's runtime on an exported artifact. ``runner_class`` overrides the
     path's (e.g. a deliberately broken one)."""
@@ -96,9 +126,19 @@ def build_runner(spec, path, weights: dict, batch_size: int, threads: int, artif
     return runner_class(spec, Path(artifact_dir), artifact_meta, batch_size, threads, **placement)
 
 
-def check_path(workspace: str, model: str, path_id: str, golden_dir: str, precision: str, threads: int,
-               artifact_dir: str | None = None, artifact_meta: dict | None = None, export_s: float = 0.0,
-               weight_perturbation: dict | None = None, device: str = "cpu") -> dict:
+def check_path(
+    workspace: str,
+    model: str,
+    path_id: str,
+    golden_dir: str,
+    precision: str,
+    threads: int,
+    artifact_dir: str | None = None,
+    artifact_meta: dict | None = None,
+    export_s: float = 0.0,
+    weight_perturbation: dict | None = None,
+    device: str = "cpu",
+) -> dict:
     """Outputs, determinism, metrics and gradients of one path against golden (timing is ``parity.bench.tasks``'s).
 
     Every precision is compared with the float64 golden, under that precision's tolerances and metric
@@ -107,14 +147,36 @@ def check_path(workspace: str, model: str, path_id: str, golden_dir: str, precis
     built: a deliberate drift, used to prove that the gate holds.
     """
     try:
-        return _check_path(workspace, model, path_id, golden_dir, precision, threads, artifact_dir, artifact_meta,
-                           export_s, weight_perturbation, device)
+        return _check_path(
+            workspace,
+            model,
+            path_id,
+            golden_dir,
+            precision,
+            threads,
+            artifact_dir,
+            artifact_meta,
+            export_s,
+            weight_perturbation,
+            device,
+        )
     except Unavailable as error:
         return {"verdict": "skip", "reason": str(error)}
 
 
-def _check_path(workspace, model, path_id, golden_dir, precision, threads, artifact_dir, artifact_meta, export_s,
-                weight_perturbation, device) -> dict:
+def _check_path(
+    workspace,
+    model,
+    path_id,
+    golden_dir,
+    precision,
+    threads,
+    artifact_dir,
+    artifact_meta,
+    export_s,
+    weight_perturbation,
+    device,
+) -> dict:
     spec = Workspace(workspace).load_spec(model)
     path = paths.by_id(path_id, device, precision)
     golden_dir = Path(golden_dir)
@@ -125,8 +187,15 @@ def _check_path(workspace, model, path_id, golden_dir, precision, threads, artif
     x = feeds.from_arrays(spec, inputs)
 
     started = time.perf_counter()
-    runner = build_runner(spec, path, perturbed(verified.arrays["weights.npz"], weight_perturbation), spec.batch_size,
-                          threads, artifact_dir, artifact_meta)
+    runner = build_runner(
+        spec,
+        path,
+        perturbed(verified.arrays["weights.npz"], weight_perturbation),
+        spec.batch_size,
+        threads,
+        artifact_dir,
+        artifact_meta,
+    )
     outputs = runner.run(x)
     first_result_s = export_s + time.perf_counter() - started
 
@@ -138,30 +207,51 @@ def _check_path(workspace, model, path_id, golden_dir, precision, threads, artif
     compared = compare.compare_outputs(outputs, golden_outputs, judged)
     if path.quantized:
         compared = accuracy_gate.by_sqnr(compared, outputs, golden_outputs)
-    result = {"outputs": {**differ, **{key: stats for key, stats in compared.items() if key not in differ}},
-              "numerics": runner.numerics,
-              "tolerances": {"outputs": tolerances.to_json(), "gradients": spec.gradient_tolerances(precision).to_json()}}
+    result = {
+        "outputs": {**differ, **{key: stats for key, stats in compared.items() if key not in differ}},
+        "numerics": runner.numerics,
+        "tolerances": {"outputs": tolerances.to_json(), "gradients": spec.gradient_tolerances(precision).to_json()},
+    }
     deterministic, nondeterminism = compare.bitwise_equal(outputs, runner.run(x))
     result["deterministic"] = deterministic
     result["determinism_max_diff"] = nondeterminism
     axes = batch_axes.recorded(verified.manifest)
     eval_output = containers.eval_key(spec, axes, structures)  # the first output with a row per sample
-    eval_logits = None if eval_output is None else feeds.run_batched(
-        runner, feeds.from_arrays(spec, eval_data), spec.batch_size, axes).get(eval_output)
+    eval_logits = (
+        None
+        if eval_output is None
+        else feeds.run_batched(runner, feeds.from_arrays(spec, eval_data), spec.batch_size, axes).get(eval_output)
+    )
     evaluated = {eval_output: eval_logits} if eval_logits is not None else {}
-    result["eval_outputs"] = {} if eval_output is None else compare.compare_outputs(
-        evaluated, {eval_output: reference["eval/logits"]}, judged)
+    result["eval_outputs"] = (
+        {}
+        if eval_output is None
+        else compare.compare_outputs(evaluated, {eval_output: reference["eval/logits"]}, judged)
+    )
     result["gate"] = None
     if path.quantized:
-        result["eval_outputs"] = accuracy_gate.by_sqnr(result["eval_outputs"], evaluated,
-                                                       {eval_output: reference["eval/logits"]})
-        result["gate"] = (accuracy_gate.judge(eval_logits, reference["eval/logits"], eval_data.get("y"), spec.gate)
-                          if eval_logits is not None else {"decision": "fail", "reason": (
-                              "accuracy gate: the model has no output with a row per eval sample to score")})
+        result["eval_outputs"] = accuracy_gate.by_sqnr(
+            result["eval_outputs"], evaluated, {eval_output: reference["eval/logits"]}
+        )
+        result["gate"] = (
+            accuracy_gate.judge(eval_logits, reference["eval/logits"], eval_data.get("y"), spec.gate)
+            if eval_logits is not None
+            else {
+                "decision": "fail",
+                "reason": ("accuracy gate: the model has no output with a row per eval sample to score"),
+            }
+        )
     result["metrics"] = None
     if "y" in eval_data:  # a user model without labels has no metrics
-        result["metrics"] = metrics.check_metrics(eval_logits, eval_data["y"], reference["eval/logits"], verified.metrics,
-                                                  spec.metric_rules, precision, spec.num_classes)
+        result["metrics"] = metrics.check_metrics(
+            eval_logits,
+            eval_data["y"],
+            reference["eval/logits"],
+            verified.metrics,
+            spec.metric_rules,
+            precision,
+            spec.num_classes,
+        )
     result["shapes"] = check_shapes(spec, runner, verified, judged, artifact_meta, path.quantized)
     result["gradients"] = None
     result["time_to_first_gradient_s"] = None
@@ -237,14 +327,20 @@ def _verdict(spec, result: dict) -> tuple[str, str | None]:
         if failing and worst_gradient is not None:
             name, stats = worst_gradient
             listed = ", ".join(failing[:6]) + (f" (+{len(failing) - 6} more)" if len(failing) > 6 else "")
-            failures.append(f"gradients differ for {len(failing)} of {len(result['gradients'])} ({listed}); "
-                            f"worst {compare.describe('gradient', name, stats)}")
+            failures.append(
+                f"gradients differ for {len(failing)} of {len(result['gradients'])} ({listed}); "
+                f"worst {compare.describe('gradient', name, stats)}"
+            )
     gate = result.get("gate")
     if gate is not None and gate["decision"] != "pass":
         failures.append(gate["reason"])
     m = result["metrics"]
     if m is not None and not m["ok"] and gate is None:  # a quantized path's metrics are judged by its gate
-        bad = [f"{k} {v['value']:.4f} vs golden {v['golden']:.4f}" for k, v in m.items() if isinstance(v, dict) and not v["ok"]]
+        bad = [
+            f"{k} {v['value']:.4f} vs golden {v['golden']:.4f}"
+            for k, v in m.items()
+            if isinstance(v, dict) and not v["ok"]
+        ]
         if not m["argmax_agreement_ok"]:
             bad.append(f"argmax agreement {m['argmax_agreement']:.4f}")
         failures.append("metric " + "; ".join(bad))
@@ -253,8 +349,16 @@ def _verdict(spec, result: dict) -> tuple[str, str | None]:
     return ("fail", "; ".join(failures)) if failures else ("pass", None)
 
 
-def verify_step(workspace: str, model: str, framework: str, lr: float = 0.1, sabotage: str | None = None,
-                artifact_dir: str | None = None, artifact_meta: dict | None = None, precision: str = "fp32") -> dict:
+def verify_step(
+    workspace: str,
+    model: str,
+    framework: str,
+    lr: float = 0.1,
+    sabotage: str | None = None,
+    artifact_dir: str | None = None,
+    artifact_meta: dict | None = None,
+    precision: str = "fp32",
+) -> dict:
     """Worker task: build ``framework``'s runner (a path id: ``torch``, ``tf``, ``jax``, or ``jax/tf`` with
     its exported ``artifact_dir`` / ``artifact_meta``) from the verified golden weights, ``check_step``
     it (``sabotage``: a deliberately wrong step, to prove the check catches it). Returns ``check_step``'s

@@ -73,17 +73,30 @@ def _thread_environment(threads: int, env: dict) -> None:
     """Same intra-op thread count for every framework and runtime, and the device's environment
     (``env``: name -> value, None to unset), set before anything imports a numerical library."""
     n = str(threads)
-    os.environ.update({
-        "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n,
-        "TF_NUM_INTRAOP_THREADS": n, "TF_NUM_INTEROP_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
-        "JAX_PLATFORMS": "cpu",
-        # JAX takes 75 % of a GPU's memory at its first use: a JAX worker that lives on (a template, a timed series)
-        # would leave the next worker of any framework out of memory; a user's own setting stands
-        "XLA_PYTHON_CLIENT_PREALLOCATE": os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "false"),
-        "XLA_FLAGS": " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""),
-                                            f"--xla_cpu_multi_thread_eigen={'true' if threads > 1 else 'false'}",
-                                            f"intra_op_parallelism_threads={threads}"])),
-    })
+    os.environ.update(
+        {
+            "OMP_NUM_THREADS": n,
+            "MKL_NUM_THREADS": n,
+            "OPENBLAS_NUM_THREADS": n,
+            "TF_NUM_INTRAOP_THREADS": n,
+            "TF_NUM_INTEROP_THREADS": "1",
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+            "JAX_PLATFORMS": "cpu",
+            # JAX takes 75 % of a GPU's memory at its first use: a JAX worker that lives on (a template, a timed series)
+            # would leave the next worker of any framework out of memory; a user's own setting stands
+            "XLA_PYTHON_CLIENT_PREALLOCATE": os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "false"),
+            "XLA_FLAGS": " ".join(
+                filter(
+                    None,
+                    [
+                        os.environ.get("XLA_FLAGS", ""),
+                        f"--xla_cpu_multi_thread_eigen={'true' if threads > 1 else 'false'}",
+                        f"intra_op_parallelism_threads={threads}",
+                    ],
+                )
+            ),
+        }
+    )
     for name, value in env.items():
         if value is None:
             os.environ.pop(name, None)
@@ -318,8 +331,11 @@ class Template:
                     with socket.fromfd(self.conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as control:
                         socket.send_fds(control, [b"w"], [fd])
                 if timeout_s is not None and not self.conn.poll(timeout_s):
-                    raise TaskFailed(f"timed out after {timeout_s:g} s starting the {self.group} worker (its "
-                                     "frameworks' import did not finish)", "timeout")
+                    raise TaskFailed(
+                        f"timed out after {timeout_s:g} s starting the {self.group} worker (its "
+                        "frameworks' import did not finish)",
+                        "timeout",
+                    )
                 return self.conn.recv()
             except BaseException:  # an answer may still be on its way (an interrupt, a timeout): never ask again
                 self.close()
@@ -336,8 +352,9 @@ class Template:
         except (EOFError, OSError):
             ours.close()
             self.process.join(5)
-            raise TaskFailed(f"the {self.group} worker's template died (exit code {self.process.exitcode})",
-                             "died") from None
+            raise TaskFailed(
+                f"the {self.group} worker's template died (exit code {self.process.exitcode})", "died"
+            ) from None
         except BaseException:
             ours.close()
             raise
@@ -454,15 +471,20 @@ class Worker:
         self.conn.send((target, kwargs))
         if not self.conn.poll(timeout_s):
             self.kill()
-            raise TaskFailed(f"timed out after {timeout_s:g} s (worker {self.group} killed; log {self.log_path})",
-                             "timeout", str(self.log_path))
+            raise TaskFailed(
+                f"timed out after {timeout_s:g} s (worker {self.group} killed; log {self.log_path})",
+                "timeout",
+                str(self.log_path),
+            )
         try:
             status, payload = self.conn.recv()
         except (EOFError, ConnectionError):
             self.process.join(5)
             raise TaskFailed(
-                f"worker process {self.group} died (exit code {self.process.exitcode}); see {self.log_path}", "died",
-                str(self.log_path)) from None
+                f"worker process {self.group} died (exit code {self.process.exitcode}); see {self.log_path}",
+                "died",
+                str(self.log_path),
+            ) from None
         if status != "ok":
             raise TaskFailed(payload, "raised" if status == "error" else status, str(self.log_path))
         return payload

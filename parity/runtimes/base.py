@@ -36,17 +36,22 @@ class Runner:
     # a runtime of an exported artifact that implements ``taps_impl`` says where it read each tap:
     # ``{tap: {"found", "tensor"?, "reason"?}}`` (``parity.diagnose.drift.tap_rows``); others say why they have none
     tap_locations: dict[str, dict[str, Any]] = {}  # noqa: RUF012 (a runner assigns its own; never mutated)
-    no_taps_reason: str = ("taps are read from ONNX graphs on the CPU runtimes only; on a GPU runtime outputs are "
-                           "compared (diagnose the same path with --device cpu to locate the tap)")
+    no_taps_reason: str = (
+        "taps are read from ONNX graphs on the CPU runtimes only; on a GPU runtime outputs are "
+        "compared (diagnose the same path with --device cpu to locate the tap)"
+    )
 
-    def __init__(self, spec: ModelSpec, batch_size: int, dtype: str = "float32", device: str = "cpu",
-                 precision: str = "fp32") -> None:
+    def __init__(
+        self, spec: ModelSpec, batch_size: int, dtype: str = "float32", device: str = "cpu", precision: str = "fp32"
+    ) -> None:
         self.spec = spec
         self.dtype = dtype  # the host dtype of float feeds (float32, or float64 for a reference); see ``precision``
         self.device = device  # "cpu" or "cuda:N" (inside a worker the chosen GPU is CUDA device 0)
         self.precision = precision
         self.numerics: dict[str, Any] = {}  # every flag that changes numerics, as the runner set it (in the result)
-        self.output_structures: dict[str, dict[str, Any]] = {}  # the last run's sequence and optional outputs' structures
+        self.output_structures: dict[
+            str, dict[str, Any]
+        ] = {}  # the last run's sequence and optional outputs' structures
         self.batch_size = batch_size
         self._output_kinds = containers.output_kinds(spec)  # an ONNX graph's sequence and optional outputs
         self._computed: dict[str, np.ndarray] = {}  # the last run's outputs as computed, before widening
@@ -61,8 +66,9 @@ class Runner:
         declared = [i.name for i in spec.model_inputs]
         unknown = [name for name in feeds if name not in declared]
         if unknown:
-            raise ShapeMismatch(f"input {unknown[0]!r} is not an input of model {spec.name!r} (it takes "
-                                f"{', '.join(declared)})")
+            raise ShapeMismatch(
+                f"input {unknown[0]!r} is not an input of model {spec.name!r} (it takes {', '.join(declared)})"
+            )
         checked: dict[str, np.ndarray] = {}
         sizes: dict[str, tuple[int, str]] = {}
         for i in spec.model_inputs:
@@ -71,12 +77,15 @@ class Runner:
             x = np.asarray(feeds[i.name])
             expected = i.full_shape(0, spec.axes)
             shown = "(" + ", ".join(str(name or size) for name, size in zip(i.axis_names, expected)) + ")"
-            if x.ndim != len(expected) or any(not name and e != a for name, e, a in zip(i.axis_names, expected, x.shape)):
+            if x.ndim != len(expected) or any(
+                not name and e != a for name, e, a in zip(i.axis_names, expected, x.shape)
+            ):
                 raise ShapeMismatch(f"input {i.name!r} has shape {tuple(x.shape)}, the model takes {shown}")
             for name, size in zip(i.axis_names, x.shape):  # a named axis has one size across the inputs
                 if name and sizes.setdefault(name, (size, i.name))[0] != size:
-                    raise ShapeMismatch(f"axis {name!r} is {size} in input {i.name!r} but {sizes[name][0]} in input "
-                                        f"{sizes[name][1]!r}")
+                    raise ShapeMismatch(
+                        f"axis {name!r} is {size} in input {i.name!r} but {sizes[name][0]} in input {sizes[name][1]!r}"
+                    )
             if not i.floating and x.dtype.kind == "f":
                 raise ShapeMismatch(f"input {i.name!r} is {i.dtype}; it was given {x.dtype} values")
             # floating inputs in the runner's host dtype, a float64 input always in float64 (the model's own type)
@@ -105,8 +114,9 @@ class Runner:
         as float32."""
         returned = self.run_impl(self.check_feed(x))
         if self._output_kinds:  # an ONNX graph's sequences and optionals: split into elements, structures kept
-            outputs, self.output_structures = containers.flat_outputs(self.spec.outputs, as_tuple(returned),
-                                                                      self._output_kinds)
+            outputs, self.output_structures = containers.flat_outputs(
+                self.spec.outputs, as_tuple(returned), self._output_kinds
+            )
             outputs = {name: np.asarray(value) for name, value in outputs.items()}
         else:
             outputs = named_outputs(self.spec, returned)
@@ -183,8 +193,12 @@ def widened(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """float16 / bfloat16 / float8 / float4 arrays as float32 (exactly: every such value is a float32), int4 and
     uint4 as int8 and uint8 (integers stay integers), others as they are."""
     four_bit = {"int4": np.int8, "uint4": np.uint8}
-    return {k: np.asarray(v, dtype=four_bit.get(v.dtype.name, np.float32))
-            if v.dtype.kind in "fV" and v.dtype.itemsize < 4 else v for k, v in arrays.items()}
+    return {
+        k: np.asarray(v, dtype=four_bit.get(v.dtype.name, np.float32))
+        if v.dtype.kind in "fV" and v.dtype.itemsize < 4
+        else v
+        for k, v in arrays.items()
+    }
 
 
 def is_array(value: object) -> bool:
@@ -196,7 +210,10 @@ def named_outputs(spec: ModelSpec, returned: object) -> dict[str, np.ndarray]:
     """A runner's returned structure of host arrays as ``{output name: array}`` in the spec's order."""
     from parity.model import outputs
 
-    return {name: np.asarray(value) for name, value in outputs.named(spec.outputs, outputs.flatten(returned, is_array)).items()}
+    return {
+        name: np.asarray(value)
+        for name, value in outputs.named(spec.outputs, outputs.flatten(returned, is_array)).items()
+    }
 
 
 def as_tuple(outputs: object) -> tuple[Any, ...]:

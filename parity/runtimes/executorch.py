@@ -36,11 +36,21 @@ class ExecuTorchRunner(Runner):
     CPU tensors in the spec's input order; outputs by the spec's names. Forward only: a ``.pte`` program has no
     autograd."""
 
-    no_taps_reason = ("a .pte program exposes only its method's outputs; its layers run inside XNNPACK delegates "
-                      "and portable kernels (diagnose the torch/export path for the layers)")
+    no_taps_reason = (
+        "a .pte program exposes only its method's outputs; its layers run inside XNNPACK delegates "
+        "and portable kernels (diagnose the torch/export path for the layers)"
+    )
 
-    def __init__(self, spec, artifact_dir: Path, meta: dict, batch_size: int, threads: int, device: str = "cpu",
-                 precision: str = "fp32"):
+    def __init__(
+        self,
+        spec,
+        artifact_dir: Path,
+        meta: dict,
+        batch_size: int,
+        threads: int,
+        device: str = "cpu",
+        precision: str = "fp32",
+    ):
         super().__init__(spec, batch_size, "float32", device, precision)
         import torch
 
@@ -51,14 +61,19 @@ class ExecuTorchRunner(Runner):
 
             self.program = Runtime.get().load_program(str(Path(artifact_dir) / meta["file"]))
             self.method = self.program.load_method("forward")
-        self.numerics = {"executorch": version("executorch"), "device": device,
-                         "precision": precision, "backend": (meta.get("delegation") or {}).get("backend")}
+        self.numerics = {
+            "executorch": version("executorch"),
+            "device": device,
+            "precision": precision,
+            "backend": (meta.get("delegation") or {}).get("backend"),
+        }
 
     def run_impl(self, x):
         torch = self.torch
         try:
-            returned = self.method.execute([torch.from_numpy(np.ascontiguousarray(x[i.name]))
-                                            for i in self.spec.model_inputs])
+            returned = self.method.execute(
+                [torch.from_numpy(np.ascontiguousarray(x[i.name])) for i in self.spec.model_inputs]
+            )
         except RuntimeError as error:
             raise RuntimeError(f"{_named(error)}{self._beyond_bounds(x)}") from None
         return tuple(value.numpy() if torch.is_tensor(value) else np.asarray(value) for value in returned)
@@ -79,20 +94,36 @@ class ExecuTorchRunner(Runner):
         axes = self.meta.get("axes") or {}
         delegation = self.meta.get("delegation") or {}
         portable = ", ".join(sorted(delegation.get("portable_ops") or {})) or "none"
-        return {"executorch": self.numerics["executorch"], "delegation": self.meta.get("delegation"),
-                "dynamic_axes": bool(axes.get("dynamic")), "bounds": axes.get("bounds"),
-                "static_reason": axes.get("reason"),
-                "summary": f"XNNPACK ran {delegation.get('delegated_nodes')} nodes in "
-                           f"{delegation.get('delegated_subgraphs')} subgraphs; portable kernels ran "
-                           f"{delegation.get('portable_nodes')} ({portable})"}
+        return {
+            "executorch": self.numerics["executorch"],
+            "delegation": self.meta.get("delegation"),
+            "dynamic_axes": bool(axes.get("dynamic")),
+            "bounds": axes.get("bounds"),
+            "static_reason": axes.get("reason"),
+            "summary": f"XNNPACK ran {delegation.get('delegated_nodes')} nodes in "
+            f"{delegation.get('delegated_subgraphs')} subgraphs; portable kernels ran "
+            f"{delegation.get('portable_nodes')} ({portable})",
+        }
 
 
 # ExecuTorch's error codes (runtime/core/error.h), for its messages that give the number only
-ERRORS = {0x01: "Internal", 0x02: "InvalidState", 0x10: "NotSupported", 0x11: "NotImplemented",
-          0x12: "InvalidArgument: the runtime refused the inputs", 0x13: "InvalidType", 0x14: "OperatorMissing",
-          0x20: "NotFound", 0x21: "MemoryAllocationFailed", 0x22: "AccessFailed", 0x23: "InvalidProgram",
-          0x25: "OutOfResources", 0x30: "DelegateInvalidCompatibility", 0x31: "DelegateMemoryAllocationFailed",
-          0x32: "DelegateInvalidHandle"}
+ERRORS = {
+    0x01: "Internal",
+    0x02: "InvalidState",
+    0x10: "NotSupported",
+    0x11: "NotImplemented",
+    0x12: "InvalidArgument: the runtime refused the inputs",
+    0x13: "InvalidType",
+    0x14: "OperatorMissing",
+    0x20: "NotFound",
+    0x21: "MemoryAllocationFailed",
+    0x22: "AccessFailed",
+    0x23: "InvalidProgram",
+    0x25: "OutOfResources",
+    0x30: "DelegateInvalidCompatibility",
+    0x31: "DelegateMemoryAllocationFailed",
+    0x32: "DelegateInvalidHandle",
+}
 
 
 def _named(error: RuntimeError) -> str:

@@ -37,8 +37,16 @@ class LiteRtRunner(Runner):
     input in the artifact's layout), outputs by ``meta["output_names"]`` in the spec's order. An input whose
     ``shape_signature`` has dynamic dims is resized to the feed's shape (a fixed dim refuses other sizes)."""
 
-    def __init__(self, spec, artifact_dir: Path, meta: dict, batch_size: int, threads: int, device: str = "cpu",
-                 precision: str = "fp32"):
+    def __init__(
+        self,
+        spec,
+        artifact_dir: Path,
+        meta: dict,
+        batch_size: int,
+        threads: int,
+        device: str = "cpu",
+        precision: str = "fp32",
+    ):
         super().__init__(spec, batch_size, "float32", device, precision)
         from ai_edge_litert import interpreter as litert
 
@@ -49,14 +57,21 @@ class LiteRtRunner(Runner):
         self.interpreter = self._open(preserve=False)
         self._tap_interpreter = None  # made by the first ``taps``
         self.delegation = delegation(self.interpreter)
-        self.numerics = {"ai_edge_litert": _version(), "device": "cpu", "precision": precision,
-                         "op_resolver": "AUTO", "delegate": self.delegation, "threads": self.threads}
+        self.numerics = {
+            "ai_edge_litert": _version(),
+            "device": "cpu",
+            "precision": precision,
+            "op_resolver": "AUTO",
+            "delegate": self.delegation,
+            "threads": self.threads,
+        }
 
     def _open(self, preserve: bool):
         with warnings.catch_warnings():  # its warning that keeping every tensor is for debugging: so it is used here
             warnings.simplefilter("ignore", UserWarning)
-            interpreter = self.litert.Interpreter(model_path=self.model_path, num_threads=self.threads,
-                                                  experimental_preserve_all_tensors=preserve)
+            interpreter = self.litert.Interpreter(
+                model_path=self.model_path, num_threads=self.threads, experimental_preserve_all_tensors=preserve
+            )
         interpreter.allocate_tensors()
         return interpreter
 
@@ -66,20 +81,34 @@ class LiteRtRunner(Runner):
     def runtime_record(self) -> dict:
         """The LiteRT version, the op resolver, whether the XNNPACK delegate took ops (and how many partitions it
         made), the threads, and which inputs are dynamic in the file."""
-        dynamic = [d["name"] for d in self.interpreter.get_input_details() if any(int(s) < 0 for s in d["shape_signature"])]
+        dynamic = [
+            d["name"] for d in self.interpreter.get_input_details() if any(int(s) < 0 for s in d["shape_signature"])
+        ]
         delegate = self.delegation or {}
-        summary = (f"XNNPACK delegate applied ({delegate.get('partitions')} partitions)" if delegate.get("applied")
-                   else "no delegate: every op on LiteRT's builtin kernels")
-        return {"runtime": "litert", "ai_edge_litert": _version(), "device": "cpu", "op_resolver": "AUTO",
-                "delegate": self.delegation, "threads": self.threads, "dynamic_inputs": dynamic,
-                "artifact": self.meta.get("format"), "summary": f"{summary}, {self.threads} threads"}
+        summary = (
+            f"XNNPACK delegate applied ({delegate.get('partitions')} partitions)"
+            if delegate.get("applied")
+            else "no delegate: every op on LiteRT's builtin kernels"
+        )
+        return {
+            "runtime": "litert",
+            "ai_edge_litert": _version(),
+            "device": "cpu",
+            "op_resolver": "AUTO",
+            "delegate": self.delegation,
+            "threads": self.threads,
+            "dynamic_inputs": dynamic,
+            "artifact": self.meta.get("format"),
+            "summary": f"{summary}, {self.threads} threads",
+        }
 
     def taps_impl(self, x):
         """Each tap read from the tensor ``tap_map`` finds for it, in canonical layout, on an interpreter that keeps
         every tensor; ``tap_locations`` says where each was read, or why it was not."""
         located = tap_map(self.spec, self.meta, self.interpreter)
-        self.tap_locations = {tap: {k: v for k, v in where.items() if k not in ("index", "layout")}
-                              for tap, where in located.items()}
+        self.tap_locations = {
+            tap: {k: v for k, v in where.items() if k not in ("index", "layout")} for tap, where in located.items()
+        }
         found = {tap: where for tap, where in located.items() if where["found"] == "name"}
         if not found:
             return {}
@@ -87,8 +116,9 @@ class LiteRtRunner(Runner):
             self._tap_interpreter = self._open(preserve=True)
         feed = onnx_feed(self.spec, self.meta, x)
         outputs = _invoke(self._tap_interpreter, self.meta, feed)
-        same, differ = bitwise_equal(dict(enumerate(_invoke(self.interpreter, self.meta, feed))),
-                                     dict(enumerate(outputs)))
+        same, differ = bitwise_equal(
+            dict(enumerate(_invoke(self.interpreter, self.meta, feed))), dict(enumerate(outputs))
+        )
         taps = {}
         details = {d["index"]: d for d in self._tap_interpreter.get_tensor_details()}
         for tap, where in found.items():
@@ -97,13 +127,17 @@ class LiteRtRunner(Runner):
                 self.tap_locations[tap] = {**self.tap_locations[tap], "found": "unmapped", "reason": why}
                 continue
             if why:
-                self.tap_locations[tap]["reason"] = "; ".join(filter(None, (self.tap_locations[tap].get("reason"), why)))
+                self.tap_locations[tap]["reason"] = "; ".join(
+                    filter(None, (self.tap_locations[tap].get("reason"), why))
+                )
             if where.get("layout") == "nhwc" and value.ndim == 4:
                 value = layouts.from_layout(value, self.meta["canonical_layout"], "nhwc")
             taps[tap] = value
             if not same:  # what the taps interpreter computed is not what the timed one did: said beside each tap
-                self.tap_locations[tap]["reason"] = (f"read on an interpreter that keeps every tensor, whose outputs "
-                                                     f"differ from the plain interpreter's by up to {differ:.3g}")
+                self.tap_locations[tap]["reason"] = (
+                    f"read on an interpreter that keeps every tensor, whose outputs "
+                    f"differ from the plain interpreter's by up to {differ:.3g}"
+                )
         return taps
 
 
@@ -117,15 +151,18 @@ def dequantized(detail: dict, value) -> tuple[np.ndarray | None, str | None]:
     params = detail.get("quantization_parameters") or {}
     scales, zero_points = np.asarray(params.get("scales", ())), np.asarray(params.get("zero_points", ()))
     if not scales.size:
-        return None, (f"tensor {detail['name']!r} holds {value.dtype} values without a quantization scale: not a "
-                      f"layer's value")
+        return None, (
+            f"tensor {detail['name']!r} holds {value.dtype} values without a quantization scale: not a layer's value"
+        )
     if scales.size > 1:  # per-axis scales along quantized_dimension
         shape = [1] * value.ndim
         shape[int(params.get("quantized_dimension", 0))] = scales.size
         scales, zero_points = scales.reshape(shape), zero_points.reshape(shape)
     real = (value.astype(np.float64) - zero_points) * scales
-    return real.astype(np.float32), (f"read from the {value.dtype} tensor of the quantized model, dequantized with "
-                                     f"its scale ({float(np.max(scales)):.3g}) and zero point")
+    return real.astype(np.float32), (
+        f"read from the {value.dtype} tensor of the quantized model, dequantized with "
+        f"its scale ({float(np.max(scales)):.3g}) and zero point"
+    )
 
 
 def _version() -> str:
@@ -144,8 +181,12 @@ def delegation(interpreter) -> dict:
     if ops is None:
         return {"name": "XNNPACK", "applied": None, "reason": "this interpreter does not list its ops"}
     partitions = sum(op["op_name"] == DELEGATE_OP for op in ops)
-    return {"name": "XNNPACK", "applied": partitions > 0, "partitions": partitions,
-            "graph_ops": sum(op["op_name"] != DELEGATE_OP for op in ops)}
+    return {
+        "name": "XNNPACK",
+        "applied": partitions > 0,
+        "partitions": partitions,
+        "graph_ops": sum(op["op_name"] != DELEGATE_OP for op in ops),
+    }
 
 
 def _ops(interpreter) -> list[dict] | None:
@@ -164,10 +205,14 @@ def _invoke(interpreter, meta: dict, feed: dict) -> tuple:
             raise ShapeMismatch(f"the .tflite model has no input {name!r} (it has {', '.join(details)})")
         if tuple(detail["shape"]) != tuple(value.shape):
             signature = tuple(int(s) for s in detail["shape_signature"])
-            fixed = [f"dimension {k} is {s}" for k, (s, v) in enumerate(zip(signature, value.shape)) if s >= 0 and s != v]
+            fixed = [
+                f"dimension {k} is {s}" for k, (s, v) in enumerate(zip(signature, value.shape)) if s >= 0 and s != v
+            ]
             if len(signature) != value.ndim or fixed:
-                raise ShapeMismatch(f"input {name!r} of the .tflite model has shape {_shown(signature)} "
-                                    f"({'; '.join(fixed) or f'rank {len(signature)}'}); it was given {tuple(value.shape)}")
+                raise ShapeMismatch(
+                    f"input {name!r} of the .tflite model has shape {_shown(signature)} "
+                    f"({'; '.join(fixed) or f'rank {len(signature)}'}); it was given {tuple(value.shape)}"
+                )
             interpreter.resize_tensor_input(detail["index"], list(value.shape), strict=True)
             resized = True
     if resized:
@@ -233,35 +278,51 @@ def tap_map(spec, meta: dict, interpreter) -> dict[str, dict]:
             continue
         mentions = [k for k, (_, _, layers) in enumerate(named) if tap in layers]
         if not mentions:
-            result[tap] = {"found": "unmapped",
-                           "reason": f"no op's output tensor in the .tflite graph names layer {tap!r} (the converter "
-                                     f"removed it, e.g. an identity at inference such as Dropout, or merged it into "
-                                     f"an op named after another layer)"}
+            result[tap] = {
+                "found": "unmapped",
+                "reason": f"no op's output tensor in the .tflite graph names layer {tap!r} (the converter "
+                f"removed it, e.g. an identity at inference such as Dropout, or merged it into "
+                f"an op named after another layer)",
+            }
             continue
         last = mentions[-1]
         op_name, index, layers = named[last]
         owner = max(layers, key=taps.index)
         if owner != tap:
-            result[tap] = {"found": "fused", "tensor": tensors[index]["name"], "fused_into": owner,
-                           "reason": f"the converter fused layer {tap!r} into the {op_name} op of {owner!r}: its "
-                                     f"tensor holds {owner!r}'s output"}
+            result[tap] = {
+                "found": "fused",
+                "tensor": tensors[index]["name"],
+                "fused_into": owner,
+                "reason": f"the converter fused layer {tap!r} into the {op_name} op of {owner!r}: its "
+                f"tensor holds {owner!r}'s output",
+            }
             continue
         expected = tuple(record["shape"])
         chosen = next((k for k in reversed(mentions) if _fits(_signature(tensors[named[k][1]]), expected)), None)
-        moved = chosen is not None and all(named[k][0] in DATA_MOVEMENT and max(named[k][2], key=taps.index) == tap
-                                           for k in mentions if k > chosen)
+        moved = chosen is not None and all(
+            named[k][0] in DATA_MOVEMENT and max(named[k][2], key=taps.index) == tap for k in mentions if k > chosen
+        )
         if chosen is not None and (chosen == last or moved):
             _, index, _ = named[chosen]
-            result[tap] = {"found": "name", "tensor": tensors[index]["name"], "index": index,
-                           "layout": record.get("layout")}
+            result[tap] = {
+                "found": "name",
+                "tensor": tensors[index]["name"],
+                "index": index,
+                "layout": record.get("layout"),
+            }
             if chosen != last:
-                result[tap]["reason"] = (f"read before the {op_name} that follows it and carries its name, which "
-                                         f"writes another shape {_shown(_signature(tensors[named[last][1]]))}")
+                result[tap]["reason"] = (
+                    f"read before the {op_name} that follows it and carries its name, which "
+                    f"writes another shape {_shown(_signature(tensors[named[last][1]]))}"
+                )
             continue
-        result[tap] = {"found": "unmapped", "tensor": tensors[index]["name"],
-                       "reason": f"the last op naming layer {tap!r} ({op_name}) writes shape "
-                                 f"{_shown(_signature(tensors[index]))}; the layer's output is "
-                                 f"{_shown(tuple(-1 if d is None else d for d in expected))}"}
+        result[tap] = {
+            "found": "unmapped",
+            "tensor": tensors[index]["name"],
+            "reason": f"the last op naming layer {tap!r} ({op_name}) writes shape "
+            f"{_shown(_signature(tensors[index]))}; the layer's output is "
+            f"{_shown(tuple(-1 if d is None else d for d in expected))}",
+        }
     return result
 
 

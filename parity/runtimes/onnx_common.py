@@ -13,8 +13,16 @@ from parity.runtimes.base import Runner
 class OnnxRunner(Runner):
     """Base for runtimes that execute an ONNX file produced by an exporter."""
 
-    def __init__(self, spec, artifact_dir: Path, meta: dict, batch_size: int, threads: int, device: str = "cpu",
-                 precision: str = "fp32"):
+    def __init__(
+        self,
+        spec,
+        artifact_dir: Path,
+        meta: dict,
+        batch_size: int,
+        threads: int,
+        device: str = "cpu",
+        precision: str = "fp32",
+    ):
         super().__init__(spec, batch_size, "float32", device, precision)
         self.model_path = str(Path(artifact_dir) / meta["file"])
         self.meta = meta
@@ -53,5 +61,8 @@ def low_precision_types(names, type_protos) -> dict[str, str]:
     """``{name: dtype}`` of the tensors among ``names`` whose ONNX ``type_protos`` declare an element type NumPy
     holds through ml_dtypes (``values.ONNX_ELEMENT_TYPES``)."""
     by_element = {element: name for name, element in values.ONNX_ELEMENT_TYPES.items()}
-    return {name: by_element[proto.tensor_type.elem_type] for name, proto in zip(names, type_protos)
-            if proto.WhichOneof("value") == "tensor_type" and proto.tensor_type.elem_type in by_element}
+    return {
+        name: by_element[proto.tensor_type.elem_type]
+        for name, proto in zip(names, type_protos)
+        if proto.WhichOneof("value") == "tensor_type" and proto.tensor_type.elem_type in by_element
+    }

@@ -15,8 +15,12 @@ class OnnxRefRunner(OnnxRunner):
         self.evaluator = ReferenceEvaluator(self.model_path)
         # the evaluator takes bfloat16, float8 and 4-bit inputs as ml_dtypes arrays
         self.graph_dtypes = low_precision_types(self.evaluator.input_names, self.evaluator.input_types)
-        self.numerics = {"evaluator": "onnx.reference", "device": device, "precision": precision,
-                         "float16_model": "float16" in meta}
+        self.numerics = {
+            "evaluator": "onnx.reference",
+            "device": device,
+            "precision": precision,
+            "float16_model": "float16" in meta,
+        }
 
     def run_impl(self, x):
         return tuple(self.evaluator.run(self.output_names, self.feed(x)))

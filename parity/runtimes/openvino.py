@@ -20,11 +20,15 @@ from parity.runtimes.onnx_common import onnx_feed
 
 F32 = "f32"
 HINTS = {"fp32": F32, "bf16": "bf16", "fp16": "f16"}  # parity's precision -> the CPU plugin's inference precision
-IR_TAPS_REASON = ("an OpenVINO IR converted from torch names its operations by TorchScript's module scopes, which "
-                  "parity does not map to layers: outputs are compared (diagnose torch/onnx/openvino to read the "
-                  "layers)")
-INT8_TAPS_REASON = ("an int8 IR quantized by NNCF computes its layers inside fused int8 kernels, which parity does not "
-                    "read: outputs are compared (the float path's diagnosis reads the layers)")
+IR_TAPS_REASON = (
+    "an OpenVINO IR converted from torch names its operations by TorchScript's module scopes, which "
+    "parity does not map to layers: outputs are compared (diagnose torch/onnx/openvino to read the "
+    "layers)"
+)
+INT8_TAPS_REASON = (
+    "an int8 IR quantized by NNCF computes its layers inside fused int8 kernels, which parity does not "
+    "read: outputs are compared (the float path's diagnosis reads the layers)"
+)
 LOW_PRECISION = {"i8", "u8"}
 
 
@@ -40,8 +44,16 @@ class OpenVinoRunner(Runner):
 
     no_taps_reason = IR_TAPS_REASON
 
-    def __init__(self, spec, artifact_dir: Path, meta: dict, batch_size: int, threads: int, device: str = "cpu",
-                 precision: str = "fp32"):
+    def __init__(
+        self,
+        spec,
+        artifact_dir: Path,
+        meta: dict,
+        batch_size: int,
+        threads: int,
+        device: str = "cpu",
+        precision: str = "fp32",
+    ):
         super().__init__(spec, batch_size, "float32", device, precision)
         import openvino as ov
 
@@ -60,21 +72,30 @@ class OpenVinoRunner(Runner):
         self.compiled = self.core.compile_model(self.core.read_model(str(self.model_path)), "CPU", self.config)
         ran = _type_name(self.compiled.get_property("INFERENCE_PRECISION_HINT"))
         if ran != self.hint and self.hint != F32:  # the CPU has no such instructions: the plugin runs f32
-            raise Unavailable(f"OpenVINO's CPU plugin compiles at {ran} here when asked for {self.hint}: this CPU "
-                              f"has no {self.hint} inference")
+            raise Unavailable(
+                f"OpenVINO's CPU plugin compiles at {ran} here when asked for {self.hint}: this CPU "
+                f"has no {self.hint} inference"
+            )
         if ran != self.hint:  # never timed or judged as fp32 when the plugin ran something else
-            raise RuntimeError(f"OpenVINO's CPU plugin was asked for INFERENCE_PRECISION_HINT f32 and compiled at "
-                               f"{ran}")
+            raise RuntimeError(
+                f"OpenVINO's CPU plugin was asked for INFERENCE_PRECISION_HINT f32 and compiled at {ran}"
+            )
         self.request = self.compiled.create_infer_request()
         self._outputs = [self.compiled.output(name) for name in self.output_names]
         self.default_hint = _type_name(self.core.get_property("CPU", "INFERENCE_PRECISION_HINT"))
-        self.numerics = {"openvino": ov.__version__, "device": "CPU", "precision": precision,
-                         "inference_precision_hint": self.hint, "ran_at": ran, "cpu_default_hint": self.default_hint,
-                         "default_here": _default_note(self.default_hint),
-                         "execution_mode": str(self.compiled.get_property("EXECUTION_MODE_HINT")).rpartition(".")[2],
-                         "dynamic_quantization_group_size":
-                             self.compiled.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE"),
-                         "threads": self.compiled.get_property("INFERENCE_NUM_THREADS"), "artifact": meta.get("format")}
+        self.numerics = {
+            "openvino": ov.__version__,
+            "device": "CPU",
+            "precision": precision,
+            "inference_precision_hint": self.hint,
+            "ran_at": ran,
+            "cpu_default_hint": self.default_hint,
+            "default_here": _default_note(self.default_hint),
+            "execution_mode": str(self.compiled.get_property("EXECUTION_MODE_HINT")).rpartition(".")[2],
+            "dynamic_quantization_group_size": self.compiled.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE"),
+            "threads": self.compiled.get_property("INFERENCE_NUM_THREADS"),
+            "artifact": meta.get("format"),
+        }
 
     def feed(self, x: dict) -> dict:
         """Feeds by the artifact's input names, a single input in its layout (``onnx_common.onnx_feed``)."""
@@ -87,17 +108,25 @@ class OpenVinoRunner(Runner):
     def runtime_record(self) -> dict:
         """The OpenVINO version, the device and its name, the precision hint set, the plugin's default here and what
         ran, the threads and streams the compiled model uses, and which inputs stayed dynamic."""
-        return {"runtime": "openvino", "openvino": self.ov.__version__, "device": "CPU",
-                "device_name": self.core.get_property("CPU", "FULL_DEVICE_NAME"),
-                "inference_precision": {"set": self.hint, "ran": self.numerics["ran_at"], "cpu_default": self.default_hint,
-                                        "note": self.numerics["default_here"]},
-                "threads": self.compiled.get_property("INFERENCE_NUM_THREADS"),
-                "streams": self.compiled.get_property("NUM_STREAMS"),
-                "performance_hint": str(self.compiled.get_property("PERFORMANCE_HINT")).rpartition(".")[2],
-                "dynamic_inputs": [port.any_name for port in self.compiled.inputs
-                                   if port.get_partial_shape().is_dynamic],
-                "summary": f"inference precision {self.hint} (ran {self.numerics['ran_at']}); "
-                           f"{self.numerics['default_here']}", **self._int8_record()}
+        return {
+            "runtime": "openvino",
+            "openvino": self.ov.__version__,
+            "device": "CPU",
+            "device_name": self.core.get_property("CPU", "FULL_DEVICE_NAME"),
+            "inference_precision": {
+                "set": self.hint,
+                "ran": self.numerics["ran_at"],
+                "cpu_default": self.default_hint,
+                "note": self.numerics["default_here"],
+            },
+            "threads": self.compiled.get_property("INFERENCE_NUM_THREADS"),
+            "streams": self.compiled.get_property("NUM_STREAMS"),
+            "performance_hint": str(self.compiled.get_property("PERFORMANCE_HINT")).rpartition(".")[2],
+            "dynamic_inputs": [port.any_name for port in self.compiled.inputs if port.get_partial_shape().is_dynamic],
+            "summary": f"inference precision {self.hint} (ran {self.numerics['ran_at']}); "
+            f"{self.numerics['default_here']}",
+            **self._int8_record(),
+        }
 
     def _int8_record(self) -> dict:
         """For an int8 IR: the compiled graph's layers that run in int8 (``runtimePrecision`` i8 / u8), by kind."""
@@ -127,8 +156,11 @@ def _default_note(default: str) -> str:
 def compile_config(threads: int, hint: str = F32) -> dict:
     """The CPU plugin's settings for one of parity's paths: ``hint`` (f32 by default) at every layer, no int8
     quantization of activations at run time (the plugin's dynamic quantization), ``threads`` intra-op threads."""
-    return {"INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": int(threads),
-            "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
+    return {
+        "INFERENCE_PRECISION_HINT": hint,
+        "INFERENCE_NUM_THREADS": int(threads),
+        "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0,
+    }
 
 
 def run_tensors(model, feed: dict, names: list[str], threads: int = 1, core=None) -> dict[str, np.ndarray]:

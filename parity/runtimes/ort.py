@@ -13,9 +13,17 @@ from parity.platform.errors import Unavailable
 from parity.runtimes.onnx_common import OnnxRunner
 
 # ONNX Runtime's names (``tensor(<name>)``) of the element types NumPy holds only through ml_dtypes
-_ORT_TYPE_NAMES = {"bfloat16": "bfloat16", "float8e4m3fn": "float8_e4m3fn", "float8e4m3fnuz": "float8_e4m3fnuz",
-                   "float8e5m2": "float8_e5m2", "float8e5m2fnuz": "float8_e5m2fnuz", "int4": "int4", "uint4": "uint4",
-                   "float4e2m1": "float4_e2m1fn", "float8e8m0": "float8_e8m0fnu"}
+_ORT_TYPE_NAMES = {
+    "bfloat16": "bfloat16",
+    "float8e4m3fn": "float8_e4m3fn",
+    "float8e4m3fnuz": "float8_e4m3fnuz",
+    "float8e5m2": "float8_e5m2",
+    "float8e5m2fnuz": "float8_e5m2fnuz",
+    "int4": "int4",
+    "uint4": "uint4",
+    "float4e2m1": "float4_e2m1fn",
+    "float8e8m0": "float8_e8m0fnu",
+}
 _BY_ELEMENT = {element: name for name, element in values.ONNX_ELEMENT_TYPES.items()}
 
 MIN_OPSET = 7  # ONNX Runtime has no kernels for the default domain below it
@@ -50,10 +58,18 @@ class OrtRunner(OnnxRunner):
         self.low_precision_io = bool(self.graph_dtypes or _low_precision(self.session.get_outputs()))
         used = self.session.get_providers()
         if used[:1] != [self.provider]:
-            raise Unavailable(f"ONNX Runtime did not start {self.provider} (its providers are {used}); see the worker log")
-        self.numerics = {"onnxruntime": ort.__version__, "provider": self.provider, "provider_options": providers[0][1],
-                         "graph_optimization_level": self.optimization, "device": device, "precision": precision,
-                         "float16_model": "float16" in meta}
+            raise Unavailable(
+                f"ONNX Runtime did not start {self.provider} (its providers are {used}); see the worker log"
+            )
+        self.numerics = {
+            "onnxruntime": ort.__version__,
+            "provider": self.provider,
+            "provider_options": providers[0][1],
+            "graph_optimization_level": self.optimization,
+            "device": device,
+            "precision": precision,
+            "float16_model": "float16" in meta,
+        }
 
     def providers(self) -> list[tuple[str, dict]]:
         """The session's providers and their options, this runner's own first."""
@@ -68,9 +84,11 @@ class OrtRunner(OnnxRunner):
             model = onnx.load(self.model_path, load_external_data=False)
             opset = next((e.version for e in model.opset_import if e.domain in ("", "ai.onnx")), None)
             if opset is not None and opset < MIN_OPSET:
-                raise RuntimeError(f"{type(error).__name__}: {error} (the model is opset {opset}; ONNX Runtime implements opset {MIN_OPSET} and "
-                                  f"later: convert it with `parity init NAME --onnx FILE --opset 13 --force`, which runs "
-                                  f"onnx.version_converter and records it)") from None
+                raise RuntimeError(
+                    f"{type(error).__name__}: {error} (the model is opset {opset}; ONNX Runtime implements opset {MIN_OPSET} and "
+                    f"later: convert it with `parity init NAME --onnx FILE --opset 13 --force`, which runs "
+                    f"onnx.version_converter and records it)"
+                ) from None
             raise
 
     def run_impl(self, x):
@@ -85,7 +103,9 @@ class OrtRunner(OnnxRunner):
             return None
         binding = self.session.io_binding()
         for name, value in self.feed(x).items():
-            binding.bind_ortvalue_input(name, self.ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value), "cuda", 0))
+            binding.bind_ortvalue_input(
+                name, self.ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value), "cuda", 0)
+            )
         for name in self.output_names:
             binding.bind_output(name, "cuda", 0)
 

@@ -10,12 +10,18 @@ class OrtCudaRunner(OrtRunner):
     1 only at tf32), all graph optimisations on."""
 
     provider = "CUDAExecutionProvider"
-    missing = ("onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu instead of onnxruntime: "
-               "pip install parity[gpu])")
+    missing = (
+        "onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu instead of onnxruntime: "
+        "pip install parity[gpu])"
+    )
 
     def providers(self):
-        return [(self.provider, {"device_id": 0, "use_tf32": int(self.precision == "tf32"),
-                                 "cudnn_conv_algo_search": "EXHAUSTIVE"})]
+        return [
+            (
+                self.provider,
+                {"device_id": 0, "use_tf32": int(self.precision == "tf32"), "cudnn_conv_algo_search": "EXHAUSTIVE"},
+            )
+        ]
 
 
 class OrtCudaNoOptRunner(OrtCudaRunner):

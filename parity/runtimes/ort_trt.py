@@ -23,16 +23,22 @@ class OrtTrtRunner(OrtRunner):
     """``ort-trt``: an InferenceSession whose first provider is TensorRT; falling back to another is a skip."""
 
     provider = "TensorrtExecutionProvider"
-    missing = ("onnxruntime has no TensorrtExecutionProvider (install onnxruntime-gpu and TensorRT: "
-               "pip install parity[gpu])")
+    missing = (
+        "onnxruntime has no TensorrtExecutionProvider (install onnxruntime-gpu and TensorRT: pip install parity[gpu])"
+    )
 
     def __init__(self, spec, artifact_dir, meta, batch_size, threads, device="cpu", precision="fp32"):
         super().__init__(spec, artifact_dir, meta, batch_size, threads, device, precision)
         override = os.environ.get("NVIDIA_TF32_OVERRIDE")
-        self.numerics.update({"providers": dict(self.providers()), "NVIDIA_TF32_OVERRIDE": override,
-                              "tf32": override != "0",
-                              "tf32_note": "the TensorRT provider has no TF32 option: TensorRT's default (on) applies "
-                                           "unless NVIDIA_TF32_OVERRIDE=0"})
+        self.numerics.update(
+            {
+                "providers": dict(self.providers()),
+                "NVIDIA_TF32_OVERRIDE": override,
+                "tf32": override != "0",
+                "tf32_note": "the TensorRT provider has no TF32 option: TensorRT's default (on) applies "
+                "unless NVIDIA_TF32_OVERRIDE=0",
+            }
+        )
 
     def _folders(self):
         """(this model's engine cache at this precision, the shared timing cache)."""
@@ -41,13 +47,20 @@ class OrtTrtRunner(OrtRunner):
 
     def providers(self):
         engines, shared = self._folders()
-        trt_options = {"device_id": 0, "trt_fp16_enable": self.precision == "fp16",
-                       "trt_engine_cache_enable": True, "trt_engine_cache_path": str(engines),
-                       "trt_timing_cache_enable": True, "trt_timing_cache_path": str(shared)}
+        trt_options = {
+            "device_id": 0,
+            "trt_fp16_enable": self.precision == "fp16",
+            "trt_engine_cache_enable": True,
+            "trt_engine_cache_path": str(engines),
+            "trt_timing_cache_enable": True,
+            "trt_timing_cache_path": str(shared),
+        }
         if self.precision == "bf16":  # asked for only when needed: older onnxruntime does not know the option
             trt_options["trt_bf16_enable"] = True
-        return [(self.provider, trt_options),
-                ("CUDAExecutionProvider", {"device_id": 0, "use_tf32": int(self.precision == "tf32")})]
+        return [
+            (self.provider, trt_options),
+            ("CUDAExecutionProvider", {"device_id": 0, "use_tf32": int(self.precision == "tf32")}),
+        ]
 
     def open_session(self, options, providers):
         """The session, built under a lock on its engine cache; a provider that cannot be created is a skip.
@@ -60,8 +73,12 @@ class OrtTrtRunner(OrtRunner):
         except Exception as error:
             message = str(error)
             if "Invalid TensorRT EP option: trt_bf16_enable" in message:
-                raise Unavailable(f"onnxruntime {self.ort.__version__} does not accept the TensorRT option "
-                                  "trt_bf16_enable (bf16 needs a newer onnxruntime-gpu)") from None
+                raise Unavailable(
+                    f"onnxruntime {self.ort.__version__} does not accept the TensorRT option "
+                    "trt_bf16_enable (bf16 needs a newer onnxruntime-gpu)"
+                ) from None
             if any(problem in message for problem in PROVIDER_PROBLEMS):
-                raise Unavailable(f"ONNX Runtime could not create the TensorRT provider: {one_line(message, 300)}") from None
+                raise Unavailable(
+                    f"ONNX Runtime could not create the TensorRT provider: {one_line(message, 300)}"
+                ) from None
             raise

@@ -37,7 +37,9 @@ def tf_device(tf, device: str) -> str:
     return "/GPU:0"
 
 
-def tape_gradients(tf, spec, forward, variables: dict, inputs: dict, labels, input_layout: str, param_layout: str) -> dict:
+def tape_gradients(
+    tf, spec, forward, variables: dict, inputs: dict, labels, input_layout: str, param_layout: str
+) -> dict:
     """Gradients of mean cross-entropy w.r.t. trainable ``variables`` (by canonical name) and every floating
     input (``inputs``: name -> tensor, as ``forward`` takes them).
 
@@ -56,7 +58,7 @@ def tape_gradients(tf, spec, forward, variables: dict, inputs: dict, labels, inp
         name: layouts.param_from_framework(param_layout, spec.params[name].kind, dense_gradient(tf, g, variable))
         for name, variable, g in zip(spec.trainable_params, trainable, grads)
     }
-    for (name, tensor), g in zip(watched.items(), grads[len(trainable):]):
+    for (name, tensor), g in zip(watched.items(), grads[len(trainable) :]):
         layout = next(i.layout for i in spec.model_inputs if i.name == name)
         result[spec.input_grad_names[name]] = layouts.from_layout(dense_gradient(tf, g, tensor), layout, input_layout)
     return result

@@ -14,8 +14,16 @@ class SavedModelRunner(Runner):
 
     differentiable = True
 
-    def __init__(self, spec, artifact_dir: Path, meta: dict, batch_size: int, threads: int, device: str = "cpu",
-                 precision: str = "fp32"):
+    def __init__(
+        self,
+        spec,
+        artifact_dir: Path,
+        meta: dict,
+        batch_size: int,
+        threads: int,
+        device: str = "cpu",
+        precision: str = "fp32",
+    ):
         super().__init__(spec, batch_size, "float32", device, precision)
         import tensorflow as tf
 
@@ -40,8 +48,9 @@ class SavedModelRunner(Runner):
             return tuple(t.numpy() for t in self._forward(self._to_tf(x)))
 
     def gradients_impl(self, x, labels):
-        return tape_gradients(self.tf, self.spec, self._forward, self.variables, self._to_tf(x), labels,
-                              self.layout, param_layout="spec")
+        return tape_gradients(
+            self.tf, self.spec, self._forward, self.variables, self._to_tf(x), labels, self.layout, param_layout="spec"
+        )
 
     def train_step_impl(self, x, labels, lr):
         if self._step is None:
@@ -55,10 +64,12 @@ class SavedModelRunner(Runner):
         """The restored variables behind ``names``; a SavedModel whose weights were frozen into
         constants (nothing to assign to) cannot take a training step in place."""
         missing = [name for name in names if name not in self.variables]
-        frozen = [name for name in names if name in self.variables
-                  and not isinstance(self.variables[name], self.tf.Variable)]
+        frozen = [
+            name for name in names if name in self.variables and not isinstance(self.variables[name], self.tf.Variable)
+        ]
         if missing or frozen:
             raise NotImplementedError(
                 f"the SavedModel's weights {', '.join(missing + frozen)} are not restored tf.Variables, so they "
-                f"cannot be updated in place; re-export with the weights as variables (param_list)")
+                f"cannot be updated in place; re-export with the weights as variables (param_list)"
+            )
         return [self.variables[name] for name in names]

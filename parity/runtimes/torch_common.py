@@ -10,8 +10,9 @@ def loss(torch, spec, returned, labels):
     """Mean cross-entropy of the first output against ``labels``; reduced-precision logits in float32, as
     mixed-precision training computes it."""
     logits = outputs.first(spec.outputs, returned, torch.is_tensor)
-    return torch.nn.functional.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)),
-                                             torch.from_numpy(labels).to(logits.device))
+    return torch.nn.functional.cross_entropy(
+        logits.to(torch.promote_types(logits.dtype, torch.float32)), torch.from_numpy(labels).to(logits.device)
+    )
 
 
 def gradients(torch, spec, forward, trainable: dict, inputs: dict, labels, host) -> dict:
@@ -22,9 +23,11 @@ def gradients(torch, spec, forward, trainable: dict, inputs: dict, labels, host)
     wrt = [*trainable.values(), *differentiated.values()]
     grads = torch.autograd.grad(loss(torch, spec, forward(inputs), labels), wrt, allow_unused=True)
     grads = [torch.zeros_like(t) if g is None else g for t, g in zip(wrt, grads)]
-    result = {name: layouts.param_from_framework("torch", spec.params[name].kind, host(g))
-              for name, g in zip(trainable, grads)}
-    for name, g in zip(differentiated, grads[len(trainable):]):
+    result = {
+        name: layouts.param_from_framework("torch", spec.params[name].kind, host(g))
+        for name, g in zip(trainable, grads)
+    }
+    for name, g in zip(differentiated, grads[len(trainable) :]):
         result[spec.input_grad_names[name]] = host(g)
     return result
 

@@ -58,8 +58,10 @@ def refuse_pickled_objects(path: Path) -> None:
                     for fqn, entry in config.items():
                         name = str((entry or {}).get("path_name", ""))
                         if name.startswith(_OBJECT_PREFIXES) or "/" in name or "\\" in name:
-                            raise PickledArtifact(f"{path.name} holds constant {fqn!r} as a pickled object ({name}): "
-                                                  f"parity never loads pickles")
+                            raise PickledArtifact(
+                                f"{path.name} holds constant {fqn!r} as a pickled object ({name}): "
+                                f"parity never loads pickles"
+                            )
     except zipfile.BadZipFile as error:
         raise PickledArtifact(f"{path.name} is not a .pt2 archive ({error})") from None
 
@@ -76,8 +78,12 @@ def load_program(path: Path):
     except Exception as error:
         if "weights_only" in str(error) or type(error).__name__ == "UnpicklingError":
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise PickledArtifact(one_line(f"{path.name} holds a pickle that is not plain tensors, refused by a "
-                                           f"weights-only load: {first}", 300)) from None
+            raise PickledArtifact(
+                one_line(
+                    f"{path.name} holds a pickle that is not plain tensors, refused by a weights-only load: {first}",
+                    300,
+                )
+            ) from None
         raise
 
 
@@ -87,8 +93,16 @@ class ExportedProgramRunner(Runner):
 
     differentiable = True
 
-    def __init__(self, spec, artifact_dir: Path, meta: dict, batch_size: int, threads: int, device: str = "cpu",
-                 precision: str = "fp32"):
+    def __init__(
+        self,
+        spec,
+        artifact_dir: Path,
+        meta: dict,
+        batch_size: int,
+        threads: int,
+        device: str = "cpu",
+        precision: str = "fp32",
+    ):
         super().__init__(spec, batch_size, "float32", device, precision)
         import torch
 
@@ -98,8 +112,11 @@ class ExportedProgramRunner(Runner):
         self.module = self.program.module()
         params = dict(self.module.named_parameters())
         # the exporter's wrapper holds the model as ``model``: parameters are ``model.<torch name>``
-        self._params = {name: params[f"model.{layouts.torch_param_name(name)}"] for name in spec.trainable_params
-                        if f"model.{layouts.torch_param_name(name)}" in params}
+        self._params = {
+            name: params[f"model.{layouts.torch_param_name(name)}"]
+            for name in spec.trainable_params
+            if f"model.{layouts.torch_param_name(name)}" in params
+        }
         missing = [name for name in spec.trainable_params if name not in self._params]
         if missing:
             self.differentiable = False  # a program whose weights were lifted to constants: forward only
@@ -119,19 +136,28 @@ class ExportedProgramRunner(Runner):
     def gradients_impl(self, x, labels):
         torch = self.torch
         inputs = {i.name: torch.from_numpy(x[i.name]) for i in self.spec.model_inputs}
-        return torch_common.gradients(torch, self.spec, lambda tensors: self.module(*tensors.values()), self._params,
-                                      inputs, labels, lambda g: g.detach().numpy())
+        return torch_common.gradients(
+            torch,
+            self.spec,
+            lambda tensors: self.module(*tensors.values()),
+            self._params,
+            inputs,
+            labels,
+            lambda g: g.detach().numpy(),
+        )
 
     def train_step_impl(self, x, labels, lr):
         torch = self.torch
         params = [self._params[name] for name in self.optimized_params()] if self._optimizer is None else None
-        self._optimizer = torch_common.sgd_step(torch, self._optimizer, params, lr,
-                                                lambda: torch_common.loss(torch, self.spec, self._forward(x), labels))
+        self._optimizer = torch_common.sgd_step(
+            torch, self._optimizer, params, lr, lambda: torch_common.loss(torch, self.spec, self._forward(x), labels)
+        )
 
     def trainable_weights_impl(self):
-        return {name: np.array(layouts.param_from_framework("torch", self.spec.params[name].kind,
-                                                            t.detach().numpy()))
-                for name, t in self._params.items()}
+        return {
+            name: np.array(layouts.param_from_framework("torch", self.spec.params[name].kind, t.detach().numpy()))
+            for name, t in self._params.items()
+        }
 
     def taps_impl(self, x):
         """The layers' outputs from the program unflattened back into the model's module tree
@@ -162,17 +188,22 @@ class ExportedProgramRunner(Runner):
         if len(ours) != len(theirs) or not all(torch.equal(a, b) for a, b in zip(ours, theirs)):
             for where in self.tap_locations.values():
                 where.setdefault("reason", "read from the unflattened program, whose outputs differ from .module()'s")
-        return {tap: outputs.flatten(value, torch.is_tensor)[0][1].detach().numpy()
-                for tap, value in recorded.items()}
+        return {tap: outputs.flatten(value, torch.is_tensor)[0][1].detach().numpy() for tap, value in recorded.items()}
 
     def runtime_record(self) -> dict:
         """The torch that ran the program, and whether its declared axes are dynamic in it."""
         axes = self.meta.get("axes") or {}
-        record = {"torch": self.torch.__version__, "dynamic_axes": bool(axes.get("dynamic")),
-                  "static_axes": axes.get("static") or {}, "static_reason": axes.get("reason"),
-                  "summary": "declared axes dynamic in the program" if not axes.get("static")
-                  else f"exported static: {axes.get('reason')}"}
+        record = {
+            "torch": self.torch.__version__,
+            "dynamic_axes": bool(axes.get("dynamic")),
+            "static_axes": axes.get("static") or {},
+            "static_reason": axes.get("reason"),
+            "summary": "declared axes dynamic in the program"
+            if not axes.get("static")
+            else f"exported static: {axes.get('reason')}",
+        }
         if self._missing_params:
-            record["not_differentiable"] = (f"the program holds {', '.join(self._missing_params[:4])} as constants, "
-                                            f"not parameters")
+            record["not_differentiable"] = (
+                f"the program holds {', '.join(self._missing_params[:4])} as constants, not parameters"
+            )
         return record

@@ -14,8 +14,10 @@ from parity.runtimes.torch_export import ExportedProgramRunner
 MODE = "inductor, freezing, static shapes"
 # run eagerly, the program's quantize / dequantize are reference ops around float kernels: its int8 numerics, not its
 # speed (3x slower than the float program on the zoo's cnn); inductor lowers them to int8 kernels only with freezing
-EAGER_NOTE = ("read from the program run eagerly (its quantize / dequantize as reference ops): the compiled program "
-              "fuses the layers into int8 kernels that expose no layer outputs")
+EAGER_NOTE = (
+    "read from the program run eagerly (its quantize / dequantize as reference ops): the compiled program "
+    "fuses the layers into int8 kernels that expose no layer outputs"
+)
 
 
 class Pt2eRunner(ExportedProgramRunner):
@@ -28,8 +30,16 @@ class Pt2eRunner(ExportedProgramRunner):
 
     differentiable = False
 
-    def __init__(self, spec, artifact_dir: Path, meta: dict, batch_size: int, threads: int, device: str = "cpu",
-                 precision: str = "fp32"):
+    def __init__(
+        self,
+        spec,
+        artifact_dir: Path,
+        meta: dict,
+        batch_size: int,
+        threads: int,
+        device: str = "cpu",
+        precision: str = "fp32",
+    ):
         import inspect
 
         import torch._dynamo
@@ -46,10 +56,20 @@ class Pt2eRunner(ExportedProgramRunner):
         self._compiles: dict[tuple, float] = {}  # input shapes -> seconds of the first run there (compile included)
         self._steady: dict[tuple, float] = {}  # input shapes -> seconds of the second run there
         quantization = meta.get("quantization") or {}
-        self.numerics = {**self.numerics, "int8": {k: quantization.get(k) for k in (
-            "tool", "quantizer", "activations", "weights", "kept_float", "quantized_layers")},
-                         "torch_compile": {"backend": "inductor", "freezing": True, "dynamic": False,
-                                           "fullgraph": True, "isolated_region": isolated}}
+        self.numerics = {
+            **self.numerics,
+            "int8": {
+                k: quantization.get(k)
+                for k in ("tool", "quantizer", "activations", "weights", "kept_float", "quantized_layers")
+            },
+            "torch_compile": {
+                "backend": "inductor",
+                "freezing": True,
+                "dynamic": False,
+                "fullgraph": True,
+                "isolated_region": isolated,
+            },
+        }
         self.tap_locations = {}
 
     def run_impl(self, x):
@@ -85,21 +105,28 @@ class Pt2eRunner(ExportedProgramRunner):
             stack = node.meta.get("nn_module_stack") or {}
             for path, _ in stack.values():
                 if path.startswith("model."):  # the exporter's wrapper holds the model as ``model``
-                    last[path[len("model."):]] = node
+                    last[path[len("model.") :]] = node
         self.tap_locations, wanted = {}, {}
         for tap in self.spec.taps:
             read_at = folded.get(tap, tap)
             if tap in convs:
-                self.tap_locations[tap] = {"found": "fused", "fused_into": convs[tap], "tensor": last.get(tap) and
-                                           last[tap].name, "reason": f"pt2e folded {convs[tap]!r} into {tap!r}: its "
-                                                                     f"output holds {convs[tap]!r}'s values"}
+                self.tap_locations[tap] = {
+                    "found": "fused",
+                    "fused_into": convs[tap],
+                    "tensor": last.get(tap) and last[tap].name,
+                    "reason": f"pt2e folded {convs[tap]!r} into {tap!r}: its output holds {convs[tap]!r}'s values",
+                }
             elif read_at not in last:
                 self.tap_locations[tap] = {"found": "unmapped", "reason": "the program records no op of this module"}
             else:
                 wanted[tap] = last[read_at]
-                self.tap_locations[tap] = {"found": "module", "tensor": last[read_at].name, "reason": EAGER_NOTE if
-                                           read_at == tap else f"pt2e folded {tap!r} into {read_at!r}: read at "
-                                                               f"{read_at!r}'s output; {EAGER_NOTE}"}
+                self.tap_locations[tap] = {
+                    "found": "module",
+                    "tensor": last[read_at].name,
+                    "reason": EAGER_NOTE
+                    if read_at == tap
+                    else f"pt2e folded {tap!r} into {read_at!r}: read at {read_at!r}'s output; {EAGER_NOTE}",
+                }
         recorded = {}
         nodes = set(wanted.values())
 
@@ -122,17 +149,29 @@ class Pt2eRunner(ExportedProgramRunner):
         record.pop("not_differentiable", None)
         quantization = self.meta.get("quantization") or {}
         shapes: list[dict[str, Any]] = [
-            {"input_shapes": [list(s) for s in shape], "first_run_s": round(first, 3),
-             "second_run_s": None if shape not in self._steady else round(self._steady[shape], 6)}
-            for shape, first in self._compiles.items()]
+            {
+                "input_shapes": [list(s) for s in shape],
+                "first_run_s": round(first, 3),
+                "second_run_s": None if shape not in self._steady else round(self._steady[shape], 6),
+            }
+            for shape, first in self._compiles.items()
+        ]
         compile_s = sum(entry["first_run_s"] - (entry["second_run_s"] or 0.0) for entry in shapes)
-        record.update(ran="compiled", mode=MODE, graphs_compiled=len(shapes), compile_s=round(compile_s, 3),
-                      shapes=shapes, quantized_layers=quantization.get("quantized_layers"),
-                      not_quantized=quantization.get("not_quantized") or [],
-                      kept_float=quantization.get("kept_float") or [])
+        record.update(
+            ran="compiled",
+            mode=MODE,
+            graphs_compiled=len(shapes),
+            compile_s=round(compile_s, 3),
+            shapes=shapes,
+            quantized_layers=quantization.get("quantized_layers"),
+            not_quantized=quantization.get("not_quantized") or [],
+            kept_float=quantization.get("kept_float") or [],
+        )
         left = record["not_quantized"]
-        record["summary"] = (f"int8 program compiled by inductor (freezing) at {len(shapes)} input shapes, "
-                             f"{compile_s:.1f} s compiling; {quantization.get('quantized_layers', '?')} int8 layers"
-                             + (f", {', '.join(left)} left float by the quantizer" if left else "")
-                             + ("" if not record["static_axes"] else f"; exported static: {record['static_reason']}"))
+        record["summary"] = (
+            f"int8 program compiled by inductor (freezing) at {len(shapes)} input shapes, "
+            f"{compile_s:.1f} s compiling; {quantization.get('quantized_layers', '?')} int8 layers"
+            + (f", {', '.join(left)} left float by the quantizer" if left else "")
+            + ("" if not record["static_axes"] else f"; exported static: {record['static_reason']}")
+        )
         return record

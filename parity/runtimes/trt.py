@@ -24,7 +24,9 @@ def import_tensorrt():
     try:
         import tensorrt
     except ImportError as error:
-        raise Unavailable(f"tensorrt is not installed ({error}; install it from NVIDIA's index, or {INSTALL})") from None
+        raise Unavailable(
+            f"tensorrt is not installed ({error}; install it from NVIDIA's index, or {INSTALL})"
+        ) from None
     return tensorrt
 
 
@@ -69,8 +71,9 @@ def engine_dtype(trt, engine, name: str) -> np.dtype:
     try:
         return np.dtype(trt.nptype(engine.get_tensor_dtype(name)))
     except TypeError:
-        raise Unavailable(f"engine tensor {name!r} has type {engine.get_tensor_dtype(name)}, "
-                          "which NumPy cannot hold") from None
+        raise Unavailable(
+            f"engine tensor {name!r} has type {engine.get_tensor_dtype(name)}, which NumPy cannot hold"
+        ) from None
 
 
 class EngineSession:
@@ -93,8 +96,10 @@ class EngineSession:
     def _open(self, trt, plan: bytes, input_shapes: dict[str, tuple]) -> None:
         self.engine = trt.Runtime(logger()).deserialize_cuda_engine(plan)
         if self.engine is None:
-            raise ExportError("TensorRT could not deserialize the engine (built by another TensorRT version or "
-                              "for another GPU?); rebuild it")
+            raise ExportError(
+                "TensorRT could not deserialize the engine (built by another TensorRT version or "
+                "for another GPU?); rebuild it"
+            )
         self.context = self.engine.create_execution_context()
         if self.context is None:
             raise ParityError("TensorRT could not create an execution context (out of device memory?)")
@@ -184,11 +189,16 @@ def run_plan(plan: bytes, arrays: dict[str, np.ndarray], output_names) -> list[n
 def check_engine_target(meta: dict, trt, gpu: dict) -> None:
     """An engine runs only on the TensorRT version and GPU it was built with (the export cache keys on both)."""
     built = meta.get("gpu", {})
-    if (meta.get("tensorrt") != trt.__version__ or built.get("name") != gpu["name"]
-            or built.get("compute_capability") != gpu["compute_capability"]):
-        raise ExportError(f"the engine was built with TensorRT {meta.get('tensorrt')} for {built.get('name')} "
-                          f"(sm {built.get('compute_capability')}); this is TensorRT {trt.__version__} on "
-                          f"{gpu['name']} (sm {gpu['compute_capability']}): it must be rebuilt")
+    if (
+        meta.get("tensorrt") != trt.__version__
+        or built.get("name") != gpu["name"]
+        or built.get("compute_capability") != gpu["compute_capability"]
+    ):
+        raise ExportError(
+            f"the engine was built with TensorRT {meta.get('tensorrt')} for {built.get('name')} "
+            f"(sm {built.get('compute_capability')}); this is TensorRT {trt.__version__} on "
+            f"{gpu['name']} (sm {gpu['compute_capability']}): it must be rebuilt"
+        )
 
 
 class TrtRunner(OnnxRunner):
@@ -200,16 +210,24 @@ class TrtRunner(OnnxRunner):
         check_engine_target(meta, trt, gpu_info(cudart()))
         with open(self.model_path, "rb") as f:
             plan = f.read()
-        zeros = {i.name: np.zeros(spec.input_shape(i.name, batch_size), np.float32 if i.floating else i.dtype)
-                 for i in spec.model_inputs}
+        zeros = {
+            i.name: np.zeros(spec.input_shape(i.name, batch_size), np.float32 if i.floating else i.dtype)
+            for i in spec.model_inputs
+        }
         self.session = EngineSession(plan, {name: value.shape for name, value in self.feed(zeros).items()})
-        self.numerics = {"tensorrt": trt.__version__, "precision": precision, "builder": meta["builder"],
-                         "device": device}
+        self.numerics = {
+            "tensorrt": trt.__version__,
+            "precision": precision,
+            "builder": meta["builder"],
+            "device": device,
+        }
 
     def run_impl(self, x):
         outputs = self.session.run(self.feed(x), self.output_names)
-        return tuple(np.asarray(out, dtype=np.float32) if np.asarray(out).dtype.kind == "f" else np.asarray(out)
-                     for out in outputs)
+        return tuple(
+            np.asarray(out, dtype=np.float32) if np.asarray(out).dtype.kind == "f" else np.asarray(out)
+            for out in outputs
+        )
 
     def device_compute(self, x):
         self.session.upload(self.feed(x))

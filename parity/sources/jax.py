@@ -44,8 +44,12 @@ def check_definition(spec, params, batch_size: int) -> None:
     import jax
 
     dtype = next(iter(params.values())).dtype
-    x = packed({i.name: jax.ShapeDtypeStruct(spec.input_shape(i.name, batch_size), dtype if i.floating else i.dtype)
-                for i in spec.model_inputs})
+    x = packed(
+        {
+            i.name: jax.ShapeDtypeStruct(spec.input_shape(i.name, batch_size), dtype if i.floating else i.dtype)
+            for i in spec.model_inputs
+        }
+    )
     recorder: _ReadRecorder | None = None  # the trace's, set as it starts
 
     def traced(p, x):
@@ -105,8 +109,9 @@ class JaxSource(Runner):
 
     differentiable = True
 
-    def __init__(self, spec, weights, batch_size: int, dtype: str = "float32", device: str = "cpu",
-                 precision: str = "fp32"):
+    def __init__(
+        self, spec, weights, batch_size: int, dtype: str = "float32", device: str = "cpu", precision: str = "fp32"
+    ):
         super().__init__(spec, batch_size, dtype, device, precision)
         enable_x64_if_needed(dtype)
         import jax
@@ -116,8 +121,9 @@ class JaxSource(Runner):
         self.jax = jax
         self.jax_device = jax_device(jax, device)
         self.numerics = jax_flags(jax, precision, device)
-        self.params = {name: jax.device_put(jnp.asarray(self._held(name, weights[name])), self.jax_device)
-                       for name in spec.params}
+        self.params = {
+            name: jax.device_put(jnp.asarray(self._held(name, weights[name])), self.jax_device) for name in spec.params
+        }
         check_definition(spec, self.params, batch_size)
         self._forward = jax.jit(lambda p, x: forward_outputs(spec, spec.jax_apply(p, x, None)))
         self._step = None  # the jitted SGD update, made by the first train_step
@@ -126,17 +132,20 @@ class JaxSource(Runner):
         """A weight in the dtype the run holds it in (``layouts.held_dtype``); float64 needs JAX's x64 mode."""
         param = self.spec.params[name]
         # jax sets its flags on the config at run time: its Config class declares none of them
-        if layouts.held_dtype(param.dtype, self.compute_dtype) == "float64" and \
-                not self.jax.config.jax_enable_x64:  # type: ignore[attr-defined]
-            raise Unavailable(f"parameter {name!r} is float64, which JAX holds only with jax_enable_x64 (off for a "
-                              f"{self.precision} run): JAX would narrow it to float32")
+        if layouts.held_dtype(param.dtype, self.compute_dtype) == "float64" and not self.jax.config.jax_enable_x64:  # type: ignore[attr-defined]
+            raise Unavailable(
+                f"parameter {name!r} is float64, which JAX holds only with jax_enable_x64 (off for a "
+                f"{self.precision} run): JAX would narrow it to float32"
+            )
         return layouts.held_array(param, value, self.compute_dtype)
 
     def _on_device(self, feeds: dict) -> dict:
         """Feeds on the device, floating ones in the compute dtype."""
         dtype = self.jax.numpy.dtype(self.compute_dtype)
-        return {name: self.jax.device_put(x.astype(dtype) if x.dtype.kind == "f" else x, self.jax_device)
-                for name, x in feeds.items()}
+        return {
+            name: self.jax.device_put(x.astype(dtype) if x.dtype.kind == "f" else x, self.jax_device)
+            for name, x in feeds.items()
+        }
 
     def _input(self, feeds: dict):
         """What ``jax_apply`` takes (``packed``), on the device."""
@@ -194,8 +203,11 @@ class JaxSource(Runner):
             self._step = jax.jit(sgd_update(jax, self.spec))
         updated = {name: self.params[name] for name in self._updated}
         rest = {name: v for name, v in self.params.items() if name not in updated}
-        new = jax.block_until_ready(self._step(updated, rest, self._input(x), labels,
-                                               np.asarray(lr, dtype=self.jax.numpy.dtype(self.compute_dtype))))
+        new = jax.block_until_ready(
+            self._step(
+                updated, rest, self._input(x), labels, np.asarray(lr, dtype=self.jax.numpy.dtype(self.compute_dtype))
+            )
+        )
         self.params = {**self.params, **new}
 
     def trainable_weights_impl(self):

@@ -51,8 +51,9 @@ class KerasSource(Runner):
     differentiable = True
     jit_compile: bool | None = None  # tf.function's own: ``parity.sources.tf_xla`` compiles with XLA (True)
 
-    def __init__(self, spec, weights, batch_size: int, dtype: str = "float32", device: str = "cpu",
-                 precision: str = "fp32"):
+    def __init__(
+        self, spec, weights, batch_size: int, dtype: str = "float32", device: str = "cpu", precision: str = "fp32"
+    ):
         super().__init__(spec, batch_size, dtype, device, precision)
         import tensorflow as tf
 
@@ -62,8 +63,9 @@ class KerasSource(Runner):
         with tf.device(self.tf_device):
             self.model = build_model(spec, weights, self.compute_dtype)
         self.layout = layouts.activation_layout("tf", spec.model_inputs[0].layout)
-        self._forward = tf.function(lambda inputs: outputs_in_order(spec, call(self.model, inputs)),
-                                    jit_compile=self.jit_compile)
+        self._forward = tf.function(
+            lambda inputs: outputs_in_order(spec, call(self.model, inputs)), jit_compile=self.jit_compile
+        )
         self._step = None  # the SGD step's tf.function, made by the first train_step
 
     def _to_tf(self, x):
@@ -89,8 +91,9 @@ class KerasSource(Runner):
     def taps_impl(self, x):
         import keras
 
-        tap_model = keras.Model(self.model.inputs,
-                                [call_output(keras, self.model.get_layer(t)) for t in self.spec.taps])
+        tap_model = keras.Model(
+            self.model.inputs, [call_output(keras, self.model.get_layer(t)) for t in self.spec.taps]
+        )
         values = as_tuple(self._tap_values(tap_model, self._to_tf(x)))
         return {
             name: layouts.from_layout(v.numpy(), self.spec.model_inputs[0].layout, self.layout)
@@ -103,14 +106,26 @@ class KerasSource(Runner):
 
     def gradients_impl(self, x, labels):
         variables = {v.path: v for v in self.model.weights}
-        return tape_gradients(self.tf, self.spec, lambda inputs: call(self.model, inputs), variables,
-                              self._to_tf(x), labels, self.layout, param_layout="tf")
+        return tape_gradients(
+            self.tf,
+            self.spec,
+            lambda inputs: call(self.model, inputs),
+            variables,
+            self._to_tf(x),
+            labels,
+            self.layout,
+            param_layout="tf",
+        )
 
     def train_step_impl(self, x, labels, lr):
         if self._step is None:
             variables = {v.path: v for v in self.model.weights}
-            self._step = sgd_step(self.tf, self.spec, lambda inputs: call(self.model, inputs),
-                                  [variables[name] for name in self.optimized_params()])
+            self._step = sgd_step(
+                self.tf,
+                self.spec,
+                lambda inputs: call(self.model, inputs),
+                [variables[name] for name in self.optimized_params()],
+            )
         run_sgd_step(self.tf, self._step, self._to_tf(x), labels, lr, self.compute_dtype)
 
     def trainable_weights_impl(self):

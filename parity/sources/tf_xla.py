@@ -24,8 +24,9 @@ class KerasXlaSource(KerasSource):
 
     jit_compile = True
 
-    def __init__(self, spec, weights, batch_size: int, dtype: str = "float32", device: str = "cpu",
-                 precision: str = "fp32"):
+    def __init__(
+        self, spec, weights, batch_size: int, dtype: str = "float32", device: str = "cpu", precision: str = "fp32"
+    ):
         super().__init__(spec, weights, batch_size, dtype, device, precision)
         # the model's own structure, for the tape: ``tape_gradients`` orders its outputs
         self._xla_call = self.tf.function(lambda inputs: call(self.model, inputs), jit_compile=True)
@@ -45,15 +46,20 @@ class KerasXlaSource(KerasSource):
     def gradients_impl(self, x, labels):
         self._seen("gradients", x)
         variables = {v.path: v for v in self.model.weights}
-        return tape_gradients(self.tf, self.spec, self._xla_call, variables, self._to_tf(x), labels, self.layout,
-                              param_layout="tf")
+        return tape_gradients(
+            self.tf, self.spec, self._xla_call, variables, self._to_tf(x), labels, self.layout, param_layout="tf"
+        )
 
     def train_step_impl(self, x, labels, lr):
         self._seen("train_step", x)
         if self._step is None:
             variables = {v.path: v for v in self.model.weights}
-            step = sgd_step(self.tf, self.spec, lambda inputs: call(self.model, inputs),
-                            [variables[name] for name in self.optimized_params()])
+            step = sgd_step(
+                self.tf,
+                self.spec,
+                lambda inputs: call(self.model, inputs),
+                [variables[name] for name in self.optimized_params()],
+            )
             # the same step (forward, loss, tape, assign_sub) as one XLA computation
             self._step = self.tf.function(step.python_function, jit_compile=True)
         run_sgd_step(self.tf, self._step, self._to_tf(x), labels, lr, self.compute_dtype)
@@ -78,10 +84,18 @@ class KerasXlaSource(KerasSource):
             if name == "taps":
                 entry["compiles"] = self._tap_calls  # a tap model is built, traced and compiled per diagnosis
             functions[name] = entry
-        counts = ", ".join(f"{name} {entry.get('traces', entry.get('compiles'))} at {len(entry['shapes'])} shapes"
-                           for name, entry in functions.items())
-        return {"runtime": "tf-xla", "xla": True, "jit_compile": "must-compile", "tensorflow": self.tf.__version__,
-                "device": self.tf_device, "functions": functions,
-                "summary": f"XLA must-compile; traced: {counts}",
-                "note": "gradients differentiate the XLA-compiled forward; TensorFlow compiles its backward "
-                        "function with XLA as well"}
+        counts = ", ".join(
+            f"{name} {entry.get('traces', entry.get('compiles'))} at {len(entry['shapes'])} shapes"
+            for name, entry in functions.items()
+        )
+        return {
+            "runtime": "tf-xla",
+            "xla": True,
+            "jit_compile": "must-compile",
+            "tensorflow": self.tf.__version__,
+            "device": self.tf_device,
+            "functions": functions,
+            "summary": f"XLA must-compile; traced: {counts}",
+            "note": "gradients differentiate the XLA-compiled forward; TensorFlow compiles its backward "
+            "function with XLA as well",
+        }

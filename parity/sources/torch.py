@@ -75,8 +75,9 @@ class TorchSource(Runner):
 
     differentiable = True
 
-    def __init__(self, spec, weights, batch_size: int, dtype: str = "float32", device: str = "cpu",
-                 precision: str = "fp32"):
+    def __init__(
+        self, spec, weights, batch_size: int, dtype: str = "float32", device: str = "cpu", precision: str = "fp32"
+    ):
         super().__init__(spec, batch_size, dtype, device, precision)
         import torch
 
@@ -143,9 +144,15 @@ class TorchSource(Runner):
     def gradients_impl(self, x, labels):
         for p in self.module.parameters():
             p.grad = None
-        return torch_common.gradients(self.torch, self.spec, self._forward,
-                                      self._trainable_tensors(self.spec.trainable_params), self._inputs(x), labels,
-                                      self._host)
+        return torch_common.gradients(
+            self.torch,
+            self.spec,
+            self._forward,
+            self._trainable_tensors(self.spec.trainable_params),
+            self._inputs(x),
+            labels,
+            self._host,
+        )
 
     def _trainable_tensors(self, names) -> dict:
         params = dict(self.module.named_parameters())
@@ -156,8 +163,12 @@ class TorchSource(Runner):
         params = list(self._trainable_tensors(self.optimized_params()).values()) if self._optimizer is None else None
         # eval mode: BatchNorm statistics stay as they are
         self._optimizer = torch_common.sgd_step(
-            torch, self._optimizer, params, lr,
-            lambda: torch_common.loss(torch, self.spec, self._forward(self._inputs(x)), labels))
+            torch,
+            self._optimizer,
+            params,
+            lr,
+            lambda: torch_common.loss(torch, self.spec, self._forward(self._inputs(x)), labels),
+        )
         if self.device != "cpu":
             torch.cuda.synchronize()
 

@@ -58,9 +58,15 @@ def with_attrs(forward: Callable, **changes) -> Callable:
 def epsilon_variants(layer: str, forward: Callable, declared: float, epsilons) -> list[Variant]:
     """One variant per other epsilon in ``epsilons`` (``(value, label, where it is the default)``);
     values within 1 % of the declared one cannot be told apart and are left out."""
-    return [Variant(f"eps={label}", f"{layer} epsilon {label}{f' ({why})' if why else ''} instead of {declared:g}",
-                    with_attrs(forward, eps=eps))
-            for eps, label, why in epsilons if abs(eps - declared) > 0.01 * max(eps, declared)]
+    return [
+        Variant(
+            f"eps={label}",
+            f"{layer} epsilon {label}{f' ({why})' if why else ''} instead of {declared:g}",
+            with_attrs(forward, eps=eps),
+        )
+        for eps, label, why in epsilons
+        if abs(eps - declared) > 0.01 * max(eps, declared)
+    ]
 
 
 KINDS = {name: importlib.import_module(f"{__name__}.{name}") for name in LAYER_KINDS}

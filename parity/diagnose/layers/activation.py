@@ -49,7 +49,7 @@ FORMS = {
     "relu6": lambda x, alpha: np.clip(x, 0.0, 6.0),
     "leaky_relu": lambda x, alpha: np.where(x >= 0, x, alpha * x),
     "gelu_erf": lambda x, alpha: 0.5 * x * (1.0 + _ERF(x * math.sqrt(0.5))),
-    "gelu_tanh": lambda x, alpha: 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3))),
+    "gelu_tanh": lambda x, alpha: 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3))),
     "gelu_sigmoid": lambda x, alpha: x * _sigmoid(1.702 * x),
     "sigmoid": lambda x, alpha: _sigmoid(x),
     "tanh": lambda x, alpha: np.tanh(x),
@@ -68,8 +68,11 @@ _NEIGHBOURS = {  # declared form -> (variant name, form, alpha)
     "gelu_tanh": [("gelu_erf", "gelu_erf", None), ("gelu_sigmoid", "gelu_sigmoid", None)],
     "gelu_sigmoid": [("gelu_erf", "gelu_erf", None), ("gelu_tanh", "gelu_tanh", None)],
     "sigmoid": [("hard_sigmoid", "hard_sigmoid", 1.0 / 6.0), ("hard_sigmoid_0.2", "hard_sigmoid", 0.2)],
-    "hard_sigmoid": [("hard_sigmoid_1/6", "hard_sigmoid", 1.0 / 6.0), ("hard_sigmoid_0.2", "hard_sigmoid", 0.2),
-                     ("sigmoid", "sigmoid", None)],
+    "hard_sigmoid": [
+        ("hard_sigmoid_1/6", "hard_sigmoid", 1.0 / 6.0),
+        ("hard_sigmoid_0.2", "hard_sigmoid", 0.2),
+        ("sigmoid", "sigmoid", None),
+    ],
     "silu": [("hard_swish", "hard_swish", None)],
     "hard_swish": [("silu", "silu", None)],
 }
@@ -105,7 +108,9 @@ def _softplus_other(beta=None, threshold=True):
 
     def compute(inputs, weights, attrs, observed):
         x = np.asarray(inputs[0], np.float64)
-        y = _softplus(x, attrs.get("beta", 1.0) if beta is None else beta, attrs.get("threshold") if threshold else None)
+        y = _softplus(
+            x, attrs.get("beta", 1.0) if beta is None else beta, attrs.get("threshold") if threshold else None
+        )
         if np.array_equal(y, forward(inputs, weights, attrs)):
             raise NotApplicable("equals the declared softplus on these inputs")
         return y
@@ -119,15 +124,30 @@ def _softplus_variants(attrs) -> list[Variant]:
     # above its threshold the declared form is x, off from the curve by at most log(1 + e^-threshold)/beta: below
     # float32's resolution at torch's default (20), so it cannot be told apart there
     if threshold is not None and math.log1p(math.exp(-threshold)) / beta > 1e-7:
-        found.append(Variant("softplus_no_threshold", f"softplus without its threshold ({threshold:g}): "
-                             f"log(1 + e^(beta x))/beta everywhere, where the declared form is x above it",
-                             _softplus_other(threshold=False)))
+        found.append(
+            Variant(
+                "softplus_no_threshold",
+                f"softplus without its threshold ({threshold:g}): "
+                f"log(1 + e^(beta x))/beta everywhere, where the declared form is x above it",
+                _softplus_other(threshold=False),
+            )
+        )
     if beta != 1.0:
-        found.append(Variant("softplus_beta_dropped", f"softplus with beta 1 instead of {beta:g} (the threshold kept)",
-                             _softplus_other(beta=1.0)))
+        found.append(
+            Variant(
+                "softplus_beta_dropped",
+                f"softplus with beta 1 instead of {beta:g} (the threshold kept)",
+                _softplus_other(beta=1.0),
+            )
+        )
         if threshold is not None:
-            found.append(Variant("softplus_plain", f"plain softplus log(1 + e^x): beta {beta:g} and threshold "
-                                 f"{threshold:g} both lost", _softplus_other(beta=1.0, threshold=False)))
+            found.append(
+                Variant(
+                    "softplus_plain",
+                    f"plain softplus log(1 + e^x): beta {beta:g} and threshold {threshold:g} both lost",
+                    _softplus_other(beta=1.0, threshold=False),
+                )
+            )
     return found
 
 

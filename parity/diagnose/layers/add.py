@@ -21,8 +21,14 @@ def forward(inputs, weights, attrs):
 
 def variants(attrs):
     return [
-        Variant("residual_missing", "skip connection dropped: only the second input (the branch)",
-                lambda inputs, weights, attrs, observed: np.asarray(inputs[1], np.float64)),
-        Variant("residual_missing_first", "branch dropped: only the first input (the skip path)",
-                lambda inputs, weights, attrs, observed: np.asarray(inputs[0], np.float64)),
+        Variant(
+            "residual_missing",
+            "skip connection dropped: only the second input (the branch)",
+            lambda inputs, weights, attrs, observed: np.asarray(inputs[1], np.float64),
+        ),
+        Variant(
+            "residual_missing_first",
+            "branch dropped: only the first input (the skip path)",
+            lambda inputs, weights, attrs, observed: np.asarray(inputs[0], np.float64),
+        ),
     ]

@@ -116,8 +116,10 @@ def forward(inputs, weights, attrs, axis=-1, interleaved=False, rows="declared",
         logits = np.where(np.triu(np.ones((t, t), bool), 1), -np.inf, logits)
     raw = logits
     if len(inputs) > 1 and "mask" not in attrs:
-        raise ValueError("an attention layer with a mask input declares the mask's convention: attribute 'mask' "
-                         f"({', '.join(MASKS)})")
+        raise ValueError(
+            "an attention layer with a mask input declares the mask's convention: attribute 'mask' "
+            f"({', '.join(MASKS)})"
+        )
     if len(inputs) > 1 and mask is not None:
         kind = attrs["mask"] if mask == "declared" else mask
         logits = _masked(logits, _mask(inputs[1], attrs, b, t, t), kind)
@@ -156,42 +158,84 @@ def _with_mask(**options):
 
 
 def _mask_variants(declared, rows="zero"):
-    row = Variant("masked_row_nan", "a fully masked query row gives NaN (a plain softmax over -inf) where the "
-                  "declared form gives zero attention (torch SDPA)", _with_mask(rows="nan")) if rows != "nan" else \
-        Variant("masked_row_zero", "a fully masked query row gives zero attention (torch SDPA's convention) where "
-                "the declared form gives NaN (nn.MultiheadAttention)", _with_mask(rows="zero"))
-    found = [row,
-             Variant("masked_row_uniform", "a fully masked query row attends uniformly, the mean of the values (a "
-                     "mask of the dtype's lowest value instead of -inf)", _with_mask(rows="uniform")),
-             Variant("masked_row_unmasked", "a fully masked query row attends as if unmasked (an additive -1e9 "
-                     "mask)", _with_mask(rows="unmasked")),
-             Variant("mask_ignored", "the attention mask lost", _with_mask(mask=None))]
+    row = (
+        Variant(
+            "masked_row_nan",
+            "a fully masked query row gives NaN (a plain softmax over -inf) where the "
+            "declared form gives zero attention (torch SDPA)",
+            _with_mask(rows="nan"),
+        )
+        if rows != "nan"
+        else Variant(
+            "masked_row_zero",
+            "a fully masked query row gives zero attention (torch SDPA's convention) where "
+            "the declared form gives NaN (nn.MultiheadAttention)",
+            _with_mask(rows="zero"),
+        )
+    )
+    found = [
+        row,
+        Variant(
+            "masked_row_uniform",
+            "a fully masked query row attends uniformly, the mean of the values (a "
+            "mask of the dtype's lowest value instead of -inf)",
+            _with_mask(rows="uniform"),
+        ),
+        Variant(
+            "masked_row_unmasked",
+            "a fully masked query row attends as if unmasked (an additive -1e9 mask)",
+            _with_mask(rows="unmasked"),
+        ),
+        Variant("mask_ignored", "the attention mask lost", _with_mask(mask=None)),
+    ]
     if declared in ("keep", "ignore"):
         other = "ignore" if declared == "keep" else "keep"
         meaning = {"keep": "attend", "ignore": "masked"}
-        found.append(Variant("mask_inverted", f"the boolean mask read as true = {meaning[other]} instead of true = "
-                             f"{meaning[declared]}", _with_mask(mask=other)))
+        found.append(
+            Variant(
+                "mask_inverted",
+                f"the boolean mask read as true = {meaning[other]} instead of true = {meaning[declared]}",
+                _with_mask(mask=other),
+            )
+        )
     return found
 
 
 def variants(attrs):
     found = [
-        Variant("scale_sqrt_d_model", "logits scaled by 1/sqrt(d_model) instead of the declared scale",
-                _scale(lambda hd, heads: 1.0 / math.sqrt(hd * heads))),
-        Variant("scale_head_dim", "logits scaled by 1/head_dim (scaled twice) instead of the declared scale",
-                _scale(lambda hd, heads: 1.0 / hd)),
+        Variant(
+            "scale_sqrt_d_model",
+            "logits scaled by 1/sqrt(d_model) instead of the declared scale",
+            _scale(lambda hd, heads: 1.0 / math.sqrt(hd * heads)),
+        ),
+        Variant(
+            "scale_head_dim",
+            "logits scaled by 1/head_dim (scaled twice) instead of the declared scale",
+            _scale(lambda hd, heads: 1.0 / hd),
+        ),
         Variant("no_scale", "logits not scaled", _scale(lambda hd, heads: 1.0)),
-        Variant("softmax_query_axis", "softmax over the queries instead of the keys",
-                lambda inputs, weights, attrs, observed: forward(inputs, weights, attrs, axis=-2)),
+        Variant(
+            "softmax_query_axis",
+            "softmax over the queries instead of the keys",
+            lambda inputs, weights, attrs, observed: forward(inputs, weights, attrs, axis=-2),
+        ),
     ]
     if attrs["heads"] > 1:
-        found.append(Variant("heads_interleaved", "heads split as (tokens, head_dim, heads): interleaved features "
-                             "instead of contiguous blocks", lambda inputs, weights, attrs, observed:
-                             forward(inputs, weights, attrs, interleaved=True)))
+        found.append(
+            Variant(
+                "heads_interleaved",
+                "heads split as (tokens, head_dim, heads): interleaved features instead of contiguous blocks",
+                lambda inputs, weights, attrs, observed: forward(inputs, weights, attrs, interleaved=True),
+            )
+        )
     if "mask" in attrs:
         found += _mask_variants(attrs["mask"], attrs.get("masked_rows", "zero"))
     causal = not attrs.get("causal", False)
-    found.append(Variant("causal" if causal else "non_causal",
-                         "causal mask applied, not declared" if causal else "causal mask dropped",
-                         with_attrs(forward, causal=causal)))
+    found.append(
+        Variant(
+            "causal" if causal else "non_causal",
+            "causal mask applied, not declared" if causal else "causal mask dropped",
+            with_attrs(forward, causal=causal),
+        )
+    )
     return found

@@ -23,8 +23,13 @@ import numpy as np
 from parity.diagnose.layers import Variant, epsilon_variants
 
 KIND = "batch_norm"
-EPSILONS = ((1e-3, "1e-3", "Keras default"), (1e-5, "1e-5", "PyTorch default"),
-            (1.001e-5, "1.001e-5", "keras.applications ResNet"), (1e-6, "1e-6", ""), (0.0, "0", "none"))
+EPSILONS = (
+    (1e-3, "1e-3", "Keras default"),
+    (1e-5, "1e-5", "PyTorch default"),
+    (1.001e-5, "1.001e-5", "keras.applications ResNet"),
+    (1e-6, "1e-6", ""),
+    (0.0, "0", "none"),
+)
 
 
 def _channel(x, v):
@@ -59,10 +64,17 @@ def variants(attrs):
     declared = attrs.get("eps", 1e-5)
     found = epsilon_variants("BatchNorm", forward, declared, EPSILONS)
     return found + [
-        Variant("batch_statistics", "batch mean and variance instead of the moving statistics (training mode)",
-                _form(batch=True)),
-        Variant("batch_statistics_unbiased", "batch mean and unbiased (N-1) variance instead of the moving statistics",
-                _form(batch=True, ddof=1)),
-        Variant("eps_outside_sqrt", "epsilon added to the standard deviation, not the variance",
-                _form(eps_inside=False)),
+        Variant(
+            "batch_statistics",
+            "batch mean and variance instead of the moving statistics (training mode)",
+            _form(batch=True),
+        ),
+        Variant(
+            "batch_statistics_unbiased",
+            "batch mean and unbiased (N-1) variance instead of the moving statistics",
+            _form(batch=True, ddof=1),
+        ),
+        Variant(
+            "eps_outside_sqrt", "epsilon added to the standard deviation, not the variance", _form(eps_inside=False)
+        ),
     ]

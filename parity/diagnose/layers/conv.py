@@ -79,8 +79,18 @@ def conv2d(x, kernel, bias, stride, padding, dilation, groups: int = 1):
     windows = sliding_window_view(x, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(2, 3))
     windows = windows[:, :, ::sh, ::sw, ::dh, ::dw]
     out = kernel.shape[0] // groups
-    y = np.concatenate([np.einsum("nchwuv,ocuv->nohw", windows[:, g * per_group:(g + 1) * per_group],
-                                  kernel[g * out:(g + 1) * out], optimize=True) for g in range(groups)], axis=1)
+    y = np.concatenate(
+        [
+            np.einsum(
+                "nchwuv,ocuv->nohw",
+                windows[:, g * per_group : (g + 1) * per_group],
+                kernel[g * out : (g + 1) * out],
+                optimize=True,
+            )
+            for g in range(groups)
+        ],
+        axis=1,
+    )
     return y if bias is None else y + np.asarray(bias, np.float64)[None, :, None, None]
 
 
@@ -166,20 +176,34 @@ def _groups_ignored(inputs, weights, attrs, observed):
 
 def variants(attrs):
     padding = attrs.get("padding", "valid")
-    found = [Variant("padding_shifted", "explicit padding shifted by one pixel to the bottom/right (TF/XLA put the "
-                     "odd extra row at the end)", _shifted),
-             Variant("groups_ignored", "channels mixed across groups: the grouped (depthwise) structure lost",
-                     _groups_ignored)]
+    found = [
+        Variant(
+            "padding_shifted",
+            "explicit padding shifted by one pixel to the bottom/right (TF/XLA put the odd extra row at the end)",
+            _shifted,
+        ),
+        Variant(
+            "groups_ignored", "channels mixed across groups: the grouped (depthwise) structure lost", _groups_ignored
+        ),
+    ]
     if padding == "same":
-        found += [Variant("same_top_left", "'same' padding with the extra row/column on top/left "
-                          "(PyTorch padding=k//2 at stride 2, ONNX SAME_LOWER) instead of bottom/right", _top_left),
-                  Variant("valid", "no padding ('valid') instead of 'same'", with_attrs(forward, padding="valid"))]
+        found += [
+            Variant(
+                "same_top_left",
+                "'same' padding with the extra row/column on top/left "
+                "(PyTorch padding=k//2 at stride 2, ONNX SAME_LOWER) instead of bottom/right",
+                _top_left,
+            ),
+            Variant("valid", "no padding ('valid') instead of 'same'", with_attrs(forward, padding="valid")),
+        ]
     elif padding == "valid":
         found.append(Variant("same", "'same' padding instead of 'valid'", with_attrs(forward, padding="same")))
     return found + [
-        Variant("kernel_flipped", "kernel flipped spatially: convolution instead of cross-correlation "
-                "(Theano/Caffe-to-TF port)", _flipped),
-        Variant("kernel_hw_swapped", "kernel height and width axes swapped (a wrong HWIO/OIHW transpose)",
-                _hw_swapped),
+        Variant(
+            "kernel_flipped",
+            "kernel flipped spatially: convolution instead of cross-correlation (Theano/Caffe-to-TF port)",
+            _flipped,
+        ),
+        Variant("kernel_hw_swapped", "kernel height and width axes swapped (a wrong HWIO/OIHW transpose)", _hw_swapped),
         Variant("bias_dropped", "bias not added", _no_bias),
     ]

@@ -43,7 +43,10 @@ def _no_bias(inputs, weights, attrs, observed):
 
 def variants(attrs):
     return [
-        Variant("kernel_transposed", "kernel used transposed (PyTorch Linear stores (out, in), Keras (in, out))",
-                _transposed),
+        Variant(
+            "kernel_transposed",
+            "kernel used transposed (PyTorch Linear stores (out, in), Keras (in, out))",
+            _transposed,
+        ),
         Variant("bias_dropped", "bias not added (use_bias=False or the bias was not exported)", _no_bias),
     ]

@@ -56,8 +56,14 @@ def _active(scaled):
 def variants(attrs):
     rate = attrs.get("rate", 0.5)
     return [
-        Variant("dropout_active", f"dropout (rate {rate:g}) active at inference: elements zeroed, the rest "
-                "scaled by 1/(1-rate)", _active(True)),
-        Variant("dropout_active_unscaled", f"dropout (rate {rate:g}) active at inference without the "
-                "1/(1-rate) rescale", _active(False)),
+        Variant(
+            "dropout_active",
+            f"dropout (rate {rate:g}) active at inference: elements zeroed, the rest scaled by 1/(1-rate)",
+            _active(True),
+        ),
+        Variant(
+            "dropout_active_unscaled",
+            f"dropout (rate {rate:g}) active at inference without the 1/(1-rate) rescale",
+            _active(False),
+        ),
     ]

@@ -44,6 +44,11 @@ def _other(order):
 
 def variants(attrs):
     other = "nchw" if attrs.get("order", "nchw") == "nhwc" else "nhwc"
-    return [Variant(f"flatten_{other}", f"flatten in {other.upper()} order (channels "
-                    f"{'last' if other == 'nhwc' else 'first'}) instead of {attrs.get('order', 'nchw').upper()}",
-                    _other(other))]
+    return [
+        Variant(
+            f"flatten_{other}",
+            f"flatten in {other.upper()} order (channels "
+            f"{'last' if other == 'nhwc' else 'first'}) instead of {attrs.get('order', 'nchw').upper()}",
+            _other(other),
+        )
+    ]

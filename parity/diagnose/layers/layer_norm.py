@@ -26,8 +26,13 @@ import numpy as np
 from parity.diagnose.layers import Fitted, NotApplicable, Variant, epsilon_variants
 
 KIND = "layer_norm"
-EPSILONS = ((1e-3, "1e-3", "Keras default"), (1e-5, "1e-5", "PyTorch default"), (1e-6, "1e-6", "Flax default"),
-            (1e-12, "1e-12", "HF BERT"), (0.0, "0", "none"))
+EPSILONS = (
+    (1e-3, "1e-3", "Keras default"),
+    (1e-5, "1e-5", "PyTorch default"),
+    (1e-6, "1e-6", "Flax default"),
+    (1e-12, "1e-12", "HF BERT"),
+    (0.0, "0", "none"),
+)
 
 
 def forward(inputs, weights, attrs, ddof=0, eps_inside=True, affine=True):
@@ -72,24 +77,26 @@ def _eps_fitted(inputs, weights, attrs, observed):
     if not np.any(rows):
         raise NotApplicable("the observed output is constant over every row")
     spread = np.sum(centred * z, axis=-1)[rows] / power[rows]  # sqrt(var + eps), least squares per row
-    eps = float(np.median(spread ** 2 - x.var(axis=-1)[rows]))
+    eps = float(np.median(spread**2 - x.var(axis=-1)[rows]))
     declared = attrs.get("eps", 1e-5)
     known = [value for value, _, _ in EPSILONS] + [declared]
     if not np.isfinite(eps) or eps <= 0 or any(abs(eps - k) <= 0.05 * max(eps, k) for k in known):
         raise NotApplicable(f"the fitted epsilon ({eps:.3g}) is no other value than those tested")
     eps = float(f"{eps:.2g}")
-    return Fitted(forward(inputs, weights, {**attrs, "eps": eps}),
-                  f"LayerNorm epsilon {eps:g} (fitted to the observed output) instead of {declared:g}")
+    return Fitted(
+        forward(inputs, weights, {**attrs, "eps": eps}),
+        f"LayerNorm epsilon {eps:g} (fitted to the observed output) instead of {declared:g}",
+    )
 
 
 def variants(attrs):
     declared = attrs.get("eps", 1e-5)
     found = epsilon_variants("LayerNorm", forward, declared, EPSILONS)
     return found + [
-        Variant("unbiased_variance", "unbiased (N-1) variance, as torch.var computes by default",
-                _form(ddof=1)),
-        Variant("eps_outside_sqrt", "epsilon added to the standard deviation, not the variance",
-                _form(eps_inside=False)),
+        Variant("unbiased_variance", "unbiased (N-1) variance, as torch.var computes by default", _form(ddof=1)),
+        Variant(
+            "eps_outside_sqrt", "epsilon added to the standard deviation, not the variance", _form(eps_inside=False)
+        ),
         Variant("eps_fitted", "another LayerNorm epsilon, fitted to the observed output", _eps_fitted),
         Variant("no_affine", "gamma and beta not applied", _no_affine),
         Variant("no_bias", "beta (the bias) not applied, gamma applied", _no_bias),

@@ -38,6 +38,7 @@ def _other_axis(inputs, weights, attrs, observed):
 def variants(attrs):
     return [
         Variant("sum", "sum instead of mean", _sum),
-        Variant("mean_other_axis", "mean over the other non-batch axis (features instead of tokens, or back)",
-                _other_axis),
+        Variant(
+            "mean_other_axis", "mean over the other non-batch axis (features instead of tokens, or back)", _other_axis
+        ),
     ]

@@ -65,14 +65,16 @@ def _renamed(names: dict, transpose: tuple = ()):
     return mapping
 
 
-TORCH = {"dense": _renamed({"weight": "kernel", "bias": "bias"}, transpose=("weight",)),
-         "conv": _renamed({"weight": "kernel", "bias": "bias"}),
-         "batch_norm": _renamed({"weight": "gamma", "bias": "beta", "running_mean": "moving_mean",
-                                 "running_var": "moving_variance"}),
-         "layer_norm": _renamed({"weight": "gamma", "bias": "beta"}),
-         "recurrent": _renamed({"weight_ih_l0": "w_ih", "weight_hh_l0": "w_hh", "bias_ih_l0": "b_ih",
-                                "bias_hh_l0": "b_hh"}),
-         "attention": _torch_attention}
+TORCH = {
+    "dense": _renamed({"weight": "kernel", "bias": "bias"}, transpose=("weight",)),
+    "conv": _renamed({"weight": "kernel", "bias": "bias"}),
+    "batch_norm": _renamed(
+        {"weight": "gamma", "bias": "beta", "running_mean": "moving_mean", "running_var": "moving_variance"}
+    ),
+    "layer_norm": _renamed({"weight": "gamma", "bias": "beta"}),
+    "recurrent": _renamed({"weight_ih_l0": "w_ih", "weight_hh_l0": "w_hh", "bias_ih_l0": "b_ih", "bias_hh_l0": "b_hh"}),
+    "attention": _torch_attention,
+}
 
 
 def _by_leaf(w: dict) -> dict:
@@ -146,8 +148,9 @@ def canonical_weights(all_weights: dict, prefix: str, kind: str | None = None, a
     ``prefix.name`` mapped by ``TORCH``."""
     attrs = attrs or {}
     head = f"{prefix}/"
-    own = {name[len(head):]: np.asarray(value, np.float64) for name, value in all_weights.items()
-           if name.startswith(head)}
+    own = {
+        name[len(head) :]: np.asarray(value, np.float64) for name, value in all_weights.items() if name.startswith(head)
+    }
     if attrs.get("weight_layout") is not None:
         if attrs["weight_layout"] not in WEIGHT_LAYOUTS:
             raise ValueError(f"unknown weight_layout {attrs['weight_layout']!r}; known: {', '.join(WEIGHT_LAYOUTS)}")
@@ -155,8 +158,11 @@ def canonical_weights(all_weights: dict, prefix: str, kind: str | None = None, a
     if own or kind not in TORCH:
         return own
     dotted = f"{prefix}."
-    torch = {name[len(dotted):]: np.asarray(value, np.float64) for name, value in all_weights.items()
-             if name.startswith(dotted)}
+    torch = {
+        name[len(dotted) :]: np.asarray(value, np.float64)
+        for name, value in all_weights.items()
+        if name.startswith(dotted)
+    }
     return TORCH[kind](torch)
 
 
@@ -198,8 +204,9 @@ def bind(kind: str, attrs: dict) -> Bound:
 
     def finish(y):
         if form is not None:
-            y = get("activation").forward([y], {}, {"form": form, **({"alpha": attrs["alpha"]} if "alpha" in attrs
-                                                                       else {})})
+            y = get("activation").forward(
+                [y], {}, {"form": form, **({"alpha": attrs["alpha"]} if "alpha" in attrs else {})}
+            )
         return _last(y) if channels_last else np.asarray(y, np.float64)
 
     def start(inputs):

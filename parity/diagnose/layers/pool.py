@@ -131,23 +131,36 @@ def _no_divisor(inputs, weights, attrs, observed):
 def variants(attrs):
     other = "max" if attrs["mode"] == "avg" else "avg"
     if attrs.get("divisor_override"):
-        dropped = [Variant("divisor_dropped", f"divisor_override={attrs['divisor_override']} dropped: every window "
-                                              f"divided by its size (an exported AveragePool has no divisor)",
-                           _no_divisor)]
+        dropped = [
+            Variant(
+                "divisor_dropped",
+                f"divisor_override={attrs['divisor_override']} dropped: every window "
+                f"divided by its size (an exported AveragePool has no divisor)",
+                _no_divisor,
+            )
+        ]
     else:
         dropped = []
     include = not attrs.get("count_include_pad", False)
     ceil_mode = not attrs.get("ceil_mode", False)
     return [
         Variant(f"{other}_pool", f"{other} pooling instead of {attrs['mode']}", with_attrs(forward, mode=other)),
-        Variant("count_include_pad" if include else "count_exclude_pad",
-                f"average pool divides by the {'full window' if include else 'real elements'} at padded borders",
-                _count(include)),
-        Variant("ceil_mode" if ceil_mode else "floor_mode",
-                f"output size rounded {'up (ceil_mode)' if ceil_mode else 'down'}", _rounding(ceil_mode)),
-        Variant("same_top_left" if attrs.get("padding") == "same" else "padding_shifted",
-                "'same' padding with the extra row/column on top/left instead of bottom/right"
-                if attrs.get("padding") == "same" else "explicit padding shifted by one pixel to the bottom/right "
-                "(TF/XLA put the odd extra row at the end)", _shifted),
+        Variant(
+            "count_include_pad" if include else "count_exclude_pad",
+            f"average pool divides by the {'full window' if include else 'real elements'} at padded borders",
+            _count(include),
+        ),
+        Variant(
+            "ceil_mode" if ceil_mode else "floor_mode",
+            f"output size rounded {'up (ceil_mode)' if ceil_mode else 'down'}",
+            _rounding(ceil_mode),
+        ),
+        Variant(
+            "same_top_left" if attrs.get("padding") == "same" else "padding_shifted",
+            "'same' padding with the extra row/column on top/left instead of bottom/right"
+            if attrs.get("padding") == "same"
+            else "explicit padding shifted by one pixel to the bottom/right (TF/XLA put the odd extra row at the end)",
+            _shifted,
+        ),
         *dropped,
     ]

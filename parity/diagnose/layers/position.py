@@ -22,5 +22,10 @@ def forward(inputs, weights, attrs):
 
 
 def variants(attrs):
-    return [Variant("position_missing", "positional embedding not added",
-                    lambda inputs, weights, attrs, observed: np.asarray(inputs[0], np.float64))]
+    return [
+        Variant(
+            "position_missing",
+            "positional embedding not added",
+            lambda inputs, weights, attrs, observed: np.asarray(inputs[0], np.float64),
+        )
+    ]

@@ -108,10 +108,20 @@ def _no_hidden_bias(inputs, weights, attrs, observed):
 
 def variants(attrs):
     after = bool(attrs.get("linear_before_reset", True))
-    return [Variant("gates_onnx_order", "gate blocks read in ONNX's (and Keras GRU's) order (LSTM i,o,f,c; GRU z,r,h) "
-                    "as PyTorch's", _onnx_order),
-            Variant(f"linear_before_reset_{int(not after)}",
-                    "GRU reset gate applied before the hidden projection (ONNX's default linear_before_reset=0; "
-                    "PyTorch applies it after)" if after else "GRU reset gate applied after the hidden projection "
-                    "(linear_before_reset=1, PyTorch's form) where the layer declares it before", _reset_flipped),
-            Variant("hidden_bias_dropped", "the hidden-to-hidden bias b_hh lost", _no_hidden_bias)]
+    return [
+        Variant(
+            "gates_onnx_order",
+            "gate blocks read in ONNX's (and Keras GRU's) order (LSTM i,o,f,c; GRU z,r,h) as PyTorch's",
+            _onnx_order,
+        ),
+        Variant(
+            f"linear_before_reset_{int(not after)}",
+            "GRU reset gate applied before the hidden projection (ONNX's default linear_before_reset=0; "
+            "PyTorch applies it after)"
+            if after
+            else "GRU reset gate applied after the hidden projection "
+            "(linear_before_reset=1, PyTorch's form) where the layer declares it before",
+            _reset_flipped,
+        ),
+        Variant("hidden_bias_dropped", "the hidden-to-hidden bias b_hh lost", _no_hidden_bias),
+    ]

@@ -75,8 +75,7 @@ def forward(inputs, weights, attrs):
     for i, axis in enumerate(range(2, x.ndim)):
         n = x.shape[axis]
         scale = float(scales[i] if isinstance(scales, (list, tuple)) else scales) if scales is not None else None
-        m = int(sizes[i] if isinstance(sizes, (list, tuple)) else sizes) if sizes is not None else \
-            math.floor(n * scale)
+        m = int(sizes[i] if isinstance(sizes, (list, tuple)) else sizes) if sizes is not None else math.floor(n * scale)
         x = _axis(x, axis, m, scale if scale is not None else m / n, attrs)
     return x
 
@@ -94,12 +93,22 @@ def _other(attrs, **change):
 
 def variants(attrs):
     declared = attrs.get("coordinate_transformation_mode", "half_pixel")
-    found = [Variant(f"coordinates_{mode}", f"Resize coordinate_transformation_mode {mode} instead of {declared}",
-                     _other(attrs, coordinate_transformation_mode=mode)) for mode in COORDINATES if mode != declared]
+    found = [
+        Variant(
+            f"coordinates_{mode}",
+            f"Resize coordinate_transformation_mode {mode} instead of {declared}",
+            _other(attrs, coordinate_transformation_mode=mode),
+        )
+        for mode in COORDINATES
+        if mode != declared
+    ]
     if attrs.get("mode", "nearest") == "nearest":
         rounding = attrs.get("nearest_mode", "round_prefer_floor")
-        found += [Variant(f"nearest_{r}", f"Resize nearest_mode {r} instead of {rounding}",
-                          _other(attrs, nearest_mode=r)) for r in ROUNDINGS if r != rounding]
+        found += [
+            Variant(f"nearest_{r}", f"Resize nearest_mode {r} instead of {rounding}", _other(attrs, nearest_mode=r))
+            for r in ROUNDINGS
+            if r != rounding
+        ]
     else:
         found.append(Variant("nearest", "nearest instead of linear interpolation", with_attrs(forward, mode="nearest")))
     return found

@@ -97,17 +97,32 @@ def variants(attrs):
     log = attrs.get("log", False)
     found = []
     if log:
-        found.append(Variant("log_of_softmax", "the log-softmax computed as Log(Softmax(x)) in float32: -inf (or a "
-                             "subnormal's log) where the softmax underflows", _log_of_softmax))
-    found.append(Variant("axis_coerced_2d", "over every axis from the declared one on, flattened (Softmax before "
-                         "ONNX opset 13)", _over(_coerced)))
+        found.append(
+            Variant(
+                "log_of_softmax",
+                "the log-softmax computed as Log(Softmax(x)) in float32: -inf (or a "
+                "subnormal's log) where the softmax underflows",
+                _log_of_softmax,
+            )
+        )
+    found.append(
+        Variant(
+            "axis_coerced_2d",
+            "over every axis from the declared one on, flattened (Softmax before ONNX opset 13)",
+            _over(_coerced),
+        )
+    )
     for k in range(MAX_RANK):  # the input's rank is not known here: an axis it does not have is not applicable
+
         def other(x, axis, k=k):
             if k >= x.ndim or k == axis:
                 raise NotApplicable(f"axis {k} is the declared axis or not an axis of this input")
             return (k,)
 
         found.append(Variant(f"axis_{k}", f"over axis {k} instead of the declared axis {attrs['axis']}", _over(other)))
-    found.append(Variant("log_dropped", "softmax where log-softmax is declared", _log(False)) if log else
-                 Variant("log_added", "log-softmax where softmax is declared", _log(True)))
+    found.append(
+        Variant("log_dropped", "softmax where log-softmax is declared", _log(False))
+        if log
+        else Variant("log_added", "log-softmax where softmax is declared", _log(True))
+    )
     return found
