@@ -28,12 +28,22 @@ from parity.check.metrics import predictions
 MAX_SCALE = 1e6  # "more samples" is searched up to a million times the split: beyond, it says none would decide
 
 
+def scored_against(golden_logits, labels, gate) -> tuple[str, np.ndarray]:
+    """``(metric, truth)``: what the ``gate`` scores eval predictions against, the labels (``accuracy``) or the
+    golden argmax (``agreement``, also where there are no labels)."""
+    metric = gate.metric if labels is not None else "agreement"
+    return metric, predictions(golden_logits) if metric == "agreement" else np.asarray(labels)
+
+
+def percent(value: float) -> str:
+    return f"{100 * value:.2f} %"
+
+
 def judge(logits, golden_logits, labels, gate) -> dict:
     """The ``gate`` (``parity.model.spec.Gate``) on a path's eval ``logits`` against the float64 ``golden_logits``
     of the same samples, scored against ``labels`` (None: by agreement with the golden argmax)."""
     predicted, golden = predictions(logits), predictions(golden_logits)
-    metric = gate.metric if labels is not None else "agreement"
-    truth = golden if metric == "agreement" else np.asarray(labels)
+    metric, truth = scored_against(golden_logits, labels, gate)
     golden_right, path_right = golden == truth, predicted == truth
     n = len(truth)
     lost = int(np.sum(golden_right & ~path_right))  # the golden gets it right, the path does not
@@ -115,7 +125,7 @@ def more_samples(lost: float, gained: float, n: int, allowed: float, z: float) -
 
 def describe(judged: dict) -> str:
     """One line: why a gate did not pass (``judge``'s result)."""
-    metric, pct = judged["metric"], lambda v: f"{100 * v:.2f} %"
+    metric, pct = judged["metric"], percent
     low, high = judged["interval"]
     kept = (
         f"{metric} {pct(judged['value'])} vs golden {pct(judged['golden'])} on {judged['samples']} samples "

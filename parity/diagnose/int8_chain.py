@@ -20,7 +20,7 @@ def diagnose(run, pool, spec, manifest, path) -> dict:
     ``{"model", "path", "error"}`` where there is nothing to rank."""
     found = {"model": spec.name, "path": path.id}
     if path.exports[-1].target not in ORT_STEPS:
-        onnx_id = f"{path.source}/onnx/ort-int8" if path.source != "onnx" else "onnx/ort-int8"
+        onnx_id = f"{paths.onnx_prefix(path.source)}/ort-int8"
         return {
             **found,
             "error": (
@@ -41,9 +41,9 @@ def diagnose(run, pool, spec, manifest, path) -> dict:
         "threads": run.options.threads,
     }
     found["int8"] = pool.call("onnx", "parity.diagnose.int8_layers:diagnose_int8", **common)
-    nncf = paths.unavailable_reason(
-        paths.by_id(f"{path.source}/onnx/openvino-int8" if path.source != "onnx" else "onnx/openvino-int8")
-    )
+    from parity.diagnose.int8_nncf import openvino_path
+
+    nncf = paths.unavailable_reason(paths.by_id(openvino_path(path.id)))
     if nncf is None:
         try:
             found["nncf"] = pool.call("openvino", "parity.diagnose.int8_nncf:nncf_side_by_side", **common)

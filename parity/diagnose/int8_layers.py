@@ -65,13 +65,14 @@ def diagnose_int8(
     if not path.exports or path.exports[-1] not in (paths.ORT_INT8, paths.ORT_INT8DYN):
         return {"path": path_id, "reason": f"{path_id} is not quantized by ONNX Runtime (ort-int8, ort-int8dyn)"}
     dynamic = path.exports[-1] is paths.ORT_INT8DYN
-    spec = Workspace(workspace).load_spec(model)
+    ws = Workspace(workspace)
+    spec = ws.load_spec(model)
     verified = golden.load(Path(golden_dir), spec)
     method = None if dynamic else spec.quantization.calibration
     kept = list(spec.quantization.kept_float(path_id))
     batches = None
     if not dynamic:
-        samples, _ = calibration.calibration_feeds(spec, verified, Workspace(workspace).root)
+        samples, _ = calibration.calibration_feeds(spec, verified, ws.root)
         batches = onnx_int8.calibration_batches(spec, float_meta, samples, spec.batch_size)
     evals = feeds.from_arrays(spec, verified.arrays["eval.npz"])
     labels = verified.arrays["eval.npz"].get("y")
@@ -417,7 +418,9 @@ def render_int8(diagnosis: dict) -> list[str]:
 
 
 def _pct(value) -> str:
-    return "n/a" if value is None else f"{100 * value:.2f} %"
+    from parity.check.accuracy_gate import percent
+
+    return "n/a" if value is None else percent(value)
 
 
 def _shown(db) -> str:

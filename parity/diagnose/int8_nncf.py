@@ -217,14 +217,14 @@ def nncf_side_by_side(
     from parity.model import batch_axes, feeds
     from parity.model.workspace import Workspace
 
-    spec = Workspace(workspace).load_spec(model)
+    ws = Workspace(workspace)
+    spec = ws.load_spec(model)
     verified = golden.load(Path(golden_dir), spec)
-    samples, where = calibration.calibration_feeds(spec, verified, Workspace(workspace).root)
+    samples, where = calibration.calibration_feeds(spec, verified, ws.root)
     evals = feeds.from_arrays(spec, verified.arrays["eval.npz"])
     labels = verified.arrays["eval.npz"].get("y")
     golden_logits = verified.arrays["reference.npz"]["eval/logits"]
-    metric = spec.gate.metric if labels is not None else "agreement"
-    targets = np.asarray(labels) if metric == "accuracy" else golden_logits.argmax(axis=-1)
+    metric, targets = accuracy_gate.scored_against(golden_logits, labels, spec.gate)
     ov_path = openvino_path(path_id)
     kept = spec.quantization.kept_float(ov_path)
     source = Path(float_dir) / float_meta["file"]
@@ -259,7 +259,8 @@ def render_nncf(result: dict) -> list[str]:
     """Terminal lines for ``nncf_side_by_side``'s result, beside parity's own int8 diagnosis."""
     if result.get("error"):
         return [f"  NNCF accuracy control: {result['error']}"]
-    pct = lambda value: f"{100 * value:.2f} %"
+    from parity.check.accuracy_gate import percent as pct
+
     kept = result.get("kept_float") or []
     lines = [
         (

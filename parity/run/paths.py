@@ -353,9 +353,14 @@ PT2E = Step(
 _INT8_COST = "an int8 path calibrates and is gated on the whole eval split; name it: --path '*int8*'"
 
 
+def onnx_prefix(source: str) -> str:
+    """The id prefix of ``source``'s paths through its ONNX file: ``torch/onnx``, or ``onnx`` for an ONNX file."""
+    return source if source == "onnx" else f"{source}/onnx"
+
+
 def _int8_chains(source: str, to_onnx: tuple) -> tuple[PathDef, ...]:
     """``source``'s int8 paths from its ONNX file: ONNX Runtime static (QDQ) and dynamic, and NNCF to OpenVINO."""
-    base = source if source == "onnx" else f"{source}/onnx"
+    base = onnx_prefix(source)
     return (
         PathDef(f"{base}/ort-int8", source, (*to_onnx, ORT_INT8), ORT, opt_in=_INT8_COST, float_path=f"{base}/ort"),
         PathDef(
