@@ -50,6 +50,7 @@ def assert_parity(
     from parity.model.workspace import Workspace
     from parity.pipeline import orchestrate, outcome, scaffold
     from parity.platform.cache_dir import cache_root
+    from parity.platform.precision import worker_environment
     from parity.report import diagnosis, terminal
     from parity.run.worker import WorkerPool
 
@@ -78,11 +79,11 @@ def assert_parity(
         )
         scaffold.init(root, request, force=False, threads=threads, timeout_s=timeout_s)
         workspace = Workspace(root)
-        with WorkerPool(threads, cache_root() / "logs", timeout_s) as pool:
+        options = orchestrate.Options(threads=threads, patterns=tuple(paths), timeout_s=timeout_s)
+        env = worker_environment(options.device, options.precision)
+        with WorkerPool(threads, cache_root() / "logs", timeout_s, env, service=True) as pool:
             golden_build.build(workspace, workspace.load_spec(request.name), pool)
-        report = orchestrate.check(
-            workspace, [request.name], orchestrate.Options(threads=threads, patterns=tuple(paths), timeout_s=timeout_s)
-        )
+            report = orchestrate.check(workspace, [request.name], options, pool=pool)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     failing = [r for r in report["results"] if outcome.is_unexpected(r) or r["verdict"] == "skip"]

@@ -22,6 +22,18 @@ def export_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session", autouse=True)
+def no_worker_service():
+    """Every test's workers are its own process's (``tests/test_worker_service.py`` turns the service on)."""
+    old = os.environ.get("PARITY_WORKER_SERVICE")
+    os.environ["PARITY_WORKER_SERVICE"] = "off"
+    yield
+    if old is None:
+        os.environ.pop("PARITY_WORKER_SERVICE", None)
+    else:
+        os.environ["PARITY_WORKER_SERVICE"] = old
+
+
+@pytest.fixture(scope="session", autouse=True)
 def results_store(tmp_path_factory):
     """Runs the tests make are stored in a store of the test session (``$PARITY_STORE``), never in a workspace's."""
     yield from _environ("PARITY_STORE", tmp_path_factory.getbasetemp() / "results.sqlite")

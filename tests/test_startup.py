@@ -4,6 +4,7 @@ worker, the process ended without the interpreter's teardown; and the golden dat
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -20,7 +21,8 @@ from parity.platform.errors import GoldenError
 from parity.results import store as results
 from tests.conftest import reseal
 
-HEAVY = ("jsonschema", "sqlalchemy", "onnx", "onnxruntime", "torch", "tensorflow", "jax")
+# NumPy too: the check's process verifies the golden files and the spec from the manifest; arrays are the worker's
+HEAVY = ("jsonschema", "sqlalchemy", "numpy", "onnx", "onnxruntime", "torch", "tensorflow", "jax")
 
 
 def run_python(code: str, cache: Path, cwd: Path | None = None, *args: str) -> subprocess.CompletedProcess:
@@ -252,3 +254,22 @@ def test_the_command_ends_with_its_exit_code_and_its_output_flushed(tmp_path):
         check=False,
     )
     assert refused.returncode == 2 and refused.stderr.strip().startswith("error: unknown model 'nope'")
+
+
+def test_the_plans_verification_reads_no_array_yet_refuses_a_spec_the_golden_does_not_fit(workspace_copy):
+    from parity.golden import store
+    from parity.model.workspace import Workspace
+    from parity.platform.errors import GoldenError
+
+    ws = Workspace(workspace_copy())
+    spec = ws.load_spec("mlp")
+    assert store.verified_manifest(ws.golden_dir("mlp"), spec) == store.verify(ws.golden_dir("mlp"), spec)
+    name, param = next(iter(spec.params.items()))
+    edited = dataclasses.replace(
+        spec, params={**spec.params, name: dataclasses.replace(param, shape=(*param.shape, 2))}
+    )
+    with pytest.raises(GoldenError, match=f"weights.npz {name!r} has shape") as caught:
+        store.verified_manifest(ws.golden_dir("mlp"), edited)
+    with pytest.raises(GoldenError) as full:
+        store.verify(ws.golden_dir("mlp"), edited)
+    assert str(caught.value) == str(full.value)  # the same refusal as the check that reads every array

@@ -39,6 +39,7 @@ for command in (
     repro.repro,
     history.history,
     info.worker_resources,
+    info.worker_service,
 ):
     cli.add_command(command)
 

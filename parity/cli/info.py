@@ -69,3 +69,35 @@ def worker_resources():
     from parity.run import stacks
 
     click.echo(json.dumps(stacks.advertised()))
+
+
+@click.command("worker-service")
+@click.option("--stop", is_flag=True, help="Retire every service of yours: each ends once its clients have left.")
+@handle_errors
+def worker_service(stop):
+    """This user's worker services: the processes that keep worker templates warm between parity commands, so a
+    small check forks its worker instead of starting Python and a runtime again (Linux; off with
+    PARITY_WORKER_SERVICE=off; each ends after PARITY_WORKER_SERVICE_IDLE_S idle seconds, 600 by default).
+
+    \b
+    Example:
+        parity worker-service --stop
+    """
+    from parity.platform.errors import UsageError
+    from parity.run import service
+
+    try:
+        found = service.running()
+    except service.Unavailable as error:
+        raise UsageError(f"no worker service here: {error}") from None
+    if stop:
+        asked = service.retire([s["key"] for s in found])
+        click.echo(f"retired {len(asked)} worker service{'s' if len(asked) != 1 else ''}")
+        return
+    if not found:
+        click.echo("no worker service is running")
+    for s in found:
+        click.echo(
+            f"pid {s['pid']}  key {s['key']}  templates {', '.join(s['templates']) or '-'}  workers {s['workers']}  "
+            f"clients {s['clients']}  idle {s['idle_s']:g} s{'  retiring' if s['retiring'] else ''}"
+        )

@@ -14,8 +14,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from parity import __version__
 from parity.interop.onnx_file import source_digest
@@ -23,6 +22,9 @@ from parity.model import batch_axes, containers, feeds, values
 from parity.model import manifest as manifest_lib
 from parity.platform.errors import GoldenError
 from parity.platform.safefs import owned_tempdir, read_npz, replace_dir, sha256_file, sweep, write_json_atomic
+
+if TYPE_CHECKING:  # NumPy loads where arrays are read: a run's planning verifies files, not arrays
+    import numpy as np
 
 SCHEMA = manifest_lib.SCHEMA
 FILES = ("weights.npz", "inputs.npz", "eval.npz", "reference.npz", "gradients.npz", "shapes.npz")
@@ -53,6 +55,58 @@ def load(golden_dir: Path, spec=None) -> Golden:
     spec. Never rebuilds.
     """
     golden_dir = Path(golden_dir)
+    manifest = _checked_files(golden_dir)
+    arrays = {name: _checked_arrays(golden_dir / name, manifest["files"][name]["arrays"]) for name in FILES}
+    golden = Golden(golden_dir, manifest, arrays)
+    _check_metrics(golden)
+    if spec is not None:
+        _check_against_spec(golden, spec)
+    return golden
+
+
+def verify(golden_dir: Path, spec=None) -> dict:
+    """``load`` and return the verified manifest."""
+    return load(golden_dir, spec).manifest
+
+
+def verified_manifest(golden_dir: Path, spec=None) -> dict:
+    """The manifest, once its schema and digest, every file's sha256 and (given ``spec``) the arrays it describes
+    against the model spec are checked, without reading an array (nor importing NumPy): what a run plans with.
+    Every task that reads the arrays goes through ``load``, which checks them before anything uses them."""
+    golden_dir = Path(golden_dir)
+    manifest = _checked_files(golden_dir)
+    if spec is not None:
+        described = {
+            name: {key: _Described(entry) for key, entry in manifest["files"][name]["arrays"].items()} for name in FILES
+        }
+        _check_against_spec(Golden(golden_dir, manifest, described), spec)  # type: ignore[arg-type]
+    return manifest
+
+
+class _Dtype(str):
+    """A dtype as the manifest names it (``str(array.dtype)``), with NumPy's one-letter ``kind``."""
+
+    @property
+    def kind(self) -> str:
+        for prefix, kind in (("float", "f"), ("uint", "u"), ("int", "i"), ("bool", "b"), ("complex", "c")):
+            if self.startswith(prefix):
+                return kind
+        return self.lstrip("<>|=")[:1] or "O"  # <U7 (text), |S3 (bytes)
+
+
+class _Described:
+    """An array as the verified manifest describes it: what the spec check reads of one (shape, dtype)."""
+
+    def __init__(self, entry: dict):
+        self.shape, self.dtype = tuple(entry["shape"]), _Dtype(entry["dtype"])
+        self.ndim = len(self.shape)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+
+def _checked_files(golden_dir: Path) -> dict:
+    """The manifest (schema and digest checked), once every file it lists has the sha256 it records."""
     manifest = manifest_lib.read(golden_dir / MANIFEST)
     for name in FILES:
         path = golden_dir / name
@@ -68,17 +122,7 @@ def load(golden_dir: Path, spec=None) -> Golden:
                 f"{path}: sha256 mismatch: manifest {expected}, file {actual}. The golden data changed after it "
                 f"was built; parity will not use it. Restore the file, or {manifest_lib.rebuild_hint(golden_dir.name)}"
             )
-    arrays = {name: _checked_arrays(golden_dir / name, manifest["files"][name]["arrays"]) for name in FILES}
-    golden = Golden(golden_dir, manifest, arrays)
-    _check_metrics(golden)
-    if spec is not None:
-        _check_against_spec(golden, spec)
-    return golden
-
-
-def verify(golden_dir: Path, spec=None) -> dict:
-    """``load`` and return the verified manifest."""
-    return load(golden_dir, spec).manifest
+    return manifest
 
 
 def _checked_arrays(path: Path, described: dict) -> dict[str, np.ndarray]:
@@ -106,6 +150,8 @@ def nonfinite_problem(file: str, key: str, array: np.ndarray, declared: int, dec
     exactly (the same infinity, or NaN, at the same position)."""
     if array.dtype.kind != "f":
         return None
+    import numpy as np
+
     nan = int(np.count_nonzero(np.isnan(array)))
     inf = int(np.count_nonzero(np.isinf(array)))
     what = {"weights.npz": "weight", "reference.npz": "reference output", "gradients.npz": "reference gradient"}.get(
@@ -285,6 +331,8 @@ def load_arrays(golden_dir: Path, name: str) -> dict[str, np.ndarray]:
 
 def describe_arrays(path: Path) -> dict:
     """Shape and dtype of every array, and how many infinite values it holds (a -inf mask) where it has any."""
+    import numpy as np
+
     described = {}
     for key, array in read_npz(path, GoldenError, "golden file").items():
         infinite = int(np.count_nonzero(np.isinf(array))) if array.dtype.kind == "f" else 0
@@ -299,6 +347,8 @@ def describe_arrays(path: Path) -> dict:
 
 
 def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    import numpy as np
+
     with open(path, "wb") as f:
         np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as its allow_pickle flag too
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from parity.platform.errors import ParityError, one_line
+
+if TYPE_CHECKING:
+    import numpy as np
 
 if TYPE_CHECKING:
     import onnx
@@ -125,6 +126,7 @@ def reference_outputs(model, feeds: dict[str, np.ndarray], dtype: str) -> dict[s
     """``onnx.reference`` outputs of ``model`` by graph output name, run in ``dtype`` ("float32"
     runs the model as it is, "float64" its ``to_float64`` copy); float feeds are cast to the
     graph inputs' declared types."""
+    import numpy as np
     from onnx.reference import ReferenceEvaluator
 
     if dtype not in ("float32", "float64"):
@@ -156,6 +158,8 @@ def _deprecated_ops() -> list:
 def float64_reference(model, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], str, str | None]:
     """``(outputs, dtype_used, reason)``: the float64 run, or when that raises, the float32 run
     and why float64 failed. Float outputs are float64 arrays either way."""
+    import numpy as np
+
     try:
         outputs, used, reason = reference_outputs(model, feeds, "float64"), "float64", None
     except Exception as error:  # noqa: BLE001 - any float64 failure falls back to float32
@@ -182,6 +186,7 @@ def _reason(error: BaseException) -> str:
 
 def _cast(value, type_proto):
     """A feed cast to its input's declared float type (tensors, sequences and optionals of them)."""
+    import numpy as np
     from onnx.helper import tensor_dtype_to_np_dtype
 
     kind = type_proto.WhichOneof("value")
@@ -279,6 +284,7 @@ def _type(type_proto) -> None:
 
 
 def _tensor(tensor) -> None:
+    import numpy as np
     from onnx import numpy_helper
 
     if tensor.data_type in FLOATS:

@@ -12,12 +12,13 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from parity.platform.errors import ParityError, one_line
 from parity.platform.safefs import owned_tempdir, replace_dir, sweep
+
+if TYPE_CHECKING:
+    import numpy as np
 
 _SET = re.compile(r"test_data_set_(0|[1-9]\d*)")
 _PB = re.compile(r"(input|output)_(0|[1-9]\d*)\.pb")
@@ -43,6 +44,7 @@ class TestDataSet:
 
 def write_test_data(folder, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray], index: int = 0) -> Path:
     """Write ``folder/test_data_set_{index}`` (replacing one that exists) atomically; return it."""
+    import numpy as np
     from onnx import numpy_helper
 
     if index < 0 or not inputs:
@@ -144,6 +146,7 @@ def graph_kind(type_proto) -> str | None:
 
 def _read_container(file: Path, kind: str):
     """A sequence or optional file: ``(name, list of arrays | array | None)``, text held as unicode."""
+    import numpy as np
     from onnx import OptionalProto, SequenceProto, numpy_helper
 
     if kind.startswith("unsupported: "):
@@ -173,6 +176,8 @@ def _read_container(file: Path, kind: str):
 def unicode(array: np.ndarray) -> np.ndarray:
     """``array`` as a fixed-width unicode array, its shape kept: bytes decoded as UTF-8, other items by ``str``
     (golden data never holds object arrays, which need pickles)."""
+    import numpy as np
+
     if array.dtype.kind == "U":
         return array
     items = [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in array.ravel().tolist()]
@@ -185,6 +190,7 @@ def graph_signature(model) -> tuple[dict[str, tuple], list[str]]:
     A dim is its value, its symbolic name, or None; shape or dtype is None where the graph does not
     say (non-tensor input, unknown rank). Inputs that are also initializers are left out.
     """
+    import numpy as np
     import onnx
 
     graph = model.graph
@@ -228,6 +234,8 @@ def match_graph(
     graph in messages. Outputs are re-keyed when ``graph_outputs`` is given (a set without output
     files gives ``{}``), else returned as read.
     """
+    import numpy as np
+
     graph = source or "the graph"
     names = list(graph_inputs)
     feeds, references = [], []

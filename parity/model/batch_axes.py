@@ -9,7 +9,11 @@ field (the zoo, older builds) has every output and tap batched on axis 0, as bef
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+
 
 DEFAULT = 0  # the batch axis of every output and tap where the manifest records none
 
@@ -69,6 +73,8 @@ def rows(array: np.ndarray, axis: int | None, start: int, stop: int) -> np.ndarr
 def join(chunks: list[np.ndarray], axis: int | None, samples: int) -> np.ndarray:
     """Per-batch results joined along their batch ``axis`` and cut to ``samples`` (the fill of the last batch
     dropped); an unbatched result is the first batch's, whole."""
+    import numpy as np
+
     if axis is None:
         return chunks[0]
     return rows(np.concatenate(chunks, axis=axis), axis, 0, samples)

@@ -12,9 +12,12 @@ elements are the spec's inputs; an output's length or presence is the golden dat
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
 
 from parity.interop.onnx_test_data import OPTIONAL, SEQUENCE, graph_kind  # noqa: F401 - one vocabulary
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def element(name: str, index: int) -> str:
@@ -37,6 +40,8 @@ def unwrap(value, kind: str):
 
 def flatten(name: str, value, kind: str) -> tuple[dict[str, np.ndarray], dict]:
     """``(arrays, structure)`` of a value of graph kind ``kind``: its elements by key and its structure."""
+    import numpy as np
+
     value = unwrap(value, kind)
     if kind == SEQUENCE:
         if not isinstance(value, (list, tuple)):

@@ -7,10 +7,13 @@ always held); a model with several keeps each under ``input/<name>``, apart from
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
 
 from parity.model import batch_axes
 from parity.platform.errors import ParityError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 SINGLE_KEY = "x"
 PREFIX = "input/"
@@ -56,6 +59,8 @@ def rows(spec, feeds: dict, start: int, stop: int) -> dict[str, np.ndarray]:
 
 def padded(spec, feeds: dict, batch_size: int) -> dict[str, np.ndarray]:
     """``feeds`` with fewer than ``batch_size`` samples filled up to it by repeating the last sample."""
+    import numpy as np
+
     out = {}
     for i in spec.model_inputs:
         value = feeds[i.name]
@@ -114,6 +119,8 @@ def generate(spec, batch_size: int, default, rng: np.random.Generator, axes: dic
 
 def draw(values, shape: tuple, dtype: str, rng: np.random.Generator) -> np.ndarray:
     """One array of ``shape`` from the domain ``values``, in ``dtype`` (bfloat16 as float32)."""
+    import numpy as np
+
     from parity.model.values import LOW_PRECISION, TEXT, ml_dtype
 
     # bfloat16 drawn as float32; float8, int4 ... rounded to their own dtype (golden data then keeps their bits)
@@ -145,6 +152,8 @@ def draw(values, shape: tuple, dtype: str, rng: np.random.Generator) -> np.ndarr
 
 def _mask(shape: tuple, rng: np.random.Generator) -> np.ndarray:
     """Ones with a padded tail of zeros along the last axis; each row keeps at least one 1, the first row all."""
+    import numpy as np
+
     if not shape:
         return np.ones((), dtype=np.int64)
     length = shape[-1]

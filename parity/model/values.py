@@ -6,25 +6,34 @@ Golden data never holds object arrays (they need pickles): a string tensor is a 
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
 
 from parity.interop.onnx_test_data import unicode
+
+if TYPE_CHECKING:
+    import numpy as np
 
 TEXT = "str"  # the dtype name an ONNX string tensor has in a spec
 
 
 def is_text(value) -> bool:
     """Whether ``value`` is an array of strings (unicode, bytes or Python objects holding them)."""
+    import numpy as np
+
     return np.asarray(value).dtype.kind in "USO"
 
 
 def text(value) -> np.ndarray:
     """``value`` as a unicode array (bytes decoded as UTF-8), its shape kept."""
+    import numpy as np
+
     return unicode(np.asarray(value))
 
 
 def golden(value) -> np.ndarray:
     """A computed output as golden data holds it: text as unicode, every number as float64."""
+    import numpy as np
+
     return text(value) if is_text(value) else np.asarray(value, dtype=np.float64)
 
 
@@ -58,12 +67,15 @@ PACKED = frozenset({"uint4", "int4", "float4_e2m1fn"})  # two to a byte in ONNX'
 def ml_dtype(name: str) -> np.dtype:
     """The NumPy dtype of ``name`` (``bfloat16``, a float8, int4 ...), registered by ``ml_dtypes``."""
     import ml_dtypes  # noqa: F401 - registers the names with NumPy
+    import numpy as np
 
     return np.dtype(name)
 
 
 def low_precision_name(value) -> str | None:
     """The ``ONNX_ELEMENT_TYPES`` name of an array's dtype, or None for a dtype NumPy has itself."""
+    import numpy as np
+
     name = np.asarray(value).dtype.name
     return name if name in ONNX_ELEMENT_TYPES else None
 
@@ -71,6 +83,8 @@ def low_precision_name(value) -> str | None:
 def to_bits(value) -> np.ndarray:
     """An ml_dtypes array's raw bits, shape kept: uint16 for bfloat16, uint8 for the others (a 4-bit value in the
     low nibble)."""
+    import numpy as np
+
     array = np.ascontiguousarray(value)
     bits: np.ndarray = array.view(np.uint16 if array.dtype.itemsize == 2 else np.uint8)
     return bits & np.uint8(0x0F) if array.dtype.name in PACKED else bits
@@ -78,6 +92,8 @@ def to_bits(value) -> np.ndarray:
 
 def from_bits(bits, dtype: str) -> np.ndarray:
     """``to_bits`` reversed: the array of ``dtype`` whose raw bits ``bits`` are."""
+    import numpy as np
+
     target = ml_dtype(dtype)
     bits = np.ascontiguousarray(bits)
     if bits.dtype.kind != "u" or bits.dtype.itemsize != target.itemsize:
@@ -89,6 +105,8 @@ def as_low_precision(value, dtype: str) -> np.ndarray:
     """``value`` as an array of ``dtype`` (a ``LOW_PRECISION`` name): its raw bits as golden data keeps them
     (uint8), an array of that dtype as it is, numbers converted (a float8 value widened to float32 comes back
     exactly)."""
+    import numpy as np
+
     array = np.asarray(value)
     if array.dtype.name == dtype:
         return array
@@ -99,6 +117,8 @@ def as_low_precision(value, dtype: str) -> np.ndarray:
 
 def pack4(value) -> np.ndarray:
     """A 4-bit array as ONNX lays it out: two elements a byte, the first in the low nibble, flattened."""
+    import numpy as np
+
     nibbles = to_bits(value).ravel()
     if nibbles.size % 2:
         nibbles = np.append(nibbles, np.uint8(0))
@@ -107,6 +127,8 @@ def pack4(value) -> np.ndarray:
 
 def unpack4(packed, dtype: str, shape) -> np.ndarray:
     """``pack4`` reversed: ``shape``'s elements of ``dtype`` from their packed bytes."""
+    import numpy as np
+
     packed = np.asarray(packed, dtype=np.uint8).ravel()
     nibbles = np.stack([packed & np.uint8(0x0F), packed >> 4], axis=-1).ravel()
     count = int(np.prod(shape, dtype=np.int64))
@@ -116,6 +138,8 @@ def unpack4(packed, dtype: str, shape) -> np.ndarray:
 def storable(value) -> np.ndarray:
     """An input array as ``.npz`` files hold it without pickles: a ``LOW_PRECISION`` one as its raw bits (uint8),
     bfloat16 as float32 (exactly), others as they are."""
+    import numpy as np
+
     name = low_precision_name(value)
     if name is None:
         return value
@@ -125,6 +149,8 @@ def storable(value) -> np.ndarray:
 def dtype_kind(dtype: str) -> str:
     """NumPy's kind letter of a spec dtype name, without importing ml_dtypes (``int4`` is ``i``, ``uint4`` ``u``,
     bfloat16, float8 and float4 ``f``)."""
+    import numpy as np
+
     if dtype in ONNX_ELEMENT_TYPES:
         return {"int4": "i", "uint4": "u"}.get(dtype, "f")
     return np.dtype(dtype).kind

@@ -201,7 +201,7 @@ def check(
         env_reader = Background(lambda: environment(threads))
         worker_env = precision_lib.worker_environment(device, request.precision)
         try:
-            with WorkerPool(threads, cache_root() / "logs", request.timeout_s, worker_env) as pool:
+            with WorkerPool(threads, cache_root() / "logs", request.timeout_s, worker_env, service=True) as pool:
                 pool.prestart()
                 for k, case in enumerate(cases, 1):
                     _progress(progress, f"{case.label}: init, golden build, check", k, len(cases))

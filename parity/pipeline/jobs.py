@@ -203,7 +203,9 @@ def _early_pool(request: CheckRequest, device: str):
     from parity.run.worker import WorkerPool
 
     root = cache_folder(cache_root())  # a file in the cache's place is named as the cache folder, not the log folder
-    pool = WorkerPool(request.threads, root / "logs", request.timeout_s, worker_environment(device, request.precision))
+    env = worker_environment(device, request.precision)
+    # a timed run's workers are its own children (the timing audit counts their CPU as the run's own)
+    pool = WorkerPool(request.threads, root / "logs", request.timeout_s, env, service=request.timing is None)
     pool.prestart()
     return pool
 

@@ -11,7 +11,6 @@ import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,7 +22,7 @@ from parity.pipeline.outcome import apply_expectation
 from parity.platform import devices
 from parity.platform import precision as precision_lib
 from parity.platform.cache_dir import cache_root
-from parity.platform.env import environment
+from parity.platform.env import environment, installed, normalized
 from parity.platform.errors import GoldenError, SpecError, UsageError, one_line
 from parity.platform.safefs import owned_tempdir, sha256_file, sweep
 from parity.run import paths, provenance
@@ -76,11 +75,10 @@ def _result_skeleton(model: str, path: paths.PathDef, spec_batch: int) -> dict:
 
 def _package_version(name: str) -> str | None:
     """Installed version of an import name (``tensorflow`` may come as ``tensorflow-cpu``)."""
+    found = installed()
     for candidate in dict.fromkeys((paths.INSTALL_NAMES.get(name, name), name)):
-        try:
-            return metadata.version(candidate)
-        except metadata.PackageNotFoundError:
-            continue
+        if normalized(candidate) in found:
+            return found[normalized(candidate)]
     return None
 
 
@@ -140,7 +138,7 @@ class Run:
         for name in model_names:
             try:  # a model that cannot be loaded, or whose golden data does not verify, is that model's error
                 spec = self.workspace.load_spec(name)
-                manifest = golden.verify(self.workspace.golden_dir(name), spec)
+                manifest = golden.verified_manifest(self.workspace.golden_dir(name), spec)  # arrays: in the worker
             except (SpecError, GoldenError) as error:
                 self.model_errors.append({"model": name, "reason": str(error)})
                 continue

@@ -13,7 +13,6 @@ import importlib.util
 import re
 import shutil
 import subprocess
-from importlib import metadata
 from pathlib import Path
 
 
@@ -55,10 +54,9 @@ def gpu(device: str) -> dict | str:
 
 
 def _version(distribution: str) -> str | None:
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return None
+    from parity.platform.env import installed, normalized
+
+    return installed().get(normalized(distribution))
 
 
 def _package_file(package: str, relative: str) -> Path | None:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 
-from parity.bench.stats import ratio_text
-
 GATE_LEGEND = [
     ("int8 / golden", "the gate's metric on the labelled eval split: the int8 path's, the float64 golden's"),
     ("drop [bounds]", "golden - int8, with its one-sided bounds at the gate's confidence (Tango's paired score"),
@@ -125,6 +123,8 @@ def speedup(vs: dict) -> str:
     """The float path's median over this one's (a speed-up above 1), with its CI; or why there is none."""
     if "ratio" not in vs:
         return vs.get("reason") or "-"
+    from parity.bench.stats import ratio_text  # NumPy: only once a path was timed
+
     lo, hi = vs["ci95"]
     span = f"[{ratio_text(1 / hi)}, {ratio_text(1 / lo)}]"
     if not vs.get("significant"):

@@ -19,6 +19,7 @@ import importlib.util
 import multiprocessing
 import multiprocessing.connection
 import os
+import select
 import shutil
 import signal
 import socket
@@ -28,9 +29,13 @@ import time
 import traceback
 import types
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from parity.platform.errors import ParityError
 from parity.platform.safefs import owned_tempdir, owner_alive
+
+if TYPE_CHECKING:
+    from parity.run.service import Client, RemoteTemplate
 
 # worker log folders kept for failed runs: at most this many, none older than this
 KEEP_LOG_RUNS = 20
@@ -67,6 +72,36 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
     threading.Thread(target=watchdog, name="parent-watchdog", daemon=True).start()
+
+
+def die_with(pid: int) -> None:
+    """Make sure this process ends when process ``pid`` (a client that is not its parent) ends."""
+    try:
+        handle = os.pidfd_open(pid)  # Linux 5.3: readable once the process has ended
+    except (AttributeError, OSError):
+        handle = None
+        if not _running(pid):
+            os._exit(1)
+
+    def watchdog():
+        if handle is not None:
+            select.select([handle], [], [])
+        else:
+            while _running(pid):
+                time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watchdog, name="client-watchdog", daemon=True).start()
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process now has the pid
+        return False
+    return True
 
 
 def _thread_environment(threads: int, env: dict) -> None:
@@ -236,7 +271,8 @@ def _main(conn, group: str | None, threads: int, log_path: str, parent_pid: int,
 
 def _template_main(conn, group: str | None, threads: int, log_path: str, parent_pid: int, env: dict) -> None:
     """A template: started like a worker, it runs no task; it forks a worker from itself for each ``("fork",
-    log_path, cwd, sys_path)`` (the worker's end of its pipe follows as a passed descriptor) and answers its pid,
+    log_path, cwd, sys_path, client)`` (the worker's end of its pipe follows as a passed descriptor; ``client``: the
+    pid the worker ends with where that is not the template's parent, else None) and answers its pid,
     and answers ``("status", pid, wait)`` with the exit code of a worker that ended (None while it runs)."""
     global _FORKED
     startup_error = _start(conn, group, threads, log_path, parent_pid, env)
@@ -259,7 +295,7 @@ def _template_main(conn, group: str | None, threads: int, log_path: str, parent_
                     ended[pid] = os.waitstatus_to_exitcode(status)
             conn.send(ended.get(pid))
             continue
-        _, log, cwd, sys_path = message
+        _, log, cwd, sys_path, client = message
         with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as control:
             _, (fd,), _, _ = socket.recv_fds(control, 1, 1)
         sys.stdout.flush()
@@ -270,6 +306,8 @@ def _template_main(conn, group: str | None, threads: int, log_path: str, parent_
             try:
                 conn.close()  # only the parent and the template hold the template's pipe
                 die_with_parent(os.getppid())
+                if client is not None:
+                    die_with(client)
                 _redirect_output(log)
                 os.chdir(cwd)
                 sys.path[:] = sys_path
@@ -345,22 +383,29 @@ class Template:
         """A new worker: its pid and the parent's end of its pipe."""
         ours, theirs = multiprocessing.Pipe()
         try:
-            pid = self._ask(("fork", str(log_path), os.getcwd(), list(sys.path)), timeout_s, theirs.fileno())
-            if not isinstance(pid, int) or pid <= 0:
-                self.close()
-                raise OSError(f"the template answered {pid!r} for a pid")
-        except (EOFError, OSError):
-            ours.close()
-            self.process.join(5)
-            raise TaskFailed(
-                f"the {self.group} worker's template died (exit code {self.process.exitcode})", "died"
-            ) from None
+            pid = self.fork_onto(theirs.fileno(), str(log_path), os.getcwd(), list(sys.path), None, timeout_s)
         except BaseException:
             ours.close()
             raise
         finally:
             theirs.close()
         return pid, ours
+
+    def fork_onto(self, fd: int, log: str, cwd: str, sys_path: list, client: int | None, timeout_s: float) -> int:
+        """A new worker that serves its tasks on descriptor ``fd`` (a copy is passed; the caller closes its own),
+        runs in ``cwd`` with ``sys_path`` and writes to ``log``, ending with ``client`` too (a pid, or None);
+        its pid."""
+        try:
+            pid = self._ask(("fork", log, cwd, sys_path, client), timeout_s, fd)
+            if not isinstance(pid, int) or pid <= 0:
+                self.close()
+                raise OSError(f"the template answered {pid!r} for a pid")
+        except (EOFError, OSError):
+            self.process.join(5)
+            raise TaskFailed(
+                f"the {self.group} worker's template died (exit code {self.process.exitcode})", "died"
+            ) from None
+        return pid
 
     def exit_code(self, pid: int, wait: bool = False) -> int | None:
         """The exit code of a worker forked from here (negative: the signal that ended it); None while it runs."""
@@ -386,7 +431,7 @@ class _Forked:
     """A worker forked from a template, seen like a ``multiprocessing.Process``: its exit code comes from the
     template (its parent)."""
 
-    def __init__(self, template: Template, pid: int):
+    def __init__(self, template: Template | RemoteTemplate, pid: int):
         self.template, self.pid = template, pid
         self._exitcode: int | None = None
 
@@ -445,7 +490,9 @@ class Worker:
     """A process that runs ``module:function`` tasks for one group: forked from the group's template, or spawned
     where workers do not fork (there a spare, started before its group is known, is a spawned worker too)."""
 
-    def __init__(self, group: str | None, log_path: Path, conn, process, template: Template | None = None):
+    def __init__(
+        self, group: str | None, log_path: Path, conn, process, template: Template | RemoteTemplate | None = None
+    ):
         self.group, self.log_path, self.conn, self.process, self.template = group, log_path, conn, process, template
         if template is not None:
             template.in_use += 1
@@ -457,7 +504,7 @@ class Worker:
         return cls(group, log_path, *_spawn(_main, group, threads, log_path, env))
 
     @classmethod
-    def fork(cls, template: Template, log_dir: Path, timeout_s: float) -> Worker:
+    def fork(cls, template: Template | RemoteTemplate, log_dir: Path, timeout_s: float) -> Worker:
         log_path = log_dir / f"worker-{template.group}.log"
         pid, conn = template.fork(log_path, timeout_s)
         return cls(template.group, log_path, conn, _Forked(template, pid), template)
@@ -518,9 +565,12 @@ class WorkerPool:
 
     Logs go to ``logs_root/run-<owner>-<random>/worker-<group>.log``: kept if any task failed
     (messages point there), removed after a clean run.
+
+    ``service``: fork workers from the user's worker service (``parity.run.service``), whose templates outlive this
+    process, where it is enabled; from templates of this process where it cannot be reached.
     """
 
-    def __init__(self, threads: int, logs_root: Path, timeout_s: float, env: dict | None = None):
+    def __init__(self, threads: int, logs_root: Path, timeout_s: float, env: dict | None = None, service: bool = False):
         from parity.platform.cache_dir import cache_folder
 
         self.threads, self.timeout_s, self.env = threads, timeout_s, env or {}
@@ -531,6 +581,8 @@ class WorkerPool:
         self.forks = forks()
         self.current: Worker | None = None
         self.spare: Worker | Template | None = None
+        self.service: Client | None = None  # the service's client, once prestart or the first worker opened it
+        self.use_service = service and self.forks
 
     def prestart(self) -> None:
         """Start a process ahead of need, before its group is known: Python, NumPy and parity's modules load while
@@ -538,6 +590,8 @@ class WorkerPool:
         spare template where workers fork, else a spare worker). Only while no worker is running, so a spare never
         competes with a task, and not where this process already has templates for these settings."""
         if self.spare is not None or self.current is not None:
+            return
+        if self._service() is not None:
             return
         if not self.forks:
             self.spare = Worker.spawn(None, self.threads, self.log_dir, self.env)
@@ -571,7 +625,30 @@ class WorkerPool:
         _TEMPLATES[key] = template  # most recently used last
         return template
 
+    def _service(self):
+        """The worker service's client (opened, and the service started, at the first call), or None where this
+        pool does not use it or it is unavailable (then never asked again)."""
+        if self.service is None and self.use_service:
+            from parity.run import service
+
+            self.use_service = service.enabled()
+            if self.use_service:
+                try:
+                    self.service = service.Client(self.threads, self.env)
+                except service.Unavailable:
+                    self.use_service = False
+        return self.service
+
     def _start(self, group: str) -> Worker:
+        client = self._service()
+        if client is not None:
+            from parity.run.service import Unavailable
+
+            try:
+                return Worker.fork(client.template(group), self.log_dir, self.timeout_s)
+            except Unavailable:  # forked here from now on
+                client.close()
+                self.service, self.use_service = None, False
         if self.forks:
             return Worker.fork(self._template(group), self.log_dir, self.timeout_s)
         spare, self.spare = self.spare, None
@@ -617,6 +694,9 @@ class WorkerPool:
             if process is not None:
                 process.close()
         self.current = self.spare = None
+        if self.service is not None:
+            self.service.close()
+            self.service = None
         if not self.failed:
             shutil.rmtree(self.log_dir, ignore_errors=True)
 

@@ -1,0 +1,520 @@
+"""A per-user worker service: worker templates kept warm from one parity process to the next (Linux).
+
+A template (``parity.run.worker.Template``) is a process that has imported one group's frameworks; every worker of
+the group is forked from it. A pool keeps its templates as long as its process lives, so a pytest session pays
+each import once; this service keeps them across processes, so a small ``parity check`` or a new pytest session
+calling ``assert_parity`` forks its worker from a warm template in milliseconds instead of starting Python, NumPy
+and a runtime again.
+
+- **On demand**: the first pool that asks starts it (a detached ``python -m parity.run.service``) and goes on with
+  its own work; it ends once no client has been connected and no worker of its has run for
+  ``PARITY_WORKER_SERVICE_IDLE_S`` seconds (600). ``parity worker-service stop`` retires it at once.
+- **Versioned**: its socket is named by a key over parity's version and sources, the interpreter, the installed
+  packages (the modification times of the folders on ``sys.path``) and the environment; a client whose key
+  differs starts its own, and services beyond the newest ``MAX_SERVICES`` retire.
+- **One user's**: its folder (``$XDG_RUNTIME_DIR/parity``, else ``/tmp/parity-<uid>``) is owned by the user and
+  closed to others, checked before every use, and the service refuses a client of another uid (``SO_PEERCRED``).
+- **Isolation kept**: a worker is a child of its template, not of its client, so it watches its client's pid and
+  ends with it; the client's end of the worker's pipe is passed to it as a descriptor, so tasks and results never
+  go through the service. The service's own messages are length-prefixed JSON; nothing read from its socket is
+  unpickled.
+- **Bounded**: at most ``MAX_TEMPLATES`` templates; the least recently used one with no running worker ends first.
+- **Off** with ``PARITY_WORKER_SERVICE=off`` (the test suite), in timed runs (their workers are the timing audit's
+  own processes), on Ray nodes, and where workers do not fork.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import socket
+import socketserver
+import stat
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from parity.run.worker import TaskFailed, Template
+
+VARIABLE = "PARITY_WORKER_SERVICE"
+IDLE_VARIABLE = "PARITY_WORKER_SERVICE_IDLE_S"
+IDLE_S = 600.0
+MAX_TEMPLATES = 3  # a torch or TensorFlow template holds about 1 GB
+MAX_SERVICES = 2  # a user's services, each of its own key (another interpreter, environment or parity version)
+START_TIMEOUT_S = 10.0  # a new service's socket must answer within this
+MAX_MESSAGE = 1 << 20
+# variables of the calling shell that no import depends on: not part of the key
+SHELL_VARIABLES = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "PYTEST_CURRENT_TEST"})
+
+
+class Unavailable(Exception):
+    """The service cannot be reached (or started); the pool forks from templates of its own instead."""
+
+
+def enabled() -> bool:
+    """Whether pools that may use the service use it: on Linux, unless ``PARITY_WORKER_SERVICE=off``."""
+    return sys.platform.startswith("linux") and os.environ.get(VARIABLE, "on").lower() not in ("off", "0", "no")
+
+
+def folder() -> Path:
+    """The user's service folder, created if missing; ``Unavailable`` where it is not the user's alone."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    path = Path(runtime) / "parity" if runtime else Path("/tmp") / f"parity-{os.getuid()}"
+    try:
+        path.mkdir(mode=0o700, exist_ok=True)
+        info = os.lstat(path)
+    except OSError as error:
+        raise Unavailable(f"{path}: {error.strerror or error}") from None
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise Unavailable(f"{path} is not a folder of this user's alone (mode {stat.filemode(info.st_mode)})")
+    return path
+
+
+def key() -> str:
+    """What a template's imports depend on, hashed: parity's code, the interpreter, the installed packages and
+    the environment (the calling shell's bookkeeping variables aside)."""
+    import parity
+
+    package = Path(parity.__file__).parent
+    sources = []
+    for path in sorted(package.rglob("*.py")):  # sizes and times: a stat each, where a digest reads every file
+        info = path.stat()
+        sources.append((path.relative_to(package).as_posix(), info.st_size, info.st_mtime_ns))
+    folders: list[tuple[str, int | None]] = []
+    for entry in sys.path[1:]:  # the first is the script's folder or the working directory
+        try:
+            folders.append((entry, os.stat(entry).st_mtime_ns))
+        except OSError:
+            folders.append((entry, None))
+    environment = sorted((k, v) for k, v in os.environ.items() if k not in SHELL_VARIABLES)
+    text = json.dumps([parity.__version__, str(package), sources, sys.executable, sys.version, folders, environment])
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def send(sock: socket.socket, message: dict, fd: int | None = None) -> None:
+    """One message: its length (4 bytes), then its JSON; ``fd`` passed with the first byte."""
+    data = json.dumps(message).encode()
+    frame = struct.pack("!I", len(data)) + data
+    if fd is not None:
+        socket.send_fds(sock, [frame[:1]], [fd])
+        frame = frame[1:]
+    sock.sendall(frame)
+
+
+def receive(sock: socket.socket) -> tuple[dict | None, list[int]]:
+    """One message and the descriptors passed with it; None at the end of the stream."""
+    head, fds = b"", []
+    while len(head) < 4:
+        chunk, passed, _, _ = socket.recv_fds(sock, 4 - len(head), 4)
+        fds += passed
+        if not chunk:
+            for fd in fds:
+                os.close(fd)
+            return None, []
+        head += chunk
+    (size,) = struct.unpack("!I", head)
+    if size > MAX_MESSAGE:
+        raise ValueError(f"a message of {size} bytes")
+    body = b""
+    while len(body) < size:
+        chunk = sock.recv(size - len(body))
+        if not chunk:
+            raise ConnectionError("the stream ended inside a message")
+        body += chunk
+    message = json.loads(body)
+    if not isinstance(message, dict):
+        raise ValueError("a message that is not a JSON object")
+    return message, fds
+
+
+def _connect(path: Path) -> socket.socket | None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(path))
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+class Client:
+    """A pool's connection to the service; opened without waiting (a service started now answers at its first
+    request)."""
+
+    def __init__(self, threads: int, env: dict):
+        self.threads, self.env = threads, env
+        self.folder, self.key = folder(), key()
+        self.path = self.folder / f"{self.key}.sock"
+        self.lock = threading.Lock()
+        self.sock = _connect(self.path)
+        self.started: subprocess.Popen | None = None
+        if self.sock is None:
+            self.started = start(self.folder, self.key, threads, env)
+
+    def request(self, message: dict, fd: int | None = None) -> dict:
+        with self.lock:
+            try:
+                if self.sock is None:
+                    self.sock = self._wait()
+                send(self.sock, message, fd)
+                answer, fds = receive(self.sock)
+            except (OSError, ValueError) as error:
+                self.close()
+                raise Unavailable(f"the worker service: {error}") from None
+            for passed in fds:
+                os.close(passed)
+            if answer is None:
+                self.close()
+                raise Unavailable("the worker service ended")
+            return answer
+
+    def _wait(self) -> socket.socket:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            sock = _connect(self.path)
+            if sock is not None:
+                if self.started is not None:
+                    self.started.wait()  # it forked the service and ended
+                return sock
+            if self.started is not None and self.started.poll() not in (None, 0):
+                raise Unavailable(f"it exited {self.started.returncode}; see {self.folder / self.key}.log")
+            time.sleep(0.005)
+        raise Unavailable(f"no answer within {START_TIMEOUT_S:g} s; see {self.folder / self.key}.log")
+
+    def template(self, group: str) -> RemoteTemplate:
+        return RemoteTemplate(self, group)
+
+    @property
+    def alive(self) -> bool:
+        return self.sock is not None or self.started is not None
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+        self.sock, self.started = None, None
+
+
+class RemoteTemplate:
+    """The service's template of one group, used as a pool uses a ``Template`` of its own."""
+
+    def __init__(self, client: Client, group: str):
+        self.client, self.group, self.in_use = client, group, 0
+
+    @property
+    def alive(self) -> bool:
+        return self.client.alive
+
+    def fork(self, log_path: Path, timeout_s: float):
+        """A new worker forked by the service: its pid and this process's end of its pipe (``Unavailable``
+        where the service cannot be reached, ``TaskFailed`` where the template could not fork one)."""
+        import multiprocessing
+
+        ours, theirs = multiprocessing.Pipe()
+        try:
+            answer = self.client.request(
+                {
+                    "op": "fork",
+                    "group": self.group,
+                    "threads": self.client.threads,
+                    "env": self.client.env,
+                    "log": str(log_path),
+                    "cwd": os.getcwd(),
+                    "sys_path": list(sys.path),
+                    "client": os.getpid(),
+                    "timeout_s": timeout_s,
+                },
+                theirs.fileno(),
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        if "error" in answer:
+            ours.close()
+            raise TaskFailed(str(answer["error"]), str(answer.get("kind", "died")))
+        return int(answer["pid"]), ours
+
+    def exit_code(self, pid: int, wait: bool = False) -> int | None:
+        """As ``Template.exit_code``; a worker whose service is gone is gone with it."""
+        try:
+            return self.client.request({"op": "status", "pid": pid, "wait": wait}).get("exit")
+        except Unavailable:
+            return -9
+
+    def close(self) -> None:
+        """Nothing: the template is the service's."""
+
+
+def start(where: Path, name: str, threads: int, env: dict) -> subprocess.Popen:
+    """A detached service for key ``name``, in its own session (a client's end does not end it), its output to
+    ``<name>.log``; it starts a spare template for ``threads`` and ``env`` at once."""
+    with open(where / f"{name}.log", "wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "parity.run.service", str(where), name, str(threads), json.dumps(env)],
+            cwd=where,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+
+
+class Service(socketserver.ThreadingUnixStreamServer):
+    """The server: one thread per client connection, the templates shared under one lock."""
+
+    daemon_threads = True
+
+    def __init__(self, where: Path, name: str, idle_s: float, threads: int, env: dict):
+        self.where, self.name, self.idle_s = where, name, idle_s
+        self.state = threading.Lock()
+        self.templates: dict[tuple, Template] = {}  # (group, threads, env) -> template, least recently used first
+        self.owner: dict[int, Template] = {}  # pid of a worker not yet known to have ended -> its template
+        self.clients, self.last_active, self.retiring = 0, time.monotonic(), False
+        self.spare: Template | None = Template(None, threads, where / f"{name}-spare.log", env)
+        self.spare_key = (threads, _env_key(env))
+        path = where / f"{name}.sock"
+        path.unlink(missing_ok=True)
+        super().__init__(str(path), Handler)
+        os.chmod(path, 0o600)
+        self.inode = os.stat(path).st_ino  # at the end, the socket file is removed only while it is still ours
+
+    def verify_request(self, request, client_address) -> bool:
+        credentials = request.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        return struct.unpack("3i", credentials)[1] == os.getuid()
+
+    def fork(self, message: dict, fd: int) -> dict:
+        group, threads, env = str(message["group"]), int(message["threads"]), dict(message["env"])
+        template = self._template(group, threads, env)
+        try:
+            pid = template.fork_onto(
+                fd,
+                str(message["log"]),
+                str(message["cwd"]),
+                list(message["sys_path"]),
+                int(message["client"]),
+                float(message["timeout_s"]),
+            )
+        except TaskFailed as error:
+            return {"error": str(error), "kind": error.kind}
+        with self.state:
+            self.owner[pid] = template
+        return {"pid": pid}
+
+    def _template(self, group: str, threads: int, env: dict) -> Template:
+        slot = (group, threads, _env_key(env))
+        with self.state:
+            template = self.templates.pop(slot, None)
+            if template is None or not template.alive:
+                if template is not None:
+                    template.close()
+                spare, self.spare = self.spare, None
+                if spare is not None and spare.alive and self.spare_key == (threads, _env_key(env)):
+                    spare.adopt(group, self.where / f"{self.name}-{group}.log")
+                    template = spare
+                else:
+                    if spare is not None:
+                        spare.close()
+                    template = Template(group, threads, self.where / f"{self.name}-{group}.log", env)
+            self.templates[slot] = template
+            busy = {id(t) for t in self._running().values()}
+            for old in [s for s, t in self.templates.items() if s != slot and id(t) not in busy]:
+                if len(self.templates) <= MAX_TEMPLATES:
+                    break
+                self.templates.pop(old).close()
+            return template
+
+    def _running(self) -> dict[int, Template]:
+        """The workers still running (under ``state``)."""
+        for pid, template in list(self.owner.items()):
+            if template.exit_code(pid) is not None:
+                del self.owner[pid]
+        return self.owner
+
+    def status(self, message: dict) -> dict:
+        pid = int(message["pid"])
+        with self.state:
+            template = self.owner.get(pid)
+        if template is None:
+            return {"exit": None if _alive(pid) else 0}
+        code = template.exit_code(pid, bool(message.get("wait")))
+        if code is not None:
+            with self.state:
+                self.owner.pop(pid, None)
+        return {"exit": code}
+
+    def info(self) -> dict:
+        with self.state:
+            return {
+                "pid": os.getpid(),
+                "key": self.name,
+                "clients": self.clients - 1,  # the one asking aside
+                "idle_s": round(time.monotonic() - self.last_active, 1),
+                "templates": [group for group, _, _ in self.templates],
+                "workers": len(self._running()),
+                "retiring": self.retiring,
+            }
+
+    def idle(self) -> bool:
+        with self.state:
+            if self.clients or self._running():
+                self.last_active = time.monotonic()
+                return False
+            return self.retiring or time.monotonic() - self.last_active > self.idle_s
+
+    def end(self) -> None:
+        with self.state:
+            for template in [*self.templates.values(), *([self.spare] if self.spare else [])]:
+                template.close()
+            self.templates.clear()
+        path = self.where / f"{self.name}.sock"
+        try:
+            if os.stat(path).st_ino == self.inode:
+                path.unlink()
+        except OSError:
+            pass
+        self.server_close()
+
+
+def _env_key(env: dict) -> tuple:
+    return tuple(sorted((k, str(v)) for k, v in env.items()))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+class Handler(socketserver.BaseRequestHandler):
+    """One client: its requests, in order, until it closes its end."""
+
+    server: Service
+
+    def handle(self) -> None:
+        service = self.server
+        with service.state:
+            service.clients += 1
+        try:
+            while True:
+                try:
+                    message, fds = receive(self.request)
+                except (OSError, ValueError):
+                    return
+                if message is None:
+                    return
+                try:
+                    send(self.request, self._answer(service, message, fds))
+                except Exception as error:  # noqa: BLE001 - a malformed request is that client's error, not ours
+                    send(self.request, {"error": f"{type(error).__name__}: {error}", "kind": "died"})
+                finally:
+                    for fd in fds:
+                        os.close(fd)
+        finally:
+            with service.state:
+                service.clients -= 1
+                service.last_active = time.monotonic()
+
+    @staticmethod
+    def _answer(service: Service, message: dict, fds: list[int]) -> dict:
+        op = message.get("op")
+        if op == "fork":
+            if len(fds) != 1:
+                raise ValueError("a fork request without its descriptor")
+            return service.fork(message, fds[0])
+        if op == "status":
+            return service.status(message)
+        if op == "info":
+            return service.info()
+        if op == "retire":
+            service.retiring = True
+            return {"retiring": True}
+        raise ValueError(f"unknown request {op!r}")
+
+
+def running(where: Path | None = None, besides: str | None = None) -> list[dict]:
+    """What each of this user's services (but the one of key ``besides``) says of itself (``info``), stale sockets
+    removed."""
+    where = where or folder()
+    found = []
+    for path in sorted(where.glob("*.sock")):
+        if path.stem == besides:
+            continue
+        sock = _connect(path)
+        if sock is None:
+            path.unlink(missing_ok=True)  # its service is gone: connecting is refused
+            continue
+        with sock:
+            try:
+                send(sock, {"op": "info"})
+                answer, _ = receive(sock)
+            except (OSError, ValueError):
+                continue
+        if answer is not None:
+            found.append(answer)
+    return found
+
+
+def retire(names: list[str], where: Path | None = None) -> list[str]:
+    """Ask the services of ``names`` (keys) to end once their clients have left; the keys asked."""
+    where = where or folder()
+    asked = []
+    for name in names:
+        sock = _connect(where / f"{name}.sock")
+        if sock is None:
+            continue
+        with sock:
+            try:
+                send(sock, {"op": "retire"})
+                receive(sock)
+            except (OSError, ValueError):
+                continue
+        asked.append(name)
+    return asked
+
+
+def serve(where: Path, name: str, threads: int, env: dict) -> None:
+    """Run the service of key ``name`` until it is idle; only one per key (a file lock held while it runs)."""
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(str(where / f"{name}.lock"), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        return  # another client started it first
+    idle_s = float(os.environ.get(IDLE_VARIABLE, IDLE_S))
+    server = Service(where, name, idle_s, threads, env)
+    others = sorted(running(where, besides=name), key=lambda s: s["idle_s"])
+    retire([s["key"] for s in others[MAX_SERVICES - 1 :]], where)
+
+    def watch() -> None:
+        while not server.idle():
+            time.sleep(min(1.0, max(idle_s / 4, 0.05)))
+        server.shutdown()
+
+    threading.Thread(target=watch, name="idle-watch", daemon=True).start()
+    try:
+        server.serve_forever(poll_interval=0.5)
+    finally:
+        server.end()
+        lock.release()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="parity's worker service (started by parity itself)")
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("key")
+    parser.add_argument("threads", type=int)
+    parser.add_argument("env", type=json.loads)
+    arguments = parser.parse_args()
+    if os.fork():  # the client reaps the process it started at once; the service is nobody's child but init's
+        os._exit(0)
+    serve(arguments.folder, arguments.key, arguments.threads, arguments.env)
