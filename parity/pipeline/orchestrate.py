@@ -110,6 +110,7 @@ class Run:
         self.stage_seconds: dict[str, float] = {}
         self.results: list[dict] = []
         self.model_errors: list[dict] = []
+        self.refused: set[str] = set()  # models whose golden arrays a worker refused (the plan checks files only)
         # what killed runs left behind: --no-cache scratch, cache staging, golden build scratch
         sweep(tempfile.gettempdir(), rf"^{NOCACHE_PREFIX}")
         sweep(workspace.root / "golden", golden.SCRATCH_PATTERN)
@@ -286,6 +287,8 @@ class Run:
             )
         except TaskFailed as error:
             shutil.rmtree(staging, ignore_errors=True)
+            if error.kind == "golden":
+                raise
             reason = str(error)
             reason = reason if reason.startswith(step.name) else f"{step.name}: {reason}"
             if error.kind == "raised":  # the converter's own verdict on this input and code: the same next time
@@ -365,7 +368,9 @@ class Run:
             ):
                 for batch in self._batches(spec):
                     done += 1
-                    self._export(pool, spec, manifest, path, depth, batch, at_step=(done, len(exports)))
+                    self._guarded(
+                        spec, self._export, pool, spec, manifest, path, depth, batch, at_step=(done, len(exports))
+                    )
         if exports:
             self._stage("export", started)
         # every check and diagnosis of every model before any timing, one worker per group
@@ -373,18 +378,34 @@ class Run:
         order = _check_order(pool, pending)
         for k, (spec, manifest, path, result) in enumerate(order, 1):
             checking = time.perf_counter()
-            self._check(pool, spec, manifest, path, result, step=(k, len(order)))
+            self._guarded(spec, self._check, pool, spec, manifest, path, result, step=(k, len(order)))
             result["check_s"] = round(time.perf_counter() - checking, 4)
         self._stage("check", started)
         if self.options.diagnose:
             started = time.perf_counter()
             for spec, manifest, path, result in order:
-                self._diagnose(pool, spec, manifest, path, result)
+                self._guarded(spec, self._diagnose, pool, spec, manifest, path, result)
             self._stage("diagnose", started)
+        if self.refused:  # such a model is an input error, as one refused by the plan: no verdict of its paths stands
+            self.results = [r for r in self.results if r["model"] not in self.refused]
+            order = [item for item in order if item[0].name not in self.refused]
         for result in self.results:
             if result["model"] in model_names:
                 apply_expectation(self.specs[result["model"]], result)
         return order
+
+    def _guarded(self, spec, call, *args, **kwargs) -> None:
+        """``call(*args, **kwargs)`` unless a worker has refused ``spec``'s golden arrays; a refusal now (a golden
+        file whose arrays do not match its verified manifest) is the model's error, said once."""
+        if spec.name in self.refused:
+            return
+        try:
+            call(*args, **kwargs)
+        except TaskFailed as error:
+            if error.kind != "golden":
+                raise
+            self.refused.add(spec.name)
+            self.model_errors.append({"model": spec.name, "reason": str(error)})
 
     def close(self) -> None:
         """Remove the scratch export folder of a ``--no-cache`` run (the run's results stay)."""
@@ -464,6 +485,8 @@ class Run:
                 device=path.device,
             )
         except TaskFailed as error:
+            if error.kind == "golden":
+                raise
             result.update(verdict="error", reason=f"{path.runtime.name}: {error}", log=error.log)
             return
         result.update(outcome)

@@ -60,3 +60,17 @@ class NotDifferentiable(ParityError):
 class Unavailable(ParityError):
     """A path that cannot run here: no such device, a CPU-only build, a precision the runtime cannot do.
     Becomes a ``skip`` with the message as its reason, never an error."""
+
+
+class TaskFailed(Exception):
+    """A task raised, crashed its worker, or ran past its timeout; the message is the reason.
+
+    ``kind`` says which: ``raised`` (the task's own exception: deterministic, may be cached), ``golden`` (golden
+    arrays that do not match their verified manifest: the model's input error, never cached),
+    ``startup`` (the worker's framework failed to import), ``died`` or ``timeout``.
+    """
+
+    def __init__(self, message: str, kind: str = "raised", log: str | None = None):
+        super().__init__(message)
+        self.kind = kind
+        self.log = log  # the worker's log, with the task's traceback

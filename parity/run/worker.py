@@ -31,29 +31,18 @@ import types
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from parity.platform.errors import ParityError
+from parity.platform.errors import GoldenError, ParityError, TaskFailed
 from parity.platform.safefs import owned_tempdir, owner_alive
 
 if TYPE_CHECKING:
     from parity.run.service import Client, RemoteTemplate
 
+__all__ = ["TaskFailed", "Template", "Worker", "WorkerPool"]  # TaskFailed: where callers have always found it
+
 # worker log folders kept for failed runs: at most this many, none older than this
 KEEP_LOG_RUNS = 20
 KEEP_LOG_DAYS = 14
 LOG_PREFIX = "run-"
-
-
-class TaskFailed(Exception):
-    """A task raised, crashed its worker, or ran past its timeout; the message is the reason.
-
-    ``kind`` says which: ``raised`` (the task's own exception: deterministic, may be cached),
-    ``startup`` (the worker's framework failed to import), ``died`` or ``timeout``.
-    """
-
-    def __init__(self, message: str, kind: str = "raised", log: str | None = None):
-        super().__init__(message)
-        self.kind = kind
-        self.log = log  # the worker's log, with the task's traceback
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -259,7 +248,7 @@ def _serve(conn, startup_error: str | None) -> None:
             conn.send(("ok", load_target(target)(**kwargs)))
         except BaseException as error:  # noqa: BLE001 - every failure becomes the task's reason
             traceback.print_exc()
-            conn.send(("error", reason_of(error)))
+            conn.send(("golden" if isinstance(error, GoldenError) else "error", reason_of(error)))
     quick_exit(0)
 
 
