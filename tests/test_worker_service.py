@@ -140,3 +140,15 @@ def test_a_malformed_request_ends_that_connection_only_and_stop_retires(service_
     stopped = CliRunner().invoke(cli, ["worker-service", "--stop"])
     assert stopped.exit_code == 0 and "retired 1 worker service" in stopped.output
     assert until(lambda: gone(info["pid"]), 15)
+
+
+def test_a_service_that_cannot_start_is_said_at_once_and_the_pool_forks_its_own(service_dir, tmp_path):
+    service_dir.mkdir(mode=0o700)
+    (service_dir / f"{service.key()}.lock").mkdir()  # its lock cannot be taken: the service ends before it listens
+    started = time.monotonic()
+    with WorkerPool(1, tmp_path, 120, service=True) as pool:
+        template = pool.call("onnx", "os:getppid")
+        assert pool.service is None  # given up, not waited for
+        assert template in {p.pid for p in psutil.Process().children(recursive=True)}
+    assert time.monotonic() - started < service.START_TIMEOUT_S
+    assert "Error" in (service_dir / f"{service.key()}.log").read_text()  # the reason, in its log

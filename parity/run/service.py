@@ -115,18 +115,26 @@ def receive(sock: socket.socket) -> tuple[dict | None, list[int]]:
                 os.close(fd)
             return None, []
         head += chunk
-    (size,) = struct.unpack("!I", head)
-    if size > MAX_MESSAGE:
-        raise ValueError(f"a message of {size} bytes")
-    body = b""
-    while len(body) < size:
-        chunk = sock.recv(size - len(body))
-        if not chunk:
-            raise ConnectionError("the stream ended inside a message")
-        body += chunk
-    message = json.loads(body)
-    if not isinstance(message, dict):
-        raise ValueError("a message that is not a JSON object")
+    try:
+        (size,) = struct.unpack("!I", head)
+        if size > MAX_MESSAGE:
+            raise ValueError(f"a message of {size} bytes")
+        body = b""
+        while len(body) < size:
+            chunk = sock.recv(size - len(body))
+            if not chunk:
+                raise ConnectionError("the stream ended inside a message")
+            body += chunk
+        try:
+            message = json.loads(body)
+        except RecursionError:
+            raise ValueError("a message nested too deeply") from None
+        if not isinstance(message, dict):
+            raise ValueError("a message that is not a JSON object")
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
     return message, fds
 
 
@@ -179,8 +187,8 @@ class Client:
                 if self.started is not None:
                     self.started.wait()  # it forked the service and ended
                 return sock
-            if self.started is not None and self.started.poll() not in (None, 0):
-                raise Unavailable(f"it exited {self.started.returncode}; see {self.folder / self.key}.log")
+            if self.started is not None and self.started.poll() not in (None, 0):  # it could not start
+                raise Unavailable(f"it did not start; see {self.folder / self.key}.log")
             time.sleep(0.005)
         raise Unavailable(f"no answer within {START_TIMEOUT_S:g} s; see {self.folder / self.key}.log")
 

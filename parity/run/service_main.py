@@ -192,17 +192,21 @@ class Handler(socketserver.BaseRequestHandler):
         raise ValueError(f"unknown request {op!r}")
 
 
-def serve(where: Path, name: str, threads: int, env: dict) -> None:
-    """Run the service of key ``name`` until it is idle; only one per key (a file lock held while it runs)."""
+def serve(where: Path, name: str, threads: int, env: dict, ready: int) -> None:
+    """Run the service of key ``name`` until it is idle; only one per key (a file lock held while it runs). A byte
+    on descriptor ``ready`` once its socket listens (or another service of the key holds the lock)."""
     from filelock import FileLock, Timeout
 
     lock = FileLock(str(where / f"{name}.lock"), timeout=0)
     try:
         lock.acquire()
-    except Timeout:
-        return  # another client started it first
+    except Timeout:  # another client started it first: its socket is the one to wait for
+        os.write(ready, b"1")
+        return
     idle_s = float(os.environ.get(IDLE_VARIABLE, IDLE_S))
     server = Service(where, name, idle_s, threads, env)
+    os.write(ready, b"1")
+    os.close(ready)
     others = sorted(running(where, besides=name), key=lambda s: s["idle_s"])
     retire([s["key"] for s in others[MAX_SERVICES - 1 :]], where)
 
@@ -226,6 +230,11 @@ if __name__ == "__main__":
     parser.add_argument("threads", type=int)
     parser.add_argument("env", type=json.loads)
     arguments = parser.parse_args()
-    if os.fork():  # the client reaps the process it started at once; the service is nobody's child but init's
-        os._exit(0)
-    serve(arguments.folder, arguments.key, arguments.threads, arguments.env)
+    # the service is nobody's child but init's: the process the client started ends once the service listens (exit
+    # 0), or at once when it could not start (exit 1, its reason in the log), and the client reaps it
+    ready_read, ready_write = os.pipe()
+    if os.fork():
+        os.close(ready_write)
+        os._exit(0 if os.read(ready_read, 1) else 1)
+    os.close(ready_read)
+    serve(arguments.folder, arguments.key, arguments.threads, arguments.env, ready_write)
