@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 import sys
@@ -72,6 +70,9 @@ def installed() -> dict[str, str]:
     global _INSTALLED
     if _INSTALLED is not None:
         return _INSTALLED
+    import hashlib
+    import json
+
     from parity.platform.cache_dir import cache_root
 
     stamps = []
