@@ -15,7 +15,7 @@ from pathlib import Path
 
 from parity.platform.errors import TaskFailed
 from parity.run.service import IDLE_S, IDLE_VARIABLE, MAX_SERVICES, MAX_TEMPLATES, receive, retire, running, send
-from parity.run.worker import Template
+from parity.run.worker import Template, pid_running
 
 
 class Service(socketserver.ThreadingUnixStreamServer):
@@ -94,7 +94,7 @@ class Service(socketserver.ThreadingUnixStreamServer):
         with self.state:
             template = self.owner.get(pid)
         if template is None:
-            return {"exit": None if _alive(pid) else 0}
+            return {"exit": None if pid_running(pid) else 0}
         code = template.exit_code(pid, bool(message.get("wait")))
         if code is not None:
             with self.state:
@@ -136,14 +136,6 @@ class Service(socketserver.ThreadingUnixStreamServer):
 
 def _env_key(env: dict) -> tuple:
     return tuple(sorted((k, str(v)) for k, v in env.items()))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    return True
 
 
 class Handler(socketserver.BaseRequestHandler):

@@ -69,26 +69,25 @@ def die_with(pid: int) -> None:
         handle = os.pidfd_open(pid)  # Linux 5.3: readable once the process has ended
     except (AttributeError, OSError):
         handle = None
-        if not _running(pid):
+        if not pid_running(pid):
             os._exit(1)
 
     def watchdog():
         if handle is not None:
             select.select([handle], [], [])
         else:
-            while _running(pid):
+            while pid_running(pid):
                 time.sleep(0.5)
         os._exit(1)
 
     threading.Thread(target=watchdog, name="client-watchdog", daemon=True).start()
 
 
-def _running(pid: int) -> bool:
+def pid_running(pid: int) -> bool:
+    """Whether process ``pid`` runs (one of another user's that took the pid since does not count)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process now has the pid
+    except (ProcessLookupError, PermissionError):
         return False
     return True
 
