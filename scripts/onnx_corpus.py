@@ -393,7 +393,8 @@ def report(rows: list[dict]) -> None:
     )
     for r in taken:
         if r not in agree:
-            print(f"  differs: {r['case']}: ONNX Runtime {r['ort']}, parity {r['parity']}: {r['reason']}")
+            reason = f": {r['reason']}" if r.get("reason") else ""  # a pass has none
+            print(f"  differs: {r['case']}: ONNX Runtime {r['ort']}, parity {r['parity']}{reason}")
             print(f"    why: {r.get('explanation')}")
     crashed = [r for r in rows if r["parity"] == "crashed"]
     for r in crashed:
