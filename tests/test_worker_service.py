@@ -152,3 +152,19 @@ def test_a_service_that_cannot_start_is_said_at_once_and_the_pool_forks_its_own(
         assert template in {p.pid for p in psutil.Process().children(recursive=True)}
     assert time.monotonic() - started < service.START_TIMEOUT_S
     assert "Error" in (service_dir / f"{service.key()}.log").read_text()  # the reason, in its log
+
+
+def test_a_folder_on_sys_path_counts_by_its_time_only_where_packages_are_installed(tmp_path, monkeypatch):
+    from parity.platform.env import path_stamps
+
+    source, site = tmp_path / "src", tmp_path / "site"
+    source.mkdir()
+    (site / "pkg-1.0.dist-info").mkdir(parents=True)
+    os.utime(site, ns=(10**18, 10**18))
+    monkeypatch.setattr(sys, "path", [str(source), str(site)])
+    before = service.key()
+    assert path_stamps() == [[str(source), None], [str(site), 10**18]]
+    (source / "notes.txt").write_text("a file written beside a script changes nothing")
+    assert service.key() == before
+    (site / "pkg-1.0.dist-info").rename(site / "pkg-2.0.dist-info")  # an upgrade
+    assert service.key() != before

@@ -83,14 +83,12 @@ def key() -> str:
     for path in sorted(package.rglob("*.py")):  # sizes and times: a stat each, where a digest reads every file
         info = path.stat()
         sources.append((path.relative_to(package).as_posix(), info.st_size, info.st_mtime_ns))
-    folders: list[tuple[str, int | None]] = []
-    for entry in sys.path[1:]:  # the first is the script's folder or the working directory
-        try:
-            folders.append((entry, os.stat(entry).st_mtime_ns))
-        except OSError:
-            folders.append((entry, None))
+    from parity.platform.env import path_stamps
+
     environment = sorted((k, v) for k, v in os.environ.items() if k not in SHELL_VARIABLES)
-    text = json.dumps([parity.__version__, str(package), sources, sys.executable, sys.version, folders, environment])
+    text = json.dumps(
+        [parity.__version__, str(package), sources, sys.executable, sys.version, path_stamps(), environment]
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
