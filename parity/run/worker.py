@@ -298,6 +298,8 @@ def _template_main(conn, group: str | None, threads: int, log_path: str, parent_
                     die_with(client)
                 _redirect_output(log)
                 os.chdir(cwd)
+                if client is not None:  # the service's environment is its first client's, PWD aside
+                    os.environ["PWD"] = cwd
                 sys.path[:] = sys_path
                 _serve(multiprocessing.connection.Connection(fd), startup_error)
             finally:
