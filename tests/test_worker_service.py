@@ -73,6 +73,18 @@ def test_a_second_pool_forks_from_the_template_the_first_one_warmed(service_dir,
     assert os.stat(service_dir / f"{info['key']}.sock").st_mode & 0o777 == 0o600
 
 
+def test_a_template_started_for_one_client_outlives_it(service_dir, tmp_path):
+    with WorkerPool(1, tmp_path, 120, service=True) as pool:  # the spare, started with the service, becomes onnx
+        pool.call("onnx", "os:getpid")
+    with WorkerPool(2, tmp_path, 120, service=True) as pool:  # two threads: a template of its own, started now
+        template = pool.call("onnx", "os:getppid")
+    time.sleep(0.5)  # the client's connection, and the service's thread that served it, have ended
+    with WorkerPool(2, tmp_path, 120, service=True) as pool:
+        assert pool.call("onnx", "os:getppid") == template
+    (info,) = service.running(service_dir)
+    assert info["templates"] == ["onnx", "onnx"]
+
+
 def test_a_worker_ends_with_the_process_that_asked_for_it(service_dir, tmp_path):
     script = textwrap.dedent(f"""
         import sys, time

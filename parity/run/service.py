@@ -46,8 +46,12 @@ MAX_TEMPLATES = 3  # a torch or TensorFlow template holds about 1 GB
 MAX_SERVICES = 2  # a user's services, each of its own key (another interpreter, environment or parity version)
 START_TIMEOUT_S = 10.0  # a new service's socket must answer within this
 MAX_MESSAGE = 1 << 20
-# variables of the calling shell that no import depends on: not part of the key
-SHELL_VARIABLES = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "PYTEST_CURRENT_TEST"})
+# variables of the calling shell (or test runner) that no import depends on: not part of the key
+SHELL_VARIABLES = frozenset(
+    {"PWD", "OLDPWD", "SHLVL", "_", "PYTEST_CURRENT_TEST", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_TESTRUNUID"}
+)
+STALE_FILES_S = 86400.0  # logs and locks of services long gone are removed after this
+CONTROL_TIMEOUT_S = 2.0  # an answer to info or retire
 
 
 class Unavailable(Exception):
@@ -86,8 +90,11 @@ def key() -> str:
     from parity.platform.env import path_stamps
 
     environment = sorted((k, v) for k, v in os.environ.items() if k not in SHELL_VARIABLES)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    process = [sorted(os.sched_getaffinity(0)), mask]  # what a worker inherits from the service, not its client
     text = json.dumps(
-        [parity.__version__, str(package), sources, sys.executable, sys.version, path_stamps(), environment]
+        [parity.__version__, str(package), sources, sys.executable, sys.version, path_stamps(), environment, process]
     )
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
@@ -152,16 +159,23 @@ class Client:
 
     def __init__(self, threads: int, env: dict):
         self.threads, self.env = threads, env
-        self.folder, self.key = folder(), key()
-        self.path = self.folder / f"{self.key}.sock"
+        self.folder = folder()
         self.lock = threading.Lock()
-        self.sock = _connect(self.path)
         self.started: subprocess.Popen | None = None
-        if self.sock is None:
-            self.started = start(self.folder, self.key, threads, env)
+        self.closed = False
+        try:
+            self.key = key()
+            self.path = self.folder / f"{self.key}.sock"
+            self.sock = _connect(self.path)
+            if self.sock is None:
+                self.started = start(self.folder, self.key, threads, env)
+        except OSError as error:  # a source file gone while it was listed, a log that cannot be opened
+            raise Unavailable(f"the worker service: {error}") from None
 
     def request(self, message: dict, fd: int | None = None) -> dict:
         with self.lock:
+            if self.closed:
+                raise Unavailable("the worker service was given up")
             try:
                 if self.sock is None:
                     self.sock = self._wait()
@@ -170,6 +184,9 @@ class Client:
             except (OSError, ValueError) as error:
                 self.close()
                 raise Unavailable(f"the worker service: {error}") from None
+            except BaseException:  # an interrupt: the answer may still come, so this connection is done
+                self.close()
+                raise
             for passed in fds:
                 os.close(passed)
             if answer is None:
@@ -195,12 +212,12 @@ class Client:
 
     @property
     def alive(self) -> bool:
-        return self.sock is not None or self.started is not None
+        return not self.closed
 
     def close(self) -> None:
         if self.sock is not None:
             self.sock.close()
-        self.sock, self.started = None, None
+        self.sock, self.started, self.closed = None, None, True
 
 
 class RemoteTemplate:
@@ -258,10 +275,18 @@ class RemoteTemplate:
 def start(where: Path, name: str, threads: int, env: dict) -> subprocess.Popen:
     """A detached service for key ``name``, in its own session (a client's end does not end it), its output to
     ``<name>.log``; it starts a spare template for ``threads`` and ``env`` at once."""
+    import parity
+
+    package = Path(parity.__file__).parent
     with open(where / f"{name}.log", "wb") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "parity.run.service_main", str(where), name, str(threads), json.dumps(env)],
-            cwd=where,
+            [
+                sys.executable,
+                "-m",
+                "parity.run.service_main",
+                *(str(where), name, str(threads), json.dumps(env), str(package)),
+            ],
+            cwd=package.parent,  # first on its path: the parity this client runs, wherever that is
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -282,6 +307,7 @@ def running(where: Path | None = None, besides: str | None = None) -> list[dict]
         if sock is None:
             path.unlink(missing_ok=True)  # its service is gone: connecting is refused
             continue
+        sock.settimeout(CONTROL_TIMEOUT_S)  # a service busy starting, or hung, is left out
         with sock:
             try:
                 send(sock, {"op": "info"})
@@ -301,6 +327,7 @@ def retire(names: list[str], where: Path | None = None) -> list[str]:
         sock = _connect(where / f"{name}.sock")
         if sock is None:
             continue
+        sock.settimeout(CONTROL_TIMEOUT_S)
         with sock:
             try:
                 send(sock, {"op": "retire"})
@@ -309,3 +336,15 @@ def retire(names: list[str], where: Path | None = None) -> list[str]:
                 continue
         asked.append(name)
     return asked
+
+
+def prune(where: Path, live: set[str]) -> None:
+    """Remove the logs and locks of services whose key is not in ``live`` and that have not run for a day."""
+    cutoff = time.time() - STALE_FILES_S
+    for path in where.iterdir():
+        if path.suffix in (".log", ".lock") and path.name.split(".")[0].split("-")[0] not in live:
+            try:
+                if path.stat().st_mtime < cutoff:
+                    path.unlink()
+            except OSError:
+                pass

@@ -4,8 +4,10 @@ one thread per client, the templates shared under one lock; see ``parity.run.ser
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
+import signal
 import socket
 import socketserver
 import struct
@@ -14,8 +16,10 @@ import time
 from pathlib import Path
 
 from parity.platform.errors import TaskFailed
-from parity.run.service import IDLE_S, IDLE_VARIABLE, MAX_SERVICES, MAX_TEMPLATES, receive, retire, running, send
-from parity.run.worker import Template, pid_running
+from parity.run.service import IDLE_S, IDLE_VARIABLE, MAX_SERVICES, MAX_TEMPLATES, prune, receive, retire, running, send
+from parity.run.worker import Template
+
+MAX_ENDED = 1024  # exit codes kept for clients that may still ask
 
 
 class Service(socketserver.ThreadingUnixStreamServer):
@@ -28,8 +32,12 @@ class Service(socketserver.ThreadingUnixStreamServer):
         self.state = threading.Lock()
         self.templates: dict[tuple, Template] = {}  # (group, threads, env) -> template, least recently used first
         self.owner: dict[int, Template] = {}  # pid of a worker not yet known to have ended -> its template
+        self.ended: dict[int, int] = {}  # exit codes of workers that ended, until their client asks
         self.clients, self.last_active, self.retiring = 0, time.monotonic(), False
-        self.spare: Template | None = Template(None, threads, where / f"{name}-spare.log", env)
+        # every template starts on this one thread, alive as long as the service: a template's parent-death signal
+        # follows the thread that started it, so one started on a client's thread would end with that client
+        self.spawner = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="template-start")
+        self.spare: Template | None = self._new(None, threads, where / f"{name}-spare.log", env)
         self.spare_key = (threads, _env_key(env))
         path = where / f"{name}.sock"
         path.unlink(missing_ok=True)
@@ -37,11 +45,14 @@ class Service(socketserver.ThreadingUnixStreamServer):
         os.chmod(path, 0o600)
         self.inode = os.stat(path).st_ino  # at the end, the socket file is removed only while it is still ours
 
-    def verify_request(self, request, client_address) -> bool:
-        credentials = request.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        return struct.unpack("3i", credentials)[1] == os.getuid()
+    def _new(self, group: str | None, threads: int, log: Path, env: dict) -> Template:
+        return self.spawner.submit(Template, group, threads, log, env).result()
 
-    def fork(self, message: dict, fd: int) -> dict:
+    def verify_request(self, request, client_address) -> bool:
+        return peer(request)[1] == os.getuid()
+
+    def fork(self, message: dict, fd: int, client: int) -> dict:
+        """A worker for the client of pid ``client`` (as the kernel gives it, never as the message says)."""
         group, threads, env = str(message["group"]), int(message["threads"]), dict(message["env"])
         template = self._template(group, threads, env)
         try:
@@ -50,7 +61,7 @@ class Service(socketserver.ThreadingUnixStreamServer):
                 str(message["log"]),
                 str(message["cwd"]),
                 list(message["sys_path"]),
-                int(message["client"]),
+                client,
                 float(message["timeout_s"]),
             )
         except TaskFailed as error:
@@ -61,6 +72,7 @@ class Service(socketserver.ThreadingUnixStreamServer):
 
     def _template(self, group: str, threads: int, env: dict) -> Template:
         slot = (group, threads, _env_key(env))
+        busy = {id(t) for t in self._running().values()}
         with self.state:
             template = self.templates.pop(slot, None)
             if template is None or not template.alive:
@@ -73,9 +85,8 @@ class Service(socketserver.ThreadingUnixStreamServer):
                 else:
                     if spare is not None:
                         spare.close()
-                    template = Template(group, threads, self.where / f"{self.name}-{group}.log", env)
+                    template = self._new(group, threads, self.where / f"{self.name}-{group}.log", env)
             self.templates[slot] = template
-            busy = {id(t) for t in self._running().values()}
             for old in [s for s, t in self.templates.items() if s != slot and id(t) not in busy]:
                 if len(self.templates) <= MAX_TEMPLATES:
                     break
@@ -83,18 +94,29 @@ class Service(socketserver.ThreadingUnixStreamServer):
             return template
 
     def _running(self) -> dict[int, Template]:
-        """The workers still running (under ``state``)."""
-        for pid, template in list(self.owner.items()):
-            if template.exit_code(pid) is not None:
-                del self.owner[pid]
-        return self.owner
+        """The workers forked here that still run; the exit codes of those that ended are kept for their clients.
+        The templates are asked outside ``state``: one may be busy importing its frameworks for another client."""
+        with self.state:
+            owned = dict(self.owner)
+        for pid, template in owned.items():
+            code = template.exit_code(pid)
+            if code is not None:
+                with self.state:
+                    self.owner.pop(pid, None)
+                    self.ended[pid] = code
+                    while len(self.ended) > MAX_ENDED:  # codes no client asked for (it was killed)
+                        self.ended.pop(next(iter(self.ended)))
+        with self.state:
+            return dict(self.owner)
 
     def status(self, message: dict) -> dict:
         pid = int(message["pid"])
         with self.state:
+            if pid in self.ended:
+                return {"exit": self.ended.pop(pid)}
             template = self.owner.get(pid)
-        if template is None:
-            return {"exit": None if pid_running(pid) else 0}
+        if template is None:  # not a worker of this service's: never one to wait for, nor to kill
+            return {"exit": -signal.SIGKILL}
         code = template.exit_code(pid, bool(message.get("wait")))
         if code is not None:
             with self.state:
@@ -102,6 +124,7 @@ class Service(socketserver.ThreadingUnixStreamServer):
         return {"exit": code}
 
     def info(self) -> dict:
+        workers = len(self._running())
         with self.state:
             return {
                 "pid": os.getpid(),
@@ -109,13 +132,14 @@ class Service(socketserver.ThreadingUnixStreamServer):
                 "clients": self.clients - 1,  # the one asking aside
                 "idle_s": round(time.monotonic() - self.last_active, 1),
                 "templates": [group for group, _, _ in self.templates],
-                "workers": len(self._running()),
+                "workers": workers,
                 "retiring": self.retiring,
             }
 
     def idle(self) -> bool:
+        workers = self._running()
         with self.state:
-            if self.clients or self._running():
+            if self.clients or workers:
                 self.last_active = time.monotonic()
                 return False
             return self.retiring or time.monotonic() - self.last_active > self.idle_s
@@ -125,6 +149,7 @@ class Service(socketserver.ThreadingUnixStreamServer):
             for template in [*self.templates.values(), *([self.spare] if self.spare else [])]:
                 template.close()
             self.templates.clear()
+        self.spawner.shutdown(wait=False)
         path = self.where / f"{self.name}.sock"
         try:
             if os.stat(path).st_ino == self.inode:
@@ -136,6 +161,12 @@ class Service(socketserver.ThreadingUnixStreamServer):
 
 def _env_key(env: dict) -> tuple:
     return tuple(sorted((k, str(v)) for k, v in env.items()))
+
+
+def peer(request: socket.socket) -> tuple[int, int]:
+    """The pid and uid of the process at the other end, as the kernel gives them (in this pid namespace)."""
+    pid, uid, _ = struct.unpack("3i", request.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return pid, uid
 
 
 class Handler(socketserver.BaseRequestHandler):
@@ -156,7 +187,7 @@ class Handler(socketserver.BaseRequestHandler):
                 if message is None:
                     return
                 try:
-                    send(self.request, self._answer(service, message, fds))
+                    send(self.request, self._answer(service, message, fds, peer(self.request)[0]))
                 except Exception as error:  # noqa: BLE001 - a malformed request is that client's error, not ours
                     send(self.request, {"error": f"{type(error).__name__}: {error}", "kind": "died"})
                 finally:
@@ -168,12 +199,12 @@ class Handler(socketserver.BaseRequestHandler):
                 service.last_active = time.monotonic()
 
     @staticmethod
-    def _answer(service: Service, message: dict, fds: list[int]) -> dict:
+    def _answer(service: Service, message: dict, fds: list[int], client: int) -> dict:
         op = message.get("op")
         if op == "fork":
             if len(fds) != 1:
                 raise ValueError("a fork request without its descriptor")
-            return service.fork(message, fds[0])
+            return service.fork(message, fds[0], client)
         if op == "status":
             return service.status(message)
         if op == "info":
@@ -199,10 +230,13 @@ def serve(where: Path, name: str, threads: int, env: dict, ready: int) -> None:
     server = Service(where, name, idle_s, threads, env)
     os.write(ready, b"1")
     os.close(ready)
-    others = sorted(running(where, besides=name), key=lambda s: s["idle_s"])
-    retire([s["key"] for s in others[MAX_SERVICES - 1 :]], where)
 
     def watch() -> None:
+        # older services retired once this one serves (two starting at once each ask the other, so neither may
+        # wait for an answer before it answers), files of services long gone removed
+        others = sorted(running(where, besides=name), key=lambda s: s["idle_s"])
+        retire([s["key"] for s in others[MAX_SERVICES - 1 :]], where)
+        prune(where, {name, *(s["key"] for s in others)})
         while not server.idle():
             time.sleep(min(1.0, max(idle_s / 4, 0.05)))
         server.shutdown()
@@ -221,7 +255,14 @@ if __name__ == "__main__":
     parser.add_argument("key")
     parser.add_argument("threads", type=int)
     parser.add_argument("env", type=json.loads)
+    parser.add_argument("package", help="the parity package folder the client runs")
     arguments = parser.parse_args()
+    import parity
+
+    if Path(parity.__file__).parent != Path(arguments.package):  # templates would import other code than the client's
+        raise SystemExit(
+            f"this service imports parity from {Path(parity.__file__).parent}, its client {arguments.package}"
+        )
     # the service is nobody's child but init's: the process the client started ends once the service listens (exit
     # 0), or at once when it could not start (exit 1, its reason in the log), and the client reaps it
     ready_read, ready_write = os.pipe()
