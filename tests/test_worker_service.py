@@ -167,7 +167,7 @@ def test_a_service_that_cannot_start_is_said_at_once_and_the_pool_forks_its_own(
 
 
 def test_a_folder_on_sys_path_counts_by_its_time_only_where_packages_are_installed(tmp_path, monkeypatch):
-    from parity.platform.env import path_stamps
+    from parity.platform.packages import path_stamps
 
     source, site = tmp_path / "src", tmp_path / "site"
     source.mkdir()

@@ -22,8 +22,9 @@ from parity.pipeline.outcome import apply_expectation
 from parity.platform import devices
 from parity.platform import precision as precision_lib
 from parity.platform.cache_dir import cache_root
-from parity.platform.env import environment, installed, normalized
+from parity.platform.env import environment
 from parity.platform.errors import GoldenError, SpecError, UsageError, one_line
+from parity.platform.packages import installed, normalized
 from parity.platform.safefs import owned_tempdir, sha256_file, sweep
 from parity.run import paths, provenance
 from parity.run.cache import META_FILE, ExportCache, content_key

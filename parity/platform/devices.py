@@ -54,7 +54,7 @@ def gpu(device: str) -> dict | str:
 
 
 def _version(distribution: str) -> str | None:
-    from parity.platform.env import installed, normalized
+    from parity.platform.packages import installed, normalized
 
     return installed().get(normalized(distribution))
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import sys
 
 # importlib.metadata, platform and subprocess are imported where they are used: the CLI imports this module
@@ -49,75 +48,10 @@ CPUFREQ = "/sys/devices/system/cpu/cpu0/cpufreq"
 
 def package_versions() -> dict[str, str]:
     """The installed versions of ``PACKAGES`` (those installed)."""
+    from parity.platform.packages import installed, normalized
+
     found = installed()
     return {name: found[normalized(name)] for name in PACKAGES if normalized(name) in found}
-
-
-def normalized(name: str) -> str:
-    """A distribution's name as PEP 503 compares it."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-_INSTALLED: dict[str, str] | None = None
-KEEP_INSTALLED = 32  # tables kept in the cache folder, the newest
-
-
-def path_stamps() -> list:
-    """``sys.path``, each folder that holds installed distributions with its modification time (an install, upgrade
-    or removal adds or removes a ``.dist-info`` folder there); the others (a script's folder, a source tree) by name
-    only, since every file written there changes theirs."""
-    stamps = []
-    for entry in sys.path:
-        try:
-            with os.scandir(entry or ".") as found:
-                installs = any(item.name.endswith((".dist-info", ".egg-info")) for item in found)
-            stamps.append([entry, os.stat(entry or ".").st_mtime_ns if installs else None])
-        except OSError:  # a zip file, a folder that is gone
-            stamps.append([entry, None])
-    return stamps
-
-
-def installed() -> dict[str, str]:
-    """Every distribution on ``sys.path`` (normalized name -> version; the first found wins, as imports do).
-
-    Reading them all takes a tenth of a second, so the table is kept in the cache folder under a key over the
-    interpreter and ``path_stamps()``, and read back only as a JSON object of strings."""
-    global _INSTALLED
-    if _INSTALLED is not None:
-        return _INSTALLED
-    import hashlib
-    import json
-
-    from parity.platform.cache_dir import cache_root
-
-    key = hashlib.sha256(json.dumps([sys.executable, sys.version, path_stamps()]).encode()).hexdigest()[:32]
-    path = cache_root() / "installed" / f"{key}.json"
-    try:
-        table = json.loads(path.read_text(encoding="utf-8"))
-        if isinstance(table, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in table.items()):
-            _INSTALLED = table
-            return table
-    except (OSError, ValueError):
-        pass
-    from importlib import metadata
-
-    table = {}
-    for dist in metadata.distributions():
-        name, version = dist.metadata["Name"], dist.version
-        if isinstance(name, str) and isinstance(version, str):
-            table.setdefault(normalized(name), version)
-    try:
-        from parity.platform.safefs import write_json_atomic
-
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path, table)
-        kept = sorted(path.parent.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
-        for old in kept[KEEP_INSTALLED:]:
-            old.unlink(missing_ok=True)
-    except OSError:  # a read-only cache: read every time
-        pass
-    _INSTALLED = table
-    return table
 
 
 def cpu_model() -> str:
@@ -152,26 +86,12 @@ def cpu_frequency() -> dict:
 
 
 def gpu_info() -> dict | None:
-    """GPU name and driver from nvidia-smi, or None where there is no NVIDIA GPU."""
-    import shutil
-    import subprocess
+    """The first GPU's name and driver, as ``devices.nvidia_gpus`` read them once from nvidia-smi; None where there
+    is no NVIDIA GPU."""
+    from parity.platform.devices import nvidia_gpus
 
-    if shutil.which("nvidia-smi") is None:
-        return None
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if not out:
-        return None
-    name, _, driver = out.splitlines()[0].partition(",")
-    return {"name": name.strip(), "driver": driver.strip()}
+    gpus = nvidia_gpus()
+    return None if isinstance(gpus, str) else {"name": gpus[0]["name"], "driver": gpus[0]["driver"]}
 
 
 def default_threads() -> int:

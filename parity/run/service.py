@@ -87,7 +87,7 @@ def key() -> str:
     for path in sorted(package.rglob("*.py")):  # sizes and times: a stat each, where a digest reads every file
         info = path.stat()
         sources.append((path.relative_to(package).as_posix(), info.st_size, info.st_mtime_ns))
-    from parity.platform.env import path_stamps
+    from parity.platform.packages import path_stamps
 
     environment = sorted((k, v) for k, v in os.environ.items() if k not in SHELL_VARIABLES)
     mask = os.umask(0o022)
@@ -303,18 +303,10 @@ def running(where: Path | None = None, besides: str | None = None) -> list[dict]
     for path in sorted(where.glob("*.sock")):
         if path.stem == besides:
             continue
-        sock = _connect(path)
-        if sock is None:
+        answer = _control(path, {"op": "info"})
+        if answer == {}:
             path.unlink(missing_ok=True)  # its service is gone: connecting is refused
-            continue
-        sock.settimeout(CONTROL_TIMEOUT_S)  # a service busy starting, or hung, is left out
-        with sock:
-            try:
-                send(sock, {"op": "info"})
-                answer, _ = receive(sock)
-            except (OSError, ValueError):
-                continue
-        if answer is not None:
+        elif answer is not None:
             found.append(answer)
     return found
 
@@ -324,18 +316,27 @@ def retire(names: list[str], where: Path | None = None) -> list[str]:
     where = where or folder()
     asked = []
     for name in names:
-        sock = _connect(where / f"{name}.sock")
-        if sock is None:
-            continue
-        sock.settimeout(CONTROL_TIMEOUT_S)
-        with sock:
-            try:
-                send(sock, {"op": "retire"})
-                receive(sock)
-            except (OSError, ValueError):
-                continue
-        asked.append(name)
+        if _control(where / f"{name}.sock", {"op": "retire"}):
+            asked.append(name)
     return asked
+
+
+def _control(path: Path, message: dict) -> dict | None:
+    """A service's answer to one control message; {} where nothing listens at ``path``, None where the service
+    does not answer in time (busy starting, or hung)."""
+    sock = _connect(path)
+    if sock is None:
+        return {}
+    sock.settimeout(CONTROL_TIMEOUT_S)
+    with sock:
+        try:
+            send(sock, message)
+            answer, fds = receive(sock)
+        except (OSError, ValueError):
+            return None
+    for fd in fds:
+        os.close(fd)
+    return answer
 
 
 def prune(where: Path, live: set[str]) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from parity.platform.errors import TaskFailed
 from parity.run.service import IDLE_S, IDLE_VARIABLE, MAX_SERVICES, MAX_TEMPLATES, prune, receive, retire, running, send
-from parity.run.worker import Template
+from parity.run.worker import Template, environment_key
 
 MAX_ENDED = 1024  # exit codes kept for clients that may still ask
 
@@ -30,7 +30,9 @@ class Service(socketserver.ThreadingUnixStreamServer):
     def __init__(self, where: Path, name: str, idle_s: float, threads: int, env: dict):
         self.where, self.name, self.idle_s = where, name, idle_s
         self.state = threading.Lock()
-        self.templates: dict[tuple, Template] = {}  # (group, threads, env) -> template, least recently used first
+        self.templates: dict[
+            tuple, Template
+        ] = {}  # (group, *worker.environment_key) -> template, least recently used first
         self.owner: dict[int, Template] = {}  # pid of a worker not yet known to have ended -> its template
         self.ended: dict[int, int] = {}  # exit codes of workers that ended, until their client asks
         self.clients, self.last_active, self.retiring = 0, time.monotonic(), False
@@ -38,7 +40,7 @@ class Service(socketserver.ThreadingUnixStreamServer):
         # follows the thread that started it, so one started on a client's thread would end with that client
         self.spawner = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="template-start")
         self.spare: Template | None = self._new(None, threads, where / f"{name}-spare.log", env)
-        self.spare_key = (threads, _env_key(env))
+        self.spare_key = environment_key(threads, env)
         path = where / f"{name}.sock"
         path.unlink(missing_ok=True)
         super().__init__(str(path), Handler)
@@ -71,7 +73,7 @@ class Service(socketserver.ThreadingUnixStreamServer):
         return {"pid": pid}
 
     def _template(self, group: str, threads: int, env: dict) -> Template:
-        slot = (group, threads, _env_key(env))
+        slot = (group, *environment_key(threads, env))  # as a pool keys its own templates
         busy = {id(t) for t in self._running().values()}
         with self.state:
             template = self.templates.pop(slot, None)
@@ -79,7 +81,7 @@ class Service(socketserver.ThreadingUnixStreamServer):
                 if template is not None:
                     template.close()
                 spare, self.spare = self.spare, None
-                if spare is not None and spare.alive and self.spare_key == (threads, _env_key(env)):
+                if spare is not None and spare.alive and self.spare_key == slot[1:]:
                     spare.adopt(group, self.where / f"{self.name}-{group}.log")
                     template = spare
                 else:
@@ -131,7 +133,7 @@ class Service(socketserver.ThreadingUnixStreamServer):
                 "key": self.name,
                 "clients": self.clients - 1,  # the one asking aside
                 "idle_s": round(time.monotonic() - self.last_active, 1),
-                "templates": [group for group, _, _ in self.templates],
+                "templates": [slot[0] for slot in self.templates],
                 "workers": workers,
                 "retiring": self.retiring,
             }
@@ -157,10 +159,6 @@ class Service(socketserver.ThreadingUnixStreamServer):
         except OSError:
             pass
         self.server_close()
-
-
-def _env_key(env: dict) -> tuple:
-    return tuple(sorted((k, str(v)) for k, v in env.items()))
 
 
 def peer(request: socket.socket) -> tuple[int, int]:

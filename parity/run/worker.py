@@ -464,7 +464,7 @@ def forks() -> bool:
     return method == "fork" and sys.platform.startswith("linux")
 
 
-def _environment_key(threads: int, env: dict) -> tuple:
+def environment_key(threads: int, env: dict) -> tuple:
     """What a template's imports depend on: thread count and environment (pytest's per-test variable aside)."""
     outer = sorted((k, v) for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST")
     return threads, tuple(sorted((k, str(v)) for k, v in env.items())), tuple(outer)
@@ -585,7 +585,7 @@ class WorkerPool:
             return
         if not self.forks:
             self.spare = Worker.spawn(None, self.threads, self.log_dir, self.env)
-        elif not any(key[1:] == _environment_key(self.threads, self.env) for key in _TEMPLATES):
+        elif not any(key[1:] == environment_key(self.threads, self.env) for key in _TEMPLATES):
             self.spare = Template(None, self.threads, self.log_dir / "template-spare.log", self.env)
 
     def current_group(self) -> str | None:
@@ -594,7 +594,7 @@ class WorkerPool:
 
     def _template(self, group: str) -> Template:
         """The group's template for this pool's settings: kept from before, the spare adopted, or started now."""
-        key = (group, *_environment_key(self.threads, self.env))
+        key = (group, *environment_key(self.threads, self.env))
         template = _TEMPLATES.pop(key, None)
         if template is None or not template.alive:
             if template is not None:
