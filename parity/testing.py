@@ -34,7 +34,7 @@ def assert_parity(
     rtol: float = 1e-4,
     labels=None,
     threads: int = 1,
-    timeout_s: float = 600.0,
+    timeout_s: float | None = None,
 ) -> dict:
     """Check ``paths`` of the model ``make_model()`` returns against its own float64 reference on ``inputs``.
 
@@ -42,7 +42,9 @@ def assert_parity(
     ``keras.Model`` (paths ``tf*``), or the path of an ONNX file (paths ``onnx/*``). ``inputs``: one
     batch, batch first: an array, or ``{name: array}`` for a model with several inputs (a torch module gets them
     as keywords, a Keras model as a dict). ``labels`` (integers, one per
-    sample) also checks gradients of the cross-entropy and the task metrics. Returns the result (the
+    sample) also checks gradients of the cross-entropy and the task metrics. ``timeout_s``: each build, export
+    and check's wall-clock limit (default: scaled with the model's weights; one that makes no progress ends
+    sooner, see ``PARITY_STALL_TIMEOUT``). Returns the result (the
     ``parity.result/2`` dict) when every path passes.
     """
     from parity.golden import build as golden_build
@@ -75,6 +77,7 @@ def assert_parity(
             inputs=decls,
             inputs_file="inputs.npz",
             tolerance=(atol, rtol),
+            floor=0.0,  # the tolerance given here is the tolerance
             builder=SOURCES.get(kind),
         )
         scaffold.init(root, request, force=False, threads=threads, timeout_s=timeout_s)

@@ -35,8 +35,9 @@ RTOL, ATOL = 1e-3, 1e-7  # onnx.backend.test's defaults
 FOLDERS = ("pytorch-converted", "pytorch-operator", "simple")
 
 
-def write_node_cases(out: Path) -> list[Path]:
-    """The node cases as ``onnx.backend.test.cmd_tools generate-data`` writes cases: model and data sets."""
+def write_node_cases(out: Path, names=None) -> list[Path]:
+    """The node cases as ``onnx.backend.test.cmd_tools generate-data`` writes cases: model and data sets (only those
+    ``names`` where given)."""
     import warnings
 
     import numpy as np
@@ -48,6 +49,8 @@ def write_node_cases(out: Path) -> list[Path]:
         cases = collect_testcases(None)
     written = []
     for case in cases:
+        if names is not None and case.name not in names:
+            continue
         folder = out / "node" / case.name
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "model.onnx").write_bytes(case.model.SerializeToString())

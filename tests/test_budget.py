@@ -179,9 +179,13 @@ class _Extras(_Pool):
         self.workers.append(_Worker(self.log, f"{group}{len(self.workers)}"))
         return self.workers[-1]
 
+    def limits(self):
+        return self.timeout_s
+
 
 def _bench_fixture(pool, groups=("onnx", "tf"), **options):
     """A run with one passing path per group (no exports), timed at one batch size without a training step."""
+    from contextlib import nullcontext
     from types import SimpleNamespace
 
     from parity.bench import plan
@@ -205,6 +209,7 @@ def _bench_fixture(pool, groups=("onnx", "tf"), **options):
         workspace=SimpleNamespace(root="/ws", golden_dir=lambda name: f"/ws/golden/{name}"),
         options=SimpleNamespace(threads=1),
         progress=lambda *a, **k: None,
+        sized=lambda pool, spec: nullcontext(),
     )
     pending = [(Spec, {}, path(group), {"verdict": "pass"}) for group in groups]
     plan.bench(run, pool, pending, BenchOptions(budget_s=10.0, **options))

@@ -5,6 +5,10 @@ The models are the zoo's trained digits MLP, exported by torch.onnx as parity ex
 sensitive on purpose: its first hidden layer's busiest channel scaled by 1024 and the next layer's weights on that
 channel divided by 1024 (exact in binary floating point, and ReLU commutes with a positive scale, so the float model
 and its golden data are unchanged), which no per-tensor int8 range of that activation can hold beside the others.
+
+Both are judged by a gate that keeps 95 % (``KEEP``): on its 449 eval samples the default 99 % passes only while not
+one sample changes, a decision one rounding on another CPU's int8 kernel flips, which a test must not sit on. The
+int8 model that "passes" loses at most a few samples, the outlier model most of them: both far from this gate's edge.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from parity.platform.errors import ExportError
 from tests.conftest import reseal, zoo_copy
 
 OUTLIER = 1024.0  # a power of two: scaling and dividing back is exact, so the golden stays the model's
+KEEP = 0.95  # the tests' gate (see the module docstring)
 STATIC, DYNAMIC = "torch/onnx/ort-int8", "torch/onnx/ort-int8dyn"
 
 
@@ -45,6 +50,17 @@ def _plant_outlier(golden_dir: Path) -> int:
     return channel
 
 
+def keep_gate(spec_file: Path, keep: float) -> None:
+    """Give the spec in ``spec_file`` a gate that keeps ``keep`` of the golden's accuracy."""
+    source = spec_file.read_text()
+    assert "ModelSpec(" in source and "from parity.model.spec import " in source
+    spec_file.write_text(
+        source.replace("ModelSpec(", f"ModelSpec(\n    gate=Gate(keep={keep}),", 1).replace(
+            "from parity.model.spec import ", "from parity.model.spec import Gate, ", 1
+        )
+    )
+
+
 def _workspace(root: Path, outlier: bool):
     """A zoo copy with the mlp (its weights given the outlier channel when ``outlier``), its spec, the golden and
     the float ONNX parent the int8 paths are quantized from (torch.onnx, as parity exports it)."""
@@ -52,6 +68,7 @@ def _workspace(root: Path, outlier: bool):
     from parity.run.tasks import _input_batch
 
     zoo_copy(root, "mlp")
+    keep_gate(root / "models" / "mlp.py", KEEP)
     if outlier:
         _plant_outlier(root / "golden" / "mlp")
     ws = Workspace(root)

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from parity.cli import cli
+from parity.platform import cpu_int8
 from parity.run import paths
 from tests.conftest import zoo_copy
+from tests.test_int8_ort import KEEP, keep_gate
 
 
 def _invoke(*args):
@@ -29,7 +32,10 @@ def test_int8_paths_are_opt_in_and_bring_the_float_path_they_are_quantized_from(
 
 
 def test_the_zoo_mlp_int8_path_passes_its_gate_and_is_timed_against_the_float_path(tmp_path):
+    """Gated to keep 95 %: the default 99 % on 449 samples passes only while not one sample changes, a decision on
+    its edge that one CPU's int8 kernel tips (tests.test_int8_ort)."""
     root = zoo_copy(tmp_path / "ws", "mlp")
+    keep_gate(root / "models" / "mlp.py", KEEP)
     out = _invoke(
         "bench",
         "--workspace",
@@ -64,32 +70,30 @@ def test_the_zoo_mlp_int8_path_passes_its_gate_and_is_timed_against_the_float_pa
     assert int8["gradients"] is None
     quantization = int8["export"]["quantization"]
     assert quantization["calibration"] == "MinMax" and quantization["quantized_layers"] >= 2
+    assert quantization["int8_cpu"]["kind"] in cpu_int8.KINDS and isinstance(quantization["reduce_range"], bool)
+    assert quantization["u8s8_pair_bound"] <= cpu_int8.PAIR_LIMIT or not quantization["int8_cpu"]["saturates"]
+    assert len(quantization["calibration_sha256"]) == 64
     assert int8["export"]["calibration_data"].startswith("the digits' training split")
     # timed, with its speed-up over the float path measured in the same run
     vs = int8["timing"]["batches"]["64"]["vs_float"]
     assert vs["baseline"] == "torch/onnx/ort" and ("ratio" in vs or vs.get("withheld"))
     assert "Accuracy gates of the quantized paths" in out.output
     assert "Quantized paths: speed-up over the float path" in out.output
+    assert f"for {quantization['int8_cpu']['kind']}" in out.output  # the quantizer's setting, in the table line
     page = (tmp_path / "html" / "index.html").read_text()
     assert "Accuracy gates of the quantized paths" in page and "speed-up over the float path" in page
     history = _invoke(
         "history", "--workspace", root, "--model", "mlp", "--path", "*int8*", "--store", tmp_path / "r.sqlite"
     )
-    assert history.exit_code == 0 and "gate 97.33% / 97.33%" in history.output, history.output
+    shown = f"gate {100 * gate['value']:.2f}% / {100 * gate['golden']:.2f}%"
+    assert history.exit_code == 0 and shown in history.output, history.output
 
 
 def test_a_gate_the_split_cannot_decide_is_inconclusive_and_not_timed(tmp_path):
     """keep=1.0 allows no drop at all: no eval split can prove a drop of exactly zero, so the gate says it cannot
     decide (however many samples), the path fails with that reason and is not timed."""
     root = zoo_copy(tmp_path / "ws", "mlp")
-    spec_file = root / "models" / "mlp.py"
-    source = spec_file.read_text()
-    assert "ModelSpec(" in source
-    spec_file.write_text(
-        source.replace("ModelSpec(", "ModelSpec(\n    gate=Gate(keep=1.0),", 1).replace(
-            "from parity.model.spec import ", "from parity.model.spec import Gate, ", 1
-        )
-    )
+    keep_gate(root / "models" / "mlp.py", 1.0)
     out = _invoke(
         "bench",
         "--workspace",
@@ -168,3 +172,97 @@ def test_a_user_model_calibrates_on_every_input_of_its_file_apart_from_its_eval_
     spec, verified = _user_workspace(tmp_path / "same", eval_apart=False)
     with pytest.raises(Unavailable, match="no calibration data apart from the eval set"):
         calibration_feeds(spec, verified, tmp_path / "same")
+
+
+def _onnx_mlp(path) -> None:
+    """A float 8-16-3 MLP as an ONNX file (Gemm, Relu, Gemm), seeded weights."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    inits = [
+        numpy_helper.from_array(rng.normal(size=(8, 16)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.normal(size=(16,)).astype(np.float32), "b1"),
+        numpy_helper.from_array(rng.normal(size=(16, 3)).astype(np.float32), "w2"),
+        numpy_helper.from_array(rng.normal(size=(3,)).astype(np.float32), "b2"),
+    ]
+    nodes = [
+        helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], name="fc1"),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        helper.make_node("Gemm", ["r", "w2", "b2"], ["y"], name="fc2"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])],
+        inits,
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
+
+
+def _onnx_workspace(root, x, eval_x) -> None:
+    """``root``: the MLP of ``_onnx_mlp`` brought in with ``parity init --onnx`` (inputs ``x``, eval set ``eval_x``
+    apart, gated by agreement) and its golden built."""
+    import numpy as np
+
+    np.savez(root / "data.npz", x=x, eval_x=eval_x)
+    init = _invoke("init", "m", "-w", root, "--onnx", root / "m.onnx", "--inputs", root / "data.npz", "--force")
+    assert init.exit_code == 0, init.output
+    built = _invoke("golden", "build", "--workspace", root, "--model", "m")
+    assert built.exit_code == 0, built.output
+
+
+def test_the_calibration_identity_is_the_digest_of_the_rows_themselves(tmp_path):
+    import numpy as np
+
+    from parity.golden import calibration
+    from parity.model.workspace import Workspace
+
+    rng = np.random.default_rng(0)
+    x, eval_x = rng.normal(size=(64, 8)).astype(np.float32), rng.normal(size=(256, 8)).astype(np.float32)
+    _onnx_mlp(tmp_path / "m.onnx")
+    found = []
+    for rows in (x, x * 1000, x):
+        _onnx_workspace(tmp_path, rows, eval_x)
+        ws = Workspace(tmp_path)
+        found.append(calibration.identity(str(tmp_path), "m", str(ws.golden_dir("m"))))
+    assert (
+        found[0]["where"] == found[1]["where"] == "the inputs of data.npz (64 of 64 samples, apart from its eval set)"
+    )
+    assert found[0]["sha256"] != found[1]["sha256"] and found[0] == found[2]
+    x[5, 2] = np.nan
+    _onnx_workspace(tmp_path, x, eval_x)
+    refused = calibration.identity(str(tmp_path), "m", str(Workspace(tmp_path).golden_dir("m")))
+    assert (
+        "calibration input 'x' (the inputs of data.npz" in refused["unavailable"]
+        and "first sample 5" in refused["unavailable"]
+    )
+
+
+@pytest.mark.slow
+def test_the_int8_export_is_keyed_on_the_rows_it_calibrates_on(tmp_path, monkeypatch):
+    """Only the calibration rows change (the inputs of data.npz; its eval split, apart, stays the same): the int8
+    model is made again on the new rows (their digest in the record) and judged again, not taken from the cache.
+    Rows 1000 times too large set every activation range 1000 times too wide: the eval inputs round to zero."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 8)).astype(np.float32)
+    eval_x = rng.normal(size=(256, 8)).astype(np.float32)
+    _onnx_mlp(tmp_path / "m.onnx")
+    monkeypatch.setenv("PARITY_CACHE_DIR", str(tmp_path / "cache"))
+    runs = []
+    for scale in (1.0, 1000.0):
+        _onnx_workspace(tmp_path, x * scale, eval_x)
+        report = tmp_path / f"r{scale:g}.json"
+        out = _invoke("check", "-w", tmp_path, "--model", "m", "--path", "onnx/ort-int8", "--json", report)
+        assert out.exit_code in (0, 1), out.output
+        runs.append(next(r for r in json.loads(report.read_text())["results"] if r["path"] == "onnx/ort-int8"))
+    first, second = runs
+    assert first["export"]["cached"] is False and second["export"]["cached"] is False, second["export"]
+    assert "calibration data" in second["export"]["rebuilt"]
+    digests = [r["export"]["quantization"]["calibration_sha256"] for r in runs]
+    assert digests[0] != digests[1]
+    assert first["gate"]["value"] > second["gate"]["value"] + 0.2, (first["gate"], second["gate"])

@@ -98,7 +98,8 @@ def test_every_tap_found_and_matches_golden(artifacts, model, exporter):
     fused = FUSED.get((model, exporter), {})
     identity = IDENTITY.get(model, {})
     for tap, loc in mapping.items():
-        assert set(loc) == {"tensor", "how", "fused_into", "layout", "reason"}
+        keys = {"tensor", "how", "fused_into", "layout", "reason"}
+        assert keys <= set(loc) <= keys | {"order", "unproven"}  # an axis order proven, or one left to values
         if tap in fused:
             assert (loc["how"], loc["fused_into"], loc["tensor"]) == ("fused", fused[tap], None), (tap, loc)
             assert loc["reason"]

@@ -3,6 +3,7 @@ and a worker that still ends with the process that asked for it."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -180,3 +181,226 @@ def test_a_folder_on_sys_path_counts_by_its_time_only_where_packages_are_install
     assert service.key() == before
     (site / "pkg-1.0.dist-info").rename(site / "pkg-2.0.dist-info")  # an upgrade
     assert service.key() != before
+
+
+def _client(tmp_path: Path, body: str) -> str:
+    """A client process's script: a pool that may use the service, then ``body`` (``pool`` and ``context`` at hand),
+    printing what it gives as JSON."""
+    return textwrap.dedent(f"""
+        import json, os, resource, sys
+        from pathlib import Path
+        sys.path.insert(0, {str(REPO)!r})
+        from parity.run.service import context
+        from parity.run.worker import WorkerPool
+        with WorkerPool(1, Path({str(tmp_path)!r}), 120, service=True) as pool:
+        """) + textwrap.indent(textwrap.dedent(body), "    ")
+
+
+def _ns_wrapper(*flags: str) -> list[str]:
+    return ["unshare", *flags]
+
+
+def _cgroup() -> Path | None:
+    """A new cgroup this test may move a process into, None where none can be made here."""
+    root = Path("/sys/fs/cgroup")
+    parent = root if (root / "cgroup.procs").exists() else root / "cpu"
+    made = parent / f"pws-{os.getpid()}"
+    try:
+        made.mkdir()
+    except OSError:
+        return None
+    if not (made / "cgroup.procs").exists():
+        made.rmdir()
+        return None
+    return made
+
+
+WRAPPERS = {
+    "nice": ["nice", "-n", "15"],
+    "rlimit": ["prlimit", "--nofile=256:256"],
+    "umask": ["sh", "-c", 'umask 077 && exec "$@"', "sh"],
+    "net": _ns_wrapper("-n"),
+    "mnt": _ns_wrapper("-m"),
+    "pid": _ns_wrapper("-p", "-f"),
+    "user": _ns_wrapper("-U"),
+    "ipc": _ns_wrapper("-i"),
+    "uts": _ns_wrapper("-u"),
+    "cgroup": ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"'],
+}
+
+
+@pytest.mark.parametrize("property_", list(WRAPPERS))
+def test_a_client_in_another_sandbox_or_with_other_limits_gets_a_worker_in_its_own(property_, service_dir, tmp_path):
+    wrapper = list(WRAPPERS[property_])
+    if shutil.which(wrapper[0]) is None:
+        pytest.skip(f"no {wrapper[0]} here")
+    made = None
+    if property_ == "cgroup":
+        made = _cgroup()
+        if made is None:
+            pytest.skip("no cgroup can be made here")
+        wrapper.insert(3, str(made))
+    elif subprocess.run([*wrapper, "true"], capture_output=True).returncode != 0:
+        pytest.skip(f"{' '.join(wrapper)} cannot run here (it needs privileges this environment lacks)")
+    try:
+        script = _client(
+            tmp_path,
+            'worker = pool.call("onnx", "parity.run.service:context")\n'
+            "print(json.dumps([context(), worker, pool.service is not None]))",
+        )
+        runs = []
+        for command in ([], wrapper):  # the service, started by a plain client; then a client in another context
+            done = subprocess.run([*command, sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stderr
+            runs.append(json.loads(done.stdout.splitlines()[-1]))
+        (plain, served, used), (client, worker, _) = runs
+        assert used and served == plain  # the plain client was served by the service
+        assert client != plain  # the wrapper changed it
+        assert worker == client  # the worker runs in its client's sandbox and limits, not the service's
+    finally:
+        service.retire([p.stem for p in service_dir.glob("*.sock")], service_dir)
+        until(lambda: not service.running(service_dir), 20)
+        if made is not None:
+            until(lambda: not (made / "cgroup.procs").read_text().strip(), 20)
+            made.rmdir()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, 0) + 5)",
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (200, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))",
+        "os.umask(0o077)",
+    ],
+    ids=["nice", "rlimit", "umask"],
+)
+def test_the_service_refuses_a_client_whose_context_changed_since_it_connected(change, service_dir, tmp_path):
+    body = f"""
+        pool.call("onnx", "os:getpid")
+        served = pool.service is not None
+        {change}
+        worker = pool.call("onnx", "parity.run.service:context", fresh=True)
+        print(json.dumps([served, pool.service is None, context(), worker]))
+    """
+    done = subprocess.run([sys.executable, "-c", _client(tmp_path, body)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    served, dropped, client, worker = json.loads(done.stdout.splitlines()[-1])
+    assert served  # served while its context was the service's
+    assert dropped and worker == client  # then refused: its own pool, in its own context
+
+
+def test_the_key_follows_the_process_context(service_dir):
+    import resource
+
+    before = service.key()
+    mask = os.umask(0o077)
+    try:
+        assert service.key() != before
+    finally:
+        os.umask(mask)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft - 1, hard))
+    try:
+        assert service.key() != before
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert service.key() == before
+
+
+def test_a_silent_service_is_given_up_and_said_to_be_silent(service_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(service, "ANSWER_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(service, "CONTROL_TIMEOUT_S", 0.5)
+    service_dir.mkdir(mode=0o700)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as silent:  # accepts (its backlog) and never answers
+        silent.bind(str(service_dir / f"{service.key()}.sock"))
+        silent.listen(8)
+        started = time.monotonic()
+        with WorkerPool(1, tmp_path, 120, service=True) as pool:
+            template = pool.call("onnx", "os:getppid")
+            assert pool.service is None
+            assert template in {p.pid for p in psutil.Process().children(recursive=True)}
+        assert time.monotonic() - started < 30
+        shown = CliRunner().invoke(cli, ["worker-service"])
+        assert shown.exit_code == 0 and f"pid {os.getpid()}" in shown.output and "does not answer" in shown.output
+        stopped = CliRunner().invoke(cli, ["worker-service", "--stop"])
+        assert stopped.exit_code == 0 and "retired 0" in stopped.output and "not retired" in stopped.output
+    (service_dir / f"{service.key()}.sock").unlink()
+
+
+def test_a_stopped_service_is_given_up(service_dir, tmp_path, monkeypatch):
+    import signal
+
+    monkeypatch.setattr(service, "ANSWER_TIMEOUT_S", 1.0)
+    with WorkerPool(1, tmp_path, 120, service=True) as pool:
+        pool.call("onnx", "os:getpid")
+    (info,) = service.running(service_dir)
+    os.kill(info["pid"], signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with WorkerPool(1, tmp_path, 120, service=True) as pool:
+            template = pool.call("onnx", "os:getppid")
+            assert pool.service is None and template in {p.pid for p in psutil.Process().children(recursive=True)}
+        assert time.monotonic() - started < 30
+    finally:
+        os.kill(info["pid"], signal.SIGCONT)
+
+
+@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGTERM"])
+def test_a_task_whose_service_is_killed_runs_again_in_a_pool_of_its_own(signal_name, service_dir, tmp_path):
+    import signal
+    import threading
+
+    with WorkerPool(1, tmp_path, 120, service=True) as pool:
+        pool.call("onnx", "os:getpid")
+        (info,) = service.running(service_dir)
+        killer = threading.Timer(1.0, os.kill, (info["pid"], getattr(signal, signal_name)))
+        killer.start()
+        try:
+            assert pool.call("onnx", "subprocess:call", args=["sleep", "3"]) == 0  # not "worker process died"
+        finally:
+            killer.cancel()
+        assert gone(info["pid"]) and pool.service is None
+        assert pool.call("onnx", "os:getppid") in {p.pid for p in psutil.Process().children(recursive=True)}
+        assert not pool.failed
+    service.running(service_dir)  # its socket, left behind, removed
+
+
+def test_a_worker_that_dies_of_its_task_is_an_error_though_the_service_serves(service_dir, tmp_path):
+    from parity.run.worker import TaskFailed
+
+    with WorkerPool(1, tmp_path, 120, service=True) as pool:
+        template = pool.call("onnx", "os:getppid")
+        with pytest.raises(TaskFailed, match=r"worker process onnx died \(exit code -6\)"):
+            pool.call("onnx", "os:abort")
+        assert pool.service is not None and pool.call("onnx", "os:getppid") == template
+
+
+def test_a_folder_named_like_a_socket_is_no_service(service_dir, tmp_path, monkeypatch):
+    service_dir.mkdir(mode=0o700)
+    (service_dir / "x.sock").mkdir()
+    shown = CliRunner().invoke(cli, ["worker-service"])
+    assert shown.exit_code == 0 and "no worker service is running" in shown.output, shown.output
+    stopped = CliRunner().invoke(cli, ["worker-service", "--stop"])
+    assert stopped.exit_code == 0 and "retired 0" in stopped.output, stopped.output
+    monkeypatch.setenv(service.IDLE_VARIABLE, "0.5")
+    with WorkerPool(1, tmp_path, 120, service=True) as pool:
+        pool.call("onnx", "os:getpid")
+        (info,) = service.running(service_dir)
+    assert until(lambda: gone(info["pid"]), 15)  # its idle watch ran on
+    assert (service_dir / "x.sock").is_dir()
+
+
+def test_a_template_whose_imported_file_changed_is_replaced(service_dir, tmp_path, monkeypatch):
+    source = tmp_path / "src"
+    source.mkdir()
+    module = source / "sitecustomize.py"  # imported at every interpreter's start: the template's too
+    module.write_text("def value():\n    return 1\n")
+    monkeypatch.setenv("PYTHONPATH", str(source))
+    with WorkerPool(1, tmp_path, 120, service=True) as pool:
+        assert pool.call("onnx", "sitecustomize:value") == 1
+        template = pool.call("onnx", "os:getppid")
+    module.write_text("def value():\n    return 22\n")  # edited in place: its folder's time tells nothing
+    with WorkerPool(1, tmp_path, 120, service=True) as pool:
+        assert pool.call("onnx", "sitecustomize:value") == 22
+        assert pool.call("onnx", "os:getppid") != template
+        assert pool.service is not None

@@ -87,10 +87,11 @@ class _Replica:
 
     def __init__(self, pool, group: str):
         self.pool, self.worker = pool, pool.extra(group)
+        self.limits = pool.limits()  # for the model the pool works on now (``Run.sized``)
 
     def call(self, task: str, kwargs: dict):
         try:
-            return self.worker.call(task, kwargs, self.pool.timeout_s)
+            return self.worker.call(task, kwargs, self.limits)
         except TaskFailed:
             self.pool.failed = True
             raise
@@ -177,8 +178,9 @@ def _first_result(run, spec, path, own, pool, options: BenchOptions) -> tuple[di
     """The path's workers (``options.processes``), the first of which measures its time to first result."""
     workers, first = [], None
     try:
-        for _ in range(options.processes):
-            workers.append(_Replica(pool, path.runtime.group))
+        with run.sized(pool, spec):
+            for _ in range(options.processes):
+                workers.append(_Replica(pool, path.runtime.group))
     except TaskFailed as error:
         for replica in workers:
             replica.close()

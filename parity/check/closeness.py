@@ -51,7 +51,11 @@ def error_stats(actual: np.ndarray, golden: np.ndarray, tol: Tolerance) -> dict:
             "reason": f"{nonfinite} of {a.size} elements are NaN or Inf",
         }
     diff = np.abs(a - golden)
-    allowance = tol.atol + tol.rtol * np.abs(golden)
+    allowance = (
+        tol.atol
+        + tol.rtol * np.abs(golden)
+        + (tol.scaled * float(np.abs(golden).max(initial=0.0)) if tol.scaled else 0.0)
+    )
     g_flat, a_flat = golden.ravel(), a.ravel()
     norms = np.linalg.norm(g_flat) * np.linalg.norm(a_flat)
     cosine = float(np.dot(g_flat, a_flat) / norms) if norms > 0 else float(np.array_equal(g_flat, a_flat))
@@ -68,6 +72,7 @@ def error_stats(actual: np.ndarray, golden: np.ndarray, tol: Tolerance) -> dict:
         "tol_units": tol_units,
         "n_bad": int(np.count_nonzero(~(ratio <= 1.0))),
         "size": int(diff.size),
+        "scale": float(np.abs(golden).max(initial=0.0)),  # the largest golden magnitude
         "ok": bool(tol_units <= 1.0),
     }
 
@@ -182,7 +187,8 @@ def quick_units(actual, golden, tol) -> float:
     if a.shape != np.shape(golden):
         return float("inf")
     with np.errstate(divide="ignore", invalid="ignore"):
-        units = float(np.max(np.abs(a - golden) / (tol.atol + tol.rtol * np.abs(golden)), initial=0.0))
+        scaled = tol.scaled * float(np.abs(golden).max(initial=0.0)) if tol.scaled else 0.0
+        units = float(np.max(np.abs(a - golden) / (tol.atol + tol.rtol * np.abs(golden) + scaled), initial=0.0))
     return units if np.isfinite(units) else float("inf")
 
 

@@ -7,10 +7,12 @@ Shared options and error handling live in ``common``, progress on stderr in ``pr
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from parity.cli import check_onnx, compare, golden, history, info, models, repro, run
-from parity.cli.common import end
+from parity.cli.common import end, terminal_safe
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -46,6 +48,7 @@ for command in (
 
 def main():
     """The ``parity`` command, ended without the interpreter's teardown (``common.end``)."""
+    terminal_safe(sys.stdout, sys.stderr)
     try:
         cli(prog_name="parity")
     except SystemExit as done:

@@ -13,6 +13,7 @@ import click
 
 from parity.platform.errors import ParityError
 from parity.platform.precision import PRECISIONS
+from parity.report.escape import visible
 
 PRECISION_CHOICES = tuple(PRECISIONS)
 
@@ -25,8 +26,16 @@ EXISTING_FILE = click.Path(dir_okay=False, exists=True)
 OUTPUT_FILE = click.Path(dir_okay=False, allow_dash=True)
 
 
+def terminal_safe(*streams) -> None:
+    """Write what a stream's encoding cannot hold (an emoji on a latin-1 terminal, a lone surrogate from a file name
+    that is no UTF-8) as a backslash escape instead of raising ``UnicodeEncodeError`` half-way through a report."""
+    for stream in streams:
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+
+
 def fail(message: str, code: int = 2):
-    click.echo(f"error: {message}", err=True)
+    click.echo(f"error: {visible(message)}", err=True)
     sys.exit(code)
 
 
@@ -68,12 +77,12 @@ def handle_errors(func):
 
 def say(message: str) -> None:
     """A progress message, indented, on stderr."""
-    click.echo(f"  {message}", err=True)
+    click.echo(f"  {visible(message)}", err=True)
 
 
 def note(message: str) -> None:
     """A one-line note on stderr (a workspace fallback, a file written)."""
-    click.echo(message, err=True)
+    click.echo(visible(message), err=True)
 
 
 def workspace_option(func):
@@ -142,9 +151,10 @@ def check_options(func):
                 "--timeout",
                 "timeout_s",
                 type=click.FloatRange(1),
-                default=300.0,
-                show_default=True,
-                help="Seconds one export or check may take before it is killed and called an error.",
+                default=None,
+                help="Seconds one export or check may take before it is killed and called an error [default: "
+                "900, plus 1200 per GB of the model's weights]. One that makes no progress (uses no CPU, reads and "
+                "writes nothing) is also killed after PARITY_STALL_TIMEOUT seconds of it (default 120).",
             ),
             click.option("--no-cache", is_flag=True, help="Export again instead of using the export cache."),
             click.option(

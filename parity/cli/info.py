@@ -87,16 +87,22 @@ def worker_service(stop):
     from parity.run import service
 
     try:
-        found = service.running()
+        found = service.running(silent=True)
     except service.Unavailable as error:
         raise UsageError(f"no worker service here: {error}") from None
+    silent = [s for s in found if s.get("silent")]
+    found = [s for s in found if not s.get("silent")]
     if stop:
         asked = service.retire([s["key"] for s in found])
         click.echo(f"retired {len(asked)} worker service{'s' if len(asked) != 1 else ''}")
-        return
-    if not found:
+    elif not found and not silent:
         click.echo("no worker service is running")
-    for s in found:
+    for s in silent:  # parity's clients give it up and fork their own workers
+        click.echo(
+            f"pid {s['pid'] or '?'}  key {s['key']}  does not answer (stopped or hung; commands do not use it)"
+            f"{'  not retired: end it with kill' if stop else ''}"
+        )
+    for s in [] if stop else found:
         click.echo(
             f"pid {s['pid']}  key {s['key']}  templates {', '.join(s['templates']) or '-'}  workers {s['workers']}  "
             f"clients {s['clients']}  idle {s['idle_s']:g} s{'  retiring' if s['retiring'] else ''}"

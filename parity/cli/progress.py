@@ -12,6 +12,8 @@ import time
 
 import click
 
+from parity.report.escape import visible
+
 
 def duration(seconds: float) -> str:
     """``4 s``, ``2 min 05 s``: whole seconds, for a line that ticks."""
@@ -55,7 +57,7 @@ class Progress:
                 self.series, self.finished = (steps, step, 0.0), 0
             self.series = (steps, step, self.series[2])
         self.step, self.steps = step, steps if step is not None else None
-        self.message, self.step_started = message, self.clock()
+        self.message, self.step_started = visible(message), self.clock()
 
     def finish_step(self) -> None:
         """Close the step under way (a plain line says it is done, and how long it took)."""
@@ -136,6 +138,7 @@ class Progress:
 
     def note(self, message: str) -> None:
         """A one-line note on stderr; on a terminal, printed above the live line."""
+        message = visible(message)
         if self.live is not None:
             from rich.text import Text
 

@@ -46,9 +46,9 @@ from parity.platform.env import default_threads
     "--timeout",
     "timeout_s",
     type=click.FloatRange(1),
-    default=300.0,
-    show_default=True,
-    help="Seconds one export, check or reduction may take.",
+    default=None,
+    help="Seconds one export, check or reduction may take [default: 900, plus 1200 per GB of the model's "
+    "weights]; one that makes no progress is also killed after PARITY_STALL_TIMEOUT seconds of it (default 120).",
 )
 @workspace_option
 @handle_errors

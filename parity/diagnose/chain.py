@@ -5,11 +5,13 @@ framework runs in a worker through ``parity.diagnose.collect``.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
 
 from parity.check import closeness as compare
+from parity.check import noise_floor
 from parity.diagnose import drift, links, mapping_check, patterns
 from parity.diagnose.collect import ONNX_RUNTIMES
 from parity.diagnose.descend import NO_TAP_DEPARTS, descend, merge_tree
@@ -35,6 +37,7 @@ def _collect(run, pool, spec, path, artifact, precision: str, **options) -> dict
         artifact_dir=artifact and artifact["dir"],
         artifact_meta=artifact and artifact["meta"],
         device=path.device,
+        tolerances=getattr(spec, "diagnosed_at", None),  # noise_floor.at_bound
         **options,
     )
 
@@ -48,6 +51,7 @@ def diagnose(
     artifact: dict | None = None,
     failing: list[str] | None = None,
     split: str = "inputs",
+    tolerances: dict | None = None,
 ) -> dict:
     """The diagnosis of ``path`` (a dict for the result JSON), or ``{"error": why}`` when nothing can be diagnosed.
 
@@ -55,7 +59,11 @@ def diagnose(
     edited on purpose; by default the run's (cached) export is used. ``failing``: the outputs the path's check
     found out of tolerance, which the instrumented run must reproduce before anything it shows is trusted.
     ``split="eval"``: the path fails on the eval split only; it is diagnosed on the eval samples that fail.
+    ``tolerances`` (``Tolerances.to_json``): the path's precision judged at these instead of the spec's (a passing
+    path far above the float32 noise floor, at the floor's bound: ``parity.check.noise_floor``).
     """
+    if tolerances is not None:
+        spec = noise_floor.at_bound(copy.copy(spec), path.precision, tolerances)
     if path.exports and artifact is None:
         artifact = run._export(pool, spec, manifest, path, len(path.exports) - 1)
         if "error" in artifact:
@@ -176,6 +184,7 @@ def _runtime_link(run, pool, spec, path, artifact, arrays, observed, tree) -> di
         "artifact_dir": artifact["dir"],
         "artifact_meta": artifact["meta"],
         "boundary": boundary,
+        "tolerances": getattr(spec, "diagnosed_at", None),  # noise_floor.at_bound
     }
     if scope is not None:
         try:
@@ -246,8 +255,12 @@ def analyse(spec, path, arrays: dict, observed: dict, source: dict, failing: lis
             ),
         }
     rows = drift.tap_rows(spec, golden_taps, observed["taps"], observed["located"], tolerances.for_name)
-    first = drift.first_divergent(rows)
     notes = []
+    if path.exports:  # a graph-read divergence that the outputs computed from it contradict is withdrawn
+        output_units = max((s.get("tol_units", 0.0) for s in output_stats.values()), default=None)
+        for tap in mapping_check.withdraw_contradicted(rows, observed["located"], output_units):
+            notes.append(f"{tap}: {next(r['reason'] for r in rows if r['tap'] == tap)}")
+    first = drift.first_divergent(rows)
     if not spec.taps:
         notes.append("the model declares no taps: only outputs and gradients are compared")
     if spec.taps and first is None and any(not s["ok"] for s in output_stats.values()):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from parity.check import noise_floor
 from parity.golden import store as golden
 from parity.model import feeds
 from parity.model.workspace import Workspace
@@ -38,14 +39,16 @@ def collect(
     device: str = "cpu",
     rows: list[int] | None = None,
     eval_reference: dict | None = None,
+    tolerances: dict | None = None,
 ) -> dict:
     """``{"outputs", "taps", "located", "gradients", "runtime_compare"}`` for one path (canonical layout).
 
     ``gradients`` False skips them (a source run only for the converter link needs none);
     ``weight_perturbation`` is the deliberate drift a check may add to a native source's weights; ``rows``: eval
     rows to run instead of the fixed input set, with ``eval_reference`` (``{"outputs", "taps"}``) their float64
-    reference (``parity.diagnose.eval_split``)."""
-    spec = Workspace(workspace).load_spec(model)
+    reference (``parity.diagnose.eval_split``). ``tolerances``: the path's precision judged at these
+    (``noise_floor.at_bound``)."""
+    spec = noise_floor.at_bound(Workspace(workspace).load_spec(model), precision, tolerances)
     path = paths.by_id(path_id, device, precision)
     verified = golden.load(Path(golden_dir), spec)
     inputs = verified.arrays["inputs.npz"]
@@ -103,7 +106,7 @@ def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, reference, pre
     link with its third opinion."""
     import onnx
 
-    from parity.diagnose import instrument, onnx_graph, onnx_taps
+    from parity.diagnose import instrument, mapping_check, onnx_graph, onnx_taps
 
     model = onnx.load(str(Path(artifact_dir) / meta["file"]))
     feed = onnx_feed(spec, meta, x)
@@ -155,10 +158,18 @@ def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, reference, pre
                 "tensor": where.get("tensor"),
                 "fused_into": where.get("fused_into"),
                 "reason": where.get("reason"),
+                "feeds_outputs": mapping_check.feeds_outputs(graph, where.get("tensor")),
             }
+            if where.get("order"):
+                located[tap]["order"] = where["order"]
             if where["how"] not in ("fused", "unmapped", "unobservable") and where.get("tensor") in values:
                 try:
-                    taps[tap] = onnx_taps.to_canonical(values[where["tensor"]], where, golden_taps[tap].shape)
+                    taps[tap] = mapping_check.settle(
+                        values[where["tensor"]], where, golden_taps[tap], tolerances.for_name(tap)
+                    )
+                    located[tap]["reason"] = where.get("reason")
+                    if where.get("order"):
+                        located[tap]["order"] = where["order"]
                 except ValueError as error:  # the tensor found does not fit the tap: report it, compare the rest
                     located[tap] = {"found": "unmapped", "tensor": where.get("tensor"), "reason": str(error)}
     expected = {name: reference[by_graph_name[name]] for name in graph_outputs}
@@ -244,6 +255,7 @@ def runtime_link(
     artifact_meta: dict,
     scope: dict | None = None,
     boundary: Sequence[str] = (),
+    tolerances: dict | None = None,
 ) -> dict:
     """Worker task: the runtime link of an ONNX path on its own (``compare_runtimes``), on the whole graph or on the
     ``scope`` the descent into the model's tree found."""
@@ -251,7 +263,7 @@ def runtime_link(
 
     from parity.diagnose import onnx_graph
 
-    spec = Workspace(workspace).load_spec(model)
+    spec = noise_floor.at_bound(Workspace(workspace).load_spec(model), precision, tolerances)
     path = paths.by_id(path_id, "cpu", precision)
     verified = golden.load(Path(golden_dir), spec)
     reference = verified.arrays["reference.npz"]

@@ -47,6 +47,7 @@ def descend(run, pool, spec, path, artifact: dict | None) -> dict:
         artifact_meta=artifact and artifact["meta"],
         device=path.device,
         weight_perturbation=run.options.weight_perturbation.get((spec.name, path.id)),
+        tolerances=getattr(spec, "diagnosed_at", None),  # noise_floor.at_bound
     )
 
 
@@ -84,6 +85,7 @@ def merge_tree(spec, result: dict, tree: dict) -> None:
         return
     if tree.get("note"):
         result["notes"].append(tree["note"])
+    result["notes"].extend(f"in the model's tree, {w['path']}: {w['reason']}" for w in tree.get("withdrawn", ()))
     if not trail:
         return
     result["notes"] = [n for n in result["notes"] if not n.startswith(NO_TAP_DEPARTS)]

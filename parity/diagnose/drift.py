@@ -34,6 +34,7 @@ def tap_rows(
             "tensor": where.get("tensor"),
             "fused_into": where.get("fused_into"),
             "reason": where.get("reason"),
+            **({"order": where["order"]} if where.get("order") else {}),
             "stats": None,
             "growth": None,
             "first_divergent": False,

@@ -72,3 +72,91 @@ def verify(
                 f"permutation undoes (a reshape after a transpose): the mapping is not trusted",
             )
     return checked
+
+
+def settle(value: np.ndarray, where: dict, golden: np.ndarray, tol) -> np.ndarray:
+    """A tap read from a graph in the golden's order (``onnx_taps.to_canonical``), once its mapping is proven.
+
+    A tap whose axis order neither its shape nor the graph's structure proves (``where["unproven"]``) is proven by
+    value: the order that agrees with the golden (its guessed one first, then every axis permutation that fits the
+    golden's shape). Where none agrees the tap is not compared: ``ValueError`` with the reason (a departure there
+    cannot be told from a misread)."""
+    from parity.diagnose.onnx_taps import to_canonical
+
+    canonical = to_canonical(value, where, golden.shape)
+    if not where.get("unproven"):
+        return canonical
+    reference = np.asarray(golden, np.float64)
+    if _ok(np.asarray(canonical, np.float64), reference, tol):
+        where["reason"] = f"{where.get('reason') or 'its axis order'}; proven by value (agrees with the golden)"
+        return canonical
+    raw = np.asarray(value, np.float64)
+    if raw.ndim == reference.ndim and raw.ndim <= MAX_RANK:
+        for order in itertools.permutations(range(raw.ndim)):
+            if tuple(raw.shape[i] for i in order) == reference.shape and _ok(np.transpose(raw, order), reference, tol):
+                where["order"] = list(order)
+                where["reason"] = f"axes {order} proven by value (the only order that agrees with the golden)"
+                return np.transpose(np.asarray(value), order)
+    raise ValueError(
+        f"tensor {where.get('tensor')!r}: {where.get('reason') or 'its axis order is not proven'}, and no order of its "
+        f"axes agrees with the golden: whether it departs or is misread cannot be told, so it is not compared"
+    )
+
+
+# a graph-read tap this many times further over tolerance than the outputs computed from it is not believed
+CONTRADICTION = 100.0
+GRAPH_READ = ("name", "metadata", "value")
+
+
+def feeds_outputs(graph, tensor: str | None) -> bool:
+    """Whether a graph output is computed from ``tensor`` (``onnx_graph._Graph``)."""
+    if not tensor:
+        return False
+    seen, pending = {tensor}, [tensor]
+    while pending:
+        name = pending.pop()
+        if name in graph.graph_outputs:
+            return True
+        for index in graph.consumers.get(name, ()):
+            for out in graph.nodes[index].output:
+                if out and out not in seen:
+                    seen.add(out)
+                    pending.append(out)
+    return False
+
+
+def withdraw_contradicted(rows: list[dict], located: dict, output_units: float | None) -> list[str]:
+    """Withdraw the divergence of each graph-read tap that its own downstream output contradicts: the outputs are
+    computed from it (``located[tap]["feeds_outputs"]``) yet are ``CONTRADICTION`` times closer to the golden (in
+    tolerance units, the outputs' counted as at least 1). Such a tap was misread (another tensor, another layout),
+    not computed wrong; its row keeps the statistics under ``withdrawn`` and says why. Returns the withdrawn taps."""
+    if output_units is None or not np.isfinite(output_units):
+        return []
+    withdrawn = []
+    for row in rows:
+        stats, where = row["stats"], located.get(row["tap"], {})
+        if stats is None or stats.get("ok") or row["found"] not in GRAPH_READ or not where.get("feeds_outputs"):
+            continue
+        units = stats.get("tol_units", np.inf)
+        if units > CONTRADICTION * max(output_units, 1.0):
+            row.update(
+                found="withdrawn",
+                stats=None,
+                growth=None,
+                withdrawn=stats,
+                reason=f"read {units:.3g}x the tolerance off, but the outputs computed from it are "
+                f"{output_units:.3g}x: its own downstream contradicts it, so the read is not trusted (withdrawn)",
+            )
+            withdrawn.append(row["tap"])
+    if not withdrawn:
+        return []
+    for later in rows:  # growth is relative to the previous compared tap
+        later["growth"] = None
+    previous = None
+    for row in rows:
+        if row["stats"] is not None:
+            units = row["stats"].get("tol_units", np.inf)
+            if previous is not None:
+                row["growth"] = units / previous if previous > 0 else (np.inf if units > 0 else 1.0)
+            previous = units
+    return withdrawn

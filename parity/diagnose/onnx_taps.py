@@ -35,6 +35,7 @@ import re
 
 import numpy as np
 
+from parity.diagnose import axis_order
 from parity.diagnose.onnx_graph import _Graph
 from parity.model import layouts
 
@@ -177,7 +178,9 @@ def to_canonical(value: np.ndarray, location: dict, golden_shape: tuple) -> np.n
             f"{what} of shape {tuple(value.shape)} ({value.size} elements) cannot hold the tap's "
             f"golden shape {golden_shape} ({expected} elements)"
         )
-    if location.get("layout") == "nhwc" and value.ndim == 4:
+    if location.get("order") is not None and len(location["order"]) == value.ndim:
+        value = np.transpose(value, location["order"])  # the axis order the graph's structure proves
+    elif location.get("layout") == "nhwc" and value.ndim == 4:
         value = layouts.from_layout(value, "nchw", "nhwc")
     if value.shape != golden_shape:
         value = value.reshape(golden_shape)
@@ -271,6 +274,16 @@ def _identity_source(spec, golden: dict, tap: str) -> str | None:
         return None
     a, b = golden[tap], golden[inputs[0]]
     return inputs[0] if a.shape == b.shape and np.array_equal(a, b) else None
+
+
+def _permutes(shape, golden_shape) -> bool:
+    """Whether a tensor of ``shape`` (the golden's rank, not its shape) holds the golden's axes in another order."""
+    return (
+        shape is not None
+        and len(shape) == len(golden_shape)
+        and tuple(shape) != tuple(golden_shape)
+        and sorted(shape) == sorted(golden_shape)
+    )
 
 
 def _choose_layout(graph, name, golden, values, canonical) -> tuple[str | None, str | bool | None]:
@@ -403,7 +416,9 @@ def map_taps(
                     f"so the same tensor as {source!r}",
                 )
             result[tap]["identity_of"] = source
-    # 6. layouts of metadata/name-mapped tensors (values only settle NCHW/NHWC ties)
+    # 6. layouts of metadata/name-mapped tensors: the graph's structure proves the axis order where it can (a
+    # Transpose after a layout change); values only settle what it leaves open
+    orders = axis_order.axis_orders(model, graph, input_layout, canonical)
     undecided = []
     for tap in taps:
         entry = result[tap]
@@ -412,12 +427,23 @@ def map_taps(
         if tap not in golden:
             entry["layout"] = canonical
             continue
+        order = orders.get(entry["tensor"])
+        proven = order and axis_order.to_golden(order, graph.shapes.get(entry["tensor"]), golden[tap].shape)
+        if proven:
+            entry["layout"], entry["order"] = canonical, list(proven)
+            if list(proven) != sorted(proven):
+                entry["reason"] = f"axes {tuple(proven)} put in the golden's order, as the graph's Transposes say"
+            continue
         layout, tie = _choose_layout(graph, entry["tensor"], golden[tap], values, canonical)
         entry["layout"] = layout
         if tie is False:
             undecided.append(tap)
         elif tie:
+            entry["unproven"] = True
             entry["reason"] = "layout tie (the NCHW and NHWC shapes agree) settled by value"
+        elif _permutes(graph.shapes.get(entry["tensor"]), golden[tap].shape):
+            entry["unproven"] = True
+            entry["reason"] = "its shape is a permutation of the tap's and the graph's structure does not say which"
     for tap in undecided:  # a tie without values: the nearest decided 4-D tap's layout, else the input's
         index = taps.index(tap)
         order = sorted(range(len(taps)), key=lambda j: (abs(j - index), j > index))
@@ -433,13 +459,18 @@ def map_taps(
             None,
         )
         result[tap]["layout"] = near or (input_layout if input_layout in ("nchw", "nhwc") else canonical)
-        result[tap]["reason"] = "layout tie (NCHW and NHWC shapes agree) settled by the neighbouring taps"
+        result[tap]["unproven"] = True
+        result[tap]["reason"] = "layout tie (NCHW and NHWC shapes agree) that the graph's structure does not settle"
     for tap in taps:
         if result[tap]["tensor"] is not None:
             for other in identities:
                 if result[other].get("identity_of") == tap:
                     result[other]["layout"] = result[tap]["layout"]
-    return {tap: {k: result[tap][k] for k in ("tensor", "how", "fused_into", "layout", "reason")} for tap in taps}
+                    for key in ("order", "unproven"):
+                        if key in result[tap]:
+                            result[other][key] = result[tap][key]
+    keys = ("tensor", "how", "fused_into", "layout", "reason", "order", "unproven")
+    return {tap: {k: result[tap][k] for k in keys if k in result[tap]} for tap in taps}
 
 
 def _value_segment(graph, segment, lower, upper, golden, values, canonical, result, no_candidates, closest):

@@ -102,13 +102,16 @@ def _golden_known(spec, model, diagnosis, reference, meta, feed, extra: dict | N
     found = {
         row.get("tensor"): reference.get(f"tap/{row['tap']}")
         for row in diagnosis.get("taps") or []
-        if row.get("found") not in ("fused", "unmapped", "unobservable")
+        if row.get("found") not in ("fused", "unmapped", "unobservable", "withdrawn")
     }
+    orders = {row.get("tensor"): row["order"] for row in diagnosis.get("taps") or [] if row.get("order")}
     for tensor, value in {**found, **(extra or {})}.items():
         if not tensor or value is None:
             continue
         shape = shapes.get(tensor)
-        if shape is None or tuple(shape) == value.shape:
+        if tensor in orders and len(orders[tensor]) == value.ndim:  # the axis order the diagnosis proved
+            known[tensor] = np.transpose(value, np.argsort(orders[tensor]))
+        elif shape is None or tuple(shape) == value.shape:
             known[tensor] = value
         elif value.ndim == 4 and tuple(shape) == tuple(value.shape[i] for i in (0, 2, 3, 1)):
             known[tensor] = np.transpose(value, (0, 2, 3, 1))
@@ -213,6 +216,9 @@ def write(
     }
     if reduced.model is None:
         return {"written": False, "reason": reduced.reason, **numbers}
+    other = _other_failure(graph, feed, runtime, reduced, known, tolerance_for, threads)
+    if other:
+        return {"written": False, "reason": other, **numbers}
     write_report(
         Path(out_dir),
         reduced,
@@ -230,6 +236,49 @@ def write(
         "stats": {k: v for k, v in reduced.stats.items() if isinstance(v, (int, float, str))},
         **numbers,
     }
+
+
+def _other_failure(graph, feed: dict, runtime: str, reduced, known: dict, tolerance_for, threads: int) -> str | None:
+    """Why the reduced graph's failure is not the one the check saw, or None where it is: in the whole graph, its
+    output tensor given its right value must bring every graph output back within tolerance (what fails there is
+    what fails the check); a reduced graph whose failure leaves the outputs failing when mended is another part."""
+    from parity.check.closeness import error_stats
+    from parity.diagnose import onnx_graph
+
+    outputs = [o.name for o in graph.graph.output if o.name in known]
+    if reduced.output in outputs:
+        return None
+    mended = graph.__class__()
+    mended.CopyFrom(graph)
+    fed = f"{reduced.output}__right"
+    for node in mended.graph.node:
+        node.input[:] = [fed if name == reduced.output else name for name in node.input]
+    value_info = next((v for v in (*graph.graph.value_info, *graph.graph.output) if v.name == reduced.output), None)
+    if value_info is None:
+        from onnx import helper
+
+        value = np.asarray(reduced.expected)
+        value_info = helper.make_tensor_value_info(
+            reduced.output, helper.np_dtype_to_tensor_dtype(value.dtype), value.shape
+        )
+    entry = mended.graph.input.add()
+    entry.CopyFrom(value_info)
+    entry.name = fed
+    try:
+        values = onnx_graph.run_tensors(runtime, mended, {**feed, fed: np.asarray(reduced.expected)}, outputs, threads)
+    except Exception as error:  # noqa: BLE001 - the graph cannot be cut there: say so rather than guess
+        return f"the reduced graph's output {reduced.output!r} cannot be put back into the whole graph ({error})"
+    still = [
+        name
+        for name in outputs
+        if not error_stats(np.asarray(values[name]), np.asarray(known[name]), tolerance_for(name)).get("ok")
+    ]
+    if not still:
+        return None
+    return (
+        f"the reduced graph fails at {reduced.output!r}, but with its right value there the whole graph's outputs "
+        f"({', '.join(still)}) still fail: it is not the failure the check saw, so no bug report is written"
+    )
 
 
 def write_report(
@@ -288,6 +337,25 @@ def _first_node(reduced, diagnosis: dict) -> str:
     return f"{last.name or '(unnamed)'} ({last.op_type}): it computes the earliest known tensor that fails"
 
 
+def _headline(reduced, link: str | None, trusted: str | None) -> str:
+    """The title of the report, by the link the diagnosis names: the converter's graph, or the runtime."""
+    if link in ("converter", "definition"):
+        return f"the {link} departs from the model's source (the exported graph computes other values; {reduced.failing} runs it)"
+    return f"{reduced.failing} departs from {'the known values' if trusted in (None, 'source') else trusted}"
+
+
+def _first_tap(diagnosis: dict) -> str:
+    """The diagnosis's first divergent tap, or the path in the model's tree where it found the divergence."""
+    from parity.diagnose.descend import display
+
+    tap, trail = diagnosis.get("first_divergent_tap"), diagnosis.get("first_divergent_path") or []
+    if trail and trail[0] != tap:
+        return f"{display(trail)} (in the model's tree)" + (f"; tap {tap}" if tap else "")
+    if trail and len(trail) > 1:
+        return f"{tap} (in the model's tree: {display(trail)})"
+    return tap or "none"
+
+
 def _readme(reduced, diagnosis, environment, command, trusted, tol, threads) -> str:
     from parity.check.closeness import describe
 
@@ -298,7 +366,7 @@ def _readme(reduced, diagnosis, environment, command, trusted, tol, threads) -> 
     level = {"ort": "ORT_ENABLE_ALL", "ort-noopt": "ORT_DISABLE_ALL"}.get(reduced.failing)
     title = " ".join(str(p) for p in (diagnosis.get("model"), diagnosis.get("path")) if p) or "ONNX graph"
     lines = [
-        f"# {title}: {reduced.failing} departs from the known values",
+        f"# {title}: {_headline(reduced, links.get('enters_at'), trusted)}",
         "",
         "## Environment",
         "",
@@ -319,7 +387,7 @@ def _readme(reduced, diagnosis, environment, command, trusted, tol, threads) -> 
         ),
         f"- nodes: {' -> '.join(f'{n.op_type} {n.name}'.strip() for n in reduced.model.graph.node)}",
         f"- first divergent node: {_first_node(reduced, diagnosis)}",
-        f"- first divergent tap of the diagnosis: {diagnosis.get('first_divergent_tap') or 'none'}",
+        f"- first divergent tap of the diagnosis: {_first_tap(diagnosis)}",
         f"- tested cause: {cause.get('description') or 'none confirmed'}",
         *([f"- fix: {cause['fix']}"] if cause.get("fix") else []),
         f"- link: {links.get('enters_at') or 'not diagnosed'}"

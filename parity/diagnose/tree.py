@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from parity.check import closeness
+from parity.check import closeness, noise_floor
 from parity.diagnose.walk import TREE_MODULES, TREE_SOURCES, walk
 from parity.golden import store as golden
 from parity.model import feeds
@@ -99,7 +99,8 @@ class Tree:
         """``{"values", "inputs", "located"}`` of the path at ``names`` (``located[name]`` as a diagnosis's tap rows
         have it, with the ``nodes`` of an exported graph)."""
         if hasattr(self.path_side, "level"):
-            return self.path_side.level(names, calls, expected, expected_inputs)
+            found = self.path_side.level(names, calls, expected, expected_inputs)
+            return {**found, "output_units": self._output_units()}
         found = self.reader.level_of(self.path_side, self.x, scope, names)
         return {
             "values": found["values"],
@@ -111,6 +112,18 @@ class Tree:
                 for n in names
             },
         }
+
+    def _output_units(self) -> float:
+        """The exported graph's worst output error against the golden, in tolerance units (what a graph-read
+        module's divergence must not contradict, ``mapping_check.withdraw_contradicted``)."""
+        side = self.path_side
+        by_name = dict(zip(side.outputs, self.spec.outputs))
+        stats = closeness.compare_named(
+            {by_name[n]: v for n, v in side.plain.items() if n in by_name},
+            {n: self.verified.arrays["reference.npz"][n] for n in self.spec.outputs},
+            self.spec.output_tolerances(self.precision).for_name,
+        )
+        return max((s.get("tol_units", 0.0) for s in stats.values()), default=0.0)
 
 
 def descent(
@@ -125,9 +138,12 @@ def descent(
     artifact_meta: dict | None = None,
     device: str = "cpu",
     weight_perturbation: dict | None = None,
+    tolerances: dict | None = None,
 ) -> dict:
-    """Worker task: the whole descent of ``path_id`` (``parity.diagnose.walk.walk``), each side built once."""
+    """Worker task: the whole descent of ``path_id`` (``parity.diagnose.walk.walk``), each side built once;
+    ``tolerances``: the path's precision judged at these (``noise_floor.at_bound``)."""
     tree = Tree(workspace, model, golden_dir, framework, precision, threads)
+    noise_floor.at_bound(tree.spec, precision, tolerances)
     tree.on_path(path_id, device, artifact_dir, artifact_meta, weight_perturbation)
     return walk(tree, framework)
 

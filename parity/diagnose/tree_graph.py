@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from parity.diagnose import instrument, onnx_graph, onnx_taps, tree_onnx
+from parity.diagnose import axis_order, instrument, mapping_check, onnx_graph, onnx_taps, tree_onnx
 
 INPUT_MATCH = 1e-3  # a module's input found by value agrees with the reference's to this relative L2 error
 
@@ -103,6 +103,7 @@ def _level(levels: GraphLevels, names, calls, expected, expected_inputs) -> dict
                 graph, onnx_taps._boundary_outputs(graph, nodes), expected.get(name)
             )
         where["nodes"] = [[graph.nodes[i].name, graph.nodes[i].op_type] for i in nodes]
+        where["feeds_outputs"] = mapping_check.feeds_outputs(graph, where.get("tensor"))
         where["input_tensor"] = where.get("input_tensor") or _input_tensor(
             model, graph, nodes, expected_inputs.get(name)
         )
@@ -131,22 +132,39 @@ def _level(levels: GraphLevels, names, calls, expected, expected_inputs) -> dict
         if where["found"] in ("fused", "unmapped", "unobservable") or where.get("tensor") not in values:
             continue
         try:
-            found[name] = onnx_taps.to_canonical(values[where["tensor"]], where, expected[name].shape)
+            found[name] = mapping_check.settle(values[where["tensor"]], where, expected[name], tolerance_for(name))
         except ValueError as error:
             where.update(found="unmapped", reason=str(error))
             continue
         tensor = where.get("input_tensor")
         if tensor in values and name in expected_inputs:
-            layout = where["layout"] if values[tensor].ndim == expected_inputs[name].ndim == 4 else None
+            read = _input_location(levels, where, tensor, expected_inputs[name])
             try:
-                found_inputs[name] = onnx_taps.to_canonical(
-                    values[tensor], {"layout": layout, "tensor": tensor}, expected_inputs[name].shape
+                found_inputs[name] = mapping_check.settle(
+                    values[tensor], read, expected_inputs[name], tolerance_for(name)
                 )
             except ValueError:
                 where["input_tensor"] = None
     for where in located.values():
         where.pop("how", None)
     return {"values": found, "inputs": found_inputs, "located": located, "instrumentation": instrumentation}
+
+
+def _input_location(levels: GraphLevels, where: dict, tensor: str, expected: np.ndarray) -> dict:
+    """How to read a module's input ``tensor``: in the axis order the graph's structure proves, else in its
+    output's layout, proven by value where its shape permutes the reference input's."""
+    canonical = levels.spec.model_inputs[0].layout
+    orders = axis_order.axis_orders(levels.model, levels.graph, levels.meta["input_layout"], canonical)
+    shape = levels.graph.shapes.get(tensor)
+    if shape is None and tensor in levels.feed:
+        shape = np.shape(levels.feed[tensor])
+    order = orders.get(tensor)
+    proven = order and axis_order.to_golden(order, shape, expected.shape)
+    if proven:
+        return {"tensor": tensor, "order": list(proven)}
+    layout = where["layout"] if len(shape or ()) == expected.ndim == 4 else None
+    unproven = shape is not None and onnx_taps._permutes(shape, expected.shape)
+    return {"tensor": tensor, "layout": layout, "unproven": unproven or where.get("unproven", False)}
 
 
 def _input_by_value(graph, values: dict, where: dict, expected_input: np.ndarray) -> str | None:

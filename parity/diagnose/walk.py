@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from parity.check import closeness as compare
-from parity.diagnose import drift
+from parity.diagnose import drift, mapping_check
 
 # the module that reads each source framework's tree: ``level_of(runner, x, scope, names)`` (see tree_torch)
 TREE_MODULES = {
@@ -65,10 +65,16 @@ def walk(tree, framework: str) -> dict:
             {n: reference["inputs"][n] for n in names if n in reference["inputs"]},
         )
         rows = _rows(children, reference, observed, tolerances)
+        withdrawn = mapping_check.withdraw_contradicted(rows, observed["located"], observed.get("output_units"))
         first = drift.first_divergent(rows)
         levels.append(
             {"scope": scope, "rows": rows, "first_divergent": first, "instrumentation": observed.get("instrumentation")}
         )
+        if withdrawn:
+            levels[-1]["withdrawn"] = withdrawn
+            result.setdefault("withdrawn", []).extend(
+                {"path": r["tap"], "reason": r["reason"]} for r in rows if r["tap"] in withdrawn
+            )
         if first is None:
             result.update(verdict="own_operations" if scope else "not_found", note=_none_departs(scope, rows))
             break

@@ -9,6 +9,11 @@ Two paths from the same verified float parent:
 - ``export_dynamic`` (``*/ort-int8dyn``): ``quantize_dynamic``, int8 weights per channel, activations quantized at
   run time from each batch's own range (no calibration).
 
+Both quantize for the CPU's int8 kernel (``parity.platform.cpu_int8``): where its u8 x s8 pair sums saturate at
+16 bits (x86 AVX2, AVX-512 without VNNI) with ``reduce_range`` (7-bit weights), as ONNX Runtime's quantization guide
+advises, so the model computes the same integers on every kernel; the record says which CPU and which setting.
+Nodes without a name are named first (``<op>_<index>``): the quantizer and the layer count go by names.
+
 Both first run ONNX Runtime's ``quant_pre_process`` (symbolic and ONNX shape inference, basic graph optimisation),
 which its documentation asks for: without it ``quantize_dynamic`` refuses torch.onnx's Gemm exports (a stale weight
 shape in ``value_info``). A model it cannot process is quantized as it is, and the meta says why. Both keep the nodes
@@ -33,6 +38,7 @@ import numpy as np
 
 from parity.exporters.common import ONNX_FILE, ExportJob, needed
 from parity.model import feeds
+from parity.platform import cpu_int8
 from parity.platform.errors import ExportError, one_line
 from parity.runtimes.onnx_common import onnx_feed
 
@@ -95,11 +101,14 @@ def calibration_batches(spec, meta: dict, calibration: dict, batch_size: int) ->
     ]
 
 
-def quantize(src, dst, calibration_feeds, method: str | None, nodes_to_exclude=(), dynamic: bool = False) -> dict:
+def quantize(
+    src, dst, calibration_feeds, method: str | None, nodes_to_exclude=(), dynamic: bool = False, cpu=None
+) -> dict:
     """Write ``src`` (a float ONNX file) quantized to int8 at ``dst`` and return what was done (the meta's
     ``quantization`` record). ``calibration_feeds``: the graph's feeds, one dict per batch (static only);
     ``method``: MinMax, Entropy or Percentile (static only); ``nodes_to_exclude``: node names kept in float, names
-    of ``src`` as ``quant_pre_process`` leaves them (it keeps the exporters' names; an unknown name is an error)."""
+    of ``src`` as ``quant_pre_process`` leaves them (it keeps the exporters' names; an unknown name is an error);
+    ``cpu``: the int8 kernel to quantize for (``cpu_int8.int8_cpu()``, the default: this CPU's)."""
     import onnx
     import onnxruntime
     from onnxruntime.quantization import (
@@ -116,12 +125,23 @@ def quantize(src, dst, calibration_feeds, method: str | None, nodes_to_exclude=(
         raise ExportError(f"calibration method {method!r} is not one of {', '.join(METHODS)}")
     if not dynamic and not calibration_feeds:
         raise ExportError("static int8 quantization needs calibration samples, and none were given")
+    if not dynamic:
+        check_finite(calibration_feeds)
+    cpu = cpu or cpu_int8.int8_cpu()
+    settings = cpu_int8.ort_settings(cpu)
     with tempfile.TemporaryDirectory(prefix="parity-int8-") as scratch:
         prepared, pre_process = prepare(src, Path(scratch) / "prepared.onnx")
         float_model = onnx.load(str(prepared))
+        named = name_nodes(float_model)
+        if named:  # a count and the first few: a graph may have thousands
+            more = ", ..." if len(named) > 5 else ""
+            pre_process["nodes_named"] = (
+                f"{len(named)} unnamed node(s) named <op>_<index>: {', '.join(named[:5])}{more}"
+            )
         widened = simplify_gemm_bias(float_model) + (gemm_as_matmul(float_model) if dynamic else [])
         if widened:
             pre_process["gemm_bias_rewritten"] = widened
+        if named or widened:
             prepared = Path(scratch) / "widened.onnx"
             onnx.save(float_model, str(prepared))
         names = {node.name for node in float_model.graph.node}
@@ -140,7 +160,12 @@ def quantize(src, dst, calibration_feeds, method: str | None, nodes_to_exclude=(
             with _quiet():
                 if dynamic:
                     quantize_dynamic(
-                        str(prepared), str(dst), per_channel=True, weight_type=QuantType.QInt8, nodes_to_exclude=passed
+                        str(prepared),
+                        str(dst),
+                        per_channel=True,
+                        reduce_range=settings["reduce_range"],
+                        weight_type=QuantType.QInt8,
+                        nodes_to_exclude=passed,
                     )
                 else:
                     assert method is not None  # a static quantization is always given its calibration method
@@ -158,6 +183,7 @@ def quantize(src, dst, calibration_feeds, method: str | None, nodes_to_exclude=(
                         Reader(),
                         quant_format=QuantFormat.QDQ,
                         per_channel=True,
+                        reduce_range=settings["reduce_range"],
                         activation_type=QuantType.QInt8,
                         weight_type=QuantType.QInt8,
                         calibrate_method=getattr(CalibrationMethod, method),
@@ -171,7 +197,9 @@ def quantize(src, dst, calibration_feeds, method: str | None, nodes_to_exclude=(
                     300,
                 )
             ) from None
-        quantized = quantized_layers(float_model, onnx.load(str(dst)), kept)
+        written = onnx.load(str(dst))
+        quantized = quantized_layers(float_model, written, kept)
+        largest = largest_weight(written)
     if not quantized:  # an "int8" path that computes in float would pass its gate and say nothing
         raise ExportError(
             f"onnxruntime {'quantize_dynamic' if dynamic else 'quantize_static'} quantized no layer of "
@@ -186,7 +214,11 @@ def quantize(src, dst, calibration_feeds, method: str | None, nodes_to_exclude=(
         "calibration": None if dynamic else method,
         "calibration_samples": samples,
         "per_channel": True,
-        "weight_type": "int8",
+        "weight_type": "int8, 7-bit range (reduce_range)" if settings["reduce_range"] else "int8",
+        "reduce_range": settings["reduce_range"],
+        "int8_cpu": {**cpu, "setting": settings["why"]},
+        # the largest pair sum a u8 x s8 kernel can form from these weights: within 32767, no kernel saturates
+        "u8s8_pair_bound": None if largest is None else 2 * 255 * largest,
         "activation_type": "int8, per batch at run time" if dynamic else "int8, per tensor",
         "pre_process": pre_process,
         "kept_float": kept,
@@ -194,6 +226,64 @@ def quantize(src, dst, calibration_feeds, method: str | None, nodes_to_exclude=(
         "quantized_layers": len(quantized),
         "quantized_ops": dict(Counter(op for _, op in quantized)),
     }
+
+
+def check_finite(batches) -> None:
+    """An ``ExportError`` naming the first calibration input that holds NaN or infinity: the quantizer would take
+    its range from it and write a model whose scales are NaN or whose every other value rounds to zero."""
+    for k, batch in enumerate(batches):
+        for name, value in batch.items():
+            value = np.asarray(value)
+            if value.dtype.kind in "fc" and not np.all(np.isfinite(value)):
+                bad = int(np.sum(~np.isfinite(value)))
+                what = "NaN" if np.isnan(value).any() else "infinity"
+                raise ExportError(
+                    f"calibration input {name!r} holds {what} ({bad} non-finite value(s) in batch {k + 1} of "
+                    f"{len(batches)}): int8 ranges cannot be calibrated on it; give finite calibration samples"
+                )
+
+
+def name_nodes(model) -> list[str]:
+    """Name, in place, every node of ``model`` without a name ``<op>_<index>`` (unique in the graph): the quantizer
+    quantizes, excludes and reports nodes by name. Returns the names given."""
+    taken = {node.name for node in model.graph.node if node.name}
+    given = []
+    for k, node in enumerate(model.graph.node):
+        if node.name:
+            continue
+        name, n = f"{node.op_type}_{k}", 0
+        while name in taken:
+            n += 1
+            name = f"{node.op_type}_{k}_{n}"
+        node.name = name
+        taken.add(name)
+        given.append(name)
+    return given
+
+
+def largest_weight(model) -> int | None:
+    """The largest magnitude of an int8 weight a quantized matrix product or convolution of ``model`` multiplies by
+    (through its DequantizeLinear in QDQ, directly for the integer ops), or None where there is none."""
+    from onnx import numpy_helper
+
+    initializers = {t.name: t for t in model.graph.initializer}
+    producer = {out: node for node in model.graph.node for out in node.output}
+    largest = None
+    for node in model.graph.node:
+        if node.op_type not in ("MatMul", "Gemm", "Conv", "MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul"):
+            continue
+        if len(node.input) < 2:
+            continue
+        weight = node.input[1]
+        source = producer.get(weight)
+        if source is not None and source.op_type == "DequantizeLinear":
+            weight = source.input[0]
+        if weight in initializers:
+            values = numpy_helper.to_array(initializers[weight])
+            if values.dtype == np.int8 and values.size:
+                peak = int(np.abs(values.astype(np.int32)).max())
+                largest = peak if largest is None else max(largest, peak)
+    return largest
 
 
 def simplify_gemm_bias(model) -> list[str]:

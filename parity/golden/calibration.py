@@ -10,17 +10,22 @@ scores would let the ranges fit exactly those samples and flatter the verdict. S
 - a user model whose inputs parity generated from a declared distribution: fresh samples of that distribution
   drawn with another seed;
 - anything else (the eval set *is* the inputs): no calibration data, said as the reason.
+
+Calibration rows that hold NaN or infinity are refused with the input and row named, before any quantizer sees them.
+``identity`` is what an int8 export is keyed on: the sha256 of the very rows it calibrates on (the export cache makes
+a new model when only the calibration data changed).
 """
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
 
 from parity.model import feeds
 from parity.model.digits import DATASET, digits_split
-from parity.platform.errors import Unavailable
+from parity.platform.errors import ExportError, Unavailable
 
 LIMIT = 256  # calibration samples at most: ranges settle well before, and each costs a forward pass
 SEED_OFFSET = 1_000_003  # generated calibration samples: the inputs' seed plus this, so never the same draw
@@ -31,7 +36,54 @@ def calibration_feeds(
 ) -> tuple[dict[str, np.ndarray], str]:
     """``(feeds, where)``: up to ``limit`` calibration samples for ``spec`` (canonical layout, float32 for float
     inputs) and a line saying where they come from; ``root``: the workspace a user's inputs file is relative to.
-    Raises ``Unavailable`` where only the eval split exists."""
+    Raises ``Unavailable`` where only the eval split exists, ``ExportError`` where a row is not finite."""
+    found, where = _calibration_feeds(spec, verified, root, limit)
+    check_finite(found, where)
+    return found, where
+
+
+def check_finite(found: dict, where: str) -> None:
+    """An ``ExportError`` naming the first calibration input and sample that holds NaN or infinity."""
+    for name, value in found.items():
+        value = np.asarray(value)
+        if value.dtype.kind not in "fc" or np.all(np.isfinite(value)):
+            continue
+        bad = ~np.isfinite(value.reshape(len(value), -1) if value.ndim else value.reshape(1, -1))
+        rows = np.flatnonzero(bad.any(axis=1))
+        what = "NaN" if np.isnan(value).any() else "infinity"
+        raise ExportError(
+            f"calibration input {name!r} ({where}) holds {what} in {len(rows)} sample(s), the first sample "
+            f"{int(rows[0])}: int8 ranges cannot be calibrated on it; give finite calibration samples"
+        )
+
+
+def digest(found: dict) -> str:
+    """sha256 over every calibration input's name, dtype, shape and bytes, in name order."""
+    h = hashlib.sha256()
+    for name in sorted(found):
+        value = np.ascontiguousarray(found[name])
+        h.update(f"{name}\0{value.dtype.str}\0{value.shape}\0".encode())
+        h.update(value.tobytes())
+    return h.hexdigest()
+
+
+def identity(workspace: str, model: str, golden_dir: str) -> dict:
+    """What an int8 export of ``model`` is keyed on, as a worker task: ``{"sha256", "samples", "where"}`` of the
+    rows ``calibration_feeds`` gives it, or ``{"unavailable": reason}`` where it has none (or none that is
+    finite): the export then fails with that reason, and is made again once the data changes."""
+    from parity.golden import store as golden
+    from parity.model.workspace import Workspace
+
+    ws = Workspace(workspace)
+    spec = ws.load_spec(model)
+    try:
+        found, where = calibration_feeds(spec, golden.load(Path(golden_dir), spec), ws.root)
+    except (Unavailable, ExportError) as error:
+        return {"unavailable": str(error)}
+    return {"sha256": digest(found), "samples": feeds.samples(spec, found), "where": where}
+
+
+def _calibration_feeds(spec, verified, root: Path | None, limit: int) -> tuple[dict[str, np.ndarray], str]:
     data = verified.manifest.get("data") or {}
     if data.get("dataset") == DATASET:
         split = digits_split(spec.model_inputs[0].shape)

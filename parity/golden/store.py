@@ -324,6 +324,16 @@ def summary(manifest: dict, golden_dir: Path) -> str:
     return f"{line}; {manifest['data']['dataset']}, {manifest['data']['eval']} samples; {size_mb:.1f} MB{metrics}"
 
 
+def reference_fallback(manifest: dict) -> dict | None:
+    """How a user model's reference falls short of float64, said on each of its results: ``{"dtype", "reason",
+    "tolerance_factor"}`` where the model could not run in float64 (its paths are checked against a float32
+    reference with tolerances widened by that factor), else None."""
+    reference = manifest.get("reference") or {}
+    if reference.get("dtype", "float64") == "float64":
+        return None
+    return {key: reference.get(key) for key in ("dtype", "reason", "tolerance_factor")}
+
+
 def load_arrays(golden_dir: Path, name: str) -> dict[str, np.ndarray]:
     """One ``.npz`` as a dict (``allow_pickle=False``), unchecked: golden arrays go through ``load``."""
     return read_npz(Path(golden_dir) / name, GoldenError, "golden file")

@@ -5,7 +5,9 @@ float64 (torch ``.double()``, a float64 Keras dtype policy, JAX x64, ONNX graph 
 ``onnx.reference``) or, where it cannot run in float64, in float32 with the reason recorded and the
 spec's tolerances widened by ``FLOAT32_TOLERANCE_FACTOR``. Golden outputs given with the inputs (an
 ONNX test-data folder, Polygraphy outputs) are the golden as given, with their distance from that
-reference recorded and added to the output atol (``usermodel.widen_for_given``). Runs in the orchestrator: the framework work happens in workers.
+reference recorded and added to the output atol (``usermodel.widen_for_given``). Against a float64 reference each
+output's float32 noise floor is measured and recorded (``parity.golden.floor``): tolerances declared as a factor of
+it (``Tolerances.floor``) are derived from it. Runs in the orchestrator: the framework work happens in workers.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from parity.golden.shapes import build_shapes
 from parity.model import batch_axes, feeds, values
 from parity.model import user as usermodel
 from parity.model.user import InputData, UserModelError
-from parity.platform.errors import ParityError
+from parity.platform.errors import ParityError, TaskFailed, one_line
 from parity.platform.safefs import read_npz
 
 FLOAT32_TOLERANCE_FACTOR = usermodel.FLOAT32_TOLERANCE_FACTOR  # derived by usermodel.tolerance_factor
@@ -69,6 +71,7 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
             out_file=str(scratch / "reference-source.npz"),
         )
         reference = golden.load_arrays(scratch, "reference-source.npz")
+        floors = _float32_floor(workspace, spec, pool, scratch, shapes, params, info["dtype"], progress)
         given_vs_reference = None
         if given is not None:
             given_vs_reference = (
@@ -77,6 +80,7 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
                 else _replace_outputs(spec, reference, given, info["batch_axes"])
             )
         factor = usermodel.tolerance_factor(info["dtype"])
+        usermodel.resolve_floor(spec, floors)
         usermodel.widen_tolerances(spec, factor)
         usermodel.widen_for_given(spec, given_vs_reference)
         golden.save_npz(scratch / "reference.npz", {k: v for k, v in reference.items() if not k.startswith("grad/")})
@@ -105,6 +109,7 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
                 "tolerance_factor": factor,
                 "outputs_from": given["from"] if given is not None else f"{framework} reference",
                 "given_vs_reference_max_abs": given_vs_reference,
+                "float32_floor": floors,
             },
             "params": params,
             "batch_axes": info["batch_axes"],
@@ -120,6 +125,30 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
         return golden.publish(workspace, spec, scratch, fields, started)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _float32_floor(workspace, spec, pool, scratch: Path, shapes: dict, params: dict, dtype: str, progress):
+    """Each output's float32 noise floor against the float64 reference (``parity.golden.floor``), or None where
+    there is no float64 reference to measure it against or the model does not run in float32 (tolerances derived
+    from the floor then take the spec's default, said here)."""
+    if dtype != "float64":
+        return None
+    progress(f"{spec.name}: float32 noise floor in {spec.frameworks[0]}")
+    try:
+        return pool.call(
+            spec.frameworks[0],
+            "parity.golden.floor:float32_floor",
+            workspace=str(workspace.root),
+            model=spec.name,
+            scratch=str(scratch),
+            shapes=shapes,
+            params=params,
+        )
+    except TaskFailed as error:
+        if error.kind != "raised":
+            raise
+        progress(f"{spec.name}: no float32 noise floor, the float32 run failed ({one_line(str(error), 200)})")
+        return None
 
 
 def _prepare_inputs(workspace, spec, data: InputData, pool, scratch: Path) -> dict | None:

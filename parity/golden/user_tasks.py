@@ -13,7 +13,7 @@ from parity.interop.given import given_feeds
 from parity.model import containers, feeds, values
 from parity.model.user import UserModelError, native_params
 from parity.model.workspace import Workspace
-from parity.platform.errors import one_line
+from parity.platform.errors import ParityError, one_line
 from parity.platform.safefs import read_npz
 
 SKIPPED_TORCH_STATE = ("num_batches_tracked",)
@@ -99,7 +99,8 @@ def reference(workspace: str, model: str, scratch: str | Path, shapes: dict, par
         arrays, axes = compute(weights, inputs, evals, "float64")
         dtype = "float64"
     except Exception as error:  # noqa: BLE001 - any float64 failure falls back to float32, with the reason
-        reason = f"the model does not run in float64 ({one_line(f'{type(error).__name__}: {error}', 300)})"
+        said = str(error) if isinstance(error, ParityError) else f"{type(error).__name__}: {error}"
+        reason = f"the model does not run in float64 ({one_line(said, 300)})"
         arrays, axes = compute(weights, inputs, evals, "float32")
         dtype = "float32"
     golden.save_npz(Path(out_file), {k: values.golden(v) for k, v in arrays.items()})

@@ -57,6 +57,12 @@ def npz_facts(path: Path, names: list[str] | None) -> dict:
                 f"{path} has no input arrays (it has {', '.join(arrays) or 'none'}): name each array "
                 f"after the model input it feeds, or declare the inputs with --input NAME=BATCHxDIMx..."
             )
+    empty = [key for key in arrays if key.startswith("eval_") and arrays[key].ndim and not arrays[key].shape[0]]
+    if empty:
+        raise UsageError(
+            f"{path}: {empty[0]} has no rows (shape {arrays[empty[0]].shape}); give the eval split at least one "
+            f"sample, or leave it out"
+        )
     found = {}
     for name in names:
         key = name if name in arrays or len(names) > 1 else "x"

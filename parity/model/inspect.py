@@ -12,6 +12,7 @@ from parity.interop import onnx_file as onnx_source
 from parity.interop import onnx_test_data as interop
 from parity.interop.given import given_feeds
 from parity.model.user import UserModelError, check_data_size, jax_function, keras_factory, keras_file, torch_factory
+from parity.model.values import ONNX_ELEMENT_TYPES
 from parity.platform.errors import one_line
 from parity.platform.safefs import read_npz
 
@@ -323,7 +324,15 @@ def _inspect_onnx(reference, root, given: dict):
         if kind is not None and not kind.startswith("unsupported: "):
             containers["outputs"][output.name] = {"kind": kind}  # its length or presence is the golden data's
             continue
-        if kind is None and output.type.tensor_type.elem_type != 0:
+        elem_type = output.type.tensor_type.elem_type if kind is None else 0
+        if elem_type > max(ONNX_ELEMENT_TYPES.values()):  # uint2 (25), int2, float6 ...: no golden form
+            import onnx
+
+            raise UserModelError(
+                f"{reference}: output {output.name!r} is a {onnx.TensorProto.DataType.Name(elem_type).lower()} "
+                f"tensor; parity does not read 2-bit integer (int2, uint2) or 6-bit float outputs yet"
+            )
+        if kind is None and elem_type != 0:
             continue
         what = "a tensor of no element type" if kind is None else kind[len("unsupported: ") :]
         raise UserModelError(

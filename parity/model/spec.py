@@ -18,6 +18,7 @@ Canonical conventions (framework-neutral, what golden data is stored in):
 from __future__ import annotations
 
 import fnmatch
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,27 +54,39 @@ LAYER_KINDS = (
 
 @dataclass(frozen=True)
 class Tolerance:
-    """Closeness test ``|actual - golden| <= atol + rtol * |golden|`` (numpy.allclose semantics)."""
+    """Closeness test ``|actual - golden| <= atol + rtol * |golden|`` (numpy.allclose semantics); ``scaled`` adds
+    that fraction of the tensor's largest golden magnitude to every element's allowance (a bound relative to the
+    tensor's scale, as float32 rounding is: the noise floor's bound, ``parity.check.noise_floor``)."""
 
     atol: float
     rtol: float
+    scaled: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"atol": self.atol, "rtol": self.rtol}
+        return {"atol": self.atol, "rtol": self.rtol, **({"scaled": self.scaled} if self.scaled else {})}
 
 
 @dataclass(frozen=True)
 class Tolerances:
-    """A default tolerance and per-name overrides (an output name or a parameter name)."""
+    """A default tolerance and per-name overrides (an output name or a parameter name).
+
+    ``floor``: fp32 outputs only, derived from the model's float32 noise floor that ``parity golden build``
+    measures: each measured output at ``floor`` times it, the overrides as declared, ``default`` where no floor
+    could be measured (``parity.model.user.resolve_floor``, which a user model's golden data applies)."""
 
     default: Tolerance
     overrides: dict[str, Tolerance] = field(default_factory=dict)
+    floor: float = 0.0
 
     def for_name(self, name: str) -> Tolerance:
         return self.overrides.get(name, self.default)
 
     def to_json(self) -> dict[str, Any]:
-        return {"default": self.default.to_json(), "overrides": {k: v.to_json() for k, v in self.overrides.items()}}
+        return {
+            "default": self.default.to_json(),
+            "overrides": {k: v.to_json() for k, v in self.overrides.items()},
+            **({"floor": self.floor} if self.floor else {}),
+        }
 
 
 INPUT_DTYPES = (
@@ -551,6 +564,12 @@ class ModelSpec:
                 raise ValueError(f"unknown precision {precision!r} in tolerances; known: {PRECISIONS}")
         if "fp32" not in self.tolerances or "fp32" not in self.grad_tolerances:
             raise ValueError("tolerances and grad_tolerances need an 'fp32' entry")
+        floored = [p for p, t in self.tolerances.items() if t.floor and p != "fp32"]
+        floored += [f"gradients {p}" for p, t in self.grad_tolerances.items() if t.floor]
+        if floored:
+            raise ValueError(f"floor= derives fp32 output tolerances only, not {', '.join(floored)}")
+        if any(not (math.isfinite(t.floor) and t.floor >= 0) for t in self.tolerances.values()):
+            raise ValueError("floor= is a factor of the float32 noise floor: a finite positive number")
         if any(not isinstance(b, int) or b < 1 for b in self.timed_batch_sizes):
             raise ValueError(f"bench_batch_sizes must be positive integers, not {self.bench_batch_sizes!r}")
         if len(set(self.taps)) != len(self.taps):

@@ -24,7 +24,7 @@ import importlib.util
 import inspect
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -197,28 +197,11 @@ def keras_factory(reference: str, root: str | Path):
 
 
 def _keras_in_dtype(keras, model, dtype: str):
-    """The same architecture built with every layer (inputs too) in ``dtype``; weights copied and cast."""
+    """The same architecture built with every layer (inputs too) in ``dtype``; weights copied and cast, each under
+    the full path it has in ``model`` (``parity.model.keras_dtype``)."""
+    from parity.model.keras_dtype import rebuilt_in_dtype
 
-    def rewrite(node):
-        if isinstance(node, dict):
-            if node.get("class_name") == "DTypePolicy" and isinstance(node.get("config"), dict):
-                return {**node, "config": {**node["config"], "name": dtype}}
-            return {
-                key: (
-                    dtype
-                    if key == "dtype" and isinstance(value, str) and value.startswith(("float", "bfloat"))
-                    else rewrite(value)
-                )
-                for key, value in node.items()
-            }
-        if isinstance(node, list):
-            return [rewrite(item) for item in node]
-        return node
-
-    config = keras.saving.serialize_keras_object(model)
-    clone = keras.saving.deserialize_keras_object(rewrite(config))
-    clone.set_weights([w.astype(dtype) if w.dtype.kind == "f" else w for w in model.get_weights()])
-    return clone
+    return rebuilt_in_dtype(keras, model, dtype)
 
 
 def jax_function(reference: str, params_file: str, root: str | Path):
@@ -289,8 +272,64 @@ def attach_golden(spec, golden_dir: Path) -> None:
         return
     arrays = manifest["files"]["weights.npz"]["arrays"]
     spec.params = native_params({name: a["shape"] for name, a in arrays.items()}, manifest.get("params", {}))
+    resolve_floor(spec, recorded_floor(manifest, path, spec))
     widen_tolerances(spec, checked_tolerance_factor(manifest, path))
     widen_for_given(spec, (manifest.get("reference") or {}).get("given_vs_reference_max_abs"))
+
+
+def float32_floor(max_abs: float, scale: float) -> float:
+    """The float32 noise floor of one output: the float32 model's largest error against the float64 reference,
+    at least one float32 epsilon of the output's largest magnitude ``scale`` (an exact float32 result still
+    rounds), and at least float32's smallest normal number (an all-zero output)."""
+    from parity.platform.precision import DTYPE_EPS, DTYPE_MIN_NORMAL
+
+    return max(max_abs, DTYPE_EPS["float32"] * scale, DTYPE_MIN_NORMAL["float32"])
+
+
+def recorded_floor(manifest: dict, path: Path, spec) -> dict | None:
+    """The float32 floor the golden build measured (``{output: {"max_abs", "scale"}}``), None where it measured
+    none (a float32 reference, a float32 run that failed); a ``GoldenError`` where the spec derives tolerances from
+    a floor that golden data built before floors were measured lacks."""
+    from parity.model.manifest import rebuild_hint
+    from parity.platform.errors import GoldenError
+
+    reference = manifest.get("reference") or {}
+    if "float32_floor" not in reference and any(t.floor for t in spec.tolerances.values()):
+        raise GoldenError(
+            f"{path}: the spec derives its tolerances from the float32 noise floor (floor=), which this golden "
+            f"data does not record; {rebuild_hint(Path(path).parent.name)}"
+        )
+    return reference.get("float32_floor")
+
+
+def resolve_floor(spec, floors: dict | None) -> None:
+    """Replace tolerances declared as ``floor`` times the float32 noise floor (``Tolerances.floor``) by numbers:
+    each output with a measured floor ``f`` (``float32_floor``) at atol ``floor·f`` and rtol ``floor`` float32
+    epsilons, unless the spec overrides it by name (a declared tolerance wins); outputs without one at the declared
+    default. The default, which every tap of a diagnosis is compared at, becomes ``floor`` times the largest
+    floor relative to its output's scale, of each tensor's own scale (``Tolerance.scaled``): float32 arithmetic
+    costs each tensor about the same fraction of its size wherever it sits in the model."""
+    from parity.model.spec import Tolerance, Tolerances
+    from parity.platform.precision import DTYPE_EPS, DTYPE_MIN_NORMAL
+
+    eps = DTYPE_EPS["float32"]
+    measured = {
+        name: (float32_floor(f["max_abs"], f["scale"]), f["scale"])
+        for name, f in (floors or {}).items()
+        if name in spec.outputs
+    }
+
+    def resolve(t: Tolerances) -> Tolerances:
+        if not t.floor or not measured:
+            return replace(t, floor=0.0)
+        factor = t.floor
+        overrides = {name: t.default for name in spec.outputs if name not in measured}
+        overrides.update({name: Tolerance(factor * f, factor * eps) for name, (f, _scale) in measured.items()})
+        overrides.update(t.overrides)
+        relative = max(f / scale if scale > 0 else eps for f, scale in measured.values())
+        return Tolerances(Tolerance(DTYPE_MIN_NORMAL["float32"], factor * eps, factor * relative), overrides)
+
+    spec.tolerances = {p: resolve(t) for p, t in spec.tolerances.items()}
 
 
 def tolerance_factor(reference_dtype: str) -> float:
@@ -305,16 +344,17 @@ def widen_for_given(spec, distance: float | None) -> None:
     """Add the given outputs' measured distance from the reference to every output atol (not the gradients'), up
     to that atol: float32 rounding of the given outputs is allowed for, a departure beyond what float32 explains is
     not (a path agreeing with the reference then fails against them, as it should)."""
-    from parity.model.spec import Tolerance, Tolerances
+    from parity.model.spec import Tolerance
 
     if not distance:
         return
 
     def add(t: Tolerance) -> Tolerance:
-        return Tolerance(t.atol + min(distance, t.atol), t.rtol)
+        return replace(t, atol=t.atol + min(distance, t.atol))
 
     spec.tolerances = {
-        p: Tolerances(add(t.default), {k: add(v) for k, v in t.overrides.items()}) for p, t in spec.tolerances.items()
+        p: replace(t, default=add(t.default), overrides={k: add(v) for k, v in t.overrides.items()})
+        for p, t in spec.tolerances.items()
     }
 
 
@@ -360,13 +400,13 @@ def native_params(shapes: dict, params: dict) -> dict:
 
 def widen_tolerances(spec, factor: float) -> None:
     """Multiply every tolerance of ``spec`` (outputs and gradients, defaults and overrides) by ``factor``."""
-    from parity.model.spec import Tolerance, Tolerances
+    from parity.model.spec import Tolerances
 
     def widen(t: Tolerances) -> Tolerances:
         def scale(tol):
-            return Tolerance(tol.atol * factor, tol.rtol * factor)
+            return replace(tol, atol=tol.atol * factor, rtol=tol.rtol * factor, scaled=tol.scaled * factor)
 
-        return Tolerances(scale(t.default), {k: scale(v) for k, v in t.overrides.items()})
+        return replace(t, default=scale(t.default), overrides={k: scale(v) for k, v in t.overrides.items()})
 
     if factor != 1:
         spec.tolerances = {p: widen(t) for p, t in spec.tolerances.items()}

@@ -14,6 +14,7 @@ import re
 import shutil
 import tempfile
 import time
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,7 +60,7 @@ class Request:
     device: str = "cpu"
     precision: str = "fp32"
     threads: int | None = None  # None: parity.platform.env.default_threads()
-    timeout_s: float = 300.0
+    timeout_s: float | None = None  # None: scaled with each model's weights (run.watch)
     use_cache: bool = True
     diagnose: str | None = "failing"
     workspace: str | None = None  # None: a temporary folder, removed afterwards
@@ -90,8 +91,9 @@ def case_of(model: Path, label: str | None = None, opset: int | None = None, nam
 def model_name(label: str, opset: int | None = None) -> str:
     """A model name for a case: its label as an identifier (``test_add``; ``model.onnx`` -> ``model``), with
     ``_o<opset>`` where it is converted."""
-    name = re.sub(r"\W", "_", label.removesuffix(".onnx"))[:60]
-    if not name or not name[0].isalpha() or keyword.iskeyword(name):
+    stem = unicodedata.normalize("NFC", label.removesuffix(".onnx"))
+    name = "".join(c if f"a{c}".isidentifier() else "_" for c in stem)[:60]  # 模型 stays, as Python takes it
+    if not name or not name.isidentifier() or name[0] == "_" or keyword.iskeyword(name):
         name = f"m_{name}"[:60]  # a name starting with a digit or _ is no model name (parity init refuses it)
     return name + (f"_o{opset}" if opset else "")
 
@@ -216,8 +218,10 @@ def check(
             shutil.rmtree(root, ignore_errors=True)
     report["cases"] = [_case_entry(o) for o in outcomes]
     code = exit_code(report)
-    show(report)
-    jobs.write_results(report, request.json_file, None, notice, junit_file=request.junit_file)
+    try:
+        show(report)
+    finally:  # the files are every case's results: a table the terminal cannot show costs none of them
+        jobs.write_results(report, request.json_file, None, notice, junit_file=request.junit_file)
     why = outcome.nothing_checked(report)
     if why:
         notice(f"error: {why}")

@@ -87,7 +87,7 @@ class CheckRequest:
     device: str = "cpu"
     precision: str = "fp32"
     threads: int = 1
-    timeout_s: float = 300.0
+    timeout_s: float | None = None  # each task's wall-clock limit; None: scaled with the model's weights
     use_cache: bool = True
     timing: BenchOptions | None = None
     diagnose: str | None = "failing"
@@ -483,7 +483,7 @@ def repro(
     force: bool,
     precision: str,
     threads: int,
-    timeout_s: float,
+    timeout_s: float | None,
     command: str,
     progress=_quiet,
     notice=_quiet,
@@ -502,7 +502,7 @@ def repro(
     from parity.platform.env import environment
     from parity.platform.precision import parse_device
     from parity.platform.safefs import check_folder_target
-    from parity.run import paths
+    from parity.run import paths, watch
     from parity.run.worker import TaskFailed, WorkerPool
 
     out = check_folder_target(out_dir, "--out")  # links followed; a file in the way refused before any work
@@ -550,9 +550,9 @@ def repro(
             else f"nothing to reduce: the diagnosis of {where} names no link that a graph could reproduce"
         )
     spec = ws.load_spec(model)
-    with WorkerPool(threads, cache_root() / "logs", timeout_s) as pool:
+    manifest = golden.verify(ws.golden_dir(model), spec)
+    with WorkerPool(threads, cache_root() / "logs", timeout_s) as pool, pool.for_model(watch.weights_bytes(manifest)):
         run = orchestrate.Run(ws, options)
-        manifest = golden.verify(ws.golden_dir(model), spec)
         run._identify(pool, [(spec, manifest, path, None)])  # the export is keyed on the weights, as check keys it
         artifact = run._export(pool, spec, manifest, path, len(path.exports) - 1)
         leaf = {}

@@ -18,6 +18,7 @@ from parity import __version__
 from parity.golden import store as golden
 from parity.model import identity
 from parity.pipeline.background import Background
+from parity.pipeline.int8_key import int8_parts
 from parity.pipeline.outcome import apply_expectation
 from parity.platform import devices
 from parity.platform import precision as precision_lib
@@ -26,7 +27,7 @@ from parity.platform.env import environment
 from parity.platform.errors import GoldenError, SpecError, UsageError, one_line
 from parity.platform.packages import installed, normalized
 from parity.platform.safefs import owned_tempdir, sha256_file, sweep
-from parity.run import paths, provenance
+from parity.run import paths, provenance, watch
 from parity.run.cache import META_FILE, ExportCache, content_key
 from parity.run.worker import TaskFailed, WorkerPool, running_first
 
@@ -46,7 +47,7 @@ class Options:
     patterns: tuple[str, ...] = ()
     precision: str = "fp32"  # one of parity.platform.precision.PRECISIONS
     device: str = "cpu"  # "cpu" or "cuda:N" (parity.platform.precision.parse_device)
-    timeout_s: float = 300.0
+    timeout_s: float | None = None  # each task's wall-clock limit; None: scaled with the model's weights
     use_cache: bool = True
     timing: BenchOptions | None = None
     diagnose: str | None = "failing"  # diagnose layer by layer: "failing" paths, "all" selected paths, or None
@@ -120,7 +121,9 @@ class Run:
         self.cache = ExportCache(self._scratch or cache_root(), notice=self.progress)
         self.exports: dict[str, dict] = {}  # chain key -> {"dir", "meta", "cached"} or {"error", "cached"}
         self.specs: dict = {}
+        self.weights: dict[str, int] = {}  # model -> bytes of its weights (a task's default wall-clock limit)
         self.identities: dict[str, dict | None] = {}  # user model -> its weights digest and code now (model_identity)
+        self.calibrations: dict[str, dict] = {}  # model -> the digest of its int8 calibration rows (int8_key)
         self.host: dict | None = None  # the host audit of a timed run
 
     def progress(self, message: str, step: int | None = None, steps: int | None = None) -> None:
@@ -146,6 +149,7 @@ class Run:
                 continue
             self._check_batch_sizes(spec, manifest)
             self.specs[name] = spec
+            self.weights[name] = watch.weights_bytes(manifest)
             selected = paths.select(self.options.patterns, spec.frameworks, self.options.device, self.options.precision)
             matched = matched or bool(selected)
             for path in selected:
@@ -224,13 +228,17 @@ class Run:
         parts, slot = self._key_parts(spec, manifest, path, depth, batch_size)
         # the artifact it is made from, by content: an export made again makes everything after it again
         parts["parent"] = sha256_file(Path(parent["dir"]) / META_FILE) if parent else None
+        quantizer = int8_parts(pool, self.workspace, spec, path.exports[: depth + 1], self.calibrations)
+        if quantizer is not None:  # an int8 model: the rows it calibrates on and the quantizer's settings
+            parts["quantizer"] = quantizer
         key = content_key(parts)
         if key in self.exports:
             return self.exports[key]
         step = path.exports[depth]
-        lock = self.cache.lock(key, timeout_s=self.options.timeout_s + 60)
+        wall_s = watch.limits(self.options.timeout_s, self.weights.get(spec.name)).wall_s
+        lock = self.cache.lock(key, timeout_s=wall_s + 60)
         try:
-            with lock:
+            with lock, self.sized(pool, spec):
                 entry = self._export_locked(
                     pool, spec, path, depth, key, step, parent, batch_size, parts, slot, at_step
                 )
@@ -341,6 +349,7 @@ class Run:
         pending = []
         for spec, manifest, path in plan:
             result = _result_skeleton(spec.name, path, spec.batch_size)
+            result["reference_fallback"] = golden.reference_fallback(manifest)  # a float32 reference, said per path
             self.results.append(result)
             reason = paths.unavailable_reason(path)
             if reason:
@@ -382,6 +391,7 @@ class Run:
             self._guarded(spec, self._check, pool, spec, manifest, path, result, step=(k, len(order)))
             result["check_s"] = round(time.perf_counter() - checking, 4)
         self._stage("check", started)
+        self._floors(pool, order)
         if self.options.diagnose:
             started = time.perf_counter()
             for spec, manifest, path, result in order:
@@ -395,18 +405,55 @@ class Run:
                 apply_expectation(self.specs[result["model"]], result)
         return order
 
-    def _guarded(self, spec, call, *args, **kwargs) -> None:
-        """``call(*args, **kwargs)`` unless a worker has refused ``spec``'s golden arrays; a refusal now (a golden
-        file whose arrays do not match its verified manifest) is the model's error, said once."""
+    def sized(self, pool, spec):
+        """``pool``'s tasks, in this block, work on ``spec``'s model: where no timeout was given, their wall-clock
+        limit grows with its weights."""
+        return pool.for_model(self.weights.get(spec.name))
+
+    def _guarded(self, spec, call, pool, *args, **kwargs) -> None:
+        """``call(pool, *args, **kwargs)`` unless a worker has refused ``spec``'s golden arrays; a refusal now (a
+        golden file whose arrays do not match its verified manifest) is the model's error, said once."""
         if spec.name in self.refused:
             return
         try:
-            call(*args, **kwargs)
+            with self.sized(pool, spec):
+                call(pool, *args, **kwargs)
         except TaskFailed as error:
             if error.kind != "golden":
                 raise
             self.refused.add(spec.name)
             self.model_errors.append({"model": spec.name, "reason": str(error)})
+
+    def _floors(self, pool, order) -> None:
+        """Each checked fp32 path against the float32 noise floor of its source (``parity.check.noise_floor``) into
+        ``result["noise_floor"]``: the source path's result in this run, or a check of it made for the floor alone
+        (not a result of the run)."""
+        from parity.check import noise_floor
+
+        measured: dict[tuple, dict] = {}
+        for spec, manifest, path, result in order:
+            if spec.name in self.refused or not noise_floor.judged(result, path):
+                continue
+            source = paths.by_id(path.definition, path.device if path.definition in paths.NATIVE else "cpu", "fp32")
+            key = (spec.name, source.id, source.device)
+            if key not in measured:
+                found = next(
+                    (
+                        r
+                        for s, _, p, r in order
+                        if s.name == spec.name and (p.id, p.device, p.precision) == (source.id, source.device, "fp32")
+                    ),
+                    None,
+                )
+                if found is None:
+                    found = _result_skeleton(spec.name, source, spec.batch_size)
+                    self.progress(f"{spec.name}: the float32 noise floor ({source.id})")
+                    self._guarded(spec, self._check, pool, spec, manifest, source, found)
+                measured[key] = found
+            if measured[key].get("verdict") in ("pass", "fail"):
+                judged = noise_floor.judge(result, measured[key], source.id)
+                if judged is not None:
+                    result["noise_floor"] = judged
 
     def close(self) -> None:
         """Remove the scratch export folder of a ``--no-cache`` run (the run's results stay)."""
@@ -423,12 +470,13 @@ class Run:
         }.items():
             self.progress(f"{name}: reading the model's weights")
             try:
-                now = pool.call(
-                    spec.frameworks[0],
-                    "parity.model.identity:model_identity",
-                    workspace=str(self.workspace.root),
-                    model=name,
-                )
+                with self.sized(pool, spec):
+                    now = pool.call(
+                        spec.frameworks[0],
+                        "parity.model.identity:model_identity",
+                        workspace=str(self.workspace.root),
+                        model=name,
+                    )
                 changed = identity.changes(name, manifest.get("built_from"), now)
             except TaskFailed as error:  # the checks say why it does not build; here, that it was not compared
                 now, changed = None, identity.not_compared(str(error))
@@ -529,8 +577,22 @@ class Run:
                 return
             failing = [name for name, stats in (result.get("outputs") or {}).items() if not stats["ok"]]
             eval_only = not failing and any(not s["ok"] for s in (result.get("eval_outputs") or {}).values())
+            floor, bound = result.get("noise_floor") or {}, None
+            if result["verdict"] == "pass" and floor.get("noisier"):  # at the floor's bound, as a failure at its own
+                from parity.check import noise_floor
+
+                bound = noise_floor.bound(spec, path.precision, floor).to_json()
+                failing = [name for name, ratio in floor["outputs"].items() if ratio > floor["factor"]]
+                eval_only = False
             result["diagnosis"] = chain.diagnose(
-                self, pool, spec, manifest, path, failing=failing, split="eval" if eval_only else "inputs"
+                self,
+                pool,
+                spec,
+                manifest,
+                path,
+                failing=failing,
+                split="eval" if eval_only else "inputs",
+                **({"tolerances": bound} if bound else {}),
             )
         except Exception as error:  # noqa: BLE001 - a diagnosis that breaks must not cost the run its results
             reason = one_line(f"{type(error).__name__}: {error}", 300)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import keyword
 import re
+import unicodedata
 from pathlib import Path
 
 import numpy as np
@@ -91,10 +92,21 @@ def parse_axis(text: str) -> tuple[str, int]:
     return match.group(1), int(match.group(2))
 
 
+def is_model_name(name: str) -> bool:
+    """Whether ``name`` is a Python identifier of at most 64 characters and no keyword, as Python takes them
+    (``模型`` too), in Unicode's composed form (NFC: the form ``SPEC.name`` and its file's name compare equal in)."""
+    return (
+        name.isidentifier()
+        and len(name) <= 64
+        and not keyword.iskeyword(name)
+        and unicodedata.normalize("NFC", name) == name
+    )
+
+
 def check_name(name: str) -> None:
     """Refuse a model name that is no Python identifier, or that starts with _: ``models/_*.py`` (``__init__.py``
     among them) are helper modules, never listed or loaded as models, so every later command would refuse it."""
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", name) or keyword.iskeyword(name):
+    if not is_model_name(name):
         raise UsageError(f"model name {name!r} must be a Python identifier (letters, digits, _), like resnet18")
     if name.startswith("_"):
         raise UsageError(
@@ -122,7 +134,7 @@ def workspace_reference(reference: str, root: Path) -> str:
 
 
 def init(
-    root: Path, request: Request, force: bool, threads: int, timeout_s: float = 600.0, pool=None
+    root: Path, request: Request, force: bool, threads: int, timeout_s: float | None = None, pool=None
 ) -> tuple[Path, dict]:
     """Look at the model in a worker and write its spec; returns the file written and what was found. ``pool``: a
     ``WorkerPool`` the caller holds and shares with other work (default: one of its own for this call)."""
@@ -319,7 +331,13 @@ def _check_axes(request: Request) -> None:
 
 
 def check_batched(name: str, shape, source: str) -> None:
-    """Refuse an input without a batch axis (a 0-d scalar): parity's inputs are batch first."""
+    """Refuse an input without a batch axis (a 0-d scalar) or without a sample (no rows): parity's inputs are batch
+    first, and a check, a metric and a timing each need at least one sample."""
+    if len(shape) and shape[0] == 0:
+        raise UsageError(
+            f"input {name!r} of {source} has no rows (shape {tuple(shape)}); parity checks a batch of at least "
+            f"one sample: give it one or more"
+        )
     if len(shape) == 0:
         raise UsageError(
             f"input {name!r} of {source} is a scalar (shape ()); parity checks inputs with a batch axis "
@@ -391,7 +409,8 @@ def _onnx_inputs(request: Request, graph: dict) -> Request:
                 f"{request.reference}: input {name!r} is a {g['dtype']} tensor; parity feeds "
                 f"{', '.join(INPUT_DTYPES)} tensors"
             )
-        # a graph with sequences or optionals is taken whole, as its data gives it: they have no batch axis
-        batched = bool(graph_shape) and graph_shape[0] is None and not graph.get("containers")
+        # a graph with sequences or optionals is taken whole, as its data gives it: they have no batch axis; so is
+        # an empty tensor its data gives (shape (0,): a value, not a batch of no samples)
+        batched = bool(graph_shape) and graph_shape[0] is None and not graph.get("containers") and shape[0] != 0
         decls.append(InputDecl(name, tuple(shape), g["dtype"], decl.values if decl else None, batched))
     return _with(request, inputs=tuple(decls))

@@ -9,11 +9,13 @@ from pathlib import Path
 
 import numpy as np
 
+from parity.check import noise_floor
 from parity.model import values as value_kinds
 from parity.platform.errors import UsageError
 from parity.platform.safefs import write_text_atomic
 
-DEFAULT_TOLERANCE = (1e-4, 1e-4)  # atol, rtol of outputs; a float32 model against its float64 reference
+DEFAULT_TOLERANCE = (1e-4, 1e-4)  # atol, rtol of outputs where no float32 noise floor is measured
+FLOOR_FACTOR = noise_floor.FACTOR  # outputs: this many times the float32 noise floor, the factor a path is flagged at
 DEFAULT_GRAD_TOLERANCE = (1e-5, 1e-3)
 BUILDERS = {"torch": "torch_factory", "tf": "keras_file", "jax": "jax_function", "onnx": None}
 # a known converter limit, declared as the zoo declares it (see models/mlp.py)
@@ -57,6 +59,7 @@ class Request:
     opset: int | None = None  # onnx: convert the file to this opset first (onnx.version_converter)
     converted_from: str | None = None  # onnx: the file and opset the converted one was made from
     tolerance: tuple[float, float] = DEFAULT_TOLERANCE  # atol, rtol of the outputs
+    floor: float = FLOOR_FACTOR  # outputs at this many times their float32 noise floor; 0: at ``tolerance``
     builder: str | None = None  # the builder helper (default: the kind's own, e.g. keras_file for tf)
 
     def concrete(self, decl: InputDecl) -> tuple[int, ...]:
@@ -81,10 +84,27 @@ class Request:
 def _py(value) -> str:
     """A Python literal with double-quoted strings (the style of the zoo's model files)."""
     if isinstance(value, str):
-        return json.dumps(value)
+        return _string(value)
     if isinstance(value, tuple):
         return "(" + ", ".join(_py(v) for v in value) + ("," if len(value) == 1 else "") + ")"
     return repr(value)
+
+
+def _string(text: str) -> str:
+    """``text`` as a double-quoted Python literal that reads back as ``text``: printable characters as they are
+    (an emoji too, written as UTF-8, never as a pair of surrogate escapes, which Python reads as two characters),
+    others escaped (a lone surrogate, from a file name that is no UTF-8, as ``\\udcXX``, which ``os.fsencode``
+    turns back into the name's byte)."""
+    out = []
+    for char in text:
+        code = ord(char)
+        if char in '"\\':
+            out.append("\\" + char)
+        elif char.isprintable():
+            out.append(char)
+        else:
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+    return '"' + "".join(out) + '"'
 
 
 def render(request: Request, info: dict) -> str:
@@ -117,7 +137,7 @@ def render(request: Request, info: dict) -> str:
     else:
         input_lines = ["    input=(", *[f"        {text}," for text in specs], "    ),"]
     lines = [
-        f'"""{request.name}: a {kind} model ({request.reference}), written by `parity init`; edit freely.',
+        f'"""{request.name}: a {kind} model ({_string(request.reference)[1:-1]}), written by `parity init`; edit freely.',
         "",
         f"Check it with `parity golden build --model {request.name}`, then `parity run --model {request.name}`.",
         "Build the golden data again after changing the model, its inputs or its weights.",
@@ -158,7 +178,7 @@ def render(request: Request, info: dict) -> str:
         "    # the diagnosis also descends the model's own tree (every module); tree_skip=(...) names modules it leaves out",
         *_layer_lines(layers),
         *([f"    expected_errors={{{_py(JAX_TF_ONNX[0])}: {_py(JAX_TF_ONNX[1])}}},"] if kind == "jax" else []),
-        f'    tolerances={{"fp32": Tolerances(Tolerance(atol={request.tolerance[0]:g}, rtol={request.tolerance[1]:g}))}},',
+        *_tolerance_lines(request),
         (
             f'    grad_tolerances={{"fp32": Tolerances(Tolerance(atol={DEFAULT_GRAD_TOLERANCE[0]:g}, '
             f"rtol={DEFAULT_GRAD_TOLERANCE[1]:g}))}},"
@@ -167,6 +187,21 @@ def render(request: Request, info: dict) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _tolerance_lines(request: Request) -> list[str]:
+    """``tolerances=``: the outputs at ``request.floor`` times their float32 noise floor (said in a comment), the
+    numbers of ``request.tolerance`` where none is measured; or at those numbers alone (``floor`` 0)."""
+    numbers = f"Tolerance(atol={request.tolerance[0]:g}, rtol={request.tolerance[1]:g})"
+    if not request.floor:
+        return [f'    tolerances={{"fp32": Tolerances({numbers})}},']
+    factor = f"{request.floor:g}"
+    return [
+        f"    # fp32 outputs: each {factor}x its float32 noise floor, which `parity golden build` measures (the model in",
+        f"    # float32 against its float64 reference: atol {factor}x its largest error, rtol {factor} float32 epsilons);",
+        "    # the numbers where none is measured. Without floor=, the numbers are the tolerance.",
+        f'    tolerances={{"fp32": Tolerances({numbers}, floor={factor})}},',
+    ]
 
 
 def _input_spec(decl: InputDecl) -> str:

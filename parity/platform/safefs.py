@@ -43,6 +43,21 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def umask() -> int:
+    """This process's umask, read without changing it (``/proc/self/status`` on Linux; elsewhere set and put back at
+    once, as ``os.umask`` alone can tell it)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_json_atomic(path: Path, data) -> None:
     """Write ``data`` as JSON to a temporary file beside ``path``, fsync, then rename over it."""
     write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, allow_nan=False) + "\n")
@@ -69,7 +84,7 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, 0o666 & ~umask())  # mkstemp made it 0600: the mode open() would give it
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -306,7 +321,7 @@ def replace_dir(new: Path, target: Path) -> None:
     the old contents). Only on a file system without an atomic exchange is there a moment
     without ``target``; the old folder then waits in an owned folder that ``sweep`` knows.
     """
-    os.chmod(new, 0o755)
+    os.chmod(new, 0o777 & ~umask())  # mkdtemp made it 0700: the mode mkdir would give it
     if not target.exists():
         try:
             os.rename(new, target)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 import textwrap
 
+from parity.report.escape import visible
 from parity.report.junit import case_name, first_divergence
 from parity.report.terminal import UNEXPECTED, WRAP, _duration, _label, _reason, _short, _table
 
@@ -60,7 +61,7 @@ def render(report: dict, verbose: bool = False) -> str:
                 break_long_words=False,
                 break_on_hyphens=False,
             )
-    return "\n".join(lines + ["", summary(report)])
+    return visible("\n".join(lines + ["", summary(report)]))
 
 
 def summary(report: dict) -> str:

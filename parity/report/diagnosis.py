@@ -6,6 +6,7 @@ from __future__ import annotations
 import textwrap
 
 from parity.diagnose.descend import display, relative
+from parity.report.escape import visible
 from parity.report.terminal import WRAP, _table
 
 MARK = ">"  # marks the first divergent tap's row
@@ -162,7 +163,10 @@ def render(d: dict) -> str:
             ]
         )
     tol = d["tolerance"]
-    lines = [f"{header} (tap tolerance atol {tol['atol']:g}, rtol {tol['rtol']:g}; {MARK} first divergent tap)"]
+    judged = f"atol {tol['atol']:g}, rtol {tol['rtol']:g}"
+    if tol.get("scaled"):  # a passing path far above the float32 floor, diagnosed at the floor's bound
+        judged = f"{tol['scaled']:.3g} of each tensor's largest magnitude, the float32 floor's bound"
+    lines = [f"{header} (tap tolerance {judged}; {MARK} first divergent tap)"]
     if d["taps"]:
         columns = [
             ("", "left"),
@@ -207,4 +211,4 @@ def render(d: dict) -> str:
 def render_all(report: dict) -> str:
     """Every diagnosis of a report, separated by blank lines ('' when there is none)."""
     blocks = [render(r["diagnosis"]) for r in report["results"] if r.get("diagnosis")]
-    return "\n\n".join(blocks)
+    return visible("\n\n".join(blocks))

@@ -148,6 +148,11 @@ def recipe(result: dict) -> str | None:
     ]
     if q.get("kept_float"):
         parts.append(f"kept in float: {', '.join(q['kept_float'])}")
+    cpu = q.get("int8_cpu")
+    if isinstance(cpu, dict):  # ONNX Runtime: the int8 kernel it was quantized for, and the setting that follows
+        parts.append(
+            f"{'reduce_range (7-bit weights)' if q.get('reduce_range') else 'full 8-bit weights'} for {cpu.get('kind')}"
+        )
     if export.get("calibration_data"):
         parts.append(f"calibrated on {export['calibration_data']}")
     return "; ".join(str(p) for p in parts)

@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from parity.report import quantized
+from parity.report.escape import visible
 
 VERDICT_LABELS = {"pass": "pass", "fail": "FAIL", "error": "ERROR", "skip": "skip"}
 UNEXPECTED = ("FAIL", "ERROR", "XPASS")  # their full reasons are always listed
@@ -119,7 +120,7 @@ def _table(columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[object]])
     for name, justify in columns:
         table.add_column(name, justify=cast("JustifyMethod", justify), no_wrap=True)  # "left" or "right"
     for row in rows:
-        table.add_row(*(Text(str(cell)) for cell in row))  # Text: no markup parsing of "[...]"
+        table.add_row(*(Text(visible(str(cell))) for cell in row))  # Text: no markup parsing of "[...]"
     text = io.StringIO()
     console = Console(
         file=text, width=WIDTH, color_system=None, force_terminal=False, markup=False, highlight=False, emoji=False
@@ -138,7 +139,7 @@ def _wrapped(ref: int, result: dict, reason: str) -> list[str]:
     first = f"  [{ref}] {result['model']} {result['path']} ({_label(result)}): "
     indent = " " * (len(str(ref)) + 5)
     lines: list[str] = []
-    for paragraph in reason.splitlines():
+    for paragraph in visible(reason).splitlines():
         lines += textwrap.wrap(
             paragraph,
             WRAP,
@@ -211,6 +212,23 @@ def dtype_tolerances(results: list[dict]) -> list[str]:
     return ["", "Tolerances by output dtype"] + lines if lines else []
 
 
+def noisier(results: list[dict]) -> list[str]:
+    """One line per passing path far noisier than the model's float32 floor (``parity.check.noise_floor``)."""
+    from parity.check import noise_floor
+
+    found = [text for r in results if (text := noise_floor.line(r))]
+    return (
+        [""]
+        + [
+            line
+            for text in found
+            for line in textwrap.wrap(text, WRAP, subsequent_indent="    ", break_on_hyphens=False)
+        ]
+        if found
+        else []
+    )
+
+
 def render(report: dict, timed: bool, verbose: bool = False) -> str:
     """The whole terminal report as text; ``timed`` adds the median ms column (``parity run``).
 
@@ -219,7 +237,7 @@ def render(report: dict, timed: bool, verbose: bool = False) -> str:
     """
     results = report["results"]
     if not results:
-        return "\n".join(summary_lines(report))
+        return visible("\n".join(summary_lines(report)))
     head = placement(results)
     listed = UNEXPECTED + (("xerror", "skip") if verbose else ())
     columns = [
@@ -250,6 +268,7 @@ def render(report: dict, timed: bool, verbose: bool = False) -> str:
     lines = [*head, _table(columns, rows), ""]
     lines += _legend(LEGEND + (_timing_legend(results) if timed else []) + VERDICT_LEGEND)
     lines += dtype_tolerances(results)
+    lines += noisier(results)
     if hidden:
         lines.append("  (…: reason shortened; --verbose lists xerror and skip reasons in full; --json has all)")
     if reasons:
@@ -286,7 +305,7 @@ def render(report: dict, timed: bool, verbose: bool = False) -> str:
                 subsequent_indent="    ",
             )
         ]
-    return "\n".join(lines + ["", *summary_lines(report)])
+    return visible("\n".join(lines + ["", *summary_lines(report)]))
 
 
 def render_paths(rows: list[dict]) -> str:
@@ -350,6 +369,12 @@ def summary_lines(report: dict) -> list[str]:
         lines.append(f"{problem['model']}: ERROR {problem['reason']}")
     changed = {r["model"]: r["golden_changed"]["message"] for r in report["results"] if r.get("golden_changed")}
     lines += [f"warning: {model}: {message}" for model, message in changed.items()]
+    fallbacks = {r["model"]: r["reference_fallback"] for r in report["results"] if r.get("reference_fallback")}
+    lines += [
+        f"warning: {model}: checked against a {f['dtype']} golden reference, not float64 ({f['reason']}); "
+        f"tolerances widened x{f['tolerance_factor']:g}"
+        for model, f in fallbacks.items()
+    ]
     for r in report["results"]:
         if (r.get("export") or {}).get("rebuilt"):
             lines.append(f"note: {r['model']} {r['path']}: exported again ({r['export']['rebuilt']})")

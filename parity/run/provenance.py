@@ -93,6 +93,7 @@ _GROUPS = (
     ("parity changed", ("parity", "parity_code")),
     ("versions changed", ("steps",)),
     ("the export it is made from was made again", ("parent",)),
+    ("the int8 calibration data or quantizer settings changed", ("quantizer",)),
 )
 
 

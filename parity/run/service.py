@@ -10,8 +10,15 @@ and a runtime again.
   its own work; it ends once no client has been connected and no worker of its has run for
   ``PARITY_WORKER_SERVICE_IDLE_S`` seconds (600). ``parity worker-service stop`` retires it at once.
 - **Versioned**: its socket is named by a key over parity's version and sources, the interpreter, the installed
-  packages (the modification times of the folders on ``sys.path``) and the environment; a client whose key
-  differs starts its own, and services beyond the newest ``MAX_SERVICES`` retire.
+  packages (the modification times of the folders on ``sys.path``), the environment and the process's context
+  (``context``); a client whose key differs starts its own, and services beyond the newest ``MAX_SERVICES`` retire.
+  A template one of whose imported files changed since its import is replaced (its running workers finish first).
+- **The client's sandbox and limits**: a worker inherits its template's namespaces, cgroup, resource limits, nice
+  value, umask and CPU affinity, which are the service's, so the service serves only a client whose own are the
+  same, as the kernel shows them (``/proc/<pid>`` of the ``SO_PEERCRED`` pid), checked at each fork; any other
+  client forks from templates of its own, as with the service off.
+- **Never waited on blindly**: every answer is bounded (a service busy starting a template says so every second); a
+  silent service (stopped, hung) is given up, and so is one that ends: a worker lost with it is rerun by its pool.
 - **One user's**: its folder (``$XDG_RUNTIME_DIR/parity``, else ``/tmp/parity-<uid>``) is owned by the user and
   closed to others, checked before every use, and the service refuses a client of another uid (``SO_PEERCRED``).
 - **Isolation kept**: a worker is a child of its template, not of its client, so it watches its client's pid and
@@ -27,7 +34,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import resource
 import socket
 import stat
 import struct
@@ -52,6 +61,13 @@ SHELL_VARIABLES = frozenset(
 )
 STALE_FILES_S = 86400.0  # logs and locks of services long gone are removed after this
 CONTROL_TIMEOUT_S = 2.0  # an answer to info or retire
+ANSWER_TIMEOUT_S = 5.0  # a client's wait for any message of the service's (an answer, or word that it works on one)
+BUSY_EVERY_S = 1.0  # how often the service says it still works on a request
+FORK_GRACE_S = 10.0  # a fork's answer: its template's import bound, and this
+NAMESPACES = ("net", "mnt", "pid", "pid_for_children", "user", "ipc", "uts", "cgroup", "time", "time_for_children")
+RLIMITS = sorted({getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_")})
+
+log = logging.getLogger(__name__)
 
 
 class Unavailable(Exception):
@@ -77,9 +93,50 @@ def folder() -> Path:
     return path
 
 
+def context(pid: int | str = "self") -> dict:
+    """What a worker inherits from the process its template was started by, for process ``pid`` (this one by
+    default) as the kernel shows it: namespaces, cgroups, resource limits, nice value, umask and CPU affinity.
+    ``OSError`` where another process's cannot be read."""
+    proc = Path("/proc") / str(pid)
+    spaces: dict[str, str | None] = {}
+    for name in NAMESPACES:
+        try:
+            spaces[name] = os.readlink(proc / "ns" / name)
+        except FileNotFoundError:  # a kind of namespace this kernel does not have
+            spaces[name] = None
+    number = 0 if pid == "self" else int(pid)
+    status = (proc / "status").read_text()
+    umask = next((line.split()[1] for line in status.splitlines() if line.startswith("Umask:")), None)
+    return {
+        "namespaces": spaces,
+        "cgroup": (proc / "cgroup").read_text(),
+        "rlimits": [list(resource.prlimit(number, limit)) for limit in RLIMITS],
+        "nice": os.getpriority(os.PRIO_PROCESS, number),
+        "umask": umask,
+        "affinity": sorted(os.sched_getaffinity(number)),
+    }
+
+
+def mismatch(theirs: dict, ours: dict) -> str | None:
+    """How a client's context (``theirs``) differs from the service's (``ours``), in words; None where it does not."""
+    for name in NAMESPACES:
+        if theirs["namespaces"].get(name) != ours["namespaces"].get(name):
+            return f"the client runs in another {name.replace('_for_children', '')} namespace"
+    if theirs["cgroup"] != ours["cgroup"]:
+        return "the client runs in another cgroup"
+    for limit, a, b in zip(RLIMITS, theirs["rlimits"], ours["rlimits"]):
+        if list(a) != list(b):
+            names = [n for n in dir(resource) if n.startswith("RLIMIT_") and getattr(resource, n) == limit]
+            return f"the client's {names[0] if names else limit} is {tuple(a)}, the service's {tuple(b)}"
+    for name in ("nice", "umask", "affinity"):
+        if theirs[name] != ours[name]:
+            return f"the client's {name} is {theirs[name]}, the service's {ours[name]}"
+    return None
+
+
 def key() -> str:
-    """What a template's imports depend on, hashed: parity's code, the interpreter, the installed packages and
-    the environment (the calling shell's bookkeeping variables aside)."""
+    """What a template's imports depend on, hashed: parity's code, the interpreter, the installed packages,
+    the environment (the calling shell's bookkeeping variables aside) and this process's context."""
     import parity
 
     package = Path(parity.__file__).parent
@@ -90,9 +147,7 @@ def key() -> str:
     from parity.platform.packages import path_stamps
 
     environment = sorted((k, v) for k, v in os.environ.items() if k not in SHELL_VARIABLES)
-    mask = os.umask(0o022)
-    os.umask(mask)
-    process = [sorted(os.sched_getaffinity(0)), mask]  # what a worker inherits from the service, not its client
+    process = context()  # what a worker inherits from the service, not its client
     text = json.dumps(
         [parity.__version__, str(package), sources, sys.executable, sys.version, path_stamps(), environment, process]
     )
@@ -143,7 +198,17 @@ def receive(sock: socket.socket) -> tuple[dict | None, list[int]]:
     return message, fds
 
 
+def is_socket(path: Path) -> bool:
+    """Whether ``path`` is a socket itself (not a link to one, nor a folder)."""
+    try:
+        return stat.S_ISSOCK(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 def _connect(path: Path) -> socket.socket | None:
+    if not is_socket(path):
+        return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(str(path))
@@ -162,7 +227,7 @@ class Client:
         self.folder = folder()
         self.lock = threading.Lock()
         self.started: subprocess.Popen | None = None
-        self.closed = False
+        self.closed = self.greeted = False
         try:
             self.key = key()
             self.path = self.folder / f"{self.key}.sock"
@@ -172,27 +237,50 @@ class Client:
         except OSError as error:  # a source file gone while it was listed, a log that cannot be opened
             raise Unavailable(f"the worker service: {error}") from None
 
-    def request(self, message: dict, fd: int | None = None) -> dict:
+    def request(self, message: dict, fd: int | None = None, within_s: float | None = None) -> dict:
+        """The service's answer to ``message``: within ``within_s`` seconds where given, and in any case with no
+        more than ``ANSWER_TIMEOUT_S`` of silence (a service at work on it says so); ``Unavailable`` otherwise, or
+        where it refuses this client (its first answer on a connection says whether it serves it)."""
         with self.lock:
             if self.closed:
                 raise Unavailable("the worker service was given up")
             try:
                 if self.sock is None:
                     self.sock = self._wait()
-                send(self.sock, message, fd)
-                answer, fds = receive(self.sock)
+                if not self.greeted:
+                    answer = self._exchange({"op": "hello"}, None, None)
+                    if "refused" in answer:
+                        raise Unavailable(f"the worker service does not serve this process: {answer['refused']}")
+                    self.greeted = True
+                answer = self._exchange(message, fd, within_s)
+                if "refused" in answer:
+                    raise Unavailable(f"the worker service does not serve this process: {answer['refused']}")
+                return answer
             except (OSError, ValueError) as error:
                 self.close()
-                raise Unavailable(f"the worker service: {error}") from None
-            except BaseException:  # an interrupt: the answer may still come, so this connection is done
+                raise Unavailable(f"the worker service: {error or type(error).__name__}") from None
+            except BaseException:  # an interrupt, a refusal: the answer may still come, so this connection is done
                 self.close()
                 raise
+
+    def _exchange(self, message: dict, fd: int | None, within_s: float | None) -> dict:
+        assert self.sock is not None
+        deadline = None if within_s is None else time.monotonic() + within_s
+        self.sock.settimeout(ANSWER_TIMEOUT_S)
+        send(self.sock, message, fd)
+        while True:
+            try:
+                answer, fds = receive(self.sock)
+            except TimeoutError:
+                raise Unavailable(f"the worker service said nothing for {ANSWER_TIMEOUT_S:g} s") from None
             for passed in fds:
                 os.close(passed)
             if answer is None:
-                self.close()
                 raise Unavailable("the worker service ended")
-            return answer
+            if not answer.get("busy"):
+                return answer
+            if deadline is not None and time.monotonic() > deadline:
+                raise Unavailable(f"the worker service did not answer within {within_s:g} s")
 
     def _wait(self) -> socket.socket:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -200,7 +288,10 @@ class Client:
             sock = _connect(self.path)
             if sock is not None:
                 if self.started is not None:
-                    self.started.wait()  # it forked the service and ended
+                    try:
+                        self.started.wait(START_TIMEOUT_S)  # it forked the service and ended
+                    except subprocess.TimeoutExpired:
+                        pass
                 return sock
             if self.started is not None and self.started.poll() not in (None, 0):  # it could not start
                 raise Unavailable(f"it did not start; see {self.folder / self.key}.log")
@@ -225,6 +316,8 @@ class RemoteTemplate:
 
     def __init__(self, client: Client, group: str):
         self.client, self.group, self.in_use = client, group, 0
+        # the service (or this template of its) ended: a worker that died then died with it, not of its task
+        self.lost = False
 
     @property
     def alive(self) -> bool:
@@ -250,6 +343,7 @@ class RemoteTemplate:
                     "timeout_s": timeout_s,
                 },
                 theirs.fileno(),
+                timeout_s + FORK_GRACE_S,
             )
         except BaseException:
             ours.close()
@@ -262,11 +356,15 @@ class RemoteTemplate:
         return int(answer["pid"]), ours
 
     def exit_code(self, pid: int, wait: bool = False) -> int | None:
-        """As ``Template.exit_code``; a worker whose service is gone is gone with it."""
+        """As ``Template.exit_code``; a worker whose service is gone is gone with it (``lost``)."""
         try:
-            return self.client.request({"op": "status", "pid": pid, "wait": wait}).get("exit")
+            answer = self.client.request({"op": "status", "pid": pid, "wait": wait})
         except Unavailable:
+            self.lost = True
             return -9
+        if answer.get("lost"):
+            self.lost = True
+        return answer.get("exit")
 
     def close(self) -> None:
         """Nothing: the template is the service's."""
@@ -295,20 +393,34 @@ def start(where: Path, name: str, threads: int, env: dict) -> subprocess.Popen:
         )
 
 
-def running(where: Path | None = None, besides: str | None = None) -> list[dict]:
+def running(where: Path | None = None, besides: str | None = None, silent: bool = False) -> list[dict]:
     """What each of this user's services (but the one of key ``besides``) says of itself (``info``), stale sockets
-    removed."""
+    removed; ``silent``: a service that does not answer (stopped, hung) too, as ``{"key", "pid", "silent"}``.
+    Only sockets count (not a link to one, nor a folder named like one)."""
     where = where or folder()
     found = []
     for path in sorted(where.glob("*.sock")):
-        if path.stem == besides:
+        if path.stem == besides or not is_socket(path):
             continue
         answer = _control(path, {"op": "info"})
         if answer == {}:
-            path.unlink(missing_ok=True)  # its service is gone: connecting is refused
+            if is_socket(path):
+                path.unlink(missing_ok=True)  # its service is gone: connecting is refused
         elif answer is not None:
             found.append(answer)
+        elif silent:
+            found.append({"key": path.stem, "pid": _listener(path), "silent": True})
     return found
+
+
+def _listener(path: Path) -> int | None:
+    """The pid of the process listening at ``path`` (as the kernel gives it), None where none is."""
+    sock = _connect(path)
+    if sock is None:
+        return None
+    with sock:
+        pid, _, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return pid or None
 
 
 def retire(names: list[str], where: Path | None = None) -> list[str]:
@@ -331,12 +443,14 @@ def _control(path: Path, message: dict) -> dict | None:
     with sock:
         try:
             send(sock, message)
-            answer, fds = receive(sock)
+            while True:
+                answer, fds = receive(sock)
+                for fd in fds:
+                    os.close(fd)
+                if answer is None or not answer.get("busy"):
+                    return answer
         except (OSError, ValueError):
             return None
-    for fd in fds:
-        os.close(fd)
-    return answer
 
 
 def prune(where: Path, live: set[str]) -> None:

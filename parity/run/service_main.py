@@ -13,10 +13,24 @@ import socketserver
 import struct
 import threading
 import time
+import traceback
 from pathlib import Path
 
 from parity.platform.errors import TaskFailed
-from parity.run.service import IDLE_S, IDLE_VARIABLE, MAX_SERVICES, MAX_TEMPLATES, prune, receive, retire, running, send
+from parity.run.service import (
+    BUSY_EVERY_S,
+    IDLE_S,
+    IDLE_VARIABLE,
+    MAX_SERVICES,
+    MAX_TEMPLATES,
+    context,
+    mismatch,
+    prune,
+    receive,
+    retire,
+    running,
+    send,
+)
 from parity.run.worker import Template, environment_key
 
 MAX_ENDED = 1024  # exit codes kept for clients that may still ask
@@ -34,7 +48,10 @@ class Service(socketserver.ThreadingUnixStreamServer):
             tuple, Template
         ] = {}  # (group, *worker.environment_key) -> template, least recently used first
         self.owner: dict[int, Template] = {}  # pid of a worker not yet known to have ended -> its template
-        self.ended: dict[int, int] = {}  # exit codes of workers that ended, until their client asks
+        # exit codes of workers that ended, until their client asks, and whether their template had ended too
+        self.ended: dict[int, tuple[int, bool]] = {}
+        self.imported: dict[Template, dict] = {}  # a template's imported files: path -> [size, mtime_ns]
+        self.retired: list[Template] = []  # templates replaced (an imported file changed), ended once idle
         self.clients, self.last_active, self.retiring = 0, time.monotonic(), False
         # every template starts on this one thread, alive as long as the service: a template's parent-death signal
         # follows the thread that started it, so one started on a client's thread would end with that client
@@ -53,8 +70,24 @@ class Service(socketserver.ThreadingUnixStreamServer):
     def verify_request(self, request, client_address) -> bool:
         return peer(request)[1] == os.getuid()
 
+    def refusal(self, client: int) -> str | None:
+        """Why the client of pid ``client`` is not served here: a worker forked here would run outside its
+        namespaces, cgroup or limits (see ``parity.run.service.context``); None where it is served."""
+        try:
+            if client <= 0:
+                return "its pid is not known in the service's pid namespace"
+            if int(os.readlink("/proc/self")) != os.getpid():
+                return "the service's /proc is another pid namespace's"
+            theirs = context(client)
+        except (OSError, ValueError) as error:
+            return f"its process cannot be read: {error}"
+        return mismatch(theirs, context())
+
     def fork(self, message: dict, fd: int, client: int) -> dict:
         """A worker for the client of pid ``client`` (as the kernel gives it, never as the message says)."""
+        reason = self.refusal(client)
+        if reason is not None:
+            return {"refused": reason}
         group, threads, env = str(message["group"]), int(message["threads"]), dict(message["env"])
         template = self._template(group, threads, env)
         try:
@@ -70,6 +103,14 @@ class Service(socketserver.ThreadingUnixStreamServer):
             return {"error": str(error), "kind": error.kind}
         with self.state:
             self.owner[pid] = template
+            known = template in self.imported
+        if not known:  # its import is done now: what it imported, as it was then
+            try:
+                imported = template.imports()
+            except (TaskFailed, EOFError, OSError):
+                imported = {}
+            with self.state:
+                self.imported[template] = imported
         return {"pid": pid}
 
     def _template(self, group: str, threads: int, env: dict) -> Template:
@@ -77,6 +118,9 @@ class Service(socketserver.ThreadingUnixStreamServer):
         busy = {id(t) for t in self._running().values()}
         with self.state:
             template = self.templates.pop(slot, None)
+            if template is not None and template.alive and changed(self.imported.get(template, {})):
+                self.retired.append(template)  # its running workers finish; a new one imports the files as they are
+                template = None
             if template is None or not template.alive:
                 if template is not None:
                     template.close()
@@ -92,7 +136,9 @@ class Service(socketserver.ThreadingUnixStreamServer):
             for old in [s for s, t in self.templates.items() if s != slot and id(t) not in busy]:
                 if len(self.templates) <= MAX_TEMPLATES:
                     break
-                self.templates.pop(old).close()
+                evicted = self.templates.pop(old)
+                self.imported.pop(evicted, None)
+                evicted.close()
             return template
 
     def _running(self) -> dict[int, Template]:
@@ -105,17 +151,26 @@ class Service(socketserver.ThreadingUnixStreamServer):
             if code is not None:
                 with self.state:
                     self.owner.pop(pid, None)
-                    self.ended[pid] = code
+                    self.ended[pid] = (code, not template.alive)
                     while len(self.ended) > MAX_ENDED:  # codes no client asked for (it was killed)
                         self.ended.pop(next(iter(self.ended)))
         with self.state:
-            return dict(self.owner)
+            owners = {id(t) for t in self.owner.values()}
+            idle = [t for t in self.retired if id(t) not in owners]
+            self.retired = [t for t in self.retired if id(t) in owners]
+            for template in idle:
+                self.imported.pop(template, None)
+            running = dict(self.owner)
+        for template in idle:
+            template.close()
+        return running
 
     def status(self, message: dict) -> dict:
         pid = int(message["pid"])
         with self.state:
             if pid in self.ended:
-                return {"exit": self.ended.pop(pid)}
+                code, lost = self.ended.pop(pid)
+                return {"exit": code, "lost": lost}
             template = self.owner.get(pid)
         if template is None:  # not a worker of this service's: never one to wait for, nor to kill
             return {"exit": -signal.SIGKILL}
@@ -123,7 +178,8 @@ class Service(socketserver.ThreadingUnixStreamServer):
         if code is not None:
             with self.state:
                 self.owner.pop(pid, None)
-        return {"exit": code}
+        # a worker dies with its template: one that ended while its template did was lost with it
+        return {"exit": code, "lost": code is not None and not template.alive}
 
     def info(self) -> dict:
         workers = len(self._running())
@@ -148,9 +204,10 @@ class Service(socketserver.ThreadingUnixStreamServer):
 
     def end(self) -> None:
         with self.state:
-            for template in [*self.templates.values(), *([self.spare] if self.spare else [])]:
+            for template in [*self.templates.values(), *self.retired, *([self.spare] if self.spare else [])]:
                 template.close()
             self.templates.clear()
+            self.retired.clear()
         self.spawner.shutdown(wait=False)
         path = self.where / f"{self.name}.sock"
         try:
@@ -159,6 +216,18 @@ class Service(socketserver.ThreadingUnixStreamServer):
         except OSError:
             pass
         self.server_close()
+
+
+def changed(imported: dict) -> bool:
+    """Whether a file a template imported (``path -> [size, mtime_ns]``) changed, or is gone, since."""
+    for path, (size, mtime_ns) in imported.items():
+        try:
+            info = os.stat(path)
+        except OSError:
+            return True
+        if info.st_size != size or info.st_mtime_ns != mtime_ns:
+            return True
+    return False
 
 
 def peer(request: socket.socket) -> tuple[int, int]:
@@ -185,9 +254,7 @@ class Handler(socketserver.BaseRequestHandler):
                 if message is None:
                     return
                 try:
-                    send(self.request, self._answer(service, message, fds, peer(self.request)[0]))
-                except Exception as error:  # noqa: BLE001 - a malformed request is that client's error, not ours
-                    send(self.request, {"error": f"{type(error).__name__}: {error}", "kind": "died"})
+                    send(self.request, self._busy(service, message, fds, peer(self.request)[0]))
                 finally:
                     for fd in fds:
                         os.close(fd)
@@ -196,9 +263,38 @@ class Handler(socketserver.BaseRequestHandler):
                 service.clients -= 1
                 service.last_active = time.monotonic()
 
+    def _busy(self, service: Service, message: dict, fds: list[int], client: int) -> dict:
+        """The answer to one request, worked out on a thread of its own while this one says every
+        ``BUSY_EVERY_S`` that the service is at work on it (starting a template takes seconds), so the client
+        tells a busy service from a silent one."""
+        answer: list[dict] = []
+
+        def work() -> None:
+            try:
+                answer.append(self._answer(service, message, fds, client))
+            except Exception as error:  # noqa: BLE001 - a malformed request is that client's error, not ours
+                answer.append({"error": f"{type(error).__name__}: {error}", "kind": "died"})
+
+        thread = threading.Thread(target=work, name="request", daemon=True)
+        thread.start()
+        thread.join(BUSY_EVERY_S)
+        while thread.is_alive():
+            try:
+                send(self.request, {"busy": True})
+            except OSError:
+                thread.join()  # the client left; the passed descriptor is closed only once the work is done
+                raise
+            thread.join(BUSY_EVERY_S)
+        return answer[0]
+
     @staticmethod
     def _answer(service: Service, message: dict, fds: list[int], client: int) -> dict:
         op = message.get("op")
+        if op == "hello":  # a new connection: whether this client is served here
+            reason = service.refusal(client)
+            with service.state:  # a service stuck under its lock does not answer
+                pass
+            return {"refused": reason} if reason else {"served": True}
         if op == "fork":
             if len(fds) != 1:
                 raise ValueError("a fork request without its descriptor")
@@ -232,10 +328,18 @@ def serve(where: Path, name: str, threads: int, env: dict, ready: int) -> None:
     def watch() -> None:
         # older services retired once this one serves (two starting at once each ask the other, so neither may
         # wait for an answer before it answers), files of services long gone removed
-        others = sorted(running(where, besides=name), key=lambda s: s["idle_s"])
-        retire([s["key"] for s in others[MAX_SERVICES - 1 :]], where)
-        prune(where, {name, *(s["key"] for s in others)})
-        while not server.idle():
+        try:
+            others = sorted(running(where, besides=name), key=lambda s: s["idle_s"])
+            retire([s["key"] for s in others[MAX_SERVICES - 1 :]], where)
+            prune(where, {name, *(s["key"] for s in others)})
+        except Exception:  # noqa: BLE001 - housekeeping only: the idle watch below must run whatever happens here
+            traceback.print_exc()
+        while True:
+            try:
+                if server.idle():
+                    break
+            except Exception:  # noqa: BLE001 - said in the log; the service still ends once idle
+                traceback.print_exc()
             time.sleep(min(1.0, max(idle_s / 4, 0.05)))
         server.shutdown()
 

@@ -28,11 +28,13 @@ import threading
 import time
 import traceback
 import types
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from parity.platform.errors import GoldenError, ParityError, TaskFailed
 from parity.platform.safefs import owned_tempdir, owner_alive
+from parity.run import watch
 
 if TYPE_CHECKING:
     from parity.run.service import Client, RemoteTemplate
@@ -186,6 +188,14 @@ def quick_exit(status: int) -> None:
         os._exit(status)
 
 
+def _no_space(log_path: Path) -> str:
+    """``the disk holding <folder> is full; `` where a full disk may be why a worker died (its log is then empty)."""
+    from parity.platform.cache_dir import full_disk_note
+
+    note = full_disk_note(log_path)
+    return f"{note}; " if note else ""
+
+
 def _redirect_output(log_path: str) -> None:
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log_fd, 1)
@@ -261,9 +271,11 @@ def _template_main(conn, group: str | None, threads: int, log_path: str, parent_
     """A template: started like a worker, it runs no task; it forks a worker from itself for each ``("fork",
     log_path, cwd, sys_path, client)`` (the worker's end of its pipe follows as a passed descriptor; ``client``: the
     pid the worker ends with where that is not the template's parent, else None) and answers its pid,
-    and answers ``("status", pid, wait)`` with the exit code of a worker that ended (None while it runs)."""
+    and answers ``("status", pid, wait)`` with the exit code of a worker that ended (None while it runs), and
+    ``("imports",)`` with the files it had imported once its frameworks were (``imported_files``)."""
     global _FORKED
     startup_error = _start(conn, group, threads, log_path, parent_pid, env)
+    imported = imported_files()
     ended: dict[int, int] = {}
     while True:
         try:
@@ -272,6 +284,9 @@ def _template_main(conn, group: str | None, threads: int, log_path: str, parent_
             quick_exit(0)
         if message is None:
             quick_exit(0)
+        if message[0] == "imports":
+            conn.send(imported)
+            continue
         if message[0] == "status":
             _, pid, wait = message
             if pid not in ended:
@@ -307,6 +322,20 @@ def _template_main(conn, group: str | None, threads: int, log_path: str, parent_
         os.close(fd)
         ended.pop(pid, None)  # a pid the kernel gave again: not the worker that ended before
         conn.send(pid)
+
+
+def imported_files() -> dict[str, list[int]]:
+    """The files of this process's imported modules: path -> [size, modification time in ns]."""
+    found: dict[str, list[int]] = {}
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if isinstance(path, str) and path not in found:
+            try:
+                info = os.stat(path)
+            except OSError:
+                continue
+            found[os.path.abspath(path)] = [info.st_size, info.st_mtime_ns]
+    return found
 
 
 def _spawn(main, group: str | None, threads: int, log_path: Path, env: dict):
@@ -396,6 +425,10 @@ class Template:
                 f"the {self.group} worker's template died (exit code {self.process.exitcode})", "died"
             ) from None
         return pid
+
+    def imports(self) -> dict[str, list[int]]:
+        """The files this template had imported once its frameworks were (``imported_files``)."""
+        return self._ask(("imports",))
 
     def exit_code(self, pid: int, wait: bool = False) -> int | None:
         """The exit code of a worker forked from here (negative: the signal that ended it); None while it runs."""
@@ -504,21 +537,26 @@ class Worker:
         self.group, self.log_path = group, self.log_path.with_name(f"worker-{group}.log")
         self.conn.send(("group", group, str(self.log_path)))
 
-    def call(self, target: str, kwargs: dict, timeout_s: float):
+    def call(self, target: str, kwargs: dict, limits: watch.Limits | float):
+        """The task's result; killed (``TaskFailed``, kind ``timeout``) once it makes no progress for
+        ``limits.stall_s`` or runs past ``limits.wall_s`` (a number: that wall limit)."""
+        if not isinstance(limits, watch.Limits):
+            limits = watch.limits(limits)
         self.conn.send((target, kwargs))
-        if not self.conn.poll(timeout_s):
+        overdue = watch.wait(self.conn, self.process.pid, limits)
+        if overdue is not None:
             self.kill()
+            reason, hint = overdue
             raise TaskFailed(
-                f"timed out after {timeout_s:g} s (worker {self.group} killed; log {self.log_path})",
-                "timeout",
-                str(self.log_path),
+                f"{reason} (worker {self.group} killed; {hint}; log {self.log_path})", "timeout", str(self.log_path)
             )
         try:
             status, payload = self.conn.recv()
         except (EOFError, ConnectionError):
             self.process.join(5)
             raise TaskFailed(
-                f"worker process {self.group} died (exit code {self.process.exitcode}); see {self.log_path}",
+                f"worker process {self.group} died (exit code {self.process.exitcode}); "
+                f"{_no_space(self.log_path)}see {self.log_path}",
                 "died",
                 str(self.log_path),
             ) from None
@@ -558,12 +596,19 @@ class WorkerPool:
 
     ``service``: fork workers from the user's worker service (``parity.run.service``), whose templates outlive this
     process, where it is enabled; from templates of this process where it cannot be reached.
+
+    ``timeout_s``: each task's wall-clock limit; None: one scaled with the size of the model the caller works on
+    (``for_model``). A task that makes no progress is killed sooner (``parity.run.watch``).
     """
 
-    def __init__(self, threads: int, logs_root: Path, timeout_s: float, env: dict | None = None, service: bool = False):
+    def __init__(
+        self, threads: int, logs_root: Path, timeout_s: float | None, env: dict | None = None, service: bool = False
+    ):
         from parity.platform.cache_dir import cache_folder
 
         self.threads, self.timeout_s, self.env = threads, timeout_s, env or {}
+        watch.stall_seconds()  # a bad PARITY_STALL_TIMEOUT is said before anything starts
+        self.weights_bytes: int | None = None  # of the model the caller works on (for_model)
         logs_root = cache_folder(Path(logs_root), "log folder")
         prune_logs(logs_root)
         self.log_dir = owned_tempdir(logs_root, LOG_PREFIX)
@@ -625,9 +670,19 @@ class WorkerPool:
             if self.use_service:
                 try:
                     self.service = service.Client(self.threads, self.env)
-                except service.Unavailable:
-                    self.use_service = False
+                except service.Unavailable as error:
+                    self._drop_service(error)
         return self.service
+
+    def _drop_service(self, reason) -> None:
+        """Fork from templates of this process from now on (the service unreachable, silent, ended, or not serving
+        this process), said at debug level."""
+        import logging
+
+        logging.getLogger(__name__).debug("workers forked here, not by the worker service: %s", reason)
+        if self.service is not None:
+            self.service.close()
+        self.service, self.use_service = None, False
 
     def _start(self, group: str) -> Worker:
         client = self._service()
@@ -635,12 +690,15 @@ class WorkerPool:
             from parity.run.service import Unavailable
 
             try:
-                return Worker.fork(client.template(group), self.log_dir, self.timeout_s)
-            except Unavailable:  # forked here from now on
-                client.close()
-                self.service, self.use_service = None, False
+                return Worker.fork(client.template(group), self.log_dir, self.limits().wall_s)
+            except Unavailable as error:  # forked here from now on
+                self._drop_service(error)
+            except TaskFailed as error:  # the service's template died: not this task's doing
+                if error.kind != "died":
+                    raise
+                self._drop_service(error)
         if self.forks:
-            return Worker.fork(self._template(group), self.log_dir, self.timeout_s)
+            return Worker.fork(self._template(group), self.log_dir, self.limits().wall_s)
         spare, self.spare = self.spare, None
         if isinstance(spare, Template):
             raise TypeError("a spare template where workers are spawned")
@@ -663,6 +721,22 @@ class WorkerPool:
             self.failed = True
             raise
 
+    def limits(self, timeout_s: float | None = None) -> watch.Limits:
+        """A task's bounds now: ``timeout_s``, else the pool's, else scaled with the model's weights."""
+        return watch.limits(timeout_s or self.timeout_s, self.weights_bytes)
+
+    @contextmanager
+    def for_model(self, weights_bytes: int | None):
+        """Tasks in this block work on a model with ``weights_bytes`` of weights: where no timeout was given,
+        their wall-clock limit grows with it (None: the size already set stands)."""
+        before = self.weights_bytes
+        if weights_bytes is not None:
+            self.weights_bytes = weights_bytes
+        try:
+            yield self
+        finally:
+            self.weights_bytes = before
+
     def call(self, group: str, task: str, timeout_s: float | None = None, fresh: bool = False, **kwargs):
         """Run ``task`` in the worker of ``group`` (``fresh``: in a new one, that has run nothing before)."""
         if self.current is not None and (fresh or self.current.group != group or not self.current.alive):
@@ -671,13 +745,26 @@ class WorkerPool:
         try:
             if self.current is None:
                 self.current = self._start(group)
-            return self.current.call(task, kwargs, timeout_s or self.timeout_s)
-        except TaskFailed:
+            return self.current.call(task, kwargs, self.limits(timeout_s))
+        except TaskFailed as error:
+            if self._lost_with_service(error):  # run again, once, in a worker of this pool's own
+                return self.call(group, task, timeout_s, fresh, **kwargs)
             self.failed = True
             if self.current is not None and not self.current.alive:
                 self.current.kill()
                 self.current = None
             raise
+
+    def _lost_with_service(self, error: TaskFailed) -> bool:
+        """Whether the live worker died with the worker service (the service, or the worker's template there,
+        ended while the task ran), not of its task: then the service is dropped and the worker closed."""
+        worker = self.current
+        if worker is None or error.kind != "died" or not getattr(worker.template, "lost", False):
+            return False
+        worker.kill()
+        self.current = None
+        self._drop_service(f"it ended while a task ran ({error})")
+        return True
 
     def close(self) -> None:
         for process in (self.current, self.spare):

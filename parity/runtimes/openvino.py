@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from parity.model import values
 from parity.platform.errors import Unavailable
 from parity.runtimes.base import Runner
 from parity.runtimes.onnx_common import onnx_feed
@@ -30,6 +31,9 @@ INT8_TAPS_REASON = (
     "read: outputs are compared (the float path's diagnosis reads the layers)"
 )
 LOW_PRECISION = {"i8", "u8"}
+# element types NumPy holds only through ml_dtypes, by OpenVINO's name: OpenVINO hands their bits over in a NumPy
+# dtype of the same width (bf16 as float16), so they are fed and read as ml_dtypes arrays of the graph's own type
+ML_DTYPES = {"bf16": "bfloat16", "f8e4m3": "float8_e4m3fn", "f8e5m2": "float8_e5m2"}
 
 
 class OpenVinoRunner(Runner):
@@ -82,6 +86,8 @@ class OpenVinoRunner(Runner):
             )
         self.request = self.compiled.create_infer_request()
         self._outputs = [self.compiled.output(name) for name in self.output_names]
+        self.graph_dtypes = _ml_dtypes(self.compiled.inputs)
+        self._output_dtypes = [ML_DTYPES.get(_type_name(port.get_element_type())) for port in self._outputs]
         self.default_hint = _type_name(self.core.get_property("CPU", "INFERENCE_PRECISION_HINT"))
         self.numerics = {
             "openvino": ov.__version__,
@@ -99,11 +105,14 @@ class OpenVinoRunner(Runner):
 
     def feed(self, x: dict) -> dict:
         """Feeds by the artifact's input names, a single input in its layout (``onnx_common.onnx_feed``)."""
-        return onnx_feed(self.spec, self.meta, x)
+        return onnx_feed(self.spec, self.meta, x, self.graph_dtypes)
 
     def run_impl(self, x):
         results = self.request.infer(self.feed(x), share_inputs=True)  # outputs copied out (share_outputs=False)
-        return tuple(results[port] for port in self._outputs)
+        return tuple(
+            results[port] if dtype is None else results[port].view(values.ml_dtype(dtype))
+            for port, dtype in zip(self._outputs, self._output_dtypes)
+        )
 
     def runtime_record(self) -> dict:
         """The OpenVINO version, the device and its name, the precision hint set, the plugin's default here and what
@@ -145,6 +154,16 @@ def _type_name(element_type) -> str:
     """``f32``, ``bf16``, ``f16`` for an OpenVINO element type (or its string)."""
     name = getattr(element_type, "get_type_name", None)
     return name() if name else str(element_type)
+
+
+def _ml_dtypes(ports) -> dict[str, str]:
+    """``{name: ml_dtypes name}`` of the ``ports`` whose element type NumPy holds only through ml_dtypes."""
+    found = {}
+    for port in ports:
+        dtype = ML_DTYPES.get(_type_name(port.get_element_type()))
+        if dtype:
+            found.update(dict.fromkeys(port.get_names(), dtype))
+    return found
 
 
 def _default_note(default: str) -> str:
