@@ -278,3 +278,55 @@ def test_scope_parsers():
     assert ot.keras_scope("cnn_1/logits_1/MatMul_Gemm__6", taps) == "logits"
     assert ot.keras_scope("node_Conv_0", taps) is None
     assert ot.keras_scope("cnn_1/conv10_1/BiasAdd", taps) is None
+
+
+def test_an_onnx_sources_own_tensor_is_compared_in_the_golden_order_even_where_layouts_tie(tmp_path):
+    """A tap of an ONNX source names the source's own tensor: its golden is that tensor, in that order, so a
+    (2, 4, 4, 4) tensor after a Reshape (NCHW and NHWC shapes agree, no Transpose to follow) is neither guessed nor
+    left unproven: a departing value is compared, not dropped as a possible misread."""
+    from click.testing import CliRunner
+    from onnx import TensorProto, helper, numpy_helper
+
+    from parity.cli import cli
+    from parity.diagnose import mapping_check
+
+    rng = np.random.default_rng(0)
+    weights = rng.standard_normal((16, 64)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["fc"]),
+            helper.make_node("Reshape", ["fc", "cube"], ["view"]),
+            helper.make_node("Tanh", ["view"], ["act"]),
+            helper.make_node("Reshape", ["act", "flat"], ["out"]),
+        ],
+        "cube",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 64])],
+        [
+            numpy_helper.from_array(weights, "w"),
+            numpy_helper.from_array(np.array([2, 4, 4, 4], np.int64), "cube"),
+            numpy_helper.from_array(np.array([2, 64], np.int64), "flat"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, str(tmp_path / "cube.onnx"))
+    result = CliRunner().invoke(
+        cli, ["init", "cube", "--workspace", str(tmp_path), "--onnx", str(tmp_path / "cube.onnx")]
+    )
+    assert result.exit_code == 0, result.output
+    spec_file = tmp_path / "models" / "cube.py"
+    spec_file.write_text(spec_file.read_text().replace("taps=(),", "taps=('view', 'act'),"))
+    spec = Workspace(tmp_path).load_spec("cube")
+
+    x = rng.standard_normal((2, 16))
+    view = (x @ weights.astype(np.float64)).reshape(2, 4, 4, 4)
+    golden_taps = {"view": view, "act": np.tanh(view)}
+    departing = {tap: (value + 1.0).astype(np.float32) for tap, value in golden_taps.items()}
+    for values in (departing, {}):  # settled by value, or with no values at all
+        mapped = ot.map_taps(model, spec, "onnx file", golden_taps, values, "native")
+        for tap, where in mapped.items():
+            assert where["tensor"] == tap and not where.get("unproven") and not where.get("order"), where
+            read = mapping_check.settle(
+                departing[tap], where, golden_taps[tap], spec.output_tolerances("fp32").for_name(tap)
+            )
+            np.testing.assert_array_equal(read, departing[tap])  # compared as it is: a divergence, in place

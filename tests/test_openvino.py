@@ -297,4 +297,3 @@ def test_an_exported_onnx_graph_on_openvino_has_its_layers_read_as_on_onnx_runti
     assert len(read) >= 3, observed["located"]
     for tap, value in read.items():
         np.testing.assert_allclose(value, reference[f"tap/{tap}"], rtol=1e-4, atol=1e-4)
-

@@ -105,3 +105,26 @@ def test_a_divergence_its_outputs_contradict_is_withdrawn():
     assert np.isclose(rows[2]["growth"], 14.8)
     rows = [row("b", 2.7e3)]  # an output not computed from it: nothing contradicts it
     assert mapping_check.withdraw_contradicted(rows, {"b": {"feeds_outputs": False}}, 1.48) == []
+
+
+def test_outputs_that_are_nan_or_inf_contradict_no_divergence():
+    """An overflow (Inf) or an underflow into a log (-Inf, NaN) has no finite error measure: such outputs are
+    infinitely off, so a divergence they are computed from stands."""
+    from parity.check import closeness
+    from parity.model.spec import Tolerance
+
+    golden_out = np.array([1.0, -87.5, 3.0])
+    tolerance = Tolerance(atol=1e-4, rtol=1e-4)
+    for bad in (np.inf, -np.inf, np.nan):
+        stats = closeness.compare_named({"y": golden_out + [0.0, 0.0, bad]}, {"y": golden_out}, lambda _: tolerance)
+        assert mapping_check.output_units(stats) == np.inf
+        rows = [{"tap": "act", "found": "name", "stats": {"ok": False, "tol_units": 3e4}, "growth": None}]
+        assert (
+            mapping_check.withdraw_contradicted(
+                rows, {"act": {"feeds_outputs": True}}, mapping_check.output_units(stats)
+            )
+            == []
+        )
+        assert rows[0]["stats"] is not None
+    passing = closeness.compare_named({"y": golden_out}, {"y": golden_out}, lambda _: tolerance)
+    assert mapping_check.output_units(passing) == 0.0 and mapping_check.output_units({}) is None

@@ -257,7 +257,7 @@ def analyse(spec, path, arrays: dict, observed: dict, source: dict, failing: lis
     rows = drift.tap_rows(spec, golden_taps, observed["taps"], observed["located"], tolerances.for_name)
     notes = []
     if path.exports:  # a graph-read divergence that the outputs computed from it contradict is withdrawn
-        output_units = max((s.get("tol_units", 0.0) for s in output_stats.values()), default=None)
+        output_units = mapping_check.output_units(output_stats)
         for tap in mapping_check.withdraw_contradicted(rows, observed["located"], output_units):
             notes.append(f"{tap}: {next(r['reason'] for r in rows if r['tap'] == tap)}")
     first = drift.first_divergent(rows)

@@ -125,6 +125,18 @@ def feeds_outputs(graph, tensor: str | None) -> bool:
     return False
 
 
+def output_units(stats: dict) -> float | None:
+    """The outputs' worst error in tolerance units (``closeness.compare_named`` stats), None where there are none.
+    An output that fails without a finite measure of it (NaN or Inf elements, another infinity than the golden's,
+    another shape) counts as infinitely off: it contradicts no tap that it is computed from."""
+
+    def units(s: dict) -> float:
+        measured = s.get("tol_units", 0.0 if s.get("ok") else np.inf)
+        return np.inf if not s.get("ok") and measured <= 1.0 else measured
+
+    return max((units(s) for s in stats.values()), default=None)
+
+
 def withdraw_contradicted(rows: list[dict], located: dict, output_units: float | None) -> list[str]:
     """Withdraw the divergence of each graph-read tap that its own downstream output contradicts: the outputs are
     computed from it (``located[tap]["feeds_outputs"]``) yet are ``CONTRADICTION`` times closer to the golden (in

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from parity.check import closeness, noise_floor
+from parity.diagnose import mapping_check
 from parity.diagnose.walk import TREE_MODULES, TREE_SOURCES, walk
 from parity.golden import store as golden
 from parity.model import feeds
@@ -113,7 +114,7 @@ class Tree:
             },
         }
 
-    def _output_units(self) -> float:
+    def _output_units(self) -> float | None:
         """The exported graph's worst output error against the golden, in tolerance units (what a graph-read
         module's divergence must not contradict, ``mapping_check.withdraw_contradicted``)."""
         side = self.path_side
@@ -123,7 +124,7 @@ class Tree:
             {n: self.verified.arrays["reference.npz"][n] for n in self.spec.outputs},
             self.spec.output_tolerances(self.precision).for_name,
         )
-        return max((s.get("tol_units", 0.0) for s in stats.values()), default=0.0)
+        return mapping_check.output_units(stats)
 
 
 def descent(

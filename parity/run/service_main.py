@@ -169,8 +169,8 @@ class Service(socketserver.ThreadingUnixStreamServer):
         pid = int(message["pid"])
         with self.state:
             if pid in self.ended:
-                code, lost = self.ended.pop(pid)
-                return {"exit": code, "lost": lost}
+                ended, lost = self.ended.pop(pid)
+                return {"exit": ended, "lost": lost}
             template = self.owner.get(pid)
         if template is None:  # not a worker of this service's: never one to wait for, nor to kill
             return {"exit": -signal.SIGKILL}

@@ -67,7 +67,7 @@ def export_step(
     if where and (meta.get("quantization") or {}).get("calibration_samples") != 0:  # dynamic: no calibration
         meta["calibration_data"] = where
         if isinstance(meta.get("quantization"), dict):  # the rows it calibrated on, as the export is keyed
-            meta["quantization"]["calibration_sha256"] = calibration.digest(job.calibration)
+            meta["quantization"]["calibration_sha256"] = calibration.digest(job.calibration or {})
     meta["export_s"] = time.perf_counter() - started
     if meta.get("format") == "onnx" and not meta.get("user_file"):
         check_exported(Path(out_dir) / meta["file"])  # an invalid graph is the converter's error, not a runtime's
