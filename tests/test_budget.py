@@ -268,9 +268,10 @@ def test_series_get_runners_of_their_own_and_never_the_golden_weights(monkeypatc
 
     from parity.bench import tasks
     from parity.check import training
+    from parity.model.spec import Tolerance
 
     golden_weights = {"w": np.ones(3, np.float32)}
-    tolerance = SimpleNamespace(atol=1e-6, rtol=1e-6)
+    tolerance = Tolerance(atol=1e-6, rtol=1e-6)
     spec = SimpleNamespace(
         batch_size=2,
         outputs=["y"],

@@ -67,6 +67,20 @@ def test_without_a_floor_the_declared_numbers_are_the_tolerance():
     assert spec.tolerances["fp32"] == Tolerances(Tolerance(1e-4, 1e-4))
 
 
+def test_a_float32_error_more_than_rounding_explains_derives_no_tolerance():
+    """A float32 model off its float64 reference by far more than rounding (a cancellation fault of the definition)
+    must fail the native path: its error is no floor, the declared numbers stay."""
+    spec = _floored()
+    floors = {"y": {"max_abs": 0.57, "scale": 0.3}, "z": {"max_abs": 1e-6, "scale": 4.0}}
+    resolve_floor(spec, floors)
+    fp32 = spec.tolerances["fp32"]
+    assert fp32.for_name("y") == Tolerance(1e-4, 1e-4)
+    assert fp32.for_name("z") == Tolerance(32e-6, 32 * EPS)
+    spec = _floored()
+    resolve_floor(spec, {"y": floors["y"]})  # no plausible floor at all: the model as declared
+    assert spec.tolerances["fp32"] == Tolerances(Tolerance(1e-4, 1e-4))
+
+
 def test_the_forward_dft_cases_pass_on_onnx_runtime_at_the_floor_derived_tolerance(tmp_path_factory):
     script, cases, workspace = corpus_of(tmp_path_factory, "dft", DFT)
     assert sorted(cases) == sorted(DFT)

@@ -63,9 +63,9 @@ def axis_orders(model, graph, input_layout: str, canonical: str) -> dict[str, tu
         read = [t for t in node.input if t and t not in constants]
         if node.op_type in FIRST_ONLY:
             read = [t for t in node.input[:1] if t and t not in constants]
-        known = [orders.get(t) for t in read]
-        if not read or any(order is None for order in known):
+        if not read or any(t not in orders for t in read):
             continue
+        known = [orders[t] for t in read]
         if node.op_type == "Transpose" and len(read) == 1:
             perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
             source = known[0]

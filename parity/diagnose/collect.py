@@ -272,14 +272,14 @@ def runtime_link(
     graph = onnx_graph.pinned(graph, feed)
     graph_outputs = list(artifact_meta["output_names"])
     by_graph_name = dict(zip(graph_outputs, spec.outputs))
-    tolerances = spec.output_tolerances(path.precision)
+    at_precision = spec.output_tolerances(path.precision)
     expected = {name: reference[by_graph_name[name]] for name in graph_outputs}
     return compare_runtimes(
         graph,
         feed,
         expected,
-        lambda name: tolerances.for_name(by_graph_name.get(name, name)),
-        tolerances.default,
+        lambda name: at_precision.for_name(by_graph_name.get(name, name)),
+        at_precision.default,
         threads,
         [*graph_outputs, *boundary],
         scope,

@@ -446,11 +446,11 @@ def map_taps(
             entry["reason"] = "its shape is a permutation of the tap's and the graph's structure does not say which"
     for tap in undecided:  # a tie without values: the nearest decided 4-D tap's layout, else the input's
         index = taps.index(tap)
-        order = sorted(range(len(taps)), key=lambda j: (abs(j - index), j > index))
+        nearest = sorted(range(len(taps)), key=lambda j: (abs(j - index), j > index))
         near = next(
             (
                 result[taps[j]]["layout"]
-                for j in order
+                for j in nearest
                 if taps[j] not in undecided
                 and result[taps[j]]["layout"] in ("nchw", "nhwc")
                 and taps[j] in golden

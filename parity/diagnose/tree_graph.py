@@ -137,7 +137,7 @@ def _level(levels: GraphLevels, names, calls, expected, expected_inputs) -> dict
             where.update(found="unmapped", reason=str(error))
             continue
         tensor = where.get("input_tensor")
-        if tensor in values and name in expected_inputs:
+        if isinstance(tensor, str) and tensor in values and name in expected_inputs:
             read = _input_location(levels, where, tensor, expected_inputs[name])
             try:
                 found_inputs[name] = mapping_check.settle(

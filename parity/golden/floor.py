@@ -25,16 +25,16 @@ def float32_floor(workspace: str, model: str, scratch: str, shapes: dict, params
     integer, a float16 output, a sequence) have none."""
     spec = Workspace(workspace).load_spec(model, attach_golden=False)
     spec.params = native_params(shapes, params)
-    scratch = Path(scratch)
-    inputs = feeds.from_arrays(spec, golden.load_arrays(scratch, "inputs.npz"))
-    reference = golden.load_arrays(scratch, "reference-source.npz")
+    folder = Path(scratch)
+    inputs = feeds.from_arrays(spec, golden.load_arrays(folder, "inputs.npz"))
+    reference = golden.load_arrays(folder, "reference-source.npz")
     framework = spec.frameworks[0]
     if framework == "onnx":
         computed = _onnx_float32(spec, inputs)
     else:
         from parity import sources
 
-        weights = golden.load_arrays(scratch, "weights.npz")
+        weights = golden.load_arrays(folder, "weights.npz")
         computed = sources.native(framework)(spec, weights, spec.batch_size, "float32").run(inputs)
     floors = {}
     for name in spec.outputs:

@@ -277,6 +277,12 @@ def attach_golden(spec, golden_dir: Path) -> None:
     widen_for_given(spec, (manifest.get("reference") or {}).get("given_vs_reference_max_abs"))
 
 
+# A float32 error over this many float32 epsilons of the output's largest magnitude is more than rounding explains
+# (a sum of n terms rounds to about sqrt(n) of them): the float32 model departs on its own, a fault the check must
+# catch, so no tolerance is derived from it.
+PLAUSIBLE_FLOOR_UNITS = 256
+
+
 def float32_floor(max_abs: float, scale: float) -> float:
     """The float32 noise floor of one output: the float32 model's largest error against the float64 reference,
     at least one float32 epsilon of the output's largest magnitude ``scale`` (an exact float32 result still
@@ -284,6 +290,18 @@ def float32_floor(max_abs: float, scale: float) -> float:
     from parity.platform.precision import DTYPE_EPS, DTYPE_MIN_NORMAL
 
     return max(max_abs, DTYPE_EPS["float32"] * scale, DTYPE_MIN_NORMAL["float32"])
+
+
+def implausible_floors(floors: dict | None) -> dict[str, float]:
+    """``{output: float32 epsilons of its scale}`` of the measured floors over ``PLAUSIBLE_FLOOR_UNITS``: float32
+    arithmetic alone does not explain them, so tolerances are not derived from them."""
+    from parity.platform.precision import DTYPE_EPS, DTYPE_MIN_NORMAL
+
+    eps = DTYPE_EPS["float32"]
+    units = {
+        name: f["max_abs"] / max(eps * f["scale"], DTYPE_MIN_NORMAL["float32"]) for name, f in (floors or {}).items()
+    }
+    return {name: u for name, u in units.items() if u > PLAUSIBLE_FLOOR_UNITS}
 
 
 def recorded_floor(manifest: dict, path: Path, spec) -> dict | None:
@@ -308,15 +326,18 @@ def resolve_floor(spec, floors: dict | None) -> None:
     epsilons, unless the spec overrides it by name (a declared tolerance wins); outputs without one at the declared
     default. The default, which every tap of a diagnosis is compared at, becomes ``floor`` times the largest
     floor relative to its output's scale, of each tensor's own scale (``Tolerance.scaled``): float32 arithmetic
-    costs each tensor about the same fraction of its size wherever it sits in the model."""
+    costs each tensor about the same fraction of its size wherever it sits in the model. A floor more than
+    rounding explains (``implausible_floors``) derives nothing: that output is checked at the declared numbers;
+    where every floor is such, the model is."""
     from parity.model.spec import Tolerance, Tolerances
     from parity.platform.precision import DTYPE_EPS, DTYPE_MIN_NORMAL
 
     eps = DTYPE_EPS["float32"]
+    implausible = implausible_floors(floors)  # those outputs keep the declared numbers: no floor hides a fault
     measured = {
         name: (float32_floor(f["max_abs"], f["scale"]), f["scale"])
         for name, f in (floors or {}).items()
-        if name in spec.outputs
+        if name in spec.outputs and name not in implausible
     }
 
     def resolve(t: Tolerances) -> Tolerances:
