@@ -16,7 +16,6 @@ def make_gpt2_float16_island():
     only (``torch.onnx.is_in_onnx_export()``), as a converter that leaves a float16 island does; every native run
     computes it in float32."""
     import torch
-    from transformers import GPT2Config, GPT2Model
     from transformers.pytorch_utils import Conv1D
 
     class Float16Conv1D(Conv1D):
@@ -26,19 +25,7 @@ def make_gpt2_float16_island():
             flat = x.reshape(-1, x.shape[-1]).to(torch.float16) @ self.weight.to(torch.float16)
             return (flat.to(torch.float32) + self.bias).reshape(*x.shape[:-1], self.nf)
 
-    torch.manual_seed(0)
-    config = GPT2Config(
-        vocab_size=VOCAB,
-        n_positions=64,
-        n_embd=32,
-        n_layer=2,
-        n_head=2,
-        use_cache=False,
-        bos_token_id=0,
-        eos_token_id=0,
-        attn_implementation="eager",
-    )
-    model = GPT2Model(config)
+    model = make_gpt2_float32()
     old = model.h[1].mlp.c_proj
     island = Float16Conv1D(old.nf, old.weight.shape[0])
     island.load_state_dict(old.state_dict())
