@@ -58,9 +58,13 @@ def test_golden_of_a_nested_model_is_float64_and_a_fallback_is_said_per_path(tmp
     nested = json.loads((tmp_path / "golden" / "nested" / "manifest.json").read_text())
     assert nested["reference"]["dtype"] == "float64" and nested["reference"]["reason"] is None
     assert nested["reference"]["tolerance_factor"] == 1
-    assert nested["tolerances"]["fp32"]["default"] == {"atol": pytest.approx(1e-4), "rtol": pytest.approx(1e-4)}
-    fallback = json.loads((tmp_path / "golden" / "f32" / "manifest.json").read_text())["reference"]
-    assert fallback["dtype"] == "float32" and fallback["tolerance_factor"] == 10
+    # a float64 reference measures the float32 floor, and init's tolerances are 32 times it, never widened
+    assert nested["reference"]["float32_floor"]
+    assert nested["tolerances"]["fp32"]["default"]["rtol"] == pytest.approx(32 * 2.0**-23)
+    fallback = json.loads((tmp_path / "golden" / "f32" / "manifest.json").read_text())
+    assert fallback["reference"]["dtype"] == "float32" and fallback["reference"]["tolerance_factor"] == 10
+    # no floor against a float32 reference: the declared numbers, widened ten times
+    assert fallback["tolerances"]["fp32"]["default"] == {"atol": pytest.approx(1e-3), "rtol": pytest.approx(1e-3)}
 
     result = _invoke("check", "--workspace", tmp_path, "--path", "tf", "--json", tmp_path / "r.json")
     assert result.exit_code == 0, result.output
