@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -146,7 +146,7 @@ def dtype_tolerance(
         why = f"output is {dtype}: one unit in the last place of {dtype}"
     else:
         return declared, None
-    applied = Tolerance(max(declared.atol, atol), max(declared.rtol, rtol))
+    applied = replace(declared, atol=max(declared.atol, atol), rtol=max(declared.rtol, rtol))
     if applied == declared:
         return declared, None
     return applied, {"atol": applied.atol, "rtol": applied.rtol, "dtype": dtype, "why": why}

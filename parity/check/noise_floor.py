@@ -13,11 +13,10 @@ from __future__ import annotations
 import math
 
 from parity.model.spec import Tolerance, Tolerances
-from parity.model.user import float32_floor
+from parity.model.user import float32_floor, relative_floor
+from parity.platform.precision import DTYPE_MIN_NORMAL
 
 FACTOR = 32.0  # a passing fp32 path more than this many times the floor is flagged
-FLT_EPS = 2.0**-23  # float32 machine epsilon: an exact source's floor is one unit of its output's scale
-SMALLEST = 1.1754943508222875e-38  # float32's smallest normal number: the floor of an all-zero output
 
 
 def _numeric(stats: dict | None) -> bool:
@@ -26,10 +25,8 @@ def _numeric(stats: dict | None) -> bool:
 
 
 def relative(stats: dict) -> float:
-    """The floor of one output relative to its scale (its largest golden magnitude): float32's cost in units of
-    the tensor's own size, which carries to the model's inner tensors whatever their scale."""
-    scale = stats.get("scale", 0.0)
-    return floor_of(stats) / scale if scale > 0 else FLT_EPS
+    """The floor of one output relative to its scale (its largest golden magnitude), from the source's stats."""
+    return relative_floor(stats["max_abs"], stats.get("scale", 0.0))
 
 
 def floor_of(stats: dict) -> float:
@@ -43,13 +40,14 @@ def judge(result: dict, source: dict, source_id: str, factor: float = FACTOR) ->
     ``{"source", "factor", "ratio", "output", "max_abs", "floor", "outputs": {name: ratio}, "noisier"}``, or None
     where nothing can be compared (no numeric output in both)."""
     ours, theirs = result.get("outputs") or {}, source.get("outputs") or {}
-    ratios = {
-        name: stats["max_abs"] / floor_of(theirs[name])
+    floors = {
+        name: floor_of(theirs[name])
         for name, stats in ours.items()
         if _numeric(stats) and _numeric(theirs.get(name)) and "tolerance" not in stats
     }
-    if not ratios:
+    if not floors:
         return None
+    ratios = {name: ours[name]["max_abs"] / floor for name, floor in floors.items()}
     worst = max(ratios, key=lambda n: ratios[n])
     return {
         "source": source_id,
@@ -57,10 +55,10 @@ def judge(result: dict, source: dict, source_id: str, factor: float = FACTOR) ->
         "ratio": ratios[worst],
         "output": worst,
         "max_abs": ours[worst]["max_abs"],
-        "floor": floor_of(theirs[worst]),
-        "outputs": {name: ratios[name] for name in ours if name in ratios},
-        "floors": {name: floor_of(theirs[name]) for name in ours if name in ratios},
-        "relative": {name: relative(theirs[name]) for name in ours if name in ratios},
+        "floor": floors[worst],
+        "outputs": ratios,
+        "floors": floors,
+        "relative": {name: relative(theirs[name]) for name in floors},
         "noisier": bool(result.get("verdict") == "pass" and ratios[worst] > factor),
     }
 
@@ -86,7 +84,11 @@ def bound(spec, precision: str, floor: dict) -> Tolerances:
     factor = floor["factor"]
 
     def at(tol: Tolerance, fraction: float) -> Tolerance:
-        return tol if tol.atol + tol.rtol + tol.scaled == 0 else Tolerance(SMALLEST, 0.0, factor * fraction)
+        return (
+            tol
+            if tol.atol + tol.rtol + tol.scaled == 0
+            else Tolerance(DTYPE_MIN_NORMAL["float32"], 0.0, factor * fraction)
+        )
 
     default = at(declared.default, max(floor["relative"].values()))
     overrides = dict(declared.overrides)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import fnmatch
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -349,7 +349,7 @@ def _at_precision(declared: dict[str, Tolerances], precision: str, gradients: bo
     atol, rtol = default_tolerance(precision, gradients)
 
     def widen(t: Tolerance) -> Tolerance:
-        return Tolerance(max(t.atol, atol), max(t.rtol, rtol))
+        return replace(t, atol=max(t.atol, atol), rtol=max(t.rtol, rtol))
 
     return Tolerances(widen(fp32.default), {name: widen(t) for name, t in fp32.overrides.items()})
 

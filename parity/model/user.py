@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from parity.platform.errors import ParityError, one_line
+from parity.platform.precision import DTYPE_EPS, DTYPE_MIN_NORMAL
 
 DISTRIBUTIONS = ("normal", "uniform", "integers")
 FLOAT32_TOLERANCE_FACTOR = 10.0  # tolerances of a float32 reference
@@ -287,16 +288,18 @@ def float32_floor(max_abs: float, scale: float) -> float:
     """The float32 noise floor of one output: the float32 model's largest error against the float64 reference,
     at least one float32 epsilon of the output's largest magnitude ``scale`` (an exact float32 result still
     rounds), and at least float32's smallest normal number (an all-zero output)."""
-    from parity.platform.precision import DTYPE_EPS, DTYPE_MIN_NORMAL
-
     return max(max_abs, DTYPE_EPS["float32"] * scale, DTYPE_MIN_NORMAL["float32"])
+
+
+def relative_floor(max_abs: float, scale: float) -> float:
+    """The floor of one output relative to its scale: float32's cost in units of the tensor's own size, which
+    carries to the model's inner tensors whatever their scale (one epsilon for an all-zero output)."""
+    return float32_floor(max_abs, scale) / scale if scale > 0 else DTYPE_EPS["float32"]
 
 
 def implausible_floors(floors: dict | None) -> dict[str, float]:
     """``{output: float32 epsilons of its scale}`` of the measured floors over ``PLAUSIBLE_FLOOR_UNITS``: float32
     arithmetic alone does not explain them, so tolerances are not derived from them."""
-    from parity.platform.precision import DTYPE_EPS, DTYPE_MIN_NORMAL
-
     eps = DTYPE_EPS["float32"]
     units = {
         name: f["max_abs"] / max(eps * f["scale"], DTYPE_MIN_NORMAL["float32"]) for name, f in (floors or {}).items()
@@ -330,12 +333,11 @@ def resolve_floor(spec, floors: dict | None) -> None:
     rounding explains (``implausible_floors``) derives nothing: that output is checked at the declared numbers;
     where every floor is such, the model is."""
     from parity.model.spec import Tolerance, Tolerances
-    from parity.platform.precision import DTYPE_EPS, DTYPE_MIN_NORMAL
 
     eps = DTYPE_EPS["float32"]
     implausible = implausible_floors(floors)  # those outputs keep the declared numbers: no floor hides a fault
     measured = {
-        name: (float32_floor(f["max_abs"], f["scale"]), f["scale"])
+        name: (float32_floor(f["max_abs"], f["scale"]), relative_floor(f["max_abs"], f["scale"]))
         for name, f in (floors or {}).items()
         if name in spec.outputs and name not in implausible
     }
@@ -345,9 +347,9 @@ def resolve_floor(spec, floors: dict | None) -> None:
             return replace(t, floor=0.0)
         factor = t.floor
         overrides = {name: t.default for name in spec.outputs if name not in measured}
-        overrides.update({name: Tolerance(factor * f, factor * eps) for name, (f, _scale) in measured.items()})
+        overrides.update({name: Tolerance(factor * f, factor * eps) for name, (f, _relative) in measured.items()})
         overrides.update(t.overrides)
-        relative = max(f / scale if scale > 0 else eps for f, scale in measured.values())
+        relative = max(r for _f, r in measured.values())
         return Tolerances(Tolerance(DTYPE_MIN_NORMAL["float32"], factor * eps, factor * relative), overrides)
 
     spec.tolerances = {p: resolve(t) for p, t in spec.tolerances.items()}
