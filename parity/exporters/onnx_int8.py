@@ -101,14 +101,12 @@ def calibration_batches(spec, meta: dict, calibration: dict, batch_size: int) ->
     ]
 
 
-def quantize(
-    src, dst, calibration_feeds, method: str | None, nodes_to_exclude=(), dynamic: bool = False, cpu=None
-) -> dict:
+def quantize(src, dst, calibration_feeds, method: str | None, nodes_to_exclude=(), dynamic: bool = False) -> dict:
     """Write ``src`` (a float ONNX file) quantized to int8 at ``dst`` and return what was done (the meta's
     ``quantization`` record). ``calibration_feeds``: the graph's feeds, one dict per batch (static only);
     ``method``: MinMax, Entropy or Percentile (static only); ``nodes_to_exclude``: node names kept in float, names
-    of ``src`` as ``quant_pre_process`` leaves them (it keeps the exporters' names; an unknown name is an error);
-    ``cpu``: the int8 kernel to quantize for (``cpu_int8.int8_cpu()``, the default: this CPU's)."""
+    of ``src`` as ``quant_pre_process`` leaves them (it keeps the exporters' names; an unknown name is an error).
+    The settings are those ONNX Runtime advises for this CPU's int8 kernel (``cpu_int8``)."""
     import onnx
     import onnxruntime
     from onnxruntime.quantization import (
@@ -127,7 +125,7 @@ def quantize(
         raise ExportError("static int8 quantization needs calibration samples, and none were given")
     if not dynamic:
         check_finite(calibration_feeds)
-    cpu = cpu or cpu_int8.int8_cpu()
+    cpu = cpu_int8.int8_cpu()
     settings = cpu_int8.ort_settings(cpu)
     with tempfile.TemporaryDirectory(prefix="parity-int8-") as scratch:
         prepared, pre_process = prepare(src, Path(scratch) / "prepared.onnx")
@@ -232,15 +230,14 @@ def check_finite(batches) -> None:
     """An ``ExportError`` naming the first calibration input that holds NaN or infinity: the quantizer would take
     its range from it and write a model whose scales are NaN or whose every other value rounds to zero."""
     for k, batch in enumerate(batches):
-        for name, value in batch.items():
-            value = np.asarray(value)
-            if value.dtype.kind in "fc" and not np.all(np.isfinite(value)):
-                bad = int(np.sum(~np.isfinite(value)))
-                what = "NaN" if np.isnan(value).any() else "infinity"
-                raise ExportError(
-                    f"calibration input {name!r} holds {what} ({bad} non-finite value(s) in batch {k + 1} of "
-                    f"{len(batches)}): int8 ranges cannot be calibrated on it; give finite calibration samples"
-                )
+        bad = feeds.first_non_finite(batch)
+        if bad is not None:
+            name, rows, what = bad
+            raise ExportError(
+                f"calibration input {name!r} holds {what} ({len(rows)} sample(s) of batch {k + 1} of "
+                f"{len(batches)}, the first sample {int(rows[0])}): int8 ranges cannot be calibrated on it; give "
+                "finite calibration samples"
+            )
 
 
 def name_nodes(model) -> list[str]:

@@ -18,13 +18,13 @@ a new model when only the calibration data changed).
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import numpy as np
 
 from parity.model import feeds
 from parity.model.digits import DATASET, digits_split
+from parity.model.identity import numpy_arrays, weights_digest
 from parity.platform.errors import ExportError, Unavailable
 
 LIMIT = 256  # calibration samples at most: ranges settle well before, and each costs a forward pass
@@ -44,13 +44,9 @@ def calibration_feeds(
 
 def check_finite(found: dict, where: str) -> None:
     """An ``ExportError`` naming the first calibration input and sample that holds NaN or infinity."""
-    for name, value in found.items():
-        value = np.asarray(value)
-        if value.dtype.kind not in "fc" or np.all(np.isfinite(value)):
-            continue
-        bad = ~np.isfinite(value.reshape(len(value), -1) if value.ndim else value.reshape(1, -1))
-        rows = np.flatnonzero(bad.any(axis=1))
-        what = "NaN" if np.isnan(value).any() else "infinity"
+    bad = feeds.first_non_finite(found)
+    if bad is not None:
+        name, rows, what = bad
         raise ExportError(
             f"calibration input {name!r} ({where}) holds {what} in {len(rows)} sample(s), the first sample "
             f"{int(rows[0])}: int8 ranges cannot be calibrated on it; give finite calibration samples"
@@ -59,12 +55,7 @@ def check_finite(found: dict, where: str) -> None:
 
 def digest(found: dict) -> str:
     """sha256 over every calibration input's name, dtype, shape and bytes, in name order."""
-    h = hashlib.sha256()
-    for name in sorted(found):
-        value = np.ascontiguousarray(found[name])
-        h.update(f"{name}\0{value.dtype.str}\0{value.shape}\0".encode())
-        h.update(value.tobytes())
-    return h.hexdigest()
+    return weights_digest(numpy_arrays(found.items()))
 
 
 def identity(workspace: str, model: str, golden_dir: str) -> dict:

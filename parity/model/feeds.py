@@ -44,6 +44,21 @@ def as_feeds(spec, value) -> dict[str, np.ndarray]:
     return {spec.model_inputs[0].name: value}
 
 
+def first_non_finite(arrays: dict) -> tuple[str, np.ndarray, str] | None:
+    """``(name, rows, what)`` of the first floating array (by the dict's order) holding NaN or infinity: the indices
+    along its first axis that hold one (0 for a scalar) and ``"NaN"`` or ``"infinity"``; None where all are
+    finite."""
+    import numpy as np
+
+    for name, value in arrays.items():
+        value = np.asarray(value)
+        if value.dtype.kind not in "fc" or np.all(np.isfinite(value)):
+            continue
+        bad = ~np.isfinite(value.reshape(len(value), -1) if value.ndim else value.reshape(1, -1))
+        return name, np.flatnonzero(bad.any(axis=1)), "NaN" if np.isnan(value).any() else "infinity"
+    return None
+
+
 def samples(spec, feeds: dict) -> int:
     """The number of samples along the batch axis (of the first batched input)."""
     for i in spec.model_inputs:

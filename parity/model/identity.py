@@ -108,7 +108,8 @@ def _torch_arrays(module):
         yield name, str(tensor.dtype), tuple(tensor.shape), data
 
 
-def _numpy_arrays(named):
+def numpy_arrays(named):
+    """``(name, dtype, shape, bytes)`` of NumPy arrays, as ``weights_digest`` reads them."""
     import numpy as np
 
     for name, value in named:
@@ -150,7 +151,7 @@ def model_identity(workspace: str, model: str) -> dict | None:
         builder = spec.torch_module
     elif framework == "tf":
         built = spec.keras_model("float32")
-        arrays = _numpy_arrays((f"{k}:{v.path}", v.numpy()) for k, v in enumerate(built.weights))
+        arrays = numpy_arrays((f"{k}:{v.path}", v.numpy()) for k, v in enumerate(built.weights))
         classes = [type(layer) for layer in _keras_layers(built)]
         builder = spec.keras_model
     else:
@@ -158,7 +159,7 @@ def model_identity(workspace: str, model: str) -> dict | None:
         from parity.platform.safefs import read_npz
 
         builder = spec.jax_apply
-        arrays = _numpy_arrays(read_npz(builder.params_path, UserModelError, ".npz").items())
+        arrays = numpy_arrays(read_npz(builder.params_path, UserModelError, ".npz").items())
         classes = []
     return {"weights_sha256": weights_digest(arrays), "code": code_files([_factory(builder), *classes], ws.root)}
 
