@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from parity.cli.common import FILE, FOLDER, PRECISION_CHOICES, handle_errors, junit_option
+from parity.cli.common import FILE, FOLDER, PRECISION_CHOICES, TIMEOUT_DEFAULT, handle_errors, junit_option
 
 
 @click.command("check-onnx")
@@ -56,9 +56,8 @@ from parity.cli.common import FILE, FOLDER, PRECISION_CHOICES, handle_errors, ju
     "timeout_s",
     type=click.FloatRange(1),
     default=None,
-    help="Seconds one step of a case (init, golden build, export, check) may take before it is an error [default: "
-    "900, plus 1200 per GB of the model's weights]. A step that makes no progress is killed after "
-    "PARITY_STALL_TIMEOUT seconds of it (default 120).",
+    help=f"Seconds one step of a case (init, golden build, export, check) may take before it is an error "
+    f"{TIMEOUT_DEFAULT}",
 )
 @click.option("--no-cache", is_flag=True, help="Export again instead of using the export cache.")
 @click.option("--verbose", "-v", is_flag=True, help="List skip and expected-error reasons in full too.")

@@ -14,6 +14,14 @@ import click
 from parity.platform.errors import ParityError
 from parity.platform.precision import PRECISIONS
 from parity.report.escape import visible
+from parity.run import watch
+
+# what --timeout bounds where it is not given, from the bounds themselves (run.watch)
+TIMEOUT_DEFAULT = (
+    f"[default: {watch.BASE_WALL_S:g}, plus {watch.WALL_S_PER_GB:g} per GB of the model's weights]. One that makes no "
+    f"progress (uses no CPU, reads and writes nothing) is also killed after {watch.STALL_VARIABLE} seconds of it "
+    f"(default {watch.DEFAULT_STALL_S:g})."
+)
 
 PRECISION_CHOICES = tuple(PRECISIONS)
 
@@ -152,9 +160,7 @@ def check_options(func):
                 "timeout_s",
                 type=click.FloatRange(1),
                 default=None,
-                help="Seconds one export or check may take before it is killed and called an error [default: "
-                "900, plus 1200 per GB of the model's weights]. One that makes no progress (uses no CPU, reads and "
-                "writes nothing) is also killed after PARITY_STALL_TIMEOUT seconds of it (default 120).",
+                help=f"Seconds one export or check may take before it is killed and called an error {TIMEOUT_DEFAULT}",
             ),
             click.option("--no-cache", is_flag=True, help="Export again instead of using the export cache."),
             click.option(

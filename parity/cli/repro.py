@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from parity.cli.common import PRECISION_CHOICES, handle_errors, note, say, workspace_option
+from parity.cli.common import PRECISION_CHOICES, TIMEOUT_DEFAULT, handle_errors, note, say, workspace_option
 from parity.platform.env import default_threads
 
 
@@ -47,8 +47,7 @@ from parity.platform.env import default_threads
     "timeout_s",
     type=click.FloatRange(1),
     default=None,
-    help="Seconds one export, check or reduction may take [default: 900, plus 1200 per GB of the model's "
-    "weights]; one that makes no progress is also killed after PARITY_STALL_TIMEOUT seconds of it (default 120).",
+    help=f"Seconds one export, check or reduction may take {TIMEOUT_DEFAULT}",
 )
 @workspace_option
 @handle_errors

@@ -235,18 +235,18 @@ class Run:
         if key in self.exports:
             return self.exports[key]
         step = path.exports[depth]
-        wall_s = watch.limits(self.options.timeout_s, self.weights.get(spec.name)).wall_s
-        lock = self.cache.lock(key, timeout_s=wall_s + 60)
-        try:
-            with lock, self.sized(pool, spec):
-                entry = self._export_locked(
-                    pool, spec, path, depth, key, step, parent, batch_size, parts, slot, at_step
-                )
-        except TimeoutError:
-            entry = {
-                "error": f"{step.name}: cache entry {key} stayed locked by another run for {lock.timeout:g} s",
-                "cached": False,
-            }
+        with self.sized(pool, spec):  # the lock is waited on as long as the export it waits for may run
+            lock = self.cache.lock(key, timeout_s=pool.limits().wall_s + 60)
+            try:
+                with lock:
+                    entry = self._export_locked(
+                        pool, spec, path, depth, key, step, parent, batch_size, parts, slot, at_step
+                    )
+            except TimeoutError:
+                entry = {
+                    "error": f"{step.name}: cache entry {key} stayed locked by another run for {lock.timeout:g} s",
+                    "cached": False,
+                }
         self.exports[key] = entry
         return entry
 

@@ -227,7 +227,7 @@ class Client:
         self.folder = folder()
         self.lock = threading.Lock()
         self.started: subprocess.Popen | None = None
-        self.closed = self.greeted = False
+        self.closed = False
         try:
             self.key = key()
             self.path = self.folder / f"{self.key}.sock"
@@ -240,18 +240,13 @@ class Client:
     def request(self, message: dict, fd: int | None = None, within_s: float | None = None) -> dict:
         """The service's answer to ``message``: within ``within_s`` seconds where given, and in any case with no
         more than ``ANSWER_TIMEOUT_S`` of silence (a service at work on it says so); ``Unavailable`` otherwise, or
-        where it refuses this client (its first answer on a connection says whether it serves it)."""
+        where it refuses this client (every fork checks that the client's context is the service's)."""
         with self.lock:
             if self.closed:
                 raise Unavailable("the worker service was given up")
             try:
                 if self.sock is None:
                     self.sock = self._wait()
-                if not self.greeted:
-                    answer = self._exchange({"op": "hello"}, None, None)
-                    if "refused" in answer:
-                        raise Unavailable(f"the worker service does not serve this process: {answer['refused']}")
-                    self.greeted = True
                 answer = self._exchange(message, fd, within_s)
                 if "refused" in answer:
                     raise Unavailable(f"the worker service does not serve this process: {answer['refused']}")
@@ -419,8 +414,13 @@ def _listener(path: Path) -> int | None:
     if sock is None:
         return None
     with sock:
-        pid, _, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
-    return pid or None
+        return peer(sock)[0] or None
+
+
+def peer(sock: socket.socket) -> tuple[int, int]:
+    """The pid and uid of the process at the other end, as the kernel gives them (in this pid namespace)."""
+    pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return pid, uid
 
 
 def retire(names: list[str], where: Path | None = None) -> list[str]:
@@ -440,17 +440,19 @@ def _control(path: Path, message: dict) -> dict | None:
     if sock is None:
         return {}
     sock.settimeout(CONTROL_TIMEOUT_S)
+    deadline = time.monotonic() + CONTROL_TIMEOUT_S
     with sock:
         try:
             send(sock, message)
-            while True:
+            while time.monotonic() < deadline:  # a service busy past it (stuck under its lock) is not waited on
                 answer, fds = receive(sock)
                 for fd in fds:
                     os.close(fd)
                 if answer is None or not answer.get("busy"):
                     return answer
         except (OSError, ValueError):
-            return None
+            pass
+    return None
 
 
 def prune(where: Path, live: set[str]) -> None:

@@ -8,9 +8,7 @@ import concurrent.futures
 import json
 import os
 import signal
-import socket
 import socketserver
-import struct
 import threading
 import time
 import traceback
@@ -25,6 +23,7 @@ from parity.run.service import (
     MAX_TEMPLATES,
     context,
     mismatch,
+    peer,
     prune,
     receive,
     retire,
@@ -50,7 +49,6 @@ class Service(socketserver.ThreadingUnixStreamServer):
         self.owner: dict[int, Template] = {}  # pid of a worker not yet known to have ended -> its template
         # exit codes of workers that ended, until their client asks, and whether their template had ended too
         self.ended: dict[int, tuple[int, bool]] = {}
-        self.imported: dict[Template, dict] = {}  # a template's imported files: path -> [size, mtime_ns]
         self.retired: list[Template] = []  # templates replaced (an imported file changed), ended once idle
         self.clients, self.last_active, self.retiring = 0, time.monotonic(), False
         # every template starts on this one thread, alive as long as the service: a template's parent-death signal
@@ -103,14 +101,11 @@ class Service(socketserver.ThreadingUnixStreamServer):
             return {"error": str(error), "kind": error.kind}
         with self.state:
             self.owner[pid] = template
-            known = template in self.imported
-        if not known:  # its import is done now: what it imported, as it was then
+        if template.imported is None:  # its import is done now: what it imported, as it was then
             try:
-                imported = template.imports()
+                template.imported = template.imports()
             except (TaskFailed, EOFError, OSError):
-                imported = {}
-            with self.state:
-                self.imported[template] = imported
+                template.imported = {}
         return {"pid": pid}
 
     def _template(self, group: str, threads: int, env: dict) -> Template:
@@ -118,7 +113,7 @@ class Service(socketserver.ThreadingUnixStreamServer):
         busy = {id(t) for t in self._running().values()}
         with self.state:
             template = self.templates.pop(slot, None)
-            if template is not None and template.alive and changed(self.imported.get(template, {})):
+            if template is not None and template.alive and changed(template.imported or {}):
                 self.retired.append(template)  # its running workers finish; a new one imports the files as they are
                 template = None
             if template is None or not template.alive:
@@ -136,9 +131,7 @@ class Service(socketserver.ThreadingUnixStreamServer):
             for old in [s for s, t in self.templates.items() if s != slot and id(t) not in busy]:
                 if len(self.templates) <= MAX_TEMPLATES:
                     break
-                evicted = self.templates.pop(old)
-                self.imported.pop(evicted, None)
-                evicted.close()
+                self.templates.pop(old).close()
             return template
 
     def _running(self) -> dict[int, Template]:
@@ -158,8 +151,6 @@ class Service(socketserver.ThreadingUnixStreamServer):
             owners = {id(t) for t in self.owner.values()}
             idle = [t for t in self.retired if id(t) not in owners]
             self.retired = [t for t in self.retired if id(t) in owners]
-            for template in idle:
-                self.imported.pop(template, None)
             running = dict(self.owner)
         for template in idle:
             template.close()
@@ -230,12 +221,6 @@ def changed(imported: dict) -> bool:
     return False
 
 
-def peer(request: socket.socket) -> tuple[int, int]:
-    """The pid and uid of the process at the other end, as the kernel gives them (in this pid namespace)."""
-    pid, uid, _ = struct.unpack("3i", request.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
-    return pid, uid
-
-
 class Handler(socketserver.BaseRequestHandler):
     """One client: its requests, in order, until it closes its end."""
 
@@ -290,11 +275,6 @@ class Handler(socketserver.BaseRequestHandler):
     @staticmethod
     def _answer(service: Service, message: dict, fds: list[int], client: int) -> dict:
         op = message.get("op")
-        if op == "hello":  # a new connection: whether this client is served here
-            reason = service.refusal(client)
-            with service.state:  # a service stuck under its lock does not answer
-                pass
-            return {"refused": reason} if reason else {"served": True}
         if op == "fork":
             if len(fds) != 1:
                 raise ValueError("a fork request without its descriptor")

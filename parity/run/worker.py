@@ -329,12 +329,15 @@ def imported_files() -> dict[str, list[int]]:
     found: dict[str, list[int]] = {}
     for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)
-        if isinstance(path, str) and path not in found:
+        if not isinstance(path, str):
+            continue
+        path = os.path.abspath(path)
+        if path not in found:
             try:
                 info = os.stat(path)
             except OSError:
                 continue
-            found[os.path.abspath(path)] = [info.st_size, info.st_mtime_ns]
+            found[path] = [info.st_size, info.st_mtime_ns]
     return found
 
 
@@ -371,6 +374,7 @@ class Template:
     def __init__(self, group: str | None, threads: int, log_path: Path, env: dict):
         self.group, self.in_use, self.lock = group, 0, threading.Lock()
         self.conn, self.process = _spawn(_template_main, group, threads, log_path, env)
+        self.imported: dict | None = None  # the files it imported (path -> [size, mtime_ns]), once a service asked
 
     def adopt(self, group: str, log_path: Path) -> None:
         self.group = group
@@ -537,11 +541,9 @@ class Worker:
         self.group, self.log_path = group, self.log_path.with_name(f"worker-{group}.log")
         self.conn.send(("group", group, str(self.log_path)))
 
-    def call(self, target: str, kwargs: dict, limits: watch.Limits | float):
+    def call(self, target: str, kwargs: dict, limits: watch.Limits):
         """The task's result; killed (``TaskFailed``, kind ``timeout``) once it makes no progress for
-        ``limits.stall_s`` or runs past ``limits.wall_s`` (a number: that wall limit)."""
-        if not isinstance(limits, watch.Limits):
-            limits = watch.limits(limits)
+        ``limits.stall_s`` or runs past ``limits.wall_s``."""
         self.conn.send((target, kwargs))
         overdue = watch.wait(self.conn, self.process.pid, limits)
         if overdue is not None:
