@@ -18,11 +18,11 @@ MODELS = REPO / "tests" / "keras_nested.py"
 def test_nested_layers_rebuild_in_float64_under_their_full_paths():
     import keras
 
-    from parity.model.user import _keras_in_dtype
+    from parity.model.keras_dtype import rebuilt_in_dtype
     from tests.keras_nested import make_nested
 
     model = make_nested()
-    rebuilt = _keras_in_dtype(keras, model, "float64")
+    rebuilt = rebuilt_in_dtype(keras, model, "float64")
     assert [v.path for v in rebuilt.weights] == [v.path for v in model.weights]
     assert "bottleneck/conv_a/kernel" in {v.path for v in rebuilt.weights}
     assert {str(v.dtype) for v in rebuilt.weights if v.path != "scale/scale"} == {"float64"}
@@ -36,12 +36,12 @@ def test_nested_layers_rebuild_in_float64_under_their_full_paths():
 def test_a_sublayer_fixed_in_float32_is_refused_by_name():
     import keras
 
-    from parity.model.user import _keras_in_dtype
+    from parity.model.keras_dtype import rebuilt_in_dtype
     from parity.platform.errors import ParityError
     from tests.keras_nested import make_float32_block
 
     with pytest.raises(ParityError, match=r"layer 'inner' \(Dense\) computes in float32"):
-        _keras_in_dtype(keras, make_float32_block(), "float64")
+        rebuilt_in_dtype(keras, make_float32_block(), "float64")
 
 
 def _invoke(*args):

@@ -51,11 +51,9 @@ def error_stats(actual: np.ndarray, golden: np.ndarray, tol: Tolerance) -> dict:
             "reason": f"{nonfinite} of {a.size} elements are NaN or Inf",
         }
     diff = np.abs(a - golden)
-    allowance = (
-        tol.atol
-        + tol.rtol * np.abs(golden)
-        + (tol.scaled * float(np.abs(golden).max(initial=0.0)) if tol.scaled else 0.0)
-    )
+    magnitude = np.abs(golden)
+    scale = float(magnitude.max(initial=0.0))
+    allowance = _allowance(tol, magnitude, scale)
     g_flat, a_flat = golden.ravel(), a.ravel()
     norms = np.linalg.norm(g_flat) * np.linalg.norm(a_flat)
     cosine = float(np.dot(g_flat, a_flat) / norms) if norms > 0 else float(np.array_equal(g_flat, a_flat))
@@ -66,13 +64,13 @@ def error_stats(actual: np.ndarray, golden: np.ndarray, tol: Tolerance) -> dict:
         tol_units = float("inf")
     return {
         "max_abs": float(diff.max()) if diff.size else 0.0,
-        "max_rel": float(np.max(diff / np.maximum(np.abs(golden), _TINY))) if diff.size else 0.0,
+        "max_rel": float(np.max(diff / np.maximum(magnitude, _TINY))) if diff.size else 0.0,
         "mean_abs": float(diff.mean()) if diff.size else 0.0,
         "cosine": cosine,
         "tol_units": tol_units,
         "n_bad": int(np.count_nonzero(~(ratio <= 1.0))),
         "size": int(diff.size),
-        "scale": float(np.abs(golden).max(initial=0.0)),  # the largest golden magnitude
+        "scale": scale,  # the largest golden magnitude
         "ok": bool(tol_units <= 1.0),
     }
 
@@ -180,6 +178,11 @@ def compare_outputs(actual: dict, golden: dict, tolerances: OutputTolerances) ->
     return result
 
 
+def _allowance(tol: Tolerance, magnitude, scale: float):
+    """Each element's allowance: ``atol + rtol·|golden|``, plus ``scaled`` of the tensor's largest magnitude."""
+    return tol.atol + tol.rtol * magnitude + (tol.scaled * scale if tol.scaled else 0.0)
+
+
 def quick_units(actual, golden, tol) -> float:
     """The worst element's error in units of its allowance, the one figure ``error_stats`` decides ``ok`` by, at a
     fraction of its cost (the output audits of a timed series); inf where anything is not finite or shapes differ."""
@@ -187,8 +190,9 @@ def quick_units(actual, golden, tol) -> float:
     if a.shape != np.shape(golden):
         return float("inf")
     with np.errstate(divide="ignore", invalid="ignore"):
-        scaled = tol.scaled * float(np.abs(golden).max(initial=0.0)) if tol.scaled else 0.0
-        units = float(np.max(np.abs(a - golden) / (tol.atol + tol.rtol * np.abs(golden) + scaled), initial=0.0))
+        magnitude = np.abs(golden)
+        allowance = _allowance(tol, magnitude, float(magnitude.max(initial=0.0)))
+        units = float(np.max(np.abs(a - golden) / allowance, initial=0.0))
     return units if np.isfinite(units) else float("inf")
 
 

@@ -13,6 +13,7 @@ source framework's worker (ONNX Runtime runs there too), so neither side is buil
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +102,7 @@ class Tree:
         have it, with the ``nodes`` of an exported graph)."""
         if hasattr(self.path_side, "level"):
             found = self.path_side.level(names, calls, expected, expected_inputs)
-            return {**found, "output_units": self._output_units()}
+            return {**found, "output_units": self._output_units}
         found = self.reader.level_of(self.path_side, self.x, scope, names)
         return {
             "values": found["values"],
@@ -114,9 +115,11 @@ class Tree:
             },
         }
 
+    @functools.cached_property
     def _output_units(self) -> float | None:
         """The exported graph's worst output error against the golden, in tolerance units (what a graph-read
-        module's divergence must not contradict, ``mapping_check.withdraw_contradicted``)."""
+        module's divergence must not contradict, ``mapping_check.withdraw_contradicted``): the graph's outputs
+        are the same at every level, so it is worked out once."""
         side = self.path_side
         by_name = dict(zip(side.outputs, self.spec.outputs))
         stats = closeness.compare_named(

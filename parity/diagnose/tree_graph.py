@@ -138,7 +138,7 @@ def _level(levels: GraphLevels, names, calls, expected, expected_inputs) -> dict
             continue
         tensor = where.get("input_tensor")
         if isinstance(tensor, str) and tensor in values and name in expected_inputs:
-            read = _input_location(levels, where, tensor, expected_inputs[name])
+            read = _input_location(levels, where, tensor, np.shape(values[tensor]), expected_inputs[name])
             try:
                 found_inputs[name] = mapping_check.settle(
                     values[tensor], read, expected_inputs[name], tolerance_for(name)
@@ -150,20 +150,17 @@ def _level(levels: GraphLevels, names, calls, expected, expected_inputs) -> dict
     return {"values": found, "inputs": found_inputs, "located": located, "instrumentation": instrumentation}
 
 
-def _input_location(levels: GraphLevels, where: dict, tensor: str, expected: np.ndarray) -> dict:
-    """How to read a module's input ``tensor``: in the axis order the graph's structure proves, else in its
-    output's layout, proven by value where its shape permutes the reference input's."""
+def _input_location(levels: GraphLevels, where: dict, tensor: str, shape: tuple, expected: np.ndarray) -> dict:
+    """How to read a module's input ``tensor`` (its value of ``shape``): in the axis order the graph's structure
+    proves, else in its output's layout, proven by value where its shape permutes the reference input's."""
     canonical = levels.spec.model_inputs[0].layout
     orders = axis_order.axis_orders(levels.model, levels.graph, levels.meta["input_layout"], canonical)
-    shape = levels.graph.shapes.get(tensor)
-    if shape is None and tensor in levels.feed:
-        shape = np.shape(levels.feed[tensor])
     order = orders.get(tensor)
     proven = order and axis_order.to_golden(order, shape, expected.shape)
     if proven:
         return {"tensor": tensor, "order": list(proven)}
-    layout = where["layout"] if len(shape or ()) == expected.ndim == 4 else None
-    unproven = shape is not None and onnx_taps._permutes(shape, expected.shape)
+    layout = where["layout"] if len(shape) == expected.ndim == 4 else None
+    unproven = onnx_taps._permutes(shape, expected.shape)
     return {"tensor": tensor, "layout": layout, "unproven": unproven or where.get("unproven", False)}
 
 

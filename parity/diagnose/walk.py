@@ -71,7 +71,6 @@ def walk(tree, framework: str) -> dict:
             {"scope": scope, "rows": rows, "first_divergent": first, "instrumentation": observed.get("instrumentation")}
         )
         if withdrawn:
-            levels[-1]["withdrawn"] = withdrawn
             result.setdefault("withdrawn", []).extend(
                 {"path": r["tap"], "reason": r["reason"]} for r in rows if r["tap"] in withdrawn
             )

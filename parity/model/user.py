@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from parity.model.keras_dtype import rebuilt_in_dtype
 from parity.platform.errors import ParityError, one_line
 from parity.platform.precision import DTYPE_EPS, DTYPE_MIN_NORMAL
 
@@ -178,7 +179,7 @@ def keras_file(path: str, root: str | Path):
             raise UserModelError(
                 f"cannot load Keras model {file}: {one_line(f'{type(error).__name__}: {error}', 300)}"
             ) from None
-        return model if dtype == "float32" else _keras_in_dtype(keras, model, dtype)
+        return model if dtype == "float32" else rebuilt_in_dtype(keras, model, dtype)
 
     return _identified(keras_model, source_files=(Path(root) / path,))
 
@@ -192,17 +193,9 @@ def keras_factory(reference: str, root: str | Path):
         model = _call_factory(reference, resolve(reference, root))
         if not isinstance(model, keras.Model):
             raise UserModelError(f"{reference} returned {type(model).__name__}, not a keras.Model")
-        return model if dtype == "float32" else _keras_in_dtype(keras, model, dtype)
+        return model if dtype == "float32" else rebuilt_in_dtype(keras, model, dtype)
 
     return _identified(keras_model, source_files=_reference_files(reference, root), reference=reference, root=root)
-
-
-def _keras_in_dtype(keras, model, dtype: str):
-    """The same architecture built with every layer (inputs too) in ``dtype``; weights copied and cast, each under
-    the full path it has in ``model`` (``parity.model.keras_dtype``)."""
-    from parity.model.keras_dtype import rebuilt_in_dtype
-
-    return rebuilt_in_dtype(keras, model, dtype)
 
 
 def jax_function(reference: str, params_file: str, root: str | Path):

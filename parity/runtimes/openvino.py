@@ -87,7 +87,10 @@ class OpenVinoRunner(Runner):
         self.request = self.compiled.create_infer_request()
         self._outputs = [self.compiled.output(name) for name in self.output_names]
         self.graph_dtypes = _ml_dtypes(self.compiled.inputs)
-        self._output_dtypes = [ML_DTYPES.get(_type_name(port.get_element_type())) for port in self._outputs]
+        self._output_dtypes = [
+            values.ml_dtype(ML_DTYPES[name]) if name in ML_DTYPES else None
+            for name in (_type_name(port.get_element_type()) for port in self._outputs)
+        ]
         self.default_hint = _type_name(self.core.get_property("CPU", "INFERENCE_PRECISION_HINT"))
         self.numerics = {
             "openvino": ov.__version__,
@@ -110,7 +113,7 @@ class OpenVinoRunner(Runner):
     def run_impl(self, x):
         results = self.request.infer(self.feed(x), share_inputs=True)  # outputs copied out (share_outputs=False)
         return tuple(
-            results[port] if dtype is None else results[port].view(values.ml_dtype(dtype))
+            results[port] if dtype is None else results[port].view(dtype)
             for port, dtype in zip(self._outputs, self._output_dtypes)
         )
 
