@@ -142,10 +142,7 @@ class OnnxReference:
         self.model = onnx_source.load_checked(spec.onnx_model_path)
         computing = onnx_source.to_float64(self.model) if dtype == "float64" else self.model
         declared = {i.name: i.type for i in computing.graph.input}
-        feed = {
-            i.name: values.as_low_precision(x[i.name], i.dtype) if i.dtype in values.LOW_PRECISION else x[i.name]
-            for i in spec.model_inputs
-        }
+        feed = values.typed_inputs(spec, x)
         self.feed = {
             name: onnx_source._cast(value, declared[name]) if name in declared else value
             for name, value in feed.items()

@@ -60,8 +60,4 @@ def _onnx_float32(spec, x: dict) -> dict:
     if spec.containers:
         return {}
     model = onnx_source.load_checked(spec.onnx_model_path)
-    typed = {
-        i.name: values.as_low_precision(x[i.name], i.dtype) if i.dtype in values.LOW_PRECISION else x[i.name]
-        for i in spec.model_inputs
-    }
-    return onnx_source.reference_outputs(model, typed, "float32")
+    return onnx_source.reference_outputs(model, values.typed_inputs(spec, x), "float32")

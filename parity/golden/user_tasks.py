@@ -129,14 +129,8 @@ def _onnx_reference(spec, _weights, inputs, evals, dtype: str, structures: dict)
             if tap not in {o.name for o in model.graph.output}
         )
 
-    def typed(x: dict) -> dict:  # float8, int4 ... inputs, which golden data holds as raw bits, as ml_dtypes arrays
-        return {
-            i.name: values.as_low_precision(x[i.name], i.dtype) if i.dtype in values.LOW_PRECISION else x[i.name]
-            for i in spec.model_inputs
-        }
-
     def outputs(x, taps: bool = True) -> dict:  # every input in its own dtype
-        computed = _reference_run(spec, model, typed(x), dtype, structures)
+        computed = _reference_run(spec, model, values.typed_inputs(spec, x), dtype, structures)
         found = {name: computed[name] for name in containers.output_keys(spec.outputs, structures)}
         return {**found, **{f"tap/{tap}": values.golden(computed[tap]) for tap in spec.taps}} if taps else found
 

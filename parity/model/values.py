@@ -101,6 +101,15 @@ def from_bits(bits, dtype: str) -> np.ndarray:
     return bits.view(target)
 
 
+def typed_inputs(spec, x: dict) -> dict:
+    """The model's inputs ``x`` (golden data's arrays) each in its declared dtype: a float8, int4 ... input, which
+    golden data holds as raw bits, as an ml_dtypes array; the others as they are."""
+    return {
+        i.name: as_low_precision(x[i.name], i.dtype) if i.dtype in LOW_PRECISION else x[i.name]
+        for i in spec.model_inputs
+    }
+
+
 def as_low_precision(value, dtype: str) -> np.ndarray:
     """``value`` as an array of ``dtype`` (a ``LOW_PRECISION`` name): its raw bits as golden data keeps them
     (uint8), an array of that dtype as it is, numbers converted (a float8 value widened to float32 comes back

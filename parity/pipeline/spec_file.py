@@ -13,6 +13,7 @@ from parity.check import noise_floor
 from parity.model import values as value_kinds
 from parity.platform.errors import UsageError
 from parity.platform.safefs import write_text_atomic
+from parity.report.escape import escaped
 
 DEFAULT_TOLERANCE = (1e-4, 1e-4)  # atol, rtol of outputs where no float32 noise floor is measured
 FLOOR_FACTOR = noise_floor.FACTOR  # outputs: this many times the float32 noise floor, the factor a path is flagged at
@@ -97,13 +98,10 @@ def _string(text: str) -> str:
     turns back into the name's byte)."""
     out = []
     for char in text:
-        code = ord(char)
         if char in '"\\':
             out.append("\\" + char)
-        elif char.isprintable():
-            out.append(char)
         else:
-            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+            out.append(char if char.isprintable() else escaped(char))
     return '"' + "".join(out) + '"'
 
 

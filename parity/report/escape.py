@@ -13,9 +13,10 @@ def visible(text: str) -> str:
     ``\\u202e``, ``\\udcff``), line breaks and tabs kept; printable text, emoji and CJK included, as it is."""
     if text.isprintable():
         return text
-    return "".join(char if char.isprintable() or char in KEPT else _escape(char) for char in text)
+    return "".join(char if char.isprintable() or char in KEPT else escaped(char) for char in text)
 
 
-def _escape(char: str) -> str:
+def escaped(char: str) -> str:
+    """``char`` as Python's escape writes it: ``\\xNN``, ``\\uNNNN`` or ``\\UNNNNNNNN``."""
     code = ord(char)
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
