@@ -153,25 +153,22 @@ def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, reference, pre
                     "reason": f"marking {item['tensor']!r} as a graph output changes the outputs",
                 }
         for tap, where in mapped.items():
+            if where["how"] not in ("fused", "unmapped", "unobservable") and where.get("tensor") in values:
+                try:  # settle proves (or sets) the axis order and says how in the reason
+                    taps[tap] = mapping_check.settle(
+                        values[where["tensor"]], where, golden_taps[tap], tolerances.for_name(tap)
+                    )
+                except ValueError as error:  # the tensor found does not fit the tap: report it, compare the rest
+                    located[tap] = {"found": "unmapped", "tensor": where.get("tensor"), "reason": str(error)}
+                    continue
             located[tap] = {
                 "found": where["how"],
                 "tensor": where.get("tensor"),
                 "fused_into": where.get("fused_into"),
                 "reason": where.get("reason"),
                 "feeds_outputs": mapping_check.feeds_outputs(graph, where.get("tensor")),
+                **({"order": where["order"]} if where.get("order") else {}),
             }
-            if where.get("order"):
-                located[tap]["order"] = where["order"]
-            if where["how"] not in ("fused", "unmapped", "unobservable") and where.get("tensor") in values:
-                try:
-                    taps[tap] = mapping_check.settle(
-                        values[where["tensor"]], where, golden_taps[tap], tolerances.for_name(tap)
-                    )
-                    located[tap]["reason"] = where.get("reason")
-                    if where.get("order"):
-                        located[tap]["order"] = where["order"]
-                except ValueError as error:  # the tensor found does not fit the tap: report it, compare the rest
-                    located[tap] = {"found": "unmapped", "tensor": where.get("tensor"), "reason": str(error)}
     expected = {name: reference[by_graph_name[name]] for name in graph_outputs}
     optimiser = None
     if path.runtime.name == "ort":

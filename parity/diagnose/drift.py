@@ -23,7 +23,7 @@ def tap_rows(
     ``located[tap]`` is ``{"found", "tensor", "fused_into", "reason"}``; a tap without a value in
     ``observed`` (fused or unmapped) has ``stats`` None and keeps its reason.
     """
-    rows, previous = [], None
+    rows = []
     for tap in spec.taps:
         where = located.get(tap, {"found": "unmapped", "reason": "not reported by this path"})
         layer = spec.layers.get(tap)
@@ -40,13 +40,22 @@ def tap_rows(
             "first_divergent": False,
         }
         if tap in observed and tap in reference:
-            stats = compare.error_stats(observed[tap], reference[tap], tolerance_for(tap))
-            row["stats"] = stats
-            units = stats.get("tol_units", math.inf)
+            row["stats"] = compare.error_stats(observed[tap], reference[tap], tolerance_for(tap))
+        rows.append(row)
+    return set_growth(rows)
+
+
+def set_growth(rows: list[dict]) -> list[dict]:
+    """``rows`` with each compared row's ``growth``: its tolerance units over the previous compared row's (None
+    for the first and for rows without statistics)."""
+    previous = None
+    for row in rows:
+        row["growth"] = None
+        if row["stats"] is not None:
+            units = row["stats"].get("tol_units", math.inf)
             if previous is not None:
                 row["growth"] = units / previous if previous > 0 else (math.inf if units > 0 else 1.0)
             previous = units
-        rows.append(row)
     return rows
 
 

@@ -10,6 +10,7 @@ import itertools
 import numpy as np
 
 from parity.check.closeness import error_stats
+from parity.diagnose import drift
 
 MAX_RANK = 5  # permutations of at most 5 axes (120) are tried
 
@@ -18,13 +19,14 @@ def _ok(value, golden, tol) -> bool:
     return bool(error_stats(value, golden, tol).get("ok"))
 
 
-def _permuted(value: np.ndarray, golden: np.ndarray, tol) -> tuple[int, ...] | None:
-    """The axis order (other than the identity) that makes ``value`` agree with ``golden``, or None."""
-    if value.ndim > MAX_RANK:
+def _permuted(value: np.ndarray, golden: np.ndarray, tol, identity: bool = False) -> tuple[int, ...] | None:
+    """The axis order (other than the identity, unless ``identity``) that makes ``value`` agree with ``golden``,
+    or None."""
+    if value.ndim > MAX_RANK or value.ndim != golden.ndim:
         return None
     for order in itertools.permutations(range(value.ndim)):
         if (
-            order != tuple(range(value.ndim))
+            (identity or order != tuple(range(value.ndim)))
             and tuple(value.shape[i] for i in order) == golden.shape
             and _ok(np.transpose(value, order), golden, tol)
         ):
@@ -86,17 +88,14 @@ def settle(value: np.ndarray, where: dict, golden: np.ndarray, tol) -> np.ndarra
     canonical = to_canonical(value, where, golden.shape)
     if not where.get("unproven"):
         return canonical
-    reference = np.asarray(golden, np.float64)
-    if _ok(np.asarray(canonical, np.float64), reference, tol):
+    if _ok(canonical, golden, tol):
         where["reason"] = f"{where.get('reason') or 'its axis order'}; proven by value (agrees with the golden)"
         return canonical
-    raw = np.asarray(value, np.float64)
-    if raw.ndim == reference.ndim and raw.ndim <= MAX_RANK:
-        for order in itertools.permutations(range(raw.ndim)):
-            if tuple(raw.shape[i] for i in order) == reference.shape and _ok(np.transpose(raw, order), reference, tol):
-                where["order"] = list(order)
-                where["reason"] = f"axes {order} proven by value (the only order that agrees with the golden)"
-                return np.transpose(np.asarray(value), order)
+    order = _permuted(np.asarray(value), np.asarray(golden), tol, identity=True)
+    if order is not None:
+        where["order"] = list(order)
+        where["reason"] = f"axes {order} proven by value (the only order that agrees with the golden)"
+        return np.transpose(np.asarray(value), order)
     raise ValueError(
         f"tensor {where.get('tensor')!r}: {where.get('reason') or 'its axis order is not proven'}, and no order of its "
         f"axes agrees with the golden: whether it departs or is misread cannot be told, so it is not compared"
@@ -160,15 +159,6 @@ def withdraw_contradicted(rows: list[dict], located: dict, output_units: float |
                 f"{output_units:.3g}x: its own downstream contradicts it, so the read is not trusted (withdrawn)",
             )
             withdrawn.append(row["tap"])
-    if not withdrawn:
-        return []
-    for later in rows:  # growth is relative to the previous compared tap
-        later["growth"] = None
-    previous = None
-    for row in rows:
-        if row["stats"] is not None:
-            units = row["stats"].get("tol_units", np.inf)
-            if previous is not None:
-                row["growth"] = units / previous if previous > 0 else (np.inf if units > 0 else 1.0)
-            previous = units
+    if withdrawn:
+        drift.set_growth(rows)  # growth is relative to the previous compared tap
     return withdrawn
