@@ -134,3 +134,16 @@ def test_the_tolerance_init_derives_fails_a_float16_island_and_passes_float32(tm
     results = {r["path"]: r for r in json.loads(out.read_text())["results"]}
     assert results["torch"]["verdict"] == "pass"
     assert results["torch/onnx/ort"]["verdict"] == verdict, results["torch/onnx/ort"].get("reason")
+
+
+def test_floor_on_a_built_in_model_is_refused_not_ignored():
+    """Only a golden build of a model brought with `parity init` measures the floor: declared on a zoo model, whose
+    golden build measures none, it would be silently ignored."""
+    import dataclasses
+
+    from parity.model.workspace import Workspace
+
+    spec = Workspace(REPO).load_spec("mlp")
+    floored = {"fp32": Tolerances(Tolerance(1e-4, 1e-4), floor=32)}
+    with pytest.raises(ValueError, match="floor= needs a model brought with parity init"):
+        dataclasses.replace(spec, tolerances=floored).validate()

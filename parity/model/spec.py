@@ -570,6 +570,11 @@ class ModelSpec:
             raise ValueError(f"floor= derives fp32 output tolerances only, not {', '.join(floored)}")
         if any(not (math.isfinite(t.floor) and t.floor >= 0) for t in self.tolerances.values()):
             raise ValueError("floor= is a factor of the float32 noise floor: a finite positive number")
+        if not self.weights_from_model and any(t.floor for t in self.tolerances.values()):
+            raise ValueError(
+                "floor= needs a model brought with parity init (weights_from_model=True): only its golden build "
+                "measures the float32 noise floor"
+            )
         if any(not isinstance(b, int) or b < 1 for b in self.timed_batch_sizes):
             raise ValueError(f"bench_batch_sizes must be positive integers, not {self.bench_batch_sizes!r}")
         if len(set(self.taps)) != len(self.taps):
