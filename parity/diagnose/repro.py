@@ -105,6 +105,10 @@ def _golden_known(spec, model, diagnosis, reference, meta, feed, extra: dict | N
         if row.get("found") not in ("fused", "unmapped", "unobservable", "withdrawn")
     }
     orders = {row.get("tensor"): row["order"] for row in diagnosis.get("taps") or [] if row.get("order")}
+    leaf = (diagnosis.get("tree") or {}).get("leaf") or {}  # the boundary of the leaf, in the orders it was read
+    for tensor, order in ((leaf.get("tensor"), leaf.get("order")), (leaf.get("input_tensor"), leaf.get("input_order"))):
+        if tensor and order:
+            orders.setdefault(tensor, order)
     for tensor, value in {**found, **(extra or {})}.items():
         if not tensor or value is None:
             continue

@@ -145,6 +145,9 @@ def _level(levels: GraphLevels, names, calls, expected, expected_inputs) -> dict
                 )
             except ValueError:
                 where["input_tensor"] = None
+            else:
+                if read.get("order"):  # the order settled or proven: a reproducer cuts there in the graph's own
+                    where["input_order"] = read["order"]
     for where in located.values():
         where.pop("how", None)
     return {"values": found, "inputs": found_inputs, "located": located, "instrumentation": instrumentation}

@@ -159,6 +159,7 @@ def _rows(children: list[dict], reference: dict, observed: dict, tolerances) -> 
                 "params": child.get("params"),
                 "nodes": where.get("nodes"),
                 "input_tensor": where.get("input_tensor"),
+                **({"input_order": where["input_order"]} if where.get("input_order") else {}),
                 "input": None,
                 "value": None,
                 "observed_input": None,
