@@ -15,8 +15,13 @@ ratios to the plain check.
 whose ``N//2``-th layer's output LayerNorm loses its bias in the export, through ``parity init`` and
 ``golden build`` in a temporary workspace, so its ONNX path fails and the descent goes to that leaf.
 
+``--keras`` and ``--flax`` measure Keras and JAX users' models the same way, each on the path where one of its leaves
+departs (the models of the tree's tests, brought as a user brings them: a Keras factory through the library call
+``assert_parity`` makes, a JAX function and its ``.npz`` through ``parity init --jax``): ``KERAS`` and ``FLAX`` below.
+
     python scripts/diagnose_cost.py --model cnn --path torch/onnx/ort --repeats 7
     python scripts/diagnose_cost.py --encoder 12 --repeats 5
+    python scripts/diagnose_cost.py --keras --flax --repeats 3
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 from parity.diagnose import chain
 from parity.diagnose.collect import ONNX_RUNTIMES
 from parity.diagnose.descend import descend
@@ -40,6 +47,37 @@ from parity.platform.cache_dir import cache_root
 from parity.run import paths
 from parity.run.worker import WorkerPool
 
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = ROOT / "tests"
+# name -> (Keras factory, its input's shape, the path where its leaf departs, the departing leaf)
+KERAS = {
+    "keras_nested": (TESTS / "nestedmodels.py:make_keras_nested", (2, 12), "tf/onnx/ort", "encoder/norm"),
+    "keras_blocks": (TESTS / "keras_litert.py:make_faulty_blocks", (2, 12), "tf/litert", "blocks/res_block_1/act"),
+    "keras_encoder": (TESTS / "keras_encoder.py:make_encoder", (2, 6, 8), "tf/xla", "encoder/block_1/ffn/down"),
+}
+# the tf/xla departure is the path's own drift on its weights (a real XLA departure on CPU stays far inside float32's
+# tolerances), as tests/test_tree_keras_xla.py adds it
+DRIFT = {"keras_encoder": {"encoder/block_1/ffn/down/kernel": ((32, 16), 2e-3)}}
+# name -> (module file:function, the module's function that saves its parameters, input, path, the departing leaf)
+FLAX = {
+    "flax_nested": (
+        "nestedmodels.py:flax_apply",
+        "nestedmodels.save_flax_params",
+        "2x12",
+        "jax/onnx/ort",
+        "blocks_3/norm",
+    ),
+    "jax_scoped": (
+        "test_tree_jax.py:scoped_apply",
+        "test_tree_jax.save_scoped_params",
+        "2x6",
+        "jax/onnx/ort",
+        "encoder/block_1/act",
+    ),
+    "flax_fpn": ("flaxmodels.py:fpn_apply", "flaxmodels.save_fpn_params", "1x16x16x3", "jax/onnx/ort", "a resize"),
+    "flax_nnx": ("flaxmodels.py:nnx_apply", "flaxmodels.save_nnx_params", "1x6x6x4", "jax/onnx/ort", "a resize"),
+}
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -49,15 +87,88 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--workspace", default=None)
     parser.add_argument("--encoder", type=int, default=0, help="measure only an N-layer encoder built here")
+    parser.add_argument("--keras", action="store_true", help=f"measure the Keras models {', '.join(KERAS)}")
+    parser.add_argument("--flax", action="store_true", help=f"measure the JAX models {', '.join(FLAX)}")
     args = parser.parse_args()
     if args.encoder:
-        with tempfile.TemporaryDirectory() as root:
+        with tempfile.TemporaryDirectory() as root, _pool(args.threads) as pool:
             _encoder_workspace(root, args.encoder)
+            _header(args.repeats, args.threads)
             measure(
-                Workspace(root), args.model, args.path or ["torch/onnx/ort"], args.repeats, args.threads, verdicts=True
+                Workspace(root), args.model, args.path or ["torch/onnx/ort"], args.repeats, args.threads, pool, True
             )
         return
-    measure(Workspace(args.workspace), args.model, args.path, args.repeats, args.threads)
+    if args.keras or args.flax:
+        chosen = [
+            m
+            for m in (*(KERAS if args.keras else ()), *(FLAX if args.flax else ()))
+            if m in args.model or not args.model
+        ]
+        with tempfile.TemporaryDirectory() as root, _pool(args.threads) as pool:
+            ws = _users_workspace(Path(root), chosen, pool)
+            _header(args.repeats, args.threads)
+            for name in chosen:
+                path, leaf = KERAS[name][2:] if name in KERAS else FLAX[name][3:]
+                print(f"{name} on {path}: the departing leaf is {leaf}", flush=True)
+                measure(ws, [name], [path], args.repeats, args.threads, pool, True, _drift(ws, name, path))
+        return
+    with _pool(args.threads) as pool:
+        _header(args.repeats, args.threads)
+        measure(Workspace(args.workspace), args.model, args.path, args.repeats, args.threads, pool)
+
+
+def _pool(threads: int) -> WorkerPool:
+    return WorkerPool(threads, cache_root() / "logs", 600)
+
+
+def _users_workspace(root: Path, names: list[str], pool) -> Workspace:
+    """The Keras factories through the library call ``assert_parity`` makes (``parity init --keras`` loads a saved
+    file, which cannot hold these custom layers), the JAX functions and their saved parameters through ``parity
+    init --jax``; each through ``golden build``."""
+    from parity.golden import build as golden_build
+    from parity.pipeline import scaffold
+
+    for name in names:
+        if name in KERAS:
+            factory, shape = KERAS[name][:2]
+            request = scaffold.Request(
+                name=name,
+                kind="tf",
+                reference=str(factory),
+                inputs=(scaffold.InputDecl("x", shape, "float32"),),
+                builder="keras_factory",
+            )
+            scaffold.init(root, request, force=False, threads=1, timeout_s=300)
+            continue
+        function, save, size = FLAX[name][:3]
+        params = root / f"{name}.npz"
+        module, saver = save.split(".")
+        prepare = f"import sys; sys.path.insert(0, {str(TESTS)!r}); import {module}; {module}.{saver}({str(params)!r})"
+        subprocess.run([sys.executable, "-c", prepare], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [sys.executable, "-m", "parity.cli", "init", name, "--jax", f"{TESTS / function},{params}"]
+            + ["--input", f"x={size}", "--workspace", str(root)],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+    ws = Workspace(root)
+    for name in names:
+        golden_build.build(ws, ws.load_spec(name), pool)
+    return ws
+
+
+def _drift(ws: Workspace, name: str, path: str) -> dict:
+    """``Options.weight_perturbation`` for ``name`` on ``path``: the seeded drift ``DRIFT`` gives it, or none."""
+    return (
+        {
+            (name, path): {
+                weight: np.random.default_rng(1).normal(0.0, scale, shape)
+                for weight, (shape, scale) in DRIFT[name].items()
+            }
+        }
+        if name in DRIFT
+        else {}
+    )
 
 
 def make_encoder():
@@ -120,66 +231,80 @@ def _encoder_workspace(root: str, layers: int) -> None:
     os.environ["PARITY_ENCODER_LAYERS"] = str(layers)  # the workers build the model from the same factory
 
 
-def measure(ws, models, path_patterns, repeats: int, threads: int, verdicts: bool = False) -> None:
-    run = orchestrate.Run(ws, orchestrate.Options(threads=threads))
+def _header(repeats: int, threads: int) -> None:
     print(f"threads {threads}, {repeats} back-to-back repeats in a warm worker; medians in seconds")
     print(
-        f"{'model':<12} {'path':<20} {'check':>7} {'taps':>7} {'runtime':>8} {'source':>7} {'tree':>7} "
-        f"{'analyse':>8} {'taps/check':>11} {'tree/check':>11} {'diagnosis/check':>16}"
+        f"{'model':<14} {'path':<20} {'check':>7} {'taps':>7} {'runtime':>8} {'source':>7} {'tree':>7} "
+        f"{'analyse':>8} {'taps/check':>11} {'tree/check':>11} {'diagnosis/check':>16}",
+        flush=True,
     )
-    with WorkerPool(threads, cache_root() / "logs", 600) as pool:
-        for model in ws.select(models):
-            spec = ws.load_spec(model)
-            manifest = golden.verify(ws.golden_dir(model), spec)
-            arrays = golden.load(ws.golden_dir(model), spec).arrays
-            for path in paths.select(tuple(path_patterns) or ("torch", "*/onnx/ort"), spec.frameworks, "cpu", "fp32"):
-                artifact = run._export(pool, spec, manifest, path, len(path.exports) - 1) if path.exports else None
-                if artifact is not None and "error" in artifact:
-                    continue
-                common = {
-                    "workspace": str(ws.root),
-                    "model": model,
-                    "golden_dir": str(ws.golden_dir(model)),
-                    "threads": threads,
-                }
-                own = {
-                    **common,
-                    "path_id": path.id,
-                    "artifact_dir": artifact and artifact["dir"],
-                    "artifact_meta": artifact and artifact["meta"],
-                }
-                group = path.runtime.group
-                med = {
-                    "check": _median(repeats, pool.call, group, "parity.run.tasks:check_path", precision="fp32", **own)
-                }
-                observed = pool.call(group, chain.COLLECT, precision="fp32", **own)
-                med["taps"] = _median(repeats, pool.call, group, chain.COLLECT, precision="fp32", **own)
-                med["runtime"] = 0.0
-                tree = descend(run, pool, spec, path, artifact)
-                if path.exports and path.runtime.name in ONNX_RUNTIMES:  # its own task, scoped by the descent
-                    med["runtime"] = _median(
-                        repeats, chain._runtime_link, run, pool, spec, path, artifact, arrays, observed, tree
-                    )
-                source, med["source"] = observed, 0.0
-                if path.exports:
-                    source_kw = {**common, "path_id": path.source, "precision": "fp32", "gradients": False}
-                    source_group = paths.by_id(path.source).runtime.group
-                    source = pool.call(source_group, chain.COLLECT, **source_kw)
-                    med["source"] = _median(repeats, pool.call, source_group, chain.COLLECT, **source_kw)
-                med["tree"] = _median(repeats, descend, run, pool, spec, path, artifact)
-                if verdicts:  # what the diagnosis found, so the figures are those of a real one
-                    print(
-                        f"{model} {path.id}: first divergent path {' › '.join(tree['first_divergent_path']) or '-'}"
-                        f" ({tree.get('verdict')}); runtime link: {tree_link(chain._runtime_link(run, pool, spec, path, artifact, arrays, observed, tree))}"
-                    )
-                med["analyse"] = _median(repeats, chain.analyse, spec, path, arrays, observed, source)
-                total = med["taps"] + med["runtime"] + med["source"] + med["tree"] + med["analyse"]
-                print(
-                    f"{model:<12} {path.id:<20} {med['check']:>7.3f} {med['taps']:>7.3f} {med['runtime']:>8.3f} "
-                    f"{med['source']:>7.3f} {med['tree']:>7.3f} {med['analyse']:>8.3f} "
-                    f"{med['taps'] / med['check']:>11.2f} {med['tree'] / med['check']:>11.2f} "
-                    f"{total / med['check']:>16.2f}"
+
+
+def measure(
+    ws, models, path_patterns, repeats: int, threads: int, pool, verdicts: bool = False, drift: dict | None = None
+) -> None:
+    """One row per model and path; ``drift``: ``Options.weight_perturbation`` (the path's own drift on its
+    weights), passed to the check, the taps and the descent as a diagnosis passes it."""
+    run = orchestrate.Run(ws, orchestrate.Options(threads=threads, weight_perturbation=drift or {}))
+    for model in ws.select(models):
+        spec = ws.load_spec(model)
+        manifest = golden.verify(ws.golden_dir(model), spec)
+        arrays = golden.load(ws.golden_dir(model), spec).arrays
+        for path in paths.select(tuple(path_patterns) or ("torch", "*/onnx/ort"), spec.frameworks, "cpu", "fp32"):
+            artifact = run._export(pool, spec, manifest, path, len(path.exports) - 1) if path.exports else None
+            if artifact is not None and "error" in artifact:
+                continue
+            common = {
+                "workspace": str(ws.root),
+                "model": model,
+                "golden_dir": str(ws.golden_dir(model)),
+                "threads": threads,
+            }
+            own = {
+                **common,
+                "path_id": path.id,
+                "artifact_dir": artifact and artifact["dir"],
+                "artifact_meta": artifact and artifact["meta"],
+            }
+            group = path.runtime.group
+            own["weight_perturbation"] = run.options.weight_perturbation.get((model, path.id))
+            pool.call(group, "parity.run.tasks:check_path", precision="fp32", **own)  # warm
+            med = {"check": _median(repeats, pool.call, group, "parity.run.tasks:check_path", precision="fp32", **own)}
+            observed = pool.call(group, chain.COLLECT, precision="fp32", **own)
+            med["taps"] = _median(repeats, pool.call, group, chain.COLLECT, precision="fp32", **own)
+            med["runtime"] = 0.0
+            tree = descend(run, pool, spec, path, artifact)
+            if path.exports and path.runtime.name in ONNX_RUNTIMES:  # its own task, scoped by the descent
+                med["runtime"] = _median(
+                    repeats, chain._runtime_link, run, pool, spec, path, artifact, arrays, observed, tree
                 )
+            source, med["source"] = observed, 0.0
+            if path.exports:
+                source_kw = {**common, "path_id": path.source, "precision": "fp32", "gradients": False}
+                source_group = paths.by_id(path.source).runtime.group
+                source = pool.call(source_group, chain.COLLECT, **source_kw)
+                med["source"] = _median(repeats, pool.call, source_group, chain.COLLECT, **source_kw)
+            med["tree"] = _median(repeats, descend, run, pool, spec, path, artifact)
+            if verdicts:  # what the diagnosis found, so the figures are those of a real one
+                print(
+                    f"{model} {path.id}: first divergent path {' › '.join(tree['first_divergent_path']) or '-'}"
+                    f" ({tree.get('verdict')}); runtime link: {tree_link(_link(run, pool, spec, path, artifact, arrays, observed, tree))}"
+                )
+            med["analyse"] = _median(repeats, chain.analyse, spec, path, arrays, observed, source)
+            total = med["taps"] + med["runtime"] + med["source"] + med["tree"] + med["analyse"]
+            print(
+                f"{model:<14} {path.id:<20} {med['check']:>7.3f} {med['taps']:>7.3f} {med['runtime']:>8.3f} "
+                f"{med['source']:>7.3f} {med['tree']:>7.3f} {med['analyse']:>8.3f} "
+                f"{med['taps'] / med['check']:>11.2f} {med['tree'] / med['check']:>11.2f} "
+                f"{total / med['check']:>16.2f}",
+                flush=True,
+            )
+
+
+def _link(run, pool, spec, path, artifact, arrays, observed, tree) -> dict:
+    if not (path.exports and path.runtime.name in ONNX_RUNTIMES):
+        return {"error": "none (not an ONNX runtime)"}
+    return chain._runtime_link(run, pool, spec, path, artifact, arrays, observed, tree)
 
 
 def tree_link(compared: dict) -> str:

@@ -172,7 +172,7 @@ def test_write_is_atomic_and_self_contained(tmp_path):
 def test_write_leaves_old_page_when_render_fails(tmp_path, monkeypatch):
     path = html.write(report(result("torch")), tmp_path)
     before = path.read_text()
-    monkeypatch.setattr(html, "render", lambda report: (_ for _ in ()).throw(RuntimeError("boom")))
+    monkeypatch.setattr(html, "render", lambda *args: (_ for _ in ()).throw(RuntimeError("boom")))
     with pytest.raises(RuntimeError):
         html.write(report(), tmp_path)
     assert path.read_text() == before and sorted(os.listdir(tmp_path)) == ["index.html"]

@@ -55,11 +55,13 @@ def repro(model, path_id, out_dir, force, precision, device, threads, timeout_s,
     """Reduce a failing path's exported ONNX graph to the smallest subgraph that still fails on the whole input
     set, and write a bug report anyone can run: model.onnx, test_data_set_0/, repro.py (numpy, onnx and the
     failing runtime only; exits 1 while the bug is present) and README.md (what diverges, the node, the tested
-    cause, the link, the environment).
+    cause, the link, the environment). On tf/litert, tf/xla, tf and jax (no ONNX graph) the leaf layer the
+    diagnosis names is written alone in the path's format (model.tflite, saved_model/, leaf.jax_exported) with its
+    float64 input.npy and expected.npy, repro.py and README.md, once it is seen to fail alone as the path does.
 
     Exit codes: 0 written, or the path passes (nothing to reduce); 1 the failure stopped reproducing during the
-    reduction; 2 nothing to reduce (an error or skip verdict, a native path, a drift entering at the definition)
-    or bad input (a non-empty --out without --force).
+    reduction; 2 nothing to reduce (an error or skip verdict, a native path whose layer alone does not fail, a
+    drift entering at the definition) or bad input (a non-empty --out without --force).
 
     \b
     Example:

@@ -11,6 +11,7 @@ import sys
 import click
 
 from parity.cli.common import (
+    FOLDER,
     check_options,
     executor_options,
     handle_errors,
@@ -46,6 +47,7 @@ def _check_or_run(
     resume=None,
     accelerator=None,
     junit_file=None,
+    model_explorer=None,
 ):
     from parity.cli.progress import Progress
     from parity.pipeline import jobs
@@ -96,6 +98,7 @@ def _check_or_run(
         resume=resume,
         accelerator=accelerator,
         junit_file=junit_file,
+        model_explorer=model_explorer,
     )
     mode = "off" if to_stdout else ("live" if sys.stderr.isatty() else "lines")
     with Progress(mode) as progress:
@@ -200,8 +203,17 @@ def bench(budget_s, min_runs, target_ci, batch_sizes, baseline, processes, **com
 
 @click.command()
 @check_options
+@click.option(
+    "--model-explorer",
+    "model_explorer",
+    type=FOLDER,
+    default=None,
+    help="Write each diagnosis's drift as Google Model Explorer node data into this folder (created if missing): "
+    "MODEL/PATH/ holds the exported model.onnx, drift.json keyed by its node ids and "
+    "modules.json keyed by module path. Default: beside --json, as JSON_NAME.model-explorer/.",
+)
 @handle_errors
-def diagnose(**common):
+def diagnose(model_explorer, **common):
     """Layer-by-layer drift of the selected paths (default: every failing path).
 
     Per tap in network order: error statistics against the golden, the first divergent tap, a cause
@@ -212,4 +224,6 @@ def diagnose(**common):
     Example:
         parity diagnose --model transformer --path torch/onnx/ort --report report/
     """
-    _check_or_run(**common, diagnose="all" if common["patterns"] else "failing")
+    _check_or_run(
+        **common, diagnose="all" if common["patterns"] else "failing", model_explorer=model_explorer or "auto"
+    )

@@ -226,6 +226,17 @@ def _entry(tensor=None, how="unmapped", fused_into=None, layout=None, reason=Non
     return {"tensor": tensor, "how": how, "fused_into": fused_into, "layout": layout, "reason": reason}
 
 
+def _read_by_layers(graph: _Graph, outputs: list[str]) -> list[str]:
+    """The boundary outputs that are graph outputs or read by a node a layer's scope names (``block_1/add``): those
+    read only by tf2onnx's own unscoped nodes (``Unsqueeze__375``, its rewriting of an einsum) are the layer's
+    internals, e.g. an attention's key projection, whatever their size."""
+    return [
+        name
+        for name in outputs
+        if name in graph.graph_outputs or any("/" in graph.nodes[i].name for i in graph.consumers.get(name, ()))
+    ]
+
+
 def _pick_boundary(graph: _Graph, outputs: list[str], golden: np.ndarray | None) -> str:
     """The last boundary output, preferring those that can hold the golden activation (by size)."""
     if golden is not None:
@@ -334,6 +345,8 @@ def map_taps(
     if kind is not None:
         for tap, nodes in _scopes(graph, taps, kind).items():
             outputs = _boundary_outputs(graph, nodes)
+            if kind == "name":
+                outputs = _read_by_layers(graph, outputs) or outputs
             if outputs:
                 result[tap] = _entry(_pick_boundary(graph, outputs, golden.get(tap)), kind)
             else:

@@ -81,17 +81,21 @@ class Tree:
         artifact_meta: dict | None = None,
         weight_perturbation: dict | None = None,
     ) -> None:
-        """Build the path's side: a native runner (with the deliberate drift a check may add to its weights), or the
-        exported graph."""
+        """Build the path's side: a native runner (with the deliberate drift a check may add to its weights), the
+        exported graph, or a ``.tflite`` file (``tree_litert.LiteRTLevels``)."""
         from parity.run.tasks import perturbed
         from parity.sources import native
 
         path = paths.by_id(path_id, device, self.precision)
         if artifact_dir is None:
             weights = perturbed(self.verified.arrays["weights.npz"], weight_perturbation)
-            self.path_side = native(self.framework)(
-                self.spec, weights, self.spec.batch_size, "float32", device, self.precision
-            )
+            # a Keras path's own runner: ``tf/xla``'s compiles with XLA, and its tree is read inside that compilation
+            runner = paths.load_target(path.runtime_target) if self.framework == "tf" else native(self.framework)
+            self.path_side = runner(self.spec, weights, self.spec.batch_size, "float32", device, self.precision)
+        elif str((artifact_meta or {}).get("file", "")).endswith(".tflite"):  # LiteRT: the converter's tensor names
+            from parity.diagnose.tree_litert import LiteRTLevels
+
+            self.path_side = LiteRTLevels(self.spec, path, artifact_dir, artifact_meta, self.x, self.threads)
         else:
             from parity.diagnose.tree_graph import GraphLevels
 
@@ -104,15 +108,17 @@ class Tree:
             found = self.path_side.level(names, calls, expected, expected_inputs)
             return {**found, "output_units": self._output_units}
         found = self.reader.level_of(self.path_side, self.x, scope, names)
+        unseen = found.get("located") or {}  # a reader's own reasons (XLA: unobservable inside the compilation)
         return {
             "values": found["values"],
             "inputs": found["inputs"],
             "located": {
                 n: {"found": "native"}
                 if n in found["values"]
-                else {"found": "unmapped", "reason": "its first call returned no floating tensor"}
+                else unseen.get(n) or {"found": "unmapped", "reason": "its first call returned no floating tensor"}
                 for n in names
             },
+            "instrumentation": found.get("instrumentation"),
         }
 
     @functools.cached_property

@@ -24,44 +24,22 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-SEPARATOR = "/"
-
-
-def _host(value) -> np.ndarray:
-    array = np.asarray(value)
-    return array.astype(np.float32) if array.dtype.name in ("float16", "bfloat16") else array
-
-
-def _floating(jax, value) -> bool:
-    return isinstance(value, jax.Array) and jax.numpy.issubdtype(value.dtype, jax.numpy.floating)
-
-
-def _children(called: list[str], scope: str) -> list[str]:
-    """The paths of ``called`` one level under ``scope``, and in place of one never called, its called descendants
-    nearest to it (call order kept)."""
-    head = f"{scope}{SEPARATOR}" if scope else ""
-    under = [p for p in called if p and p.startswith(head) and p != scope]
-    return [p for p in under if not any(p.startswith(q + SEPARATOR) for q in under if q != p)]
+from parity.diagnose.tree_jax_calls import SEPARATOR, _children, _host, calls_recorder, kept_values, observed
 
 
 def level_of(runner, x: dict, scope: str, names: list[str] | None = None) -> dict:
     """``level`` of a ``parity.sources.jax.JaxSource`` on the feeds ``x``: ``{"children": [...], "values": {path:
     array}, "inputs": {path: array}, "outputs": {name: array}}`` as ``parity.diagnose.tree_torch.level`` returns
     them. ``names`` given: exactly those paths are observed; else the children of ``scope`` (``''``: the root)."""
+    from parity.diagnose import tree_nnx
+
     fed = runner._input(runner.check_feed(x))
     seen = _flax(runner, fed, scope, names)
     if seen is None:
+        seen = tree_nnx.level(runner, fed, scope, names)
+    if seen is None:
         seen = _named_scopes(runner, fed, scope, names)
     return seen
-
-
-def _first_array(jax, tree, floating: bool = False):
-    for leaf in jax.tree_util.tree_leaves(tree):
-        if _floating(jax, leaf) if floating else isinstance(leaf, jax.Array):
-            return leaf
-    return None
 
 
 def _flax(runner, fed, scope: str, names) -> dict | None:
@@ -77,80 +55,22 @@ def _flax(runner, fed, scope: str, names) -> dict | None:
     record: dict[str, Any] = {"order": [], "calls": {}, "modules": {}, "single": {}, "kept": []}
 
     def traced(params, x):
-        trace = getattr(jax.tree_util.tree_leaves(x)[0], "_trace", None)
-        active, values, inputs = [], {}, {}
+        values: dict = {}
+        inputs: dict = {}
         record.update(order=[], calls={}, modules={}, single={})
+        call = calls_recorder(jax, record, values, inputs)
 
         def interceptor(next_fun, args, kwargs, context):
             module = context.module
             path = SEPARATOR.join(str(part) for part in (module.path if module.scope is not None else ()))
-            if context.method_name == "setup" or path in active:  # its own helper: part of the call running
-                return next_fun(*args, **kwargs)
-            calls = record["calls"][path] = record["calls"].get(path, 0) + 1
-            if calls == 1:
-                record["order"].append(path)
-                record["modules"][path] = module
-                fed_array = _first_array(jax, (args, kwargs))
-                if fed_array is not None:
-                    inputs[path] = fed_array
-                record["single"][path] = (
-                    len(args) == 1
-                    and isinstance(args[0], jax.Array)
-                    and all(v is None or isinstance(v, bool) for v in kwargs.values())
-                )
-            active.append(path)
-            try:
-                returned = next_fun(*args, **kwargs)
-            finally:
-                active.pop()
-            if calls == 1:
-                first = _first_array(jax, returned, floating=True)
-                if first is not None:
-                    values[path] = first
-            return returned
+            # ``setup`` (and a method of the module called from inside another of its own) is part of the call
+            return call(None if context.method_name == "setup" else path, module, next_fun, args, kwargs)
 
         with nn.intercept_methods(interceptor):
             outputs = forward_outputs(spec, spec.jax_apply(params, x, None))
-        kept = list(names) if names is not None else _children(record["order"], scope)
-        record["kept"] = kept
+        return (outputs, *kept_values(jax, record, values, inputs, scope, names, x))
 
-        def ours(value):  # a tracer of this jit's trace; one of a lifted transform's inner trace cannot leave it
-            return trace is None or getattr(value, "_trace", trace) is trace
-
-        return (
-            outputs,
-            {p: values[p] for p in kept if p in values and ours(values[p])},
-            {p: inputs[p] for p in kept if p in inputs and ours(inputs[p])},
-        )
-
-    outputs, values, inputs = jax.jit(traced)(runner.params, fed)
-    if not any(record["order"]):
-        return None
-    children = []
-    for path in record["kept"]:
-        if path not in record["calls"]:
-            continue
-        module, single = record["modules"][path], record["single"][path]
-        typed = flax_layer(module) if single else None
-        leaf = not any(p.startswith(path + SEPARATOR) for p in record["calls"])
-        children.append(
-            {
-                "path": path,
-                "class": f"{type(module).__module__}.{type(module).__qualname__}",
-                "calls": record["calls"][path],
-                "leaf": leaf,
-                "kind": typed[0] if typed else None,
-                "attrs": typed[1] if typed else None,
-                "single_input": single,
-                "has_value": path in values,
-            }
-        )
-    return {
-        "children": children,
-        "values": {p: _host(v) for p, v in values.items()},
-        "inputs": {p: _host(v) for p, v in inputs.items()},
-        "outputs": {n: _host(v) for n, v in zip(spec.outputs, outputs)},
-    }
+    return observed(jax, spec, record, traced, runner.params, fed, flax_layer)
 
 
 def _scope_of(eqn) -> tuple[str, ...]:

@@ -5,7 +5,9 @@ layers it holds: a functional or ``Sequential`` (sub-)model's ``layers`` (its ``
 layer's tracked sub-layers (``self.fc = Dense(...)``, lists of layers too), in the order the scope calls them; a layer
 it holds but never calls is left out, and operations that are no layer (``keras.ops`` between layers) are the scope's
 own. Values are read by wrapping ``call`` of each child for one run of the model under ``tf.function``, as the
-native ``tf`` path runs it (eagerly where a value cannot leave the traced function, e.g. inside a loop): a child's
+native ``tf`` path runs it (eagerly where a value cannot leave the traced function, e.g. inside a loop); on a runner
+that compiles with XLA (``jit_compile``: ``tf/xla``) inside one XLA-compiled function returning them as extra
+outputs, trusted only where its outputs are the path's own compiled forward's (``_xla``): a child's
 value is the first tensor its first call returns, its input the first tensor that call reads, both in the canonical
 layout (``KerasSource.taps_impl``'s conversion); a layer called more than once (shared) is compared at its first
 call. A child is typed by the layer catalogue (``keras_layer``) where it read one tensor alone, and carries
@@ -92,6 +94,8 @@ def level_of(runner, x: dict, scope: str, names: list[str] | None = None) -> dic
         "values": host(seen["values"]),
         "inputs": host(seen["inputs"]),
         "outputs": {name: _widened(value) for name, value in seen["outputs"].items()},
+        "located": seen["located"],
+        "instrumentation": seen["instrumentation"],
     }
 
 
@@ -100,14 +104,22 @@ def _widened(value: np.ndarray) -> np.ndarray:
 
 
 def _observe(runner, x: dict, candidates) -> dict:
-    """One run of the model with ``call`` of each candidate wrapped: call order, call counts, first values."""
+    """One run of the model with ``call`` of each candidate wrapped: call order, call counts, first values. A runner
+    that compiles with XLA (``jit_compile``, the ``tf/xla`` path) is read inside one XLA-compiled function that returns
+    the values as extra outputs (``_xla``)."""
     import tensorflow as tf
 
     from parity.model.feeds import call_keras
     from parity.runtimes.tf_common import outputs_in_order
 
+    xla = bool(getattr(runner, "jit_compile", None))
     calls: dict[str, int] = {}
     order, values, inputs, single = [], {}, {}, {}
+    inner: list[str] = []  # XLA: first values computed in a loop's or branch's own graph, which cannot leave it
+    traced: list = [None]  # the graph the model is traced into
+
+    def leaves(tensor) -> bool:
+        return not xla or getattr(tensor, "graph", None) is traced[0]
 
     def wrapped(name, original):
         def call(*args, **kwargs):
@@ -116,7 +128,7 @@ def _observe(runner, x: dict, candidates) -> dict:
             if first:
                 order.append(name)
                 fed = [t for t in tf.nest.flatten((args, kwargs)) if tf.is_tensor(t)]
-                if fed:
+                if fed and leaves(fed[0]):
                     inputs[name] = fed[0]
                 single[name] = (
                     len(args) == 1
@@ -127,30 +139,59 @@ def _observe(runner, x: dict, candidates) -> dict:
             if first:
                 out = [t for t in tf.nest.flatten(returned) if tf.is_tensor(t)]
                 if out and out[0].dtype.is_floating:
-                    values[name] = out[0]
+                    if leaves(out[0]):
+                        values[name] = out[0]
+                    else:
+                        inner.append(name)
             return returned
 
         return call
 
-    def forward(feeds):
-        for record in (order, calls, values, inputs, single):
+    def forward(feeds, keep=None):
+        """The model's outputs, and the first values and inputs (of the layers in ``keep``; None: all)."""
+        for record in (order, calls, values, inputs, single, inner):
             record.clear()
+        traced[0] = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
         returned = outputs_in_order(runner.spec, call_keras(runner.model, feeds))
-        return returned, dict(values), dict(inputs)
+        kept = [n for n in values if keep is None or n in keep]
+        return returned, {n: values[n] for n in kept}, {n: inputs[n] for n in kept if n in inputs}
 
+    fed = runner._to_tf(runner.check_feed(x))
+    plain = None
+    if xla:  # the path's own compiled forward, before any layer is wrapped: what the taps must not change
+        with tf.device(runner.tf_device):
+            plain = {n: t.numpy() for n, t in zip(runner.spec.outputs, runner._forward(fed))}
     patched: list[tuple[object, object]] = []
     for name, layer in candidates:  # an instance attribute: Layer.__call__ reads self.call
         if any(layer is other for _, other in patched):
             continue
         patched.append((layer.__dict__.get("call", _UNSET), layer))
         layer.__dict__["call"] = wrapped(name, layer.call)
-    fed = runner._to_tf(runner.check_feed(x))
+    located: dict[str, dict] = {}
+    instrumentation = None
     try:
         with tf.device(runner.tf_device):
-            try:
-                returned, found, read = tf.function(forward)(fed)
-            except ValueError:  # a value computed inside a loop or a branch cannot leave the traced function
-                returned, found, read = forward(fed)
+            if xla:
+                seen = _xla(runner, fed, forward, plain)
+                found, read, instrumentation = seen["values"], seen["inputs"], seen["instrumentation"]
+                returned = [seen["outputs"][n] for n in runner.spec.outputs]
+                for item in (instrumentation or {}).get("disturbing", ()):
+                    located[item["tap"]] = {
+                        "found": "unobservable",
+                        "reason": "read inside the XLA-compiled function, it changes the model's outputs "
+                        "(XLA compiles the function differently with it as an output)",
+                    }
+                for name in inner:
+                    located[name] = {
+                        "found": "unobservable",
+                        "reason": "computed inside a loop or a branch of the XLA-compiled function, whose values "
+                        "cannot leave it",
+                    }
+            else:
+                try:
+                    returned, found, read = tf.function(forward)(fed)
+                except ValueError:  # a value computed inside a loop or a branch cannot leave the traced function
+                    returned, found, read = forward(fed)
     finally:
         for before, layer in patched:
             if before is _UNSET:
@@ -161,7 +202,50 @@ def _observe(runner, x: dict, candidates) -> dict:
         "order": list(order),
         "calls": dict(calls),
         "single": dict(single),
-        "values": {n: t.numpy() for n, t in found.items()},
-        "inputs": {n: t.numpy() for n, t in read.items()},
-        "outputs": {n: t.numpy() for n, t in zip(runner.spec.outputs, returned)},
+        "values": {n: np.asarray(t) for n, t in found.items()},
+        "inputs": {n: np.asarray(t) for n, t in read.items()},
+        "outputs": {n: np.asarray(t) for n, t in zip(runner.spec.outputs, returned)},
+        "located": located,
+        "instrumentation": instrumentation,
+    }
+
+
+def _xla(runner, fed, forward, plain: dict) -> dict:
+    """The layers' first values and inputs computed inside one ``tf.function(jit_compile=True)`` of the model that
+    returns them as extra outputs, as the ``tf/xla`` path compiles it; extra outputs can change what XLA fuses and
+    so the outputs: where the outputs then differ from the path's own compiled forward (``plain``), the largest set
+    of layers whose reading leaves them as they are is kept (``instrument.observe``), the others are disturbing.
+    ``{"outputs", "values", "inputs", "instrumentation"}`` (numpy; ``instrumentation`` None where all are kept)."""
+    import tensorflow as tf
+
+    from parity.diagnose import instrument
+
+    tolerance_for = runner.spec.output_tolerances(runner.precision).for_name
+
+    def compiled(keep):
+        returned, found, read = tf.function(lambda feeds: forward(feeds, keep), jit_compile=True)(fed)
+        outputs = {n: t.numpy() for n, t in zip(runner.spec.outputs, returned)}
+        return outputs, {n: t.numpy() for n, t in found.items()}, {n: t.numpy() for n, t in read.items()}
+
+    outputs, found, read = compiled(None)
+    if instrument.same_outputs(plain, outputs, tolerance_for):
+        return {"outputs": outputs, "values": found, "inputs": read, "instrumentation": None}
+
+    def run(names: list[str]) -> dict:
+        keep = {n.removeprefix("tap:") for n in names if n.startswith("tap:")}
+        outputs, found, read = compiled(keep)
+        return {**outputs, **{f"tap:{n}": (v, read.get(n)) for n, v in found.items()}}
+
+    seen = instrument.observe(run, plain, {n: f"tap:{n}" for n in found}, tolerance_for)
+    kept = {n.removeprefix("tap:"): pair for n, pair in seen["values"].items() if n.startswith("tap:")}
+    return {
+        "outputs": {n: seen["values"].get(n, plain[n]) for n in plain},
+        "values": {n: value for n, (value, _) in kept.items()},
+        "inputs": {n: value for n, (_, value) in kept.items() if value is not None},
+        "instrumentation": {
+            "reproduces_with_every_tap": False,
+            "observable": seen["observable"],
+            "disturbing": seen["disturbing"],
+            "runs": seen["runs"],
+        },
     }

@@ -6,8 +6,8 @@ children ``layer.0 … layer.11``. A child's value is the first tensor of what i
 ``ModelOutput`` or a ``(hidden, weights)`` tuple gives its first tensor), and its input the first tensor its first
 call reads; a module called more than once (shared weights) is compared at its first call, and says so. A child is
 typed by the layer catalogue (``parity.model.layer_types``) where its class is one the catalogue computes and it read
-one tensor alone, or is a self-attention called with a mask (``torch_masked_attention``): its mask is recorded by
-argument name (``masks``), the layer's second input. Imports torch inside.
+one tensor alone, or reads further inputs its kind computes from (``torch_further_inputs``: a self-attention's mask,
+a rotary embedding's positions): those are recorded by argument name (``masks``), the layer's further inputs. Imports torch inside.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def level(module, forward, scope: str, names: list[str] | None = None) -> dict:
 
 def _observe(torch, candidates, forward) -> dict:
     """One run with hooks on ``candidates`` (``[(path, module)]``): call order, call counts, first values."""
-    from parity.model.layer_types import torch_masked_attention
+    from parity.model.layer_types import torch_further_inputs
 
     calls: dict[str, int] = {}
     order, values, inputs, single, masked = [], {}, {}, {}, {}
@@ -128,7 +128,7 @@ def _observe(torch, candidates, forward) -> dict:
                     and torch.is_tensor(args[0])
                     and all(v is None or isinstance(v, bool) for v in kwargs.values())
                 )
-                typed = None if single[name] else torch_masked_attention(module, args, kwargs)
+                typed = None if single[name] else torch_further_inputs(module, args, kwargs)
                 if typed is not None:
                     masked[name] = (typed[0], {arg: _host(torch, m) for arg, m in typed[1].items()})
 

@@ -102,7 +102,9 @@ def walk(tree, framework: str) -> dict:
     result.update(first_divergent_path=trail, leaf=leaf)
     if trail and result["verdict"] is None:
         result["verdict"] = "leaf"
-    if leaf is not None and evidence is not None and result["verdict"] == "leaf":
+    typed_scope = result["verdict"] == "own_operations" and leaf is not None and leaf["kind"] is not None
+    if leaf is not None and evidence is not None and (result["verdict"] == "leaf" or typed_scope):
+        # a scope the catalogue computes whole (a gated MLP) is tested as one layer where none of its children departs
         result["cause_test"] = _test_cause(leaf, *evidence, tree.verified.arrays["weights.npz"], tolerances)
     return result
 

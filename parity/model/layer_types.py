@@ -7,13 +7,48 @@ Only what the NumPy modules of ``parity.diagnose.layers`` compute exactly is typ
 and a Keras layer's by variable path (``conv/kernel``), and the diagnosis maps either to the kind's canonical
 layout (``parity.diagnose.layers.native``; Keras kernels in their own layout are marked ``weight_layout``).
 Keras activations are channels-last: image kinds get ``layout: "nhwc"``. A Flax module (``flax_layer``) is typed
-where the descent into a JAX model's tree reaches it; its weights are found by its parameter path. Imports torch,
-keras or flax inside.
+where the descent into a JAX model's tree reaches it, a ``flax.nnx`` one by ``nnx_layer``; its weights are found by
+its parameter path. Today's transformer layers are typed too: RMSNorms (transformers' ``LlamaRMSNorm`` and kin,
+``T5LayerNorm``, Gemma's ``1 + w`` ones, ``torch.nn.RMSNorm``, Keras' ``RMSNormalization`` and
+``LayerNormalization(rms_scaling=True)``, Flax's ``RMSNorm``), transformers' gated MLPs and the default rotary
+embedding (its positions read as its second input, ``torch_further_inputs``). Imports torch, keras or flax inside.
 """
 
 from __future__ import annotations
 
-WEIGHTED = ("dense", "conv", "batch_norm", "layer_norm", "recurrent", "attention")  # kinds that read weights
+WEIGHTED = (  # kinds that read weights
+    "dense",
+    "conv",
+    "batch_norm",
+    "layer_norm",
+    "recurrent",
+    "attention",
+    "rms_norm",
+    "gated_mlp",
+)
+# transformers' RMSNorm classes -> Gemma's ``1 + w`` offset (the epsilon is ``variance_epsilon`` or ``eps``)
+HF_RMS_NORMS = {
+    "LlamaRMSNorm": 0,
+    "MistralRMSNorm": 0,
+    "MixtralRMSNorm": 0,
+    "Qwen2RMSNorm": 0,
+    "Qwen3RMSNorm": 0,
+    "T5LayerNorm": 0,
+    "GemmaRMSNorm": 1,
+    "Gemma2RMSNorm": 1,
+    "Gemma3RMSNorm": 1,
+}
+# transformers' gated MLPs: ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``
+HF_GATED_MLPS = ("LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP", "GemmaMLP", "Gemma2MLP")
+# transformers' rotary embeddings that compute ``cos(cat(freqs, freqs))`` from the positions (the default RoPE)
+HF_ROTARY = (
+    "LlamaRotaryEmbedding",
+    "MistralRotaryEmbedding",
+    "Qwen2RotaryEmbedding",
+    "Qwen3RotaryEmbedding",
+    "GemmaRotaryEmbedding",
+    "Gemma2RotaryEmbedding",
+)
 ACTIVATIONS = {
     "ReLU": "relu",
     "ReLU6": "relu6",
@@ -104,11 +139,72 @@ def _torch_recurrent(module, nn):
     )
 
 
+def _hf(module, names) -> str | None:
+    """The name of the first of transformers' classes ``names`` that ``module`` is an instance of (a subclass keeps
+    its base's form, as ``isinstance`` types torch's own classes), else None."""
+    return next(
+        (c.__name__ for c in type(module).__mro__ if c.__module__.startswith("transformers.") and c.__name__ in names),
+        None,
+    )
+
+
+def _torch_rms_norm(module, nn):
+    if isinstance(module, nn.RMSNorm):
+        if len(module.normalized_shape) != 1:
+            return None
+        eps = module.eps if module.eps is not None else 1.1920928955078125e-07  # finfo(float32).eps: torch's None
+        return "rms_norm", {"eps": float(eps)}
+    weight = getattr(module, "weight", None)
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    if weight is None or weight.dim() != 1 or not isinstance(eps, (int, float)):
+        return None
+    offset = HF_RMS_NORMS[_hf(module, HF_RMS_NORMS)]
+    return "rms_norm", {"eps": float(eps), **({"offset": 1} if offset else {})}
+
+
+def _torch_gated_mlp(module, nn):
+    parts = [getattr(module, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+    if not all(isinstance(p, nn.Linear) for p in parts):
+        return None
+    act = (
+        torch_layer(getattr(module, "act_fn", None)) if isinstance(getattr(module, "act_fn", None), nn.Module) else None
+    )
+    if act is None or act[0] != "activation" or set(act[1]) != {"form"}:
+        return None
+    return "gated_mlp", {"act": act[1]["form"]}
+
+
+def _torch_rotary(module):
+    import numpy as np
+
+    config = getattr(module, "config", None)
+    inv_freq = getattr(module, "inv_freq", None)
+    theta = (getattr(config, "rope_parameters", None) or {}).get("rope_theta")
+    if (
+        getattr(module, "rope_type", None) != "default"
+        or getattr(module, "attention_scaling", None) != 1.0
+        or inv_freq is None
+        or not isinstance(theta, (int, float))
+    ):
+        return None
+    dim = 2 * int(inv_freq.numel())
+    expected = 1.0 / (float(theta) ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+    if not np.allclose(inv_freq.detach().double().cpu().numpy(), expected, rtol=1e-6):
+        return None  # frequencies scaled or edited: not the default table
+    return "rotary", {"base": float(theta), "dim": dim, "rotation": "half"}
+
+
 def torch_layer(module) -> tuple[str, dict] | None:
     """``(kind, attrs)`` for a torch module the catalogue computes, else None."""
     from torch import nn
 
     name = type(module).__name__
+    if isinstance(module, nn.RMSNorm) or _hf(module, HF_RMS_NORMS):
+        return _torch_rms_norm(module, nn)
+    if _hf(module, HF_GATED_MLPS):
+        return _torch_gated_mlp(module, nn)
+    if _hf(module, HF_ROTARY):
+        return _torch_rotary(module)
     if isinstance(module, nn.Linear):
         return "dense", {}
     if isinstance(module, (nn.Conv1d, nn.Conv2d)) and module.padding_mode == "zeros":
@@ -182,6 +278,21 @@ def torch_reads(module, args: tuple, kwargs: dict, previous) -> bool:
             and not rest.get("is_causal", False)
         )
     return len(args) == 1 and args[0] is previous and all(v is None for v in kwargs.values())
+
+
+def torch_further_inputs(module, args: tuple, kwargs: dict) -> tuple[dict, dict] | None:
+    """For a call of a typed module that reads more than its first input: ``(attrs, {argument: tensor})``, what the
+    call adds to its layer's attributes and the further inputs its kind reads, in order (``torch_masked_attention``
+    for a masked self-attention; a rotary embedding's ``position_ids``). None for any other call."""
+    import torch
+
+    if _hf(module, HF_ROTARY) and torch_layer(module) is not None:
+        bound = {**dict(zip(("x", "position_ids"), args)), **kwargs}
+        positions = bound.get("position_ids")
+        if len(args) > 2 or set(bound) != {"x", "position_ids"} or not torch.is_tensor(positions):
+            return None
+        return {}, {"position_ids": positions}
+    return torch_masked_attention(module, args, kwargs)
 
 
 MHA_ARGUMENTS = (
@@ -337,6 +448,10 @@ def keras_layer(layer) -> tuple[str, dict] | None:
         return "batch_norm", {"eps": config["epsilon"], "layout": "nhwc"}
     if type(layer) is L.LayerNormalization and config["axis"] in (-1, [-1]) and not config.get("rms_scaling"):
         return "layer_norm", {"eps": config["epsilon"]}
+    if type(layer) is L.LayerNormalization and config["axis"] in (-1, [-1]):  # rms_scaling: x / sqrt(var + eps)
+        return "rms_norm", {"eps": config["epsilon"], "by_variance": True, "weight_layout": "keras"}
+    if type(layer) is getattr(L, "RMSNormalization", None) and config["axis"] in (-1, [-1]):
+        return "rms_norm", {"eps": config["epsilon"], "weight_layout": "keras"}
     if type(layer) is L.Activation:
         found = _keras_activation(config["activation"])
         if found is None or found[0] == "linear":
@@ -450,5 +565,60 @@ def flax_layer(module) -> tuple[str, dict] | None:
             "weight_layout": "flax",
         }
     if isinstance(module, nn.Dropout) and module.broadcast_dims in ((), None):
+        return "dropout", {"rate": module.rate}
+    if isinstance(module, nn.RMSNorm) and _flax_rms_axes(module, axes):
+        return "rms_norm", {"eps": module.epsilon, "weight_layout": "flax"}
+    return None
+
+
+def _flax_rms_axes(module, axes) -> bool:
+    """Whether a Flax ``RMSNorm`` (linen or nnx) normalises the last axis alone, on one device."""
+    return axes(module.reduction_axes) == (-1,) and axes(module.feature_axes) == (-1,) and module.axis_name is None
+
+
+def nnx_layer(module) -> tuple[str, dict] | None:
+    """``(kind, attrs)`` for a ``flax.nnx`` module the catalogue computes, else None: an ``nnx.RMSNorm`` over the last
+    axis (its ``scale`` parameter is gamma, ``weight_layout: "flax"``)."""
+    from flax import nnx
+
+    def axes(value):
+        return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+    if isinstance(module, nnx.RMSNorm) and _flax_rms_axes(module, axes):
+        return "rms_norm", {"eps": module.epsilon, "weight_layout": "flax"}
+    return None
+
+
+def nnx_core_layer(module) -> tuple[str, dict] | None:
+    """``(kind, attrs)`` for the ``flax.nnx`` layers linen has too (``Linear``, ``LayerNorm``, ``Conv``,
+    ``Dropout``), typed as ``flax_layer`` types linen's: same parameter names and layouts; else None."""
+    import jax
+    from flax import nnx
+
+    def axes(value):
+        return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+    if isinstance(module, nnx.Linear) and module.dot_general is jax.lax.dot_general:
+        return "dense", {}
+    if isinstance(module, nnx.LayerNorm) and _flax_rms_axes(module, axes) and module.use_scale and module.use_bias:
+        return "layer_norm", {"eps": module.epsilon, "weight_layout": "flax"}
+    kernel = axes(module.kernel_size) if isinstance(module, nnx.Conv) else ()
+    if (
+        isinstance(module, nnx.Conv)
+        and len(kernel) in (1, 2)
+        and module.mask is None
+        and module.conv_general_dilated is jax.lax.conv_general_dilated
+        and module.input_dilation in (None, 1, (1,) * len(kernel))
+        and (padding := _flax_padding(module.padding, len(kernel))) is not None
+    ):
+        return "conv", {
+            "stride": _pair(module.strides or 1),
+            "padding": padding,
+            "dilation": _pair(module.kernel_dilation or 1),
+            "groups": module.feature_group_count,
+            "layout": "nhwc",
+            "weight_layout": "flax",
+        }
+    if isinstance(module, nnx.Dropout) and module.broadcast_dims in ((), None):
         return "dropout", {"rate": module.rate}
     return None

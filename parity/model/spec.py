@@ -49,6 +49,9 @@ LAYER_KINDS = (
     "resize",
     "recurrent",
     "softmax",
+    "rms_norm",
+    "gated_mlp",
+    "rotary",
 )
 
 

@@ -103,6 +103,8 @@ class CheckRequest:
     resume: str | None = None  # a run id in the store whose finished cells are kept (ray)
     accelerator: str | None = None  # GPU cells only on nodes with accelerator_type:<this> (ray)
     junit_file: str | None = None  # JUnit XML of the verdicts, one testcase per model and path
+    # Model Explorer node data of each diagnosis: a folder, "auto" (beside --json, when it names a file), or None
+    model_explorer: str | None = None
 
 
 def check(
@@ -129,6 +131,7 @@ def check(
     pool = _early_pool(request, device)  # first: it loads while the rest is checked here; the orchestrator closes it
     try:
         check_targets(None if to_stdout else request.json_file, request.report_dir, request.junit_file)
+        explorer = explorer_folder(request.model_explorer, None if to_stdout else request.json_file)
         ws = open_workspace(request.workspace, notice)
         names = ws.select(request.models)
         store, baseline, differ = _open_store(request, ws, device)  # refused here, before anything runs or is written
@@ -183,7 +186,12 @@ def check(
         code = max(code, against_code)
     show(report)
     write_results(
-        report, None if to_stdout else request.json_file, request.report_dir, notice, junit_file=request.junit_file
+        report,
+        None if to_stdout else request.json_file,
+        request.report_dir,
+        notice,
+        junit_file=request.junit_file,
+        model_explorer=explorer,
     )
     if store is not None and not to_stdout:  # JSON on stdout: its run_id says it, nothing else is printed
         notice(f"stored as run {report['run_id']} in {store.url}")
@@ -281,10 +289,42 @@ def _history_page(store, report: dict, out_dir: Path) -> None:
     report["history_page"] = "history.html"
 
 
+def explorer_folder(option: str | None, json_file: str | None) -> str | None:
+    """Where ``--model-explorer`` writes (``parity.report.model_explorer``): the folder named, or with ``"auto"``
+    ``JSON_NAME.model-explorer`` beside a ``--json`` file (none for stdout, a FIFO or a device); refused now, before
+    any work, when it could not be written."""
+    from parity.platform.safefs import check_folder_target, writes_through
+
+    if option == "auto":
+        if not json_file or writes_through(json_file):
+            return None
+        target = Path(os.path.abspath(json_file))
+        option = str(target.with_name(f"{target.stem}.model-explorer"))
+    if option:
+        check_folder_target(option, "--model-explorer")
+    return option
+
+
 def write_results(
-    report: dict, json_file: str | None, report_dir: str | None, notice=_quiet, junit_file: str | None = None
+    report: dict,
+    json_file: str | None,
+    report_dir: str | None,
+    notice=_quiet,
+    junit_file: str | None = None,
+    model_explorer: str | None = None,
 ) -> None:
-    """The result JSON, the JUnit XML and the HTML report, each announced to ``notice`` once written."""
+    """The Model Explorer node data, the result JSON, the JUnit XML and the HTML report, each announced to
+    ``notice`` once written (the node data first: the JSON and the HTML report say where it is)."""
+    if model_explorer:
+        from parity.report import model_explorer as explorer
+
+        def node_data():
+            folders = explorer.write(report, model_explorer)
+            for folder in folders:
+                notice(f"open in Model Explorer: {explorer.how_to(folder, (folder / explorer.DRIFT_FILE).exists())}")
+            return f"{model_explorer} ({len(folders)} diagnosis folder(s))"
+
+        _write_after_run("--model-explorer", model_explorer, node_data, notice)
     if json_file:
         from parity.report import json_report
 
@@ -493,8 +533,8 @@ def repro(
 
     Returns ``(exit code, one line)``: 0 with the folder written, or when the path passes (nothing to reduce); 1 when
     the failure stops reproducing during the reduction; 2 when there is no exported graph to reduce (an error, a
-    skip, a native path, a drift that enters at the definition). A non-empty ``out_dir`` needs ``force``; the
-    reduction runs on the CPU runtimes only (``device`` other than cpu is a usage error)."""
+    skip, a native path or tf/litert with no leaf layer that fails alone (``repro_native``), a drift that enters at
+    the definition). A non-empty ``out_dir`` needs ``force``; the reduction runs on the CPU runtimes only (``device`` other than cpu is a usage error)."""
     from parity.diagnose.repro import trusted_for
     from parity.golden import store as golden
     from parity.pipeline import orchestrate
@@ -527,14 +567,14 @@ def repro(
     if result["verdict"] != "fail":
         return 2, f"nothing to reduce: {where} is {result['verdict']} ({result.get('reason') or 'no reason'})"
     diagnosis = result.get("diagnosis") or {}
-    if not path.exports:
-        link = (diagnosis.get("links") or {}).get("enters_at") or "definition"
-        return 2, (
-            f"nothing to reduce: {where} is a native path; its diagnosis names the {link} link and there is no "
-            f"ONNX graph to reduce"
-        )
-    if path.runtime.name not in ("ort", "ort-noopt", "onnxref"):
-        return 2, f"nothing to reduce: {where} runs on {path.runtime.name}, not on a CPU ONNX runtime"
+    if not path.exports or path.runtime.name not in ("ort", "ort-noopt", "onnxref"):  # no ONNX graph: one layer
+        from parity.pipeline import repro_native
+
+        if path.id not in repro_native.PATHS or diagnosis.get("split"):
+            return 2, repro_native.refusal(where, path, diagnosis)
+        spec = ws.load_spec(model)
+        manifest = golden.verify(ws.golden_dir(model), spec)
+        return repro_native.repro(ws, spec, manifest, path, options, diagnosis, out, out_dir, command, progress)
     if diagnosis.get("error"):
         return 2, f"nothing to reduce: {diagnosis['error']}"
     if diagnosis.get("split"):

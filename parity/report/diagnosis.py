@@ -114,7 +114,7 @@ def tree_lines(d: dict) -> list[str]:
         label = (
             f"{relative(first, parent)}  {_units(row['stats'])}  input {_units(row['input'])}  "
             f"{row['class'].rsplit('.', 1)[-1]}{' [' + row['kind'] + ']' if row.get('kind') else ''}"
-            f"{' called ' + str(row['calls']) + 'x' if row['calls'] > 1 else ''}  ({context})"
+            f"{' called ' + str(row['calls']) + 'x, compared at its first call' if row['calls'] > 1 else ''}  ({context})"
         )
         node, parent = node.add(escape(label)), first
     leaf = tree.get("leaf") or {}

@@ -6,6 +6,7 @@ matplotlib is imported only while a plot is drawn, so importing this module stay
 from __future__ import annotations
 
 import math
+import os
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
@@ -288,7 +289,20 @@ def _gradients(g: dict) -> str:
     return f"<h3>Gradients by layer</h3><p>{text}</p>{table}"
 
 
-def _diagnosis(i: int, r: dict) -> str:
+def _model_explorer(explorer: dict, base: Path | None) -> str:
+    """The link to a diagnosis's Model Explorer folder (relative to the report's when both are known) and how to
+    open it (``parity.report.model_explorer``)."""
+    folder = str(explorer.get("folder") or "")
+    href = Path(os.path.relpath(folder, base)).as_posix() if base is not None else Path(folder).as_uri()
+    return (
+        f'<p>See it on the graph: <a href="{_e(href)}/">{_e(folder)}</a> holds Model Explorer node data '
+        f"({_e(', '.join(explorer.get('files') or []))}); open it with "
+        f"<code>{_e(explorer.get('command'))}</code> (<code>pip install ai-edge-model-explorer "
+        f"model-explorer-onnx</code>): each node coloured by its drift in tolerance units.</p>"
+    )
+
+
+def _diagnosis(i: int, r: dict, base: Path | None = None) -> str:
     d = r.get("diagnosis") or {}
     taps = [t for t in d.get("taps") or [] if isinstance(t, dict)]
     tol = d.get("tolerance") or {}
@@ -312,6 +326,8 @@ def _diagnosis(i: int, r: dict) -> str:
         f'<p class="headline{quiet}">{_headline(d)}</p>',
         f'<p class="muted">{tolerance}</p>',
     ]
+    if d.get("model_explorer"):
+        parts.append(_model_explorer(d["model_explorer"], base))
     if taps:
         parts += [_plot(taps, d.get("first_divergent_tap"), f"diag-{i}"), _taps(taps)]
     else:
@@ -352,8 +368,8 @@ def _flatten(value, prefix: str = "") -> list[tuple[str, str]]:
     return [(prefix, "-" if value is None or value == {} else str(value))]
 
 
-def render(report: dict) -> str:
-    """The whole page as a string."""
+def render(report: dict, base: Path | None = None) -> str:
+    """The whole page as a string; ``base``: the report's folder, which links to other folders are relative to."""
     results = [r for r in report.get("results") or [] if isinstance(r, dict)]
     errors = report.get("model_errors") or []
     counts = Counter(_label(r) for r in results)
@@ -393,7 +409,7 @@ def render(report: dict) -> str:
             )
             + "</ul>"
         )
-    body += [_diagnosis(i, r) for i, r in enumerate(results) if r.get("diagnosis")]
+    body += [_diagnosis(i, r, base) for i, r in enumerate(results) if r.get("diagnosis")]
     from parity.report import bench_html
 
     body.append(bench_html.render(report))
@@ -418,5 +434,5 @@ def write(report: dict, out_dir: str | Path) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / "index.html"
-    write_text_atomic(target, render(report))
+    write_text_atomic(target, render(report, Path(os.path.abspath(out_dir))))
     return target

@@ -7,16 +7,18 @@ own (golden build stores them as the framework names them), so the cause test ma
   kernel; ``Conv1d/2d`` ``weight`` is already ``(O, I/groups, [kh,] kw)``; BatchNorm's ``weight``, ``bias``,
   ``running_mean``, ``running_var``; LayerNorm's ``weight``, ``bias``; GRU/LSTM ``weight_ih_l0`` ...
   (torch's gate order, the canonical one); ``nn.MultiheadAttention``'s ``in_proj_weight`` ``(3E, E)`` split into
-  query, key and value kernels, ``out_proj.weight`` transposed;
+  query, key and value kernels, ``out_proj.weight`` transposed; an RMSNorm's ``weight``; a gated MLP's
+  ``gate_proj``, ``up_proj``, ``down_proj`` Linears (transposed kernels);
 * Keras (variable paths, ``<prefix>/<name>``): Dense, BatchNormalization and LayerNormalization use the canonical
   names and layouts already; the others declare ``weight_layout`` in their attributes: ``"keras"`` (``Conv1D/2D``
   kernels ``([kh,] kw, I/groups, O)``; GRU/LSTM ``kernel`` ``(I, G*H)``, ``recurrent_kernel``, ``bias`` in Keras'
   gate order, GRU ``z, r, h`` with a ``(2, 3H)`` bias when ``reset_after``; MultiHeadAttention's ``(d, heads,
   head_dim)`` kernels and ``attention_output``) or ``"keras_depthwise"`` (``DepthwiseConv2D``'s ``(kh, kw, C,
-  multiplier)`` kernel);
+  multiplier)`` kernel); an RMSNorm (``RMSNormalization``'s ``scale``, ``LayerNormalization(rms_scaling=True)``'s
+  ``gamma``) declares ``"keras"`` too;
 * Flax (parameter paths, ``<prefix>/<name>``, ``weight_layout: "flax"``): ``Dense`` kernels are canonical, ``Conv``
   kernels ``([kh,] kw, I/groups, O)`` as Keras' (grouped ones too), a ``LayerNorm``'s ``scale`` and ``bias`` are
-  gamma and beta.
+  gamma and beta, an ``RMSNorm``'s ``scale`` gamma.
 
 Activations too may be the framework's own: ``bind`` computes a layer whose attributes say ``"layout": "nhwc"``
 (a Keras model's channels-last taps: the channel axis last for any rank >= 3) in channels-first order and hands the
@@ -74,6 +76,15 @@ TORCH = {
     "layer_norm": _renamed({"weight": "gamma", "bias": "beta"}),
     "recurrent": _renamed({"weight_ih_l0": "w_ih", "weight_hh_l0": "w_hh", "bias_ih_l0": "b_ih", "bias_hh_l0": "b_hh"}),
     "attention": _torch_attention,
+    "rms_norm": _renamed({"weight": "gamma"}),
+    "gated_mlp": _renamed(
+        {
+            f"{name}_proj.{part}": f"{name}/{'kernel' if part == 'weight' else 'bias'}"
+            for name in ("gate", "up", "down")
+            for part in ("weight", "bias")
+        },
+        transpose=("gate_proj.weight", "up_proj.weight", "down_proj.weight"),
+    ),
 }
 
 
@@ -123,7 +134,7 @@ def _keras_attention(w: dict) -> dict:
 def _flax(w: dict, kind: str | None) -> dict:
     """A Flax module's own weights: a LayerNorm's ``scale`` and ``bias`` are gamma and beta; a ``Conv`` kernel is
     ``([kh,] kw, I/groups, O)`` as Keras holds it; a ``Dense`` kernel is ``(in, out)`` already."""
-    if kind == "layer_norm":
+    if kind in ("layer_norm", "rms_norm"):
         return _renamed({"scale": "gamma", "bias": "beta"})(w)
     if kind == "conv":
         return _keras_conv(w, False)
@@ -139,6 +150,8 @@ def _keras(w: dict, kind: str | None, attrs: dict) -> dict:
         return _keras_recurrent(w, attrs.get("cell", "lstm"))
     if kind == "attention":
         return _keras_attention(w)
+    if kind == "rms_norm":  # RMSNormalization's ``scale``, LayerNormalization(rms_scaling=True)'s ``gamma``
+        return _renamed({"scale": "gamma", "gamma": "gamma"})(w)
     return w
 
 

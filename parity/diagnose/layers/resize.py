@@ -5,7 +5,10 @@ index ``o`` reads input coordinate ``c`` by ``coordinate_transformation_mode`` (
 else ``m / n``):
 
 * ``half_pixel``: ``c = (o + 0.5) / s - 0.5``; ``pytorch_half_pixel``: the same, 0 where ``m == 1``;
-* ``align_corners``: ``c = o * (n - 1) / (m - 1)``; ``asymmetric``: ``c = o / s``.
+* ``align_corners``: ``c = o * (n - 1) / (m - 1)``; ``asymmetric``: ``c = o / s``;
+* ``tf_half_pixel_for_nn``: ``c = (o + 0.5) / s`` (tf2onnx's nearest resize with TensorFlow's half-pixel centres);
+* ``half_pixel_symmetric`` (opset 19): half_pixel shifted by ``n / 2 * (1 - m / (n * s))``, the same where
+  ``m == n * s``.
 
 ``mode`` ``"nearest"`` takes input ``nearest_mode(c)``: ``round_prefer_floor``, ``round_prefer_ceil``, ``floor``,
 ``ceil`` (clamped to the input); ``"linear"`` interpolates between ``floor(c)`` and ``floor(c) + 1`` with ``c``
@@ -25,7 +28,15 @@ import numpy as np
 from parity.diagnose.layers import NotApplicable, Variant, with_attrs
 
 KIND = "resize"
-COORDINATES = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
+COORDINATES = (
+    "half_pixel",
+    "pytorch_half_pixel",
+    "align_corners",
+    "asymmetric",
+    "tf_half_pixel_for_nn",
+    "half_pixel_symmetric",
+)
+RARE = ("tf_half_pixel_for_nn", "half_pixel_symmetric")  # tried after the other coordinate modes and roundings
 ROUNDINGS = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 
 
@@ -39,6 +50,10 @@ def _coordinates(n: int, m: int, scale: float, mode: str) -> np.ndarray:
         return o * (n - 1) / (m - 1) if m > 1 else np.zeros(m)
     if mode == "asymmetric":
         return o / scale
+    if mode == "tf_half_pixel_for_nn":
+        return (o + 0.5) / scale
+    if mode == "half_pixel_symmetric":
+        return n / 2 * (1 - m / (n * scale)) + (o + 0.5) / scale - 0.5
     raise ValueError(f"unknown coordinate_transformation_mode {mode!r}; known: {', '.join(COORDINATES)}")
 
 
@@ -93,7 +108,7 @@ def _other(attrs, **change):
 
 def variants(attrs):
     declared = attrs.get("coordinate_transformation_mode", "half_pixel")
-    found = [
+    coordinates = [
         Variant(
             f"coordinates_{mode}",
             f"Resize coordinate_transformation_mode {mode} instead of {declared}",
@@ -102,6 +117,7 @@ def variants(attrs):
         for mode in COORDINATES
         if mode != declared
     ]
+    found = [v for v in coordinates if v.name.removeprefix("coordinates_") not in RARE]
     if attrs.get("mode", "nearest") == "nearest":
         rounding = attrs.get("nearest_mode", "round_prefer_floor")
         found += [
@@ -111,4 +127,5 @@ def variants(attrs):
         ]
     else:
         found.append(Variant("nearest", "nearest instead of linear interpolation", with_attrs(forward, mode="nearest")))
-    return found
+    # the rarer modes last: of variants that reproduce equally well, the first listed is named
+    return found + [v for v in coordinates if v.name.removeprefix("coordinates_") in RARE]

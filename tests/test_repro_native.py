@@ -1,0 +1,300 @@
+"""``parity repro`` off ONNX: on a path that is no ONNX graph (tf/litert, tf/xla, jax), the leaf layer the diagnosis
+names is written alone in the path's own format (a one-layer ``.tflite``, a SavedModel, a ``jax.export`` artifact)
+with its float64 input and output and a ``repro.py`` that prints the error and exits 1 while it is over the tolerance.
+
+The models are users' (``parity init --keras FILE:FUNCTION`` and ``--jax``), each with one leaf that departs on one
+path: a Keras activation that computes the tanh GELU while the TFLite converter traces it (tf/litert), a Keras layer
+that loses float32 digits to cancellation (tf/xla, as every float32 path does), and a Flax LayerNorm whose fast
+variance cancels on an input far from zero (jax). This file is also the models' module: parity loads ``make_*`` and
+``offset_apply`` from it by path, so it imports nothing of ``tests`` at module level.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+HERE = Path(__file__).resolve()
+WIDTH, OFFSET = 8, 300.0
+LEAF = "blocks/block_1/act"
+
+
+def _converting_to_tflite() -> bool:
+    """Whether parity's TFLite conversion is tracing the caller."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_globals.get("__name__") == "parity.exporters.tf_litert":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _keras(activation: str):
+    """Input (6) -> Dense ``proj`` -> Sequential ``blocks`` of three residual layers (``x + act(dense(x))``, the
+    faulty activation in ``block_1``) -> Dense ``head`` (3)."""
+    import keras
+    from keras import layers
+
+    serializable = keras.saving.register_keras_serializable(package="parity_repro_tests")
+
+    @serializable
+    class ConverterGelu(layers.Layer):
+        """The erf GELU, computed as the tanh GELU while the TFLite converter traces it."""
+
+        def call(self, x):
+            return keras.activations.gelu(x, approximate=_converting_to_tflite())
+
+    @serializable
+    class Shift(layers.Layer):
+        """``(x + 3e4) - 3e4``: x itself in float64, x rounded to float32's spacing at 3e4 in float32."""
+
+        def call(self, x):
+            return (x + 3e4) - 3e4
+
+    @serializable
+    class Residual(layers.Layer):
+        def __init__(self, faulty: bool = False, **kwargs):
+            super().__init__(**kwargs)
+            self.faulty = faulty
+            self.dense = layers.Dense(WIDTH, name="dense")
+            special = {"gelu": ConverterGelu, "shift": Shift}[activation]
+            self.act = special(name="act") if faulty else layers.Activation("tanh", name="act")
+
+        def build(self, input_shape):
+            self.dense.build(input_shape)
+
+        def call(self, x):
+            return x + self.act(self.dense(x))
+
+        def get_config(self):
+            return {**super().get_config(), "faulty": self.faulty}
+
+    keras.utils.set_random_seed(0)
+    x = keras.Input((6,), name="x")
+    h = layers.Dense(WIDTH, name="proj")(x)
+    h = keras.Sequential([Residual(i == 1, name=f"block_{i}") for i in range(3)], name="blocks")(h)
+    return keras.Model(x, layers.Dense(3, name="head")(h), name=f"{activation}_net")
+
+
+def make_gelu():
+    return _keras("gelu")
+
+
+def make_shift():
+    return _keras("shift")
+
+
+def _offset_net():
+    import flax.linen as nn
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return x + nn.LayerNorm(name="norm")(nn.Dense(WIDTH, name="dense")(x))
+
+    class OffsetNet(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            h = nn.Dense(WIDTH, name="proj")(x)
+            for i in range(3):
+                h = Block(name=f"blocks_{i}")(h)
+            return nn.Dense(3, name="head")(h)
+
+    return OffsetNet()
+
+
+def offset_apply(params, x, tap=None):
+    """A Flax MLP of 3 residual blocks; ``blocks_1/dense`` has a bias of ``OFFSET``: Flax's LayerNorm (fast variance,
+    E[x^2] - E[x]^2) loses its variance to cancellation in float32 there, and only there."""
+    return _offset_net().apply({"params": params}, x)
+
+
+def save_offset_params(path) -> Path:
+    import jax
+
+    variables = _offset_net().init(jax.random.PRNGKey(0), np.zeros((1, 6), np.float32))
+    flat = {
+        "/".join(str(k.key) for k in key): np.asarray(value)
+        for key, value in jax.tree_util.tree_flatten_with_path(variables["params"])[0]
+    }
+    flat["blocks_1/dense/bias"] = flat["blocks_1/dense/bias"] + np.float32(OFFSET)
+    np.savez(path, **flat)
+    return Path(path)
+
+
+# --------------------------------------------------------------------------- the workflow
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """The three models, each through ``parity init`` and ``golden build``."""
+    root = tmp_path_factory.mktemp("repro_native")
+    save_offset_params(root / "offset.npz")
+    inits = {
+        "gelu": ["--keras", f"{HERE}:make_gelu", "--input", "x=2x6"],
+        "shift": ["--keras", f"{HERE}:make_shift", "--input", "x=2x6"],
+        "offset": ["--jax", f"{HERE}:offset_apply,{root / 'offset.npz'}", "--input", "x=2x6"],
+    }
+    for name, args in inits.items():
+        for command in (["init", name, *args], ["golden", "build", "--model", name]):
+            result = _invoke(*command, "--workspace", root)
+            assert result.exit_code == 0, result.output
+    return root
+
+
+def _invoke(*args):
+    from click.testing import CliRunner
+
+    from parity.cli import cli
+
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+def _script(folder: Path):
+    return subprocess.run([sys.executable, str(folder / "repro.py")], capture_output=True, text=True, timeout=300)
+
+
+def _fix(folder: Path, got) -> None:
+    """The departure 'fixed': the expected output replaced by what the path computes."""
+    np.save(folder / "expected.npy", np.asarray(got, np.float64))
+
+
+def test_jax_float32_fault_is_one_flax_module_exported_with_jax_export(workspace, tmp_path):
+    out = tmp_path / "bug"
+    result = _invoke("repro", "--model", "offset", "--path", "jax", "--out", out, "--workspace", workspace)
+    assert result.exit_code == 0, result.output
+    assert "reduced to one layer, blocks_1/norm (LayerNorm) in leaf.jax_exported" in result.output
+    assert sorted(p.name for p in out.iterdir()) == [
+        "README.md",
+        "expected.npy",
+        "input.npy",
+        "leaf.jax_exported",
+        "repro.py",
+    ]
+    x, want = np.load(out / "input.npy"), np.load(out / "expected.npy")
+    assert x.dtype == want.dtype == np.float64 and x.shape == want.shape == (2, WIDTH)
+    assert np.abs(x.mean(axis=-1)).min() > OFFSET / 2  # the input of the norm in the model, far from zero
+    run = _script(out)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "jax.jit (StableHLO, float32): max abs error" in run.stdout and "over the path's tolerance" in run.stdout
+    readme = (out / "README.md").read_text()
+    assert "blocks_1 › norm" in readme and "flax.linen.normalization.LayerNorm" in readme
+    assert "the same layer in float64" in readme and "parity repro --workspace" in readme
+
+    import jax
+
+    exported = jax.export.deserialize(bytearray((out / "leaf.jax_exported").read_bytes()))
+    _fix(out, jax.jit(exported.call)(x.astype(np.float32)))
+    assert _script(out).returncode == 0
+
+
+def test_litert_converter_fault_is_a_one_layer_tflite_that_fails_until_fixed(workspace, tmp_path):
+    pytest.importorskip("ai_edge_litert")
+    out = tmp_path / "bug"
+    result = _invoke("repro", "--model", "gelu", "--path", "tf/litert", "--out", out, "--workspace", workspace)
+    assert result.exit_code == 0, result.output
+    assert f"reduced to one layer, {LEAF} (ConverterGelu) in model.tflite" in result.output
+    assert sorted(p.name for p in out.iterdir()) == [
+        "README.md",
+        "expected.npy",
+        "input.npy",
+        "model.tflite",
+        "repro.py",
+    ]
+    x = np.load(out / "input.npy")
+    assert x.dtype == np.float64 and x.shape == (2, WIDTH)
+    run = _script(out)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "LiteRT (model.tflite): max abs error" in run.stdout and "over the path's tolerance" in run.stdout
+    readme = (out / "README.md").read_text()
+    assert "blocks › block_1 › act" in readme and "ai-edge-litert" in readme
+    assert "the same layer in Keras at float32 (TensorFlow's kernels)" in readme  # the converter, not float32
+
+    from ai_edge_litert import interpreter as litert
+
+    interpreter = litert.Interpreter(model_path=str(out / "model.tflite"))
+    interpreter.allocate_tensors()
+    assert [d["shape"].tolist() for d in interpreter.get_input_details()] == [[2, WIDTH]]
+    interpreter.set_tensor(interpreter.get_input_details()[0]["index"], x.astype(np.float32))
+    interpreter.invoke()
+    _fix(out, interpreter.get_tensor(interpreter.get_output_details()[0]["index"]))
+    assert _script(out).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def pool():
+    from parity.platform.cache_dir import cache_root
+    from parity.run.worker import WorkerPool
+
+    with WorkerPool(1, cache_root() / "logs", 300) as workers:
+        yield workers
+
+
+def _native_repro(root: Path, pool, model: str, path_id: str, diagnosis: dict, out: Path, perturbation=None) -> dict:
+    return pool.call(
+        "tf",
+        "parity.diagnose.repro_native:write",
+        workspace=str(root),
+        model=model,
+        path_id=path_id,
+        golden_dir=str(root / "golden" / model),
+        precision="fp32",
+        threads=1,
+        diagnosis=diagnosis,
+        out_dir=str(out),
+        environment={},
+        command="",
+        weight_perturbation=perturbation,
+    )
+
+
+def test_xla_path_of_a_changed_weight_is_one_layer_saved_model_run_under_jit(workspace, pool, tmp_path):
+    """A weight changed on tf/xla only (the check's deliberate drift): the diagnosis descends to the Dense layer,
+    written alone as a SavedModel whose script runs it under XLA and with TensorFlow's kernels."""
+    from parity.diagnose import chain
+    from parity.golden import store as golden
+    from parity.model.workspace import Workspace
+    from parity.pipeline import orchestrate
+    from parity.run import paths
+
+    delta = np.zeros((WIDTH, WIDTH), np.float32)
+    delta[2, 3] = 0.5
+    perturbation = {"blocks/block_2/dense/kernel": delta}
+    ws = Workspace(workspace)
+    spec = ws.load_spec("shift")
+    assert "blocks/block_2/dense/kernel" in spec.params, sorted(spec.params)
+    options = orchestrate.Options(threads=1, weight_perturbation={("shift", "tf/xla"): perturbation})
+    run = orchestrate.Run(ws, options)
+    d = chain.diagnose(run, pool, spec, golden.verify(ws.golden_dir("shift"), spec), paths.by_id("tf/xla"))
+    assert d["first_divergent_path"][-1] == "blocks/block_2/dense", d["first_divergent_path"]
+    out = tmp_path / "bug"
+    outcome = _native_repro(workspace, pool, "shift", "tf/xla", d, out, perturbation)
+    assert outcome["written"], outcome
+    assert outcome["stats"]["path"]["tol_units"] > 1 >= outcome["stats"]["float64"]["tol_units"]
+    assert (out / "saved_model" / "saved_model.pb").is_file()
+    run = _script(out)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "XLA (tf.function(jit_compile=True)): max abs error" in run.stdout
+    assert "TensorFlow's kernels (no XLA): max abs error" in run.stdout  # the weight: both modes depart
+
+
+def test_a_layer_that_does_not_fail_alone_writes_nothing_and_says_why(workspace, pool, tmp_path):
+    """A diagnosis naming a healthy leaf (block_0's tanh) on tf/litert: the layer alone stays within the tolerance,
+    so no reproducer is written and the reason says so; a diagnosis without a leaf is refused as before."""
+    pytest.importorskip("ai_edge_litert")
+    out = tmp_path / "bug"
+    healthy = {"tree": {"verdict": "leaf", "leaf": {"tap": "blocks/block_0/act"}}}
+    outcome = _native_repro(workspace, pool, "gelu", "tf/litert", healthy, out)
+    assert not outcome["written"] and "stays within the tolerance" in outcome["reason"], outcome
+    assert not out.exists()
+    outcome = _native_repro(workspace, pool, "gelu", "tf/litert", {"tree": {"verdict": "own_operations"}}, out)
+    assert not outcome["written"] and not out.exists()
+
+
+def test_a_native_path_that_passes_is_nothing_to_reduce(workspace, tmp_path):
+    result = _invoke("repro", "--model", "gelu", "--path", "tf", "--out", tmp_path / "a", "--workspace", workspace)
+    assert result.exit_code == 0 and "nothing to reduce: gelu tf passes" in result.output

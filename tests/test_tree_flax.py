@@ -1,0 +1,102 @@
+"""The descent into Flax models as users bring them (tests/flaxmodels.py, ``parity init --jax``): a flax.linen
+feature-pyramid network and a flax.nnx model, each departing on ``jax/onnx/ort`` where jax2onnx exports a bicubic
+resize with ONNX's cubic coefficient (a real converter behaviour). The leaf is named by its full module path, the
+reproducer cut at its boundary is small, and the passing paths show no divergence at any level."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.test_tree_jax import _clean, _drift, diagnose, pool  # noqa: F401 - pool: the module's worker fixture
+
+MODELS = Path(__file__).resolve().parent / "flaxmodels.py"
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """The two models through ``parity init --jax`` and ``golden build``."""
+    from click.testing import CliRunner
+
+    from parity.cli import cli
+    from tests import flaxmodels
+
+    root = tmp_path_factory.mktemp("tree_flax")
+    models = {
+        "fpn": ("fpn_apply", flaxmodels.save_fpn_params, flaxmodels.FPN_INPUT),
+        "nnxnet": ("nnx_apply", flaxmodels.save_nnx_params, flaxmodels.NNX_INPUT),
+    }
+    for name, (function, save, shape) in models.items():
+        save(root / f"{name}.npz")
+        size = "x".join(map(str, shape))
+        for args in (
+            ["init", name, "--jax", f"{MODELS}:{function},{root / f'{name}.npz'}", "--input", f"x={size}"],
+            ["golden", "build", "--model", name],
+        ):
+            result = CliRunner().invoke(cli, [*args, "--workspace", str(root)], catch_exceptions=False)
+            assert result.exit_code == 0, result.output
+    return root
+
+
+def _repro_nodes(root: Path, model: str, out: Path) -> int:
+    import onnx
+
+    from parity.pipeline import jobs
+
+    code, line = jobs.repro(str(root), model, "jax/onnx/ort", str(out), False, "fp32", 1, 300, "parity repro")
+    assert code == 0, line
+    return len(onnx.load(str(out / "model.onnx")).graph.node)
+
+
+def test_linen_fpn_descends_to_the_upsampler_on_jax2onnx(workspace, pool):  # noqa: F811
+    """``top_down`` returns the coarsest level as it was given: its value is the first level it computes, so it is
+    observed and descended into."""
+    d = diagnose(workspace, "fpn", "jax/onnx/ort", pool)
+    assert d["first_divergent_path"] == ["top_down", "top_down/up_1"], _drift(d)
+    root, top_down = d["tree"]["levels"]
+    assert [r["tap"] for r in root["rows"]] == [
+        *(f"stages_{i}" for i in range(3)),
+        *(f"laterals_{i}" for i in range(3)),
+        "top_down",
+        "head",
+    ]
+    assert all(r["stats"]["ok"] for r in root["rows"][:6]) and not root["rows"][6]["stats"]["ok"]
+    assert "called 3 times" in root["rows"][7]["reason"]  # the shared head
+    assert [r["tap"] for r in top_down["rows"]] == ["top_down/up_1", "top_down/up_0"]
+    assert d["tree"]["verdict"] == "leaf" and d["tree"]["leaf"]["class"].endswith("Upsample")
+
+
+def test_nnx_descends_to_the_upsampler_on_jax2onnx(workspace, pool, tmp_path):  # noqa: F811
+    d = diagnose(workspace, "nnxnet", "jax/onnx/ort", pool)
+    assert d["first_divergent_path"] == ["blocks/1", "blocks/1/up"], _drift(d)
+    root, block = d["tree"]["levels"]
+    assert [r["tap"] for r in root["rows"]] == ["stem", "blocks/0", "blocks/1", "blocks/2", "norm", "head"]
+    assert [r["tap"] for r in block["rows"]] == ["blocks/1/conv", "blocks/1/norm", "blocks/1/up"]
+    assert [r["kind"] for r in root["rows"]] == ["conv", None, None, None, "rms_norm", "dense"]
+    assert [r["kind"] for r in block["rows"]] == ["conv", "layer_norm", None]
+    assert all(r["stats"]["ok"] for r in block["rows"][:2]) and block["rows"][2]["input"]["ok"]
+    assert d["tree"]["leaf"]["class"].endswith("Upsample") and d["cause"] is None  # a user's module: not typed
+    assert _repro_nodes(workspace, "nnxnet", tmp_path / "repro") <= 12
+
+
+@pytest.mark.parametrize("model", ["fpn", "nnxnet"])
+def test_native_path_shows_no_divergence_at_any_level(workspace, pool, model):  # noqa: F811
+    _clean(diagnose(workspace, model, "jax", pool))
+
+
+def test_nnx_reader_restores_the_classes_it_wraps():
+    from flax import nnx
+
+    from parity.diagnose.tree_nnx import _wrapped
+
+    before = nnx.Linear.__dict__["__call__"]
+    with _wrapped(nnx.Module, lambda original: lambda self, *a, **k: ("wrapped", original(self, *a, **k))):
+
+        class Defined(nnx.Module):  # defined while inside: wrapped too
+            def __call__(self, x):
+                return x
+
+        assert Defined()(1) == ("wrapped", 1)
+    assert nnx.Linear.__dict__["__call__"] is before and Defined()(1) == 1
+    assert "__init_subclass__" not in nnx.Module.__dict__
