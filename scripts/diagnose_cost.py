@@ -74,8 +74,9 @@ FLAX = {
         "jax/onnx/ort",
         "encoder/block_1/act",
     ),
-    "flax_fpn": ("flaxmodels.py:fpn_apply", "flaxmodels.save_fpn_params", "1x16x16x3", "jax/onnx/ort", "a resize"),
-    "flax_nnx": ("flaxmodels.py:nnx_apply", "flaxmodels.save_nnx_params", "1x6x6x4", "jax/onnx/ort", "a resize"),
+    # linen and nnx, each departing where jax2onnx exports a bicubic resize with ONNX's cubic coefficient
+    "flax_fpn": ("flaxmodels.py:fpn_apply", "flaxmodels.save_fpn_params", "1x16x16x3", "jax/onnx/ort", "top_down/up_1"),
+    "flax_nnx": ("flaxmodels.py:nnx_apply", "flaxmodels.save_nnx_params", "1x6x6x4", "jax/onnx/ort", "blocks/1/up"),
 }
 
 
@@ -99,18 +100,19 @@ def main() -> None:
             )
         return
     if args.keras or args.flax:
-        chosen = [
-            m
-            for m in (*(KERAS if args.keras else ()), *(FLAX if args.flax else ()))
-            if m in args.model or not args.model
-        ]
+        offered = (*(KERAS if args.keras else ()), *(FLAX if args.flax else ()))
+        if set(args.model) - set(offered):
+            parser.error(
+                f"unknown model(s) {', '.join(sorted(set(args.model) - set(offered)))}; known: {', '.join(offered)}"
+            )
+        chosen = [m for m in offered if m in args.model or not args.model]
         with tempfile.TemporaryDirectory() as root, _pool(args.threads) as pool:
             ws = _users_workspace(Path(root), chosen, pool)
             _header(args.repeats, args.threads)
             for name in chosen:
                 path, leaf = KERAS[name][2:] if name in KERAS else FLAX[name][3:]
                 print(f"{name} on {path}: the departing leaf is {leaf}", flush=True)
-                measure(ws, [name], [path], args.repeats, args.threads, pool, True, _drift(ws, name, path))
+                measure(ws, [name], [path], args.repeats, args.threads, pool, True, _drift(name, path))
         return
     with _pool(args.threads) as pool:
         _header(args.repeats, args.threads)
@@ -157,7 +159,7 @@ def _users_workspace(root: Path, names: list[str], pool) -> Workspace:
     return ws
 
 
-def _drift(ws: Workspace, name: str, path: str) -> dict:
+def _drift(name: str, path: str) -> dict:
     """``Options.weight_perturbation`` for ``name`` on ``path``: the seeded drift ``DRIFT`` gives it, or none."""
     return (
         {

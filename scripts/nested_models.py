@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """Nested models with one faulty leaf through the README's commands: where does the diagnosis end?
 
-Each model of ``tests/nestedmodels.py`` (one leaf computes something else in the export only) goes through the
-command line as a user's would, in a fresh workspace: ``parity init`` -> ``golden build`` -> ``check``, then for
+Each model of ``tests/nestedmodels.py``, ``keras_litert.py``, ``keras_encoder.py`` and ``flaxmodels.py`` (torch,
+Keras and Flax models with one leaf that computes something else on a path, or none) goes through the command line
+as a user's would, in a fresh workspace: ``parity init`` -> ``golden build`` -> ``check``, then for
 every failing path ``diagnose --json`` and ``repro``. One row per model and failing path: the verdict, the faulty
 leaf the model was built with, the first divergent tap, the first divergent path (a descent into the module tree,
 where the diagnosis gives one), the tested cause and the node count of the reduced repro. A key the diagnosis does
@@ -24,7 +25,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FACTORIES = ROOT / "tests" / "nestedmodels.py"
+FACTORIES = [ROOT / "tests" / f for f in ("nestedmodels.py", "keras_litert.py", "keras_encoder.py", "flaxmodels.py")]
 IDS = ["--input", "input_ids=2,sequence:int64", "--input", "attention_mask=2,sequence:int64"]
 
 MODELS = {  # name -> (init's source option, its reference, --input/--axis arguments, the faulty leaf)
@@ -51,10 +52,19 @@ MODELS = {  # name -> (init's source option, its reference, --input/--axis argum
     "gpt2": ("--torch", "nestedmodels.py:make_faulty_gpt2", [*IDS, "--axis", "sequence=16"], "h.1.mlp.act"),
     "keras_nested": ("--keras", "keras_nested.keras", ["--input", "x=2x12"], "encoder/norm"),
     "flax_nested": ("--jax", "nestedmodels.py:flax_apply,flax_nested.npz", ["--input", "x=2x12"], "blocks_3/norm"),
+    # a Sequential of custom residual layers; its GELU computes the tanh form while the TFLite converter traces it
+    "keras_blocks": ("--keras", "keras_litert.py:make_faulty_blocks", ["--input", "x=2x12"], "blocks/res_block_1/act"),
+    # a hand-written encoder (custom blocks holding attention, norms, a feed-forward): every path should pass
+    "keras_encoder": ("--keras", "keras_encoder.py:make_encoder", ["--input", "x=2x6x8"], "-"),
+    # a flax.linen FPN and a flax.nnx model: jax2onnx's cubic resize departs from JAX's (a real converter divergence)
+    "flax_fpn": ("--jax", "flaxmodels.py:fpn_apply,fpn.npz", ["--input", "x=1x16x16x3"], "top_down/up_1"),
+    "flax_nnx": ("--jax", "flaxmodels.py:nnx_apply,nnx.npz", ["--input", "x=1x6x6x4"], "blocks/1/up"),
 }
 PREPARE = {
     "keras_nested": "import nestedmodels; nestedmodels.save_keras_nested('keras_nested.keras')",
     "flax_nested": "import nestedmodels; nestedmodels.save_flax_params('flax_nested.npz')",
+    "flax_fpn": "import flaxmodels; flaxmodels.save_fpn_params('fpn.npz')",
+    "flax_nnx": "import flaxmodels; flaxmodels.save_nnx_params('nnx.npz')",
 }
 
 
@@ -69,16 +79,21 @@ def parity(root: Path, *args: str) -> tuple[int, str]:
     return done.returncode, (done.stdout + done.stderr).strip()
 
 
-def init_keras_factory(root: Path, name: str) -> None:
-    """``parity init --keras`` loads the file without importing the module that registers its custom layer; the
-    spec is written by the library call ``assert_parity`` uses, with the factory as the model's builder."""
+def init_keras_factory(root: Path, name: str, reference: str, inputs: list[str]) -> None:
+    """``parity init --keras`` loads a ``.keras`` file without importing the module that registers its custom layer,
+    and a factory is not a file: the spec is written by the library call ``assert_parity`` uses, with the factory as
+    the model's builder."""
     from parity.pipeline import scaffold
 
+    declared = []
+    for text in inputs[1::2]:
+        input_name, _, shape = text.partition("=")
+        declared.append(scaffold.InputDecl(input_name, tuple(int(d) for d in shape.split("x")), "float32"))
     request = scaffold.Request(
         name=name,
         kind="tf",
-        reference="nestedmodels.py:make_keras_nested",
-        inputs=(scaffold.InputDecl("x", (2, 12), "float32"),),
+        reference=reference if ".py:" in reference else "nestedmodels.py:make_keras_nested",
+        inputs=tuple(declared),
         builder="keras_factory",
     )
     scaffold.init(root, request, force=True, threads=2, timeout_s=300)
@@ -87,7 +102,8 @@ def init_keras_factory(root: Path, name: str) -> None:
 def one(name: str, root: Path) -> list[dict]:
     """One model through the commands in ``root``: a row per failing path (or one row saying where it stopped)."""
     flag, reference, inputs, leaf = MODELS[name]
-    shutil.copy(FACTORIES, root / "nestedmodels.py")
+    for factory in FACTORIES:
+        shutil.copy(factory, root / factory.name)
     base = {"model": name, "leaf": leaf}
     if name in PREPARE:
         done = subprocess.run(
@@ -96,9 +112,9 @@ def one(name: str, root: Path) -> list[dict]:
         if done.returncode:
             return [{**base, "verdict": "prepare: " + (done.stderr.strip().splitlines() or ["failed"])[-1][:150]}]
     code, text = parity(root, "init", name, flag, reference, *inputs)
-    if code and flag == "--keras" and "cannot load Keras model" in text:
+    if code and flag == "--keras":
         base["note"] = "init --keras cannot load the custom layer: spec written with keras_factory"
-        init_keras_factory(root, name)
+        init_keras_factory(root, name, reference, inputs)
     elif code:
         return [{**base, "verdict": f"init: {text.splitlines()[-1][:150]}"}]
     code, text = parity(root, "golden", "build", "--model", name)

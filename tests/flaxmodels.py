@@ -6,7 +6,9 @@ where JAX interpolates with Keys' cubic (a = -0.5): about 3% of the values' rang
 * ``fpn_apply``: a ``flax.linen`` feature-pyramid network; modules defined in ``setup`` (lists of stages and lateral
   convolutions), a ``top_down`` module called on a list of feature maps that returns a list (its ``up_<i>``
   up-samplers, called with two arrays, are the leaves; the list starts with the coarsest level as it came in),
-  and one head shared by every pyramid level; a dict of two outputs.
+  and one head shared by every pyramid level; a dict of two outputs. ``fpn_jax2tf_apply``: the same network with
+  an injected fault on ``jax/tf`` (jax2tf computes JAX's resize exactly): ``top_down/up_1`` resizes bilinearly while
+  jax2tf converts it.
 * ``nnx_apply``: a ``flax.nnx`` model (``nnx.Module`` subclasses holding ``nnx.Conv``, ``nnx.LayerNorm``,
   ``nnx.RMSNorm``, ``nnx.Linear``, a list of blocks), rebuilt from its graphdef and the user's weights with
   ``nnx.merge`` inside the function; ``blocks/1/up`` up-samples with the cubic resize.
@@ -16,6 +18,7 @@ Parity loads these functions by path, so this module imports nothing of ``tests`
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +33,16 @@ def _cubic(x, height: int, width: int, method: str = "cubic"):
     return jax.image.resize(x, (x.shape[0], height, width, x.shape[3]), method, antialias=False)
 
 
-def _fpn():
+def _traced_by_jax2tf() -> bool:
+    frame = sys._getframe(1)
+    while frame is not None:
+        if str(frame.f_globals.get("__name__", "")).startswith("jax.experimental.jax2tf"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _fpn(jax2tf_fault: bool = False):
     import flax.linen as nn
 
     class Stage(nn.Module):
@@ -46,7 +58,8 @@ def _fpn():
 
         @nn.compact
         def __call__(self, x, like):
-            return _cubic(x, like.shape[1], like.shape[2], self.method)
+            faulty = jax2tf_fault and self.method == "cubic" and _traced_by_jax2tf()
+            return _cubic(x, like.shape[1], like.shape[2], "linear" if faulty else self.method)
 
     class TopDown(nn.Module):
         levels: int
@@ -85,6 +98,12 @@ def fpn_apply(params, x):
     bicubic interpolation (``up_0``, the finest, by nearest neighbour, which jax2onnx exports exactly): ``jax/onnx/*``
     departs there."""
     return _fpn().apply({"params": params}, x)
+
+
+def fpn_jax2tf_apply(params, x):
+    """The FPN (``fpn_apply``'s weights) whose ``top_down/up_1`` resizes bilinearly while jax2tf converts it: an
+    injected fault (jax2tf runs JAX's own cubic resize exactly), so ``jax/tf`` departs there."""
+    return _fpn(jax2tf_fault=True).apply({"params": params}, x)
 
 
 def _flat(tree, prefix: str = "") -> dict:

@@ -14,7 +14,9 @@ import torch.nn.functional as F
 
 from parity.diagnose.cause import test_layer
 from parity.diagnose.layers import get
-from parity.model.layer_types import keras_layer, nnx_layer, torch_further_inputs, torch_layer
+from parity.model.layer_types import torch_further_inputs, torch_layer
+from parity.model.layer_types_flax import nnx_layer
+from parity.model.layer_types_keras import keras_layer
 from parity.model.spec import Layer, Tolerance
 from tests.conftest import REPO, failing_export
 
@@ -109,7 +111,7 @@ def test_torch_and_flax_rms_norms_are_typed():
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
     from transformers.models.t5.modeling_t5 import T5LayerNorm
 
-    from parity.model.layer_types import flax_layer
+    from parity.model.layer_types_flax import flax_layer
 
     assert torch_layer(LlamaRMSNorm(8, eps=1e-5)) == ("rms_norm", {"eps": 1e-5})
     assert torch_layer(T5LayerNorm(8)) == ("rms_norm", {"eps": 1e-6})

@@ -88,3 +88,26 @@ def test_onnx_runtime_runs_an_export_but_cannot_differentiate(mlp, tmp_path):
     np.testing.assert_allclose(runner.run(x)["logits"], expected, atol=1e-5)
     with pytest.raises(NotDifferentiable, match="OrtRunner cannot differentiate"):
         runner.gradients(x, np.zeros(64, np.int64))
+
+
+def test_jax_function_without_parameters_runs(tmp_path):
+    """A JAX model with no weights (``parity init --jax`` with an empty ``.npz``) is traced and run, its inputs in
+    the run's dtype."""
+    from click.testing import CliRunner
+
+    from parity.cli import cli
+
+    (tmp_path / "fn.py").write_text(
+        "def apply(params, x):\n    import jax.numpy as jnp\n\n    return 2 * jnp.tanh(x)\n"
+    )
+    np.savez(tmp_path / "none.npz")
+    result = CliRunner().invoke(
+        cli,
+        ["init", "fn", "--jax", f"{tmp_path / 'fn.py'}:apply,{tmp_path / 'none.npz'}", "--input", "x=2x5"]
+        + ["--workspace", str(tmp_path)],
+    )
+    assert result.exit_code == 0, result.output
+    spec = Workspace(tmp_path).load_spec("fn")
+    x = np.linspace(-2, 2, 10, dtype=np.float32).reshape(2, 5)
+    outputs = JaxSource(spec, {}, spec.batch_size).run(x)
+    np.testing.assert_allclose(outputs[spec.outputs[0]], 2 * np.tanh(x), rtol=1e-6)

@@ -25,13 +25,14 @@ def workspace(tmp_path_factory):
     root = tmp_path_factory.mktemp("tree_flax")
     models = {
         "fpn": ("fpn_apply", flaxmodels.save_fpn_params, flaxmodels.FPN_INPUT),
+        "fpn_tf": ("fpn_jax2tf_apply", flaxmodels.save_fpn_params, flaxmodels.FPN_INPUT),
         "nnxnet": ("nnx_apply", flaxmodels.save_nnx_params, flaxmodels.NNX_INPUT),
     }
     for name, (function, save, shape) in models.items():
-        save(root / f"{name}.npz")
+        weights = save(root / f"{name}.npz")
         size = "x".join(map(str, shape))
         for args in (
-            ["init", name, "--jax", f"{MODELS}:{function},{root / f'{name}.npz'}", "--input", f"x={size}"],
+            ["init", name, "--jax", f"{MODELS}:{function},{weights}", "--input", f"x={size}"],
             ["golden", "build", "--model", name],
         ):
             result = CliRunner().invoke(cli, [*args, "--workspace", str(root)], catch_exceptions=False)
@@ -49,9 +50,10 @@ def _repro_nodes(root: Path, model: str, out: Path) -> int:
     return len(onnx.load(str(out / "model.onnx")).graph.node)
 
 
-def test_linen_fpn_descends_to_the_upsampler_on_jax2onnx(workspace, pool):  # noqa: F811
+def test_linen_fpn_descends_to_the_upsampler_on_jax2onnx(workspace, pool, tmp_path):  # noqa: F811
     """``top_down`` returns the coarsest level as it was given: its value is the first level it computes, so it is
-    observed and descended into."""
+    observed and descended into. ``up_1``'s input (of a shape no module of its level outputs) is found by value too,
+    so the reproducer is cut at both ends of the leaf."""
     d = diagnose(workspace, "fpn", "jax/onnx/ort", pool)
     assert d["first_divergent_path"] == ["top_down", "top_down/up_1"], _drift(d)
     root, top_down = d["tree"]["levels"]
@@ -65,6 +67,8 @@ def test_linen_fpn_descends_to_the_upsampler_on_jax2onnx(workspace, pool):  # no
     assert "called 3 times" in root["rows"][7]["reason"]  # the shared head
     assert [r["tap"] for r in top_down["rows"]] == ["top_down/up_1", "top_down/up_0"]
     assert d["tree"]["verdict"] == "leaf" and d["tree"]["leaf"]["class"].endswith("Upsample")
+    assert top_down["rows"][0]["input"]["ok"] and [op for _, op in top_down["rows"][0]["nodes"]] == ["Resize"]
+    assert _repro_nodes(workspace, "fpn", tmp_path / "repro") <= 12
 
 
 def test_nnx_descends_to_the_upsampler_on_jax2onnx(workspace, pool, tmp_path):  # noqa: F811
@@ -83,6 +87,24 @@ def test_nnx_descends_to_the_upsampler_on_jax2onnx(workspace, pool, tmp_path):  
 @pytest.mark.parametrize("model", ["fpn", "nnxnet"])
 def test_native_path_shows_no_divergence_at_any_level(workspace, pool, model):  # noqa: F811
     _clean(diagnose(workspace, model, "jax", pool))
+
+
+def test_linen_fpn_descends_to_the_upsampler_on_jax2tf(workspace, pool):  # noqa: F811
+    """On ``jax/tf`` each level's values are computed by jax2tf and TensorFlow (the SavedModel holds no graph of the
+    model's operations to read): the leaf the conversion computes differently is named."""
+    d = diagnose(workspace, "fpn_tf", "jax/tf", pool)
+    assert d["first_divergent_path"] == ["top_down", "top_down/up_1"], _drift(d)
+    root, top_down = d["tree"]["levels"]
+    assert all(r["found"] == "jax2tf" for r in root["rows"] + top_down["rows"]), _drift(d)
+    assert all(r["stats"]["ok"] for r in root["rows"][:6]) and not root["rows"][6]["stats"]["ok"]
+    assert [r["tap"] for r in top_down["rows"]] == ["top_down/up_1", "top_down/up_0"]
+    assert top_down["rows"][0]["input"]["ok"] and not top_down["rows"][0]["stats"]["ok"]
+    assert d["tree"]["verdict"] == "leaf" and d["tree"]["leaf"]["class"].endswith("Upsample")
+
+
+@pytest.mark.parametrize("model", ["fpn", "nnxnet"])
+def test_passing_jax2tf_path_names_no_divergence(workspace, pool, model):  # noqa: F811
+    _clean(diagnose(workspace, model, "jax/tf", pool))
 
 
 def test_nnx_reader_restores_the_classes_it_wraps():

@@ -230,7 +230,7 @@ def test_flax_leaves_typed_and_recomputed_from_their_own_weights():
     import jax
 
     from parity.diagnose.layers.native import bind, canonical_weights
-    from parity.model.layer_types import flax_layer
+    from parity.model.layer_types_flax import flax_layer
 
     rng = np.random.default_rng(0)
     cases = [

@@ -139,6 +139,35 @@ def test_taps_that_change_the_compiled_outputs_are_unobservable(workspace):
     assert "changes the model's outputs" in found["located"]["encoder/block_1"]["reason"]
 
 
+def test_reference_levels_run_the_model_eagerly(workspace):
+    """The reference side (the golden's dtype) runs each level eagerly, as the golden build reads its taps: no
+    ``tf.function`` of the model is traced again at every level of a descent; a native path's side is still traced."""
+    import keras
+    import tensorflow as tf
+
+    tree = Tree(str(workspace.root), "encoder", str(workspace.golden_dir("encoder")), "tf", "fp32", 1)
+    _, plain_tf, x = _runners(workspace)
+    seen: dict[str, list[bool]] = {"reference": [], "tf": []}
+    for side, model in (("reference", tree.reference_runner.model), ("tf", plain_tf.model)):
+        block = tree_keras.resolve(keras, model, "encoder/block_0")
+        original = block.call
+        block.__dict__["call"] = lambda *a, _o=original, _s=seen[side], **k: (
+            _s.append(tf.executing_eagerly()),
+            _o(*a, **k),
+        )[1]
+    try:
+        found = tree.reference("encoder")
+        on_tf = tree_keras.level_of(plain_tf, x, "encoder")
+    finally:
+        for model in (tree.reference_runner.model, plain_tf.model):
+            del tree_keras.resolve(keras, model, "encoder/block_0").__dict__["call"]
+    assert found["reproduces"] and [c["path"] for c in found["children"]] == ["encoder/block_0", "encoder/block_1"]
+    assert seen == {"reference": [True], "tf": [False]}
+    tol = plain_tf.spec.output_tolerances("fp32").for_name("output")
+    for name, value in on_tf["values"].items():
+        assert error_stats(value.astype(np.float64), found["values"][name], tol)["ok"], name
+
+
 def test_tf2onnx_levels_map_nested_layers_by_name(workspace, pool):
     """tf2onnx's rewriting of the attention leaves its key projection to unscoped nodes: the attention is read where
     the next layer reads it, and every layer of the block agrees with the reference on a passing export."""

@@ -12,7 +12,7 @@ def test_a_flax_conv_with_an_int_kernel_size_is_recognised_as_one_axis():
     nn = pytest.importorskip("flax.linen")
 
     from parity.diagnose.layers.native import bind, canonical_weights
-    from parity.model.layer_types import flax_layer
+    from parity.model.layer_types_flax import flax_layer
 
     module = nn.Conv(4, 3, padding="SAME")
     x = np.random.default_rng(0).standard_normal((2, 9, 5)).astype(np.float32)

@@ -33,8 +33,10 @@ def descend(run, pool, spec, path, artifact: dict | None) -> dict:
         return {"descended": False, "reason": f"the tree of a {framework} model is not read"}
     if artifact is None and path.exports:
         return {"descended": False, "reason": "no exported graph to descend into"}
+    # a jax2tf SavedModel's levels are converted and run there: JAX and TensorFlow share only the converter's worker
+    saved_model = artifact is not None and artifact["meta"].get("format") == "tf-savedmodel"
     return pool.call(
-        _group(framework),
+        paths.JAX2TF.group if saved_model else _group(framework),
         DESCENT,
         workspace=str(run.workspace.root),
         model=spec.name,

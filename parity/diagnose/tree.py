@@ -57,7 +57,8 @@ class Tree:
     def reference(self, scope: str, names: list[str] | None = None) -> dict:
         """``{"children", "values", "inputs", "reproduces"}`` under ``scope`` (or at ``names``): ``reproduces`` says
         whether the run's outputs are the golden's, without which nothing it shows is trusted."""
-        found = self.reader.level_of(self.reference_runner, self.x, scope, names)
+        eager = {"eager": True} if self.framework == "tf" else {}  # no tf.function traced at each level
+        found = self.reader.level_of(self.reference_runner, self.x, scope, names, **eager)
         skipped = tuple(self.spec.tree_skip)
         found["children"] = [
             c
@@ -82,7 +83,8 @@ class Tree:
         weight_perturbation: dict | None = None,
     ) -> None:
         """Build the path's side: a native runner (with the deliberate drift a check may add to its weights), the
-        exported graph, or a ``.tflite`` file (``tree_litert.LiteRTLevels``)."""
+        exported graph, a ``.tflite`` file (``tree_litert.LiteRTLevels``), or a jax2tf SavedModel
+        (``tree_jax_tf.Jax2TfLevels``)."""
         from parity.run.tasks import perturbed
         from parity.sources import native
 
@@ -96,6 +98,11 @@ class Tree:
             from parity.diagnose.tree_litert import LiteRTLevels
 
             self.path_side = LiteRTLevels(self.spec, path, artifact_dir, artifact_meta, self.x, self.threads)
+        elif (artifact_meta or {}).get("format") == "tf-savedmodel":  # jax2tf: the reader's function, converted alike
+            from parity.diagnose.tree_jax_tf import Jax2TfLevels
+
+            weights = self.verified.arrays["weights.npz"]
+            self.path_side = Jax2TfLevels(self.spec, path, artifact_dir, artifact_meta, self.x, self.threads, weights)
         else:
             from parity.diagnose.tree_graph import GraphLevels
 

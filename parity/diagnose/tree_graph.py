@@ -76,7 +76,9 @@ def _level(levels: GraphLevels, names, calls, expected, expected_inputs) -> dict
         mapped, scoped = tree_onnx.locate(model, graph, names)
     else:
         if onnx_taps._scope_kind(exporter) is None:  # no records of the source: one run of every candidate tensor
-            guessed = run(onnx_taps.candidate_names(model, taps, expected, meta["input_layout"], graph))
+            # of a module's output's shape or of its input's (found by value too, where no sibling has its shape)
+            shapes = {**{f"{n} input": v for n, v in expected_inputs.items()}, **expected}
+            guessed = run(onnx_taps.candidate_names(model, taps, shapes, meta["input_layout"], graph))
         mapped = onnx_taps.map_taps(model, taps, exporter, expected, guessed, meta["input_layout"], graph)
     located = {}
     for name in names:

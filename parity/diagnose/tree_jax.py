@@ -9,7 +9,7 @@ floating array of what its first call returns and its input the first array that
 of the module from inside another of its own is part of that call); a module called more than once is compared at
 its first call. Under ``jax.jit`` the values are tracers returned out of the traced function; a value computed
 inside a lifted transform (``nn.scan``, ``nn.remat``, ``nn.vmap``) belongs to an inner trace and is left out
-(the module has no value). A child is typed by the layer catalogue (``parity.model.layer_types.flax_layer``) where
+(the module has no value). A child is typed by the layer catalogue (``parity.model.layer_types_flax.flax_layer``) where
 its class is one the catalogue computes and it read one array alone.
 
 A plain JAX function: the scopes of ``jax.named_scope`` as each equation of its jaxpr records them. A scope's value
@@ -17,14 +17,23 @@ is the last of its equations' results that an equation outside it (or the functi
 first value it reads from outside that depends on the model's input, not on the weights alone; a scope entered
 more than once under one name is split into its runs of consecutive equations and compared at the first. Scopes
 entered inside a nested ``jax.jit`` are not seen (that call is one equation of the scope around it). Named scopes
-are untyped. Imports jax (and flax) inside.
+are untyped. On ``jax/tf`` these functions run converted by jax2tf, on TensorFlow
+(``parity.diagnose.tree_jax_tf``). Imports jax (and flax) inside.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from parity.diagnose.tree_jax_calls import SEPARATOR, _children, _host, calls_recorder, kept_values, observed
+from parity.diagnose.tree_jax_calls import (
+    SEPARATOR,
+    _children,
+    _host,
+    calls_recorder,
+    kept_values,
+    observed,
+    run_traced,
+)
 
 
 def level_of(runner, x: dict, scope: str, names: list[str] | None = None) -> dict:
@@ -48,7 +57,7 @@ def _flax(runner, fed, scope: str, names) -> dict | None:
         import flax.linen as nn
     except ImportError:
         return None
-    from parity.model.layer_types import flax_layer
+    from parity.model.layer_types_flax import flax_layer
     from parity.sources.jax import forward_outputs
 
     jax, spec = runner.jax, runner.spec
@@ -70,7 +79,7 @@ def _flax(runner, fed, scope: str, names) -> dict | None:
             outputs = forward_outputs(spec, spec.jax_apply(params, x, None))
         return (outputs, *kept_values(jax, record, values, inputs, scope, names, x))
 
-    return observed(jax, spec, record, traced, runner.params, fed, flax_layer)
+    return observed(runner, record, traced, fed, flax_layer)
 
 
 def _scope_of(eqn) -> tuple[str, ...]:
@@ -140,7 +149,7 @@ def _named_scopes(runner, fed, scope: str, names) -> dict:
             inputs_of[path] = fed_var
     extra = [*wanted.values(), *inputs_of.values()]
     function = core.jaxpr_as_fun(core.ClosedJaxpr(jaxpr.replace(outvars=[*jaxpr.outvars, *extra]), closed.consts))
-    returned = jax.jit(function)(*jax.tree_util.tree_leaves((runner.params, fed)))
+    returned = run_traced(runner, function, *jax.tree_util.tree_leaves((runner.params, fed)))
     outputs, found = returned[: len(jaxpr.outvars)], dict(zip(map(id, extra), returned[len(jaxpr.outvars) :]))
     children = [
         {

@@ -79,11 +79,20 @@ def calls_recorder(jax, record: dict, values: dict, inputs: dict):
     return call
 
 
-def observed(jax, spec, record: dict, traced, params, fed, typer) -> dict | None:
-    """Run ``traced`` (``(params, x) -> (outputs, values, inputs)``, filling ``record``) under ``jax.jit`` and
-    build the level from what it recorded: None where no module below the root was called. ``typer(module)``:
-    ``(kind, attrs)`` or None."""
-    outputs, values, inputs = jax.jit(traced)(params, fed)
+def run_traced(runner, function, *args):
+    """``function(*args)`` as the side ``runner`` computes it: under ``jax.jit`` (a ``parity.sources.jax.JaxSource``),
+    or converted and run by the path's own converter and runtime where the side has its own ``run_traced``
+    (``parity.diagnose.tree_jax_tf``)."""
+    own = getattr(runner, "run_traced", None)
+    return own(function, *args) if own is not None else runner.jax.jit(function)(*args)
+
+
+def observed(runner, record: dict, traced, fed, typer) -> dict | None:
+    """Run ``traced`` (``(params, x) -> (outputs, values, inputs)``, filling ``record``) on ``runner``'s weights
+    (``run_traced``) and build the level from what it recorded: None where no module below the root was called.
+    ``typer(module)``: ``(kind, attrs)`` or None."""
+    spec = runner.spec
+    outputs, values, inputs = run_traced(runner, traced, runner.params, fed)
     if not any(record["order"]):
         return None
     children = []

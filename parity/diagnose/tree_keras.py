@@ -5,7 +5,9 @@ layers it holds: a functional or ``Sequential`` (sub-)model's ``layers`` (its ``
 layer's tracked sub-layers (``self.fc = Dense(...)``, lists of layers too), in the order the scope calls them; a layer
 it holds but never calls is left out, and operations that are no layer (``keras.ops`` between layers) are the scope's
 own. Values are read by wrapping ``call`` of each child for one run of the model under ``tf.function``, as the
-native ``tf`` path runs it (eagerly where a value cannot leave the traced function, e.g. inside a loop); on a runner
+native ``tf`` path runs it (eagerly where a value cannot leave the traced function, e.g. inside a loop); the
+reference side (``eager``: the model in the golden's dtype, whose taps the golden build reads eagerly too) runs
+eagerly, with no function traced again at each level; on a runner
 that compiles with XLA (``jit_compile``: ``tf/xla``) inside one XLA-compiled function returning them as extra
 outputs, trusted only where its outputs are the path's own compiled forward's (``_xla``): a child's
 value is the first tensor its first call returns, its input the first tensor that call reads, both in the canonical
@@ -48,13 +50,14 @@ def _params(layer) -> str | None:
     return prefixes.pop() if len(prefixes) == 1 else None
 
 
-def level_of(runner, x: dict, scope: str, names: list[str] | None = None) -> dict:
+def level_of(runner, x: dict, scope: str, names: list[str] | None = None, eager: bool = False) -> dict:
     """``{"children", "values", "inputs", "outputs"}`` of a ``parity.sources.tf.KerasSource`` on the feeds ``x``
     under ``scope`` (see the module docstring; ``tree_torch.level`` has the same contract). ``names`` given: exactly
-    those layer paths are observed (the path side of a level the reference side chose)."""
+    those layer paths are observed (the path side of a level the reference side chose). ``eager``: the model is run
+    eagerly, not under ``tf.function`` (the reference side; a runner that compiles with XLA is always compiled)."""
     import keras
 
-    from parity.model.layer_types import keras_layer
+    from parity.model.layer_types_keras import keras_layer
 
     if names is not None:
         candidates = [(name, resolve(keras, runner.model, name)) for name in names]
@@ -65,7 +68,7 @@ def level_of(runner, x: dict, scope: str, names: list[str] | None = None) -> dic
             raise ValueError(f"{runner.spec.name} has no layer {scope!r}")
         prefix = f"{scope}/" if scope else ""
         candidates = [(prefix + child.name, child) for child in _children(keras, root)]
-    seen = _observe(runner, x, candidates)
+    seen = _observe(runner, x, candidates, eager)
     canonical = runner.spec.model_inputs[0].layout
     children = []
     called = sorted(((n, c) for n, c in candidates if n in seen["calls"]), key=lambda p: seen["order"].index(p[0]))
@@ -103,10 +106,10 @@ def _widened(value: np.ndarray) -> np.ndarray:
     return value.astype(np.float32) if value.dtype.name in ("float16", "bfloat16") else value
 
 
-def _observe(runner, x: dict, candidates) -> dict:
+def _observe(runner, x: dict, candidates, eager: bool = False) -> dict:
     """One run of the model with ``call`` of each candidate wrapped: call order, call counts, first values. A runner
     that compiles with XLA (``jit_compile``, the ``tf/xla`` path) is read inside one XLA-compiled function that returns
-    the values as extra outputs (``_xla``)."""
+    the values as extra outputs (``_xla``); else ``eager`` runs the model eagerly, not under ``tf.function``."""
     import tensorflow as tf
 
     from parity.model.feeds import call_keras
@@ -187,6 +190,8 @@ def _observe(runner, x: dict, candidates) -> dict:
                         "reason": "computed inside a loop or a branch of the XLA-compiled function, whose values "
                         "cannot leave it",
                     }
+            elif eager:  # tracing a tf.function of the model at each level would cost more than the run
+                returned, found, read = forward(fed)
             else:
                 try:
                     returned, found, read = tf.function(forward)(fed)

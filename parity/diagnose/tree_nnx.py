@@ -9,7 +9,7 @@ called is the root, and its graph (``nnx.iter_graph``) names every module it hol
 joined with ``/`` as the weights are (``blocks/0/norm``: a list's index is a path component). A module outside the
 root's graph is part of the call that reaches it. The children of a scope, their values and inputs, and a module
 called more than once (a shared one, compared at its first call) follow the linen reader's rules; a child is typed by
-the layer catalogue (``parity.model.layer_types.nnx_layer``, ``nnx_core_layer``). Imports jax and flax inside.
+the layer catalogue (``parity.model.layer_types_flax.nnx_layer``, ``nnx_core_layer``). Imports jax and flax inside.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def _wrapped(base: type, around):
 
 
 def _typer(module):
-    from parity.model.layer_types import nnx_core_layer, nnx_layer
+    from parity.model.layer_types_flax import nnx_core_layer, nnx_layer
 
     return nnx_layer(module) or nnx_core_layer(module)
 
@@ -103,4 +103,4 @@ def level(runner, fed, scope: str, names) -> dict | None:
             outputs = forward_outputs(spec, spec.jax_apply(params, x, None))
         return (outputs, *kept_values(jax, record, values, inputs, scope, names, x))
 
-    return observed(jax, spec, record, traced, runner.params, fed, _typer)
+    return observed(runner, record, traced, fed, _typer)

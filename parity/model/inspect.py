@@ -262,7 +262,8 @@ def _inspect_keras(reference, root, inputs, _params_file, names_from=None):
 def _keras_layers(model, taps) -> dict:
     """``{tap: {"kind", "attrs", "params"}}`` for each Keras layer the catalogue computes that reads exactly the
     previous tap's output (the model's input for the first), as for torch."""
-    from parity.model.layer_types import WEIGHTED, keras_layer, keras_reads
+    from parity.model.layer_types import WEIGHTED
+    from parity.model.layer_types_keras import keras_layer, keras_reads
 
     layers, previous = {}, model.inputs[0] if len(model.inputs) == 1 else None
     for tap in taps:

@@ -8,7 +8,8 @@ and a Keras layer's by variable path (``conv/kernel``), and the diagnosis maps e
 layout (``parity.diagnose.layers.native``; Keras kernels in their own layout are marked ``weight_layout``).
 Keras activations are channels-last: image kinds get ``layout: "nhwc"``. A Flax module (``flax_layer``) is typed
 where the descent into a JAX model's tree reaches it, a ``flax.nnx`` one by ``nnx_layer``; its weights are found by
-its parameter path. Today's transformer layers are typed too: RMSNorms (transformers' ``LlamaRMSNorm`` and kin,
+its parameter path. This module types torch modules and holds what the three share; ``layer_types_keras`` types
+Keras layers and ``layer_types_flax`` Flax modules. Today's transformer layers are typed too: RMSNorms (transformers' ``LlamaRMSNorm`` and kin,
 ``T5LayerNorm``, Gemma's ``1 + w`` ones, ``torch.nn.RMSNorm``, Keras' ``RMSNormalization`` and
 ``LayerNormalization(rms_scaling=True)``, Flax's ``RMSNorm``), transformers' gated MLPs and the default rotary
 embedding (its positions read as its second input, ``torch_further_inputs``). Imports torch, keras or flax inside.
@@ -58,6 +59,7 @@ ACTIVATIONS = {
     "Hardswish": "hard_swish",
     "Hardsigmoid": "hard_sigmoid",
     "Softplus": "softplus",
+    "LogSigmoid": "log_sigmoid",
 }
 # the activation classes of transformers (transformers.activations) -> the catalogue's form
 HF_ACTIVATIONS = {
@@ -69,24 +71,10 @@ HF_ACTIVATIONS = {
     "QuickGELUActivation": "gelu_sigmoid",
     "SiLUActivation": "silu",
 }
+
+
 # Keras activation names (as its configs serialise them) -> (form, alpha); "linear" is no activation
-KERAS_ACTIVATIONS = {
-    "relu": ("relu", None),
-    "relu6": ("relu6", None),
-    "sigmoid": ("sigmoid", None),
-    "tanh": ("tanh", None),
-    "silu": ("silu", None),
-    "swish": ("silu", None),
-    "gelu": ("gelu_erf", None),
-    "softplus": ("softplus", None),
-    "hard_sigmoid": ("hard_sigmoid", None),
-    "hard_silu": ("hard_swish", None),
-    "hard_swish": ("hard_swish", None),
-    "leaky_relu": ("leaky_relu", 0.2),
-}
-
-
-def _pair(value):
+def pair(value):
     return list(value) if isinstance(value, (tuple, list)) else value
 
 
@@ -100,9 +88,9 @@ def _torch_pool(module, nn):
         return None
     attrs = {
         "mode": "max" if isinstance(module, (nn.MaxPool1d, nn.MaxPool2d)) else "avg",
-        "size": _pair(module.kernel_size),
-        "stride": _pair(module.stride or module.kernel_size),
-        "padding": _pair(module.padding),
+        "size": pair(module.kernel_size),
+        "stride": pair(module.stride or module.kernel_size),
+        "padding": pair(module.padding),
         "ceil_mode": bool(module.ceil_mode),
     }
     if attrs["mode"] == "avg":
@@ -113,21 +101,23 @@ def _torch_pool(module, nn):
 
 
 def _torch_upsample(module):
-    if module.mode not in ("nearest", "bilinear", "linear") or module.recompute_scale_factor:
+    if module.mode not in ("nearest", "bilinear", "linear", "bicubic") or module.recompute_scale_factor:
         return None
     nearest = module.mode == "nearest"
     attrs = {
-        "mode": "nearest" if nearest else "linear",
+        "mode": "nearest" if nearest else ("cubic" if module.mode == "bicubic" else "linear"),
         "coordinate_transformation_mode": "asymmetric"
         if nearest
         else ("align_corners" if module.align_corners else "pytorch_half_pixel"),
     }
     if nearest:
         attrs["nearest_mode"] = "floor"
+    if module.mode == "bicubic":  # Keys' kernel with a = -0.75, taps outside the image read the edge
+        attrs.update(cubic_coeff_a=-0.75, exclude_outside=False)
     if module.size is not None:
-        attrs["size"] = _pair(module.size)
+        attrs["size"] = pair(module.size)
     else:
-        attrs["scale"] = _pair(module.scale_factor)
+        attrs["scale"] = pair(module.scale_factor)
     return "resize", attrs
 
 
@@ -209,9 +199,9 @@ def torch_layer(module) -> tuple[str, dict] | None:
         return "dense", {}
     if isinstance(module, (nn.Conv1d, nn.Conv2d)) and module.padding_mode == "zeros":
         return "conv", {
-            "stride": _pair(module.stride),
-            "padding": _pair(module.padding),
-            "dilation": _pair(module.dilation),
+            "stride": pair(module.stride),
+            "padding": pair(module.padding),
+            "dilation": pair(module.dilation),
             "groups": module.groups,
         }
     if isinstance(module, (nn.BatchNorm1d, nn.BatchNorm2d)) and module.track_running_stats:
@@ -343,282 +333,3 @@ def torch_masked_attention(module, args: tuple, kwargs: dict) -> tuple[dict, dic
         "masked_rows": "nan",
     }
     return attrs, {name: mask}
-
-
-# --------------------------------------------------------------------------- Keras
-
-
-def _keras_activation(name) -> tuple[str, float | None] | None:
-    """``(form, alpha)`` of a Keras activation name, ``("linear", None)`` for none, None if not in the catalogue."""
-    if name in (None, "linear"):
-        return "linear", None
-    return KERAS_ACTIVATIONS.get(name) if isinstance(name, str) else None
-
-
-def _fused(attrs: dict, config: dict) -> dict | None:
-    found = _keras_activation(config.get("activation"))
-    if found is None:
-        return None
-    form, alpha = found
-    if form != "linear":
-        attrs["activation"] = form
-        if alpha is not None:
-            attrs["alpha"] = alpha
-    return attrs
-
-
-def _keras_image(layer, config):
-    import keras
-
-    L = keras.layers
-    last = {"layout": "nhwc"} if config.get("data_format", "channels_last") == "channels_last" else {}
-    if type(layer) in (L.Conv1D, L.Conv2D) and config["padding"] in ("same", "valid"):
-        return "conv", _fused(
-            {
-                "stride": _pair(config["strides"]),
-                "padding": config["padding"],
-                "dilation": _pair(config["dilation_rate"]),
-                "groups": config.get("groups", 1),
-                **last,
-                "weight_layout": "keras",
-            },
-            config,
-        )
-    if type(layer) is L.DepthwiseConv2D and config["padding"] in ("same", "valid"):
-        channels = int(layer.kernel.shape[2])
-        return "conv", _fused(
-            {
-                "stride": _pair(config["strides"]),
-                "padding": config["padding"],
-                "dilation": _pair(config["dilation_rate"]),
-                "groups": channels,
-                **last,
-                "weight_layout": "keras_depthwise",
-            },
-            config,
-        )
-    pools = {L.MaxPooling1D: "max", L.MaxPooling2D: "max", L.AveragePooling1D: "avg", L.AveragePooling2D: "avg"}
-    if type(layer) in pools:
-        return "pool", {
-            "mode": pools[type(layer)],
-            "size": _pair(config["pool_size"]),
-            "stride": _pair(config["strides"] or config["pool_size"]),
-            "padding": config["padding"],
-            **last,
-        }
-    if type(layer) is L.UpSampling2D and config["interpolation"] in ("nearest", "bilinear"):
-        nearest = config["interpolation"] == "nearest"  # nearest repeats each pixel; bilinear is tf.image.resize's
-        return "resize", {
-            "mode": "nearest" if nearest else "linear",
-            "scale": _pair(config["size"]),
-            "coordinate_transformation_mode": "asymmetric" if nearest else "half_pixel",
-            **({"nearest_mode": "floor"} if nearest else {}),
-            **last,
-        }
-    if (
-        type(layer) is L.Resizing
-        and config["interpolation"] in ("nearest", "bilinear")
-        and not config.get("crop_to_aspect_ratio")
-        and not config.get("pad_to_aspect_ratio")
-        and not config.get("antialias")
-    ):
-        nearest = config["interpolation"] == "nearest"  # tf.image.resize: half-pixel centres, nearest rounds up
-        return "resize", {
-            "mode": "nearest" if nearest else "linear",
-            "size": [config["height"], config["width"]],
-            "coordinate_transformation_mode": "half_pixel",
-            **({"nearest_mode": "round_prefer_ceil"} if nearest else {}),
-            **last,
-        }
-    if type(layer) is L.Flatten:
-        return "flatten", {"order": "nhwc", **last} if last else {"order": "nchw"}
-    return None
-
-
-def keras_layer(layer) -> tuple[str, dict] | None:
-    """``(kind, attrs)`` for a Keras layer the catalogue computes, else None."""
-    import keras
-
-    L = keras.layers
-    config = layer.get_config()
-    if type(layer) is L.Dense:
-        attrs = _fused({}, config)
-        return ("dense", attrs) if attrs is not None else None
-    if type(layer) is L.BatchNormalization and config["axis"] in (-1, [-1]):
-        return "batch_norm", {"eps": config["epsilon"], "layout": "nhwc"}
-    if type(layer) is L.LayerNormalization and config["axis"] in (-1, [-1]) and not config.get("rms_scaling"):
-        return "layer_norm", {"eps": config["epsilon"]}
-    if type(layer) is L.LayerNormalization and config["axis"] in (-1, [-1]):  # rms_scaling: x / sqrt(var + eps)
-        return "rms_norm", {"eps": config["epsilon"], "by_variance": True, "weight_layout": "keras"}
-    if type(layer) is getattr(L, "RMSNormalization", None) and config["axis"] in (-1, [-1]):
-        return "rms_norm", {"eps": config["epsilon"], "weight_layout": "keras"}
-    if type(layer) is L.Activation:
-        found = _keras_activation(config["activation"])
-        if found is None or found[0] == "linear":
-            return None
-        return "activation", {"form": found[0], **({"alpha": found[1]} if found[1] is not None else {})}
-    if type(layer) is L.ReLU and not config.get("threshold") and config.get("max_value") in (None, 6, 6.0):
-        slope = float(config.get("negative_slope") or 0.0)
-        if slope:
-            return ("activation", {"form": "leaky_relu", "alpha": slope}) if config.get("max_value") is None else None
-        return "activation", {"form": "relu" if config.get("max_value") is None else "relu6"}
-    if type(layer) is L.LeakyReLU:
-        return "activation", {"form": "leaky_relu", "alpha": float(config["negative_slope"])}
-    if type(layer) in (L.GRU, L.LSTM):
-        if (
-            config["go_backwards"]
-            or config["stateful"]
-            or config["return_state"]
-            or config["activation"] != "tanh"
-            or config["recurrent_activation"] != "sigmoid"
-        ):
-            return None
-        attrs = {"cell": "gru" if type(layer) is L.GRU else "lstm", "sequences": bool(config["return_sequences"])}
-        if type(layer) is L.GRU:
-            attrs["linear_before_reset"] = bool(config["reset_after"])
-        return "recurrent", {**attrs, "weight_layout": "keras"}
-    if type(layer) is L.MultiHeadAttention:
-        if (
-            config.get("value_dim") not in (None, config["key_dim"])
-            or config.get("output_shape") is not None
-            or config.get("attention_axes") not in (None, (1,), [1])
-            or config.get("use_gate")
-            or config.get("sliding_window")
-        ):
-            return None
-        return "attention", {"heads": config["num_heads"], "weight_layout": "keras"}
-    if type(layer) is L.Dropout and not config.get("noise_shape"):
-        return "dropout", {"rate": config["rate"]}
-    return _keras_image(layer, config)
-
-
-def keras_reads(layer, previous) -> dict | None:
-    """``{}`` (or the attributes the call adds: ``causal`` for ``use_causal_mask``) when ``layer`` was called once,
-    on ``previous`` alone (attention: as query and value, no mask tensor), else None."""
-    nodes = getattr(layer, "_inbound_nodes", [])
-    if len(nodes) != 1 or previous is None:
-        return None
-    try:
-        fed = layer.input
-    except (AttributeError, ValueError):
-        return None
-    fed = list(fed) if isinstance(fed, (list, tuple)) else [fed]
-    if not fed or any(tensor is not previous for tensor in fed):
-        return None
-    arguments = getattr(nodes[0], "arguments", None)
-    kwargs = dict(getattr(arguments, "kwargs", {}) or {})
-    if kwargs.get("attention_mask") is not None:
-        return None
-    return {"causal": True} if kwargs.get("use_causal_mask") else {}
-
-
-# --------------------------------------------------------------------------- Flax (linen)
-
-
-def _flax_padding(padding, rank: int):
-    """A Flax ``Conv`` padding as the conv kind's attribute, None for one it does not compute (CIRCULAR, CAUSAL)."""
-    if isinstance(padding, str):
-        return padding.lower() if padding in ("SAME", "VALID") else None
-    if isinstance(padding, int):
-        return padding
-    pairs = [(p, p) if isinstance(p, int) else tuple(p) for p in padding]
-    return [list(p) for p in pairs] if len(pairs) == rank else None
-
-
-def flax_layer(module) -> tuple[str, dict] | None:
-    """``(kind, attrs)`` for a ``flax.linen`` module the catalogue computes, else None. Flax holds activations
-    channels-last and kernels ``([kh,] kw, I/groups, O)`` and names a LayerNorm's weights ``scale`` and ``bias``:
-    attributes ``layout: "nhwc"`` and ``weight_layout: "flax"`` say so (``parity.diagnose.layers.native``)."""
-    import flax.linen as nn
-
-    def axes(value):
-        return tuple(value) if isinstance(value, (tuple, list)) else (value,)
-
-    if isinstance(module, nn.Dense) and module.dot_general is None and module.dot_general_cls is None:
-        return "dense", {}
-    if (
-        isinstance(module, nn.LayerNorm)
-        and axes(module.reduction_axes) == (-1,)
-        and axes(module.feature_axes) == (-1,)
-        and module.axis_name is None
-    ):
-        return "layer_norm", {"eps": module.epsilon, "weight_layout": "flax"}
-    kernel = axes(module.kernel_size) if isinstance(module, nn.Conv) else ()  # flax reads an int as one axis
-    if (
-        isinstance(module, nn.Conv)
-        and len(kernel) in (1, 2)
-        and module.mask is None
-        and module.conv_general_dilated is None
-        and module.conv_general_dilated_cls is None
-        and module.input_dilation in (None, 1) + ((1,) * len(kernel),)
-    ):
-        rank = len(kernel)
-        padding = _flax_padding(module.padding, rank)
-        if padding is None:
-            return None
-        return "conv", {
-            "stride": _pair(module.strides or 1),
-            "padding": padding,
-            "dilation": _pair(module.kernel_dilation or 1),
-            "groups": module.feature_group_count,
-            "layout": "nhwc",
-            "weight_layout": "flax",
-        }
-    if isinstance(module, nn.Dropout) and module.broadcast_dims in ((), None):
-        return "dropout", {"rate": module.rate}
-    if isinstance(module, nn.RMSNorm) and _flax_rms_axes(module, axes):
-        return "rms_norm", {"eps": module.epsilon, "weight_layout": "flax"}
-    return None
-
-
-def _flax_rms_axes(module, axes) -> bool:
-    """Whether a Flax ``RMSNorm`` (linen or nnx) normalises the last axis alone, on one device."""
-    return axes(module.reduction_axes) == (-1,) and axes(module.feature_axes) == (-1,) and module.axis_name is None
-
-
-def nnx_layer(module) -> tuple[str, dict] | None:
-    """``(kind, attrs)`` for a ``flax.nnx`` module the catalogue computes, else None: an ``nnx.RMSNorm`` over the last
-    axis (its ``scale`` parameter is gamma, ``weight_layout: "flax"``)."""
-    from flax import nnx
-
-    def axes(value):
-        return tuple(value) if isinstance(value, (tuple, list)) else (value,)
-
-    if isinstance(module, nnx.RMSNorm) and _flax_rms_axes(module, axes):
-        return "rms_norm", {"eps": module.epsilon, "weight_layout": "flax"}
-    return None
-
-
-def nnx_core_layer(module) -> tuple[str, dict] | None:
-    """``(kind, attrs)`` for the ``flax.nnx`` layers linen has too (``Linear``, ``LayerNorm``, ``Conv``,
-    ``Dropout``), typed as ``flax_layer`` types linen's: same parameter names and layouts; else None."""
-    import jax
-    from flax import nnx
-
-    def axes(value):
-        return tuple(value) if isinstance(value, (tuple, list)) else (value,)
-
-    if isinstance(module, nnx.Linear) and module.dot_general is jax.lax.dot_general:
-        return "dense", {}
-    if isinstance(module, nnx.LayerNorm) and _flax_rms_axes(module, axes) and module.use_scale and module.use_bias:
-        return "layer_norm", {"eps": module.epsilon, "weight_layout": "flax"}
-    kernel = axes(module.kernel_size) if isinstance(module, nnx.Conv) else ()
-    if (
-        isinstance(module, nnx.Conv)
-        and len(kernel) in (1, 2)
-        and module.mask is None
-        and module.conv_general_dilated is jax.lax.conv_general_dilated
-        and module.input_dilation in (None, 1, (1,) * len(kernel))
-        and (padding := _flax_padding(module.padding, len(kernel))) is not None
-    ):
-        return "conv", {
-            "stride": _pair(module.strides or 1),
-            "padding": padding,
-            "dilation": _pair(module.kernel_dilation or 1),
-            "groups": module.feature_group_count,
-            "layout": "nhwc",
-            "weight_layout": "flax",
-        }
-    if isinstance(module, nnx.Dropout) and module.broadcast_dims in ((), None):
-        return "dropout", {"rate": module.rate}
-    return None

@@ -39,11 +39,11 @@ def enable_x64_if_needed(dtype: str) -> None:
         jax.config.update("jax_enable_x64", True)
 
 
-def check_definition(spec, params, batch_size: int) -> None:
-    """Trace the definition once and raise ``WeightsMismatch`` for missing / unused / mis-shaped names."""
+def check_definition(spec, params, batch_size: int, dtype: str) -> None:
+    """Trace the definition once, its floating inputs in ``dtype`` (the run's compute dtype; a model may have no
+    parameters), and raise ``WeightsMismatch`` for missing / unused / mis-shaped names."""
     import jax
 
-    dtype = next(iter(params.values())).dtype
     x = packed(
         {
             i.name: jax.ShapeDtypeStruct(spec.input_shape(i.name, batch_size), dtype if i.floating else i.dtype)
@@ -124,7 +124,7 @@ class JaxSource(Runner):
         self.params = {
             name: jax.device_put(jnp.asarray(self._held(name, weights[name])), self.jax_device) for name in spec.params
         }
-        check_definition(spec, self.params, batch_size)
+        check_definition(spec, self.params, batch_size, self.compute_dtype)
         self._forward = jax.jit(lambda p, x: forward_outputs(spec, spec.jax_apply(p, x, None)))
         self._step = None  # the jitted SGD update, made by the first train_step
 

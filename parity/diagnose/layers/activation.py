@@ -7,7 +7,8 @@ x*sigmoid(1.702x); ``sigmoid``; ``tanh``; ``silu`` x*sigmoid(x); ``hard_swish`` 
 ``hard_sigmoid`` clip(alpha*x + 0.5, 0, 1) (attribute ``alpha``, default 1/6 as in PyTorch
 ``Hardsigmoid`` and Keras 3); ``softplus`` log(1 + e^(beta*x))/beta, and x itself where beta*x > threshold
 (attributes ``beta``, default 1, and ``threshold``, default none: PyTorch's ``nn.Softplus(beta, threshold)``
-reverts to the identity above its threshold, 20 by default; Keras' and ONNX's ``Softplus`` have no threshold).
+reverts to the identity above its threshold, 20 by default; Keras' and ONNX's ``Softplus`` have no threshold);
+``log_sigmoid`` log(sigmoid(x)) computed stably, -log(1 + e^-x) (PyTorch ``nn.LogSigmoid``, Keras ``log_sigmoid``).
 
 Variants are the declared form's known neighbours; a neighbour equal to the declared form on
 the inputs at hand (``relu6`` with nothing above 6) is not applicable there:
@@ -25,7 +26,13 @@ the inputs at hand (``relu6`` with nothing above 6) is not applicable there:
 * softplus: ``softplus_no_threshold`` (the threshold lost: ONNX ``Softplus`` has none, and torch.onnx's TorchScript
   exporter writes ``Softplus(beta*x)/beta``, dropping it), ``softplus_beta_dropped`` (beta lost, the threshold
   kept on x: a scale within 1e-5 of 1 removed by an ONNX optimiser's no-op rule), ``softplus_plain`` (both lost:
-  ONNX ``Softplus(x)``).
+  ONNX ``Softplus(x)``; OpenVINO's PyTorch frontend computes this for ``softplus(beta=2, threshold=5)``);
+* log-sigmoid: ``log_of_sigmoid``, the log of a sigmoid computed in float32 (torch.onnx's ``Log(Sigmoid(x))``, and
+  OpenVINO's and LiteRT's lowerings): a float32 sigmoid is right to about float32's resolution at 1, 2^-24, absolute,
+  so where the true sigmoid is that small its result may be anything from 0 to ``sigmoid + 2^-24``, and its log
+  anything from -inf (0: an underflow, ONNX Runtime's sigmoid below about -17, a flushed subnormal below -88) to
+  ``log(sigmoid + 2^-24)``. The variant is that interval, element by element (the observed value where it lies inside,
+  its nearer end elsewhere).
 """
 
 from __future__ import annotations
@@ -57,7 +64,9 @@ FORMS = {
     "hard_swish": lambda x, alpha: x * np.clip(x + 3.0, 0.0, 6.0) / 6.0,
     "hard_sigmoid": lambda x, alpha: np.clip(alpha * x + 0.5, 0.0, 1.0),
     "softplus": lambda x, alpha: np.logaddexp(0.0, x),  # beta 1, no threshold; ``forward`` reads both
+    "log_sigmoid": lambda x, alpha: -np.logaddexp(0.0, -x),
 }
+FLOAT32_AT_ONE = 2.0**-24  # the absolute resolution of a float32 value near 1: half its unit in the last place
 DEFAULT_ALPHA = {"leaky_relu": 0.01, "hard_sigmoid": 1.0 / 6.0}
 _LEAKY = (0.01, 0.2, 0.3)
 _NEIGHBOURS = {  # declared form -> (variant name, form, alpha)
@@ -151,10 +160,34 @@ def _softplus_variants(attrs) -> list[Variant]:
     return found
 
 
+def _log_of_sigmoid(inputs, weights, attrs, observed):
+    """The log of a float32 sigmoid (module docstring): the observed value where the interval holds it."""
+    x = np.asarray(inputs[0], np.float64)
+    sigmoid = _sigmoid(x)
+    with np.errstate(divide="ignore"):
+        low = np.log(np.maximum(sigmoid - FLOAT32_AT_ONE, 0.0))
+        high = np.log(np.minimum(sigmoid + FLOAT32_AT_ONE, 1.0))
+    if not np.isneginf(low).any():
+        raise NotApplicable("no input where a float32 sigmoid can underflow to 0 (all above about -16.6)")
+    if observed is None or np.shape(observed) != x.shape:
+        return low
+    observed = np.asarray(observed, np.float64)
+    return np.where(np.isnan(observed), high, np.clip(observed, low, high))
+
+
 def variants(attrs):
     declared = attrs["form"]
     if declared == "softplus":
         return _softplus_variants(attrs)
+    if declared == "log_sigmoid":
+        return [
+            Variant(
+                "log_of_sigmoid",
+                "log(sigmoid(x)) with the sigmoid in float32 (Log(Sigmoid)): -inf where the sigmoid underflows to 0, "
+                "where the declared log-sigmoid is finite",
+                _log_of_sigmoid,
+            )
+        ]
     alpha = attrs.get("alpha", DEFAULT_ALPHA.get(declared))
     found = []
     for name, form, a in _NEIGHBOURS.get(declared, []):

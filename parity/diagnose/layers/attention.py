@@ -16,7 +16,9 @@ convention), ``"ignore"`` (boolean, true where masked: ``nn.MultiheadAttention``
 gets zero attention weights, so its attention output is 0 before the output projection: what torch's
 ``F.scaled_dot_product_attention`` returns for such a row (torch 2.13, boolean or -inf additive mask). Attribute
 ``masked_rows`` declares another convention for those rows: ``"nan"`` (``nn.MultiheadAttention``, whose softmax
-over nothing but -inf gives NaN, fast path or not: torch 2.13); default ``"zero"``.
+over nothing but -inf gives NaN, fast path or not: torch 2.13; TensorFlow's softmax of an additive -inf row) or
+``"uniform"`` (the mean of the values: ``jax.nn.dot_product_attention`` with a boolean mask, which it fills with a
+large negative); default ``"zero"``.
 
 Variants:
 
@@ -33,10 +35,12 @@ Variants:
 With a mask:
 
 * ``masked_row_nan``: a fully masked query row gives NaN (a plain softmax over nothing but -inf:
-  ``nn.MultiheadAttention``, onnx.reference and runtimes without the SDPA convention); ``masked_row_zero``: zero
-  attention (the SDPA convention) where NaN is declared;
+  ``nn.MultiheadAttention``, onnx.reference, ONNX Runtime and OpenVINO running torch's SDPA with an additive -inf
+  mask, OpenVINO with a boolean one); ``masked_row_zero``: zero attention (the SDPA convention; ONNX Runtime running
+  jax2onnx's ``dot_product_attention`` with a boolean mask) where NaN or the mean is declared;
 * ``masked_row_uniform``: it attends to every key uniformly, the mean of the values (a mask filled with the
-  dtype's lowest value, or -1e9 in float32, instead of -inf);
+  dtype's lowest value, or -1e9 in float32, instead of -inf: ONNX Runtime running torch's SDPA with a boolean mask,
+  LiteRT with TensorFlow's additive -inf);
 * ``masked_row_unmasked``: it attends as if unmasked (an additive -1e9 mask in float64, Keras' softmax mask);
 * ``mask_ignored``: the mask lost (a converter dropping the mask input);
 * ``mask_inverted``: a boolean mask read in the other convention (true = attend versus true = masked).
@@ -125,7 +129,7 @@ def forward(inputs, weights, attrs, axis=-1, interleaved=False, rows="declared",
         logits = _masked(logits, _mask(inputs[1], attrs, b, t, t), kind)
     rows = attrs.get("masked_rows", "zero") if rows == "declared" else rows
     if rows not in (*ROWS, "unmasked"):
-        raise ValueError(f"unknown masked_rows {rows!r}; known: {', '.join(ROWS[:2])}")
+        raise ValueError(f"unknown masked_rows {rows!r}; known: {', '.join(ROWS)}")
     if rows == "unmasked":  # a fully masked row attends as if nothing were masked
         empty = np.all(logits == -np.inf, axis=axis, keepdims=True)
         attention = np.where(empty, _softmax(raw, axis), _softmax(logits, axis))
@@ -157,30 +161,25 @@ def _with_mask(**options):
     return compute
 
 
+ROW_MEANS = {
+    "zero": "zero attention (torch SDPA's convention)",
+    "nan": "NaN (a plain softmax over -inf)",
+    "uniform": "the mean of the values (uniform attention: a mask of the dtype's lowest value instead of -inf)",
+}
+
+
 def _mask_variants(declared, rows="zero"):
-    row = (
-        Variant(
-            "masked_row_nan",
-            "a fully masked query row gives NaN (a plain softmax over -inf) where the "
-            "declared form gives zero attention (torch SDPA)",
-            _with_mask(rows="nan"),
-        )
-        if rows != "nan"
-        else Variant(
-            "masked_row_zero",
-            "a fully masked query row gives zero attention (torch SDPA's convention) where "
-            "the declared form gives NaN (nn.MultiheadAttention)",
-            _with_mask(rows="zero"),
-        )
-    )
     found = [
-        row,
         Variant(
-            "masked_row_uniform",
-            "a fully masked query row attends uniformly, the mean of the values (a "
-            "mask of the dtype's lowest value instead of -inf)",
-            _with_mask(rows="uniform"),
-        ),
+            f"masked_row_{other}",
+            f"a fully masked query row gives {ROW_MEANS[other]} where the declared form gives "
+            f"{ROW_MEANS[rows].split(' (')[0]}",
+            _with_mask(rows=other),
+        )
+        for other in ("nan", "zero", "uniform")
+        if other != rows
+    ]
+    found += [
         Variant(
             "masked_row_unmasked",
             "a fully masked query row attends as if unmasked (an additive -1e9 mask)",
