@@ -15,6 +15,11 @@ ratios to the plain check.
 whose ``N//2``-th layer's output LayerNorm loses its bias in the export, through ``parity init`` and
 ``golden build`` in a temporary workspace, so its ONNX path fails and the descent goes to that leaf.
 
+``--keras-encoder N`` and ``--flax-encoder N`` measure models of a realistic size, where compute and not fixed setup
+dominates: a Keras encoder of N blocks (attention, feed-forward, norms) and a Flax linen encoder of N feed-forward
+blocks, both at width 256 on a 2x16 sequence, whose middle block's last norm departs on ``tf/onnx/ort`` /
+``jax/onnx/ort`` (another epsilon while the converter traces it).
+
 ``--keras`` and ``--flax`` measure Keras and JAX users' models the same way, each on the path where one of its leaves
 departs (the models of the tree's tests, brought as a user brings them: a Keras factory through the library call
 ``assert_parity`` makes, a JAX function and its ``.npz`` through ``parity init --jax``): ``KERAS`` and ``FLAX`` below.
@@ -22,6 +27,7 @@ departs (the models of the tree's tests, brought as a user brings them: a Keras 
     python scripts/diagnose_cost.py --model cnn --path torch/onnx/ort --repeats 7
     python scripts/diagnose_cost.py --encoder 12 --repeats 5
     python scripts/diagnose_cost.py --keras --flax --repeats 3
+    python scripts/diagnose_cost.py --keras-encoder 12 --flax-encoder 12 --repeats 3
 """
 
 from __future__ import annotations
@@ -90,7 +96,12 @@ def main() -> None:
     parser.add_argument("--encoder", type=int, default=0, help="measure only an N-layer encoder built here")
     parser.add_argument("--keras", action="store_true", help=f"measure the Keras models {', '.join(KERAS)}")
     parser.add_argument("--flax", action="store_true", help=f"measure the JAX models {', '.join(FLAX)}")
+    parser.add_argument("--keras-encoder", type=int, default=0, help="measure an N-block Keras encoder (width 256)")
+    parser.add_argument("--flax-encoder", type=int, default=0, help="measure an N-block Flax encoder (width 256)")
     args = parser.parse_args()
+    if args.keras_encoder or args.flax_encoder:
+        _sized(args.keras_encoder, args.flax_encoder, args.repeats, args.threads)
+        return
     if args.encoder:
         with tempfile.TemporaryDirectory() as root, _pool(args.threads) as pool:
             _encoder_workspace(root, args.encoder)
@@ -117,6 +128,148 @@ def main() -> None:
     with _pool(args.threads) as pool:
         _header(args.repeats, args.threads)
         measure(Workspace(args.workspace), args.model, args.path, args.repeats, args.threads, pool)
+
+
+def _sized(keras_blocks: int, flax_blocks: int, repeats: int, threads: int) -> None:
+    """The Keras and Flax encoders of ``--keras-encoder`` / ``--flax-encoder`` blocks, each on its failing path."""
+    chosen = {"keras_encoder_n": keras_blocks, "flax_encoder_n": flax_blocks}
+    chosen = {name: blocks for name, blocks in chosen.items() if blocks}
+    for name, blocks in chosen.items():  # the workers build the models from the same factories
+        os.environ[f"PARITY_{name.upper()}"] = str(blocks)
+    with tempfile.TemporaryDirectory() as root, _pool(threads) as pool:
+        from parity.golden import build as golden_build
+        from parity.pipeline import scaffold
+
+        if "keras_encoder_n" in chosen:
+            request = scaffold.Request(
+                name="keras_encoder_n",
+                kind="tf",
+                reference=f"{Path(__file__).resolve()}:make_keras_encoder",
+                inputs=(scaffold.InputDecl("x", (2, 16, WIDTH), "float32"),),
+                builder="keras_factory",
+            )
+            scaffold.init(Path(root), request, force=False, threads=1, timeout_s=600)
+        if "flax_encoder_n" in chosen:
+            params = Path(root) / "flax_encoder_n.npz"
+            save_flax_encoder_params(params)
+            subprocess.run(
+                [sys.executable, "-m", "parity.cli", "init", "flax_encoder_n", "--jax"]
+                + [f"{Path(__file__).resolve()}:flax_encoder_apply,{params}", "--input", f"x=2x16x{WIDTH}"]
+                + ["--workspace", root],
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
+        ws = Workspace(root)
+        for name in chosen:
+            golden_build.build(ws, ws.load_spec(name), pool)
+        _header(repeats, threads)
+        for name, blocks in chosen.items():
+            path = "tf/onnx/ort" if name.startswith("keras") else "jax/onnx/ort"
+            print(f"{name} ({blocks} blocks, width {WIDTH}) on {path}: the departing leaf is {_sized_leaf(name)}")
+            measure(ws, [name], [path], repeats, threads, pool, True)
+
+
+WIDTH = 256  # the sized encoders' width
+
+
+def _sized_leaf(name: str) -> str:
+    middle = int(os.environ[f"PARITY_{name.upper()}"]) // 2
+    return f"block_{middle}/norm2_{middle}" if name.startswith("keras") else f"block_{middle}/norm"
+
+
+def make_keras_encoder():
+    """A functional Keras encoder of ``PARITY_KERAS_ENCODER_N`` blocks, each a functional sub-model (self-attention
+    of 4 heads, norm, a GELU feed-forward of width 1024, norm; layers named by their block, as Keras needs unique
+    weight paths) with residuals, at width 256; the middle block's
+    ``norm2`` departs on ``tf/onnx/*`` (epsilon 0.1 while tf2onnx traces it)."""
+    import keras
+    from keras import layers
+
+    sys.path.insert(0, str(TESTS))
+    import nestedmodels
+
+    faulty_norm = nestedmodels._keras_faulty_layer_norm()
+    keras.utils.set_random_seed(0)
+    blocks = int(os.environ["PARITY_KERAS_ENCODER_N"])
+    gamma, beta = keras.initializers.RandomUniform(0.5, 1.5), keras.initializers.RandomNormal(stddev=0.2)
+    x = keras.Input((16, WIDTH), name="x")
+    h = layers.Dense(WIDTH, name="proj")(x)
+    for i in range(blocks):
+        inner = keras.Input((16, WIDTH))
+        a = layers.MultiHeadAttention(4, WIDTH // 4, name=f"attn_{i}")(inner, inner)
+        a = layers.LayerNormalization(gamma_initializer=gamma, beta_initializer=beta, name=f"norm1_{i}")(inner + a)
+        f = layers.Dense(4 * WIDTH, activation="gelu", name=f"up_{i}")(a)
+        f = layers.Dense(WIDTH, name=f"down_{i}")(f)
+        norm = (
+            faulty_norm(
+                export_epsilon=1e-1, epsilon=1e-3, gamma_initializer=gamma, beta_initializer=beta, name=f"norm2_{i}"
+            )
+            if i == blocks // 2
+            else layers.LayerNormalization(gamma_initializer=gamma, beta_initializer=beta, name=f"norm2_{i}")
+        )
+        h = keras.Model(inner, norm(a + f), name=f"block_{i}")(h)
+    return keras.Model(x, layers.Dense(8, name="head")(h), name="keras_encoder_n")
+
+
+def _flax_encoder():
+    import flax.linen as nn
+    import jax.numpy as jnp
+
+    sys.path.insert(0, str(TESTS))
+    import nestedmodels
+
+    class ExportEpsLayerNorm(nn.LayerNorm):
+        """``nn.LayerNorm``; while jax2onnx traces it, computed with epsilon 0.1."""
+
+        @nn.compact
+        def __call__(self, x, *, mask=None):
+            eps = 1e-1 if nestedmodels._traced_by("jax2onnx") else self.epsilon
+            scale = self.param("scale", self.scale_init, (x.shape[-1],), self.param_dtype)
+            bias = self.param("bias", self.bias_init, (x.shape[-1],), self.param_dtype)
+            mean = x.mean(axis=-1, keepdims=True)
+            variance = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+            return (x - mean) / jnp.sqrt(variance + eps) * scale + bias
+
+    blocks = int(os.environ["PARITY_FLAX_ENCODER_N"])
+
+    class Block(nn.Module):
+        faulty: bool = False
+
+        @nn.compact
+        def __call__(self, x):
+            h = nn.Dense(WIDTH, name="down")(nn.gelu(nn.Dense(4 * WIDTH, name="up")(x)))
+            norm = ExportEpsLayerNorm(name="norm") if self.faulty else nn.LayerNorm(name="norm")
+            return norm(x + h)
+
+    class Encoder(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            h = nn.Dense(WIDTH, name="proj")(x)
+            for i in range(blocks):
+                h = Block(faulty=i == blocks // 2, name=f"block_{i}")(h)
+            return nn.Dense(8, name="head")(h)
+
+    return Encoder()
+
+
+def flax_encoder_apply(params, x):
+    """The Flax encoder of ``PARITY_FLAX_ENCODER_N`` feed-forward blocks at width 256 (``parity init --jax``)."""
+    return _flax_encoder().apply({"params": params}, x)
+
+
+def save_flax_encoder_params(path: Path) -> None:
+    import jax
+
+    variables = _flax_encoder().init(jax.random.PRNGKey(0), np.zeros((1, 16, WIDTH), np.float32))
+    flat = {
+        "/".join(str(getattr(k, "key", k)) for k in key): np.asarray(value)
+        for key, value in jax.tree_util.tree_flatten_with_path(variables["params"])[0]
+    }
+    rng = np.random.default_rng(1)
+    for key, value in flat.items():  # random norms, so a changed epsilon shows
+        if "/norm/" in key:
+            flat[key] = (value + rng.uniform(-0.5, 0.5, value.shape)).astype(np.float32)
+    np.savez(path, **flat)
 
 
 def _pool(threads: int) -> WorkerPool:
@@ -254,7 +407,10 @@ def measure(
         arrays = golden.load(ws.golden_dir(model), spec).arrays
         for path in paths.select(tuple(path_patterns) or ("torch", "*/onnx/ort"), spec.frameworks, "cpu", "fp32"):
             artifact = run._export(pool, spec, manifest, path, len(path.exports) - 1) if path.exports else None
-            if artifact is not None and "error" in artifact:
+            if artifact is not None and "error" in artifact:  # said, not dropped: the row cannot be measured
+                print(
+                    f"{model} {path.id}: not measured, the export failed: {_first_line(artifact['error'])}", flush=True
+                )
                 continue
             common = {
                 "workspace": str(ws.root),
@@ -315,6 +471,11 @@ def tree_link(compared: dict) -> str:
         if compared.get("scope")
         else f"on {len(compared.get('nodes', []))} tensors"
     )
+
+
+def _first_line(error) -> str:
+    text = error.get("message", error) if isinstance(error, dict) else error
+    return str(text).strip().splitlines()[0] if str(text).strip() else "(no message)"
 
 
 def _median(repeats: int, call, *args, **kwargs) -> float:

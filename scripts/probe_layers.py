@@ -290,7 +290,9 @@ def _matches(name: str, patterns: list[str]) -> bool:
     return not patterns or any(fnmatch.fnmatchcase(name, p) or name.startswith(p + "/") for p in patterns)
 
 
-def _spawn(framework: str, phase: str, layers: list[str], path_ids: list[str], store: Path, log) -> None:
+def _spawn(framework: str, phase: str, layers: list[str], path_ids: list[str], store: Path) -> str | None:
+    """Run one worker; None where it ends well, else one line saying how it failed (with its last line of stderr:
+    the log is in a temporary folder, gone once the probe ends)."""
     command = [
         sys.executable,
         str(Path(__file__).resolve()),
@@ -304,30 +306,48 @@ def _spawn(framework: str, phase: str, layers: list[str], path_ids: list[str], s
         str(store),
     ]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run(
-        command, stdout=None if phase == "paths" else log, stderr=log, env=env, timeout=WORKER_TIMEOUT_S, check=False
-    )
-    if done.returncode:
-        print(f"{framework} {phase} worker ended with {done.returncode} (see {log.name})", file=sys.stderr)
+    log_path = store / f"{framework}_{phase}.log"
+    with open(log_path, "w") as log:
+        try:
+            done = subprocess.run(
+                command,
+                stdout=None if phase == "paths" else log,
+                stderr=log,
+                env=env,
+                timeout=WORKER_TIMEOUT_S,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return f"{framework} {phase} worker ran past {WORKER_TIMEOUT_S:g} s and was stopped"
+    if not done.returncode:
+        return None
+    lines = [line.strip() for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
+    return f"{framework} {phase} worker ended with {done.returncode}" + (f": {lines[-1]}" if lines else "")
 
 
-def probe(layer_patterns: list[str], path_patterns: list[str], store: Path, log) -> tuple[dict, list[str]]:
-    """Every selected case through every selected path: ``({layer: {path: cell}}, the paths probed)``."""
+def probe(layer_patterns: list[str], path_patterns: list[str], store: Path) -> tuple[dict, list[str], list[str]]:
+    """Every selected case through every selected path: ``({layer: {path: cell}}, the paths probed, the workers'
+    failures)``, each failure said on stderr as it happens."""
     results: dict = {}
     columns: list[str] = []
+    failures: list[str] = []
     for framework, path_ids in PATHS.items():
         chosen = [p for p in path_ids if _matches(p, path_patterns)]
         if not chosen:
             continue
-        _spawn(framework, "ref", layer_patterns, chosen, store, log)
-        _spawn(framework, "paths", layer_patterns, chosen, store, log)
+        for phase in ("ref", "paths"):
+            failed = _spawn(framework, phase, layer_patterns, chosen, store)
+            if failed:
+                print(f"error: {failed}", file=sys.stderr)
+                failures.append(failed)
+                break
         found = store / f"{framework}.json"
         rows = json.loads(found.read_text()) if found.exists() else {}
         if rows:
             columns += chosen
         for name, row in rows.items():
             results.setdefault(name, {}).update(row)
-    return results, columns
+    return results, columns, failures
 
 
 def _csv(text: str) -> list[str]:
@@ -353,11 +373,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="probe_layers_") as scratch:
-        store = Path(scratch)
-        with open(store / "workers.log", "w") as log:
-            results, columns = probe(_csv(args.layers), _csv(args.paths), store, log)
+        results, columns, failures = probe(_csv(args.layers), _csv(args.paths), Path(scratch))
+        if not results and failures:
+            print("error: every worker failed: nothing was probed", file=sys.stderr)
+            return 1
         if not results:
-            print("error: no layer matches --layers (or every worker failed)", file=sys.stderr)
+            print(f"error: no layer matches --layers {args.layers}", file=sys.stderr)
             return 2
         found = departures(results)
         print()
@@ -374,7 +395,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{time.perf_counter() - started:.0f} s")
         if args.json:
             args.json.write_text(json.dumps({"results": results, "departures": found}, indent=1, default=float))
-    return 0
+    if failures:
+        print(f"error: {len(failures)} worker(s) failed: the table lacks their cases", file=sys.stderr)
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -38,16 +38,16 @@ def _residual_block():
     class ResBlock(layers.Layer):
         """``x + out(act(norm(fc(x))))``; its layers are tracked attributes."""
 
-        def __init__(self, width: int = WIDTH, **kwargs):
+        def __init__(self, width: int = WIDTH, activation: str = "gelu", **kwargs):
             super().__init__(**kwargs)
-            self.width = width
+            self.width, self.activation = width, activation
             gamma, beta = keras.initializers.RandomUniform(0.5, 1.5), keras.initializers.RandomNormal(stddev=0.2)
             # in the layer's own dtype: parity rebuilds the model in float64 for its reference
             self.fc = layers.Dense(width, dtype=self.dtype_policy, name="fc")
             self.norm = layers.LayerNormalization(
                 gamma_initializer=gamma, beta_initializer=beta, dtype=self.dtype_policy, name="norm"
             )
-            self.act = layers.Activation("gelu", dtype=self.dtype_policy, name="act")
+            self.act = layers.Activation(activation, dtype=self.dtype_policy, name="act")
             self.out = layers.Dense(width, dtype=self.dtype_policy, name="out")
 
         def build(self, shape):
@@ -60,7 +60,7 @@ def _residual_block():
             return x + self.out(self.act(self.norm(self.fc(x))))
 
         def get_config(self):
-            return {**super().get_config(), "width": self.width}
+            return {**super().get_config(), "width": self.width, "activation": self.activation}
 
     return ResBlock
 
@@ -98,6 +98,23 @@ def make_blocks():
     (exact GELU), out) -> pre (Dense) -> relu (Activation; TFLite fuses it into pre's FULLY_CONNECTED) -> head
     (2x3)."""
     return _model(faulty=False)
+
+
+def make_default_names():
+    """The names Keras gives layers by default, spelled out (its counters run on across the models of one process):
+    x (2x12) -> ``dense`` -> ``dense_1`` (tanh) -> ``sequential`` (``res_block``, ``res_block_1``, tanh) -> ``dense_2``
+    (softmax, the model's output). Under ``tf.function`` each scope gets one more ``_<n>``: layer ``dense``'s ops are
+    scoped ``dense_1``, layer ``dense_1``'s ``dense_1_2``."""
+    import keras
+    from keras import layers
+
+    ResBlock = _residual_block()
+    keras.utils.set_random_seed(0)
+    x = keras.Input((12,), name="x")
+    h = layers.Dense(WIDTH, activation="tanh", name="dense_1")(layers.Dense(WIDTH, name="dense")(x))
+    blocks = [ResBlock(activation="tanh", name=name) for name in ("res_block", "res_block_1")]  # tf2onnx has no erf
+    h = keras.Sequential(blocks, name="sequential")(h)
+    return keras.Model(x, layers.Dense(3, activation="softmax", name="dense_2")(h), name="functional")
 
 
 def make_faulty_blocks():

@@ -96,6 +96,21 @@ def test_log_sigmoid_as_the_log_of_a_float32_sigmoid_is_named_on_onnx_runtime_an
     assert _named(kind, attrs, [x], wrong) is None
 
 
+def test_a_path_that_clamps_log_sigmoid_is_not_a_float32_sigmoid():
+    """The log of a float32 sigmoid is -inf where it underflows, and right elsewhere: a path that clamps the
+    log-sigmoid at -20 is not that, with or without underflows beside; the log of NumPy's float32 sigmoid is."""
+    x = np.linspace(-120.0, 30.0, 64)
+    declared = get("activation").forward([x], {}, {"form": "log_sigmoid"})
+    x32 = x.astype(np.float32)
+    with np.errstate(divide="ignore", over="ignore"):
+        float32 = np.log(np.exp(x32) / (np.float32(1) + np.exp(x32))).astype(np.float64)  # 0 below about -103
+    assert np.isneginf(float32).sum() > 0
+    attrs = {"form": "log_sigmoid"}
+    assert _named("activation", attrs, [x], float32) == "log_of_sigmoid"
+    assert _named("activation", attrs, [x], np.maximum(declared, -20.0)) is None
+    assert _named("activation", attrs, [x], np.where(np.isneginf(float32), -np.inf, np.maximum(float32, -20.0))) is None
+
+
 def test_fully_masked_attention_rows_of_torch_sdpa_on_onnx_runtime_and_openvino(tmp_path):
     """torch's SDPA gives 0 for a query that sees no key (declared ``masked_rows: zero``)."""
     for case, mask, convention, named in (
@@ -189,3 +204,27 @@ def test_cubic_resize_with_excluded_outside_taps_is_jax_image_resize():
     ours = get("resize").forward([x.transpose(0, 3, 1, 2)], {}, attrs).transpose(0, 2, 3, 1)
     theirs = np.asarray(jax.image.resize(jnp.asarray(x), (1, 8, 10, 2), "cubic"), np.float64)
     assert np.allclose(ours, theirs, rtol=0, atol=5e-6)  # JAX in float32
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+def test_torch_half_pixel_resize_to_one_row_is_typed_as_torch_computes_it(mode):
+    """torch reads ``(o + 0.5) n / m - 0.5`` on an output axis of length 1 too (torch.onnx writes ``half_pixel``), not
+    ``pytorch_half_pixel``'s pixel 0: its own output gets no cause, and reading pixel 0 there is named."""
+    import torch
+    from torch import nn
+
+    from parity.model.layer_types import torch_layer
+
+    x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
+    for size in [(1, 4), (1, 1), (3, 1), (7, 9)]:
+        module = nn.Upsample(size=size, mode=mode)
+        kind, attrs = torch_layer(module)
+        assert attrs["coordinate_transformation_mode"] == "half_pixel"
+        declared = get(kind).forward([x.numpy()], {}, attrs)
+        assert np.allclose(declared, module(x).numpy(), rtol=0, atol=1e-12), size
+    module = nn.Upsample(size=(1, 4), mode=mode)
+    kind, attrs = torch_layer(module)
+    own = module(x).float().double().numpy()
+    assert _named(kind, attrs, [x.numpy()], own) is None
+    row_0 = get(kind).forward([x.numpy()], {}, {**attrs, "coordinate_transformation_mode": "pytorch_half_pixel"})
+    assert _named(kind, attrs, [x.numpy()], row_0) == "coordinates_pytorch_half_pixel"

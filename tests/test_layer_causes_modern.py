@@ -106,6 +106,52 @@ def test_gemma_offset_and_keras_centered_forms_are_the_frameworks_own(tokens):
     np.testing.assert_allclose(recompute(Layer(kind, attrs), [x], weights, prefix="rms"), out, rtol=1e-5, atol=1e-6)
 
 
+def test_keras_normalisations_without_an_epsilon_are_typed_with_keras_default(tokens):
+    """``epsilon=None`` is Keras's own default, ``keras.config.epsilon()``: the typed form reproduces the layer."""
+    import keras
+
+    from parity.diagnose.cause import recompute
+
+    x, _ = tokens
+    eps = keras.config.epsilon()
+    for layer, kind in [
+        (keras.layers.RMSNormalization(epsilon=None, dtype="float64"), "rms_norm"),
+        (keras.layers.LayerNormalization(epsilon=None, rms_scaling=True, dtype="float64"), "rms_norm"),
+        (keras.layers.LayerNormalization(epsilon=None, dtype="float64"), "layer_norm"),
+    ]:
+        out = np.asarray(layer(x * 1e-3))  # mean squares ~2.5e-9, below the default epsilon (1e-7): it matters
+        typed, attrs = keras_layer(layer)
+        assert typed == kind and attrs["eps"] == eps
+        weights = {"n/" + v.path.rsplit("/", 1)[-1]: np.asarray(v) for v in layer.weights}
+        np.testing.assert_allclose(recompute(Layer(typed, attrs), [x * 1e-3], weights, "n"), out, rtol=1e-9)
+
+
+def test_a_custom_keras_layer_holding_a_sub_layer_is_left_untyped():
+    """Its ``get_config`` raises ``NotImplementedError`` (a layer in ``__init__``): typing reads a config only once
+    the class matches, and a subclass of a typed class whose config cannot be read stays untyped."""
+    import keras
+
+    class Wrapper(keras.layers.Layer):
+        def __init__(self, inner, **kwargs):
+            super().__init__(**kwargs)
+            self.inner = inner
+
+        def call(self, x):
+            return self.inner(x)
+
+    class DenseWithHelper(keras.layers.Dense):
+        def __init__(self, helper, **kwargs):
+            super().__init__(4, **kwargs)
+            self.helper = helper
+
+        def get_config(self):
+            raise NotImplementedError("not serialisable")
+
+    assert keras_layer(Wrapper(keras.layers.Dense(4))) is None
+    assert keras_layer(DenseWithHelper(keras.layers.Dense(4))) is None
+    assert keras_layer(keras.layers.Dense(4)) == ("dense", {})
+
+
 def test_torch_and_flax_rms_norms_are_typed():
     from flax import linen, nnx
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
@@ -115,7 +161,10 @@ def test_torch_and_flax_rms_norms_are_typed():
 
     assert torch_layer(LlamaRMSNorm(8, eps=1e-5)) == ("rms_norm", {"eps": 1e-5})
     assert torch_layer(T5LayerNorm(8)) == ("rms_norm", {"eps": 1e-6})
-    assert torch_layer(torch.nn.RMSNorm(8)) == ("rms_norm", {"eps": float(np.finfo(np.float32).eps)})
+    assert torch_layer(torch.nn.RMSNorm(8)) == (
+        "rms_norm",
+        {"eps": float(np.finfo(np.float64).eps), "eps_from_dtype": True},
+    )
     assert torch_layer(torch.nn.RMSNorm((4, 8))) is None
     assert flax_layer(linen.RMSNorm(epsilon=1e-5)) == ("rms_norm", {"eps": 1e-5, "weight_layout": "flax"})
     assert nnx_layer(nnx.RMSNorm(8, rngs=nnx.Rngs(0))) == ("rms_norm", {"eps": 1e-6, "weight_layout": "flax"})
@@ -124,11 +173,58 @@ def test_torch_and_flax_rms_norms_are_typed():
     assert set(layer_weights({"n/scale": np.ones(8)}, "n", "rms_norm", {"weight_layout": "flax"})) == {"gamma"}
 
 
+def test_linen_and_nnx_layers_are_typed_alike():
+    """linen's and nnx's Conv and LayerNorm share one typing: the same attributes, and the same refusals (3-D,
+    circular padding, input dilation, more axes than the last)."""
+    from flax import linen, nnx
+
+    from parity.model.layer_types_flax import flax_layer, nnx_core_layer
+
+    rngs = nnx.Rngs(0)
+    conv = flax_layer(linen.Conv(4, (3, 3), strides=2, padding="SAME", kernel_dilation=(1, 2)))
+    assert conv == nnx_core_layer(nnx.Conv(2, 4, (3, 3), strides=2, padding="SAME", kernel_dilation=(1, 2), rngs=rngs))
+    assert conv[1]["dilation"] == [1, 2] and conv[1]["layout"] == "nhwc"
+    assert flax_layer(linen.LayerNorm(epsilon=1e-5)) == nnx_core_layer(nnx.LayerNorm(8, epsilon=1e-5, rngs=rngs))
+    for refused in [
+        nnx.Conv(2, 4, (3, 3, 3), rngs=rngs),
+        nnx.Conv(2, 4, (3, 3), padding="CIRCULAR", rngs=rngs),
+        nnx.Conv(2, 4, 3, input_dilation=2, rngs=rngs),
+        nnx.LayerNorm(8, reduction_axes=(-2, -1), rngs=rngs),
+    ]:
+        assert nnx_core_layer(refused) is None, refused
+    assert flax_layer(linen.Conv(4, (3, 3, 3))) is None
+    assert flax_layer(linen.LayerNorm(reduction_axes=(-2, -1))) is None
+
+
+def test_torch_rms_norm_without_an_epsilon_takes_its_computing_types():
+    """``nn.RMSNorm(eps=None)`` computes with float64's machine epsilon in the float64 golden and float32's on float32,
+    float16 and bfloat16 inputs: the golden is the declared form, a float32 run is named by float32's epsilon, a
+    float16 run by torch is not offered ``eps=1e-3``, and an export reading float16's epsilon is named so."""
+    x = np.random.default_rng(3).standard_normal((4, 6, 16)) * 1e-4  # mean squares ~1e-8: each epsilon tells
+    norm = torch.nn.RMSNorm(16)
+    kind, attrs = torch_layer(norm)
+    layer, weights = Layer(kind, attrs), {"n.weight": np.ones(16)}
+    assert "eps=1e-3" not in {v.name for v in get(kind).variants(attrs)}
+
+    def run(dtype, eps=None):
+        with torch.no_grad():
+            module = torch.nn.RMSNorm(16, eps=eps).to(dtype)
+            return module(torch.from_numpy(x).to(dtype)).double().numpy()
+
+    def named(observed, tol=TOL):
+        return (test_layer(layer, [x], weights, observed, tol, prefix="n")["cause"] or {}).get("variant")
+
+    assert named(run(torch.float64)) is None
+    assert named(run(torch.float32)) == "eps=float32_eps"
+    assert named(run(torch.float16), Tolerance(atol=2e-3, rtol=2e-3)) in (None, "eps=float32_eps")
+    assert named(run(torch.float64, eps=float(np.finfo(np.float16).eps))) == "eps=float16_eps"
+
+
 def _llama(**overrides):
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRotaryEmbedding
 
-    config = LlamaConfig(hidden_size=16, intermediate_size=24, num_attention_heads=2, **overrides)
+    config = LlamaConfig(**{"hidden_size": 16, "intermediate_size": 24, "num_attention_heads": 2, **overrides})
     torch.manual_seed(0)
     return config, LlamaMLP(config).double().eval(), LlamaRotaryEmbedding(config)
 
@@ -154,10 +250,28 @@ def test_a_gated_mlp_matches_llamas_and_names_the_swapped_halves():
     assert found["cause"]["variant"] == "act=gelu_tanh"
 
 
+@pytest.mark.parametrize(("act", "torch_act"), [("leaky_relu", F.leaky_relu), ("hard_sigmoid", F.hardsigmoid)])
+def test_a_gated_mlp_reads_its_activation_with_the_activation_kinds_defaults(act, torch_act):
+    """leaky_relu's and hard_sigmoid's slope default as the activation kind's do (torch's 0.01 and 1/6)."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 3, 8)) * 4.0
+    weights = {"gate/kernel": rng.standard_normal((8, 6)), "up/kernel": rng.standard_normal((8, 6))}
+    weights["down/kernel"] = rng.standard_normal((6, 8))
+    gate, up = (torch.from_numpy(x @ weights[f"{n}/kernel"]) for n in ("gate", "up"))
+    expected = (torch_act(gate) * up).numpy() @ weights["down/kernel"]
+    got = get("gated_mlp").forward([x], weights, {"act": act})
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+
+
 def test_a_rotary_table_matches_llamas_and_names_its_layout_offset_and_base():
     config, _, rotary = _llama(rope_theta=10000.0)
     kind, attrs = torch_layer(rotary)
-    assert kind == "rotary" and attrs == {"base": 10000.0, "dim": 8, "rotation": "half"}
+    assert kind == "rotary" and attrs == {
+        "base": 10000.0,
+        "dim": 8,
+        "rotation": "half",
+        "inv_freq": rotary.inv_freq.tolist(),
+    }
     x = torch.zeros(1, 6, 16)
     positions = torch.arange(6)[None]
     further = torch_further_inputs(rotary, (x, positions), {})
@@ -175,6 +289,27 @@ def test_a_rotary_table_matches_llamas_and_names_its_layout_offset_and_base():
     assert test_layer(layer, inputs, {}, interleaved, TOL, prefix=None)["cause"]["variant"] == "rotation_interleaved"
     _, _, llama3 = _llama(rope_theta=500000.0)
     cos3, _ = llama3(x, positions)
+    assert test_layer(layer, inputs, {}, cos3.numpy(), TOL, prefix=None)["cause"]["variant"] == "base=500000"
+
+
+def test_a_rotary_table_at_2048_positions_in_float64_is_transformers_own():
+    """transformers computes the angles in float32 in a float64 model too (off by up to 1.2e-4 radians at 2048): the
+    declared form does the same from the module's own float32 frequencies, so it reproduces the table, and a
+    shifted or another base's table is named."""
+    config, _, rotary = _llama(rope_theta=10000.0, hidden_size=256)  # head_dim 128
+    rotary = rotary.double()  # what a float64 golden runs: the buffer in float64, read back as float32
+    kind, attrs = torch_layer(rotary)
+    x = torch.zeros(1, 2048, 256, dtype=torch.float64)
+    positions = torch.arange(2048)[None]
+    inputs = [x.numpy(), positions.numpy()]
+    layer = Layer(kind, attrs)
+    cos, _ = rotary(x, positions)
+    assert np.max(np.abs(get(kind).forward(inputs, {}, attrs) - cos.numpy())) < 1e-7  # float32's cosine rounding
+    assert test_layer(layer, inputs, {}, cos.numpy(), TOL, prefix=None)["cause"] is None
+    shifted, _ = rotary(x, positions + 1)
+    assert test_layer(layer, inputs, {}, shifted.numpy(), TOL, prefix=None)["cause"]["variant"] == "position_offset+1"
+    _, _, llama3 = _llama(rope_theta=500000.0, hidden_size=256)
+    cos3, _ = llama3.double()(x, positions)
     assert test_layer(layer, inputs, {}, cos3.numpy(), TOL, prefix=None)["cause"]["variant"] == "base=500000"
 
 

@@ -31,3 +31,16 @@ def test_the_probe_names_a_float64_island_that_openvino_computes_in_float32(tmp_
 def test_an_unknown_path_is_refused_with_exit_code_2(capsys):
     assert probe_layers.main(["--paths", "torch/nowhere"]) == 2
     assert "no path matches torch/nowhere" in capsys.readouterr().err
+
+
+def test_workers_that_run_past_their_time_are_said_in_one_line_with_exit_code_1(monkeypatch, capsys):
+    monkeypatch.setattr(probe_layers, "WORKER_TIMEOUT_S", 0.5)  # no worker imports its framework that fast
+    assert probe_layers.main(["--layers", "norm/layernorm", "--paths", "torch"]) == 1
+    err = capsys.readouterr().err
+    assert "torch ref worker ran past 0.5 s and was stopped" in err
+    assert "every worker failed" in err and "Traceback" not in err and "workers.log" not in err
+
+
+def test_a_layer_pattern_matching_nothing_is_refused_with_exit_code_2(capsys):
+    assert probe_layers.main(["--layers", "no-such-layer", "--paths", "torch"]) == 2
+    assert "no layer matches --layers no-such-layer" in capsys.readouterr().err

@@ -2,10 +2,10 @@
 names is written alone in the path's own format (a one-layer ``.tflite``, a SavedModel, a ``jax.export`` artifact)
 with its float64 input and output and a ``repro.py`` that prints the error and exits 1 while it is over the tolerance.
 
-The models are users' (``parity init --keras FILE:FUNCTION`` and ``--jax``), each with one leaf that departs on one
-path: a Keras activation that computes the tanh GELU while the TFLite converter traces it (tf/litert), a Keras layer
-that loses float32 digits to cancellation (tf/xla, as every float32 path does), and a Flax LayerNorm whose fast
-variance cancels on an input far from zero (jax). This file is also the models' module: parity loads ``make_*`` and
+The models are users' (``parity init --keras FILE:FUNCTION`` and ``--jax``): a Keras activation that computes the
+tanh GELU while the TFLite converter traces it (departs on tf/litert only), a Keras layer that loses float32 digits to
+cancellation (``Shift``: departs at float32 on every path, so it is no reproducer of LiteRT or XLA), a Flax LayerNorm
+whose fast variance cancels on an input far from zero (jax), and a Flax embedding (token ids in). This file is also the models' module: parity loads ``make_*`` and
 ``offset_apply`` from it by path, so it imports nothing of ``tests`` at module level.
 """
 
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 HERE = Path(__file__).resolve()
-WIDTH, OFFSET = 8, 300.0
+WIDTH, OFFSET, VOCAB = 8, 300.0, 20
 LEAF = "blocks/block_1/act"
 
 
@@ -126,18 +126,53 @@ def save_offset_params(path) -> Path:
     return Path(path)
 
 
+def _embed_net():
+    import flax.linen as nn
+
+    class EmbedNet(nn.Module):
+        @nn.compact
+        def __call__(self, ids):
+            return nn.Dense(3, name="head")(nn.tanh(nn.Embed(VOCAB, WIDTH, name="embed")(ids)))
+
+    return EmbedNet()
+
+
+def embed_apply(params, x, tap=None):
+    """Token ids -> ``embed`` (a Flax ``Embed``) -> tanh -> Dense ``head``."""
+    return _embed_net().apply({"params": params}, x)
+
+
+def save_embed_params(path) -> Path:
+    import jax
+
+    variables = _embed_net().init(jax.random.PRNGKey(0), np.zeros((2, 6), np.int32))
+    flat = {
+        "/".join(str(k.key) for k in key): np.asarray(value)
+        for key, value in jax.tree_util.tree_flatten_with_path(variables["params"])[0]
+    }
+    np.savez(path, **flat)
+    return Path(path)
+
+
 # --------------------------------------------------------------------------- the workflow
 
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
-    """The three models, each through ``parity init`` and ``golden build``."""
+    """The models, each through ``parity init`` and ``golden build``."""
     root = tmp_path_factory.mktemp("repro_native")
     save_offset_params(root / "offset.npz")
+    save_embed_params(root / "embed.npz")
+    from tests import flaxmodels
+
+    flaxmodels.save_nnx_params(root / "nnx.npz")
+    nnx_input = "x".join(map(str, flaxmodels.NNX_INPUT))
     inits = {
         "gelu": ["--keras", f"{HERE}:make_gelu", "--input", "x=2x6"],
         "shift": ["--keras", f"{HERE}:make_shift", "--input", "x=2x6"],
         "offset": ["--jax", f"{HERE}:offset_apply,{root / 'offset.npz'}", "--input", "x=2x6"],
+        "embed": ["--jax", f"{HERE}:embed_apply,{root / 'embed.npz'}", "--input", f"x=2x6:int32:{VOCAB}"],
+        "nnx": ["--jax", f"{flaxmodels.__file__}:nnx_apply,{root / 'nnx.npz'}", "--input", f"x={nnx_input}"],
     }
     for name, args in inits.items():
         for command in (["init", name, *args], ["golden", "build", "--model", name]):
@@ -236,7 +271,7 @@ def pool():
 
 def _native_repro(root: Path, pool, model: str, path_id: str, diagnosis: dict, out: Path, perturbation=None) -> dict:
     return pool.call(
-        "tf",
+        "jax" if path_id == "jax" else "tf",
         "parity.diagnose.repro_native:write",
         workspace=str(root),
         model=model,
@@ -252,9 +287,10 @@ def _native_repro(root: Path, pool, model: str, path_id: str, diagnosis: dict, o
     )
 
 
-def test_xla_path_of_a_changed_weight_is_one_layer_saved_model_run_under_jit(workspace, pool, tmp_path):
-    """A weight changed on tf/xla only (the check's deliberate drift): the diagnosis descends to the Dense layer,
-    written alone as a SavedModel whose script runs it under XLA and with TensorFlow's kernels."""
+def test_a_changed_weight_on_xla_is_float32s_own_and_written_for_tf(workspace, pool, tmp_path):
+    """A weight changed on tf/xla only (the check's deliberate drift): the diagnosis descends to the Dense layer, but
+    that layer alone departs with TensorFlow's own kernels as much as under XLA, so it is no reproducer of XLA and
+    none is written for tf/xla; for the plain ``tf`` path it is one SavedModel whose script runs both modes."""
     from parity.diagnose import chain
     from parity.golden import store as golden
     from parity.model.workspace import Workspace
@@ -273,13 +309,64 @@ def test_xla_path_of_a_changed_weight_is_one_layer_saved_model_run_under_jit(wor
     assert d["first_divergent_path"][-1] == "blocks/block_2/dense", d["first_divergent_path"]
     out = tmp_path / "bug"
     outcome = _native_repro(workspace, pool, "shift", "tf/xla", d, out, perturbation)
+    assert not outcome["written"] and "TensorFlow's kernels" in outcome["reason"], outcome
+    assert "float32's own" in outcome["reason"] and not out.exists()
+    outcome = _native_repro(workspace, pool, "shift", "tf", {**d, "path": "tf"}, out, perturbation)
     assert outcome["written"], outcome
     assert outcome["stats"]["path"]["tol_units"] > 1 >= outcome["stats"]["float64"]["tol_units"]
     assert (out / "saved_model" / "saved_model.pb").is_file()
     run = _script(out)
     assert run.returncode == 1, run.stdout + run.stderr
+    assert "TensorFlow's kernels (no XLA): max abs error" in run.stdout
     assert "XLA (tf.function(jit_compile=True)): max abs error" in run.stdout
-    assert "TensorFlow's kernels (no XLA): max abs error" in run.stdout  # the weight: both modes depart
+
+
+def test_a_float32_departure_is_not_blamed_on_litert(workspace, pool, tmp_path):
+    """``Shift`` departs in Keras at float32 as much as on LiteRT: no LiteRT reproducer. A diagnosis whose drift
+    enters at the definition (tf itself departs) is refused before anything is built."""
+    pytest.importorskip("ai_edge_litert")
+    out = tmp_path / "bug"
+    leaf = {"tree": {"verdict": "leaf", "leaf": {"tap": LEAF}}}
+    outcome = _native_repro(workspace, pool, "shift", "tf/litert", leaf, out)
+    assert not outcome["written"] and "float32's own" in outcome["reason"], outcome
+    assert "Keras at float32" in outcome["reason"] and not out.exists()
+    outcome = _native_repro(workspace, pool, "gelu", "tf/litert", {**leaf, "links": {"enters_at": "definition"}}, out)
+    assert not outcome["written"] and "entering at the definition" in outcome["reason"], outcome
+    assert not out.exists()
+
+
+def test_an_integer_input_leaf_is_fed_its_own_dtype(workspace, pool, tmp_path):
+    """A Flax ``Embed`` leaf (its table changed on jax only) reads token ids: they are kept as integers, in
+    ``input.npy``, the exported module and the script."""
+    out = tmp_path / "bug"
+    perturbation = {"embed/embedding": np.full((VOCAB, WIDTH), 0.5, np.float32)}
+    leaf = {"tree": {"verdict": "leaf", "leaf": {"tap": "embed"}}}
+    outcome = _native_repro(workspace, pool, "embed", "jax", leaf, out, perturbation)
+    assert outcome["written"], outcome
+    x = np.load(out / "input.npy")
+    assert x.dtype.kind == "i" and x.shape == (2, 6) and 0 <= x.min() and x.max() < VOCAB
+    assert np.load(out / "expected.npy").shape == (2, 6, WIDTH)
+    run = _script(out)
+    assert run.returncode == 1 and "over the path's tolerance" in run.stdout, run.stdout + run.stderr
+
+
+def test_an_nnx_leaf_is_said_to_be_unsupported(workspace, pool, tmp_path):
+    out = tmp_path / "bug"
+    leaf = {"tree": {"verdict": "leaf", "leaf": {"tap": "blocks/0/norm"}}}
+    outcome = _native_repro(workspace, pool, "nnx", "jax", leaf, out)
+    assert not outcome["written"] and "flax.nnx" in outcome["reason"] and "linen" in outcome["reason"], outcome
+    assert not out.exists()
+
+
+def test_a_failure_on_the_eval_split_only_is_said_so():
+    from parity.pipeline.repro_native import refusal
+    from parity.run import paths
+
+    said = refusal("m tf/litert", paths.by_id("tf/litert"), {"split": {"rows": [3, 1, 3]}})
+    assert (
+        said == "nothing to reduce on the fixed input set: m tf/litert fails on the eval split only (rows 1, 3); "
+        "see its diagnosis"
+    )
 
 
 def test_a_layer_that_does_not_fail_alone_writes_nothing_and_says_why(workspace, pool, tmp_path):

@@ -76,7 +76,7 @@ def test_keras_scope_matches_nested_layer_paths():
     assert ot.keras_scope("nested_1/norm_1/Mean", level) is None  # a top-level norm is not the encoder's
     assert ot.keras_scope("nested_1/encoder_1/add", level) is None  # the encoder's own op, no layer of it
     assert ot.keras_scope("model_1/sub_1/dense_2_1/MatMul", ("sub/dense", "sub/dense_2")) == "sub/dense_2"
-    assert ot.keras_scope("model_1/sub_1/dense_2_1/MatMul", ("sub/dense",)) == "sub/dense"
+    assert ot.keras_scope("model_1/sub_1/dense_2_1/MatMul", ("sub/dense",)) is None  # dense_2's scope, not dense's
     assert ot.keras_scope("a_1/block_1/norm_1/moments/mean", ("block", "block/norm")) == "block"  # earliest wins
 
 

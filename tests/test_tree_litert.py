@@ -22,7 +22,7 @@ from parity.run import paths
 from parity.run.worker import WorkerPool
 
 FACTORIES = Path(__file__).resolve().parent / "keras_litert.py"
-FAULTY, CLEAN = "faulty_blocks", "blocks"
+FAULTY, CLEAN, DEFAULT = "faulty_blocks", "blocks", "default_names"
 LEAF = "blocks/res_block_1/act"  # keras_litert.FAULTY (that file is imported by path, not as a module here)
 
 
@@ -36,7 +36,7 @@ def pool():
 def workspace(tmp_path_factory, pool) -> Workspace:
     """Both factories through init (as ``assert_parity`` calls them) and golden build."""
     root = tmp_path_factory.mktemp("keras_litert_tree")
-    for name, factory in ((FAULTY, "make_faulty_blocks"), (CLEAN, "make_blocks")):
+    for name, factory in ((FAULTY, "make_faulty_blocks"), (CLEAN, "make_blocks"), (DEFAULT, "make_default_names")):
         request = scaffold.Request(
             name=name,
             kind="tf",
@@ -46,7 +46,7 @@ def workspace(tmp_path_factory, pool) -> Workspace:
         )
         scaffold.init(root, request, force=False, threads=1, timeout_s=300)
     ws = Workspace(root)
-    for name in (FAULTY, CLEAN):
+    for name in (FAULTY, CLEAN, DEFAULT):
         golden_build.build(ws, ws.load_spec(name), pool)
     return ws
 
@@ -99,13 +99,24 @@ def test_the_passing_litert_path_shows_no_divergence_at_any_level(workspace, poo
     assert found == {"proj": "name", "mix": "name", "blocks": "name", "pre": "fused", "relu": "name", "head": "name"}
 
 
-@pytest.fixture(scope="module")
-def tree(workspace, pool) -> Tree:
-    """The clean model's tree in this process, its path side the ``.tflite`` file of ``tf/litert``."""
-    artifact = _artifact(workspace, CLEAN, pool)
-    built = Tree(str(workspace.root), CLEAN, str(workspace.golden_dir(CLEAN)), "tf", "fp32", 1)
+def _tree(ws: Workspace, model: str, pool) -> Tree:
+    """``model``'s tree in this process, its path side the ``.tflite`` file of ``tf/litert``."""
+    artifact = _artifact(ws, model, pool)
+    built = Tree(str(ws.root), model, str(ws.golden_dir(model)), "tf", "fp32", 1)
     built.on_path("tf/litert", artifact_dir=artifact["dir"], artifact_meta=artifact["meta"])
     return built
+
+
+@pytest.fixture(scope="module")
+def tree(workspace, pool) -> Tree:
+    """The clean model's tree."""
+    return _tree(workspace, CLEAN, pool)
+
+
+@pytest.fixture(scope="module")
+def default_tree(workspace, pool) -> Tree:
+    """The tree of the model with Keras's default layer names."""
+    return _tree(workspace, DEFAULT, pool)
 
 
 def _level(tree: Tree, scope: str, change=None) -> tuple[dict, dict]:
@@ -187,3 +198,95 @@ def test_a_fused_layer_is_said_fused_and_a_shared_one_is_read_at_its_first_call(
     assert [c["calls"] for c in reference["children"] if c["path"] == "mix"] == [2]
     np.testing.assert_allclose(observed["values"]["mix"], reference["values"]["mix"], rtol=1e-4, atol=1e-5)
     assert not np.allclose(reference["values"]["mix"], reference["inputs"]["blocks"])  # not the second call's
+
+
+def _scopes(tensor: str) -> list[str]:
+    return tensor.split(";")[0].split("/")[:-1]
+
+
+def test_default_names_are_read_at_their_own_scopes(default_tree):
+    """Layer ``dense``'s ops are scoped ``dense_1``, layer ``dense_1``'s ``dense_1_2``: each is read at its own, by
+    the suffix count the model's scope carries (not by the fewest suffixes, which gave ``dense``'s ops to
+    ``dense_1``), in a nested Sequential too."""
+    reference, observed = _level(default_tree, "")
+    located = observed["located"]
+    assert located["dense"]["found"] == "name" and "dense_1" in _scopes(located["dense"]["tensor"]), located
+    assert located["dense_1"]["found"] == "name" and "dense_1_2" in _scopes(located["dense_1"]["tensor"]), located
+    assert located["dense_1"]["input_tensor"] == located["dense"]["tensor"], located["dense_1"]
+    for name in ("dense", "dense_1", "sequential"):
+        np.testing.assert_allclose(observed["values"][name], reference["values"][name], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(observed["inputs"]["dense_1"], reference["inputs"]["dense_1"], rtol=1e-4, atol=1e-5)
+    reference, observed = _level(default_tree, "sequential")
+    located = observed["located"]
+    assert "res_block_1" in _scopes(located["sequential/res_block"]["tensor"]), located
+    assert "res_block_1_2" in _scopes(located["sequential/res_block_1"]["tensor"]), located
+    assert located["sequential/res_block_1"]["input_tensor"] == located["sequential/res_block"]["tensor"]
+    for name in ("sequential/res_block", "sequential/res_block_1"):
+        np.testing.assert_allclose(observed["values"][name], reference["values"][name], rtol=1e-4, atol=1e-5)
+
+
+def test_a_softmax_head_is_read_at_the_graph_output(default_tree):
+    """``Dense(activation="softmax")`` becomes a FULLY_CONNECTED and a SOFTMAX that writes the graph output
+    (``Identity``, no scope): the head is read there, not at its logits."""
+    reference, observed = _level(default_tree, "")
+    head = observed["located"]["dense_2"]
+    assert head["found"] == "name" and head["tensor"] == default_tree.path_side.outputs[0], head
+    assert "SOFTMAX" in [op for _, op in head["nodes"]], head["nodes"]
+    np.testing.assert_allclose(observed["values"]["dense_2"], reference["values"]["dense_2"], rtol=1e-4, atol=1e-6)
+
+
+def test_the_tree_of_a_tflite_file_without_a_layer_map_is_not_read(workspace, pool):
+    """A ``.tflite`` file whose exporter recorded no layer map (litert-torch's, on ``torch/litert``) is not read
+    layer by layer: the descent says why instead of showing rows."""
+    from parity.diagnose.tree import descent
+    from parity.exporters.torch_litert import TAPS_REASON
+
+    artifact = _artifact(workspace, CLEAN, pool)
+    meta = {k: v for k, v in artifact["meta"].items() if k not in ("taps", "keras_model_name")}
+    meta["taps_reason"] = TAPS_REASON
+    ws = str(workspace.root)
+    found = descent(ws, CLEAN, str(workspace.golden_dir(CLEAN)), "fp32", 1, "tf", "torch/litert", artifact["dir"], meta)
+    assert found == {"descended": False, "reason": f"the tree of torch/litert is not read: {TAPS_REASON}"}
+
+
+def test_an_interpreter_that_lists_no_ops_is_said_so(workspace, pool, monkeypatch):
+    from ai_edge_litert import interpreter as litert
+
+    from parity.diagnose.tree_litert import LiteRTLevels, NotRead
+    from parity.model import feeds
+
+    artifact = _artifact(workspace, CLEAN, pool)
+    spec = workspace.load_spec(CLEAN)
+    x = feeds.from_arrays(spec, golden.load(workspace.golden_dir(CLEAN), spec).arrays["inputs.npz"])
+    monkeypatch.delattr(litert.Interpreter, "_get_ops_details")  # a LiteRT whose interpreter does not list its ops
+    with pytest.raises(NotRead, match="lists no ops"):
+        LiteRTLevels(spec, paths.by_id("tf/litert"), artifact["dir"], artifact["meta"], x, 1)
+
+
+@pytest.fixture(scope="module")
+def onnx_tree(workspace, pool) -> Tree:
+    """The default-names model's tree on ``tf/onnx/ort``: tf2onnx's node names, read by the same scope rule."""
+    spec, manifest, run = _run(workspace, DEFAULT)
+    path = paths.by_id("tf/onnx/ort")
+    artifact = run._export(pool, spec, manifest, path, len(path.exports) - 1)
+    assert "error" not in artifact, artifact
+    built = Tree(str(workspace.root), DEFAULT, str(workspace.golden_dir(DEFAULT)), "tf", "fp32", 1)
+    built.on_path(path.id, artifact_dir=artifact["dir"], artifact_meta=artifact["meta"])
+    return built
+
+
+def test_tf2onnx_node_names_of_default_names_are_read_at_their_own_scopes(onnx_tree):
+    """tf2onnx keeps the same scopes in its node names (``functional_1/dense_1/MatMul`` is layer ``dense``'s):
+    ``onnx_taps.keras_scope`` gives each layer its own nodes, one layer asked for at a time too."""
+    from parity.diagnose import onnx_taps
+
+    assert onnx_taps.keras_scope("functional_1/dense_1/MatMul", ("dense", "dense_1")) == "dense"
+    assert onnx_taps.keras_scope("functional_1/dense_1_2/MatMul", ("dense", "dense_1")) == "dense_1"
+    assert onnx_taps.keras_scope("functional_1/dense_1_2/MatMul", ("dense",)) is None
+    assert onnx_taps.keras_scope("functional_1/dense_1/MatMul", ("dense_1",)) is None
+    reference, observed = _level(onnx_tree, "")
+    located = observed["located"]
+    for name, scope in (("dense", "dense_1"), ("dense_1", "dense_1_2")):
+        assert located[name]["found"] == "name", located[name]
+        assert {node.split("/")[1] for node, _ in located[name]["nodes"]} == {scope}, located[name]["nodes"]
+        np.testing.assert_allclose(observed["values"][name], reference["values"][name], rtol=1e-4, atol=1e-5)

@@ -209,8 +209,9 @@ def bench(budget_s, min_runs, target_ci, batch_sizes, baseline, processes, **com
     type=FOLDER,
     default=None,
     help="Write each diagnosis's drift as Google Model Explorer node data into this folder (created if missing): "
-    "MODEL/PATH/ holds the exported model.onnx, drift.json keyed by its node ids and "
-    "modules.json keyed by module path. Default: beside --json, as JSON_NAME.model-explorer/.",
+    "MODEL/PATH/ holds the exported graph (model.onnx or model.tflite, hard-linked from the export cache where it "
+    "can be), drift.json (each compared tensor's node) and modules.json (each module's nodes). "
+    "Default: beside --json, as JSON_NAME.model-explorer/.",
 )
 @handle_errors
 def diagnose(model_explorer, **common):

@@ -370,7 +370,7 @@ def _output_stats(spec, observed, reference, tolerances) -> dict:
 
 def _test_cause(spec, tap: str, arrays: dict, observed: dict, golden_taps: dict, tolerances) -> dict | None:
     """Recompute the first divergent layer from its input (the path's own, else the golden) with each variant."""
-    from parity.diagnose.cause import test_layer
+    from parity.diagnose.cause import not_its_kind, test_layer
 
     layer = spec.layers.get(tap)
     if layer is None:
@@ -381,17 +381,27 @@ def _test_cause(spec, tap: str, arrays: dict, observed: dict, golden_taps: dict,
             "explanation": f"{tap} has no layer type in the spec, so no cause can be tested",
         }
     inputs, provenance = [], []
+    reference_inputs: list[np.ndarray | None] = []
     for name in spec.layer_inputs(tap):
         if name == drift.INPUT:
             inputs.append(feeds.from_arrays(spec, arrays["inputs.npz"])[spec.model_inputs[0].name].astype(np.float64))
             provenance.append("the model input")
-        elif name in observed["taps"]:
+            reference_inputs.append(inputs[-1])
+            continue
+        reference_inputs.append(golden_taps.get(name))
+        if name in observed["taps"]:
             inputs.append(np.asarray(observed["taps"][name], dtype=np.float64))
             provenance.append(f"{name} as this path computed it")
         else:
             inputs.append(golden_taps[name])
             provenance.append(f"{name} from the golden")
     weights = {k: v.astype(np.float64) for k, v in arrays["weights.npz"].items()}
+    if tap in golden_taps and all(x is not None for x in reference_inputs):
+        unlike = not_its_kind(
+            layer, reference_inputs, weights, golden_taps[tap], tolerances.for_name(tap), layer.params or tap, tap
+        )
+        if unlike:
+            return {"tap": tap, **unlike}
     result = test_layer(
         layer,
         inputs,

@@ -31,7 +31,6 @@ Every function imports onnx / onnxruntime inside; this module imports only NumPy
 from __future__ import annotations
 
 import ast
-import re
 
 import numpy as np
 
@@ -77,32 +76,27 @@ def torch_scope(node, taps) -> str | None:
     return None
 
 
-def _bases(component: str) -> list[str]:
-    """A scope component, then it with one ``_<digits>`` stripped at a time: ``dense_2_1`` -> ``dense_2``, ``dense``."""
-    bases = [component]
-    while (stripped := re.sub(r"_\d+$", "", bases[-1])) != bases[-1]:
-        bases.append(stripped)
-    return bases
+def keras_scope(node_name: str, taps, model_name: str | None = None) -> str | None:
+    """The tap a converter's node or tensor name belongs to: a tap (a layer name, or a layer path ``sub/dense_2``
+    into nested models and layers) whose names are consecutive scope components of the node name
+    (``model_1/sub_1/dense_2_1/MatMul``; the last component names the op), each the layer's name plus as many
+    ``_<digits>`` as the model's own scope carries beyond ``model_name`` (one where it is not known: Keras 3 under
+    tf.function), the rule ``parity.runtimes.litert.scope_layer`` reads a ``.tflite`` tensor's name by. The
+    earliest component wins."""
+    from parity.runtimes.litert import scope_layer, scope_suffixes
 
-
-def keras_scope(node_name: str, taps) -> str | None:
-    """The tap a tf2onnx node name belongs to: a tap (a layer name, or a layer path ``sub/dense_2`` into nested
-    models and layers) whose names are consecutive scope components of the node name (``model_1/sub_1/dense_2_1/
-    MatMul``; the last component names the op), each the layer's name or it plus ``_<digits>`` (Keras 3 appends
-    ``_1`` under tf.function). The earliest component wins; there, the tap needing the fewest suffixes stripped
-    (``dense_2`` before ``dense`` for ``dense_2_1``)."""
-    scopes = [_bases(component) for component in node_name.split("/")[:-1]]
+    scopes = node_name.split("/")[:-1]
+    if not scopes:
+        return None
+    suffixes = scope_suffixes(scopes[0], model_name)
     paths = [(tap, tap.split("/")) for tap in taps]
     for start in range(len(scopes)):
-        best = None
         for tap, names in paths:
             window = scopes[start : start + len(names)]
-            if len(window) == len(names) and all(name in bases for name, bases in zip(names, window)):
-                cost = sum(bases.index(name) for name, bases in zip(names, window))
-                if best is None or cost < best[0]:
-                    best = (cost, tap)
-        if best is not None:
-            return best[1]
+            if len(window) == len(names) and all(
+                scope_layer(scope, (name,), suffixes) == name for name, scope in zip(names, window)
+            ):
+                return tap
     return None
 
 

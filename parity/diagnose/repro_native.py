@@ -46,7 +46,8 @@ import numpy as np
 
 ATOL, RTOL, SCALED, THREADS = @ATOL@, @RTOL@, @SCALED@, @THREADS@
 HERE = Path(__file__).resolve().parent
-x = np.load(HERE / "input.npy").astype(np.float32)
+x = np.load(HERE / "input.npy")
+x = x.astype(np.float32) if x.dtype.kind == "f" else x  # an integer input (token ids) is fed as it is
 want = np.load(HERE / "expected.npy")
 
 
@@ -74,7 +75,8 @@ BODY = {
 
 interpreter = litert.Interpreter(model_path=str(HERE / "model.tflite"), num_threads=THREADS)
 interpreter.allocate_tensors()
-interpreter.set_tensor(interpreter.get_input_details()[0]["index"], x)
+detail = interpreter.get_input_details()[0]
+interpreter.set_tensor(detail["index"], x.astype(detail["dtype"]))
 interpreter.invoke()
 bad = judged("LiteRT (model.tflite)", interpreter.get_tensor(interpreter.get_output_details()[0]["index"]))
 """,
@@ -92,6 +94,7 @@ exported = jax.export.deserialize(bytearray((HERE / "leaf.jax_exported").read_by
 bad = judged("jax.jit (StableHLO, float32)", jax.jit(exported.call)(x))
 """,
 }
+PLAIN = {"tf/litert": "float32", "tf/xla": "eager"}  # the plain float32 run a path's own departure is told from
 OTHERS = {  # what each other run of the layer shows beside the path's
     "float32": "the same layer in Keras at float32 (TensorFlow's kernels)",
     "eager": "the same function with TensorFlow's kernels (no XLA)",
@@ -154,6 +157,12 @@ def write(
     layer = leaf_of(diagnosis)
     if path_id not in PATHS or layer is None:
         return {"written": False, "reason": f"no one-layer reproducer is made for {path_id} without a leaf layer"}
+    if path_id == "tf/litert" and (diagnosis.get("links") or {}).get("enters_at") == "definition":
+        return {
+            "written": False,
+            "reason": "its diagnosis finds the drift entering at the definition (tf at float32 departs from the "
+            "golden as tf/litert does): it is not LiteRT's (`parity repro --path tf` reduces it)",
+        }
     spec = Workspace(workspace).load_spec(model)
     verified = golden.load(Path(golden_dir), spec)
     x = feeds.from_arrays(spec, verified.arrays["inputs.npz"])
@@ -200,6 +209,13 @@ def _verified(leaf: dict, tolerance, path_id: str) -> dict:
             f"({stats['path']['tol_units']:.3g} tolerance units): the path's failure needs more of the model "
             f"than this layer"
         )
+    other = PLAIN.get(path_id)
+    if other is not None and not stats[other].get("ok"):
+        raise NotReproduced(
+            f"{leaf['layer']} alone departs as much in {OTHERS[other]} "
+            f"({stats[other].get('reason') or format(stats[other]['tol_units'], '.3g') + ' tolerance units'}): "
+            f"the departure is float32's own, not {RUNS[path_id]}'s (`parity repro --path tf` reduces it)"
+        )
     return {label: {k: v for k, v in s.items() if isinstance(v, (int, float, str, bool))} for label, s in stats.items()}
 
 
@@ -219,46 +235,62 @@ def _keras_leaf(spec, x, golden_weights, layer, path_id, *, weights, dtype, thre
 
     reference = KerasSource(spec, golden_weights, spec.batch_size, dtype, "cpu", "fp32")
     found = tree_keras.level_of(reference, x, "", [layer])
-    child = next((c for c in found["children"] if c["path"] == layer), None)
-    _one_input(layer, child, found)
+    child = _one_input(layer, next((c for c in found["children"] if c["path"] == layer), None), found)
     canonical = spec.model_inputs[0].layout
-    fed = layouts.to_layout(np.asarray(found["inputs"][layer], np.float64), canonical, reference.layout)
+    fed = layouts.to_layout(_kept(found["inputs"][layer]), canonical, reference.layout)
     expected = layouts.to_layout(np.asarray(found["values"][layer], np.float64), canonical, reference.layout)
+    floating = fed.dtype.kind == "f"
     with tf.device("/CPU:0"):
         path_model = build_model(spec, weights, "float32")  # as the exporter and the native source build it
         path_layer = tree_keras.resolve(keras, path_model, layer)
         own = tree_keras.resolve(keras, reference.model, layer)
+        if own is None or path_layer is None:
+            raise NotReproduced(f"{layer} is not a layer of the model as built for the reference and the path")
+        as_path = tf.float32 if floating else tf.as_dtype(fed.dtype)
         runs = {
-            "float64": _keras_value(tf, own(tf.constant(fed, own.compute_dtype))),
-            "float32": _keras_value(tf, path_layer(tf.constant(fed, tf.float32))),
+            "float64": _keras_value(tf, own(tf.constant(fed, own.compute_dtype if floating else fed.dtype)), layer),
+            "float32": _keras_value(tf, path_layer(tf.constant(fed, as_path)), layer),
         }
-        signature = tf.TensorSpec(fed.shape, tf.float32)
+        signature = tf.TensorSpec(fed.shape, as_path)
         function = tf.function(path_layer, input_signature=[signature])
         leaf = {"layer": layer, "class": child["class"], "input": fed, "expected": expected, "runs": runs}
         if path_id == "tf/litert":
             from parity.exporters.tf_litert import convert
 
-            inp = keras.Input(batch_shape=fed.shape, dtype="float32")
+            inp = keras.Input(batch_shape=fed.shape, dtype=as_path.name)
             one = keras.Model(inp, path_layer(inp), name=path_model.name)
             data = convert(tf, tf.function(one), [signature], one)
-            runs["path"] = _litert_value(data, fed, threads)
+            runs["path"] = _litert_value(data, fed, threads, layer)
             leaf["artifact"] = data
         else:
             holder = tf.Module()
             holder.layer, holder.serve = path_layer, function
             leaf["artifact"] = holder
-            eager = _keras_value(tf, function(tf.constant(fed, tf.float32)))
-            xla = _keras_value(tf, tf.function(function, jit_compile=True)(tf.constant(fed, tf.float32)))
+            eager = _keras_value(tf, function(tf.constant(fed, as_path)), layer)
+            xla = _keras_value(tf, tf.function(function, jit_compile=True)(tf.constant(fed, as_path)), layer)
             runs.update(eager=eager, xla=xla, path=xla if path_id == "tf/xla" else eager)
     return leaf
 
 
-def _keras_value(tf, returned) -> np.ndarray:
+def _kept(value) -> np.ndarray:
+    """A leaf's input as the reproducer keeps it: floating values in float64 (fed at float32), integers (token ids)
+    in their own dtype."""
+    value = np.asarray(value)
+    return value.astype(np.float64) if value.dtype.kind == "f" else value
+
+
+def _keras_value(tf, returned, layer: str) -> np.ndarray:
+    """The one tensor a Keras layer returns; ``NotReproduced`` where it returns several (which of them the
+    diagnosis compared is not known here)."""
     out = [t for t in tf.nest.flatten(returned) if tf.is_tensor(t)]
+    if len(out) != 1:
+        raise NotReproduced(
+            f"{layer} returns {len(out)} tensors: a one-layer reproducer compares a layer of one output"
+        )
     return np.asarray(out[0])
 
 
-def _litert_value(data: bytes, fed: np.ndarray, threads: int) -> np.ndarray:
+def _litert_value(data: bytes, fed: np.ndarray, threads: int, layer: str) -> np.ndarray:
     try:
         from ai_edge_litert import interpreter as litert
     except ImportError as error:
@@ -267,16 +299,23 @@ def _litert_value(data: bytes, fed: np.ndarray, threads: int) -> np.ndarray:
         ) from None
     interpreter = litert.Interpreter(model_content=data, num_threads=int(threads))
     interpreter.allocate_tensors()
-    interpreter.set_tensor(interpreter.get_input_details()[0]["index"], fed.astype(np.float32))
+    inputs, outputs = interpreter.get_input_details(), interpreter.get_output_details()
+    if len(inputs) != 1 or len(outputs) != 1:
+        raise NotReproduced(
+            f"{layer} alone converts to a .tflite of {len(inputs)} inputs and {len(outputs)} outputs, not one each"
+        )
+    interpreter.set_tensor(inputs[0]["index"], fed.astype(inputs[0]["dtype"]))
     interpreter.invoke()
-    return np.array(interpreter.get_tensor(interpreter.get_output_details()[0]["index"]))
+    return np.array(interpreter.get_tensor(outputs[0]["index"]))
 
 
-def _one_input(layer: str, child: dict | None, found: dict) -> None:
+def _one_input(layer: str, child: dict | None, found: dict) -> dict:
+    """The leaf's row, where it was observed reading one input; else why it cannot be run alone."""
     if child is None or layer not in found["values"] or layer not in found["inputs"]:
         raise NotReproduced(f"{layer} is not observed in the reference (no value or input of its own)")
     if not child.get("single_input"):
         raise NotReproduced(f"{layer} reads more than one input tensor: it cannot be run alone on one input")
+    return child
 
 
 # --------------------------------------------------------------------------- Flax: jax
@@ -286,7 +325,6 @@ def _jax_leaf(spec, x, golden_weights, layer, *, weights, dtype, threads) -> dic
     """The Flax leaf module alone: its float64 input and output in the model, its own variables, its value in float64
     and as the path runs it (the module exported for float32 and run under ``jax.jit``)."""
     import jax
-    import jax.numpy as jnp
 
     from parity.sources.jax import JaxSource
 
@@ -294,17 +332,18 @@ def _jax_leaf(spec, x, golden_weights, layer, *, weights, dtype, threads) -> dic
     path_runner = JaxSource(spec, weights, spec.batch_size, "float32", "cpu", "fp32")
     module, own, fed, expected = _flax_call(reference, x, layer)
     _, variables, _, _ = _flax_call(path_runner, x, layer)
-    fed, expected = np.asarray(fed, np.float64), np.asarray(expected, np.float64)
+    fed, expected = _kept(fed), np.asarray(expected, np.float64)
+    as_path = np.float32 if fed.dtype.kind == "f" else fed.dtype
     held = jax.tree_util.tree_map(
         lambda v: np.asarray(v, np.float32) if np.asarray(v).dtype.kind == "f" else v, variables
     )
     function = jax.jit(lambda t: module.apply(held, t))
-    exported = jax.export.export(function)(jax.ShapeDtypeStruct(fed.shape, jnp.float32))
+    exported = jax.export.export(function)(jax.ShapeDtypeStruct(fed.shape, as_path))
     data = bytes(exported.serialize())
     back = jax.export.deserialize(bytearray(data))
     runs = {
-        "float64": np.asarray(module.apply(own, jnp.asarray(fed))),
-        "path": np.asarray(jax.jit(back.call)(fed.astype(np.float32))),
+        "float64": _one_array(jax, module.apply(own, jax.numpy.asarray(fed)), layer),
+        "path": _one_array(jax, jax.jit(back.call)(fed.astype(as_path)), layer),
     }
     return {
         "layer": layer,
@@ -316,41 +355,70 @@ def _jax_leaf(spec, x, golden_weights, layer, *, weights, dtype, threads) -> dic
     }
 
 
+def _one_array(jax, returned, layer: str) -> np.ndarray:
+    """The one floating array a module returns; ``NotReproduced`` where it returns several."""
+    arrays = [leaf for leaf in jax.tree_util.tree_leaves(returned) if np.asarray(leaf).dtype.kind == "f"]
+    if len(arrays) != 1:
+        raise NotReproduced(
+            f"{layer} returns {len(arrays)} arrays: a one-layer reproducer compares a module of one output"
+        )
+    return np.asarray(arrays[0])
+
+
 def _flax_call(runner, x: dict, layer: str):
-    """The first call of the Flax module at ``layer`` in one eager run of the model: ``(the module unbound, its
-    variables, its input, its output)``; ``NotReproduced`` where no Flax module has that path or it reads more than
-    one array."""
+    """The first call of the linen module at ``layer`` in one eager run of the model, recorded as the descent
+    records it (``tree_jax_calls.calls_recorder``: the input and value it compared): ``(the module unbound, its
+    variables, its input, its output)``; ``NotReproduced`` where no linen module has that path, it reads more
+    than one array, or returns several."""
     try:
         import flax.linen as nn
     except ImportError:
         raise NotReproduced(f"{layer} is not a Flax module (Flax is not installed)") from None
-    from parity.diagnose.tree_jax import SEPARATOR
+    from parity.diagnose.tree_jax_calls import SEPARATOR, calls_recorder
 
-    jax, seen = runner.jax, {}
+    jax = runner.jax
+    record: dict = {"order": [], "calls": {}, "modules": {}, "single": {}}
+    values: dict = {}
+    inputs: dict = {}
+    call = calls_recorder(jax, record, values, inputs)
+    returned: dict = {}
 
     def interceptor(next_fun, args, kwargs, context):
         module = context.module
         path = SEPARATOR.join(str(p) for p in (module.path if module.scope is not None else ()))
-        if path != layer or "module" in seen or context.method_name == "setup":
-            return next_fun(*args, **kwargs)
-        seen["single"] = (
-            len(args) == 1
-            and isinstance(args[0], jax.Array)
-            and not any(v is not None and not isinstance(v, bool) for v in kwargs.values())
-        )
-        seen["module"], seen["variables"] = module.unbind()
-        seen["input"] = args[0] if args else None
-        returned = next_fun(*args, **kwargs)
-        seen["output"] = next((v for v in jax.tree_util.tree_leaves(returned) if isinstance(v, jax.Array)), None)
-        return returned
+        if context.method_name == "setup":
+            return call(None, module, next_fun, args, kwargs)
+        if path == layer and not record["calls"].get(layer):  # its first call, not one inside it
+
+            def kept(*a, **k):
+                returned["value"], returned["module"] = next_fun(*a, **k), module.unbind()
+                return returned["value"]
+
+            return call(path, module, kept, args, kwargs)
+        return call(path, module, next_fun, args, kwargs)
 
     with nn.intercept_methods(interceptor):
         runner.spec.jax_apply(runner.params, runner._input(runner.check_feed(x)), None)
-    if "module" not in seen:
+    if not any(record["order"]):
+        raise NotReproduced(
+            f"the model calls no flax.linen module (a flax.nnx model or a plain JAX function): one-layer "
+            f"reproducers on jax are made of linen modules only, and {layer} is not one"
+        )
+    if "module" not in returned:
         raise NotReproduced(f"{layer} is not a Flax module the model calls (a named scope is not cut out alone)")
-    if not seen["single"] or seen["output"] is None:
-        raise NotReproduced(f"{layer} reads more than one array or returns none: it cannot be run alone on one input")
-    return seen["module"], seen["variables"], seen["input"], seen["output"]
+    if not record["single"].get(layer):
+        raise NotReproduced(f"{layer} reads more than one array: it cannot be run alone on one input")
+    computed = [
+        leaf
+        for leaf in jax.tree_util.tree_leaves(returned["value"])
+        if isinstance(leaf, jax.Array) and jax.numpy.issubdtype(leaf.dtype, jax.numpy.floating)
+    ]
+    if len(computed) != 1 or layer not in values:
+        raise NotReproduced(
+            f"{layer} returns {len(computed)} floating arrays: a one-layer reproducer compares a module of one output"
+        )
+    module, variables = returned["module"]
+    return module, variables, inputs[layer], values[layer]
 
 
 # --------------------------------------------------------------------------- the folder
@@ -409,7 +477,7 @@ def _readme(leaf, path_id, tol, stats, diagnosis, environment, command) -> str:
     title = " ".join(str(p) for p in (diagnosis.get("model"), diagnosis.get("path") or path_id) if p)
     shape = "x".join(map(str, leaf["input"].shape))
     other = {"tf/litert": "float32", "tf/xla": "eager", "tf": "xla"}.get(path_id)
-    others = [f"- {OTHERS[other]}: {said(other)}"] if other in stats else []
+    others = [f"- {OTHERS[other]}: {said(other)}"] if other is not None and other in stats else []
     artifact = {
         "tf/litert": "`model.tflite`: the layer alone in a `keras.Input` of its input's shape, with its weights, "
         "converted as the path converts (TFLite builtins only, no optimizations, float32, variables frozen)",

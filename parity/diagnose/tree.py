@@ -57,8 +57,7 @@ class Tree:
     def reference(self, scope: str, names: list[str] | None = None) -> dict:
         """``{"children", "values", "inputs", "reproduces"}`` under ``scope`` (or at ``names``): ``reproduces`` says
         whether the run's outputs are the golden's, without which nothing it shows is trusted."""
-        eager = {"eager": True} if self.framework == "tf" else {}  # no tf.function traced at each level
-        found = self.reader.level_of(self.reference_runner, self.x, scope, names, **eager)
+        found = self._reference_levels.level(scope, names)
         skipped = tuple(self.spec.tree_skip)
         found["children"] = [
             c
@@ -114,7 +113,7 @@ class Tree:
         if hasattr(self.path_side, "level"):
             found = self.path_side.level(names, calls, expected, expected_inputs)
             return {**found, "output_units": self._output_units}
-        found = self.reader.level_of(self.path_side, self.x, scope, names)
+        found = self._path_levels.level(scope, names)
         unseen = found.get("located") or {}  # a reader's own reasons (XLA: unobservable inside the compilation)
         return {
             "values": found["values"],
@@ -129,6 +128,17 @@ class Tree:
         }
 
     @functools.cached_property
+    def _reference_levels(self):
+        """The reference side's levels: a reader's ``Levels`` (JAX, Keras: every module's value at all depths from
+        one run), else one ``level_of`` per level."""
+        eager = {"eager": True} if self.framework == "tf" else {}  # no tf.function traced at each level
+        return _levels(self.reader, self.reference_runner, self.x, eager)
+
+    @functools.cached_property
+    def _path_levels(self):
+        return _levels(self.reader, self.path_side, self.x, {})
+
+    @functools.cached_property
     def _output_units(self) -> float | None:
         """The exported graph's worst output error against the golden, in tolerance units (what a graph-read
         module's divergence must not contradict, ``mapping_check.withdraw_contradicted``): the graph's outputs
@@ -141,6 +151,21 @@ class Tree:
             self.spec.output_tolerances(self.precision).for_name,
         )
         return mapping_check.output_units(stats)
+
+
+class _EachLevel:
+    """A reader without ``Levels``: each level read by ``level_of`` on its own."""
+
+    def __init__(self, reader, runner, x: dict, options: dict):
+        self.reader, self.runner, self.x, self.options = reader, runner, x, options
+
+    def level(self, scope: str, names: list[str] | None = None) -> dict:
+        return self.reader.level_of(self.runner, self.x, scope, names, **self.options)
+
+
+def _levels(reader, runner, x: dict, options: dict):
+    make = getattr(reader, "Levels", None)
+    return make(runner, x, **options) if make is not None else _EachLevel(reader, runner, x, options)
 
 
 def descent(
@@ -161,7 +186,12 @@ def descent(
     ``tolerances``: the path's precision judged at these (``noise_floor.at_bound``)."""
     tree = Tree(workspace, model, golden_dir, framework, precision, threads)
     noise_floor.at_bound(tree.spec, precision, tolerances)
-    tree.on_path(path_id, device, artifact_dir, artifact_meta, weight_perturbation)
+    from parity.diagnose.tree_litert import NotRead
+
+    try:
+        tree.on_path(path_id, device, artifact_dir, artifact_meta, weight_perturbation)
+    except NotRead as error:  # a .tflite file whose tensors name no layers (litert-torch's): said, not read
+        return {"descended": False, "reason": str(error)}
     return walk(tree, framework)
 
 

@@ -51,9 +51,22 @@ class GraphLevels:
         self.outputs = list(meta["output_names"])
         self.exporter = next(e.name for e in reversed(path.exports) if e.name != "float16")
         self.plain = self.run(self.outputs)
+        self.held: dict = {}  # tensor -> its value, read by runs that left the outputs as the plain run has them
 
     def run(self, tensors):
         return onnx_graph.run_tensors(self.path.runtime.name, self.model, self.feed, tensors, self.threads)
+
+    def observe(self, tensors, tolerance_for) -> dict | None:
+        """The plain outputs and ``tensors``' values, each tensor read once per descent (the graph and the feed do
+        not change between levels): those not read yet by one run with the outputs; None where that run changes
+        the outputs (the caller reads them its own way)."""
+        missing = [t for t in dict.fromkeys(tensors) if t not in self.held and t not in self.plain]
+        if missing:
+            values = self.run([*self.outputs, *missing])
+            if not instrument.same_outputs(self.plain, values, tolerance_for):
+                return None
+            self.held.update({t: values[t] for t in missing})
+        return {**{t: self.held[t] for t in tensors if t in self.held}, **self.plain}
 
     def level(self, names, calls, expected, expected_inputs) -> dict:
         """``{"values", "inputs", "located", "instrumentation"}`` for the module paths ``names`` (network order);
@@ -78,7 +91,9 @@ def _level(levels: GraphLevels, names, calls, expected, expected_inputs) -> dict
         if onnx_taps._scope_kind(exporter) is None:  # no records of the source: one run of every candidate tensor
             # of a module's output's shape or of its input's (found by value too, where no sibling has its shape)
             shapes = {**{f"{n} input": v for n, v in expected_inputs.items()}, **expected}
-            guessed = run(onnx_taps.candidate_names(model, taps, shapes, meta["input_layout"], graph))
+            candidates = onnx_taps.candidate_names(model, taps, shapes, meta["input_layout"], graph)
+            seen = levels.observe(candidates, tolerance_for)
+            guessed = {t: seen[t] for t in candidates if t in seen} if seen is not None else run(candidates)
         mapped = onnx_taps.map_taps(model, taps, exporter, expected, guessed, meta["input_layout"], graph)
     located = {}
     for name in names:
@@ -113,7 +128,9 @@ def _level(levels: GraphLevels, names, calls, expected, expected_inputs) -> dict
     tensors = {n: w["tensor"] for n, w in located.items() if w.get("tensor") and w["found"] != "fused"}
     inputs = {n: w["input_tensor"] for n, w in located.items() if w.get("input_tensor")}
     wanted = [*outputs, *tensors.values(), *inputs.values()]
-    values = run(wanted)
+    values = levels.observe(wanted, tolerance_for)
+    if values is None:
+        values = run(wanted)
     instrumentation = None
     if not instrument.same_outputs(plain, values, tolerance_for):
         seen = instrument.observe(
@@ -216,6 +233,12 @@ def _first_call(graph, name: str, calls: int, exporter: str) -> list[int] | None
 
 def _components(graph, nodes: list[int]) -> list[list[int]]:
     """``nodes`` in groups connected by the tensors one hands another, the earliest group first."""
+    return components(nodes, lambda i: (r for t in graph.nodes[i].output for r in graph.consumers.get(t, ())))
+
+
+def components(nodes: list[int], readers) -> list[list[int]]:
+    """``nodes`` (indices in execution order) in groups connected by what one hands another (``readers(node)``: the
+    nodes that read its outputs), the earliest group first."""
     inside = set(nodes)
     parent = {i: i for i in nodes}
 
@@ -226,10 +249,9 @@ def _components(graph, nodes: list[int]) -> list[list[int]]:
         return i
 
     for index in nodes:
-        for tensor in graph.nodes[index].output:
-            for reader in graph.consumers.get(tensor, ()):
-                if reader in inside:
-                    parent[find(reader)] = find(index)
+        for reader in readers(index):
+            if reader in inside:
+                parent[find(reader)] = find(index)
     groups: dict[int, list[int]] = {}
     for index in nodes:
         groups.setdefault(find(index), []).append(index)

@@ -18,12 +18,19 @@ first value it reads from outside that depends on the model's input, not on the 
 more than once under one name is split into its runs of consecutive equations and compared at the first. Scopes
 entered inside a nested ``jax.jit`` are not seen (that call is one equation of the scope around it). Named scopes
 are untyped. On ``jax/tf`` these functions run converted by jax2tf, on TensorFlow
-(``parity.diagnose.tree_jax_tf``). Imports jax (and flax) inside.
+(``parity.diagnose.tree_jax_tf``).
+
+A descent reads one side through ``Levels``: the reader that applies is found once, by tracing the function
+(``jax.eval_shape``, ``jax.make_jaxpr``: nothing compiled), and one run of it returns every module's value and input
+at all depths, from which each level is served; past ``TAP_BYTES`` of values, each level is read by a run of its
+own. Imports jax (and flax) inside.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
 
 from parity.diagnose.tree_jax_calls import (
     SEPARATOR,
@@ -35,33 +42,110 @@ from parity.diagnose.tree_jax_calls import (
     run_traced,
 )
 
+# the whole tree's values and inputs above this many bytes: each level is read by a run of its own
+TAP_BYTES = 512 * 2**20
+
+
+class Levels:
+    """A JAX model's tree on one side (a ``parity.sources.jax.JaxSource``, or a side with its own ``run_traced``):
+    the reader that applies (linen, nnx, else named scopes) found once by tracing the function, and every module's
+    value and input at all depths computed by one run of it (one compile), each level then served from that run.
+    Where the whole tree's values and inputs would take more than ``TAP_BYTES``, or ``per_level`` is called, each
+    level is read by a run of its own, returning only its values."""
+
+    def __init__(self, runner, x: dict):
+        self.runner = runner
+        self.fed = runner._input(runner.check_feed(x))
+        self.read, whole_run, tap_bytes = _reader(runner, self.fed)
+        self.order: list[str] = []
+        self.whole: dict | None = None
+        if tap_bytes <= TAP_BYTES:
+            self.whole, self.order = whole_run()
+
+    def per_level(self) -> None:
+        """From now on each level is read by a run of its own (the whole tree's run is not trusted)."""
+        self.whole = None
+
+    def level(self, scope: str, names: list[str] | None = None) -> dict:
+        """``level_of``'s result for ``scope`` (or exactly ``names``)."""
+        if self.whole is None:
+            return self.read(scope, names)
+        kept = list(names) if names is not None else _children(self.order, scope)
+        whole = self.whole
+        by_path = {child["path"]: child for child in whole["children"]}
+        return {
+            "children": [by_path[p] for p in kept if p in by_path],
+            "values": {p: whole["values"][p] for p in kept if p in whole["values"]},
+            "inputs": {p: whole["inputs"][p] for p in kept if p in whole["inputs"]},
+            "outputs": whole["outputs"],
+        }
+
 
 def level_of(runner, x: dict, scope: str, names: list[str] | None = None) -> dict:
     """``level`` of a ``parity.sources.jax.JaxSource`` on the feeds ``x``: ``{"children": [...], "values": {path:
     array}, "inputs": {path: array}, "outputs": {name: array}}`` as ``parity.diagnose.tree_torch.level`` returns
-    them. ``names`` given: exactly those paths are observed; else the children of ``scope`` (``''``: the root)."""
+    them. ``names`` given: exactly those paths are observed; else the children of ``scope`` (``''``: the root).
+    A descent reads every level of one side from one ``Levels``."""
+    return Levels(runner, x).level(scope, names)
+
+
+def _reader(runner, fed):
+    """``(read, whole, tap_bytes)`` of the reader that applies to the function, found by tracing it (no compile):
+    ``read(scope, names)`` one level by a run of its own, ``whole()`` every module's level and the call order by
+    one run, ``tap_bytes`` what that run's values and inputs take."""
     from parity.diagnose import tree_nnx
 
-    fed = runner._input(runner.check_feed(x))
-    seen = _flax(runner, fed, scope, names)
-    if seen is None:
-        seen = tree_nnx.level(runner, fed, scope, names)
-    if seen is None:
-        seen = _named_scopes(runner, fed, scope, names)
-    return seen
+    jax = runner.jax
+    for make, typer in ((_linen, _linen_typer), (tree_nnx.traced, tree_nnx.typer)):
+        record = _record()
+        traced = make(runner, record, None, None)
+        if traced is None:  # the framework is absent
+            continue
+        _, values, inputs = jax.eval_shape(traced, runner.params, fed)
+        if not any(record["order"]):
+            continue
+
+        def read(scope, names, make=make, typer=typer):
+            own = _record()
+            return observed(runner, own, make(runner, own, scope, names), fed, typer)
+
+        def whole(make=make, typer=typer):
+            own = _record()
+            return observed(runner, own, make(runner, own, None, None), fed, typer), list(own["order"])
+
+        return read, whole, _bytes(jax, (values, inputs))
+    table = _ScopeTable(runner, fed)
+    return (
+        lambda scope, names: table.level(list(names) if names is not None else _children(table.order, scope)),
+        lambda: (table.level(table.order), table.order),
+        table.tap_bytes(),
+    )
 
 
-def _flax(runner, fed, scope: str, names) -> dict | None:
-    """The level from Flax's module calls; None where the function calls no Flax module (or Flax is absent)."""
+def _bytes(jax, tree) -> int:
+    return sum(int(leaf.size) * leaf.dtype.itemsize for leaf in jax.tree_util.tree_leaves(tree))
+
+
+def _record() -> dict[str, Any]:
+    return {"order": [], "calls": {}, "modules": {}, "single": {}, "kept": []}
+
+
+def _linen_typer(module):
+    from parity.model.layer_types_flax import flax_layer
+
+    return flax_layer(module)
+
+
+def _linen(runner, record: dict, scope: str | None, names):
+    """The function's trace under Flax's module interception (``traced(params, x) -> (outputs, values, inputs)``,
+    filling ``record``; ``scope`` None: every module), or None where Flax is absent."""
     try:
         import flax.linen as nn
     except ImportError:
         return None
-    from parity.model.layer_types_flax import flax_layer
     from parity.sources.jax import forward_outputs
 
     jax, spec = runner.jax, runner.spec
-    record: dict[str, Any] = {"order": [], "calls": {}, "modules": {}, "single": {}, "kept": []}
 
     def traced(params, x):
         values: dict = {}
@@ -79,7 +163,7 @@ def _flax(runner, fed, scope: str, names) -> dict | None:
             outputs = forward_outputs(spec, spec.jax_apply(params, x, None))
         return (outputs, *kept_values(jax, record, values, inputs, scope, names, x))
 
-    return observed(runner, record, traced, fed, flax_layer)
+    return traced
 
 
 def _scope_of(eqn) -> tuple[str, ...]:
@@ -89,85 +173,108 @@ def _scope_of(eqn) -> tuple[str, ...]:
     return tuple(str(e.name) for e in stack if type(e).__name__ == "Scope")
 
 
-def _named_scopes(runner, fed, scope: str, names) -> dict:
-    """The level from the named scopes of the function's jaxpr."""
-    from jax.extend import core
+class _ScopeTable:
+    """The named scopes of the function's jaxpr, traced once: their runs of equations in call order, and a level's
+    values read by one run of the jaxpr with them as extra outputs."""
 
-    from parity.sources.jax import forward_outputs
+    def __init__(self, runner, fed):
+        from jax.extend import core
 
-    jax, spec = runner.jax, runner.spec
-    closed = jax.make_jaxpr(lambda p, x: forward_outputs(spec, spec.jax_apply(p, x, None)))(runner.params, fed)
-    jaxpr = closed.jaxpr
-    weights = len(jax.tree_util.tree_leaves(runner.params))
-    data = set(jaxpr.invars[weights:])  # values that depend on the model's input
-    scopes = []
-    for eqn in jaxpr.eqns:
-        scopes.append(SEPARATOR.join(_scope_of(eqn)))
-        if any(isinstance(v, core.Var) and v in data for v in eqn.invars):
-            data.update(eqn.outvars)
-    runs: dict[str, list[list[int]]] = {}  # scope path -> its runs of consecutive equations
-    order = []
-    for index, path in enumerate(scopes):
-        parts = path.split(SEPARATOR) if path else []
-        for depth in range(1, len(parts) + 1):
-            prefix = SEPARATOR.join(parts[:depth])
-            if prefix not in runs:
-                runs[prefix] = []
-                order.append(prefix)
-            spans = runs[prefix]
-            if spans and spans[-1][-1] == index - 1:
-                spans[-1].append(index)
-            else:
-                spans.append([index])
-    kept = list(names) if names is not None else _children(order, scope)
-    wanted, inputs_of = {}, {}
-    for path in kept:
-        if path not in runs:
-            continue
-        first = runs[path][0]
-        inside = {v for i in first for v in jaxpr.eqns[i].outvars}
-        read_after = {v for eqn in jaxpr.eqns[first[-1] + 1 :] for v in eqn.invars if isinstance(v, core.Var)}
-        read_after.update(v for v in jaxpr.outvars if isinstance(v, core.Var))
-        boundary = [
-            v
-            for i in first
-            for v in jaxpr.eqns[i].outvars
-            if v in read_after and v in data and jax.numpy.issubdtype(v.aval.dtype, jax.numpy.floating)
-        ]
-        if boundary:
-            wanted[path] = boundary[-1]
-        fed_var = next(
-            (
+        from parity.sources.jax import forward_outputs
+
+        self.runner, self.fed, self.core = runner, fed, core
+        jax, spec = runner.jax, runner.spec
+        self.closed = jax.make_jaxpr(lambda p, x: forward_outputs(spec, spec.jax_apply(p, x, None)))(runner.params, fed)
+        jaxpr = self.jaxpr = self.closed.jaxpr
+        weights = len(jax.tree_util.tree_leaves(runner.params))
+        self.data = set(jaxpr.invars[weights:])  # values that depend on the model's input
+        scopes = []
+        for eqn in jaxpr.eqns:
+            scopes.append(SEPARATOR.join(_scope_of(eqn)))
+            if any(isinstance(v, core.Var) and v in self.data for v in eqn.invars):
+                self.data.update(eqn.outvars)
+        self.runs: dict[str, list[list[int]]] = {}  # scope path -> its runs of consecutive equations
+        self.order: list[str] = []
+        for index, path in enumerate(scopes):
+            parts = path.split(SEPARATOR) if path else []
+            for depth in range(1, len(parts) + 1):
+                prefix = SEPARATOR.join(parts[:depth])
+                if prefix not in self.runs:
+                    self.runs[prefix] = []
+                    self.order.append(prefix)
+                spans = self.runs[prefix]
+                if spans and spans[-1][-1] == index - 1:
+                    spans[-1].append(index)
+                else:
+                    spans.append([index])
+
+    def _boundaries(self, kept: list[str]) -> tuple[dict, dict]:
+        """Each scope's value (the last result of its first run read after it) and input variables."""
+        core, jaxpr, data, jnp = self.core, self.jaxpr, self.data, self.runner.jax.numpy
+        wanted, inputs_of = {}, {}
+        for path in kept:
+            if path not in self.runs:
+                continue
+            first = self.runs[path][0]
+            inside = {v for i in first for v in jaxpr.eqns[i].outvars}
+            read_after = {v for eqn in jaxpr.eqns[first[-1] + 1 :] for v in eqn.invars if isinstance(v, core.Var)}
+            read_after.update(v for v in jaxpr.outvars if isinstance(v, core.Var))
+            boundary = [
                 v
                 for i in first
-                for v in jaxpr.eqns[i].invars
-                if isinstance(v, core.Var) and v not in inside and v in data
-            ),
-            None,
+                for v in jaxpr.eqns[i].outvars
+                if v in read_after and v in data and jnp.issubdtype(v.aval.dtype, jnp.floating)
+            ]
+            if boundary:
+                wanted[path] = boundary[-1]
+            fed_var = next(
+                (
+                    v
+                    for i in first
+                    for v in jaxpr.eqns[i].invars
+                    if isinstance(v, core.Var) and v not in inside and v in data
+                ),
+                None,
+            )
+            if fed_var is not None:
+                inputs_of[path] = fed_var
+        return wanted, inputs_of
+
+    def tap_bytes(self) -> int:
+        wanted, inputs_of = self._boundaries(self.order)
+        return sum(
+            int(np.prod(v.aval.shape)) * np.dtype(v.aval.dtype).itemsize
+            for v in (*wanted.values(), *inputs_of.values())
         )
-        if fed_var is not None:
-            inputs_of[path] = fed_var
-    extra = [*wanted.values(), *inputs_of.values()]
-    function = core.jaxpr_as_fun(core.ClosedJaxpr(jaxpr.replace(outvars=[*jaxpr.outvars, *extra]), closed.consts))
-    returned = run_traced(runner, function, *jax.tree_util.tree_leaves((runner.params, fed)))
-    outputs, found = returned[: len(jaxpr.outvars)], dict(zip(map(id, extra), returned[len(jaxpr.outvars) :]))
-    children = [
-        {
-            "path": path,
-            "class": "jax.named_scope",
-            "calls": len(runs[path]),
-            "leaf": not any(p.startswith(path + SEPARATOR) for p in runs),
-            "kind": None,
-            "attrs": None,
-            "single_input": False,
-            "has_value": path in wanted,
+
+    def level(self, kept: list[str]) -> dict:
+        """The level of the scope paths ``kept``, read by one run."""
+        core, jaxpr, runner = self.core, self.jaxpr, self.runner
+        jax, spec = runner.jax, runner.spec
+        wanted, inputs_of = self._boundaries(kept)
+        extra = [*wanted.values(), *inputs_of.values()]
+        function = core.jaxpr_as_fun(
+            core.ClosedJaxpr(jaxpr.replace(outvars=[*jaxpr.outvars, *extra]), self.closed.consts)
+        )
+        returned = run_traced(runner, function, *jax.tree_util.tree_leaves((runner.params, self.fed)))
+        outputs, found = returned[: len(jaxpr.outvars)], dict(zip(map(id, extra), returned[len(jaxpr.outvars) :]))
+        children = [
+            {
+                "path": path,
+                "class": "jax.named_scope",
+                "calls": len(self.runs[path]),
+                "leaf": not any(p.startswith(path + SEPARATOR) for p in self.runs),
+                "kind": None,
+                "attrs": None,
+                "single_input": False,
+                "has_value": path in wanted,
+            }
+            for path in kept
+            if path in self.runs
+        ]
+        return {
+            "children": children,
+            "values": {p: _host(found[id(v)]) for p, v in wanted.items()},
+            "inputs": {p: _host(found[id(v)]) for p, v in inputs_of.items()},
+            "outputs": {n: _host(v) for n, v in zip(spec.outputs, outputs)},
         }
-        for path in kept
-        if path in runs
-    ]
-    return {
-        "children": children,
-        "values": {p: _host(found[id(v)]) for p, v in wanted.items()},
-        "inputs": {p: _host(found[id(v)]) for p, v in inputs_of.items()},
-        "outputs": {n: _host(v) for n, v in zip(spec.outputs, outputs)},
-    }

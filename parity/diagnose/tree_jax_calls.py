@@ -123,11 +123,15 @@ def observed(runner, record: dict, traced, fed, typer) -> dict | None:
 
 
 def kept_values(jax, record: dict, values: dict, inputs: dict, scope: str, names, x) -> tuple[dict, dict]:
-    """The values and inputs of the level's paths (``names``, else the children of ``scope``), set as
+    """The values and inputs of the level's paths (``names``, else the children of ``scope``; ``scope`` None: every
+    module called), set as
     ``record["kept"]``: those of this trace only (a value computed inside a lifted transform, ``nn.scan``,
     ``nnx.scan``, belongs to an inner trace and cannot leave it)."""
     trace = getattr(jax.tree_util.tree_leaves(x)[0], "_trace", None)
-    kept = list(names) if names is not None else _children(record["order"], scope)
+    if names is not None:
+        kept = list(names)
+    else:
+        kept = [p for p in record["order"] if p] if scope is None else _children(record["order"], scope)
     record["kept"] = kept
 
     def ours(value):

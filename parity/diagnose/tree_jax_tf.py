@@ -7,9 +7,11 @@ converted by jax2tf as ``parity.exporters.jax_tf`` converts the model (the same 
 serialises at, the weights as ``tf.Variable`` arguments) and run by TensorFlow in a ``tf.function`` on the path's
 device: the taps are computed by the path's converter, XLA build and runtime, not by JAX's.
 
-Returning more values can change what XLA compiles (its fusions), so a level is trusted only where the model outputs
-of that run are the exported SavedModel's outputs on the golden feed (within a tenth of the tolerance,
-``instrument.same_outputs``); where they are not, every module of the level is unobservable, with why. Outputs that
+Every module's value and input at all depths is returned by one conversion and run (``tree_jax.Levels``), each level
+served from it. Returning more values can change what XLA compiles (its fusions), so that run is trusted only where
+its model outputs are the exported SavedModel's outputs on the golden feed (within a tenth of the tolerance,
+``instrument.same_outputs``); where they are not, each level is converted and run with its own values alone, and a
+level whose run disturbs the outputs too has every module unobservable, with why. Outputs that
 agree but not bit for bit are said in each row's reason. Imports jax and tensorflow inside.
 """
 
@@ -44,6 +46,7 @@ class Jax2TfLevels:
         self.outputs = list(spec.outputs)
         self.plain = saved.run(x)
         self.device = tf_device(tf, path.device)
+        self.levels = None  # the reader's levels (``tree_jax.Levels``), made by the first ``level`` call
         # the weights as the exporter holds them: float32 arrays for JAX to trace with, tf.Variables to run with
         self.params = {n: layouts.held_array(spec.params[n], weights[n], "float32") for n in spec.params}
         with tf.device(self.device):
@@ -84,8 +87,13 @@ class Jax2TfLevels:
         reader through ``run_traced``, trusted where that run's outputs are the SavedModel's."""
         from parity.diagnose import tree_jax
 
-        found = tree_jax.level_of(self, self.x, "", list(names))
         tolerances = self.spec.output_tolerances(self.precision)
+        if self.levels is None:  # every module's value from one conversion, trusted where its outputs are the path's
+            self.levels = tree_jax.Levels(self, self.x)
+            whole = self.levels.whole
+            if whole is not None and not instrument.same_outputs(self.plain, whole["outputs"], tolerances.for_name):
+                self.levels.per_level()
+        found = self.levels.level("", list(names))
         computed = found["outputs"]
         if not instrument.same_outputs(self.plain, computed, tolerances.for_name):
             reason = (

@@ -14,7 +14,9 @@ value is the first tensor its first call returns, its input the first tensor tha
 layout (``KerasSource.taps_impl``'s conversion); a layer called more than once (shared) is compared at its first
 call. A child is typed by the layer catalogue (``keras_layer``) where it read one tensor alone, and carries
 ``params``: the prefix of its weights' variable paths (a functional sub-model's layers own theirs without the
-sub-model's name: ``norm/gamma`` for ``encoder/norm``). Imports keras and tensorflow inside.
+sub-model's name: ``norm/gamma`` for ``encoder/norm``). A descent reads one side through ``Levels``: every layer at
+all depths wrapped for one run (one XLA compilation on ``tf/xla``), each level served from it. Imports keras and
+tensorflow inside.
 """
 
 from __future__ import annotations
@@ -50,25 +52,67 @@ def _params(layer) -> str | None:
     return prefixes.pop() if len(prefixes) == 1 else None
 
 
+# the whole tree's values and inputs above this many bytes: each level is read by a run of its own
+TAP_BYTES = 512 * 2**20
+
+
+class Levels:
+    """A Keras model's tree on one side: every layer at all depths wrapped for one run of the model (eagerly on the
+    reference side, one ``tf.function`` trace on ``tf``, one XLA compilation on ``tf/xla``), each level then served
+    from that run. Each level is read by a run of its own (``level_of``) where the values would take more than
+    ``TAP_BYTES``, or where the XLA compilation returning them all computes other outputs than the path's own."""
+
+    def __init__(self, runner, x: dict, eager: bool = False):
+        import keras
+
+        self.runner, self.x, self.eager, self.keras = runner, x, eager, keras
+        self.whole = _observe(runner, x, _every(keras, runner.model), eager, whole=True)
+
+    def level(self, scope: str, names: list[str] | None = None) -> dict:
+        """``level_of``'s result for ``scope`` (or exactly ``names``)."""
+        candidates = _candidates(self.keras, self.runner, scope, names)
+        seen = self.whole if self.whole is not None else _observe(self.runner, self.x, candidates, self.eager)
+        return _level(self.keras, self.runner, candidates, seen)
+
+
 def level_of(runner, x: dict, scope: str, names: list[str] | None = None, eager: bool = False) -> dict:
     """``{"children", "values", "inputs", "outputs"}`` of a ``parity.sources.tf.KerasSource`` on the feeds ``x``
     under ``scope`` (see the module docstring; ``tree_torch.level`` has the same contract). ``names`` given: exactly
     those layer paths are observed (the path side of a level the reference side chose). ``eager``: the model is run
-    eagerly, not under ``tf.function`` (the reference side; a runner that compiles with XLA is always compiled)."""
+    eagerly, not under ``tf.function`` (the reference side; a runner that compiles with XLA is always compiled).
+    A descent reads every level of one side from one ``Levels``."""
     import keras
 
-    from parity.model.layer_types_keras import keras_layer
+    candidates = _candidates(keras, runner, scope, names)
+    return _level(keras, runner, candidates, _observe(runner, x, candidates, eager))
 
+
+def _every(keras, model) -> list[tuple[str, object]]:
+    """Every layer under ``model`` at all depths with its path, parents before their children."""
+    found, pending = [], [("", model)]
+    while pending:
+        prefix, layer = pending.pop(0)
+        for child in _children(keras, layer):
+            found.append((prefix + child.name, child))
+            pending.append((f"{prefix}{child.name}/", child))
+    return found
+
+
+def _candidates(keras, runner, scope: str, names) -> list[tuple[str, object]]:
     if names is not None:
         candidates = [(name, resolve(keras, runner.model, name)) for name in names]
-        candidates = [(name, layer) for name, layer in candidates if layer is not None]
-    else:
-        root = resolve(keras, runner.model, scope)
-        if root is None:
-            raise ValueError(f"{runner.spec.name} has no layer {scope!r}")
-        prefix = f"{scope}/" if scope else ""
-        candidates = [(prefix + child.name, child) for child in _children(keras, root)]
-    seen = _observe(runner, x, candidates, eager)
+        return [(name, layer) for name, layer in candidates if layer is not None]
+    root = resolve(keras, runner.model, scope)
+    if root is None:
+        raise ValueError(f"{runner.spec.name} has no layer {scope!r}")
+    prefix = f"{scope}/" if scope else ""
+    return [(prefix + child.name, child) for child in _children(keras, root)]
+
+
+def _level(keras, runner, candidates, seen: dict) -> dict:
+    """The level of ``candidates`` from the run ``seen`` (``_observe``'s, of them or of every layer)."""
+    from parity.model.layer_types_keras import keras_layer
+
     canonical = runner.spec.model_inputs[0].layout
     children = []
     called = sorted(((n, c) for n, c in candidates if n in seen["calls"]), key=lambda p: seen["order"].index(p[0]))
@@ -88,28 +132,40 @@ def level_of(runner, x: dict, scope: str, names: list[str] | None = None, eager:
                 "params": _params(layer),
             }
         )
+    names = {name for name, _ in candidates}
 
     def host(values: dict) -> dict:
-        return {name: layouts.from_layout(_widened(value), canonical, runner.layout) for name, value in values.items()}
+        return {
+            name: layouts.from_layout(_widened(value), canonical, runner.layout)
+            for name, value in values.items()
+            if name in names
+        }
 
     return {
         "children": children,
         "values": host(seen["values"]),
         "inputs": host(seen["inputs"]),
         "outputs": {name: _widened(value) for name, value in seen["outputs"].items()},
-        "located": seen["located"],
+        "located": {name: where for name, where in seen["located"].items() if name in names},
         "instrumentation": seen["instrumentation"],
     }
+
+
+def _nbytes(tensor) -> int:
+    elements = tensor.shape.num_elements()  # None where a size is known only at run time
+    return (elements or 0) * tensor.dtype.size
 
 
 def _widened(value: np.ndarray) -> np.ndarray:
     return value.astype(np.float32) if value.dtype.name in ("float16", "bfloat16") else value
 
 
-def _observe(runner, x: dict, candidates, eager: bool = False) -> dict:
+def _observe(runner, x: dict, candidates, eager: bool = False, whole: bool = False) -> dict | None:
     """One run of the model with ``call`` of each candidate wrapped: call order, call counts, first values. A runner
     that compiles with XLA (``jit_compile``, the ``tf/xla`` path) is read inside one XLA-compiled function that returns
-    the values as extra outputs (``_xla``); else ``eager`` runs the model eagerly, not under ``tf.function``."""
+    the values as extra outputs (``_xla``); else ``eager`` runs the model eagerly, not under ``tf.function``.
+    ``whole`` (every layer of the model): None where the values would take more than ``TAP_BYTES`` or the XLA
+    compilation returning them computes other outputs (each level is then read by a run of its own)."""
     import tensorflow as tf
 
     from parity.model.feeds import call_keras
@@ -124,28 +180,38 @@ def _observe(runner, x: dict, candidates, eager: bool = False) -> dict:
     def leaves(tensor) -> bool:
         return not xla or getattr(tensor, "graph", None) is traced[0]
 
-    def wrapped(name, original):
+    def wrapped(names, original):
+        """``call`` of one layer, recorded under each path that holds it."""
+
         def call(*args, **kwargs):
-            calls[name] = calls.get(name, 0) + 1
-            first = calls[name] == 1
-            if first:
-                order.append(name)
-                fed = [t for t in tf.nest.flatten((args, kwargs)) if tf.is_tensor(t)]
-                if fed and leaves(fed[0]):
-                    inputs[name] = fed[0]
-                single[name] = (
-                    len(args) == 1
-                    and tf.is_tensor(args[0])
-                    and all(v is None or isinstance(v, bool) for v in kwargs.values())
-                )
+            first = []
+            for name in names:
+                calls[name] = calls.get(name, 0) + 1
+                if calls[name] == 1:
+                    first.append(name)
+                    order.append(name)
+                    fed = [t for t in tf.nest.flatten((args, kwargs)) if tf.is_tensor(t)]
+                    if fed and leaves(fed[0]):
+                        inputs[name] = fed[0]
+                        held[0] += _nbytes(fed[0])
+                    single[name] = (
+                        len(args) == 1
+                        and tf.is_tensor(args[0])
+                        and all(v is None or isinstance(v, bool) for v in kwargs.values())
+                    )
             returned = original(*args, **kwargs)
             if first:
                 out = [t for t in tf.nest.flatten(returned) if tf.is_tensor(t)]
                 if out and out[0].dtype.is_floating:
-                    if leaves(out[0]):
-                        values[name] = out[0]
-                    else:
-                        inner.append(name)
+                    for name in first:
+                        if leaves(out[0]):
+                            values[name] = out[0]
+                        else:
+                            inner.append(name)
+                    held[0] += _nbytes(out[0]) if leaves(out[0]) else 0
+                if whole and held[0] > TAP_BYTES:  # each level by a run of its own: drop what is held
+                    values.clear()
+                    inputs.clear()
             return returned
 
         return call
@@ -154,6 +220,7 @@ def _observe(runner, x: dict, candidates, eager: bool = False) -> dict:
         """The model's outputs, and the first values and inputs (of the layers in ``keep``; None: all)."""
         for record in (order, calls, values, inputs, single, inner):
             record.clear()
+        held[0] = 0
         traced[0] = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
         returned = outputs_in_order(runner.spec, call_keras(runner.model, feeds))
         kept = [n for n in values if keep is None or n in keep]
@@ -164,18 +231,24 @@ def _observe(runner, x: dict, candidates, eager: bool = False) -> dict:
     if xla:  # the path's own compiled forward, before any layer is wrapped: what the taps must not change
         with tf.device(runner.tf_device):
             plain = {n: t.numpy() for n, t in zip(runner.spec.outputs, runner._forward(fed))}
+    held = [0]  # bytes of the values and inputs recorded
+    named: dict[int, list[str]] = {}  # a layer held at several paths is recorded under each
+    for name, layer in candidates:
+        named.setdefault(id(layer), []).append(name)
     patched: list[tuple[object, object]] = []
-    for name, layer in candidates:  # an instance attribute: Layer.__call__ reads self.call
+    for _, layer in candidates:  # an instance attribute: Layer.__call__ reads self.call
         if any(layer is other for _, other in patched):
             continue
         patched.append((layer.__dict__.get("call", _UNSET), layer))
-        layer.__dict__["call"] = wrapped(name, layer.call)
+        layer.__dict__["call"] = wrapped(named[id(layer)], layer.call)
     located: dict[str, dict] = {}
     instrumentation = None
     try:
         with tf.device(runner.tf_device):
             if xla:
-                seen = _xla(runner, fed, forward, plain)
+                seen = _xla(runner, fed, forward, plain, bisect=not whole)
+                if seen is None:
+                    return None
                 found, read, instrumentation = seen["values"], seen["inputs"], seen["instrumentation"]
                 returned = [seen["outputs"][n] for n in runner.spec.outputs]
                 for item in (instrumentation or {}).get("disturbing", ()):
@@ -203,6 +276,8 @@ def _observe(runner, x: dict, candidates, eager: bool = False) -> dict:
                 del layer.__dict__["call"]
             else:
                 layer.__dict__["call"] = before
+    if whole and held[0] > TAP_BYTES:
+        return None
     return {
         "order": list(order),
         "calls": dict(calls),
@@ -215,12 +290,13 @@ def _observe(runner, x: dict, candidates, eager: bool = False) -> dict:
     }
 
 
-def _xla(runner, fed, forward, plain: dict) -> dict:
+def _xla(runner, fed, forward, plain: dict, bisect: bool = True) -> dict | None:
     """The layers' first values and inputs computed inside one ``tf.function(jit_compile=True)`` of the model that
     returns them as extra outputs, as the ``tf/xla`` path compiles it; extra outputs can change what XLA fuses and
     so the outputs: where the outputs then differ from the path's own compiled forward (``plain``), the largest set
     of layers whose reading leaves them as they are is kept (``instrument.observe``), the others are disturbing.
-    ``{"outputs", "values", "inputs", "instrumentation"}`` (numpy; ``instrumentation`` None where all are kept)."""
+    ``{"outputs", "values", "inputs", "instrumentation"}`` (numpy; ``instrumentation`` None where all are kept).
+    ``bisect`` False: None where the outputs differ."""
     import tensorflow as tf
 
     from parity.diagnose import instrument
@@ -235,6 +311,8 @@ def _xla(runner, fed, forward, plain: dict) -> dict:
     outputs, found, read = compiled(None)
     if instrument.same_outputs(plain, outputs, tolerance_for):
         return {"outputs": outputs, "values": found, "inputs": read, "instrumentation": None}
+    if not bisect:
+        return None
 
     def run(names: list[str]) -> dict:
         keep = {n.removeprefix("tap:") for n in names if n.startswith("tap:")}

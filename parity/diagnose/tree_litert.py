@@ -3,9 +3,12 @@ input tensors, and their values on LiteRT.
 
 The TFLite converter names each op's output tensor by the TensorFlow name scopes of the ops it holds, ``;``-joined
 where it fused several (``model_1/blocks_1/res_block_2_1/act_1/Gelu;...``): Keras 3 opens one scope per layer call,
-so a layer path (``blocks/res_block_2/act``) is found as consecutive scope components (``onnx_taps.keras_scope``,
-the rule tf2onnx's node names are read by). An op belongs to the layers its output tensor names; one whose output
-names none (a graph output, ``Identity``) to the one layer its weights name. A layer's output is the last tensor of
+so a layer path (``blocks/res_block_2/act``) is found as consecutive scope components, each the layer's name plus
+as many ``_<n>`` as the model's own scope carries (``onnx_taps.keras_scope``, the rule tf2onnx's node names and
+``litert.tap_map`` are read by: layer ``dense`` is scope ``dense_1``, layer ``dense_1`` scope ``dense_1_2``). An op
+belongs to the layers its output tensor names; one whose output names none (a graph output, ``Identity``) to the one
+layer its weights name, else, where it reads one tensor another op wrote (a softmax head's ``SOFTMAX``), to that
+op's layers. A file whose exporter recorded no layer map (litert-torch's) is not read (``NotRead``). A layer's output is the last tensor of
 its ops that an op outside them reads (or that is a graph output); its input, the first tensor its ops read from
 outside (no weight) of the size of its reference input. Where that last op also holds a later layer of the level
 (an activation folded into a ``FULLY_CONNECTED``'s fused activation), the earlier layer is ``fused`` into that op,
@@ -29,8 +32,14 @@ from pathlib import Path
 import numpy as np
 
 from parity.diagnose import instrument, mapping_check
-from parity.diagnose.onnx_taps import _bases, _permutes, keras_scope
+from parity.diagnose.onnx_taps import _permutes, keras_scope
+from parity.diagnose.tree_graph import components
 from parity.model import layouts
+from parity.runtimes.litert import scope_layer, scope_suffixes
+
+
+class NotRead(ValueError):
+    """Why the tree of a ``.tflite`` file is not read at all (its message is the reason)."""
 
 
 class LiteRTLevels:
@@ -43,6 +52,9 @@ class LiteRTLevels:
         from parity.runtimes import litert
         from parity.runtimes.onnx_common import onnx_feed
 
+        if path.source != "tf" or "taps" not in meta:  # only a Keras model's converter names tensors by its layers
+            why = meta.get("taps_reason") or "the exporter recorded no layer map for this .tflite file"
+            raise NotRead(f"the tree of {path.id} is not read: {why}")
         self.spec, self.path, self.meta = spec, path, meta
         self.outputs = list(meta["output_names"])
         file = str(Path(artifact_dir) / meta["file"])
@@ -67,7 +79,13 @@ class LiteRTLevels:
                     f"interpreter's by up to {differ:.3g}"
                 )
         self.tensors = {int(d["index"]): d for d in self.interpreter.get_tensor_details()}
-        self.ops = [op for op in (litert._ops(self.interpreter) or []) if op["op_name"] != litert.DELEGATE_OP]
+        listed = litert._ops(self.interpreter)
+        if listed is None:
+            raise NotRead(
+                f"the tree of {path.id} is not read: this LiteRT interpreter lists no ops (no _get_ops_details), so "
+                f"no layer's tensors can be found"
+            )
+        self.ops = [op for op in listed if op["op_name"] != litert.DELEGATE_OP]
         self.writer: dict[int, int] = {}
         self.readers: dict[int, list[int]] = {}
         for k, op in enumerate(self.ops):
@@ -78,6 +96,9 @@ class LiteRTLevels:
                     self.readers.setdefault(int(t), []).append(k)
         self.graph_outputs = {int(d["index"]) for d in self.interpreter.get_output_details()}
         self.graph_inputs = {int(d["index"]) for d in self.interpreter.get_input_details()}
+        self.model_name = meta.get("keras_model_name")
+        # top-level layers the exporter recorded as not being a model output: the ops after them are the model's own
+        self.not_outputs = {n for n, record in (meta.get("taps") or {}).items() if not record.get("output")}
         canonical = spec.model_inputs[0].layout if spec.model_inputs else "flat"
         self.canonical, self.layout = canonical, layouts.activation_layout("tf", canonical)
 
@@ -85,7 +106,7 @@ class LiteRTLevels:
         """``{"values", "inputs", "located", "instrumentation"}`` for the layer paths ``names`` (network order);
         ``expected`` / ``expected_inputs``: the reference's values and inputs (sizes, axis orders)."""
         names = list(names)
-        owners = [self._owners(op, names) for op in self.ops]
+        owners = self._all_owners(names)
         tolerances = self.spec.output_tolerances(self.path.precision)
         located, values, inputs = {}, {}, {}
         for name in names:
@@ -122,6 +143,22 @@ class LiteRTLevels:
             instrumentation = {"observable": [], "disturbing": disturbing, "runs": 2}
         return {"values": values, "inputs": inputs, "located": located, "instrumentation": instrumentation}
 
+    def _all_owners(self, names: list[str]) -> list[list[str]]:
+        """The layers of ``names`` each op belongs to (``_owners``); an op that names none and writes a graph output
+        (``Identity``: the converter names a graph output by the function's output, losing the op's scope), from
+        one tensor that another op writes (a ``Dense(activation="softmax")``'s ``SOFTMAX`` after its
+        ``FULLY_CONNECTED``), belongs to the layers of that op, unless the exporter recorded one of them as no
+        model output."""
+        owners: list[list[str]] = []
+        for op in self.ops:
+            found = self._owners(op, names)
+            if not found and any(int(t) in self.graph_outputs for t in op["outputs"]):
+                fed = {int(t) for t in op["inputs"] if int(t) in self.writer}
+                before = owners[self.writer[fed.pop()]] if len(fed) == 1 else []
+                found = [] if set(before) & self.not_outputs else list(before)
+            owners.append(found)
+        return owners
+
     def _owners(self, op: dict, names: list[str]) -> list[str]:
         """The layers of ``names`` an op belongs to: those its output tensors name; where they name none, the one
         layer its weights (tensors no op writes) name."""
@@ -129,7 +166,7 @@ class LiteRTLevels:
             layer
             for t in op["outputs"]
             for location in self.tensors[int(t)]["name"].split(";")
-            if (layer := keras_scope(location, names)) is not None
+            if (layer := keras_scope(location, names, self.model_name)) is not None
         }
         if not found:
             weights = {
@@ -137,7 +174,7 @@ class LiteRTLevels:
                 for t in op["inputs"]
                 if int(t) >= 0 and int(t) not in self.writer and int(t) not in self.graph_inputs
                 for location in self.tensors[int(t)]["name"].split(";")
-                if (layer := keras_scope(location, names)) is not None
+                if (layer := keras_scope(location, names, self.model_name)) is not None
             }
             found = weights if len(weights) == 1 else set()
         return sorted(found, key=names.index)
@@ -252,7 +289,7 @@ class LiteRTLevels:
             scopes.setdefault(scope or "", []).append(k)
         if len(scopes) > 1 and "" not in scopes:
             return sorted(scopes.values(), key=min)
-        return self._components(mine)
+        return components(mine, lambda k: (r for t in self.ops[k]["outputs"] for r in self.readers.get(int(t), ())))
 
     def _call_scope(self, op: dict, name: str, names: list[str]) -> str | None:
         """The scope prefix of ``op``'s first location under layer ``name`` (``m_1/shared_3``): which call of the
@@ -260,33 +297,14 @@ class LiteRTLevels:
         last = name.rsplit("/", 1)[-1]
         for t in op["outputs"]:
             for location in self.tensors[int(t)]["name"].split(";"):
-                if keras_scope(location, names) != name:
+                if keras_scope(location, names, self.model_name) != name:
                     continue
                 parts = location.split("/")[:-1]
-                at = max((i for i, part in enumerate(parts) if last in _bases(part)), default=None)
+                suffixes = scope_suffixes(parts[0], self.model_name)
+                at = max((i for i, part in enumerate(parts) if scope_layer(part, (last,), suffixes)), default=None)
                 if at is not None:
                     return "/".join(parts[: at + 1])
         return None
-
-    def _components(self, mine: list[int]) -> list[list[int]]:
-        """The ops ``mine`` in groups connected by the tensors one hands another, the earliest group first."""
-        inside, parent = set(mine), {k: k for k in mine}
-
-        def find(k):
-            while parent[k] != k:
-                parent[k] = parent[parent[k]]
-                k = parent[k]
-            return k
-
-        for k in mine:
-            for t in self.ops[k]["outputs"]:
-                for reader in self.readers.get(int(t), ()):
-                    if reader in inside:
-                        parent[find(reader)] = find(k)
-        groups: dict[int, list[int]] = {}
-        for k in mine:
-            groups.setdefault(find(k), []).append(k)
-        return sorted(groups.values(), key=min)
 
 
 def _open(file: str, threads: int, preserve: bool):

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any
 
-from parity.diagnose.tree_jax_calls import SEPARATOR, calls_recorder, kept_values, observed
+from parity.diagnose.tree_jax_calls import SEPARATOR, calls_recorder, kept_values
 
 
 def _module_classes(base) -> list[type]:
@@ -63,15 +62,16 @@ def _wrapped(base: type, around):
             cls.__call__ = original
 
 
-def _typer(module):
+def typer(module):
     from parity.model.layer_types_flax import nnx_core_layer, nnx_layer
 
     return nnx_layer(module) or nnx_core_layer(module)
 
 
-def level(runner, fed, scope: str, names) -> dict | None:
-    """The level from the nnx modules the function calls (``tree_jax.level_of``'s result); None where it calls none
-    (or flax.nnx is absent)."""
+def traced(runner, record: dict, scope: str | None, names):
+    """The function's trace with every nnx module's call recorded (``traced(params, x) -> (outputs, values,
+    inputs)``, filling ``record``; ``scope`` None: every module), or None where flax.nnx is absent;
+    ``parity.diagnose.tree_jax.Levels`` builds the levels from it."""
     try:
         from flax import nnx
     except ImportError:
@@ -79,9 +79,8 @@ def level(runner, fed, scope: str, names) -> dict | None:
     from parity.sources.jax import forward_outputs
 
     jax, spec = runner.jax, runner.spec
-    record: dict[str, Any] = {"order": [], "calls": {}, "modules": {}, "single": {}, "kept": []}
 
-    def traced(params, x):
+    def function(params, x):
         values: dict = {}
         inputs: dict = {}
         record.update(order=[], calls={}, modules={}, single={})
@@ -103,4 +102,4 @@ def level(runner, fed, scope: str, names) -> dict | None:
             outputs = forward_outputs(spec, spec.jax_apply(params, x, None))
         return (outputs, *kept_values(jax, record, values, inputs, scope, names, x))
 
-    return observed(runner, record, traced, fed, _typer)
+    return function

@@ -112,7 +112,7 @@ def walk(tree, framework: str) -> dict:
 def _test_cause(row: dict, reference: dict, observed: dict, weights: dict, tolerances) -> dict:
     """The leaf recomputed from its input as this path computed it (else the reference's) with each variant of its
     kind (``parity.diagnose.cause``)."""
-    from parity.diagnose.cause import test_layer
+    from parity.diagnose.cause import not_its_kind, test_layer
     from parity.model.spec import Layer
 
     name = row["tap"]
@@ -129,13 +129,26 @@ def _test_cause(row: dict, reference: dict, observed: dict, weights: dict, toler
     else:
         fed, provenance = reference["inputs"][name], f"the input of {name} from the reference"
     further = list(((reference.get("masks") or {}).get(name) or {}).values())  # a masked attention's mask
+    layer, prefix = Layer(row["kind"], dict(row["attrs"] or {})), row.get("params") or name
+    if name in reference["inputs"] and name in reference["values"]:
+        unlike = not_its_kind(
+            layer,
+            [reference["inputs"][name], *further],
+            weights,
+            reference["values"][name],
+            tolerances.for_name(name),
+            prefix,
+            f"{name} ({row['class'].rsplit('.', 1)[-1]})",
+        )
+        if unlike:
+            return {"tap": name, **unlike}
     result = test_layer(
-        Layer(row["kind"], dict(row["attrs"] or {})),
+        layer,
         [fed, *further],
         weights,
         np.asarray(observed["values"][name], np.float64),
         tolerances.for_name(name),
-        prefix=row.get("params") or name,
+        prefix=prefix,
     )
     return {"tap": name, "inputs": [provenance], **result}
 

@@ -73,7 +73,6 @@ HF_ACTIVATIONS = {
 }
 
 
-# Keras activation names (as its configs serialise them) -> (form, alpha); "linear" is no activation
 def pair(value):
     return list(value) if isinstance(value, (tuple, list)) else value
 
@@ -108,8 +107,8 @@ def _torch_upsample(module):
         "mode": "nearest" if nearest else ("cubic" if module.mode == "bicubic" else "linear"),
         "coordinate_transformation_mode": "asymmetric"
         if nearest
-        else ("align_corners" if module.align_corners else "pytorch_half_pixel"),
-    }
+        else ("align_corners" if module.align_corners else "half_pixel"),
+    }  # torch reads (o + 0.5) * n / m - 0.5 at every length, 1 too: half_pixel, as torch.onnx writes it
     if nearest:
         attrs["nearest_mode"] = "floor"
     if module.mode == "bicubic":  # Keys' kernel with a = -0.75, taps outside the image read the edge
@@ -142,8 +141,11 @@ def _torch_rms_norm(module, nn):
     if isinstance(module, nn.RMSNorm):
         if len(module.normalized_shape) != 1:
             return None
-        eps = module.eps if module.eps is not None else 1.1920928955078125e-07  # finfo(float32).eps: torch's None
-        return "rms_norm", {"eps": float(eps)}
+        if module.eps is not None:
+            return "rms_norm", {"eps": float(module.eps)}
+        # torch reads the machine epsilon of the type it computes in: float64's in the float64 golden, float32's on
+        # float32, float16 and bfloat16 inputs (parity.diagnose.layers.rms_norm)
+        return "rms_norm", {"eps": 2.220446049250313e-16, "eps_from_dtype": True}
     weight = getattr(module, "weight", None)
     eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
     if weight is None or weight.dim() != 1 or not isinstance(eps, (int, float)):
@@ -179,9 +181,10 @@ def _torch_rotary(module):
         return None
     dim = 2 * int(inv_freq.numel())
     expected = 1.0 / (float(theta) ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
-    if not np.allclose(inv_freq.detach().double().cpu().numpy(), expected, rtol=1e-6):
+    own = inv_freq.detach().cpu().float().numpy()  # transformers reads it in float32 whatever the model's dtype
+    if not np.allclose(own, expected, rtol=1e-6):
         return None  # frequencies scaled or edited: not the default table
-    return "rotary", {"base": float(theta), "dim": dim, "rotation": "half"}
+    return "rotary", {"base": float(theta), "dim": dim, "rotation": "half", "inv_freq": [float(f) for f in own]}
 
 
 def torch_layer(module) -> tuple[str, dict] | None:

@@ -18,55 +18,61 @@ def _flax_padding(padding, rank: int):
     return [list(p) for p in pairs] if len(pairs) == rank else None
 
 
+def _axes(value) -> tuple:
+    """A Flax axes argument as a tuple (an int is one axis)."""
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
+def _last_axis_only(module) -> bool:
+    """Whether a Flax normalisation (``LayerNorm``, ``RMSNorm``; linen or nnx) reduces and scales the last axis
+    alone, on one device."""
+    return _axes(module.reduction_axes) == (-1,) and _axes(module.feature_axes) == (-1,) and module.axis_name is None
+
+
+def _conv_attrs(module, default_conv) -> dict | None:
+    """The conv kind's attributes of a Flax ``Conv`` (linen or nnx: the same fields), None where it computes
+    something the kind does not (3-D or more, a mask, another convolution, input dilation, circular padding);
+    ``default_conv``: whether its convolution is ``jax.lax.conv_general_dilated``."""
+    kernel = _axes(module.kernel_size)
+    if (
+        len(kernel) not in (1, 2)
+        or module.mask is not None
+        or not default_conv
+        or module.input_dilation not in (None, 1, (1,) * len(kernel))
+    ):
+        return None
+    padding = _flax_padding(module.padding, len(kernel))
+    if padding is None:
+        return None
+    return {
+        "stride": pair(module.strides or 1),
+        "padding": padding,
+        "dilation": pair(module.kernel_dilation or 1),
+        "groups": module.feature_group_count,
+        "layout": "nhwc",
+        "weight_layout": "flax",
+    }
+
+
 def flax_layer(module) -> tuple[str, dict] | None:
     """``(kind, attrs)`` for a ``flax.linen`` module the catalogue computes, else None. Flax holds activations
     channels-last and kernels ``([kh,] kw, I/groups, O)`` and names a LayerNorm's weights ``scale`` and ``bias``:
     attributes ``layout: "nhwc"`` and ``weight_layout: "flax"`` say so (``parity.diagnose.layers.native``)."""
     import flax.linen as nn
 
-    def axes(value):
-        return tuple(value) if isinstance(value, (tuple, list)) else (value,)
-
     if isinstance(module, nn.Dense) and module.dot_general is None and module.dot_general_cls is None:
         return "dense", {}
-    if (
-        isinstance(module, nn.LayerNorm)
-        and axes(module.reduction_axes) == (-1,)
-        and axes(module.feature_axes) == (-1,)
-        and module.axis_name is None
-    ):
+    if isinstance(module, nn.LayerNorm) and _last_axis_only(module):
         return "layer_norm", {"eps": module.epsilon, "weight_layout": "flax"}
-    kernel = axes(module.kernel_size) if isinstance(module, nn.Conv) else ()  # flax reads an int as one axis
-    if (
-        isinstance(module, nn.Conv)
-        and len(kernel) in (1, 2)
-        and module.mask is None
-        and module.conv_general_dilated is None
-        and module.conv_general_dilated_cls is None
-        and module.input_dilation in (None, 1) + ((1,) * len(kernel),)
-    ):
-        rank = len(kernel)
-        padding = _flax_padding(module.padding, rank)
-        if padding is None:
-            return None
-        return "conv", {
-            "stride": pair(module.strides or 1),
-            "padding": padding,
-            "dilation": pair(module.kernel_dilation or 1),
-            "groups": module.feature_group_count,
-            "layout": "nhwc",
-            "weight_layout": "flax",
-        }
+    if isinstance(module, nn.Conv):
+        default = module.conv_general_dilated is None and module.conv_general_dilated_cls is None
+        attrs = _conv_attrs(module, default)
+        return ("conv", attrs) if attrs is not None else None
     if isinstance(module, nn.Dropout) and module.broadcast_dims in ((), None):
         return "dropout", {"rate": module.rate}
-    if isinstance(module, nn.RMSNorm) and _flax_rms_axes(module, axes):
+    if isinstance(module, nn.RMSNorm) and _last_axis_only(module):
         return "rms_norm", {"eps": module.epsilon, "weight_layout": "flax"}
     return None
-
-
-def _flax_rms_axes(module, axes) -> bool:
-    """Whether a Flax ``RMSNorm`` (linen or nnx) normalises the last axis alone, on one device."""
-    return axes(module.reduction_axes) == (-1,) and axes(module.feature_axes) == (-1,) and module.axis_name is None
 
 
 def nnx_layer(module) -> tuple[str, dict] | None:
@@ -74,10 +80,7 @@ def nnx_layer(module) -> tuple[str, dict] | None:
     axis (its ``scale`` parameter is gamma, ``weight_layout: "flax"``)."""
     from flax import nnx
 
-    def axes(value):
-        return tuple(value) if isinstance(value, (tuple, list)) else (value,)
-
-    if isinstance(module, nnx.RMSNorm) and _flax_rms_axes(module, axes):
+    if isinstance(module, nnx.RMSNorm) and _last_axis_only(module):
         return "rms_norm", {"eps": module.epsilon, "weight_layout": "flax"}
     return None
 
@@ -88,30 +91,13 @@ def nnx_core_layer(module) -> tuple[str, dict] | None:
     import jax
     from flax import nnx
 
-    def axes(value):
-        return tuple(value) if isinstance(value, (tuple, list)) else (value,)
-
     if isinstance(module, nnx.Linear) and module.dot_general is jax.lax.dot_general:
         return "dense", {}
-    if isinstance(module, nnx.LayerNorm) and _flax_rms_axes(module, axes) and module.use_scale and module.use_bias:
+    if isinstance(module, nnx.LayerNorm) and _last_axis_only(module) and module.use_scale and module.use_bias:
         return "layer_norm", {"eps": module.epsilon, "weight_layout": "flax"}
-    kernel = axes(module.kernel_size) if isinstance(module, nnx.Conv) else ()
-    if (
-        isinstance(module, nnx.Conv)
-        and len(kernel) in (1, 2)
-        and module.mask is None
-        and module.conv_general_dilated is jax.lax.conv_general_dilated
-        and module.input_dilation in (None, 1, (1,) * len(kernel))
-        and (padding := _flax_padding(module.padding, len(kernel))) is not None
-    ):
-        return "conv", {
-            "stride": pair(module.strides or 1),
-            "padding": padding,
-            "dilation": pair(module.kernel_dilation or 1),
-            "groups": module.feature_group_count,
-            "layout": "nhwc",
-            "weight_layout": "flax",
-        }
+    if isinstance(module, nnx.Conv):
+        attrs = _conv_attrs(module, module.conv_general_dilated is jax.lax.conv_general_dilated)
+        return ("conv", attrs) if attrs is not None else None
     if isinstance(module, nnx.Dropout) and module.broadcast_dims in ((), None):
         return "dropout", {"rate": module.rate}
     return None

@@ -48,7 +48,7 @@ def _keras_image(layer, config):
 
     L = keras.layers
     last = {"layout": "nhwc"} if config.get("data_format", "channels_last") == "channels_last" else {}
-    if type(layer) in (L.Conv1D, L.Conv2D) and config["padding"] in ("same", "valid"):
+    if isinstance(layer, (L.Conv1D, L.Conv2D)) and config["padding"] in ("same", "valid"):
         return "conv", _fused(
             {
                 "stride": pair(config["strides"]),
@@ -60,7 +60,7 @@ def _keras_image(layer, config):
             },
             config,
         )
-    if type(layer) is L.DepthwiseConv2D and config["padding"] in ("same", "valid"):
+    if isinstance(layer, L.DepthwiseConv2D) and config["padding"] in ("same", "valid"):
         channels = int(layer.kernel.shape[2])
         return "conv", _fused(
             {
@@ -82,7 +82,7 @@ def _keras_image(layer, config):
             "padding": config["padding"],
             **last,
         }
-    if type(layer) is L.UpSampling2D and config["interpolation"] in ("nearest", "bilinear"):
+    if isinstance(layer, L.UpSampling2D) and config["interpolation"] in ("nearest", "bilinear"):
         nearest = config["interpolation"] == "nearest"  # nearest repeats each pixel; bilinear is tf.image.resize's
         return "resize", {
             "mode": "nearest" if nearest else "linear",
@@ -92,7 +92,7 @@ def _keras_image(layer, config):
             **last,
         }
     if (
-        type(layer) is L.Resizing
+        isinstance(layer, L.Resizing)
         and config["interpolation"] == "bicubic"
         and keras.backend.backend() == "tensorflow"
         and not any(config.get(k) for k in ("crop_to_aspect_ratio", "pad_to_aspect_ratio", "antialias"))
@@ -107,7 +107,7 @@ def _keras_image(layer, config):
             **last,
         }
     if (
-        type(layer) is L.Resizing
+        isinstance(layer, L.Resizing)
         and config["interpolation"] in ("nearest", "bilinear")
         and not config.get("crop_to_aspect_ratio")
         and not config.get("pad_to_aspect_ratio")
@@ -121,41 +121,68 @@ def _keras_image(layer, config):
             **({"nearest_mode": "round_prefer_ceil"} if nearest else {}),
             **last,
         }
-    if type(layer) is L.Flatten:
+    if isinstance(layer, L.Flatten):
         return "flatten", {"order": "nhwc", **last} if last else {"order": "nchw"}
     return None
 
 
+def _eps(config: dict, keras) -> float:
+    """A normalisation's epsilon; None is Keras's own default, ``keras.config.epsilon()`` (its ops read it so)."""
+    eps = config.get("epsilon")
+    return float(keras.config.epsilon() if eps is None else eps)
+
+
+def _config(layer, L) -> dict | None:
+    """``layer.get_config()`` for an instance of a class ``keras_layer`` types, else None: read only once the class
+    matches, as a custom layer's config may not be serialisable (a sub-layer taken in ``__init__`` raises
+    ``NotImplementedError``); a subclass whose config cannot be read stays untyped."""
+    typed = (
+        L.Dense, L.BatchNormalization, L.LayerNormalization, L.Activation, L.ReLU, L.LeakyReLU, L.GRU, L.LSTM,
+        L.MultiHeadAttention, L.Dropout, L.Conv1D, L.Conv2D, L.DepthwiseConv2D, L.MaxPooling1D, L.MaxPooling2D,
+        L.AveragePooling1D, L.AveragePooling2D, L.UpSampling2D, L.Resizing, L.Flatten,
+    ) + ((L.RMSNormalization,) if hasattr(L, "RMSNormalization") else ())  # fmt: skip
+    if not isinstance(layer, typed):
+        return None
+    try:
+        return layer.get_config()
+    except NotImplementedError:
+        return None
+
+
 def keras_layer(layer) -> tuple[str, dict] | None:
-    """``(kind, attrs)`` for a Keras layer the catalogue computes, else None."""
+    """``(kind, attrs)`` for a Keras layer the catalogue computes, else None. A subclass is typed as its base class
+    (as torch's are); the diagnosis tests a cause there only where that form reproduces the reference's own output
+    (``parity.diagnose.cause.declared_units``)."""
     import keras
 
     L = keras.layers
-    config = layer.get_config()
-    if type(layer) is L.Dense:
+    config = _config(layer, L)
+    if config is None:
+        return None
+    if isinstance(layer, L.Dense):
         attrs = _fused({}, config)
         return ("dense", attrs) if attrs is not None else None
-    if type(layer) is L.BatchNormalization and config["axis"] in (-1, [-1]):
-        return "batch_norm", {"eps": config["epsilon"], "layout": "nhwc"}
-    if type(layer) is L.LayerNormalization and config["axis"] in (-1, [-1]) and not config.get("rms_scaling"):
-        return "layer_norm", {"eps": config["epsilon"]}
-    if type(layer) is L.LayerNormalization and config["axis"] in (-1, [-1]):  # rms_scaling: x / sqrt(var + eps)
-        return "rms_norm", {"eps": config["epsilon"], "by_variance": True, "weight_layout": "keras"}
-    if type(layer) is getattr(L, "RMSNormalization", None) and config["axis"] in (-1, [-1]):
-        return "rms_norm", {"eps": config["epsilon"], "weight_layout": "keras"}
-    if type(layer) is L.Activation:
+    if isinstance(layer, L.BatchNormalization) and config["axis"] in (-1, [-1]):
+        return "batch_norm", {"eps": _eps(config, keras), "layout": "nhwc"}
+    if isinstance(layer, L.LayerNormalization) and config["axis"] in (-1, [-1]) and not config.get("rms_scaling"):
+        return "layer_norm", {"eps": _eps(config, keras)}
+    if isinstance(layer, L.LayerNormalization) and config["axis"] in (-1, [-1]):  # rms_scaling: x / sqrt(var + eps)
+        return "rms_norm", {"eps": _eps(config, keras), "by_variance": True, "weight_layout": "keras"}
+    if isinstance(layer, getattr(L, "RMSNormalization", ())) and config["axis"] in (-1, [-1]):
+        return "rms_norm", {"eps": _eps(config, keras), "weight_layout": "keras"}
+    if isinstance(layer, L.Activation):
         found = _keras_activation(config["activation"])
         if found is None or found[0] == "linear":
             return None
         return "activation", {"form": found[0], **({"alpha": found[1]} if found[1] is not None else {})}
-    if type(layer) is L.ReLU and not config.get("threshold") and config.get("max_value") in (None, 6, 6.0):
+    if isinstance(layer, L.ReLU) and not config.get("threshold") and config.get("max_value") in (None, 6, 6.0):
         slope = float(config.get("negative_slope") or 0.0)
         if slope:
             return ("activation", {"form": "leaky_relu", "alpha": slope}) if config.get("max_value") is None else None
         return "activation", {"form": "relu" if config.get("max_value") is None else "relu6"}
-    if type(layer) is L.LeakyReLU:
+    if isinstance(layer, L.LeakyReLU):
         return "activation", {"form": "leaky_relu", "alpha": float(config["negative_slope"])}
-    if type(layer) in (L.GRU, L.LSTM):
+    if isinstance(layer, (L.GRU, L.LSTM)):
         if (
             config["go_backwards"]
             or config["stateful"]
@@ -164,11 +191,11 @@ def keras_layer(layer) -> tuple[str, dict] | None:
             or config["recurrent_activation"] != "sigmoid"
         ):
             return None
-        attrs = {"cell": "gru" if type(layer) is L.GRU else "lstm", "sequences": bool(config["return_sequences"])}
-        if type(layer) is L.GRU:
+        attrs = {"cell": "gru" if isinstance(layer, L.GRU) else "lstm", "sequences": bool(config["return_sequences"])}
+        if isinstance(layer, L.GRU):
             attrs["linear_before_reset"] = bool(config["reset_after"])
         return "recurrent", {**attrs, "weight_layout": "keras"}
-    if type(layer) is L.MultiHeadAttention:
+    if isinstance(layer, L.MultiHeadAttention):
         if (
             config.get("value_dim") not in (None, config["key_dim"])
             or config.get("output_shape") is not None
@@ -178,7 +205,7 @@ def keras_layer(layer) -> tuple[str, dict] | None:
         ):
             return None
         return "attention", {"heads": config["num_heads"], "weight_layout": "keras"}
-    if type(layer) is L.Dropout and not config.get("noise_shape"):
+    if isinstance(layer, L.Dropout) and not config.get("noise_shape"):
         return "dropout", {"rate": config["rate"]}
     return _keras_image(layer, config)
 

@@ -131,6 +131,8 @@ def check(
     pool = _early_pool(request, device)  # first: it loads while the rest is checked here; the orchestrator closes it
     try:
         check_targets(None if to_stdout else request.json_file, request.report_dir, request.junit_file)
+        from parity.pipeline.node_data import explorer_folder
+
         explorer = explorer_folder(request.model_explorer, None if to_stdout else request.json_file)
         ws = open_workspace(request.workspace, notice)
         names = ws.select(request.models)
@@ -149,6 +151,7 @@ def check(
         use_cache=request.use_cache,
         timing=request.timing,
         diagnose=request.diagnose,
+        node_data=explorer is not None,
     )
     run_id = None
     if request.executor == "ray":
@@ -289,22 +292,6 @@ def _history_page(store, report: dict, out_dir: Path) -> None:
     report["history_page"] = "history.html"
 
 
-def explorer_folder(option: str | None, json_file: str | None) -> str | None:
-    """Where ``--model-explorer`` writes (``parity.report.model_explorer``): the folder named, or with ``"auto"``
-    ``JSON_NAME.model-explorer`` beside a ``--json`` file (none for stdout, a FIFO or a device); refused now, before
-    any work, when it could not be written."""
-    from parity.platform.safefs import check_folder_target, writes_through
-
-    if option == "auto":
-        if not json_file or writes_through(json_file):
-            return None
-        target = Path(os.path.abspath(json_file))
-        option = str(target.with_name(f"{target.stem}.model-explorer"))
-    if option:
-        check_folder_target(option, "--model-explorer")
-    return option
-
-
 def write_results(
     report: dict,
     json_file: str | None,
@@ -314,17 +301,13 @@ def write_results(
     model_explorer: str | None = None,
 ) -> None:
     """The Model Explorer node data, the result JSON, the JUnit XML and the HTML report, each announced to
-    ``notice`` once written (the node data first: the JSON and the HTML report say where it is)."""
+    ``notice`` once written (the node data first: the JSON and the HTML report say where it is; a node-data folder
+    that could not be written is raised only once the others are out)."""
+    failed = []
     if model_explorer:
-        from parity.report import model_explorer as explorer
+        from parity.pipeline import node_data
 
-        def node_data():
-            folders = explorer.write(report, model_explorer)
-            for folder in folders:
-                notice(f"open in Model Explorer: {explorer.how_to(folder, (folder / explorer.DRIFT_FILE).exists())}")
-            return f"{model_explorer} ({len(folders)} diagnosis folder(s))"
-
-        _write_after_run("--model-explorer", model_explorer, node_data, notice)
+        failed = node_data.write(report, model_explorer, notice)
     if json_file:
         from parity.report import json_report
 
@@ -337,6 +320,9 @@ def write_results(
         from parity.report import html
 
         _write_after_run("--report", report_dir, lambda: html.write(report, report_dir), notice)
+    if failed:
+        more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+        raise ParityError(f"--model-explorer could not be written after the run: {failed[0]}{more}")
 
 
 def _write_after_run(option: str, target: str, write, notice) -> None:

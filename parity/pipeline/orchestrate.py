@@ -52,6 +52,7 @@ class Options:
     timing: BenchOptions | None = None
     diagnose: str | None = "failing"  # diagnose layer by layer: "failing" paths, "all" selected paths, or None
     weight_perturbation: dict = field(default_factory=dict)  # (model, path) -> {param: delta}
+    node_data: bool = False  # locate each diagnosis's graph for Model Explorer (parity.pipeline.node_data)
 
 
 def _result_skeleton(model: str, path: paths.PathDef, spec_batch: int) -> dict:
@@ -594,36 +595,14 @@ class Run:
                 split="eval" if eval_only else "inputs",
                 **({"tolerances": bound} if bound else {}),
             )
-            self._graph_ids(pool, spec, manifest, path, result["diagnosis"])
         except Exception as error:  # noqa: BLE001 - a diagnosis that breaks must not cost the run its results
             reason = one_line(f"{type(error).__name__}: {error}", 300)
             result["diagnosis"] = {**failed, "error": f"the diagnosis itself failed: {reason}"}
+            return
+        if self.options.node_data:  # the graph Model Explorer draws it on: read only when its node data is written
+            from parity.pipeline import node_data
 
-    def _graph_ids(self, pool, spec, manifest, path, diagnosis: dict) -> None:
-        """``diagnosis["graph"]``: the exported ONNX file, its main graph's id and the node ids of the tensors the
-        diagnosis compared, as Model Explorer's ONNX adapter names them (``parity.report.model_explorer``)."""
-        if "error" in diagnosis or not path.exports:
-            return
-        artifact = self._export(pool, spec, manifest, path, len(path.exports) - 1)  # the diagnosis's own (cached)
-        meta = artifact.get("meta") or {}
-        if "error" in artifact or not str(meta.get("file", "")).endswith(".onnx"):
-            return
-        from parity.report import model_explorer
-
-        onnx_file = str(Path(artifact["dir"]) / meta["file"])
-        try:
-            found = pool.call(
-                path.runtime.group,
-                "parity.report.model_explorer:graph_ids",
-                onnx_file=onnx_file,
-                tensors=model_explorer.cited_tensors(diagnosis),
-            )
-        except TaskFailed as error:  # the diagnosis stands; only the graph's node ids are missing
-            diagnosis.setdefault("notes", []).append(f"the exported graph's node ids could not be read: {error}")
-            return
-        by_graph_name = dict(zip(meta.get("output_names") or (), spec.outputs))
-        outputs = {name: by_graph_name[name] for name in found["outputs"] if name in by_graph_name}
-        diagnosis["graph"] = {"file": onnx_file, "name": found["name"], "nodes": found["nodes"], "outputs": outputs}
+            node_data.locate(self, pool, spec, manifest, path, result["diagnosis"])
 
 
 def _check_order(pool, pending) -> list:

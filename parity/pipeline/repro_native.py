@@ -13,6 +13,14 @@ __all__ = ["PATHS", "refusal", "repro"]
 
 def refusal(where: str, path, diagnosis: dict) -> str:
     """Today's one line for a path with no ONNX graph to reduce."""
+    split = diagnosis.get("split")
+    if split:  # the fixed input set passes: nothing fails there to cut a layer out of
+        rows = ", ".join(map(str, sorted(set(split.get("rows") or []))))
+        return (
+            f"nothing to reduce on the fixed input set: {where} fails on the eval split only"
+            + (f" (rows {rows})" if rows else "")
+            + "; see its diagnosis"
+        )
     if not path.exports:
         link = (diagnosis.get("links") or {}).get("enters_at") or "definition"
         return (
@@ -31,6 +39,8 @@ def repro(ws, spec, manifest, path, options, diagnosis: dict, out: Path, out_dir
     from parity.run.worker import TaskFailed, WorkerPool
 
     where = f"{spec.name} {path.id}"
+    if diagnosis.get("split"):
+        return 2, refusal(where, path, diagnosis)
     if diagnosis.get("error"):
         return 2, f"nothing to reduce: {diagnosis['error']}"
     layer = repro_native.leaf_of(diagnosis)

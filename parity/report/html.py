@@ -291,14 +291,19 @@ def _gradients(g: dict) -> str:
 
 def _model_explorer(explorer: dict, base: Path | None) -> str:
     """The link to a diagnosis's Model Explorer folder (relative to the report's when both are known) and how to
-    open it (``parity.report.model_explorer``)."""
+    open it (``parity.report.model_explorer``), or why it could not be written."""
     folder = str(explorer.get("folder") or "")
+    if explorer.get("error"):
+        return f"<p>Model Explorer node data for {_e(folder)} {_e(explorer['error'])}.</p>"
     href = Path(os.path.relpath(folder, base)).as_posix() if base is not None else Path(folder).as_uri()
+    packages = "ai-edge-model-explorer" + (
+        " model-explorer-onnx" if "--extensions=" in explorer.get("command", "") else ""
+    )
     return (
         f'<p>See it on the graph: <a href="{_e(href)}/">{_e(folder)}</a> holds Model Explorer node data '
         f"({_e(', '.join(explorer.get('files') or []))}); open it with "
-        f"<code>{_e(explorer.get('command'))}</code> (<code>pip install ai-edge-model-explorer "
-        f"model-explorer-onnx</code>): each node coloured by its drift in tolerance units.</p>"
+        f"<code>{_e(explorer.get('command'))}</code> (<code>pip install {packages}</code>): each node coloured by "
+        f"its drift in tolerance units.</p>"
     )
 
 

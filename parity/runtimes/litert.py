@@ -339,25 +339,38 @@ def _fits(signature: tuple, expected: tuple) -> bool:
 
 def tensor_layers(tensor_name: str, taps: list[str], model_name: str | None = None) -> set[str]:
     """The taps whose Keras layer a converter tensor name holds ops of: each ``;``-separated location is
-    ``<model scope>/<layer scope>/...``."""
+    ``<model scope>/<layer scope>/...``, each scope the name with as many ``_<n>`` suffixes as the model's scope
+    carries beyond ``model_name`` (``scope_layer``)."""
     found = set()
     for location in tensor_name.split(";"):
         parts = location.split("/")
         if len(parts) < 3:  # an op directly under the model (or a bare name such as ``Identity``) names no layer
             continue
-        layer = _layer(parts[1], taps, suffixed=model_name is None or parts[0] != model_name)
+        layer = scope_layer(parts[1], taps, scope_suffixes(parts[0], model_name))
         if layer is not None:
             found.add(layer)
     return found
 
 
-def _layer(scope: str, taps: list[str], suffixed: bool) -> str | None:
-    """The tap a layer scope belongs to: the scope itself, or the scope without the ``_<n>`` suffix TensorFlow gives
-    a name scope entered before (``dense1_1`` -> ``dense1``). Where both are taps, ``suffixed`` (the model's own
-    scope carries such a suffix, so its layers' scopes do too) picks the stripped one."""
-    stripped = re.sub(r"_\d+$", "", scope)
-    exact = scope if scope in taps else None
-    unsuffixed = stripped if stripped != scope and stripped in taps else None
-    if exact and unsuffixed:
-        return unsuffixed if suffixed else exact
-    return exact or unsuffixed
+def scope_bases(component: str) -> list[str]:
+    """A scope component, then it with one ``_<digits>`` stripped at a time: ``dense_2_1`` -> ``dense_2``, ``dense``."""
+    bases = [component]
+    while (stripped := re.sub(r"_\d+$", "", bases[-1])) != bases[-1]:
+        bases.append(stripped)
+    return bases
+
+
+def scope_suffixes(model_scope: str, model_name: str | None) -> int:
+    """How many ``_<n>`` suffixes each name scope of a converted Keras model carries: as many as the model's own
+    scope (``functional_1_1``) carries beyond the model's name (``functional_1``); one where the name is not known
+    (Keras 3 under ``tf.function`` opens each layer's scope a second time: layer ``dense`` is scope ``dense_1``)."""
+    bases = scope_bases(model_scope)
+    return bases.index(model_name) if model_name in bases else 1
+
+
+def scope_layer(scope: str, names, suffixes: int) -> str | None:
+    """The one of ``names`` a layer scope belongs to: the scope with exactly ``suffixes`` ``_<n>`` suffixes stripped.
+    Keras's default names end in digits too, so no other count is tried: with one suffix, scope ``dense_1`` is
+    layer ``dense``'s and ``dense_1_2`` layer ``dense_1``'s, whatever else ``names`` holds."""
+    bases = scope_bases(scope)
+    return bases[suffixes] if suffixes < len(bases) and bases[suffixes] in names else None

@@ -29,10 +29,12 @@ the inputs at hand (``relu6`` with nothing above 6) is not applicable there:
   ONNX ``Softplus(x)``; OpenVINO's PyTorch frontend computes this for ``softplus(beta=2, threshold=5)``);
 * log-sigmoid: ``log_of_sigmoid``, the log of a sigmoid computed in float32 (torch.onnx's ``Log(Sigmoid(x))``, and
   OpenVINO's and LiteRT's lowerings): a float32 sigmoid is right to about float32's resolution at 1, 2^-24, absolute,
-  so where the true sigmoid is that small its result may be anything from 0 to ``sigmoid + 2^-24``, and its log
-  anything from -inf (0: an underflow, ONNX Runtime's sigmoid below about -17, a flushed subnormal below -88) to
-  ``log(sigmoid + 2^-24)``. The variant is that interval, element by element (the observed value where it lies inside,
-  its nearer end elsewhere).
+  so its log lies within ``log(sigmoid -+ 2^-24)``. Where the true sigmoid is below 2^-24 (x below about -16.6) the
+  float32 one may underflow to 0 (ONNX Runtime's below about -17, a flushed subnormal below -88): the variant is
+  -inf where the path gives -inf there, and where it gives a finite value, the declared one to float32's rounding
+  there (4 units in the last place, or a subnormal's spacing: a path that clamps the log-sigmoid is not this); above
+  -16.6 the interval (the observed value where it lies inside, its nearer end elsewhere). It applies only where the
+  path gives -inf at an input where a float32 sigmoid can underflow.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ FORMS = {
     "log_sigmoid": lambda x, alpha: -np.logaddexp(0.0, -x),
 }
 FLOAT32_AT_ONE = 2.0**-24  # the absolute resolution of a float32 value near 1: half its unit in the last place
+FLOAT32_SUBNORMAL = 2.0**-149  # the spacing of float32's subnormals
 DEFAULT_ALPHA = {"leaky_relu": 0.01, "hard_sigmoid": 1.0 / 6.0}
 _LEAKY = (0.01, 0.2, 0.3)
 _NEIGHBOURS = {  # declared form -> (variant name, form, alpha)
@@ -161,18 +164,29 @@ def _softplus_variants(attrs) -> list[Variant]:
 
 
 def _log_of_sigmoid(inputs, weights, attrs, observed):
-    """The log of a float32 sigmoid (module docstring): the observed value where the interval holds it."""
+    """The log of a float32 sigmoid (module docstring): -inf where the observed value is and the float32 sigmoid may
+    be 0; elsewhere the observed value where a float32 sigmoid's rounding holds it, the nearer end elsewhere."""
     x = np.asarray(inputs[0], np.float64)
     sigmoid = _sigmoid(x)
+    may_underflow = sigmoid < FLOAT32_AT_ONE
+    if not may_underflow.any():
+        raise NotApplicable("no input where a float32 sigmoid can underflow to 0 (all above about -16.6)")
+    if observed is None or np.shape(observed) != x.shape:
+        raise NotApplicable("no observed output of this shape to find the underflows in")
+    observed = np.asarray(observed, np.float64)
+    underflow = may_underflow & np.isneginf(observed)
+    if not underflow.any():
+        raise NotApplicable("no -inf where a float32 sigmoid can underflow to 0: nothing a float32 sigmoid explains")
     with np.errstate(divide="ignore"):
         low = np.log(np.maximum(sigmoid - FLOAT32_AT_ONE, 0.0))
         high = np.log(np.minimum(sigmoid + FLOAT32_AT_ONE, 1.0))
-    if not np.isneginf(low).any():
-        raise NotApplicable("no input where a float32 sigmoid can underflow to 0 (all above about -16.6)")
-    if observed is None or np.shape(observed) != x.shape:
-        return low
-    observed = np.asarray(observed, np.float64)
-    return np.where(np.isnan(observed), high, np.clip(observed, low, high))
+    # below 2^-24 a finite float32 sigmoid is right to a few units in its last place, or to the subnormal spacing
+    step = 4.0 * np.finfo(np.float32).eps * sigmoid + FLOAT32_SUBNORMAL
+    with np.errstate(divide="ignore"):
+        low = np.where(may_underflow, np.log(np.maximum(sigmoid - step, 0.0)), low)
+        high = np.where(may_underflow, np.log(sigmoid + step), high)
+    rounded = np.where(np.isnan(observed), high, np.clip(observed, low, high))
+    return np.where(underflow, -np.inf, rounded)
 
 
 def variants(attrs):

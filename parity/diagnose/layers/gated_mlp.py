@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from parity.diagnose.layers import Variant
-from parity.diagnose.layers.activation import FORMS
+from parity.diagnose.layers import Variant, activation
 
 KIND = "gated_mlp"
 ACTS = ("silu", "gelu_erf", "gelu_tanh", "relu")
@@ -30,9 +29,10 @@ def _project(x, weights, name):
 
 
 def _act(form: str):
-    if form not in FORMS:
-        raise ValueError(f"unknown gated_mlp act {form!r}; known: {', '.join(FORMS)}")
-    return lambda x: FORMS[form](x, None)
+    """The ``activation`` kind's form ``form`` with its defaults (leaky_relu's and hard_sigmoid's alpha)."""
+    if form not in activation.FORMS:
+        raise ValueError(f"unknown gated_mlp act {form!r}; known: {', '.join(activation.FORMS)}")
+    return lambda x: activation.forward([x], {}, {"form": form})
 
 
 def forward(inputs, weights, attrs, swapped=False, gated=True):

@@ -17,10 +17,13 @@ kernel with ``cubic_coeff_a`` (default -0.75, ONNX's and PyTorch's; -0.5 is Tens
 clamped: an input index outside the image reads the edge pixel, or with ``exclude_outside`` (TensorFlow's half-pixel
 ``ResizeBicubic``, ``jax.image.resize``) gets weight 0 and the others are renormalised to sum 1. ``cubic_table``
 (TensorFlow's ``ResizeBicubic``: 1024) reads the kernel from a table of that many steps per pixel, the fraction
-``c - floor(c)`` rounded to it; 0 (default): computed exactly. PyTorch's ``nn.Upsample(mode="nearest")`` is ``asymmetric`` + ``floor``,
-``mode="bilinear"`` is ``pytorch_half_pixel`` (``align_corners=True``: ``align_corners``), ``mode="bicubic"`` the
-same with ``cubic_coeff_a`` -0.75; TensorFlow's half-pixel bicubic is ``half_pixel``, -0.5, ``exclude_outside``,
-``cubic_table`` 1024; ``jax.image.resize(method="cubic")`` the same computed exactly.
+``c - floor(c)`` rounded to it; 0 (default): computed exactly. PyTorch's ``nn.Upsample(mode="nearest")`` is
+``asymmetric`` + ``floor``, ``mode="bilinear"`` is ``half_pixel`` (at every output length, 1 too: torch reads
+``(o + 0.5) n / m - 0.5`` there, not ``pytorch_half_pixel``'s 0; ``align_corners=True``: ``align_corners``),
+``mode="bicubic"`` the same with ``cubic_coeff_a`` -0.75; TensorFlow's half-pixel bicubic is ``half_pixel``, -0.5,
+``exclude_outside``, ``cubic_table`` 1024; ``jax.image.resize(method="cubic")`` the same computed exactly where it
+upsamples (or is called with ``antialias=False``): downsampling, its default ``antialias=True`` widens the kernel by
+the scale, which this kind does not compute.
 
 Variants: every other coordinate mode, and for nearest every other rounding, that gives different values on
 these inputs: the bugs of converters and runtimes in Resize (a coordinate mode or rounding lost or changed). For

@@ -4,7 +4,11 @@
 1e-6), ``offset`` (0, or 1 for Gemma's ``1 + w`` weight), ``by_variance`` (False; True divides ``x`` by
 ``sqrt(var(x) + eps)``, the variance in place of the mean square and ``x`` itself not centred, as Keras'
 ``LayerNormalization(rms_scaling=True)`` does). Weight ``gamma`` (optional: 1; torch's ``weight``, Keras' and Flax's
-``scale``).
+``scale``). ``eps_from_dtype`` (``torch.nn.RMSNorm(eps=None)``): the epsilon is the machine epsilon of the type the
+layer computes in, ``eps`` float64's (the golden's); torch computes float32, float16 and bfloat16 inputs in float32
+and takes float32's (torch 2.13; ``eps=float32_eps`` names such a path where it differs from the golden), while an
+export that reads the epsilon off a float16 or bfloat16 input's own type gives ``eps=float16_eps`` (9.8e-4) or
+``eps=bfloat16_eps`` (7.8e-3), offered there in place of ``eps=1e-3``.
 
 Variants:
 
@@ -32,10 +36,28 @@ EPSILONS = (
     (1e-5, "1e-5", "Mistral, many exports"),
     (1e-6, "1e-6", "Llama, T5, Gemma, Keras, Flax default"),
     (1e-8, "1e-8", ""),
-    (float(np.finfo(np.float32).eps), "float32_eps", "torch.nn.RMSNorm eps=None"),
+    (float(np.finfo(np.float32).eps), "float32_eps", "torch.nn.RMSNorm eps=None computed in float32"),
     (1e-3, "1e-3", "Keras LayerNormalization default"),
     (0.0, "0", "none"),
 )
+
+
+DTYPE_EPSILONS = (
+    (float(np.finfo(np.float16).eps), "float16_eps", "eps=None read off a float16 input's type"),
+    (2.0**-7, "bfloat16_eps", "eps=None read off a bfloat16 input's type"),
+)
+
+
+def _near(a: float, b: float) -> bool:
+    return abs(a - b) <= 0.05 * max(a, b)
+
+
+def _epsilons(attrs) -> tuple:
+    """The epsilons to try: with ``eps_from_dtype``, a reduced type's machine epsilon in place of a value near it."""
+    if not attrs.get("eps_from_dtype"):
+        return EPSILONS
+    kept = tuple(e for e in EPSILONS if not any(_near(e[0], d) for d, _, _ in DTYPE_EPSILONS))
+    return kept + DTYPE_EPSILONS
 
 
 def _gamma(weights, attrs, offset=None):
@@ -110,8 +132,8 @@ def _eps_fitted(inputs, weights, attrs, observed):
     spread = np.sum(x[..., scaled] * z, axis=-1)[rows] / power[rows]
     eps = float(np.median(spread**2 - _square(x, attrs.get("by_variance", False))[..., 0][rows]))
     declared = attrs.get("eps", 1e-6)
-    known = [value for value, _, _ in EPSILONS] + [declared]
-    if not np.isfinite(eps) or eps <= 0 or any(abs(eps - k) <= 0.05 * max(eps, k) for k in known):
+    known = [value for value, _, _ in _epsilons(attrs)] + [declared]
+    if not np.isfinite(eps) or eps <= 0 or any(_near(eps, k) for k in known):
         raise NotApplicable(f"the fitted epsilon ({eps:.3g}) is no other value than those tested")
     eps = float(f"{eps:.2g}")
     return Fitted(
@@ -125,7 +147,7 @@ def variants(attrs):
     offset = attrs.get("offset", 0)
     by_variance = attrs.get("by_variance", False)
     return [
-        *epsilon_variants("RMSNorm", forward, declared, EPSILONS),
+        *epsilon_variants("RMSNorm", forward, declared, _epsilons(attrs)),
         Variant("eps_fitted", "another RMSNorm epsilon, fitted to the observed output", _eps_fitted),
         Variant(
             "eps_outside_sqrt", "epsilon added to the root mean square, not the mean square", _form(eps_inside=False)
