@@ -67,6 +67,7 @@ def test_openvino_drops_softplus_beta_and_threshold(tmp_path):
     assert _named(kind, attrs, [x], out["torch"]) is None
 
 
+@pytest.mark.slow
 def test_executorch_runs_tanh_gelu_as_exact_gelu(tmp_path):
     from torch import nn
 
@@ -124,6 +125,7 @@ def test_fully_masked_attention_rows_of_torch_sdpa_on_onnx_runtime_and_openvino(
             assert _named("attention", attrs, [x, mask], out[path], ATTENTION) == variant, (case, path)
 
 
+@pytest.mark.slow
 def test_jax2onnx_resizes_and_boolean_masked_rows_on_onnx_runtime(tmp_path):
     """``jax.image.resize``: nearest half-pixel rounding ties up, cubic Keys a = -0.5 renormalised inside the image;
     jax2onnx writes ``round_prefer_floor`` and no ``exclude_outside``. ``jax.nn.dot_product_attention`` averages a
@@ -149,6 +151,7 @@ def test_jax2onnx_resizes_and_boolean_masked_rows_on_onnx_runtime(tmp_path):
     assert _named("attention", attrs, mask, out["jax"], ATTENTION) is None
 
 
+@pytest.mark.slow
 def test_tf2onnx_bicubic_and_litert_masked_rows(tmp_path):
     """TensorFlow's half-pixel ``ResizeBicubic`` reads Keys' kernel from a table of 1024 steps; ONNX Runtime computes
     tf2onnx's ``Resize(cubic)`` exactly. TensorFlow's softmax gives NaN for an additive -inf row; LiteRT averages."""

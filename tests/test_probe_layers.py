@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
+
 from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO / "scripts"))
@@ -13,6 +15,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 import probe_layers
 
 
+@pytest.mark.slow
 def test_the_probe_names_a_float64_island_that_openvino_computes_in_float32(tmp_path, capsys):
     out = tmp_path / "probe.json"
     code = probe_layers.main(

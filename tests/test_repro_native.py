@@ -198,6 +198,7 @@ def _fix(folder: Path, got) -> None:
     np.save(folder / "expected.npy", np.asarray(got, np.float64))
 
 
+@pytest.mark.slow
 def test_jax_float32_fault_is_one_flax_module_exported_with_jax_export(workspace, tmp_path):
     out = tmp_path / "bug"
     result = _invoke("repro", "--model", "offset", "--path", "jax", "--out", out, "--workspace", workspace)
@@ -287,6 +288,7 @@ def _native_repro(root: Path, pool, model: str, path_id: str, diagnosis: dict, o
     )
 
 
+@pytest.mark.slow
 def test_a_changed_weight_on_xla_is_float32s_own_and_written_for_tf(workspace, pool, tmp_path):
     """A weight changed on tf/xla only (the check's deliberate drift): the diagnosis descends to the Dense layer, but
     that layer alone departs with TensorFlow's own kernels as much as under XLA, so it is no reproducer of XLA and
@@ -321,6 +323,7 @@ def test_a_changed_weight_on_xla_is_float32s_own_and_written_for_tf(workspace, p
     assert "XLA (tf.function(jit_compile=True)): max abs error" in run.stdout
 
 
+@pytest.mark.slow
 def test_a_float32_departure_is_not_blamed_on_litert(workspace, pool, tmp_path):
     """``Shift`` departs in Keras at float32 as much as on LiteRT: no LiteRT reproducer. A diagnosis whose drift
     enters at the definition (tf itself departs) is refused before anything is built."""
@@ -335,6 +338,7 @@ def test_a_float32_departure_is_not_blamed_on_litert(workspace, pool, tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_an_integer_input_leaf_is_fed_its_own_dtype(workspace, pool, tmp_path):
     """A Flax ``Embed`` leaf (its table changed on jax only) reads token ids: they are kept as integers, in
     ``input.npy``, the exported module and the script."""
@@ -350,6 +354,7 @@ def test_an_integer_input_leaf_is_fed_its_own_dtype(workspace, pool, tmp_path):
     assert run.returncode == 1 and "over the path's tolerance" in run.stdout, run.stdout + run.stderr
 
 
+@pytest.mark.slow
 def test_an_nnx_leaf_is_said_to_be_unsupported(workspace, pool, tmp_path):
     out = tmp_path / "bug"
     leaf = {"tree": {"verdict": "leaf", "leaf": {"tap": "blocks/0/norm"}}}
@@ -369,6 +374,7 @@ def test_a_failure_on_the_eval_split_only_is_said_so():
     )
 
 
+@pytest.mark.slow
 def test_a_layer_that_does_not_fail_alone_writes_nothing_and_says_why(workspace, pool, tmp_path):
     """A diagnosis naming a healthy leaf (block_0's tanh) on tf/litert: the layer alone stays within the tolerance,
     so no reproducer is written and the reason says so; a diagnosis without a leaf is refused as before."""

@@ -50,6 +50,7 @@ def _repro_nodes(root: Path, model: str, out: Path) -> int:
     return len(onnx.load(str(out / "model.onnx")).graph.node)
 
 
+@pytest.mark.slow
 def test_linen_fpn_descends_to_the_upsampler_on_jax2onnx(workspace, pool, tmp_path):  # noqa: F811
     """``top_down`` returns the coarsest level as it was given: its value is the first level it computes, so it is
     observed and descended into. ``up_1``'s input (of a shape no module of its level outputs) is found by value too,
@@ -89,6 +90,7 @@ def test_native_path_shows_no_divergence_at_any_level(workspace, pool, model):  
     _clean(diagnose(workspace, model, "jax", pool))
 
 
+@pytest.mark.slow
 def test_linen_fpn_descends_to_the_upsampler_on_jax2tf(workspace, pool):  # noqa: F811
     """On ``jax/tf`` each level's values are computed by jax2tf and TensorFlow (the SavedModel holds no graph of the
     model's operations to read): the leaf the conversion computes differently is named."""
@@ -102,6 +104,7 @@ def test_linen_fpn_descends_to_the_upsampler_on_jax2tf(workspace, pool):  # noqa
     assert d["tree"]["verdict"] == "leaf" and d["tree"]["leaf"]["class"].endswith("Upsample")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["fpn", "nnxnet"])
 def test_passing_jax2tf_path_names_no_divergence(workspace, pool, model):  # noqa: F811
     _clean(diagnose(workspace, model, "jax/tf", pool))

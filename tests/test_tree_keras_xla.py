@@ -124,6 +124,7 @@ def test_taps_are_read_inside_the_xla_compilation(workspace):
             assert error_stats(value, on_tf["values"][name].astype(np.float64), tol)["ok"], name
 
 
+@pytest.mark.slow
 def test_taps_that_change_the_compiled_outputs_are_unobservable(workspace):
     """A path whose own compiled outputs the instrumented compilation does not reproduce: no tap is trusted."""
     import tensorflow as tf
@@ -139,6 +140,7 @@ def test_taps_that_change_the_compiled_outputs_are_unobservable(workspace):
     assert "changes the model's outputs" in found["located"]["encoder/block_1"]["reason"]
 
 
+@pytest.mark.slow
 def test_reference_levels_run_the_model_eagerly(workspace):
     """The reference side (the golden's dtype) runs each level eagerly, as the golden build reads its taps: no
     ``tf.function`` of the model is traced again at every level of a descent; a native path's side is still traced."""
@@ -168,6 +170,7 @@ def test_reference_levels_run_the_model_eagerly(workspace):
         assert error_stats(value.astype(np.float64), found["values"][name], tol)["ok"], name
 
 
+@pytest.mark.slow
 def test_tf2onnx_levels_map_nested_layers_by_name(workspace, pool):
     """tf2onnx's rewriting of the attention leaves its key projection to unscoped nodes: the attention is read where
     the next layer reads it, and every layer of the block agrees with the reference on a passing export."""

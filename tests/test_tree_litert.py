@@ -204,6 +204,7 @@ def _scopes(tensor: str) -> list[str]:
     return tensor.split(";")[0].split("/")[:-1]
 
 
+@pytest.mark.slow
 def test_default_names_are_read_at_their_own_scopes(default_tree):
     """Layer ``dense``'s ops are scoped ``dense_1``, layer ``dense_1``'s ``dense_1_2``: each is read at its own, by
     the suffix count the model's scope carries (not by the fewest suffixes, which gave ``dense``'s ops to
@@ -225,6 +226,7 @@ def test_default_names_are_read_at_their_own_scopes(default_tree):
         np.testing.assert_allclose(observed["values"][name], reference["values"][name], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_softmax_head_is_read_at_the_graph_output(default_tree):
     """``Dense(activation="softmax")`` becomes a FULLY_CONNECTED and a SOFTMAX that writes the graph output
     (``Identity``, no scope): the head is read there, not at its logits."""
@@ -235,6 +237,7 @@ def test_a_softmax_head_is_read_at_the_graph_output(default_tree):
     np.testing.assert_allclose(observed["values"]["dense_2"], reference["values"]["dense_2"], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_the_tree_of_a_tflite_file_without_a_layer_map_is_not_read(workspace, pool):
     """A ``.tflite`` file whose exporter recorded no layer map (litert-torch's, on ``torch/litert``) is not read
     layer by layer: the descent says why instead of showing rows."""
@@ -275,6 +278,7 @@ def onnx_tree(workspace, pool) -> Tree:
     return built
 
 
+@pytest.mark.slow
 def test_tf2onnx_node_names_of_default_names_are_read_at_their_own_scopes(onnx_tree):
     """tf2onnx keeps the same scopes in its node names (``functional_1/dense_1/MatMul`` is layer ``dense``'s):
     ``onnx_taps.keras_scope`` gives each layer its own nodes, one layer asked for at a time too."""

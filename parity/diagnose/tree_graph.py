@@ -84,7 +84,7 @@ def _level(levels: GraphLevels, names, calls, expected, expected_inputs) -> dict
     def tolerance_for(name):
         return tolerances.for_name(by_graph_name.get(name, name))
 
-    scoped, guessed = None, {}
+    scoped, guessed = None, {}  # type: dict | None, dict
     if exporter == "onnx file":  # an ONNX source: the scopes (or tensors) of its own tree, by its rules
         mapped, scoped = tree_onnx.locate(model, graph, names)
     else:

@@ -71,7 +71,7 @@ class Levels:
     def level(self, scope: str, names: list[str] | None = None) -> dict:
         """``level_of``'s result for ``scope`` (or exactly ``names``)."""
         candidates = _candidates(self.keras, self.runner, scope, names)
-        seen = self.whole if self.whole is not None else _observe(self.runner, self.x, candidates, self.eager)
+        seen = self.whole if self.whole is not None else _observe_level(self.runner, self.x, candidates, self.eager)
         return _level(self.keras, self.runner, candidates, seen)
 
 
@@ -84,7 +84,15 @@ def level_of(runner, x: dict, scope: str, names: list[str] | None = None, eager:
     import keras
 
     candidates = _candidates(keras, runner, scope, names)
-    return _level(keras, runner, candidates, _observe(runner, x, candidates, eager))
+    return _level(keras, runner, candidates, _observe_level(runner, x, candidates, eager))
+
+
+def _observe_level(runner, x: dict, candidates, eager: bool) -> dict:
+    """``_observe`` of one level's candidates, which always answers (only a read of every layer may not)."""
+    seen = _observe(runner, x, candidates, eager)
+    if seen is None:
+        raise RuntimeError("a level's layers could not be observed")
+    return seen
 
 
 def _every(keras, model) -> list[tuple[str, object]]:
@@ -227,7 +235,7 @@ def _observe(runner, x: dict, candidates, eager: bool = False, whole: bool = Fal
         return returned, {n: values[n] for n in kept}, {n: inputs[n] for n in kept if n in inputs}
 
     fed = runner._to_tf(runner.check_feed(x))
-    plain = None
+    plain: dict = {}
     if xla:  # the path's own compiled forward, before any layer is wrapped: what the taps must not change
         with tf.device(runner.tf_device):
             plain = {n: t.numpy() for n, t in zip(runner.spec.outputs, runner._forward(fed))}

@@ -50,16 +50,16 @@ def _wrapped(base: type, around):
 
     try:
         for cls, original in list(originals.items()):
-            cls.__call__ = around(original)
-        base.__init_subclass__ = classmethod(hook)  # type: ignore[assignment]
+            cls.__call__ = around(original)  # type: ignore[method-assign]
+        base.__init_subclass__ = classmethod(hook)  # type: ignore[assignment,method-assign]
         yield
     finally:
         if own_hook is None:
             del base.__init_subclass__
         else:
-            base.__init_subclass__ = own_hook  # type: ignore[assignment]
+            base.__init_subclass__ = own_hook  # type: ignore[method-assign]
         for cls, original in originals.items():
-            cls.__call__ = original
+            cls.__call__ = original  # type: ignore[method-assign]
 
 
 def typer(module):
