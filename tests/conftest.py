@@ -39,6 +39,58 @@ def results_store(tmp_path_factory):
     yield from _environ("PARITY_STORE", tmp_path_factory.getbasetemp() / "results.sqlite")
 
 
+@pytest.fixture(scope="module")
+def pool():
+    """One worker process for a test module (a module that defines its own ``pool`` uses that)."""
+    from parity.platform.cache_dir import cache_root
+    from parity.run.worker import WorkerPool
+
+    with WorkerPool(1, cache_root() / "logs", 300) as workers:
+        yield workers
+
+
+def init_model(root: Path, name: str, *source) -> None:
+    """``parity init NAME SOURCE...`` (e.g. ``"--jax", "file.py:apply,params.npz", "--input", "x=2x6"``) and
+    ``parity golden build`` of it in the workspace at ``root``; both must succeed."""
+    from click.testing import CliRunner
+
+    from parity.cli import cli
+
+    for args in (["init", name, *source], ["golden", "build", "--model", name]):
+        result = CliRunner().invoke(cli, [*map(str, args), "--workspace", str(root)], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+
+
+def keras_init(root: Path, name: str, reference: str, shape: tuple) -> None:
+    """``parity init`` of a Keras factory ``FILE:FUNCTION`` (as ``assert_parity`` calls it), one float32 input x."""
+    from parity.pipeline import scaffold
+
+    request = scaffold.Request(
+        name=name,
+        kind="tf",
+        reference=reference,
+        inputs=(scaffold.InputDecl("x", shape, "float32"),),
+        builder="keras_factory",
+    )
+    scaffold.init(root, request, force=False, threads=1, timeout_s=300)
+
+
+def keras_workspace(root: Path, pool, models: dict[str, tuple[str, tuple]], edit=None):
+    """A workspace of Keras factories, ``{name: (FILE:FUNCTION, input shape)}``, each through ``keras_init`` and
+    golden build; ``edit(root, name)`` runs between the two (a spec's tolerances tightened, say)."""
+    from parity.golden import build as golden_build
+    from parity.model.workspace import Workspace
+
+    for name, (reference, shape) in models.items():
+        keras_init(root, name, reference, shape)
+        if edit is not None:
+            edit(root, name)
+    ws = Workspace(root)
+    for name in models:
+        golden_build.build(ws, ws.load_spec(name), pool)
+    return ws
+
+
 def _environ(name: str, value: Path):
     """A session fixture's body: ``$name`` set to ``value`` while the session runs, as it was afterwards."""
     old = os.environ.get(name)

@@ -12,6 +12,10 @@ where JAX interpolates with Keys' cubic (a = -0.5): about 3% of the values' rang
 * ``nnx_apply``: a ``flax.nnx`` model (``nnx.Module`` subclasses holding ``nnx.Conv``, ``nnx.LayerNorm``,
   ``nnx.RMSNorm``, ``nnx.Linear``, a list of blocks), rebuilt from its graphdef and the user's weights with
   ``nnx.merge`` inside the function; ``blocks/1/up`` up-samples with the cubic resize.
+* ``offset_apply``: a ``flax.linen`` MLP of residual blocks (``x + LayerNorm(Dense(x))``) whose one block's Dense has
+  a bias of ``OFFSET``: Flax's LayerNorm (``use_fast_variance``: E[x^2] - E[x]^2) loses its variance to cancellation
+  in float32 there, and only there (a departure of float32 itself, on every path).
+* ``embed_apply``: token ids -> ``embed`` (a Flax ``Embed``) -> tanh -> Dense ``head``.
 
 Parity loads these functions by path, so this module imports nothing of ``tests``.
 """
@@ -25,6 +29,7 @@ import numpy as np
 
 FPN_INPUT = (1, 16, 16, 3)
 NNX_INPUT = (1, 6, 6, 4)
+WIDTH, OFFSET, VOCAB = 8, 300.0, 20  # offset_apply's and embed_apply's width, the far bias, embed_apply's vocabulary
 
 
 def _cubic(x, height: int, width: int, method: str = "cubic"):
@@ -179,4 +184,64 @@ def save_nnx_params(path) -> Path:
             value = value + 0.2 * rng.standard_normal(value.shape)
         weights["/".join(str(k) for k in key)] = value.astype(np.float32)
     np.savez(path, **weights)
+    return Path(path)
+
+
+def _offset_net(blocks: int):
+    import flax.linen as nn
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return x + nn.LayerNorm(name="norm")(nn.Dense(WIDTH, name="dense")(x))
+
+    class OffsetNet(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            h = nn.Dense(WIDTH, name="proj")(x)
+            for i in range(blocks):
+                h = Block(name=f"blocks_{i}")(h)
+            return nn.Dense(3, name="head")(h)
+
+    return OffsetNet()
+
+
+def offset_apply(params, x, tap=None):
+    """A Flax MLP of residual blocks ``blocks_<i>`` (as many as ``params`` holds): x (2x6) -> (2x3); the block that
+    ``save_offset_params`` gave a far bias departs in float32."""
+    return _offset_net(sum(name.startswith("blocks_") for name in params)).apply({"params": params}, x)
+
+
+def save_offset_params(path, blocks: int, far: int) -> Path:
+    """``offset_apply``'s weights for ``blocks`` blocks, ``blocks_<far>/dense``'s bias raised by ``OFFSET``."""
+    import jax
+
+    variables = _offset_net(blocks).init(jax.random.PRNGKey(0), np.zeros((1, 6), np.float32))
+    flat = _flat(jax.tree_util.tree_map(np.asarray, dict(variables["params"])))
+    flat[f"blocks_{far}/dense/bias"] = flat[f"blocks_{far}/dense/bias"] + np.float32(OFFSET)
+    np.savez(path, **flat)
+    return Path(path)
+
+
+def _embed_net():
+    import flax.linen as nn
+
+    class EmbedNet(nn.Module):
+        @nn.compact
+        def __call__(self, ids):
+            return nn.Dense(3, name="head")(nn.tanh(nn.Embed(VOCAB, WIDTH, name="embed")(ids)))
+
+    return EmbedNet()
+
+
+def embed_apply(params, x, tap=None):
+    """Token ids (2x6, below ``VOCAB``) -> ``embed`` (a Flax ``Embed``) -> tanh -> Dense ``head``."""
+    return _embed_net().apply({"params": params}, x)
+
+
+def save_embed_params(path) -> Path:
+    import jax
+
+    variables = _embed_net().init(jax.random.PRNGKey(0), np.zeros((2, 6), np.int32))
+    np.savez(path, **_flat(jax.tree_util.tree_map(np.asarray, dict(variables["params"]))))
     return Path(path)

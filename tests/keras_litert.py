@@ -9,6 +9,10 @@ injected: one leaf computes another function while, and only while, parity's TFL
 (a frame of ``parity.exporters.tf_litert`` is on the Python stack as the converter traces the model); the native
 ``tf`` path, the ``tf/onnx`` paths and the golden build compute it as declared. Frameworks are imported inside:
 worker processes import this file by path.
+
+``make_gelu`` and ``make_shift`` (for ``parity repro``): three residual layers ``x + act(dense(x))``, the activation
+of ``block_1`` a custom layer: the erf GELU computed as the tanh GELU while the converter traces it (departs on
+tf/litert only), or ``Shift``, which loses float32 digits to cancellation (departs at float32 on every path).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import math
 import sys
 
 WIDTH = 16
+REPRO_WIDTH = 8  # make_gelu's and make_shift's
 FAULTY = "blocks/res_block_1/act"  # the leaf that departs on tf/litert in make_faulty_blocks
 
 
@@ -120,3 +125,58 @@ def make_default_names():
 def make_faulty_blocks():
     """``make_blocks`` with ``blocks/res_block_1/act`` computing the tanh GELU on ``tf/litert`` only."""
     return _model(faulty=True)
+
+
+def _repro_model(activation: str):
+    """Input (6) -> Dense ``proj`` -> Sequential ``blocks`` of three residual layers (``x + act(dense(x))``, the
+    faulty activation in ``block_1``) -> Dense ``head`` (3)."""
+    import keras
+    from keras import layers
+
+    serializable = keras.saving.register_keras_serializable(package="parity_repro_tests")
+
+    @serializable
+    class ConverterGelu(layers.Layer):
+        """The erf GELU, computed as the tanh GELU while the TFLite converter traces it."""
+
+        def call(self, x):
+            return keras.activations.gelu(x, approximate=_converted_to_tflite())
+
+    @serializable
+    class Shift(layers.Layer):
+        """``(x + 3e4) - 3e4``: x itself in float64, x rounded to float32's spacing at 3e4 in float32."""
+
+        def call(self, x):
+            return (x + 3e4) - 3e4
+
+    @serializable
+    class Residual(layers.Layer):
+        def __init__(self, faulty: bool = False, **kwargs):
+            super().__init__(**kwargs)
+            self.faulty = faulty
+            self.dense = layers.Dense(REPRO_WIDTH, name="dense")
+            special = {"gelu": ConverterGelu, "shift": Shift}[activation]
+            self.act = special(name="act") if faulty else layers.Activation("tanh", name="act")
+
+        def build(self, input_shape):
+            self.dense.build(input_shape)
+
+        def call(self, x):
+            return x + self.act(self.dense(x))
+
+        def get_config(self):
+            return {**super().get_config(), "faulty": self.faulty}
+
+    keras.utils.set_random_seed(0)
+    x = keras.Input((6,), name="x")
+    h = layers.Dense(REPRO_WIDTH, name="proj")(x)
+    h = keras.Sequential([Residual(i == 1, name=f"block_{i}") for i in range(3)], name="blocks")(h)
+    return keras.Model(x, layers.Dense(3, name="head")(h), name=f"{activation}_net")
+
+
+def make_gelu():
+    return _repro_model("gelu")
+
+
+def make_shift():
+    return _repro_model("shift")

@@ -27,8 +27,7 @@ from tests import test_tree_litert as litert
 from tests.conftest import REPO
 
 NESTED = REPO / "tests" / "nestedmodels.py"
-pool = litert.pool  # the Keras models of the LiteRT tree's tests, built through init and golden build
-litert_workspace = litert.workspace
+litert_workspace = litert.workspace  # the Keras models of the LiteRT tree's tests, built through init and golden build
 
 
 def _invoke(*args):

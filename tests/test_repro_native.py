@@ -5,8 +5,8 @@ with its float64 input and output and a ``repro.py`` that prints the error and e
 The models are users' (``parity init --keras FILE:FUNCTION`` and ``--jax``): a Keras activation that computes the
 tanh GELU while the TFLite converter traces it (departs on tf/litert only), a Keras layer that loses float32 digits to
 cancellation (``Shift``: departs at float32 on every path, so it is no reproducer of LiteRT or XLA), a Flax LayerNorm
-whose fast variance cancels on an input far from zero (jax), and a Flax embedding (token ids in). This file is also the models' module: parity loads ``make_*`` and
-``offset_apply`` from it by path, so it imports nothing of ``tests`` at module level.
+whose fast variance cancels on an input far from zero (jax), and a Flax embedding (token ids in): ``make_gelu`` and
+``make_shift`` in tests/keras_litert.py, ``offset_apply``, ``embed_apply`` and ``nnx_apply`` in tests/flaxmodels.py.
 """
 
 from __future__ import annotations
@@ -18,140 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-HERE = Path(__file__).resolve()
-WIDTH, OFFSET, VOCAB = 8, 300.0, 20
+from tests import flaxmodels, keras_litert
+
 LEAF = "blocks/block_1/act"
-
-
-def _converting_to_tflite() -> bool:
-    """Whether parity's TFLite conversion is tracing the caller."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_globals.get("__name__") == "parity.exporters.tf_litert":
-            return True
-        frame = frame.f_back
-    return False
-
-
-def _keras(activation: str):
-    """Input (6) -> Dense ``proj`` -> Sequential ``blocks`` of three residual layers (``x + act(dense(x))``, the
-    faulty activation in ``block_1``) -> Dense ``head`` (3)."""
-    import keras
-    from keras import layers
-
-    serializable = keras.saving.register_keras_serializable(package="parity_repro_tests")
-
-    @serializable
-    class ConverterGelu(layers.Layer):
-        """The erf GELU, computed as the tanh GELU while the TFLite converter traces it."""
-
-        def call(self, x):
-            return keras.activations.gelu(x, approximate=_converting_to_tflite())
-
-    @serializable
-    class Shift(layers.Layer):
-        """``(x + 3e4) - 3e4``: x itself in float64, x rounded to float32's spacing at 3e4 in float32."""
-
-        def call(self, x):
-            return (x + 3e4) - 3e4
-
-    @serializable
-    class Residual(layers.Layer):
-        def __init__(self, faulty: bool = False, **kwargs):
-            super().__init__(**kwargs)
-            self.faulty = faulty
-            self.dense = layers.Dense(WIDTH, name="dense")
-            special = {"gelu": ConverterGelu, "shift": Shift}[activation]
-            self.act = special(name="act") if faulty else layers.Activation("tanh", name="act")
-
-        def build(self, input_shape):
-            self.dense.build(input_shape)
-
-        def call(self, x):
-            return x + self.act(self.dense(x))
-
-        def get_config(self):
-            return {**super().get_config(), "faulty": self.faulty}
-
-    keras.utils.set_random_seed(0)
-    x = keras.Input((6,), name="x")
-    h = layers.Dense(WIDTH, name="proj")(x)
-    h = keras.Sequential([Residual(i == 1, name=f"block_{i}") for i in range(3)], name="blocks")(h)
-    return keras.Model(x, layers.Dense(3, name="head")(h), name=f"{activation}_net")
-
-
-def make_gelu():
-    return _keras("gelu")
-
-
-def make_shift():
-    return _keras("shift")
-
-
-def _offset_net():
-    import flax.linen as nn
-
-    class Block(nn.Module):
-        @nn.compact
-        def __call__(self, x):
-            return x + nn.LayerNorm(name="norm")(nn.Dense(WIDTH, name="dense")(x))
-
-    class OffsetNet(nn.Module):
-        @nn.compact
-        def __call__(self, x):
-            h = nn.Dense(WIDTH, name="proj")(x)
-            for i in range(3):
-                h = Block(name=f"blocks_{i}")(h)
-            return nn.Dense(3, name="head")(h)
-
-    return OffsetNet()
-
-
-def offset_apply(params, x, tap=None):
-    """A Flax MLP of 3 residual blocks; ``blocks_1/dense`` has a bias of ``OFFSET``: Flax's LayerNorm (fast variance,
-    E[x^2] - E[x]^2) loses its variance to cancellation in float32 there, and only there."""
-    return _offset_net().apply({"params": params}, x)
-
-
-def save_offset_params(path) -> Path:
-    import jax
-
-    variables = _offset_net().init(jax.random.PRNGKey(0), np.zeros((1, 6), np.float32))
-    flat = {
-        "/".join(str(k.key) for k in key): np.asarray(value)
-        for key, value in jax.tree_util.tree_flatten_with_path(variables["params"])[0]
-    }
-    flat["blocks_1/dense/bias"] = flat["blocks_1/dense/bias"] + np.float32(OFFSET)
-    np.savez(path, **flat)
-    return Path(path)
-
-
-def _embed_net():
-    import flax.linen as nn
-
-    class EmbedNet(nn.Module):
-        @nn.compact
-        def __call__(self, ids):
-            return nn.Dense(3, name="head")(nn.tanh(nn.Embed(VOCAB, WIDTH, name="embed")(ids)))
-
-    return EmbedNet()
-
-
-def embed_apply(params, x, tap=None):
-    """Token ids -> ``embed`` (a Flax ``Embed``) -> tanh -> Dense ``head``."""
-    return _embed_net().apply({"params": params}, x)
-
-
-def save_embed_params(path) -> Path:
-    import jax
-
-    variables = _embed_net().init(jax.random.PRNGKey(0), np.zeros((2, 6), np.int32))
-    flat = {
-        "/".join(str(k.key) for k in key): np.asarray(value)
-        for key, value in jax.tree_util.tree_flatten_with_path(variables["params"])[0]
-    }
-    np.savez(path, **flat)
-    return Path(path)
+KERAS, FLAX = keras_litert.__file__, flaxmodels.__file__
 
 
 # --------------------------------------------------------------------------- the workflow
@@ -161,23 +31,21 @@ def save_embed_params(path) -> Path:
 def workspace(tmp_path_factory):
     """The models, each through ``parity init`` and ``golden build``."""
     root = tmp_path_factory.mktemp("repro_native")
-    save_offset_params(root / "offset.npz")
-    save_embed_params(root / "embed.npz")
-    from tests import flaxmodels
+    from tests.conftest import init_model
 
+    flaxmodels.save_offset_params(root / "offset.npz", blocks=3, far=1)
+    flaxmodels.save_embed_params(root / "embed.npz")
     flaxmodels.save_nnx_params(root / "nnx.npz")
     nnx_input = "x".join(map(str, flaxmodels.NNX_INPUT))
     inits = {
-        "gelu": ["--keras", f"{HERE}:make_gelu", "--input", "x=2x6"],
-        "shift": ["--keras", f"{HERE}:make_shift", "--input", "x=2x6"],
-        "offset": ["--jax", f"{HERE}:offset_apply,{root / 'offset.npz'}", "--input", "x=2x6"],
-        "embed": ["--jax", f"{HERE}:embed_apply,{root / 'embed.npz'}", "--input", f"x=2x6:int32:{VOCAB}"],
-        "nnx": ["--jax", f"{flaxmodels.__file__}:nnx_apply,{root / 'nnx.npz'}", "--input", f"x={nnx_input}"],
+        "gelu": ["--keras", f"{KERAS}:make_gelu", "--input", "x=2x6"],
+        "shift": ["--keras", f"{KERAS}:make_shift", "--input", "x=2x6"],
+        "offset": ["--jax", f"{FLAX}:offset_apply,{root / 'offset.npz'}", "--input", "x=2x6"],
+        "embed": ["--jax", f"{FLAX}:embed_apply,{root / 'embed.npz'}", "--input", f"x=2x6:int32:{flaxmodels.VOCAB}"],
+        "nnx": ["--jax", f"{FLAX}:nnx_apply,{root / 'nnx.npz'}", "--input", f"x={nnx_input}"],
     }
     for name, args in inits.items():
-        for command in (["init", name, *args], ["golden", "build", "--model", name]):
-            result = _invoke(*command, "--workspace", root)
-            assert result.exit_code == 0, result.output
+        init_model(root, name, *args)
     return root
 
 
@@ -212,8 +80,8 @@ def test_jax_float32_fault_is_one_flax_module_exported_with_jax_export(workspace
         "repro.py",
     ]
     x, want = np.load(out / "input.npy"), np.load(out / "expected.npy")
-    assert x.dtype == want.dtype == np.float64 and x.shape == want.shape == (2, WIDTH)
-    assert np.abs(x.mean(axis=-1)).min() > OFFSET / 2  # the input of the norm in the model, far from zero
+    assert x.dtype == want.dtype == np.float64 and x.shape == want.shape == (2, flaxmodels.WIDTH)
+    assert np.abs(x.mean(axis=-1)).min() > flaxmodels.OFFSET / 2  # the input of the norm in the model, far from zero
     run = _script(out)
     assert run.returncode == 1, run.stdout + run.stderr
     assert "jax.jit (StableHLO, float32): max abs error" in run.stdout and "over the path's tolerance" in run.stdout
@@ -242,7 +110,7 @@ def test_litert_converter_fault_is_a_one_layer_tflite_that_fails_until_fixed(wor
         "repro.py",
     ]
     x = np.load(out / "input.npy")
-    assert x.dtype == np.float64 and x.shape == (2, WIDTH)
+    assert x.dtype == np.float64 and x.shape == (2, keras_litert.REPRO_WIDTH)
     run = _script(out)
     assert run.returncode == 1, run.stdout + run.stderr
     assert "LiteRT (model.tflite): max abs error" in run.stdout and "over the path's tolerance" in run.stdout
@@ -254,20 +122,11 @@ def test_litert_converter_fault_is_a_one_layer_tflite_that_fails_until_fixed(wor
 
     interpreter = litert.Interpreter(model_path=str(out / "model.tflite"))
     interpreter.allocate_tensors()
-    assert [d["shape"].tolist() for d in interpreter.get_input_details()] == [[2, WIDTH]]
+    assert [d["shape"].tolist() for d in interpreter.get_input_details()] == [[2, keras_litert.REPRO_WIDTH]]
     interpreter.set_tensor(interpreter.get_input_details()[0]["index"], x.astype(np.float32))
     interpreter.invoke()
     _fix(out, interpreter.get_tensor(interpreter.get_output_details()[0]["index"]))
     assert _script(out).returncode == 0
-
-
-@pytest.fixture(scope="module")
-def pool():
-    from parity.platform.cache_dir import cache_root
-    from parity.run.worker import WorkerPool
-
-    with WorkerPool(1, cache_root() / "logs", 300) as workers:
-        yield workers
 
 
 def _native_repro(root: Path, pool, model: str, path_id: str, diagnosis: dict, out: Path, perturbation=None) -> dict:
@@ -299,7 +158,7 @@ def test_a_changed_weight_on_xla_is_float32s_own_and_written_for_tf(workspace, p
     from parity.pipeline import orchestrate
     from parity.run import paths
 
-    delta = np.zeros((WIDTH, WIDTH), np.float32)
+    delta = np.zeros((keras_litert.REPRO_WIDTH,) * 2, np.float32)
     delta[2, 3] = 0.5
     perturbation = {"blocks/block_2/dense/kernel": delta}
     ws = Workspace(workspace)
@@ -343,13 +202,13 @@ def test_an_integer_input_leaf_is_fed_its_own_dtype(workspace, pool, tmp_path):
     """A Flax ``Embed`` leaf (its table changed on jax only) reads token ids: they are kept as integers, in
     ``input.npy``, the exported module and the script."""
     out = tmp_path / "bug"
-    perturbation = {"embed/embedding": np.full((VOCAB, WIDTH), 0.5, np.float32)}
+    perturbation = {"embed/embedding": np.full((flaxmodels.VOCAB, flaxmodels.WIDTH), 0.5, np.float32)}
     leaf = {"tree": {"verdict": "leaf", "leaf": {"tap": "embed"}}}
     outcome = _native_repro(workspace, pool, "embed", "jax", leaf, out, perturbation)
     assert outcome["written"], outcome
     x = np.load(out / "input.npy")
-    assert x.dtype.kind == "i" and x.shape == (2, 6) and 0 <= x.min() and x.max() < VOCAB
-    assert np.load(out / "expected.npy").shape == (2, 6, WIDTH)
+    assert x.dtype.kind == "i" and x.shape == (2, 6) and 0 <= x.min() and x.max() < flaxmodels.VOCAB
+    assert np.load(out / "expected.npy").shape == (2, 6, flaxmodels.WIDTH)
     run = _script(out)
     assert run.returncode == 1 and "over the path's tolerance" in run.stdout, run.stdout + run.stderr
 

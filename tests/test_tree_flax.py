@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_tree_jax import _clean, _drift, diagnose, pool  # noqa: F401 - pool: the module's worker fixture
+from tests.conftest import init_model
+from tests.test_tree_jax import _clean, _drift, diagnose
 
 MODELS = Path(__file__).resolve().parent / "flaxmodels.py"
 
@@ -17,9 +18,6 @@ MODELS = Path(__file__).resolve().parent / "flaxmodels.py"
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
     """The two models through ``parity init --jax`` and ``golden build``."""
-    from click.testing import CliRunner
-
-    from parity.cli import cli
     from tests import flaxmodels
 
     root = tmp_path_factory.mktemp("tree_flax")
@@ -30,13 +28,7 @@ def workspace(tmp_path_factory):
     }
     for name, (function, save, shape) in models.items():
         weights = save(root / f"{name}.npz")
-        size = "x".join(map(str, shape))
-        for args in (
-            ["init", name, "--jax", f"{MODELS}:{function},{weights}", "--input", f"x={size}"],
-            ["golden", "build", "--model", name],
-        ):
-            result = CliRunner().invoke(cli, [*args, "--workspace", str(root)], catch_exceptions=False)
-            assert result.exit_code == 0, result.output
+        init_model(root, name, "--jax", f"{MODELS}:{function},{weights}", "--input", f"x={'x'.join(map(str, shape))}")
     return root
 
 
@@ -51,7 +43,7 @@ def _repro_nodes(root: Path, model: str, out: Path) -> int:
 
 
 @pytest.mark.slow
-def test_linen_fpn_descends_to_the_upsampler_on_jax2onnx(workspace, pool, tmp_path):  # noqa: F811
+def test_linen_fpn_descends_to_the_upsampler_on_jax2onnx(workspace, pool, tmp_path):
     """``top_down`` returns the coarsest level as it was given: its value is the first level it computes, so it is
     observed and descended into. ``up_1``'s input (of a shape no module of its level outputs) is found by value too,
     so the reproducer is cut at both ends of the leaf."""
@@ -72,7 +64,7 @@ def test_linen_fpn_descends_to_the_upsampler_on_jax2onnx(workspace, pool, tmp_pa
     assert _repro_nodes(workspace, "fpn", tmp_path / "repro") <= 12
 
 
-def test_nnx_descends_to_the_upsampler_on_jax2onnx(workspace, pool, tmp_path):  # noqa: F811
+def test_nnx_descends_to_the_upsampler_on_jax2onnx(workspace, pool, tmp_path):
     d = diagnose(workspace, "nnxnet", "jax/onnx/ort", pool)
     assert d["first_divergent_path"] == ["blocks/1", "blocks/1/up"], _drift(d)
     root, block = d["tree"]["levels"]
@@ -86,12 +78,12 @@ def test_nnx_descends_to_the_upsampler_on_jax2onnx(workspace, pool, tmp_path):  
 
 
 @pytest.mark.parametrize("model", ["fpn", "nnxnet"])
-def test_native_path_shows_no_divergence_at_any_level(workspace, pool, model):  # noqa: F811
+def test_native_path_shows_no_divergence_at_any_level(workspace, pool, model):
     _clean(diagnose(workspace, model, "jax", pool))
 
 
 @pytest.mark.slow
-def test_linen_fpn_descends_to_the_upsampler_on_jax2tf(workspace, pool):  # noqa: F811
+def test_linen_fpn_descends_to_the_upsampler_on_jax2tf(workspace, pool):
     """On ``jax/tf`` each level's values are computed by jax2tf and TensorFlow (the SavedModel holds no graph of the
     model's operations to read): the leaf the conversion computes differently is named."""
     d = diagnose(workspace, "fpn_tf", "jax/tf", pool)
@@ -106,7 +98,7 @@ def test_linen_fpn_descends_to_the_upsampler_on_jax2tf(workspace, pool):  # noqa
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["fpn", "nnxnet"])
-def test_passing_jax2tf_path_names_no_divergence(workspace, pool, model):  # noqa: F811
+def test_passing_jax2tf_path_names_no_divergence(workspace, pool, model):
     _clean(diagnose(workspace, model, "jax/tf", pool))
 
 

@@ -3,13 +3,14 @@ scopes, on the native ``jax`` path and inside a jax2onnx graph (mapped by value:
 
 The models are users' (``parity init --jax module:apply,params.npz``), each with one leaf that computes something
 else on one path only: in the export (while jax2onnx traces it), or in float32 (a Flax LayerNorm's fast variance on
-an input far from zero). This file is also the models' module: parity loads ``scoped_apply`` and ``offset_apply``
-from it by path, so it imports nothing of ``tests`` at module level.
+an input far from zero: ``flaxmodels.offset_apply``, 4 blocks, ``blocks_2`` far). This file is also the models'
+module: parity loads ``scoped_apply`` from it by path, so it imports nothing of ``tests`` at module level.
 """
 
 from __future__ import annotations
 
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,6 @@ import pytest
 
 HERE = Path(__file__).resolve()
 SCOPED_BLOCKS, SCOPED_FAULTY, WIDTH = 3, 1, 8
-OFFSET = 300.0  # the bias that puts one LayerNorm's input far from zero
 
 
 def _traced_by_jax2onnx() -> bool:
@@ -66,79 +66,24 @@ def save_scoped_params(path) -> Path:
     return Path(path)
 
 
-def _offset_net():
-    import flax.linen as nn
-
-    class Block(nn.Module):
-        @nn.compact
-        def __call__(self, x):
-            return x + nn.LayerNorm(name="norm")(nn.Dense(WIDTH, name="dense")(x))
-
-    class OffsetNet(nn.Module):
-        @nn.compact
-        def __call__(self, x):
-            h = nn.Dense(WIDTH, name="proj")(x)
-            for i in range(4):
-                h = Block(name=f"blocks_{i}")(h)
-            return nn.Dense(3, name="head")(h)
-
-    return OffsetNet()
-
-
-def offset_apply(params, x, tap=None):
-    """A Flax MLP of 4 residual blocks (``x + LayerNorm(Dense(x))``): x (2x6) -> (2x3). ``blocks_2/dense`` has a
-    bias of ``OFFSET``: Flax's LayerNorm (``use_fast_variance``: E[x^2] - E[x]^2) loses its variance to cancellation
-    in float32 there, and only there."""
-    return _offset_net().apply({"params": params}, x)
-
-
-def save_offset_params(path) -> Path:
-    import jax
-
-    variables = _offset_net().init(jax.random.PRNGKey(0), np.zeros((1, 6), np.float32))
-    flat = {
-        "/".join(str(k.key) for k in key): np.asarray(value)
-        for key, value in jax.tree_util.tree_flatten_with_path(variables["params"])[0]
-    }
-    flat["blocks_2/dense/bias"] = flat["blocks_2/dense/bias"] + np.float32(OFFSET)
-    np.savez(path, **flat)
-    return Path(path)
-
-
 # --------------------------------------------------------------------------- the workflow
-
-
-@pytest.fixture(scope="module")
-def pool():
-    from parity.platform.cache_dir import cache_root
-    from parity.run.worker import WorkerPool
-
-    with WorkerPool(1, cache_root() / "logs", 300) as workers:
-        yield workers
 
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
     """One workspace with the three models, each through ``parity init --jax`` and ``golden build``."""
-    from click.testing import CliRunner
-
-    from parity.cli import cli
-    from tests import nestedmodels
+    from tests import flaxmodels, nestedmodels
+    from tests.conftest import init_model
 
     root = tmp_path_factory.mktemp("tree_jax")
     models = {
         "flax_nested": (f"{HERE.parent / 'nestedmodels.py'}:flax_apply", nestedmodels.save_flax_params, 12),
         "scoped": (f"{HERE}:scoped_apply", save_scoped_params, 6),
-        "offset": (f"{HERE}:offset_apply", save_offset_params, 6),
+        "offset": (f"{flaxmodels.__file__}:offset_apply", partial(flaxmodels.save_offset_params, blocks=4, far=2), 6),
     }
     for name, (reference, save, features) in models.items():
-        save(root / f"{name}.npz")
-        for args in (
-            ["init", name, "--jax", f"{reference},{root / f'{name}.npz'}", "--input", f"x=2x{features}"],
-            ["golden", "build", "--model", name],
-        ):
-            result = CliRunner().invoke(cli, [*args, "--workspace", str(root)], catch_exceptions=False)
-            assert result.exit_code == 0, result.output
+        weights = save(root / f"{name}.npz")
+        init_model(root, name, "--jax", f"{reference},{weights}", "--input", f"x=2x{features}")
     return root
 
 

@@ -12,13 +12,11 @@ import pytest
 
 from parity.diagnose import chain
 from parity.diagnose import onnx_taps as ot
-from parity.golden import build as golden_build
 from parity.golden import store as golden
 from parity.model.workspace import Workspace
-from parity.pipeline import orchestrate, scaffold
-from parity.platform.cache_dir import cache_root
+from parity.pipeline import orchestrate
 from parity.run import paths
-from parity.run.worker import WorkerPool
+from tests.conftest import keras_workspace
 
 MODEL = "nested"
 
@@ -81,26 +79,11 @@ def test_keras_scope_matches_nested_layer_paths():
 
 
 @pytest.fixture(scope="module")
-def pool():
-    with WorkerPool(1, cache_root() / "logs", 300) as workers:
-        yield workers
-
-
-@pytest.fixture(scope="module")
 def workspace(tmp_path_factory, pool) -> Workspace:
     """``make_nested`` through init (as ``assert_parity`` calls it) and golden build."""
     root = tmp_path_factory.mktemp("keras_tree")
-    request = scaffold.Request(
-        name=MODEL,
-        kind="tf",
-        reference=f"{Path(__file__).resolve()}:make_nested",
-        inputs=(scaffold.InputDecl("x", (2, 12), "float32"),),
-        builder="keras_factory",
-    )
-    scaffold.init(root, request, force=False, threads=1, timeout_s=300)
-    ws = Workspace(root)
+    ws = keras_workspace(root, pool, {MODEL: (f"{Path(__file__).resolve()}:make_nested", (2, 12))})
     assert ws.load_spec(MODEL).taps == ("proj", "encoder", "block", "mlp", "head")
-    golden_build.build(ws, ws.load_spec(MODEL), pool)
     return ws
 
 

@@ -10,46 +10,33 @@ import numpy as np
 import pytest
 
 from parity.diagnose import chain, mapping_check
-from parity.golden import build as golden_build
 from parity.golden import store as golden
 from parity.model.workspace import Workspace
-from parity.pipeline import jobs, orchestrate, scaffold
-from parity.platform.cache_dir import cache_root
+from parity.pipeline import jobs, orchestrate
 from parity.run import paths
-from parity.run.worker import WorkerPool
+from tests.conftest import keras_workspace
 
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.fixture(scope="module")
-def pool():
-    with WorkerPool(1, cache_root() / "logs", 300) as workers:
-        yield workers
+def _tighten(root: Path, name: str) -> None:
+    """The spec's tolerances tight enough that tf2onnx's exact cubic weights fail at 15x15."""
+    spec_file = root / "models" / f"{name}.py"
+    text = spec_file.read_text()
+    spec_file.write_text(
+        text.replace(
+            text[text.index("Tolerances(Tolerance(") :].split(")")[0], "Tolerances(Tolerance(atol=2e-5, rtol=2e-5"
+        )
+    )
 
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory, pool) -> Workspace:
-    root = tmp_path_factory.mktemp("keras_resize")
-    for name, factory in (("up15", "make_15"), ("up16", "make_16")):
-        request = scaffold.Request(
-            name=name,
-            kind="tf",
-            reference=f"{HERE / 'resizemodels.py'}:{factory}",
-            inputs=(scaffold.InputDecl("x", (2, 8, 8, 3), "float32"),),
-            builder="keras_factory",
-        )
-        scaffold.init(root, request, force=False, threads=1, timeout_s=300)
-        spec_file = root / "models" / f"{name}.py"
-        text = spec_file.read_text()  # tight enough that tf2onnx's exact cubic weights fail at 15x15
-        spec_file.write_text(
-            text.replace(
-                text[text.index("Tolerances(Tolerance(") :].split(")")[0], "Tolerances(Tolerance(atol=2e-5, rtol=2e-5"
-            )
-        )
-    ws = Workspace(root)
-    for name in ("up15", "up16"):
-        golden_build.build(ws, ws.load_spec(name), pool)
-    return ws
+    models = {
+        name: (f"{HERE / 'resizemodels.py'}:{factory}", (2, 8, 8, 3))
+        for name, factory in (("up15", "make_15"), ("up16", "make_16"))
+    }
+    return keras_workspace(tmp_path_factory.mktemp("keras_resize"), pool, models, edit=_tighten)
 
 
 def _diagnose(ws: Workspace, model: str, pool) -> dict:

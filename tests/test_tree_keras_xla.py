@@ -13,15 +13,13 @@ from parity.check.closeness import error_stats
 from parity.diagnose import chain, tree_keras
 from parity.diagnose import onnx_taps as ot
 from parity.diagnose.tree import Tree
-from parity.golden import build as golden_build
 from parity.golden import store as golden
 from parity.model import feeds
 from parity.model.workspace import Workspace
-from parity.pipeline import orchestrate, scaffold
-from parity.platform.cache_dir import cache_root
+from parity.pipeline import orchestrate
 from parity.report.diagnosis import render
 from parity.run import paths
-from parity.run.worker import WorkerPool
+from tests.conftest import keras_workspace
 
 HERE = Path(__file__).resolve().parent
 LEAF = "encoder/block_1/ffn/down"
@@ -30,27 +28,10 @@ DRIFT = {("encoder", "tf/xla"): {f"{LEAF}/kernel": np.random.default_rng(1).norm
 
 
 @pytest.fixture(scope="module")
-def pool():
-    with WorkerPool(1, cache_root() / "logs", 300) as workers:
-        yield workers
-
-
-@pytest.fixture(scope="module")
 def workspace(tmp_path_factory, pool) -> Workspace:
-    root = tmp_path_factory.mktemp("keras_xla")
-    for name, factory, shape in (("encoder", "make_encoder", (2, 6, 8)), ("shared", "make_shared", (2, 8))):
-        request = scaffold.Request(
-            name=name,
-            kind="tf",
-            reference=f"{HERE / 'keras_encoder.py'}:{factory}",
-            inputs=(scaffold.InputDecl("x", shape, "float32"),),
-            builder="keras_factory",
-        )
-        scaffold.init(root, request, force=False, threads=1, timeout_s=300)
-    ws = Workspace(root)
-    for name in ("encoder", "shared"):
-        golden_build.build(ws, ws.load_spec(name), pool)
-    return ws
+    factories = HERE / "keras_encoder.py"
+    models = {"encoder": (f"{factories}:make_encoder", (2, 6, 8)), "shared": (f"{factories}:make_shared", (2, 8))}
+    return keras_workspace(tmp_path_factory.mktemp("keras_xla"), pool, models)
 
 
 def _diagnose(ws: Workspace, model: str, path_id: str, pool, drift: dict | None = None) -> dict:

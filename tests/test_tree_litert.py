@@ -13,13 +13,11 @@ import pytest
 
 from parity.diagnose import chain, mapping_check
 from parity.diagnose.tree import Tree
-from parity.golden import build as golden_build
 from parity.golden import store as golden
 from parity.model.workspace import Workspace
-from parity.pipeline import orchestrate, scaffold
-from parity.platform.cache_dir import cache_root
+from parity.pipeline import orchestrate
 from parity.run import paths
-from parity.run.worker import WorkerPool
+from tests.conftest import keras_workspace
 
 FACTORIES = Path(__file__).resolve().parent / "keras_litert.py"
 FAULTY, CLEAN, DEFAULT = "faulty_blocks", "blocks", "default_names"
@@ -27,28 +25,11 @@ LEAF = "blocks/res_block_1/act"  # keras_litert.FAULTY (that file is imported by
 
 
 @pytest.fixture(scope="module")
-def pool():
-    with WorkerPool(1, cache_root() / "logs", 300) as workers:
-        yield workers
-
-
-@pytest.fixture(scope="module")
 def workspace(tmp_path_factory, pool) -> Workspace:
     """Both factories through init (as ``assert_parity`` calls them) and golden build."""
-    root = tmp_path_factory.mktemp("keras_litert_tree")
-    for name, factory in ((FAULTY, "make_faulty_blocks"), (CLEAN, "make_blocks"), (DEFAULT, "make_default_names")):
-        request = scaffold.Request(
-            name=name,
-            kind="tf",
-            reference=f"{FACTORIES}:{factory}",
-            inputs=(scaffold.InputDecl("x", (2, 12), "float32"),),
-            builder="keras_factory",
-        )
-        scaffold.init(root, request, force=False, threads=1, timeout_s=300)
-    ws = Workspace(root)
-    for name in (FAULTY, CLEAN, DEFAULT):
-        golden_build.build(ws, ws.load_spec(name), pool)
-    return ws
+    factories = {FAULTY: "make_faulty_blocks", CLEAN: "make_blocks", DEFAULT: "make_default_names"}
+    models = {name: (f"{FACTORIES}:{factory}", (2, 12)) for name, factory in factories.items()}
+    return keras_workspace(tmp_path_factory.mktemp("keras_litert_tree"), pool, models)
 
 
 def _run(ws: Workspace, model: str):

@@ -360,6 +360,16 @@ def _first_tap(diagnosis: dict) -> str:
     return tap or "none"
 
 
+def environment_lines(versions: dict, environment: dict) -> list[str]:
+    """A reproducer README's ``## Environment`` section: the packages' versions and the machine the run was on."""
+    return [
+        "## Environment",
+        "",
+        *[f"- {name} {version}" for name, version in sorted(versions.items()) if version],
+        f"- python {environment.get('python', '?')}; {environment.get('platform', '')}; {environment.get('cpu', '?')}",
+    ]
+
+
 def _readme(reduced, diagnosis, environment, command, trusted, tol, threads) -> str:
     from parity.check.closeness import describe
 
@@ -372,10 +382,7 @@ def _readme(reduced, diagnosis, environment, command, trusted, tol, threads) -> 
     lines = [
         f"# {title}: {_headline(reduced, links.get('enters_at'), trusted)}",
         "",
-        "## Environment",
-        "",
-        *[f"- {name} {version}" for name, version in sorted(versions.items()) if version],
-        f"- python {environment.get('python', '?')}; {environment.get('platform', '')}; {environment.get('cpu', '?')}",
+        *environment_lines(versions, environment),
         "",
         "## What diverges",
         "",

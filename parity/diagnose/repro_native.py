@@ -461,7 +461,7 @@ def _runtime(path_id: str) -> dict:
 
 def _readme(leaf, path_id, tol, stats, diagnosis, environment, command) -> str:
     from parity.diagnose.descend import display
-    from parity.diagnose.repro import _first_tap
+    from parity.diagnose.repro import _first_tap, environment_lines
 
     def said(label: str) -> str:
         s = stats[label]
@@ -491,10 +491,7 @@ def _readme(leaf, path_id, tol, stats, diagnosis, environment, command) -> str:
     lines = [
         f"# {title}: {leaf['layer']} departs from float64 in one layer ({RUNS[path_id]})",
         "",
-        "## Environment",
-        "",
-        *[f"- {name} {version}" for name, version in sorted({**versions, **_runtime(path_id)}.items()) if version],
-        f"- python {environment.get('python', '?')}; {environment.get('platform', '')}; {environment.get('cpu', '?')}",
+        *environment_lines({**versions, **_runtime(path_id)}, environment),
         "",
         "## What diverges",
         "",

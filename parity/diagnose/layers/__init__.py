@@ -21,6 +21,8 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from parity.model.spec import LAYER_KINDS
 
 
@@ -67,6 +69,29 @@ def epsilon_variants(layer: str, forward: Callable, declared: float, epsilons) -
         for eps, label, why in epsilons
         if abs(eps - declared) > 0.01 * max(eps, declared)
     ]
+
+
+def fitted_epsilon(layer: str, forward: Callable, inputs, weights, attrs, fit: tuple, declared: float, known) -> Fitted:
+    """The declared ``forward`` at the epsilon that best maps the normalised input onto the observed output.
+    ``fit`` is ``(x, z, square, empty)``: the input as the layer normalises it (centred for a LayerNorm) and the
+    observed output with its affine map undone, both over the features of a non-zero scale, each row's variance or
+    mean square, and what an all-zero ``z`` says of the output. Per row, the scale that maps ``x`` onto ``z`` is
+    ``sqrt(square + eps)`` (least squares); the median over rows. ``NotApplicable`` where every row of ``z`` is zero
+    or the fit is within 5 % of ``declared`` or of one of the ``known`` epsilons (already tested)."""
+    x, z, square, empty = fit
+    power = np.sum(z * z, axis=-1)
+    rows = power > 0
+    if not np.any(rows):
+        raise NotApplicable(f"the observed output is {empty} over every row")
+    spread = np.sum(x * z, axis=-1)[rows] / power[rows]
+    eps = float(np.median(spread**2 - square[rows]))
+    if not np.isfinite(eps) or eps <= 0 or any(abs(eps - k) <= 0.05 * max(eps, k) for k in [*known, declared]):
+        raise NotApplicable(f"the fitted epsilon ({eps:.3g}) is no other value than those tested")
+    eps = float(f"{eps:.2g}")
+    return Fitted(
+        forward(inputs, weights, {**attrs, "eps": eps}),
+        f"{layer} epsilon {eps:g} (fitted to the observed output) instead of {declared:g}",
+    )
 
 
 KINDS = {name: importlib.import_module(f"{__name__}.{name}") for name in LAYER_KINDS}

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from parity.diagnose.layers import Fitted, NotApplicable, Variant, epsilon_variants
+from parity.diagnose.layers import NotApplicable, Variant, epsilon_variants, fitted_epsilon
 
 KIND = "layer_norm"
 EPSILONS = (
@@ -72,21 +72,9 @@ def _eps_fitted(inputs, weights, attrs, observed):
     scaled = np.abs(gamma) > 1e-6
     z = ((np.asarray(observed, np.float64) - beta) / np.where(scaled, gamma, 1.0))[..., scaled]
     centred = (x - x.mean(axis=-1, keepdims=True))[..., scaled]
-    power = np.sum(z * z, axis=-1)
-    rows = power > 0
-    if not np.any(rows):
-        raise NotApplicable("the observed output is constant over every row")
-    spread = np.sum(centred * z, axis=-1)[rows] / power[rows]  # sqrt(var + eps), least squares per row
-    eps = float(np.median(spread**2 - x.var(axis=-1)[rows]))
-    declared = attrs.get("eps", 1e-5)
-    known = [value for value, _, _ in EPSILONS] + [declared]
-    if not np.isfinite(eps) or eps <= 0 or any(abs(eps - k) <= 0.05 * max(eps, k) for k in known):
-        raise NotApplicable(f"the fitted epsilon ({eps:.3g}) is no other value than those tested")
-    eps = float(f"{eps:.2g}")
-    return Fitted(
-        forward(inputs, weights, {**attrs, "eps": eps}),
-        f"LayerNorm epsilon {eps:g} (fitted to the observed output) instead of {declared:g}",
-    )
+    known = [value for value, _, _ in EPSILONS]
+    fit = (centred, z, x.var(axis=-1), "constant")
+    return fitted_epsilon("LayerNorm", forward, inputs, weights, attrs, fit, attrs.get("eps", 1e-5), known)
 
 
 def variants(attrs):

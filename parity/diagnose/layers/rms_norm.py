@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from parity.diagnose.layers import Fitted, NotApplicable, Variant, epsilon_variants
+from parity.diagnose.layers import NotApplicable, Variant, epsilon_variants, fitted_epsilon
 
 KIND = "rms_norm"
 EPSILONS = (
@@ -125,21 +125,9 @@ def _eps_fitted(inputs, weights, attrs, observed):
         raise NotApplicable("no finite observed output of the input's shape to fit an epsilon to")
     scaled = np.abs(gamma) > 1e-6
     z = (np.asarray(observed, np.float64) / np.where(scaled, gamma, 1.0))[..., scaled]
-    power = np.sum(z * z, axis=-1)
-    rows = power > 0
-    if not np.any(rows):
-        raise NotApplicable("the observed output is zero over every row")
-    spread = np.sum(x[..., scaled] * z, axis=-1)[rows] / power[rows]
-    eps = float(np.median(spread**2 - _square(x, attrs.get("by_variance", False))[..., 0][rows]))
-    declared = attrs.get("eps", 1e-6)
-    known = [value for value, _, _ in _epsilons(attrs)] + [declared]
-    if not np.isfinite(eps) or eps <= 0 or any(_near(eps, k) for k in known):
-        raise NotApplicable(f"the fitted epsilon ({eps:.3g}) is no other value than those tested")
-    eps = float(f"{eps:.2g}")
-    return Fitted(
-        forward(inputs, weights, {**attrs, "eps": eps}),
-        f"RMSNorm epsilon {eps:g} (fitted to the observed output) instead of {declared:g}",
-    )
+    known = [value for value, _, _ in _epsilons(attrs)]
+    fit = (x[..., scaled], z, _square(x, attrs.get("by_variance", False))[..., 0], "zero")
+    return fitted_epsilon("RMSNorm", forward, inputs, weights, attrs, fit, attrs.get("eps", 1e-6), known)
 
 
 def variants(attrs):
