@@ -172,16 +172,13 @@ def not_its_kind(layer, inputs, weights, expected, tol, prefix: str | None, what
     """A cause test's result where ``layer``'s declared form, recomputed from the reference's ``inputs``, does not
     reproduce the reference's own output ``expected``: a layer typed by its class that computes something else (a
     subclass's own ``call``), where no variant of its kind can explain a path; None where it reproduces."""
-    attrs = dict(layer.attrs)
-    prefix = prefix if prefix is not None else layer.params
-    own = layer_weights(weights, prefix, layer.kind, attrs) if prefix is not None else weights
-    value, problem = _run(bind(layer.kind, attrs).forward, [np.asarray(x, np.float64) for x in inputs], own)
+    value, problem = _run(recompute, layer, inputs, weights, prefix)
     units = math.inf if problem else _error(value, np.asarray(expected, np.float64), tol)[0]["tol_units"]
     if units <= 1.0:
         return None
     return {
         "kind": layer.kind,
-        "attrs": attrs,
+        "attrs": dict(layer.attrs),
         "cause": None,
         "explanation": f"{what} is typed {layer.kind}, but that form does not reproduce the reference's own output "
         f"from its input ({units:.3g} tolerance units): the layer computes something else, so no cause is tested "

@@ -252,7 +252,6 @@ def _keras_leaf(spec, x, golden_weights, layer, path_id, *, weights, dtype, thre
             "float32": _keras_value(tf, path_layer(tf.constant(fed, as_path)), layer),
         }
         signature = tf.TensorSpec(fed.shape, as_path)
-        function = tf.function(path_layer, input_signature=[signature])
         leaf = {"layer": layer, "class": child["class"], "input": fed, "expected": expected, "runs": runs}
         if path_id == "tf/litert":
             from parity.exporters.tf_litert import convert
@@ -263,6 +262,7 @@ def _keras_leaf(spec, x, golden_weights, layer, path_id, *, weights, dtype, thre
             runs["path"] = _litert_value(data, fed, threads, layer)
             leaf["artifact"] = data
         else:
+            function = tf.function(path_layer, input_signature=[signature])
             holder = tf.Module()
             holder.layer, holder.serve = path_layer, function
             leaf["artifact"] = holder
@@ -476,7 +476,7 @@ def _readme(leaf, path_id, tol, stats, diagnosis, environment, command) -> str:
     trail = diagnosis.get("first_divergent_path") or [leaf["layer"]]
     title = " ".join(str(p) for p in (diagnosis.get("model"), diagnosis.get("path") or path_id) if p)
     shape = "x".join(map(str, leaf["input"].shape))
-    other = {"tf/litert": "float32", "tf/xla": "eager", "tf": "xla"}.get(path_id)
+    other = {**PLAIN, "tf": "xla"}.get(path_id)
     others = [f"- {OTHERS[other]}: {said(other)}"] if other is not None and other in stats else []
     artifact = {
         "tf/litert": "`model.tflite`: the layer alone in a `keras.Input` of its input's shape, with its weights, "

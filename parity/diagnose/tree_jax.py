@@ -41,9 +41,7 @@ from parity.diagnose.tree_jax_calls import (
     observed,
     run_traced,
 )
-
-# the whole tree's values and inputs above this many bytes: each level is read by a run of its own
-TAP_BYTES = 512 * 2**20
+from parity.diagnose.walk import TAP_BYTES
 
 
 class Levels:

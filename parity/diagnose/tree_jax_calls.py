@@ -27,9 +27,9 @@ def _children(called: list[str], scope: str) -> list[str]:
     return [p for p in under if not any(p.startswith(q + SEPARATOR) for q in under if q != p)]
 
 
-def _first_array(jax, tree, floating: bool = False):
+def _first_array(jax, tree):
     for leaf in jax.tree_util.tree_leaves(tree):
-        if _floating(jax, leaf) if floating else isinstance(leaf, jax.Array):
+        if isinstance(leaf, jax.Array):
             return leaf
     return None
 

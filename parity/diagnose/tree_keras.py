@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from parity.diagnose.walk import TAP_BYTES
 from parity.model import layouts
 
 _UNSET = object()
@@ -50,10 +51,6 @@ def _params(layer) -> str | None:
     """The one variable-path prefix of the layer's own weights (``encoder/norm`` may own ``norm/gamma``), else None."""
     prefixes = {v.path.rpartition("/")[0] for v in layer.weights}
     return prefixes.pop() if len(prefixes) == 1 else None
-
-
-# the whole tree's values and inputs above this many bytes: each level is read by a run of its own
-TAP_BYTES = 512 * 2**20
 
 
 class Levels:

@@ -23,6 +23,8 @@ TREE_MODULES = {
 }
 TREE_SOURCES = tuple(TREE_MODULES)
 MAX_DEPTH = 16
+# a tree reader's whole tree of values and inputs above this many bytes: each level is read by a run of its own
+TAP_BYTES = 512 * 2**20
 UNSEEN = ("fused", "unmapped", "unobservable")
 
 

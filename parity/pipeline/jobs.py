@@ -553,9 +553,9 @@ def repro(
     if result["verdict"] != "fail":
         return 2, f"nothing to reduce: {where} is {result['verdict']} ({result.get('reason') or 'no reason'})"
     diagnosis = result.get("diagnosis") or {}
-    if not path.exports or path.runtime.name not in ("ort", "ort-noopt", "onnxref"):  # no ONNX graph: one layer
-        from parity.pipeline import repro_native
+    from parity.pipeline import repro_native
 
+    if not path.exports or path.runtime.name not in ("ort", "ort-noopt", "onnxref"):  # no ONNX graph: one layer
         if path.id not in repro_native.PATHS or diagnosis.get("split"):
             return 2, repro_native.refusal(where, path, diagnosis)
         spec = ws.load_spec(model)
@@ -564,10 +564,7 @@ def repro(
     if diagnosis.get("error"):
         return 2, f"nothing to reduce: {diagnosis['error']}"
     if diagnosis.get("split"):
-        return 2, (
-            f"nothing to reduce on the fixed input set: {where} fails on the eval split only (rows "
-            f"{', '.join(map(str, sorted(set(diagnosis['split']['rows']))))}); see its diagnosis"
-        )
+        return 2, repro_native.refusal(where, path, diagnosis)
     if trusted_for(diagnosis, path.runtime.name) is None:
         link = (diagnosis.get("links") or {}).get("enters_at")
         return 2, (

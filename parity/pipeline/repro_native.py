@@ -38,9 +38,7 @@ def repro(ws, spec, manifest, path, options, diagnosis: dict, out: Path, out_dir
     from parity.run import paths, watch
     from parity.run.worker import TaskFailed, WorkerPool
 
-    where = f"{spec.name} {path.id}"
-    if diagnosis.get("split"):
-        return 2, refusal(where, path, diagnosis)
+    where = f"{spec.name} {path.id}"  # a split's failure is refused before (``refusal``)
     if diagnosis.get("error"):
         return 2, f"nothing to reduce: {diagnosis['error']}"
     layer = repro_native.leaf_of(diagnosis)
