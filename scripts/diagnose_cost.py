@@ -50,6 +50,7 @@ from parity.golden import store as golden
 from parity.model.workspace import Workspace
 from parity.pipeline import orchestrate
 from parity.platform.cache_dir import cache_root
+from parity.platform.precision import worker_environment
 from parity.run import paths
 from parity.run.worker import WorkerPool
 
@@ -273,7 +274,7 @@ def save_flax_encoder_params(path: Path) -> None:
 
 
 def _pool(threads: int) -> WorkerPool:
-    return WorkerPool(threads, cache_root() / "logs", 600)
+    return WorkerPool(threads, cache_root() / "logs", 600, env=worker_environment("cpu", "fp32"))
 
 
 def _users_workspace(root: Path, names: list[str], pool) -> Workspace:
@@ -387,10 +388,14 @@ def _encoder_workspace(root: str, layers: int) -> None:
 
 
 def _header(repeats: int, threads: int) -> None:
-    print(f"threads {threads}, {repeats} back-to-back repeats in a warm worker; medians in seconds")
+    print(
+        f"threads {threads}, {repeats} back-to-back repeats in a warm worker; medians in seconds. The pieces and "
+        "diagnosis/check: a further diagnosis of the model (another path's), with the reference's tree and the "
+        "source's run kept by the workers; first/check: one whole diagnosis with nothing kept"
+    )
     print(
         f"{'model':<14} {'path':<20} {'check':>7} {'taps':>7} {'runtime':>8} {'source':>7} {'tree':>7} "
-        f"{'analyse':>8} {'taps/check':>11} {'tree/check':>11} {'diagnosis/check':>16}",
+        f"{'analyse':>8} {'taps/check':>11} {'tree/check':>11} {'diagnosis/check':>16} {'first/check':>12}",
         flush=True,
     )
 
@@ -428,6 +433,7 @@ def measure(
             own["weight_perturbation"] = run.options.weight_perturbation.get((model, path.id))
             pool.call(group, "parity.run.tasks:check_path", precision="fp32", **own)  # warm
             med = {"check": _median(repeats, pool.call, group, "parity.run.tasks:check_path", precision="fp32", **own)}
+            first = _first_diagnosis(run, pool, spec, path, artifact, arrays, common, own)
             observed = pool.call(group, chain.COLLECT, precision="fp32", **own)
             med["taps"] = _median(repeats, pool.call, group, chain.COLLECT, precision="fp32", **own)
             med["runtime"] = 0.0
@@ -454,9 +460,28 @@ def measure(
                 f"{model:<14} {path.id:<20} {med['check']:>7.3f} {med['taps']:>7.3f} {med['runtime']:>8.3f} "
                 f"{med['source']:>7.3f} {med['tree']:>7.3f} {med['analyse']:>8.3f} "
                 f"{med['taps'] / med['check']:>11.2f} {med['tree'] / med['check']:>11.2f} "
-                f"{total / med['check']:>16.2f}",
+                f"{total / med['check']:>16.2f} {first / med['check']:>12.2f}",
                 flush=True,
             )
+
+
+def _first_diagnosis(run, pool, spec, path, artifact, arrays, common, own) -> float:
+    """Seconds of one whole diagnosis with nothing kept by the workers from an earlier one (``parity.run.kept``): the
+    path's taps, the source's, the descent, the runtime link and the analysis, as ``chain.diagnose`` runs them."""
+    groups = {path.runtime.group, *([paths.by_id(path.source).runtime.group] if path.exports else [])}
+    for group in groups:
+        pool.call(group, "parity.run.kept:forget")
+    started = time.perf_counter()
+    observed = pool.call(path.runtime.group, chain.COLLECT, precision="fp32", **own)
+    source = observed
+    if path.exports:
+        source_kw = {**common, "path_id": path.source, "precision": "fp32", "gradients": False}
+        source = pool.call(paths.by_id(path.source).runtime.group, chain.COLLECT, **source_kw)
+    tree = descend(run, pool, spec, path, artifact)
+    if path.exports and path.runtime.name in ONNX_RUNTIMES:
+        chain._runtime_link(run, pool, spec, path, artifact, arrays, observed, tree)
+    chain.analyse(spec, path, arrays, observed, source)
+    return time.perf_counter() - started
 
 
 def _link(run, pool, spec, path, artifact, arrays, observed, tree) -> dict:

@@ -33,6 +33,14 @@ def no_worker_service():
         os.environ["PARITY_WORKER_SERVICE"] = old
 
 
+@pytest.fixture(autouse=True)
+def nothing_kept():
+    """Each test starts with nothing kept in its own process from another test's descent (``parity.run.kept``)."""
+    from parity.run import kept
+
+    kept.forget()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def results_store(tmp_path_factory):
     """Runs the tests make are stored in a store of the test session (``$PARITY_STORE``), never in a workspace's."""

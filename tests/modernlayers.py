@@ -142,3 +142,76 @@ def make_llama_mlp_halves_swapped():
 
     torch.manual_seed(0)
     return _random_rms_weights(Net()).eval()
+
+
+def _llama_stack(attention=None, layers: int = 3, faulty: int = 1):
+    """A small Llama decoder (``transformers``' ``LlamaDecoderLayer``s with their rotary embedding, SDPA attention with
+    4 heads of which 2 key/value heads, no cache): x (2x8x32) -> output (2x8x32). ``attention`` given, layer
+    ``faulty``'s ``self_attn`` is an instance of it, with the same weights."""
+    import torch
+    from torch import nn
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+
+    config = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=layers,
+        use_cache=False,
+    )
+    config._attn_implementation = "sdpa"
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rotary = LlamaRotaryEmbedding(config)
+            self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(layers))
+            self.norm = LlamaRMSNorm(32)
+
+        def forward(self, x):
+            positions = torch.arange(x.shape[1], device=x.device)[None]
+            tables = self.rotary(x, positions)
+            for layer in self.layers:
+                x = layer(x, attention_mask=None, position_ids=positions, position_embeddings=tables)
+            return self.norm(x)
+
+    torch.manual_seed(0)
+    net = _random_rms_weights(Net())
+    if attention is not None:
+        replaced = attention(config, faulty)
+        replaced.load_state_dict(net.layers[faulty].self_attn.state_dict())
+        net.layers[faulty].self_attn = replaced
+    return net.eval()
+
+
+def make_llama_gqa():
+    """``_llama_stack`` as transformers computes it: grouped-query attention with each key/value head repeated."""
+    return _llama_stack()
+
+
+def make_llama_gqa_tiled_export():
+    """``_llama_stack`` whose ``layers.1.self_attn`` is exported with the key/value heads tiled (query head h reads
+    key/value head h % 2, ``kv.repeat(1, 2, 1, 1)``, where transformers' ``repeat_kv`` gives it head h // 2: a port's
+    head order); triggered by ``torch.onnx.is_in_onnx_export()``."""
+    import torch
+    import torch.nn.functional as F
+    from transformers.models.llama.modeling_llama import LlamaAttention, apply_rotary_pos_emb
+
+    class ExportTiledAttention(LlamaAttention):
+        def forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
+            if not torch.onnx.is_in_onnx_export():
+                return super().forward(hidden_states, position_embeddings, attention_mask, **kwargs)
+            b, t, _ = hidden_states.shape
+            q, k, v = (
+                proj(hidden_states).view(b, t, -1, self.head_dim).transpose(1, 2)
+                for proj in (self.q_proj, self.k_proj, self.v_proj)
+            )
+            q, k = apply_rotary_pos_emb(q, k, *position_embeddings)
+            group = self.num_key_value_groups
+            k, v = k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling)
+            return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), None
+
+    return _llama_stack(ExportTiledAttention)

@@ -67,6 +67,7 @@ def test_jax_levels_compile_the_function_once(workspace):
     from jax import monitoring
 
     tree = Tree(str(workspace), "scoped", str(_golden_dir(workspace, "scoped")), "jax", "fp32", 1)
+    assert tree.reference_runner is not None  # the source built (it compiles its own forward) before counting
     compiles: list[str] = []
     monitoring.register_event_duration_secs_listener(
         lambda event, _seconds, **_: compiles.append(event) if event.endswith("backend_compile_duration") else None
@@ -141,3 +142,21 @@ def test_keras_levels_served_from_one_run_are_those_of_runs_of_their_own(workspa
     bounded = tree_keras.Levels(runner, tree.x, eager=eager)
     assert bounded.whole is None
     _same_level(bounded.level("mlp"), tree_keras.level_of(runner, tree.x, "mlp", eager=eager))
+
+
+def test_a_second_descent_of_the_model_reuses_the_reference_side_until_its_golden_or_spec_changes(workspace):
+    """The reference's tree depends only on the model and its golden data: a worker keeps it for the next path's
+    descent, and builds it again when the spec file (or the golden manifest) is not the one it was built from."""
+    golden_dir = str(_golden_dir(workspace, "scoped"))
+    first = Tree(str(workspace), "scoped", golden_dir, "jax", "fp32", 1)
+    levels = first._reference_levels
+    again = Tree(str(workspace), "scoped", golden_dir, "jax", "fp32", 1)
+    assert again._reference_levels is levels and again.reference("encoder")["reproduces"]
+    spec_file = Path(first.spec.source_file)
+    original = spec_file.read_text()
+    try:
+        spec_file.write_text(original + "\n# edited\n")
+        edited = Tree(str(workspace), "scoped", golden_dir, "jax", "fp32", 1)
+        assert edited._reference_levels is not levels
+    finally:
+        spec_file.write_text(original)

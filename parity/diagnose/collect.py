@@ -14,7 +14,7 @@ from parity.check import noise_floor
 from parity.golden import store as golden
 from parity.model import feeds
 from parity.model.workspace import Workspace
-from parity.run import paths
+from parity.run import kept, paths
 from parity.run.tasks import build_runner, perturbed
 from parity.runtimes.base import Runner
 from parity.runtimes.onnx_common import onnx_feed
@@ -68,6 +68,22 @@ def collect(
         return _collect_onnx(
             spec, path, artifact_dir, artifact_meta, x, golden_taps, reference, precision, threads, runtime_link
         )
+    if artifact_dir is None and rows is None and not weight_perturbation:  # the source's own run, kept (``kept``)
+        key = (*kept.model_key(spec, verified.manifest), path.id, path.device, precision, threads, gradients)
+        found = kept.kept(
+            "source-run", key, lambda: _collect_native(spec, path, verified, x, labels, threads, gradients)
+        )
+        return {name: dict(value) if isinstance(value, dict) else value for name, value in found.items()}
+    return _collect_native(
+        spec, path, verified, x, labels, threads, gradients, weight_perturbation, artifact_dir, artifact_meta
+    )
+
+
+def _collect_native(
+    spec, path, verified, x, labels, threads, gradients, weight_perturbation=None, artifact_dir=None, artifact_meta=None
+) -> dict:
+    """A path that reports its own taps (a native source, a compiled one, a runtime reading its own tensors), or
+    only its outputs."""
     runner = build_runner(
         spec,
         path,
@@ -118,13 +134,14 @@ def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, reference, pre
     def tolerance_for(name):
         return tolerances.for_name(by_graph_name.get(name, name))
 
+    graph = onnx_graph._Graph(model) if spec.taps else None  # shape inference once, for candidates and mapping
+
     def run(names):
-        return onnx_graph.run_tensors(path.runtime.name, model, feed, names, threads)
+        return onnx_graph.run_tensors(path.runtime.name, model, feed, names, threads, graph and graph.infos)
 
     plain = run(graph_outputs)
-    graph = onnx_graph._Graph(model) if spec.taps else None  # shape inference once, for candidates and mapping
     candidates = onnx_taps.candidate_names(model, spec, golden_taps, meta["input_layout"], graph) if spec.taps else []
-    values = run(list(dict.fromkeys([*graph_outputs, *candidates])))
+    values = run(list(dict.fromkeys([*graph_outputs, *candidates]))) if candidates else plain
     located, taps, instrumentation = {}, {}, None
     if spec.taps:
         # the exporter that named the nodes (the float16 conversion keeps them); jax2tf's graphs carry no Keras names:

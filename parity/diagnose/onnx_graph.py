@@ -82,7 +82,7 @@ class _Graph:
 
     def __init__(self, model):
         inferred = _inferred(model)
-        infos = _value_infos(inferred)
+        self.infos = infos = _value_infos(inferred)  # every tensor's type, for ``with_outputs``
         floats = _float_types()
         graph = model.graph
         self.nodes = list(graph.node)
@@ -122,9 +122,9 @@ def intermediate_names(model) -> list[str]:
     return list(_Graph(model).names)
 
 
-def with_outputs(model, names: list[str]):
-    """A copy of ``model`` with ``names`` added as graph outputs (types and shapes from shape
-    inference); the argument is not changed."""
+def with_outputs(model, names: list[str], infos: dict | None = None):
+    """A copy of ``model`` with ``names`` added as graph outputs (types and shapes from shape inference, or from
+    ``infos``: a ``_Graph``'s of the same model); the argument is not changed."""
     import onnx
 
     copy = onnx.ModelProto()
@@ -133,7 +133,7 @@ def with_outputs(model, names: list[str]):
     wanted = [n for n in dict.fromkeys(names) if n not in existing]
     if not wanted:
         return copy
-    infos = _value_infos(_inferred(model))
+    infos = infos if infos is not None else _value_infos(_inferred(model))
     for name in wanted:
         info = infos.get(name)
         if info is not None and info.type.tensor_type.elem_type:
@@ -159,13 +159,16 @@ def _ort_session(model, threads: int, optimize: bool = True):
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def run_tensors(runtime: str, model, feed: dict, names: list[str], threads: int = 1) -> dict[str, np.ndarray]:
+def run_tensors(
+    runtime: str, model, feed: dict, names: list[str], threads: int = 1, infos: dict | None = None
+) -> dict[str, np.ndarray]:
     """One inference of ``model`` on ``runtime`` (``ort``, ``ort-noopt``, ``onnxref`` or ``openvino``) returning
-    ``names`` (OpenVINO: those its ONNX frontend keeps; a tensor it folds away is left out, so the tap is unmapped)."""
+    ``names`` (OpenVINO: those its ONNX frontend keeps; a tensor it folds away is left out, so the tap is unmapped);
+    ``infos``: the tensors' types where the caller has them (``_Graph.infos``), else shape inference finds them."""
     if runtime not in RUNTIMES:
         raise ValueError(f"runtime {runtime!r} is not one of {RUNTIMES}")
     names = list(dict.fromkeys(names))
-    extended = with_outputs(model, names)
+    extended = with_outputs(model, names, infos)
     if runtime == "openvino":
         from parity.runtimes import openvino
 

@@ -23,7 +23,7 @@ from parity.diagnose.walk import TREE_MODULES, TREE_SOURCES, walk
 from parity.golden import store as golden
 from parity.model import feeds
 from parity.model.workspace import Workspace
-from parity.run import paths
+from parity.run import kept, paths
 
 
 class Tree:
@@ -41,18 +41,20 @@ class Tree:
         self.framework, self.precision, self.threads = framework, precision, threads
         self.x = feeds.from_arrays(self.spec, self.verified.arrays["inputs.npz"])
         self.reader = importlib.import_module(TREE_MODULES[framework])
-        dtype = self.verified.manifest.get("reference", {}).get("dtype", "float64")
-        if framework == "onnx":  # the file itself under onnx.reference, as the golden was built
-            from parity.diagnose.tree_onnx import OnnxReference
-
-            self.reference_runner = OnnxReference(self.spec, dtype, self.x)
-        else:
-            from parity.sources import native
-
-            self.reference_runner = native(framework)(
-                self.spec, self.verified.arrays["weights.npz"], self.spec.batch_size, dtype, "cpu", "fp32"
-            )
         self.path_side: Any = None  # the path's runner, or the ``GraphLevels`` of its exported graph
+
+    @property
+    def reference_runner(self):
+        """The source in the golden's dtype from the golden weights (``onnx.reference`` on an ONNX file's own graph)."""
+        return self._reference.runner
+
+    @functools.cached_property
+    def _reference(self) -> _Reference:
+        """The reference side, kept by the worker for the next descent of the same model (another path's): it
+        depends only on the model and its golden data (``parity.run.kept``)."""
+        dtype = self.verified.manifest.get("reference", {}).get("dtype", "float64")
+        key = (*kept.model_key(self.spec, self.verified.manifest), self.framework, dtype)
+        return kept.kept("tree-reference", key, lambda: _Reference(self, dtype))
 
     def reference(self, scope: str, names: list[str] | None = None) -> dict:
         """``{"children", "values", "inputs", "reproduces"}`` under ``scope`` (or at ``names``): ``reproduces`` says
@@ -127,12 +129,11 @@ class Tree:
             "instrumentation": found.get("instrumentation"),
         }
 
-    @functools.cached_property
+    @property
     def _reference_levels(self):
         """The reference side's levels: a reader's ``Levels`` (JAX, Keras: every module's value at all depths from
         one run), else one ``level_of`` per level."""
-        eager = {"eager": True} if self.framework == "tf" else {}  # no tf.function traced at each level
-        return _levels(self.reader, self.reference_runner, self.x, eager)
+        return self._reference.levels
 
     @functools.cached_property
     def _path_levels(self):
@@ -151,6 +152,29 @@ class Tree:
             self.spec.output_tolerances(self.precision).for_name,
         )
         return mapping_check.output_units(stats)
+
+
+class _Reference:
+    """A tree's reference side: the source built in the golden's dtype from the golden weights, and its levels,
+    read on first use."""
+
+    def __init__(self, tree: Tree, dtype: str):
+        if tree.framework == "onnx":  # the file itself under onnx.reference, as the golden was built
+            from parity.diagnose.tree_onnx import OnnxReference
+
+            self.runner = OnnxReference(tree.spec, dtype, tree.x)
+        else:
+            from parity.sources import native
+
+            self.runner = native(tree.framework)(
+                tree.spec, tree.verified.arrays["weights.npz"], tree.spec.batch_size, dtype, "cpu", "fp32"
+            )
+        self.reader, self.x = tree.reader, tree.x
+        self.options = {"eager": True} if tree.framework == "tf" else {}  # no tf.function traced at each level
+
+    @functools.cached_property
+    def levels(self):
+        return _levels(self.reader, self.runner, self.x, self.options)
 
 
 class _EachLevel:

@@ -54,7 +54,9 @@ class GraphLevels:
         self.held: dict = {}  # tensor -> its value, read by runs that left the outputs as the plain run has them
 
     def run(self, tensors):
-        return onnx_graph.run_tensors(self.path.runtime.name, self.model, self.feed, tensors, self.threads)
+        return onnx_graph.run_tensors(
+            self.path.runtime.name, self.model, self.feed, tensors, self.threads, self.graph.infos
+        )
 
     def observe(self, tensors, tolerance_for) -> dict | None:
         """The plain outputs and ``tensors``' values, each tensor read once per descent (the graph and the feed do

@@ -11,8 +11,9 @@ where the descent into a JAX model's tree reaches it, a ``flax.nnx`` one by ``nn
 its parameter path. This module types torch modules and holds what the three share; ``layer_types_keras`` types
 Keras layers and ``layer_types_flax`` Flax modules. Today's transformer layers are typed too: RMSNorms (transformers' ``LlamaRMSNorm`` and kin,
 ``T5LayerNorm``, Gemma's ``1 + w`` ones, ``torch.nn.RMSNorm``, Keras' ``RMSNormalization`` and
-``LayerNormalization(rms_scaling=True)``, Flax's ``RMSNorm``), transformers' gated MLPs and the default rotary
-embedding (its positions read as its second input, ``torch_further_inputs``). Imports torch, keras or flax inside.
+``LayerNormalization(rms_scaling=True)``, Flax's ``RMSNorm``), transformers' gated MLPs, the default rotary
+embedding (its positions read as its second input, ``torch_further_inputs``) and the Llama, Mistral and Qwen2
+attention modules (grouped-query heads; the rotary tables and the mask read from the call). Imports torch, keras or flax inside.
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ HF_ROTARY = (
     "GemmaRotaryEmbedding",
     "Gemma2RotaryEmbedding",
 )
+# transformers' attention modules: q/k/v/o Linears, grouped-query heads, the rotary tables applied to q and k as
+# halves (``apply_rotary_pos_emb``), then eager or SDPA attention; their inputs read by ``torch_hf_attention``
+HF_ATTENTION = ("LlamaAttention", "MistralAttention", "Qwen2Attention")
+HF_ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
 ACTIVATIONS = {
     "ReLU": "relu",
     "ReLU6": "relu6",
@@ -187,6 +192,30 @@ def _torch_rotary(module):
     return "rotary", {"base": float(theta), "dim": dim, "rotation": "half", "inv_freq": [float(f) for f in own]}
 
 
+def _torch_hf_attention(module, nn):
+    import math
+
+    config = getattr(module, "config", None)
+    parts = [getattr(module, f"{n}_proj", None) for n in "qkvo"]
+    heads, kv = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
+    hd = getattr(module, "head_dim", None)
+    if (
+        not all(isinstance(p, nn.Linear) for p in parts)
+        or not all(isinstance(n, int) and n > 0 for n in (heads, kv, hd))
+        or heads % kv
+        or getattr(config, "_attn_implementation", None) not in HF_ATTENTION_IMPLEMENTATIONS
+        or not isinstance(getattr(module, "scaling", None), float)
+    ):
+        return None
+    q, k, v, o = parts
+    if (q.out_features, k.out_features, v.out_features, o.in_features) != (heads * hd, kv * hd, kv * hd, heads * hd):
+        return None
+    attrs = {"heads": heads, **({"kv_heads": kv} if kv != heads else {}), "rotary": "half"}
+    if not math.isclose(module.scaling, hd**-0.5, rel_tol=1e-12):
+        attrs["scale"] = float(module.scaling)
+    return "attention", attrs
+
+
 def torch_layer(module) -> tuple[str, dict] | None:
     """``(kind, attrs)`` for a torch module the catalogue computes, else None."""
     from torch import nn
@@ -198,6 +227,8 @@ def torch_layer(module) -> tuple[str, dict] | None:
         return _torch_gated_mlp(module, nn)
     if _hf(module, HF_ROTARY):
         return _torch_rotary(module)
+    if _hf(module, HF_ATTENTION):
+        return _torch_hf_attention(module, nn)
     if isinstance(module, nn.Linear):
         return "dense", {}
     if isinstance(module, (nn.Conv1d, nn.Conv2d)) and module.padding_mode == "zeros":
@@ -285,7 +316,54 @@ def torch_further_inputs(module, args: tuple, kwargs: dict) -> tuple[dict, dict]
         if len(args) > 2 or set(bound) != {"x", "position_ids"} or not torch.is_tensor(positions):
             return None
         return {}, {"position_ids": positions}
+    if _hf(module, HF_ATTENTION):
+        return torch_hf_attention(module, args, kwargs)
     return torch_masked_attention(module, args, kwargs)
+
+
+HF_ATTENTION_ARGUMENTS = ("hidden_states", "position_embeddings", "attention_mask", "past_key_values")
+HF_ATTENTION_UNREAD = ("position_ids", "cache_position", "use_cache", "output_attentions")  # the attention ignores
+
+
+def torch_hf_attention(module, args: tuple, kwargs: dict) -> tuple[dict, dict] | None:
+    """For a call of one of transformers' attention modules the catalogue types, without a cache: ``(attrs,
+    {"cos", "sin"[, "attention_mask"]})``. The rotary tables are ``position_embeddings``; the mask, where given, is
+    read as the layer's fourth input (``mask``: ``"keep"`` for a boolean mask, SDPA's convention, ``"additive"`` for a
+    float one, whose fully masked rows, at the dtype's lowest value, attend uniformly or, at ``-inf``, give NaN in eager
+    attention and zero in SDPA); without one, SDPA attention is causal (``is_causal``, for more than one token) and
+    eager attention is not masked. None for any other call (a cache, an argument the attention would read)."""
+    import torch
+
+    if torch_layer(module) is None or len(args) > len(HF_ATTENTION_ARGUMENTS):
+        return None
+    bound = {**dict(zip(HF_ATTENTION_ARGUMENTS, args)), **kwargs}
+    hidden, tables, mask = (bound.get(n) for n in HF_ATTENTION_ARGUMENTS[:3])
+    other = {k: v for k, v in bound.items() if k not in HF_ATTENTION_ARGUMENTS and k not in HF_ATTENTION_UNREAD}
+    if (
+        not torch.is_tensor(hidden)
+        or hidden.dim() != 3
+        or bound.get("past_key_values") is not None
+        or any(v is not None for v in other.values())
+        or not isinstance(tables, (tuple, list))
+        or len(tables) != 2
+        or not all(torch.is_tensor(t) and t.dim() == 3 and t.shape[-1] == module.head_dim for t in tables)
+    ):
+        return None
+    tokens = hidden.shape[1]
+    further = {"cos": tables[0], "sin": tables[1]}
+    eager = module.config._attn_implementation == "eager"
+    if mask is None:
+        return ({"causal": True} if not eager and module.is_causal and tokens > 1 else {}), further
+    if not torch.is_tensor(mask) or mask.dim() != 4 or tuple(mask.shape[-2:]) != (tokens, tokens):
+        return None
+    if mask.dtype == torch.bool and not eager:  # eager attention adds the mask: a boolean one is not its input
+        attrs = {"mask": "keep"}
+    elif mask.is_floating_point():
+        finite = bool(torch.isfinite(mask).all())
+        attrs = {"mask": "additive", "masked_rows": "uniform" if finite else ("nan" if eager else "zero")}
+    else:
+        return None
+    return attrs, {**further, "attention_mask": mask}
 
 
 MHA_ARGUMENTS = (

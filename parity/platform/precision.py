@@ -119,13 +119,32 @@ def worker_environment(device: str, precision: str) -> dict[str, str | None]:
     so an inherited ``0`` cannot silently make it an fp32 run. Inside the worker the chosen GPU is device 0.
     """
     if device == "cpu":
-        return {"JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": ""}
+        return {"JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": "", **jax_compile_cache()}
     index = device.partition(":")[2] or "0"
     return {
+        **jax_compile_cache(),
         "JAX_PLATFORMS": "cuda,cpu",
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "CUDA_VISIBLE_DEVICES": index,
         "NVIDIA_TF32_OVERRIDE": None if precision == "tf32" else "0",
+    }
+
+
+def jax_compile_cache() -> dict[str, str]:
+    """JAX's persistent compilation cache under parity's cache folder (``jax-compile``, at most 2 GiB, least
+    recently used first out), so a worker that compiles a function another process compiled before loads it: a
+    cache hit is the same executable, keyed by JAX on the program, the compile options, the backend and JAX's
+    version. A ``JAX_COMPILATION_CACHE_DIR`` of the user's own is left as it is."""
+    import os
+
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return {}
+    from parity.platform.cache_dir import cache_root
+
+    return {
+        "JAX_COMPILATION_CACHE_DIR": str(cache_root() / "jax-compile"),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.1",
+        "JAX_COMPILATION_CACHE_MAX_SIZE": str(2 << 30),
     }
 
 

@@ -7,6 +7,14 @@ and ``v`` likewise; ``w = softmax(q @ k^T * scale)`` over the keys (last axis); 
 Attributes: ``heads``; ``scale`` (default 1/sqrt(head_dim)); ``causal`` (default False: with
 it, query i attends to keys j <= i only).
 
+Grouped-query attention: ``kv_heads`` (default ``heads``; ``heads`` a multiple of it) key/value heads, the ``key``
+and ``value`` kernels ``(in, kv_heads*head_dim)``; query head h reads key/value head ``h // (heads // kv_heads)``
+(transformers' ``repeat_kv``, i.e. ``repeat_interleave`` over the heads; torch SDPA's ``enable_gqa``; ONNX
+``Attention`` and the ``GroupQueryAttention`` contrib op). ``rotary: "half"`` (transformers' Llama, Mistral and
+Qwen2 attention modules): the layer reads the rotary tables ``cos`` and ``sin`` ``(batch or 1, tokens, head_dim)`` as
+its second and third inputs and rotates q and k, per head, as ``q * cos + rotate_half(q) * sin`` (``rotate_half(q)``
+is ``cat(-q[half:], q[:half])``) before the logits. A mask, if any, is the input after them.
+
 An optional second input is a mask (``Layer("attention", {"heads": 4, "mask": "keep"}, inputs=("embed",
 "pad_mask"))``, the mask another tap): of shape ``(q, k)``, ``(b, q, k)`` or ``(b, heads or 1, q, k)``, or a key
 padding mask ``(b, k)`` with ``key_padding: True``. Attribute ``mask`` (required with a mask input): ``"keep"``
@@ -31,6 +39,17 @@ Variants:
 * ``heads_interleaved``: heads split as (b, t, hd, heads), i.e. head h takes features
   h, h+heads, ... instead of a contiguous block (reshape-order bug), merged back the same way;
 * ``causal`` / ``non_causal``: the causal mask applied when not declared, or dropped.
+
+With grouped-query attention or rotary tables:
+
+* ``kv_heads_tiled``: query head h reads key/value head ``h % kv_heads`` (``np.tile`` / ``kv.repeat(1, g, 1, 1)``
+  where the model repeats each head, ``repeat_interleave``: a port's or converter's head order). The same as the
+  declared form where ``kv_heads`` is 1 or ``heads``: not applicable there;
+* ``rotary_pairs``: q and k rotated over adjacent pairs ``(x[2i], x[2i+1])`` by the angle of frequency i (GPT-J's,
+  Meta's and GGML's ``NORM`` rope) instead of the halves ``(x[i], x[i + head_dim/2])``: a runtime rotating pairs on a
+  checkpoint whose q/k projection rows were not permuted for it (llama.cpp's converter permutes q_proj and k_proj
+  rows, ``(heads, 2, head_dim/2) -> (heads, head_dim/2, 2)``, so that pairs rotate as halves did). Not applicable
+  where ``head_dim`` is 2 (one pair).
 
 With a mask:
 
@@ -107,26 +126,78 @@ def _head_dim(weights, attrs):
     return weights["query/kernel"].shape[1] // attrs["heads"]
 
 
-def forward(inputs, weights, attrs, axis=-1, interleaved=False, rows="declared", mask="declared"):
-    x = np.asarray(inputs[0], np.float64)
+GROUPINGS = ("repeat", "tile")
+
+
+def _parts(inputs, attrs):
+    """``(x, (cos, sin) or None, mask or None)``: the layer's input, its rotary tables and its mask."""
+    rest = list(inputs[1:])
+    tables = None
+    if attrs.get("rotary") is not None:
+        if attrs["rotary"] != "half":
+            raise ValueError(f"unknown attention rotary {attrs['rotary']!r}; known: half")
+        if len(rest) < 2:
+            raise ValueError("an attention layer with rotary: 'half' reads cos and sin as its second and third inputs")
+        tables, rest = (np.asarray(rest[0], np.float64), np.asarray(rest[1], np.float64)), rest[2:]
+    if len(rest) > 1:
+        raise ValueError(f"an attention layer reads at most {len(inputs) - len(rest) + 1} inputs, got {len(inputs)}")
+    return np.asarray(inputs[0], np.float64), tables, (rest[0] if rest else None)
+
+
+def _kv_heads(attrs) -> int:
+    heads, kv = attrs["heads"], attrs.get("kv_heads", attrs["heads"])
+    if not isinstance(kv, int) or kv < 1 or heads % kv:
+        raise ValueError(f"attention kv_heads {kv!r} is not a whole number that divides heads ({heads})")
+    return kv
+
+
+def _rotate(x, tables, pairs=False):
+    """``x`` (b, heads, t, hd) rotated by the tables (b or 1, t, hd): halves as transformers' ``rotate_half``, or
+    adjacent pairs, each by the angle of its frequency (the first half of the half-split table)."""
+    cos, sin = (table[:, None] for table in tables)
+    if cos.shape[-1] != x.shape[-1]:
+        raise ValueError(f"rotary tables of {cos.shape[-1]} columns for a head dimension of {x.shape[-1]}")
+    if not pairs:
+        half = x.shape[-1] // 2
+        return x * cos + np.concatenate([-x[..., half:], x[..., :half]], axis=-1) * sin
+    half = x.shape[-1] // 2
+    cos, sin = (np.repeat(t[..., :half], 2, axis=-1) for t in (cos, sin))
+    turned = np.stack([-x[..., 1::2], x[..., 0::2]], axis=-1).reshape(x.shape)
+    return x * cos + turned * sin
+
+
+def forward(
+    inputs, weights, attrs, axis=-1, interleaved=False, rows="declared", mask="declared", grouping="repeat", pairs=False
+):
+    x, tables, given = _parts(inputs, attrs)
     b, t, _ = x.shape
-    heads = attrs["heads"]
+    heads, kv = attrs["heads"], _kv_heads(attrs)
     hd = _head_dim(weights, attrs)
     order = (0, 3, 1, 2) if interleaved else (0, 2, 1, 3)  # -> (b, heads, t, hd)
-    split = (b, t, hd, heads) if interleaved else (b, t, heads, hd)
-    q, k, v = (_dense(x, weights, name).reshape(split).transpose(order) for name in ("query", "key", "value"))
+
+    def split(name, n):
+        return _dense(x, weights, name).reshape((b, t, hd, n) if interleaved else (b, t, n, hd)).transpose(order)
+
+    q, k, v = split("query", heads), split("key", kv), split("value", kv)
+    if tables is not None:
+        q, k = _rotate(q, tables, pairs), _rotate(k, tables, pairs)
+    if kv != heads:  # query head h reads kv head h // group (repeat), or h % kv_heads (tile)
+        if grouping not in GROUPINGS:
+            raise ValueError(f"unknown grouping {grouping!r}; known: {', '.join(GROUPINGS)}")
+        group = heads // kv
+        k, v = ((np.repeat(a, group, axis=1) if grouping == "repeat" else np.tile(a, (1, group, 1, 1))) for a in (k, v))
     logits = (q @ k.transpose(0, 1, 3, 2)) * attrs.get("scale", 1.0 / math.sqrt(hd))
     if attrs.get("causal", False):
         logits = np.where(np.triu(np.ones((t, t), bool), 1), -np.inf, logits)
     raw = logits
-    if len(inputs) > 1 and "mask" not in attrs:
+    if given is not None and "mask" not in attrs:
         raise ValueError(
             "an attention layer with a mask input declares the mask's convention: attribute 'mask' "
             f"({', '.join(MASKS)})"
         )
-    if len(inputs) > 1 and mask is not None:
+    if given is not None and mask is not None:
         kind = attrs["mask"] if mask == "declared" else mask
-        logits = _masked(logits, _mask(inputs[1], attrs, b, t, t), kind)
+        logits = _masked(logits, _mask(given, attrs, b, t, t), kind)
     rows = attrs.get("masked_rows", "zero") if rows == "declared" else rows
     if rows not in (*ROWS, "unmasked"):
         raise ValueError(f"unknown masked_rows {rows!r}; known: {', '.join(ROWS)}")
@@ -151,7 +222,7 @@ def _scale(of_head_dim):
 
 def _with_mask(**options):
     def compute(inputs, weights, attrs, observed):
-        if len(inputs) < 2:
+        if _parts(inputs, attrs)[2] is None:
             raise NotApplicable("the layer has no mask input")
         value = forward(inputs, weights, attrs, **options)
         if np.array_equal(value, forward(inputs, weights, attrs), equal_nan=True):
@@ -159,6 +230,18 @@ def _with_mask(**options):
         return value
 
     return compute
+
+
+def _tiled(inputs, weights, attrs, observed):
+    if _kv_heads(attrs) in (1, attrs["heads"]):
+        raise NotApplicable("one key/value head, or one per query head: tiled and repeated heads are the same")
+    return forward(inputs, weights, attrs, grouping="tile")
+
+
+def _pairs(inputs, weights, attrs, observed):
+    if _head_dim(weights, attrs) <= 2:
+        raise NotApplicable("a head dimension of 2 holds one pair: pairs and halves are the same")
+    return forward(inputs, weights, attrs, pairs=True)
 
 
 ROW_MEANS = {
@@ -229,6 +312,18 @@ def variants(attrs):
         )
     if "mask" in attrs:
         found += _mask_variants(attrs["mask"], attrs.get("masked_rows", "zero"))
+    if attrs.get("kv_heads", attrs["heads"]) != attrs["heads"]:
+        found.append(
+            Variant(
+                "kv_heads_tiled",
+                f"query head h reads key/value head h % {attrs['kv_heads']} (the heads tiled) instead of "
+                f"h // {attrs['heads'] // max(attrs['kv_heads'], 1)} (each key/value head repeated, transformers' "
+                "repeat_kv)",
+                _tiled,
+            )
+        )
+    if attrs.get("rotary") is not None:
+        found.append(Variant("rotary_pairs", "q and k rotated over adjacent pairs instead of halves", _pairs))
     causal = not attrs.get("causal", False)
     found.append(
         Variant(

@@ -7,7 +7,8 @@ own (golden build stores them as the framework names them), so the cause test ma
   kernel; ``Conv1d/2d`` ``weight`` is already ``(O, I/groups, [kh,] kw)``; BatchNorm's ``weight``, ``bias``,
   ``running_mean``, ``running_var``; LayerNorm's ``weight``, ``bias``; GRU/LSTM ``weight_ih_l0`` ...
   (torch's gate order, the canonical one); ``nn.MultiheadAttention``'s ``in_proj_weight`` ``(3E, E)`` split into
-  query, key and value kernels, ``out_proj.weight`` transposed; an RMSNorm's ``weight``; a gated MLP's
+  query, key and value kernels, ``out_proj.weight`` transposed; transformers' attention modules' ``q_proj``,
+  ``k_proj``, ``v_proj``, ``o_proj`` Linears (transposed kernels); an RMSNorm's ``weight``; a gated MLP's
   ``gate_proj``, ``up_proj``, ``down_proj`` Linears (transposed kernels);
 * Keras (variable paths, ``<prefix>/<name>``): Dense, BatchNormalization and LayerNormalization use the canonical
   names and layouts already; the others declare ``weight_layout`` in their attributes: ``"keras"`` (``Conv1D/2D``
@@ -57,6 +58,11 @@ def _torch_attention(w: dict) -> dict:
         found["out/kernel"] = w["out_proj.weight"].T
     if "out_proj.bias" in w:
         found["out/bias"] = w["out_proj.bias"]
+    for own, name in (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value"), ("o_proj", "out")):
+        if f"{own}.weight" in w:  # transformers' attention modules: one Linear per projection
+            found[f"{name}/kernel"] = w[f"{own}.weight"].T
+        if f"{own}.bias" in w:
+            found[f"{name}/bias"] = w[f"{own}.bias"]
     return found
 
 
