@@ -26,6 +26,7 @@ STAGES = [
     "run",
     "bench",
     "diagnose",
+    "generation",
     "report",
     "results",
     "pipeline",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from parity.cli.common import EXISTING_FILE, EXISTING_FOLDER, FOLDER, handle_errors, note, workspace_option
+from parity.cli.common import EXISTING_FILE, EXISTING_FOLDER, FOLDER, fail, handle_errors, note, workspace_option
 
 
 @click.command()
@@ -23,6 +23,18 @@ from parity.cli.common import EXISTING_FILE, EXISTING_FOLDER, FOLDER, handle_err
 )
 @click.option("--jax", "jax_ref", metavar="MODULE:FUNCTION,PARAMS.npz", help="apply(params, x) and its weights.")
 @click.option("--onnx", "onnx_ref", metavar="FILE", help="An ONNX file: the file itself is the source model.")
+@click.option(
+    "--hf",
+    "hf_folder",
+    type=EXISTING_FOLDER,
+    help="A transformers save_pretrained folder (config and safetensors; nothing is downloaded), with --task.",
+)
+@click.option(
+    "--task",
+    type=click.Choice(["text-generation"]),
+    default=None,
+    help="text-generation: a causal LM checked as it generates, greedy with a key/value cache, step by step.",
+)
 @click.option(
     "--input",
     "input_decls",
@@ -75,6 +87,8 @@ def init(
     keras_ref,
     jax_ref,
     onnx_ref,
+    hf_folder,
+    task,
     input_decls,
     axes,
     inputs_file,
@@ -95,9 +109,19 @@ def init(
         parity run --model resnet
         parity init bert --torch mymodels.py:make_bert --input input_ids=2,sequence:int64 \\
             --input attention_mask=2,sequence:int64:mask --axis sequence=16
+        parity init llama --hf ./tiny-llama --task text-generation
     """
     from parity.pipeline import jobs
 
+    if task or hf_folder:
+        if task is None:
+            fail("--hf takes --task text-generation (a causal LM checked as it generates)")
+        if keras_ref or jax_ref or onnx_ref or input_decls or inputs_file or test_data:
+            fail("--task text-generation takes --hf FOLDER or --torch MODULE:FUNCTION, and no inputs")
+        written = jobs.init_generation(name, hf_folder, torch_ref, force, workspace)
+        click.echo(f"wrote {written} (text-generation, {'folder ' + hf_folder if hf_folder else torch_ref})")
+        click.echo(f"next: parity golden build --model {name} && parity check --model {name}")
+        return
     written, info, kind = jobs.init_model(
         name,
         {"torch": torch_ref, "tf": keras_ref, "jax": jax_ref, "onnx": onnx_ref},

@@ -74,6 +74,7 @@ class Workspace:
 
         A user model (``weights_from_model``) is completed from its golden manifest unless ``attach_golden``
         is False (``parity.model.user.attach_golden``)."""
+        from parity.model.generation_spec import GenerationSpec
         from parity.model.spec import ModelSpec
 
         path = self.model_file(name)
@@ -88,8 +89,14 @@ class Workspace:
             sys.modules[module_name] = module
             module_spec.loader.exec_module(module)
             spec = getattr(module, "SPEC", None)
+            if isinstance(spec, GenerationSpec):  # a language model checked as it generates (parity.generation)
+                if spec.name != name:
+                    raise SpecError(f"SPEC.name is {spec.name!r}, the file is {name}.py")
+                spec.validate()
+                spec.source_file = str(path)
+                return spec
             if not isinstance(spec, ModelSpec):
-                raise SpecError("defines no SPEC = ModelSpec(...)")
+                raise SpecError("defines no SPEC = ModelSpec(...) or GenerationSpec(...)")
             if spec.name != name:
                 raise SpecError(f"SPEC.name is {spec.name!r}, the file is {name}.py")
             spec.validate()

@@ -348,6 +348,12 @@ class GoldenOutcome:
 
         if self.manifest is None:  # the build or verification stopped: its error is the summary
             return self.error or "no golden data"
+        if self.manifest.get("task"):  # a generation golden (``parity.generation.golden``)
+            reference = self.manifest["reference"]
+            return (
+                f"float64 greedy generation, {reference['steps']} steps on {len(self.manifest['settings']['prompt_lengths'])}"
+                f" prompts, vocabulary {reference['vocab']}, built in {self.manifest['build_seconds']} s"
+            )
         return store.summary(self.manifest, self.golden_dir)
 
 
@@ -356,8 +362,10 @@ def build_goldens(
 ) -> Iterator[GoldenOutcome]:
     """Build each selected model's golden data in turn (one model's failure does not stop the next); ``upgrade``:
     bring golden data of an older schema to the current one instead (``parity.golden.shapes.upgrade``)."""
+    from parity.generation import golden as generation_golden
     from parity.golden import build as golden_build
     from parity.golden import shapes
+    from parity.pipeline import generation
     from parity.platform.cache_dir import cache_root
     from parity.platform.env import default_threads
     from parity.run.worker import TaskFailed, WorkerPool
@@ -373,6 +381,12 @@ def build_goldens(
             try:
                 # the spec as declared: the golden data it replaces may be what is refused
                 spec = ws.load_spec(name, attach_golden=False)
+                if generation.is_generation(spec):  # a language model's golden: its greedy generation, step by step
+                    if upgrade:
+                        raise UsageError(f"{name}: generation golden data has one schema; nothing to upgrade")
+                    manifest = generation_golden.build(ws, spec, pool, progress=progress)
+                    yield GoldenOutcome(name, ws.golden_dir(name), manifest=manifest)
+                    continue
                 step = shapes.upgrade if upgrade else golden_build.build
                 manifest = step(ws, spec, pool, progress=progress)
             except (ParityError, TaskFailed) as error:
@@ -383,12 +397,18 @@ def build_goldens(
 
 def verify_goldens(workspace: str | None, models, notice=_quiet) -> Iterator[GoldenOutcome]:
     """Verify each selected model's golden files against its manifest (every model, failures included)."""
+    from parity.generation import golden as generation_golden
     from parity.golden import store
+    from parity.pipeline import generation
 
     ws = open_workspace(workspace, notice)
     for name in ws.select(models):
         try:
-            manifest = store.verify(ws.golden_dir(name), ws.load_spec(name))
+            spec = ws.load_spec(name)
+            if generation.is_generation(spec):
+                manifest = generation_golden.verify(ws.golden_dir(name), spec)
+            else:
+                manifest = store.verify(ws.golden_dir(name), spec)
         except ParityError as error:
             yield GoldenOutcome(name, ws.golden_dir(name), error=str(error))
             continue
@@ -499,6 +519,14 @@ def init_model(
     )
     written, info = scaffold.init(root, request, force, default_threads())
     return written, info, kind
+
+
+def init_generation(name: str, hf: str | None, torch_ref: str | None, force: bool, workspace: str | None) -> Path:
+    """``parity init --task text-generation``: the spec of a causal LM from a folder or a factory."""
+    from parity.pipeline import generation, scaffold
+
+    root = Path(workspace or ".").resolve()
+    return generation.init(root, name, hf, torch_ref and scaffold.workspace_reference(torch_ref, root), force)
 
 
 def repro(

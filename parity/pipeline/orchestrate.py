@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from parity import __version__
 from parity.golden import store as golden
 from parity.model import identity
+from parity.pipeline import generation
 from parity.pipeline.background import Background
 from parity.pipeline.int8_key import int8_parts
 from parity.pipeline.outcome import apply_expectation
@@ -126,6 +127,7 @@ class Run:
         self.identities: dict[str, dict | None] = {}  # user model -> its weights digest and code now (model_identity)
         self.calibrations: dict[str, dict] = {}  # model -> the digest of its int8 calibration rows (int8_key)
         self.host: dict | None = None  # the host audit of a timed run
+        self.generating: list[tuple] = []  # (spec, manifest, path ids) of language models checked as they generate
 
     def progress(self, message: str, step: int | None = None, steps: int | None = None) -> None:
         """Tell the caller's ``progress`` what starts now; ``step`` of ``steps`` only where it takes them."""
@@ -144,6 +146,12 @@ class Run:
         for name in model_names:
             try:  # a model that cannot be loaded, or whose golden data does not verify, is that model's error
                 spec = self.workspace.load_spec(name)
+                if generation.is_generation(spec):  # its own golden data and paths (``parity.pipeline.generation``)
+                    chosen = generation.selected(spec, self.options.patterns)
+                    manifest = generation.generation_golden.verify(self.workspace.golden_dir(name), spec)
+                    self.generating.append((spec, manifest, chosen))
+                    matched = matched or bool(chosen)
+                    continue
                 manifest = golden.verified_manifest(self.workspace.golden_dir(name), spec)  # arrays: in the worker
             except (SpecError, GoldenError) as error:
                 self.model_errors.append({"model": name, "reason": str(error)})
@@ -398,13 +406,43 @@ class Run:
             for spec, manifest, path, result in order:
                 self._guarded(spec, self._diagnose, pool, spec, manifest, path, result)
             self._stage("diagnose", started)
+        self._generate(pool)
         if self.refused:  # such a model is an input error, as one refused by the plan: no verdict of its paths stands
             self.results = [r for r in self.results if r["model"] not in self.refused]
             order = [item for item in order if item[0].name not in self.refused]
         for result in self.results:
-            if result["model"] in model_names:
+            if result["model"] in model_names and result["model"] in self.specs:  # a generation row expects nothing
                 apply_expectation(self.specs[result["model"]], result)
         return order
+
+    def _generate(self, pool) -> None:
+        """Each language model's generation paths, step by step against its golden (CPU, float32)."""
+        started = time.perf_counter()
+        for spec, manifest, chosen in self.generating:
+            try:
+                moved = generation.changed(self.workspace, pool, spec, manifest) if chosen else None
+            except TaskFailed as error:  # the model cannot be read now: the model's error
+                self.model_errors.append({"model": spec.name, "reason": one_line(str(error), 400)})
+                continue
+            for path_id in chosen:
+                if moved is not None:
+                    row = generation.row(spec, path_id)
+                    row.update(
+                        verdict="error",
+                        golden_changed=moved,
+                        reason=f"the model changed since its golden data was built: run parity golden build "
+                        f"--model {spec.name}",
+                    )
+                elif self.options.device != "cpu" or self.options.precision != "fp32":
+                    row = generation.row(spec, path_id)
+                    row.update(verdict="skip", reason="generation paths are checked on the CPU in float32")
+                else:
+                    row = generation.check(
+                        self.workspace, pool, spec, manifest, path_id, self.options.threads, self.progress
+                    )
+                self.results.append(row)
+        if self.generating:
+            self._stage("generate", started)
 
     def sized(self, pool, spec):
         """``pool``'s tasks, in this block, work on ``spec``'s model: where no timeout was given, their wall-clock

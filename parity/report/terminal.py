@@ -81,6 +81,16 @@ def _metrics(result: dict) -> tuple[str, str]:
     return f"{m['accuracy']['value']:.4f}", f"{m['argmax_agreement']:.3f}"
 
 
+def _generation(generation: dict) -> tuple[str, str, str]:
+    """(tol×, max_abs, agree) of a generation path: its worst step's logits and its greedy tokens' agreement."""
+    units, worst, agreement = (generation.get(k) for k in ("tol_units_max", "max_abs_logit", "token_agreement"))
+    return (
+        "-" if units is None else f"{units:.3g}",
+        "-" if worst is None else f"{worst:.2e}",
+        "-" if agreement is None else f"{agreement:.3f}",
+    )
+
+
 def _determinism(result: dict) -> str:
     return "-" if result.get("deterministic") is None else ("yes" if result["deterministic"] else "no")
 
@@ -263,6 +273,8 @@ def render(report: dict, timed: bool, verbose: bool = False) -> str:
         hidden += ref is None and short.endswith("…")
         tol_units, max_abs = _worst(r.get("outputs"))
         acc, agree = _metrics(r)
+        if r.get("generation"):  # a generation path: its worst step, and its free-running tokens' agreement
+            tol_units, max_abs, agree = _generation(r["generation"])
         row = [r["model"], r["path"], _label(r), tol_units, max_abs, _gradients(r), acc, agree, _determinism(r)]
         rows.append(row + [_timing(r)] * timed + [short])
     lines = [*head, _table(columns, rows), ""]

@@ -1,0 +1,132 @@
+"""A generation model's golden data: ``golden/<model>/generation.npz`` (the float64 model's greedy generation on the
+prompt set, step by step: tokens and logits per batch, the consistency baselines) and ``manifest.json`` (what it
+was built from and with, the file's sha256 and arrays, sealed by a digest). Published atomically; never used
+before the manifest's digest, the file's sha256 and the spec's settings are verified.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+
+from parity import __version__
+from parity.golden.store import describe_arrays, new_scratch
+from parity.model import manifest as manifest_lib
+from parity.platform.cache_dir import named_lock
+from parity.platform.errors import GoldenError
+from parity.platform.safefs import read_npz, replace_dir, sha256_file, write_json_atomic
+
+SCHEMA = "parity-generation-golden/1"
+FILE = "generation.npz"
+MANIFEST = "manifest.json"
+
+
+def settings(spec) -> dict:
+    """What the golden data depends on besides the model: the prompts and the number of steps."""
+    return {"new_tokens": spec.new_tokens, "prompt_lengths": list(spec.prompt_lengths), "seed": spec.seed}
+
+
+def build(workspace, spec, pool, progress=lambda message: None) -> dict:
+    """Run the float64 reference in the torch worker and publish its golden data (``parity.generation.tasks``)."""
+    started = time.perf_counter()
+    source = spec.source(workspace.root)
+    scratch = new_scratch(workspace, spec)
+    try:
+        progress(f"{spec.name}: digest of the model's files")
+        identity = pool.call("torch", "parity.generation.golden:source_identity", source=source)
+        progress(f"{spec.name}: float64 greedy generation, {spec.new_tokens} steps")
+        info = pool.call(
+            "torch",
+            "parity.generation.tasks:golden",
+            source=source,
+            out_file=str(scratch / FILE),
+            new_tokens=spec.new_tokens,
+            lengths=list(spec.prompt_lengths),
+            seed=spec.seed,
+        )
+        manifest = manifest_lib.seal(
+            {
+                "schema": SCHEMA,
+                "model": spec.name,
+                "task": spec.task,
+                "description": spec.description,
+                "settings": settings(spec),
+                "built_from": identity,
+                "reference": info,
+                "files": {FILE: {"sha256": sha256_file(scratch / FILE), "arrays": describe_arrays(scratch / FILE)}},
+                "versions": {"parity": __version__},
+                "build_seconds": round(time.perf_counter() - started, 1),
+            }
+        )
+        final = scratch / spec.name
+        final.mkdir()
+        shutil.copyfile(scratch / FILE, final / FILE)
+        write_json_atomic(final / MANIFEST, manifest)
+        verify(final, spec)
+        target = workspace.golden_dir(spec.name)
+        with named_lock(f"golden-{target.resolve()}"):
+            replace_dir(final, target)
+        return manifest
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def verify(golden_dir: Path, spec) -> dict:
+    """The manifest, once its digest, its file's sha256 and its settings (the spec's) are verified; a
+    ``GoldenError`` naming what is wrong otherwise."""
+    path = Path(golden_dir) / MANIFEST
+    if not path.is_file():
+        raise GoldenError(
+            f"no golden data for {spec.name} in {golden_dir}: run parity golden build --model {spec.name}"
+        )
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise GoldenError(f"{path} cannot be read: {error}") from None
+    if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
+        raise GoldenError(f"{path} is not a generation golden manifest ({SCHEMA}): run parity golden build")
+    if manifest.get("digest") != manifest_lib.canonical_digest(manifest):
+        raise GoldenError(f"{path}: its digest does not match its contents (edited or corrupted)")
+    if manifest.get("model") != spec.name:
+        raise GoldenError(f"{path} describes model {manifest.get('model')!r}, not {spec.name!r}")
+    file = Path(golden_dir) / FILE
+    if not file.is_file() or sha256_file(file) != manifest["files"][FILE]["sha256"]:
+        raise GoldenError(f"{file}: missing, or its sha256 is not the manifest's (corrupted)")
+    if manifest.get("settings") != settings(spec):
+        raise GoldenError(
+            f"golden data of {spec.name} was built with {manifest.get('settings')}, the spec now says "
+            f"{settings(spec)}: run parity golden build --model {spec.name}"
+        )
+    return manifest
+
+
+def load(golden_dir: Path, spec) -> tuple[dict, dict[str, np.ndarray]]:
+    """``(manifest, arrays)`` once verified."""
+    manifest = verify(golden_dir, spec)
+    return manifest, read_npz(Path(golden_dir) / FILE, GoldenError, "golden file")
+
+
+def source_identity(source: dict) -> dict:
+    """Worker task: what the model is now: the sha256 of a ``save_pretrained`` folder's files (name and content),
+    or of a factory model's weights and the user code it runs."""
+    import hashlib
+
+    if "hf" in source:
+        folder = Path(source["hf"])
+        if not folder.is_dir():
+            raise GoldenError(f"{folder} is not a folder (a save_pretrained folder: config.json and safetensors)")
+        digest = hashlib.sha256()
+        files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
+        for file in files:
+            digest.update(f"{file.relative_to(folder).as_posix()}\0{sha256_file(file)}\n".encode())
+        return {"kind": "hf", "files": len(files), "sha256": digest.hexdigest()}
+    from parity.generation.model import load as load_model
+    from parity.model.identity import _torch_arrays, code_files, weights_digest
+
+    model = load_model(source, "float32")
+    code = code_files([type(model)], Path(source["root"]))
+    return {"kind": "torch", "weights_sha256": weights_digest(_torch_arrays(model)), "code": code}

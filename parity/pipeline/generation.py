@@ -1,0 +1,202 @@
+"""A generation model's paths in a run: which are selected, their exports (kept in the cache, verified before use)
+and their step-by-step check in the torch worker (``parity.generation.tasks``), each a result row with its
+``generation`` block. Imports no ML framework.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+from parity import __version__
+from parity.generation import golden as generation_golden
+from parity.model.generation_spec import PATHS, TASK
+from parity.platform.cache_dir import cache_root, named_lock
+from parity.platform.errors import one_line
+from parity.platform.packages import installed, normalized
+from parity.platform.safefs import owned_tempdir, sha256_file, sweep, write_json_atomic
+from parity.run.worker import TaskFailed
+
+# path id -> (its export's kind, the worker task that makes it, the packages the export depends on)
+EXPORTS = {
+    "torch/onnx/ort": ("onnx", "parity.generation.tasks:export", ("torch", "transformers", "onnx", "onnxscript")),
+    "torch/onnx/openvino": ("onnx", "parity.generation.tasks:export", ("torch", "transformers", "onnx", "onnxscript")),
+    "torch/genai": (
+        "genai",
+        "parity.generation.tasks:genai_export",
+        ("onnxruntime-genai", "transformers", "torch"),
+    ),
+}
+STAGES = {
+    "torch": ["torch"],
+    "torch/onnx/ort": ["torch", "torch.onnx (flat key/value cache)", "ort"],
+    "torch/onnx/openvino": ["torch", "torch.onnx (flat key/value cache)", "openvino (stateful)"],
+    "torch/genai": ["torch folder", "onnxruntime-genai builder", "onnxruntime-genai"],
+}
+META = "parity-generation-export.json"
+
+
+def is_generation(spec) -> bool:
+    return getattr(spec, "task", None) == TASK
+
+
+def selected(spec, patterns) -> list[str]:
+    """The spec's paths matching ``patterns`` (every path of the spec where none are given)."""
+    chosen = [p for p in PATHS if p in spec.paths]
+    return [p for p in chosen if not patterns or any(fnmatch.fnmatchcase(p, pattern) for pattern in patterns)]
+
+
+def row(spec, path_id: str) -> dict:
+    """A generation path's result row before it is checked."""
+    return {
+        "model": spec.name,
+        "path": path_id,
+        "stages": STAGES[path_id],
+        "device": "cpu",
+        "precision": "fp32",
+        "batch_size": len(spec.prompt_lengths),
+        "task": TASK,
+        "verdict": None,
+        "reason": None,
+        "expected": False,
+        "outputs": None,
+        "gradients": None,
+        "metrics": None,
+        "deterministic": None,
+        "timing": None,
+        "diagnosis": None,
+        "golden_changed": None,
+        "generation": None,
+    }
+
+
+def changed(workspace, pool, spec, manifest: dict) -> dict | None:
+    """``{"built_from", "now"}`` where the model is no longer the one its golden data was built from, else None."""
+    now = pool.call("torch", "parity.generation.golden:source_identity", source=spec.source(workspace.root))
+    return None if now == manifest["built_from"] else {"built_from": manifest["built_from"], "now": now}
+
+
+def check(workspace, pool, spec, manifest: dict, path_id: str, threads: int, progress=lambda message: None) -> dict:
+    """One path's result row: its export (cached), then prefill and decode steps against the golden."""
+    result = row(spec, path_id)
+    source = spec.source(workspace.root)
+    try:
+        artifact = None
+        if path_id in EXPORTS:
+            progress(f"{spec.name}: export {path_id}")
+            artifact = _export(pool, source, manifest, path_id)
+            if "unavailable" in artifact["meta"]:
+                result.update(verdict="skip", reason=artifact["meta"]["unavailable"])
+                return result
+            result["export"] = {"cached": artifact["cached"], "export_s": artifact["meta"].get("export_s")}
+        progress(f"{spec.name}: generate on {path_id}")
+        outcome = pool.call(
+            "torch",
+            "parity.generation.tasks:check",
+            source=source,
+            golden_file=str(workspace.golden_dir(spec.name) / generation_golden.FILE),
+            path_id=path_id,
+            artifact_dir=artifact and artifact["dir"],
+            meta=artifact and artifact["meta"],
+            threads=threads,
+            tolerances=dict(spec.tolerances) or None,
+        )
+    except TaskFailed as error:
+        result.update(verdict="error", reason=f"{path_id}: {one_line(str(error), 400)}", log=error.log)
+        return result
+    result.update(outcome)
+    return result
+
+
+def _export(pool, source: dict, manifest: dict, path_id: str) -> dict:
+    """``{"dir", "meta", "cached"}`` of the path's export, made once per model and package versions and kept in the
+    cache folder; a kept export whose files' sha256 are not those it was written with is made again."""
+    kind, task, packages = EXPORTS[path_id]
+    found = installed()
+    key = hashlib.sha256(
+        json.dumps(
+            {
+                "kind": kind,
+                "built_from": manifest["built_from"],
+                "parity": __version__,
+                "packages": {name: found.get(normalized(name)) for name in packages},
+            },
+            sort_keys=True,
+        ).encode()
+    ).hexdigest()[:32]
+    parent = cache_root() / "generation-exports"
+    parent.mkdir(parents=True, exist_ok=True)
+    target = parent / key
+    with named_lock(f"generation-export-{key}"):
+        kept = _verified(target)
+        if kept is not None:
+            return {"dir": str(target), "meta": kept, "cached": True}
+        sweep(parent, ".build-*")
+        scratch = owned_tempdir(parent, ".build-")
+        try:
+            meta = pool.call("torch", task, source=source, out_dir=str(scratch))
+            if "unavailable" in meta:  # nothing made, nothing kept: said on the path
+                return {"dir": None, "meta": meta, "cached": False}
+            files = {
+                p.relative_to(scratch).as_posix(): sha256_file(p) for p in sorted(scratch.rglob("*")) if p.is_file()
+            }
+            meta = {**meta, "files_sha256": files}
+            write_json_atomic(scratch / META, meta)
+            shutil.rmtree(target, ignore_errors=True)
+            scratch.rename(target)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return {"dir": str(target), "meta": meta, "cached": False}
+
+
+def _verified(folder: Path) -> dict | None:
+    """The meta of a kept export whose every file is the one it was written with, else None."""
+    try:
+        meta = json.loads((folder / META).read_text())
+        files = meta["files_sha256"]
+        if all(sha256_file(folder / name) == digest for name, digest in files.items()):
+            return meta
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
+def init(root: Path, name: str, hf: str | None, torch_ref: str | None, force: bool) -> Path:
+    """Write ``models/<name>.py`` declaring a ``GenerationSpec`` for a ``save_pretrained`` folder or a factory."""
+    from parity.platform.errors import UsageError
+    from parity.platform.safefs import write_text_atomic
+
+    if (hf is None) == (torch_ref is None):
+        raise UsageError("--task text-generation takes a model from --hf FOLDER or --torch MODULE:FUNCTION")
+    if hf is not None and not (Path(hf) / "config.json").is_file():
+        raise UsageError(f"--hf {hf}: not a save_pretrained folder (no config.json)")
+    target = Path(root) / "models" / f"{name}.py"
+    if target.exists() and not force:
+        raise UsageError(f"{target} exists; pass --force to replace it")
+    if hf is not None:
+        folder = Path(hf).resolve()
+        inside = folder.is_relative_to(Path(root).resolve())
+        source = f"hf={(folder.relative_to(Path(root).resolve()).as_posix() if inside else str(folder))!r}"
+    else:
+        source = f"torch_factory={torch_ref!r}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(
+        target,
+        f'''"""{name}: a causal language model checked as it generates (greedy, with a key/value cache)."""
+
+from parity.model.generation_spec import GenerationSpec
+
+SPEC = GenerationSpec(
+    name={name!r},
+    description="greedy generation with a key/value cache, step by step against a float64 golden",
+    {source},
+    new_tokens=8,  # greedy steps after the prompt (step 0: the prefill)
+    prompt_lengths=(7, 4),  # batch 1 runs the first prompt alone; the left-padded batch runs them all
+    seed=0,
+)
+''',
+    )
+    return target
