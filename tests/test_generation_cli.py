@@ -73,3 +73,25 @@ def test_an_export_whose_rotary_positions_restart_fails_in_decode_and_the_eager_
     onnx = rows["torch/onnx/ort"]
     assert onnx["verdict"] == "fail" and onnx["generation"]["mode"] == "decode", onnx["reason"]
     assert onnx["generation"]["first_divergent_step"] >= 1, onnx["generation"]
+
+
+def test_prompts_of_your_own_from_an_npz_and_a_right_padded_file_refused(workspace, tmp_path):
+    import numpy as np
+
+    ids = np.array([[0, 0, 11, 12, 13], [21, 22, 23, 24, 25]], np.int64)
+    mask = (ids != 0).astype(np.int64)
+    np.savez(workspace / "prompts.npz", input_ids=ids, attention_mask=mask)
+    made = _cli(
+        "init", "own", "--hf", workspace / "tiny_llama", "--task", "text-generation",
+        "--inputs", workspace / "prompts.npz", "-w", workspace,
+    )  # fmt: skip
+    assert made.exit_code == 0, made.output
+    assert "prompts='prompts.npz'" in (workspace / "models" / "own.py").read_text()
+    assert _cli("golden", "build", "--model", "own", "-w", workspace).exit_code == 0
+    row = _results(workspace, "own", "torch")["torch"]
+    assert row["verdict"] == "pass" and row["batch_size"] == 2, row["reason"]
+    np.savez(workspace / "prompts.npz", input_ids=ids[:, ::-1], attention_mask=mask[:, ::-1])  # right-padded
+    stale = _results(workspace, "own", "torch")
+    assert not stale, stale  # the golden no longer describes the prompts: a model error, no verdict
+    rebuilt = _cli("golden", "build", "--model", "own", "-w", workspace)
+    assert rebuilt.exit_code == 2 and "left padding" in rebuilt.output, rebuilt.output

@@ -116,9 +116,9 @@ def init(
     if task or hf_folder:
         if task is None:
             fail("--hf takes --task text-generation (a causal LM checked as it generates)")
-        if keras_ref or jax_ref or onnx_ref or input_decls or inputs_file or test_data:
-            fail("--task text-generation takes --hf FOLDER or --torch MODULE:FUNCTION, and no inputs")
-        written = jobs.init_generation(name, hf_folder, torch_ref, force, workspace)
+        if keras_ref or jax_ref or onnx_ref or input_decls or test_data or polygraphy_inputs:
+            fail("--task text-generation takes --hf FOLDER or --torch MODULE:FUNCTION, and prompts with --inputs")
+        written = jobs.init_generation(name, hf_folder, torch_ref, force, workspace, inputs_file)
         click.echo(f"wrote {written} (text-generation, {'folder ' + hf_folder if hf_folder else torch_ref})")
         click.echo(f"next: parity golden build --model {name} && parity check --model {name}")
         return

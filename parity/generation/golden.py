@@ -11,23 +11,30 @@ import shutil
 import time
 from pathlib import Path
 
-import numpy as np
-
 from parity import __version__
 from parity.golden.store import describe_arrays, new_scratch
 from parity.model import manifest as manifest_lib
 from parity.platform.cache_dir import named_lock
 from parity.platform.errors import GoldenError
-from parity.platform.safefs import read_npz, replace_dir, sha256_file, write_json_atomic
+from parity.platform.safefs import replace_dir, sha256_file, write_json_atomic
 
 SCHEMA = "parity-generation-golden/1"
 FILE = "generation.npz"
 MANIFEST = "manifest.json"
 
 
-def settings(spec) -> dict:
-    """What the golden data depends on besides the model: the prompts and the number of steps."""
-    return {"new_tokens": spec.new_tokens, "prompt_lengths": list(spec.prompt_lengths), "seed": spec.seed}
+def settings(spec, workspace_root) -> dict:
+    """What the golden data depends on besides the model: the prompts (a prompts file by its sha256) and the number
+    of steps."""
+    chosen: dict = {"new_tokens": spec.new_tokens}
+    file = spec.prompts_file(workspace_root)
+    if file is None:
+        chosen.update(prompt_lengths=list(spec.prompt_lengths), seed=spec.seed)
+    else:
+        if not Path(file).is_file():
+            raise GoldenError(f"{spec.name}: no prompts file {file}")
+        chosen.update(prompts_sha256=sha256_file(Path(file)))
+    return chosen
 
 
 def build(workspace, spec, pool, progress=lambda message: None) -> dict:
@@ -47,6 +54,7 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
             new_tokens=spec.new_tokens,
             lengths=list(spec.prompt_lengths),
             seed=spec.seed,
+            prompts_file=spec.prompts_file(workspace.root),
         )
         manifest = manifest_lib.seal(
             {
@@ -54,7 +62,7 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
                 "model": spec.name,
                 "task": spec.task,
                 "description": spec.description,
-                "settings": settings(spec),
+                "settings": settings(spec, workspace.root),
                 "built_from": identity,
                 "reference": info,
                 "files": {FILE: {"sha256": sha256_file(scratch / FILE), "arrays": describe_arrays(scratch / FILE)}},
@@ -66,7 +74,7 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
         final.mkdir()
         shutil.copyfile(scratch / FILE, final / FILE)
         write_json_atomic(final / MANIFEST, manifest)
-        verify(final, spec)
+        verify(final, spec, workspace.root)
         target = workspace.golden_dir(spec.name)
         with named_lock(f"golden-{target.resolve()}"):
             replace_dir(final, target)
@@ -75,7 +83,7 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def verify(golden_dir: Path, spec) -> dict:
+def verify(golden_dir: Path, spec, workspace_root) -> dict:
     """The manifest, once its digest, its file's sha256 and its settings (the spec's) are verified; a
     ``GoldenError`` naming what is wrong otherwise."""
     path = Path(golden_dir) / MANIFEST
@@ -96,18 +104,13 @@ def verify(golden_dir: Path, spec) -> dict:
     file = Path(golden_dir) / FILE
     if not file.is_file() or sha256_file(file) != manifest["files"][FILE]["sha256"]:
         raise GoldenError(f"{file}: missing, or its sha256 is not the manifest's (corrupted)")
-    if manifest.get("settings") != settings(spec):
+    now = settings(spec, workspace_root)
+    if manifest.get("settings") != now:
         raise GoldenError(
-            f"golden data of {spec.name} was built with {manifest.get('settings')}, the spec now says "
-            f"{settings(spec)}: run parity golden build --model {spec.name}"
+            f"golden data of {spec.name} was built with {manifest.get('settings')}, the spec now says {now}: run "
+            f"parity golden build --model {spec.name}"
         )
     return manifest
-
-
-def load(golden_dir: Path, spec) -> tuple[dict, dict[str, np.ndarray]]:
-    """``(manifest, arrays)`` once verified."""
-    manifest = verify(golden_dir, spec)
-    return manifest, read_npz(Path(golden_dir) / FILE, GoldenError, "golden file")
 
 
 def source_identity(source: dict) -> dict:

@@ -37,6 +37,30 @@ def prompt_set(vocab_size: int, lengths=(7, 4), seed: int = 0) -> dict[str, np.n
     return {"input_ids": ids, "attention_mask": mask}
 
 
+def read_prompt_set(path: str, vocab_size: int) -> dict[str, np.ndarray]:
+    """A user's prompts from a ``.npz`` (``input_ids`` and ``attention_mask``, never unpickled), checked: integer
+    ``(prompts, length)`` arrays of one shape, a 0/1 mask that is 0 then 1 on each row (left-padded), every row with a
+    token, ids inside the vocabulary. A ``ValueError`` naming the problem otherwise."""
+    from parity.platform.safefs import read_npz
+
+    arrays = read_npz(path, ValueError, "prompts file")
+    missing = {"input_ids", "attention_mask"} - set(arrays)
+    if missing:
+        raise ValueError(f"{path}: no {', '.join(sorted(missing))} (a prompts file holds input_ids and attention_mask)")
+    ids, mask = arrays["input_ids"], arrays["attention_mask"]
+    if ids.ndim != 2 or ids.shape != mask.shape or ids.dtype.kind not in "iu" or mask.dtype.kind not in "iub":
+        raise ValueError(f"{path}: input_ids and attention_mask must be integer arrays of one (prompts, length) shape")
+    mask = mask.astype(np.int64)
+    if not np.isin(mask, (0, 1)).all() or (np.diff(mask, axis=1) < 0).any() or not mask[:, -1].all():
+        raise ValueError(
+            f"{path}: attention_mask must be 0 then 1 on each row, every row ending on a token (left padding)"
+        )
+    real = ids[mask == 1]
+    if real.min() < 0 or real.max() >= vocab_size:
+        raise ValueError(f"{path}: token ids must lie in [0, {vocab_size}), the model's vocabulary")
+    return {"input_ids": np.where(mask == 1, ids, PAD_ID).astype(np.int64), "attention_mask": mask}
+
+
 def positions(mask: np.ndarray, new_len: int) -> np.ndarray:
     """The position ids of the last ``new_len`` columns of ``mask`` (B, T): ``cumsum - 1``, pads at 1."""
     pos = np.cumsum(mask, axis=1) - 1

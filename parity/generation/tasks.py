@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from parity.generation import genai_decoder, openvino_decoder
-from parity.generation.prompts import batches, prompt_set
+from parity.generation.prompts import batches, prompt_set, read_prompt_set
 from parity.generation.verify import FLOAT32_TOLERANCES, compare
 from parity.platform.errors import Unavailable, UsageError
 from parity.platform.safefs import write_bytes_atomic
@@ -90,8 +90,11 @@ def consistency_pairs(decoder, sets: dict, forced: dict, logits: dict) -> dict:
     return pairs
 
 
-def golden(source: dict, out_file: str, new_tokens: int, lengths: list[int], seed: int) -> dict:
-    """The float64 reference's greedy generation per batch (``batch1``, ``padded``), written to ``out_file``."""
+def golden(
+    source: dict, out_file: str, new_tokens: int, lengths: list[int], seed: int, prompts_file: str | None = None
+) -> dict:
+    """The float64 reference's greedy generation per batch (``batch1``, ``padded``), written to ``out_file``, on
+    seeded random prompts of ``lengths`` or on those of ``prompts_file`` (``prompts.read_prompt_set``)."""
     from parity.generation.model import kv_shape, load, text_config
     from parity.generation.torch_decoder import TorchDecoder
 
@@ -100,7 +103,13 @@ def golden(source: dict, out_file: str, new_tokens: int, lengths: list[int], see
         raise UsageError(f"new tokens must be at least 1, got {new_tokens}")
     model = load(source, "float64")
     vocab = int(text_config(model).vocab_size)
-    prompts = prompt_set(vocab, lengths, seed)
+    if prompts_file is not None:
+        try:
+            prompts = read_prompt_set(prompts_file, vocab)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+    else:
+        prompts = prompt_set(vocab, lengths, seed)
     sets = batches(prompts)
     decoder = TorchDecoder(model)
     arrays = {"prompts/input_ids": prompts["input_ids"], "prompts/attention_mask": prompts["attention_mask"]}
@@ -132,6 +141,8 @@ def golden(source: dict, out_file: str, new_tokens: int, lengths: list[int], see
     n_layers, kv_heads, head_dim = kv_shape(model)
     return {
         "steps": int(new_tokens),
+        "prompts": int(prompts["input_ids"].shape[0]),
+        "prompt_length": int(prompts["input_ids"].shape[1]),
         "vocab": vocab,
         "n_layers": n_layers,
         "kv_heads": kv_heads,

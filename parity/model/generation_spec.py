@@ -32,6 +32,8 @@ class GenerationSpec:
         prompt_lengths: one prompt per length, random token ids from ``seed``; batch 1 runs the first alone, the
             left-padded batch runs them all.
         seed: seed of the prompts' token ids.
+        prompts: a ``.npz`` (relative to the workspace, or absolute) of your own prompts instead: ``input_ids`` and
+            ``attention_mask``, int64 ``(prompts, length)``, left-padded (mask 0 then 1 on each row).
         tolerances: ``{"atol": ..., "rtol": ...}`` of a step's float32 logits against the float64 golden's
             (default: ``parity.generation.verify``'s).
         paths: the paths to check (default ``PATHS``; ``torch/genai`` needs a tokenizer in the folder).
@@ -44,6 +46,7 @@ class GenerationSpec:
     new_tokens: int = 8
     prompt_lengths: tuple[int, ...] = (7, 4)
     seed: int = 0
+    prompts: str | None = None
     tolerances: dict[str, float] = field(default_factory=dict)
     paths: tuple[str, ...] = PATHS
     task: str = TASK
@@ -65,6 +68,13 @@ class GenerationSpec:
         bad = set(self.tolerances) - {"atol", "rtol"}
         if bad or any(not isinstance(v, (int, float)) or v < 0 for v in self.tolerances.values()):
             raise SpecError(f"{self.name}: tolerances take non-negative atol and rtol only, not {self.tolerances}")
+
+    def prompts_file(self, workspace_root: str | Path) -> str | None:
+        """The prompts file's absolute path, or None for seeded random prompts."""
+        if self.prompts is None:
+            return None
+        path = Path(self.prompts)
+        return str(path if path.is_absolute() else Path(workspace_root).resolve() / path)
 
     def source(self, workspace_root: str | Path) -> dict:
         """The model source as ``parity.generation.model.load`` takes it (paths made absolute)."""

@@ -49,15 +49,15 @@ def selected(spec, patterns) -> list[str]:
     return [p for p in chosen if not patterns or any(fnmatch.fnmatchcase(p, pattern) for pattern in patterns)]
 
 
-def row(spec, path_id: str) -> dict:
-    """A generation path's result row before it is checked."""
+def row(spec, manifest: dict, path_id: str) -> dict:
+    """A generation path's result row before it is checked (its batch: the golden's prompts)."""
     return {
         "model": spec.name,
         "path": path_id,
         "stages": STAGES[path_id],
         "device": "cpu",
         "precision": "fp32",
-        "batch_size": len(spec.prompt_lengths),
+        "batch_size": manifest["reference"]["prompts"],
         "task": TASK,
         "verdict": None,
         "reason": None,
@@ -81,7 +81,7 @@ def changed(workspace, pool, spec, manifest: dict) -> dict | None:
 
 def check(workspace, pool, spec, manifest: dict, path_id: str, threads: int, progress=lambda message: None) -> dict:
     """One path's result row: its export (cached), then prefill and decode steps against the golden."""
-    result = row(spec, path_id)
+    result = row(spec, manifest, path_id)
     source = spec.source(workspace.root)
     try:
         artifact = None
@@ -164,8 +164,9 @@ def _verified(folder: Path) -> dict | None:
     return None
 
 
-def init(root: Path, name: str, hf: str | None, torch_ref: str | None, force: bool) -> Path:
-    """Write ``models/<name>.py`` declaring a ``GenerationSpec`` for a ``save_pretrained`` folder or a factory."""
+def init(root: Path, name: str, hf: str | None, torch_ref: str | None, force: bool, prompts: str | None = None) -> Path:
+    """Write ``models/<name>.py`` declaring a ``GenerationSpec`` for a ``save_pretrained`` folder or a factory, on
+    seeded random prompts or those of ``prompts`` (a ``.npz``)."""
     from parity.platform.errors import UsageError
     from parity.platform.safefs import write_text_atomic
 
@@ -182,6 +183,12 @@ def init(root: Path, name: str, hf: str | None, torch_ref: str | None, force: bo
         source = f"hf={(folder.relative_to(Path(root).resolve()).as_posix() if inside else str(folder))!r}"
     else:
         source = f"torch_factory={torch_ref!r}"
+    prompt_lines = (
+        f"prompts={prompts!r},  # input_ids and attention_mask, left-padded; batch 1 runs the first row alone"
+        if prompts
+        else "prompt_lengths=(7, 4),  # batch 1 runs the first prompt alone; the left-padded batch runs them all\n"
+        "    seed=0,"
+    )
     target.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(
         target,
@@ -194,8 +201,7 @@ SPEC = GenerationSpec(
     description="greedy generation with a key/value cache, step by step against a float64 golden",
     {source},
     new_tokens=8,  # greedy steps after the prompt (step 0: the prefill)
-    prompt_lengths=(7, 4),  # batch 1 runs the first prompt alone; the left-padded batch runs them all
-    seed=0,
+    {prompt_lines}
 )
 ''',
     )

@@ -351,8 +351,8 @@ class GoldenOutcome:
         if self.manifest.get("task"):  # a generation golden (``parity.generation.golden``)
             reference = self.manifest["reference"]
             return (
-                f"float64 greedy generation, {reference['steps']} steps on {len(self.manifest['settings']['prompt_lengths'])}"
-                f" prompts, vocabulary {reference['vocab']}, built in {self.manifest['build_seconds']} s"
+                f"float64 greedy generation, {reference['steps']} steps on {reference['prompts']} prompts, "
+                f"vocabulary {reference['vocab']}, built in {self.manifest['build_seconds']} s"
             )
         return store.summary(self.manifest, self.golden_dir)
 
@@ -406,7 +406,7 @@ def verify_goldens(workspace: str | None, models, notice=_quiet) -> Iterator[Gol
         try:
             spec = ws.load_spec(name)
             if generation.is_generation(spec):
-                manifest = generation_golden.verify(ws.golden_dir(name), spec)
+                manifest = generation_golden.verify(ws.golden_dir(name), spec, ws.root)
             else:
                 manifest = store.verify(ws.golden_dir(name), spec)
         except ParityError as error:
@@ -453,6 +453,17 @@ def path_rows(workspace: str | None, models, devices, precisions, notice=_quiet)
     return rows
 
 
+def _forward_pass(ws, name: str, command: str):
+    """``name``'s spec, refused with one line where it is a generation model (checked step by step, not as one
+    forward pass: ``parity check`` verifies it)."""
+    from parity.pipeline import generation
+
+    spec = ws.load_spec(name)
+    if generation.is_generation(spec):
+        raise UsageError(f"{command} works on one forward pass; {name} is a text-generation model: parity check it")
+    return spec
+
+
 def export_test_data(workspace: str | None, model: str, out_dir: str, notice=_quiet) -> tuple[Path, object]:
     """A model's golden inputs and outputs as ONNX test data under ``out_dir``; the folder written and the spec."""
     import numpy as np
@@ -463,7 +474,7 @@ def export_test_data(workspace: str | None, model: str, out_dir: str, notice=_qu
 
     ws = open_workspace(workspace, notice)
     (name,) = ws.select([model])
-    spec = ws.load_spec(name)
+    spec = _forward_pass(ws, name, "export-testdata")
     verified = store.load(ws.golden_dir(name), spec)
     reference = verified.arrays["reference.npz"]
     written = interop.write_test_data(
@@ -521,12 +532,16 @@ def init_model(
     return written, info, kind
 
 
-def init_generation(name: str, hf: str | None, torch_ref: str | None, force: bool, workspace: str | None) -> Path:
-    """``parity init --task text-generation``: the spec of a causal LM from a folder or a factory."""
+def init_generation(
+    name: str, hf: str | None, torch_ref: str | None, force: bool, workspace: str | None, prompts: str | None = None
+) -> Path:
+    """``parity init --task text-generation``: the spec of a causal LM from a folder or a factory (``prompts``: a
+    ``.npz`` of input_ids and attention_mask instead of seeded random prompts)."""
     from parity.pipeline import generation, scaffold
 
     root = Path(workspace or ".").resolve()
-    return generation.init(root, name, hf, torch_ref and scaffold.workspace_reference(torch_ref, root), force)
+    reference = torch_ref and scaffold.workspace_reference(torch_ref, root)
+    return generation.init(root, name, hf, reference, force, prompts and scaffold.workspace_reference(prompts, root))
 
 
 def repro(
@@ -566,9 +581,10 @@ def repro(
         raise UsageError(
             f"--device {device}: parity repro reduces graphs on the CPU runtimes (ort, ort-noopt, onnxref) only"
         )
-    path = paths.by_id(path_id, "cpu", precision)
     ws = open_workspace(workspace, notice)
     names = ws.select([model])
+    _forward_pass(ws, names[0], "parity repro")
+    path = paths.by_id(path_id, "cpu", precision)
     options = orchestrate.Options(threads=threads, patterns=(path_id,), precision=precision, timeout_s=timeout_s)
     report = orchestrate.check(ws, names, options, progress=progress)
     result = next((r for r in report["results"] if r["path"] == path.id), None)

@@ -148,7 +148,9 @@ class Run:
                 spec = self.workspace.load_spec(name)
                 if generation.is_generation(spec):  # its own golden data and paths (``parity.pipeline.generation``)
                     chosen = generation.selected(spec, self.options.patterns)
-                    manifest = generation.generation_golden.verify(self.workspace.golden_dir(name), spec)
+                    manifest = generation.generation_golden.verify(
+                        self.workspace.golden_dir(name), spec, self.workspace.root
+                    )
                     self.generating.append((spec, manifest, chosen))
                     matched = matched or bool(chosen)
                     continue
@@ -426,7 +428,7 @@ class Run:
                 continue
             for path_id in chosen:
                 if moved is not None:
-                    row = generation.row(spec, path_id)
+                    row = generation.row(spec, manifest, path_id)
                     row.update(
                         verdict="error",
                         golden_changed=moved,
@@ -434,7 +436,7 @@ class Run:
                         f"--model {spec.name}",
                     )
                 elif self.options.device != "cpu" or self.options.precision != "fp32":
-                    row = generation.row(spec, path_id)
+                    row = generation.row(spec, manifest, path_id)
                     row.update(verdict="skip", reason="generation paths are checked on the CPU in float32")
                 else:
                     row = generation.check(

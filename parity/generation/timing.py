@@ -1,0 +1,368 @@
+"""Timing of a generation path in tokens per second: time to first token and decode steps, per batch size.
+
+A Decoder of this package (``parity.generation.tasks.DECODERS``) computes every step's logits for the verification;
+timing it as it is would time the float64 copies of those logits too. A *stepper* drives the same decoder's runtime
+as it is deployed instead: ``prefill(ids, mask, new_tokens)`` starts a sequence from an empty cache and returns the
+first greedy token (B,), ``decode(tokens)`` feeds them through the cache and returns the next ones. Each path's
+stepper keeps what its decoder does (the same model, graph, session or generator, and the same cache handling):
+
+- ``torch``: the module with a transformers ``DynamicCache``, under ``torch.no_grad``;
+- ``torch/onnx/ort`` (any ``FlatCacheDecoder``): one ``run`` per step, the ``present.*`` outputs fed back as
+  ``past_key_values.*`` (copied through NumPy at each step, as parity drives the loop);
+- ``torch/onnx/openvino``: the stateful compiled model, the cache kept in its states;
+- ``torch/genai``: ONNX Runtime GenAI's generator (``append_tokens``, then ``generate_next_token`` per token), its
+  cache preallocated to the sequence's full length.
+
+Every path computes the logits of every prompt position in its prefill (the exported graphs do), and picks the
+greedy token with an argmax of the last position's.
+
+A series at one batch size: a seeded random prompt of ``prompt_length`` tokens per row (unpadded, rows distinct),
+one generation discarded as warm-up, then generations of ``new_tokens`` tokens repeated until the medians' 95 %
+intervals are within ``rel_ci`` or ``budget_s`` is spent (``min_runs`` first, whatever the budget). Each generation
+gives one time to first token (prefill and its token) and one decode step time (the median of its
+``new_tokens - 1`` steps); medians and their distribution-free 95 % intervals come from ``parity.bench.stats``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from parity.bench import footprint
+from parity.bench.measure import ci_within
+from parity.bench.stats import median, median_ci
+from parity.generation.prompts import positions, prompt_set
+from parity.platform.errors import Unavailable, UsageError
+
+MAX_RUNS = 10_000
+FLOAT_BYTES = 4  # every path's cache is float32
+EOS_RETRIES = 4
+
+
+class _Finished(Exception):
+    """The generator stopped at its end-of-sequence id before the tokens asked for."""
+
+
+def _append_one(mask: np.ndarray) -> np.ndarray:
+    return np.concatenate([mask, np.ones((mask.shape[0], 1), np.int64)], 1)
+
+
+class TorchStepper:
+    """``TorchDecoder``'s module with the transformers cache."""
+
+    def __init__(self, decoder):
+        from parity.generation.model import kv_shape
+
+        self.decoder = decoder
+        self.cache_shape = kv_shape(decoder.model)
+
+    def _forward(self, ids: np.ndarray):
+        import torch
+
+        with torch.no_grad():
+            out = self.decoder.model(
+                input_ids=torch.from_numpy(np.ascontiguousarray(ids, np.int64)),
+                attention_mask=torch.from_numpy(self.mask),
+                position_ids=torch.from_numpy(positions(self.mask, ids.shape[1])),
+                past_key_values=self.cache,
+                use_cache=True,
+                return_dict=True,
+            )
+            self.cache = out.past_key_values
+            return out.logits[:, -1].argmax(-1).numpy()
+
+    def prefill(self, ids, mask, new_tokens: int):
+        self.cache = self.decoder._cache()
+        self.mask = np.ascontiguousarray(mask, np.int64)
+        return self._forward(ids)
+
+    def decode(self, tokens):
+        self.mask = _append_one(self.mask)
+        return self._forward(np.asarray(tokens, np.int64)[:, None])
+
+
+class FlatCacheStepper:
+    """A ``FlatCacheDecoder`` (ONNX Runtime): its ``run``, the cache fed back from ``present.*``."""
+
+    def __init__(self, decoder):
+        self.decoder = decoder
+        self.cache_shape = (decoder.n_layers, decoder.kv_heads, decoder.head_dim)
+
+    def _forward(self, ids: np.ndarray):
+        feed = {"input_ids": np.ascontiguousarray(ids, np.int64), "attention_mask": self.mask}
+        if self.decoder.takes_positions():
+            feed["position_ids"] = positions(self.mask, ids.shape[1])
+        outs = self.decoder.run({**feed, **self.past})
+        self.past = {
+            name.replace("present", "past_key_values", 1): value
+            for name, value in outs.items()
+            if name.startswith("present")
+        }
+        return np.asarray(outs["logits"][:, -1]).argmax(-1)
+
+    def prefill(self, ids, mask, new_tokens: int):
+        self.mask = np.ascontiguousarray(mask, np.int64)
+        self.past = self.decoder._empty(self.mask.shape[0])
+        return self._forward(ids)
+
+    def decode(self, tokens):
+        self.mask = _append_one(self.mask)
+        return self._forward(np.asarray(tokens, np.int64)[:, None])
+
+
+class OpenVINOStepper:
+    """``OpenVINODecoder``'s stateful infer request: the cache stays in its states."""
+
+    def __init__(self, decoder):
+        self.decoder = decoder
+        self.cache_shape = (decoder.n_layers, decoder.kv_heads, decoder.head_dim)
+
+    def _forward(self, ids: np.ndarray):
+        decoder = self.decoder
+        feed = {"input_ids": np.ascontiguousarray(ids, np.int64), "attention_mask": self.mask}
+        if "position_ids" in decoder.inputs:
+            feed["position_ids"] = positions(self.mask, ids.shape[1])
+        decoder.request.infer(feed)
+        return decoder.request.get_tensor(decoder.logits).data[:, -1].argmax(-1)
+
+    def prefill(self, ids, mask, new_tokens: int):
+        self.mask = np.ascontiguousarray(mask, np.int64)
+        self.decoder._reset(self.mask.shape[0])
+        return self._forward(ids)
+
+    def decode(self, tokens):
+        self.mask = _append_one(self.mask)
+        return self._forward(np.asarray(tokens, np.int64)[:, None])
+
+
+class GenAIStepper:
+    """``GenAIDecoder``'s generator: greedy search, one ``generate_next_token`` per token. Its end-of-sequence id is
+    one that the prompt and the tokens generated so far do not take (``used`` grows when a run meets it)."""
+
+    def __init__(self, decoder):
+        import json
+
+        from parity.generation.genai_decoder import CONFIG
+
+        self.decoder = decoder
+        settings = json.loads((decoder.model_dir / CONFIG).read_text())["model"]["decoder"]
+        self.cache_shape = (
+            int(settings["num_hidden_layers"]),
+            int(settings["num_key_value_heads"]),
+            int(settings["head_size"]),
+        )
+        self.used: set = set()
+
+    def _next(self):
+        self.generator.generate_next_token()
+        tokens = np.asarray(self.generator.get_next_tokens(), np.int64)
+        if (tokens == self.eos).any():  # that row is finished: GenAI would not run it on
+            self.used |= set(tokens.tolist())
+            raise _Finished
+        return tokens
+
+    def prefill(self, ids, mask, new_tokens: int):
+        self.generator, ids32, self.eos = self.decoder._generator(ids, mask, new_tokens, self.used)
+        self.generator.append_tokens(ids32)
+        return self._next()
+
+    def decode(self, tokens):
+        return self._next()
+
+
+def stepper(decoder):
+    """The stepper that times ``decoder`` (a Decoder of ``parity.generation.tasks.DECODERS``), or
+    ``Unavailable`` naming a decoder this module cannot time step by step."""
+    from parity.generation.genai_decoder import GenAIDecoder
+    from parity.generation.openvino_decoder import OpenVINODecoder
+    from parity.generation.ort_decoder import FlatCacheDecoder
+    from parity.generation.torch_decoder import TorchDecoder
+
+    for kind, make in (
+        (TorchDecoder, TorchStepper),
+        (FlatCacheDecoder, FlatCacheStepper),
+        (OpenVINODecoder, OpenVINOStepper),
+        (GenAIDecoder, GenAIStepper),
+    ):
+        if isinstance(decoder, kind):
+            return make(decoder)
+    raise Unavailable(f"a {type(decoder).__name__} cannot be timed step by step (no prefill/decode stepper for it)")
+
+
+def _generation(step, ids, mask, new_tokens: int, clock=time.perf_counter) -> tuple[float, list[float]]:
+    """One generation: (time to first token, [each decode step's time]) in milliseconds."""
+    t0 = clock()
+    tokens = step.prefill(ids, mask, new_tokens)
+    ttft = clock() - t0
+    steps = []
+    for _ in range(new_tokens - 1):
+        t0 = clock()
+        tokens = step.decode(tokens)
+        steps.append(clock() - t0)
+    return ttft * 1e3, [s * 1e3 for s in steps]
+
+
+def _warm(step, ids, mask, new_tokens: int) -> None:
+    """The discarded generation; a generator that stops at its end-of-sequence id is given another."""
+    for _ in range(EOS_RETRIES):
+        try:
+            _generation(step, ids, mask, new_tokens)
+            return
+        except _Finished:
+            continue
+    raise RuntimeError(f"the generator kept stopping at an end-of-sequence id within {new_tokens} tokens")
+
+
+def interval(samples_ms: list[float]) -> dict:
+    """``{"median", "low", "high", "n"}``: the median and its distribution-free 95 % interval."""
+    low, high = median_ci(samples_ms, 0.95)
+    return {"median": median(samples_ms), "low": low, "high": high, "n": len(samples_ms)}
+
+
+def per_second(batch: int, step_ms: dict) -> dict:
+    """Tokens per second from a step time's interval: ``batch / ms``, the interval's ends swapped (a monotone map
+    of order statistics: the interval still covers the median)."""
+    return {
+        "median": batch / step_ms["median"] * 1e3,
+        "low": batch / step_ms["high"] * 1e3,
+        "high": batch / step_ms["low"] * 1e3,
+        "n": step_ms["n"],
+    }
+
+
+def cache_bytes(cache_shape: tuple[int, int, int], batch: int, length: int) -> int:
+    """Bytes of a float32 key/value cache: layers x 2 x batch x kv heads x length x head size x 4."""
+    layers, kv_heads, head_dim = cache_shape
+    return int(layers) * 2 * int(batch) * int(kv_heads) * int(length) * int(head_dim) * FLOAT_BYTES
+
+
+def series(
+    step,
+    vocab: int,
+    batch: int,
+    prompt_length: int,
+    new_tokens: int,
+    budget_s: float,
+    min_runs: int,
+    rel_ci: float = 0.02,
+    seed: int = 0,
+    clock=time.perf_counter,
+) -> dict:
+    """The timing row of one batch size (see the module's note)."""
+    prompts = prompt_set(vocab, [prompt_length] * batch, seed)
+    ids, mask = prompts["input_ids"], prompts["attention_mask"]
+    _warm(step, ids, mask, new_tokens)
+    memory_reason = footprint.reset_peak()
+    idle = footprint.resident_mb()
+    ttft: list[float] = []
+    steps: list[float] = []
+    started, stopped = clock(), "max_runs"
+    while len(ttft) < MAX_RUNS:
+        try:
+            first, decode = _generation(step, ids, mask, new_tokens, clock)
+        except _Finished:  # a new end-of-sequence id: this generation is not a full one
+            _warm(step, ids, mask, new_tokens)
+            continue
+        ttft.append(first)
+        steps.append(median(decode))
+        if len(ttft) < min_runs:
+            continue
+        if ci_within(ttft, rel_ci, 0.95) and ci_within(steps, rel_ci, 0.95):
+            stopped = "ci"
+            break
+        if clock() - started >= budget_s:
+            stopped = "budget"
+            break
+    peak = None if memory_reason else footprint.peak_mb()
+    step_ms = interval(steps)
+    length = prompt_length + new_tokens - 1  # the last token generated is not fed back
+    row = {
+        "ttft_ms": interval(ttft),
+        "decode_tokens_per_s": per_second(batch, step_ms),
+        "decode_step_ms": step_ms,
+        "peak_rss_mb": peak,
+        "idle_rss_mb": idle,
+        "cache_bytes": cache_bytes(step.cache_shape, batch, length),
+        "cache_length": length,
+        "stopped": stopped,
+        "seconds": round(clock() - started, 3),
+    }
+    if memory_reason:
+        row["memory_reason"] = memory_reason
+    return row
+
+
+def _vocab(source: dict, decoder) -> int:
+    """The vocabulary size: the torch module's config, the GenAI model's, else the source's config."""
+    from parity.generation.model import load, text_config
+
+    if hasattr(decoder, "model") and hasattr(decoder.model, "config"):
+        return int(text_config(decoder.model).vocab_size)
+    if getattr(decoder, "vocab", None):
+        return int(decoder.vocab)
+    if "hf" in source:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(source["hf"], local_files_only=True)
+        return int(config.get_text_config(decoder=True).vocab_size)
+    return int(text_config(load(source, "float32")).vocab_size)
+
+
+def _validate(prompt_length, new_tokens, batch_sizes, budget_s, min_runs, threads) -> None:
+    if int(prompt_length) < 1:
+        raise UsageError(f"the prompt length must be at least 1, got {prompt_length}")
+    if int(new_tokens) < 2:
+        raise UsageError(f"timing decode steps needs at least 2 new tokens, got {new_tokens}")
+    if not batch_sizes or min(int(b) for b in batch_sizes) < 1:
+        raise UsageError(f"batch sizes must be positive integers, got {batch_sizes}")
+    if not float(budget_s) > 0:
+        raise UsageError(f"the timing budget must be > 0 seconds, got {budget_s}")
+    if int(min_runs) < 1:
+        raise UsageError(f"min_runs must be at least 1, got {min_runs}")
+    if int(threads) < 1:
+        raise UsageError(f"threads must be at least 1, got {threads}")
+
+
+def time_path(
+    source: dict,
+    path_id: str,
+    artifact_dir: str | None,
+    meta: dict | None,
+    threads: int,
+    prompt_length: int,
+    new_tokens: int,
+    batch_sizes: list[int],
+    budget_s: float,
+    min_runs: int,
+    rel_ci: float = 0.02,
+    seed: int = 0,
+) -> dict:
+    """Time one generation path (a worker task): per batch size the time to first token, the decode step and
+    tokens per second, each ``{"median", "low", "high", "n"}``, the peak resident memory during the series and the
+    cache's size at the end. ``budget_s`` is per batch size; a path whose runtime cannot run here is a skip with its
+    reason."""
+    from parity.generation.tasks import DECODERS
+
+    if path_id not in DECODERS:
+        raise UsageError(f"unknown generation path {path_id!r}; known: {', '.join(DECODERS)}")
+    _validate(prompt_length, new_tokens, batch_sizes, budget_s, min_runs, threads)
+    result: dict = {
+        "path": path_id,
+        "prompt_length": int(prompt_length),
+        "new_tokens": int(new_tokens),
+        "threads": int(threads),
+    }
+    try:
+        decoder = DECODERS[path_id](artifact_dir, {**(meta or {}), "source": source}, threads)
+        step = stepper(decoder)
+    except Unavailable as error:
+        return {**result, "verdict": "skip", "reason": str(error)}
+    vocab = _vocab(source, decoder)
+    result["batches"] = {
+        str(int(batch)): series(
+            step, vocab, int(batch), int(prompt_length), int(new_tokens), float(budget_s), int(min_runs), rel_ci, seed
+        )
+        for batch in batch_sizes
+    }
+    return result
