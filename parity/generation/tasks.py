@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from parity.generation import genai_decoder, openvino_decoder
+from parity.generation import executorch_decoder, export_decoder, genai_decoder, openvino_decoder
 from parity.generation.prompts import batches, prompt_set, read_prompt_set
 from parity.generation.verify import FLOAT32_TOLERANCES, compare
 from parity.platform.errors import Unavailable, UsageError
@@ -48,6 +48,8 @@ DECODERS = {
     "torch/onnx/ort": _ort,
     "torch/onnx/openvino": openvino_decoder.open_decoder,
     "torch/genai": genai_decoder.open_decoder,
+    "torch/export": export_decoder.open_decoder,
+    "torch/executorch": executorch_decoder.open_decoder,
 }
 
 
@@ -87,6 +89,8 @@ def consistency_pairs(decoder, sets: dict, forced: dict, logits: dict) -> dict:
     pairs["batch1_vs_padded"] = (logits["batch1"][: same + 1, 0], logits["padded"][: same + 1, 0]) if steps else None
     split = chunk_split(mask)
     pairs["chunked_prefill"] = (logits["padded"][0], decoder.chunked(ids, mask, split)) if split else None
+    for name in getattr(decoder, "not_applicable", {}):  # a check the path cannot be asked (its reason in the decoder)
+        pairs[name] = None
     return pairs
 
 
@@ -139,7 +143,11 @@ def golden(
     reference = consistency(pairs, {"atol": 1e-9, "rtol": 1e-9})
     _save(out_file, arrays)
     n_layers, kv_heads, head_dim = kv_shape(model)
+    del decoder, model, pairs  # the float32 model is loaded once the float64 one is freed
+    floor, tolerances = float32_floor(source, sets, tokens, logits)
     return {
+        "float32_floor": floor,
+        "tolerances": tolerances,
         "steps": int(new_tokens),
         "prompts": int(prompts["input_ids"].shape[0]),
         "prompt_length": int(prompts["input_ids"].shape[1]),
@@ -151,6 +159,31 @@ def golden(
         "reference_consistency": reference,
         "seconds": round(time.perf_counter() - started, 3),
     }
+
+
+FLOOR_FACTOR = 32  # a path's tolerance: at least this many times the model's own float32 error, as for any model
+
+
+def float32_floor(source: dict, sets: dict, tokens: dict, logits: dict) -> tuple[dict, dict]:
+    """The model's own float32 error (eager torch, teacher-forced on the golden's tokens) against the float64
+    logits, and the tolerances a path is judged at: ``FLOAT32_TOLERANCES``, with ``atol`` widened to
+    ``FLOOR_FACTOR`` times that error where the model's logits are larger or its layers more (the tiny models' floor
+    is far below them)."""
+    import gc
+
+    from parity.generation.model import load
+    from parity.generation.torch_decoder import TorchDecoder
+
+    gc.collect()
+    decoder = TorchDecoder(load(source, "float32"))
+    worst, scale = 0.0, 0.0
+    for name, batch in sets.items():
+        got, _ = decoder.steps(batch["input_ids"], batch["attention_mask"], len(tokens[name]), forced=tokens[name])
+        worst = max(worst, float(np.abs(got - logits[name]).max()))
+        scale = max(scale, float(np.abs(logits[name]).max()))
+    atol = max(FLOAT32_TOLERANCES["atol"], FLOOR_FACTOR * worst)
+    floor = {"max_abs": worst, "logit_max_abs": scale, "factor": FLOOR_FACTOR}
+    return floor, {**FLOAT32_TOLERANCES, "atol": float(f"{atol:.3g}")}
 
 
 def export(source: dict, out_dir: str) -> dict:

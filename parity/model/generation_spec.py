@@ -16,7 +16,7 @@ from parity.platform.errors import SpecError
 
 TASK = "text-generation"
 # the paths a generation model runs through, in the order they are checked
-PATHS = ("torch", "torch/onnx/ort", "torch/onnx/openvino", "torch/genai")
+PATHS = ("torch", "torch/onnx/ort", "torch/onnx/openvino", "torch/genai", "torch/export", "torch/executorch")
 
 
 @dataclass
@@ -35,7 +35,8 @@ class GenerationSpec:
         prompts: a ``.npz`` (relative to the workspace, or absolute) of your own prompts instead: ``input_ids`` and
             ``attention_mask``, int64 ``(prompts, length)``, left-padded (mask 0 then 1 on each row).
         tolerances: ``{"atol": ..., "rtol": ...}`` of a step's float32 logits against the float64 golden's
-            (default: ``parity.generation.verify``'s).
+            (default: what ``golden build`` sets, rtol 1e-4 and atol 1e-4 or 32 times the model's own float32 error
+            in eager torch, whichever is larger).
         paths: the paths to check (default ``PATHS``; ``torch/genai`` needs a tokenizer in the folder).
     """
 

@@ -29,12 +29,16 @@ EXPORTS = {
         "parity.generation.tasks:genai_export",
         ("onnxruntime-genai", "transformers", "torch"),
     ),
+    "torch/export": ("pt2", "parity.generation.export_decoder:export", ("torch", "transformers")),
+    "torch/executorch": ("pte", "parity.generation.executorch_decoder:export", ("torch", "transformers", "executorch")),
 }
 STAGES = {
     "torch": ["torch"],
     "torch/onnx/ort": ["torch", "torch.onnx (flat key/value cache)", "ort"],
     "torch/onnx/openvino": ["torch", "torch.onnx (flat key/value cache)", "openvino (stateful)"],
     "torch/genai": ["torch folder", "onnxruntime-genai builder", "onnxruntime-genai"],
+    "torch/export": ["torch", "torch.export (static cache, batch 1)", "torch (ExportedProgram)"],
+    "torch/executorch": ["torch", "torch.export (static cache, batch 1)", "executorch (xnnpack)"],
 }
 META = "parity-generation-export.json"
 
@@ -102,7 +106,7 @@ def check(workspace, pool, spec, manifest: dict, path_id: str, threads: int, pro
             artifact_dir=artifact and artifact["dir"],
             meta=artifact and artifact["meta"],
             threads=threads,
-            tolerances=dict(spec.tolerances) or None,
+            tolerances={**manifest["reference"].get("tolerances", {}), **spec.tolerances},
         )
     except TaskFailed as error:
         result.update(verdict="error", reason=f"{path_id}: {one_line(str(error), 400)}", log=error.log)
