@@ -73,6 +73,9 @@ def test_an_export_whose_rotary_positions_restart_fails_in_decode_and_the_eager_
     onnx = rows["torch/onnx/ort"]
     assert onnx["verdict"] == "fail" and onnx["generation"]["mode"] == "decode", onnx["reason"]
     assert onnx["generation"]["first_divergent_step"] >= 1, onnx["generation"]
+    found = onnx["generation"]["diagnosis"]  # the module tree at that step names the rotary embedding and why
+    assert found["leaf"]["path"] == "model.rotary_emb" and found["cause"]["variant"] == "positions_restart", found
+    assert rows["torch"]["generation"].get("diagnosis") is None  # a passing path is not diagnosed
 
 
 def test_prompts_of_your_own_from_an_npz_and_a_right_padded_file_refused(workspace, tmp_path):

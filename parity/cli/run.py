@@ -112,7 +112,8 @@ def _print_verdicts(report: dict, timed: bool, verbose: bool) -> None:
     from parity.report import terminal
 
     click.echo(terminal.render(report, timed=timed, verbose=verbose))
-    if any(r.get("diagnosis") for r in report["results"]):  # its renderer (and the diagnosis modules) only then
+    diagnosed = (r.get("diagnosis") or (r.get("generation") or {}).get("diagnosis") for r in report["results"])
+    if any(diagnosed):  # its renderer (and the diagnosis modules) only then
         from parity.report import diagnosis
 
         click.echo("\n" + diagnosis.render_all(report))

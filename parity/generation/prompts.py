@@ -7,6 +7,8 @@ set to 1.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 PAD_ID = 0
@@ -43,7 +45,7 @@ def read_prompt_set(path: str, vocab_size: int) -> dict[str, np.ndarray]:
     token, ids inside the vocabulary. A ``ValueError`` naming the problem otherwise."""
     from parity.platform.safefs import read_npz
 
-    arrays = read_npz(path, ValueError, "prompts file")
+    arrays = read_npz(Path(path), ValueError, "prompts file")
     missing = {"input_ids", "attention_mask"} - set(arrays)
     if missing:
         raise ValueError(f"{path}: no {', '.join(sorted(missing))} (a prompts file holds input_ids and attention_mask)")

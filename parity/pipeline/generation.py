@@ -83,8 +83,11 @@ def changed(workspace, pool, spec, manifest: dict) -> dict | None:
     return None if now == manifest["built_from"] else {"built_from": manifest["built_from"], "now": now}
 
 
-def check(workspace, pool, spec, manifest: dict, path_id: str, threads: int, progress=lambda message: None) -> dict:
-    """One path's result row: its export (cached), then prefill and decode steps against the golden."""
+def check(
+    workspace, pool, spec, manifest: dict, path_id: str, threads: int, progress=lambda message: None
+) -> tuple[dict, dict | None]:
+    """One path's result row and its export (``{"dir", "meta", "cached"}``, None for ``torch``): the export (cached),
+    then prefill and decode steps against the golden."""
     result = row(spec, manifest, path_id)
     source = spec.source(workspace.root)
     try:
@@ -94,7 +97,7 @@ def check(workspace, pool, spec, manifest: dict, path_id: str, threads: int, pro
             artifact = _export(pool, source, manifest, path_id)
             if "unavailable" in artifact["meta"]:
                 result.update(verdict="skip", reason=artifact["meta"]["unavailable"])
-                return result
+                return result, artifact
             result["export"] = {"cached": artifact["cached"], "export_s": artifact["meta"].get("export_s")}
         progress(f"{spec.name}: generate on {path_id}")
         outcome = pool.call(
@@ -110,9 +113,32 @@ def check(workspace, pool, spec, manifest: dict, path_id: str, threads: int, pro
         )
     except TaskFailed as error:
         result.update(verdict="error", reason=f"{path_id}: {one_line(str(error), 400)}", log=error.log)
-        return result
+        return result, artifact
     result.update(outcome)
-    return result
+    return result, artifact
+
+
+def diagnose(
+    workspace, pool, spec, result: dict, artifact: dict | None, threads: int, progress=lambda message: None
+) -> None:
+    """The module tree of a failing path at its first divergent step (``parity.generation.diagnose``), into its
+    ``generation`` block's ``diagnosis``."""
+    path_id, artifact = result["path"], artifact or {}
+    progress(f"{spec.name}: diagnose {path_id} at its first divergent step")
+    try:
+        result["generation"]["diagnosis"] = pool.call(
+            "torch",
+            "parity.generation.diagnose:diagnose",
+            source=spec.source(workspace.root),
+            golden_file=str(workspace.golden_dir(spec.name) / generation_golden.FILE),
+            path_id=path_id,
+            artifact_dir=artifact.get("dir"),
+            meta=artifact.get("meta"),
+            generation=result["generation"],
+            threads=threads,
+        )
+    except TaskFailed as error:
+        result["generation"]["diagnosis"] = {"error": one_line(str(error), 400)}
 
 
 def _export(pool, source: dict, manifest: dict, path_id: str) -> dict:

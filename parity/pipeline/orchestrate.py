@@ -439,9 +439,13 @@ class Run:
                     row = generation.row(spec, manifest, path_id)
                     row.update(verdict="skip", reason="generation paths are checked on the CPU in float32")
                 else:
-                    row = generation.check(
+                    row, artifact = generation.check(
                         self.workspace, pool, spec, manifest, path_id, self.options.threads, self.progress
                     )
+                    if self.options.diagnose and row["verdict"] == "fail":
+                        generation.diagnose(
+                            self.workspace, pool, spec, row, artifact, self.options.threads, self.progress
+                        )
                 self.results.append(row)
         if self.generating:
             self._stage("generate", started)

@@ -211,4 +211,27 @@ def render(d: dict) -> str:
 def render_all(report: dict) -> str:
     """Every diagnosis of a report, separated by blank lines ('' when there is none)."""
     blocks = [render(r["diagnosis"]) for r in report["results"] if r.get("diagnosis")]
+    blocks += [
+        render_generation(r) for r in report["results"] if (r.get("generation") or {}).get("diagnosis") is not None
+    ]
     return visible("\n\n".join(blocks))
+
+
+def render_generation(result: dict) -> str:
+    """A generation path's diagnosis at its first divergent step: the module chain, the leaf and its cause."""
+    found = result["generation"]["diagnosis"]
+    head = f"{result['model']} {result['path']}"
+    if found.get("error"):
+        return f"{head}: the diagnosis failed: {found['error']}"
+    if found.get("step") is None or not found.get("first_divergent_path"):
+        return f"{head}: {found.get('note') or 'nothing diagnosed'}"
+    lines = [
+        f"{head}: the module tree at step {found['step']} ({found.get('mode')}, {found.get('batch')})",
+        f"  first divergent module: {' › '.join(found['first_divergent_path'])}",
+    ]
+    leaf = found.get("leaf") or {}
+    if leaf.get("path"):
+        lines.append(f"  leaf: {leaf['path']} ({leaf.get('class')}), {leaf.get('tol_units') or 0:.3g} tolerance units")
+    cause = found.get("cause")
+    lines.append(f"  cause: {cause.get('explanation') or cause.get('description')}" if cause else "  no cause tested")
+    return "\n".join(lines)
