@@ -58,8 +58,19 @@ def _longrope(original: int, head_dim: int = 16) -> dict:
 CONFIGS: dict[str, tuple[str, dict, str, str]] = {
     "llama_gqa1": ("llama", {"num_key_value_heads": 4}, "sdpa", "heads/kv 1 (multi-head)"),
     "llama_gqa2": ("llama", {}, "sdpa", "heads/kv 2"),
-    "llama_gqa4": ("llama", {"num_attention_heads": 8, "num_key_value_heads": 2}, "sdpa", "heads/kv 4"),
-    "llama_gqa8": ("llama", {"num_attention_heads": 8, "num_key_value_heads": 1}, "sdpa", "heads/kv 8 (multi-query)"),
+    "llama_gqa4": (
+        "llama",
+        {"hidden_size": 128, "num_attention_heads": 8, "num_key_value_heads": 2},
+        "sdpa",
+        "heads/kv 4",
+    ),
+    "llama_gqa8": (
+        "llama",
+        {"hidden_size": 128, "num_attention_heads": 8, "num_key_value_heads": 1},
+        "sdpa",
+        "heads/kv 8 (multi-query)",
+    ),
+    "llama_head8": ("llama", {"num_attention_heads": 8, "num_key_value_heads": 2}, "sdpa", "head size 8"),
     "llama_headdim": ("llama", {"head_dim": 32}, "sdpa", "head size 32, hidden/heads 16"),
     "llama_tied": ("llama", {"tie_word_embeddings": True}, "sdpa", "tied embeddings"),
     "llama_rope_linear": ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "sdpa", "rope linear x2"),
@@ -220,15 +231,19 @@ def one(
     try:
         if not folder.is_dir():
             build(model_type, overrides, attn, folder, seed=sum(map(ord, name)), base=base)
-    except Exception as error:  # a config transformers refuses is a row of its own
+    except (ValueError, TypeError, KeyError, NotImplementedError) as error:  # a config transformers refuses
         result["error"] = f"build: {type(error).__name__}: {str(error).splitlines()[0][:120]}"
         return result
-    code, out, _, _ = _run(["init", name, "--hf", str(folder), "--task", "text-generation", "-w", str(root), "--force"], env, 120)
+    code, out, _, _ = _run(
+        ["init", name, "--hf", str(folder), "--task", "text-generation", "-w", str(root), "--force"], env, 120
+    )
     if code != 0:
         result["error"] = f"init: {out.strip().splitlines()[-1][:120] if out.strip() else code}"
         return result
     _set_spec(root / "models" / f"{name}.py", PROMPT_LENGTHS, NEW_TOKENS, None)
-    code, out, result["golden_s"], result["golden_rss_mb"] = _run(["golden", "build", "--model", name, "-w", str(root)], env, timeout)
+    code, out, result["golden_s"], result["golden_rss_mb"] = _run(
+        ["golden", "build", "--model", name, "-w", str(root)], env, timeout
+    )
     if code != 0:
         result["error"] = f"golden build: {out.strip().splitlines()[-1][:120] if out.strip() else code}"
         return result
@@ -298,8 +313,11 @@ def main(argv: list[str] | None = None) -> int:
         result = one(name, spec, root, env, args.path, args.timeout, base)
         results.append(result)
         cells = {p: _cell(r) for p, r in result["paths"].items()}
-        print(f"{name}: {result.get('error') or cells} golden {result.get('golden_s', 0):.1f} s, "
-              f"check {result.get('check_s', 0):.1f} s", flush=True)
+        print(
+            f"{name}: {result.get('error') or cells} golden {result.get('golden_s', 0):.1f} s, "
+            f"check {result.get('check_s', 0):.1f} s",
+            flush=True,
+        )
     print()
     print(table(results, list(PATHS)))
     if args.size == "135m":
@@ -309,7 +327,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"check {r.get('check_s', 0):.1f} s (peak RSS {r.get('check_rss_mb') or 0:.0f} MiB)"
             )
     if args.json:
-        slim = [{k: v for k, v in r.items() if k != "paths"} | {"paths": {p: {k: row.get(k) for k in ("verdict", "reason", "generation")} for p, row in r["paths"].items()}} for r in results]
+        slim = [
+            {k: v for k, v in r.items() if k != "paths"}
+            | {
+                "paths": {
+                    p: {k: row.get(k) for k in ("verdict", "reason", "generation")} for p, row in r["paths"].items()
+                }
+            }
+            for r in results
+        ]
         args.json.write_text(json.dumps(slim, indent=1, default=str))
     return 0 if all("error" not in r for r in results) else 1
 

@@ -98,3 +98,25 @@ def test_prompts_of_your_own_from_an_npz_and_a_right_padded_file_refused(workspa
     assert not stale, stale  # the golden no longer describes the prompts: a model error, no verdict
     rebuilt = _cli("golden", "build", "--model", "own", "-w", workspace)
     assert rebuilt.exit_code == 2 and "left padding" in rebuilt.output, rebuilt.output
+
+
+def test_run_times_a_passing_generation_path_in_tokens_per_second(workspace):
+    assert (
+        _cli("init", "timed", "--hf", workspace / "tiny_llama", "--task", "text-generation", "-w", workspace).exit_code
+        == 0
+    )
+    spec = workspace / "models" / "timed.py"
+    spec.write_text(
+        spec.read_text().replace(
+            "    seed=0,\n", "    seed=0,\n    bench_batch_sizes=(1, 2),\n    bench_prompt_length=16,\n"
+        )
+    )
+    assert _cli("golden", "build", "--model", "timed", "-w", workspace).exit_code == 0
+    out = workspace / "timed.json"
+    ran = _cli("run", "--model", "timed", "-w", workspace, "--path", "torch", "--budget", "0.2", "--json", out)
+    assert "decode tokens/s" in ran.output, ran.output
+    timing = json.loads(out.read_text())["results"][0]["generation"]["timing"]
+    assert set(timing["batches"]) == {"1", "2"} and timing["prompt_length"] == 16
+    for row in timing["batches"].values():
+        assert row["ttft_ms"]["low"] <= row["ttft_ms"]["median"] <= row["ttft_ms"]["high"]
+        assert row["decode_tokens_per_s"]["median"] > 0 and row["cache_bytes"] > 0

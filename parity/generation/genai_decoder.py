@@ -179,7 +179,10 @@ class GenAIDecoder:
             if self.pad_id is None:
                 raise Unavailable("the GenAI model has no pad_token_id: it cannot take a padded batch")
             ids[mask == 0] = self.pad_id
-        length = max(ids.shape[1] + new_tokens, self.window)  # the cache holds max_length tokens, >= the window
+        # the cache holds max_length tokens, at least the window where the window fits in the context (a window
+        # longer than the context is no window at all)
+        window = min(self.window, self.context) if self.context else self.window
+        length = max(ids.shape[1] + new_tokens, window)
         if self.context and length > self.context:
             raise Unavailable(f"{length} tokens exceed the GenAI model's context length {self.context}")
         eos = self._eos(used | set(ids.ravel().tolist()))

@@ -21,6 +21,7 @@ from parity.platform.safefs import replace_dir, sha256_file, write_json_atomic
 SCHEMA = "parity-generation-golden/1"
 FILE = "generation.npz"
 MANIFEST = "manifest.json"
+REFERENCE_KEYS = {"steps", "prompts", "vocab", "tolerances"}  # what a check reads of the reference's record
 
 
 def settings(spec, workspace_root) -> dict:
@@ -99,6 +100,12 @@ def verify(golden_dir: Path, spec, workspace_root) -> dict:
         raise GoldenError(f"{path} is not a generation golden manifest ({SCHEMA}): run parity golden build")
     if manifest.get("digest") != manifest_lib.canonical_digest(manifest):
         raise GoldenError(f"{path}: its digest does not match its contents (edited or corrupted)")
+    missing = REFERENCE_KEYS - set(manifest.get("reference") or {})
+    if missing:
+        raise GoldenError(
+            f"{path} lacks {', '.join(sorted(missing))} (written by an older parity): run parity golden build "
+            f"--model {spec.name}"
+        )
     if manifest.get("model") != spec.name:
         raise GoldenError(f"{path} describes model {manifest.get('model')!r}, not {spec.name!r}")
     file = Path(golden_dir) / FILE

@@ -2,9 +2,10 @@
 
 A Decoder of this package (``parity.generation.tasks.DECODERS``) computes every step's logits for the verification;
 timing it as it is would time the float64 copies of those logits too. A *stepper* drives the same decoder's runtime
-as it is deployed instead: ``prefill(ids, mask, new_tokens)`` starts a sequence from an empty cache and returns the
-first greedy token (B,), ``decode(tokens)`` feeds them through the cache and returns the next ones. Each path's
-stepper keeps what its decoder does (the same model, graph, session or generator, and the same cache handling):
+as it is deployed instead: ``start(ids, mask, new_tokens)`` sets a sequence up (an empty cache, GenAI's generator),
+``prefill()`` runs the prompt and returns the first greedy token (B,), ``decode(tokens)`` feeds them through the cache
+and returns the next ones. Each path's stepper keeps what its decoder does (the same model, graph, session or
+generator, and the same cache handling):
 
 - ``torch``: the module with a transformers ``DynamicCache``, under ``torch.no_grad``;
 - ``torch/onnx/ort`` (any ``FlatCacheDecoder``): one ``run`` per step, the ``present.*`` outputs fed back as
@@ -19,7 +20,8 @@ greedy token with an argmax of the last position's.
 A series at one batch size: a seeded random prompt of ``prompt_length`` tokens per row (unpadded, rows distinct),
 one generation discarded as warm-up, then generations of ``new_tokens`` tokens repeated until the medians' 95 %
 intervals are within ``rel_ci`` or ``budget_s`` is spent (``min_runs`` first, whatever the budget). Each generation
-gives one time to first token (prefill and its token) and one decode step time (the median of its
+gives one time to first token (set-up, prefill and its token; ``setup_ms`` is the set-up's part: GenAI's generator
+costs milliseconds to create, the other paths microseconds) and one decode step time (the median of its
 ``new_tokens - 1`` steps); medians and their distribution-free 95 % intervals come from ``parity.bench.stats``.
 """
 
@@ -56,6 +58,7 @@ class TorchStepper:
 
         self.decoder = decoder
         self.cache_shape = kv_shape(decoder.model)
+        self.cache: object = None
 
     def _forward(self, ids: np.ndarray):
         import torch
@@ -72,10 +75,12 @@ class TorchStepper:
             self.cache = out.past_key_values
             return out.logits[:, -1].argmax(-1).numpy()
 
-    def prefill(self, ids, mask, new_tokens: int):
+    def start(self, ids, mask, new_tokens: int) -> None:
+        self.ids, self.mask = ids, np.ascontiguousarray(mask, np.int64)
         self.cache = self.decoder._cache()
-        self.mask = np.ascontiguousarray(mask, np.int64)
-        return self._forward(ids)
+
+    def prefill(self):
+        return self._forward(self.ids)
 
     def decode(self, tokens):
         self.mask = _append_one(self.mask)
@@ -88,6 +93,7 @@ class FlatCacheStepper:
     def __init__(self, decoder):
         self.decoder = decoder
         self.cache_shape = (decoder.n_layers, decoder.kv_heads, decoder.head_dim)
+        self.past: dict = {}
 
     def _forward(self, ids: np.ndarray):
         feed = {"input_ids": np.ascontiguousarray(ids, np.int64), "attention_mask": self.mask}
@@ -101,10 +107,12 @@ class FlatCacheStepper:
         }
         return np.asarray(outs["logits"][:, -1]).argmax(-1)
 
-    def prefill(self, ids, mask, new_tokens: int):
-        self.mask = np.ascontiguousarray(mask, np.int64)
+    def start(self, ids, mask, new_tokens: int) -> None:
+        self.ids, self.mask = ids, np.ascontiguousarray(mask, np.int64)
         self.past = self.decoder._empty(self.mask.shape[0])
-        return self._forward(ids)
+
+    def prefill(self):
+        return self._forward(self.ids)
 
     def decode(self, tokens):
         self.mask = _append_one(self.mask)
@@ -126,10 +134,12 @@ class OpenVINOStepper:
         decoder.request.infer(feed)
         return decoder.request.get_tensor(decoder.logits).data[:, -1].argmax(-1)
 
-    def prefill(self, ids, mask, new_tokens: int):
-        self.mask = np.ascontiguousarray(mask, np.int64)
+    def start(self, ids, mask, new_tokens: int) -> None:
+        self.ids, self.mask = ids, np.ascontiguousarray(mask, np.int64)
         self.decoder._reset(self.mask.shape[0])
-        return self._forward(ids)
+
+    def prefill(self):
+        return self._forward(self.ids)
 
     def decode(self, tokens):
         self.mask = _append_one(self.mask)
@@ -162,9 +172,11 @@ class GenAIStepper:
             raise _Finished
         return tokens
 
-    def prefill(self, ids, mask, new_tokens: int):
-        self.generator, ids32, self.eos = self.decoder._generator(ids, mask, new_tokens, self.used)
-        self.generator.append_tokens(ids32)
+    def start(self, ids, mask, new_tokens: int) -> None:
+        self.generator, self.ids32, self.eos = self.decoder._generator(ids, mask, new_tokens, self.used)
+
+    def prefill(self):
+        self.generator.append_tokens(self.ids32)
         return self._next()
 
     def decode(self, tokens):
@@ -190,17 +202,20 @@ def stepper(decoder):
     raise Unavailable(f"a {type(decoder).__name__} cannot be timed step by step (no prefill/decode stepper for it)")
 
 
-def _generation(step, ids, mask, new_tokens: int, clock=time.perf_counter) -> tuple[float, list[float]]:
-    """One generation: (time to first token, [each decode step's time]) in milliseconds."""
-    t0 = clock()
-    tokens = step.prefill(ids, mask, new_tokens)
-    ttft = clock() - t0
+def _generation(step, ids, mask, new_tokens: int, clock=time.perf_counter) -> tuple[float, float, list[float]]:
+    """One generation: (time to first token, the part of it spent setting the sequence up, [each decode step's
+    time]) in milliseconds."""
+    started = clock()
+    step.start(ids, mask, new_tokens)
+    set_up = clock()
+    tokens = step.prefill()
+    first = clock()
     steps = []
     for _ in range(new_tokens - 1):
         t0 = clock()
         tokens = step.decode(tokens)
         steps.append(clock() - t0)
-    return ttft * 1e3, [s * 1e3 for s in steps]
+    return (first - started) * 1e3, (set_up - started) * 1e3, [s * 1e3 for s in steps]
 
 
 def _warm(step, ids, mask, new_tokens: int) -> None:
@@ -256,15 +271,17 @@ def series(
     memory_reason = footprint.reset_peak()
     idle = footprint.resident_mb()
     ttft: list[float] = []
+    setup: list[float] = []
     steps: list[float] = []
     started, stopped = clock(), "max_runs"
     while len(ttft) < MAX_RUNS:
         try:
-            first, decode = _generation(step, ids, mask, new_tokens, clock)
+            first, set_up, decode = _generation(step, ids, mask, new_tokens, clock)
         except _Finished:  # a new end-of-sequence id: this generation is not a full one
             _warm(step, ids, mask, new_tokens)
             continue
         ttft.append(first)
+        setup.append(set_up)
         steps.append(median(decode))
         if len(ttft) < min_runs:
             continue
@@ -279,6 +296,7 @@ def series(
     length = prompt_length + new_tokens - 1  # the last token generated is not fed back
     row = {
         "ttft_ms": interval(ttft),
+        "setup_ms": interval(setup),
         "decode_tokens_per_s": per_second(batch, step_ms),
         "decode_step_ms": step_ms,
         "peak_rss_mb": peak,
@@ -287,16 +305,20 @@ def series(
         "cache_length": length,
         "stopped": stopped,
         "seconds": round(clock() - started, 3),
+        "samples_ms": {"ttft": ttft, "decode_step": steps},  # per generation: what a comparison of two runs reads
     }
     if memory_reason:
         row["memory_reason"] = memory_reason
     return row
 
 
-def _vocab(source: dict, decoder) -> int:
-    """The vocabulary size: the torch module's config, the GenAI model's, else the source's config."""
+def _vocab(source: dict, meta: dict, decoder) -> int:
+    """The vocabulary size: the meta's (the golden's), the torch module's config, the GenAI model's, else the
+    source's config."""
     from parity.generation.model import load, text_config
 
+    if meta.get("vocab"):
+        return int(meta["vocab"])
     if hasattr(decoder, "model") and hasattr(decoder.model, "config"):
         return int(text_config(decoder.model).vocab_size)
     if getattr(decoder, "vocab", None):
@@ -358,7 +380,7 @@ def time_path(
         step = stepper(decoder)
     except Unavailable as error:
         return {**result, "verdict": "skip", "reason": str(error)}
-    vocab = _vocab(source, decoder)
+    vocab = _vocab(source, meta or {}, decoder)
     result["batches"] = {
         str(int(batch)): series(
             step, vocab, int(batch), int(prompt_length), int(new_tokens), float(budget_s), int(min_runs), rel_ci, seed

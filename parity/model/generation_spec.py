@@ -38,6 +38,8 @@ class GenerationSpec:
             (default: what ``golden build`` sets, rtol 1e-4 and atol 1e-4 or 32 times the model's own float32 error
             in eager torch, whichever is larger).
         paths: the paths to check (default ``PATHS``; ``torch/genai`` needs a tokenizer in the folder).
+        bench_batch_sizes, bench_prompt_length, bench_new_tokens: what ``parity run`` times on each path that passed:
+            time to first token and decode tokens per second at each batch size, on prompts of that many tokens.
     """
 
     name: str
@@ -50,6 +52,9 @@ class GenerationSpec:
     prompts: str | None = None
     tolerances: dict[str, float] = field(default_factory=dict)
     paths: tuple[str, ...] = PATHS
+    bench_batch_sizes: tuple[int, ...] = (1, 4)
+    bench_prompt_length: int = 64
+    bench_new_tokens: int = 32
     task: str = TASK
     frameworks: tuple[str, ...] = ("torch",)
     source_file: str | None = None
@@ -66,6 +71,10 @@ class GenerationSpec:
         unknown = set(self.paths) - set(PATHS)
         if unknown:
             raise SpecError(f"{self.name}: unknown path(s) {', '.join(sorted(unknown))}; known: {', '.join(PATHS)}")
+        if not self.bench_batch_sizes or min(self.bench_batch_sizes) < 1 or self.bench_prompt_length < 1:
+            raise SpecError(f"{self.name}: bench_batch_sizes and bench_prompt_length must be positive")
+        if self.bench_new_tokens < 2:
+            raise SpecError(f"{self.name}: bench_new_tokens must be 2 or more (a prefill and a decode step)")
         bad = set(self.tolerances) - {"atol", "rtol"}
         if bad or any(not isinstance(v, (int, float)) or v < 0 for v in self.tolerances.values()):
             raise SpecError(f"{self.name}: tolerances take non-negative atol and rtol only, not {self.tolerances}")

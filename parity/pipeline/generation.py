@@ -141,6 +141,36 @@ def diagnose(
         result["generation"]["diagnosis"] = {"error": one_line(str(error), 400)}
 
 
+def time_paths(run, pool, timing) -> None:
+    """Time each generation path that passed (``parity.generation.timing``) into its ``generation`` block's
+    ``timing``: time to first token and decode tokens per second at the spec's batch sizes (``--batch`` overrides).
+    One sample is a whole generation, so a series gets ten times the per-series budget and at least 5 runs."""
+    for result in run.results:
+        held = run.generation_artifacts.get((result["model"], result["path"]))
+        if held is None or result["verdict"] != "pass":
+            continue
+        spec, manifest, artifact = held
+        run.progress(f"{spec.name}: time {result['path']}")
+        try:
+            result["generation"]["timing"] = pool.call(
+                "torch",
+                "parity.generation.timing:time_path",
+                source=spec.source(run.workspace.root),
+                path_id=result["path"],
+                artifact_dir=artifact and artifact["dir"],
+                meta={**((artifact and artifact["meta"]) or {}), "vocab": manifest["reference"]["vocab"]},
+                threads=run.options.threads,
+                prompt_length=spec.bench_prompt_length,
+                new_tokens=spec.bench_new_tokens,
+                batch_sizes=list(timing.batch_sizes or spec.bench_batch_sizes),
+                budget_s=10 * timing.budget_s,
+                min_runs=min(timing.min_runs, 5),
+                rel_ci=timing.target_rel_ci,
+            )
+        except TaskFailed as error:
+            result["generation"]["timing"] = {"verdict": "error", "reason": one_line(str(error), 400)}
+
+
 def _export(pool, source: dict, manifest: dict, path_id: str) -> dict:
     """``{"dir", "meta", "cached"}`` of the path's export, made once per model and package versions and kept in the
     cache folder; a kept export whose files' sha256 are not those it was written with is made again."""

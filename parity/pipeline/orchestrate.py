@@ -128,6 +128,7 @@ class Run:
         self.calibrations: dict[str, dict] = {}  # model -> the digest of its int8 calibration rows (int8_key)
         self.host: dict | None = None  # the host audit of a timed run
         self.generating: list[tuple] = []  # (spec, manifest, path ids) of language models checked as they generate
+        self.generation_artifacts: dict[tuple, tuple] = {}  # (model, path) -> (spec, manifest, its export or None)
 
     def progress(self, message: str, step: int | None = None, steps: int | None = None) -> None:
         """Tell the caller's ``progress`` what starts now; ``step`` of ``steps`` only where it takes them."""
@@ -344,6 +345,7 @@ class Run:
                     started = time.perf_counter()
                     with HostMonitor(self.options.threads) as monitor:
                         benchmark.bench(self, pool, order, self.options.timing)
+                        generation.time_paths(self, pool, self.options.timing)
                     self.host = monitor.audit({"worker_environment": worker_env})
                     self._stage("bench", started)
         finally:
@@ -442,6 +444,7 @@ class Run:
                     row, artifact = generation.check(
                         self.workspace, pool, spec, manifest, path_id, self.options.threads, self.progress
                     )
+                    self.generation_artifacts[(spec.name, path_id)] = (spec, manifest, artifact)
                     if self.options.diagnose and row["verdict"] == "fail":
                         generation.diagnose(
                             self.workspace, pool, spec, row, artifact, self.options.threads, self.progress

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 
 def one_line(text: object, limit: int) -> str:
-    """``text`` with its whitespace collapsed to single spaces, cut to ``limit`` characters."""
-    collapsed = " ".join(str(text).split())
+    """``text`` with its terminal colour codes removed (a library's coloured message) and its whitespace collapsed
+    to single spaces, cut to ``limit`` characters."""
+    collapsed = " ".join(re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", str(text)).split())
     return collapsed if len(collapsed) <= limit else collapsed[: limit - 3] + "..."
 
 

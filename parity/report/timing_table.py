@@ -280,7 +280,12 @@ def render(report: dict) -> str:
         ("samples/s", "right"),
         ("vs baseline (ratio of medians [95% CI])", "left"),
     ]
-    lines += [_table(columns, [row for r in results for row in _batch_rows(r)]), "", *_legend(TIMING_LEGEND)]
+    forward = [row for r in results if not r.get("generation") for row in _batch_rows(r)]
+    if forward:
+        lines += [_table(columns, forward), "", *_legend(TIMING_LEGEND)]
+    else:
+        lines = []
+    lines += generation_rows(results)
     processes = [
         (
             r["model"],
@@ -485,3 +490,47 @@ def warnings(report: dict) -> list[str]:
 
 def _few(items: list[str], most: int = 4) -> str:
     return ", ".join(items[:most]) + (f" and {len(items) - most} more" if len(items) > most else "")
+
+
+def generation_rows(results: list[dict]) -> list[str]:
+    """The generation paths' timing (``parity.generation.timing``): time to first token and decode tokens per second
+    with their 95% intervals, per batch size; a path that could not be timed says why."""
+    rows = []
+    for r in results:
+        timed = (r.get("generation") or {}).get("timing")
+        if not timed:
+            continue
+        if "batches" not in timed:
+            rows.append((r["model"], r["path"], "-", "-", "-", "-", "-", timed.get("reason") or timed.get("verdict")))
+            continue
+        for batch, e in timed["batches"].items():
+            ttft, tps = e["ttft_ms"], e["decode_tokens_per_s"]
+            rows.append(
+                (
+                    r["model"],
+                    r["path"],
+                    batch,
+                    f"{ttft['median']:.4g} [{ttft['low']:.4g}, {ttft['high']:.4g}]",
+                    f"{tps['median']:.4g} [{tps['low']:.4g}, {tps['high']:.4g}]",
+                    f"{e['peak_rss_mb']:.0f}",
+                    f"{e['cache_bytes'] / 2**20:.3g}",
+                    f"n {ttft['n']}",
+                )
+            )
+    if not rows:
+        return []
+    columns = [
+        ("model", "left"),
+        ("path", "left"),
+        ("batch", "right"),
+        ("first token ms [95% CI]", "right"),
+        ("decode tokens/s [95% CI]", "right"),
+        ("peak MB", "right"),
+        ("cache MiB", "right"),
+        ("", "left"),
+    ]
+    return [
+        "",
+        "Generation (prefill and greedy decode with the path's own cache, on prompts of the spec's bench length)",
+        _table(columns, rows),
+    ]
