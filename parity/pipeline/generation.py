@@ -94,7 +94,7 @@ def check(
         artifact = None
         if path_id in EXPORTS:
             progress(f"{spec.name}: export {path_id}")
-            artifact = _export(pool, source, manifest, path_id)
+            artifact = export(pool, source, manifest, path_id)
             if "unavailable" in artifact["meta"]:
                 result.update(verdict="skip", reason=artifact["meta"]["unavailable"])
                 return result, artifact
@@ -171,7 +171,7 @@ def time_paths(run, pool, timing) -> None:
             result["generation"]["timing"] = {"verdict": "error", "reason": one_line(str(error), 400)}
 
 
-def _export(pool, source: dict, manifest: dict, path_id: str) -> dict:
+def export(pool, source: dict, manifest: dict, path_id: str) -> dict:
     """``{"dir", "meta", "cached"}`` of the path's export, made once per model and package versions and kept in the
     cache folder; a kept export whose files' sha256 are not those it was written with is made again."""
     kind, task, packages = EXPORTS[path_id]

@@ -263,7 +263,8 @@ def history(
 
 
 def _past_medians(store, report: dict) -> dict:
-    """(model, path, batch) -> medians of that series in the store's earlier runs on this run's hardware."""
+    """(model, path, batch) -> medians of that series in the store's earlier runs on this run's hardware; a
+    generation series (its time to first token or decode step) under (model, path, batch, kind)."""
     from parity.results.store import hardware
 
     here = hardware(report.get("env") or {})
@@ -273,8 +274,9 @@ def _past_medians(store, report: dict) -> dict:
         if run["hardware"] != here:
             continue
         for row in run["rows"]:
-            if row["kind"] == "batch" and row["verdict"] == "pass" and row["median_ms"]:
-                found.setdefault((row["model"], row["path"], row["key"]), []).append(row["median_ms"])
+            if row["kind"] in ("batch", "ttft", "decode_step") and row["verdict"] == "pass" and row["median_ms"]:
+                extra = () if row["kind"] == "batch" else (row["kind"],)
+                found.setdefault((row["model"], row["path"], row["key"], *extra), []).append(row["median_ms"])
     return found
 
 
@@ -583,7 +585,12 @@ def repro(
         )
     ws = open_workspace(workspace, notice)
     names = ws.select([model])
-    _forward_pass(ws, names[0], "parity repro")
+    from parity.pipeline import generation
+
+    if generation.is_generation(ws.load_spec(names[0])):  # its first divergent step, cut at the diagnosis's leaf
+        from parity.pipeline import generation_repro
+
+        return generation_repro.repro(ws, names[0], path_id, out, precision, threads, timeout_s, command, progress)
     path = paths.by_id(path_id, "cpu", precision)
     options = orchestrate.Options(threads=threads, patterns=(path_id,), precision=precision, timeout_s=timeout_s)
     report = orchestrate.check(ws, names, options, progress=progress)

@@ -38,7 +38,14 @@ class Series:
 
     @property
     def label(self) -> str:
-        what = {"check": "check", "batch": f"batch {self.key}", "shape": self.key, "train_step": "training step"}
+        what = {
+            "check": "check",
+            "batch": f"batch {self.key}",
+            "shape": self.key,
+            "train_step": "training step",
+            "ttft": f"batch {self.key} time to first token",
+            "decode_step": f"batch {self.key} decode step",
+        }
         extra = "" if (self.device, self.precision) == ("cpu", "fp32") else f" {self.device} {self.precision}"
         return f"{self.model} {self.path}{extra} {what.get(self.kind, self.kind)}"
 

@@ -94,7 +94,7 @@ def _tables(sa):
         sa.Column("path", sa.String(200), nullable=False),
         sa.Column("device", sa.String(32), nullable=False),
         sa.Column("precision", sa.String(16), nullable=False),
-        sa.Column("kind", sa.String(16), nullable=False),  # check | batch | shape | train_step
+        sa.Column("kind", sa.String(16), nullable=False),  # check | batch | shape | train_step | ttft | decode_step
         sa.Column("key", sa.String(200), nullable=False),  # the batch size or shape; "" for check and train_step
         sa.Column("verdict", sa.String(16), nullable=False),
         sa.Column("reason", sa.Text),
@@ -209,6 +209,42 @@ def series_rows(document: dict) -> list[dict]:
                     "samples_ms": json.dumps(e["samples_ms"]) if e.get("samples_ms") else None,
                     "peak_rss_mb": _finite((e.get("memory") or {}).get("peak_rss_mb")),
                     "artifact_mb": _finite(e.get("artifact_mb")),
+                }
+            )
+        rows += _generation_rows(r, base)
+    return rows
+
+
+GENERATION_KINDS = {"ttft": "ttft_ms", "decode_step": "decode_step_ms"}  # series kind -> its interval in the row
+
+
+def _generation_rows(result: dict, base: dict) -> list[dict]:
+    """A generation path's timed series (``generation.timing``): per batch size its time to first token and its
+    decode step time, each with its median, 95 % interval and raw samples (one per generation); the series' peak
+    memory is told once, on the decode step's row."""
+    block = result.get("generation")
+    timing = block.get("timing") if isinstance(block, dict) else None
+    batches = timing.get("batches") if isinstance(timing, dict) else None
+    rows = []
+    for key, entry in batches.items() if isinstance(batches, dict) else ():
+        if not isinstance(entry, dict):
+            continue
+        samples: dict = entry["samples_ms"] if isinstance(entry.get("samples_ms"), dict) else {}
+        for kind, field in GENERATION_KINDS.items():
+            interval: dict = entry[field] if isinstance(entry.get(field), dict) else {}
+            rows.append(
+                {
+                    **base,
+                    "kind": kind,
+                    "key": str(key),
+                    "verdict": "pass" if _finite(interval.get("median")) else "error",
+                    "reason": None if _finite(interval.get("median")) else f"no {field} in its timing",
+                    "median_ms": _finite(interval.get("median")),
+                    "ci_lo_ms": _finite(interval.get("low")),
+                    "ci_hi_ms": _finite(interval.get("high")),
+                    "runs": interval.get("n") if isinstance(interval.get("n"), int) else None,
+                    "samples_ms": json.dumps(samples[kind]) if samples.get(kind) else None,
+                    "peak_rss_mb": _finite(entry.get("peak_rss_mb")) if kind == "decode_step" else None,
                 }
             )
     return rows
