@@ -17,8 +17,11 @@ in call order, whose value departs (``tol_units > 1`` at the tolerances the path
 module none of whose children departs: the leaf. On a left-padded batch's prefill the pad positions are left out.
 
 Causes (``diagnose_causes``): a rotary embedding is recomputed in float64 at positions restarted at 0 in the call
-and shifted by each offset; an attention module typed by the catalogue, at a call whose cache is still empty (a prefill), is tested through
-``parity.diagnose.cause``.
+and shifted by each offset; an attention module typed by the catalogue, at a call whose cache is still empty (a
+prefill), is tested through ``parity.diagnose.cause``; any transformers attention, at a decode step too, is recomputed
+in float64 over the reference's key/value cache at the step (the reference runs with a plain cache that holds every
+earlier position) with its variants (cache type, mask, grouped-query head order, window, softcap); Gemma's scaled
+embedding and final logit softcap likewise (``diagnose_attention``).
 """
 
 from __future__ import annotations
@@ -87,6 +90,18 @@ def _empty(cache, module) -> bool:
         return False
 
 
+def _held(cache, module) -> tuple | None:
+    """The (keys, values) ``cache`` holds for ``module``'s layer before its call, None where it holds none."""
+    idx = getattr(module, "layer_idx", None)
+    layers = getattr(cache, "layers", None)
+    if cache is None or not isinstance(idx, int) or not layers or idx >= len(layers):
+        return None
+    keys, values = getattr(layers[idx], "keys", None), getattr(layers[idx], "values", None)
+    if keys is None or values is None or keys.dim() != 4 or keys.shape[2] == 0:
+        return None
+    return keys, values
+
+
 class Hooks:
     """Hooks on every module of ``model``; what the last call of the root recorded: the modules in call order, each
     first call's output tensors, first floating input, and (for the catalogue's typed modules) further inputs."""
@@ -101,6 +116,7 @@ class Hooks:
         self.values: dict[str, list] = {}
         self.inputs: dict[str, np.ndarray] = {}
         self.further: dict[str, tuple] = {}
+        self.past: dict[str, tuple] = {}  # an attention's cached (keys, values) before its call
         calls: dict[str, int] = {}
 
         def host(t):
@@ -109,7 +125,7 @@ class Hooks:
         def before(name):
             def hook(module, args, kwargs):
                 if name == "":
-                    self.order, self.values, self.inputs, self.further = [], {}, {}, {}
+                    self.order, self.values, self.inputs, self.further, self.past = [], {}, {}, {}, {}
                     calls.clear()
                 calls[name] = calls.get(name, 0) + 1
                 if calls[name] > 1:
@@ -120,6 +136,9 @@ class Hooks:
                     self.inputs[name] = host(fed[0])
                 typed = torch_further_inputs(module, args, kwargs)
                 cache = kwargs.get("past_key_values")
+                held = _held(cache, module)
+                if held is not None:
+                    self.past[name] = tuple(host(t) for t in held)
                 if typed is None and cache is not None and _empty(cache, module):  # a prefill: as without a cache
                     typed = torch_further_inputs(module, args, {**kwargs, "past_key_values": None})
                 if typed is not None:
@@ -143,13 +162,21 @@ class Hooks:
             handle.remove()
 
 
-def torch_step(model, ids, mask, forced, step: int) -> Hooks:
-    """``model`` run teacher-forced up to ``step`` (its own cache); the hooks of that step's call."""
+def torch_step(model, ids, mask, forced, step: int, plain: bool = False) -> Hooks:
+    """``model`` run teacher-forced up to ``step`` (its own cache); the hooks of that step's call. ``plain``: a cache
+    that holds every earlier position in every layer (a sliding window applied by the mask, as the ONNX export's), so
+    the attention causes read the whole past."""
     from parity.generation.torch_decoder import TorchDecoder
+
+    class Plain(TorchDecoder):
+        def _cache(self):
+            from transformers import DynamicCache
+
+            return DynamicCache()
 
     hooks = Hooks(model)
     try:
-        TorchDecoder(model).steps(ids, mask, step + 1, forced=forced)
+        (Plain if plain else TorchDecoder)(model).steps(ids, mask, step + 1, forced=forced)
     finally:
         hooks.remove()
     return hooks
@@ -274,6 +301,13 @@ def descend(order: list[str], units: dict[str, float]) -> list[str]:
         chain.append(child)
 
 
+def _departs(name: str, ref_inputs: dict, got_inputs: dict, keep, tol: dict) -> bool:
+    """Whether ``name``'s recorded input departs on the path (False where either side is not recorded)."""
+    if name not in ref_inputs or name not in got_inputs:
+        return False
+    return bool(_units(ref_inputs[name], got_inputs[name], keep, tol)[0] > 1.0)
+
+
 def _row(path: str, units: float, max_abs: float, module=None) -> dict:
     def number(x):
         return None if not np.isfinite(x) else round(float(x), 6)
@@ -340,7 +374,7 @@ def diagnose(
     forced = gold[batch]["tokens"]
     torch.set_num_threads(max(1, int(threads)))
     reference = load(source, "float64")
-    ref = torch_step(reference, ids, mask, forced, step)
+    ref = torch_step(reference, ids, mask, forced, step, plain=True)
     if path_id == "torch":
         path_hooks = torch_step(load(source, "float32"), ids, mask, forced, step)
         got = {n: [(str(i), v) for i, v in enumerate(vs)] for n, vs in path_hooks.values.items()}
@@ -379,6 +413,14 @@ def diagnose(
             **base,
             "seconds": round(time.perf_counter() - started, 3),
         }
+    # a leaf whose input already departs while its parent's does not computes right: the departure arises in the
+    # parent's own computation between its children (an attention's scores and softmax between its projections)
+    while (
+        len(chain) > 1
+        and _departs(chain[-1], ref.inputs, got_inputs, keep, tol)
+        and not _departs(chain[-2], ref.inputs, got_inputs, keep, tol)
+    ):
+        chain.pop()
     leaf = chain[-1]
     module = reference.get_submodule(leaf)
     leaf_row = {"path": leaf or "(root)", "class": type(module).__name__, "tol_units": rows[leaf]["tol_units"]}
@@ -402,7 +444,9 @@ def diagnose(
     }
     cause = causes.test(context)
     where = " → ".join(p or "(root)" for p in chain)
-    note = f"step {step} ({mode}, {batch}): {where} departs first; the leaf {leaf} ({type(module).__name__}) "
+    note = (
+        f"step {step} ({mode}, {batch}): {where} departs first; the leaf {leaf or '(root)'} ({type(module).__name__}) "
+    )
     note += f"is off by {leaf_row['tol_units']} tolerance units"
     if inputs_agree is not None:
         note += " while its input agrees" if inputs_agree else " and its input already departs"

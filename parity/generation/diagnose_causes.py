@@ -8,7 +8,22 @@
   named before an offset that gives the same tables (at batch 1 a decode step's restart is the offset ``-position``).
 * An attention module typed by the catalogue, at a call without a cache (a prefill), is tested through
   ``parity.diagnose.cause.test_layer`` on the path's own input and rotary tables (grouped-query head order, rotary
-  pairs, scale, mask conventions); a decode step's attention reads the cache, which the catalogue's form does not.
+  pairs, scale, mask conventions).
+* Any transformers attention (q/k/v/o projections: Llama, Qwen2, Mistral, Gemma-2, ...) where the catalogue names
+  nothing, a decode step's above all (it reads the cache), is recomputed by ``attend``: one float64 attention of the
+  path's input and rotary tables over the reference's key/value cache at that step (recorded by the diagnosis from
+  a plain cache that holds every earlier position), with the module's heads, scale, softcap and window, the mask
+  built from the call's attention mask. Its variants (``attention_variants``): the cache read in float16 or
+  bfloat16, the padding mask dropped or inverted, the key/value heads tiled instead of repeated, the sliding window
+  dropped or one off, the softcap dropped, the scale of the head size.
+* Gemma's scaled embedding (``embed_scale``): the lookup recomputed from the call's tokens, with the scale dropped
+  or rounded in bfloat16 (the normalizer cast to the model's type).
+* The root of a model that softcaps its logits (``final_logit_softcapping``): recomputed from the path's
+  ``lm_head`` output, with the softcap dropped.
+
+A cause is named only where the declared form does not reproduce the path's value (``tol_units > 1``) and the
+variant does (``<= 1``); the declared form must first reproduce the reference's own value from the reference's
+inputs, else no cause is tested there.
 
 Every result is ``{"kind", "variant", "description", "before", "after", "also", "explanation"}`` (``variant`` None
 where nothing reproduces), or None for a module of no tested kind.
@@ -164,17 +179,23 @@ def attention(attrs: dict, context: dict) -> dict:
 
 def test(context: dict) -> dict | None:
     """The cause test for the leaf module ``context["module"]`` (see ``diagnose``), None for an untested kind."""
+    from parity.generation import diagnose_attention as local
     from parity.model.layer_types import torch_layer
 
-    typed = torch_layer(context["module"])
-    if typed is None:
-        return None
-    kind, attrs = typed
-    if kind == "rotary":
+    module = context["module"]
+    typed = torch_layer(module)
+    if typed is not None and typed[0] == "rotary":
         pos = context["feed"]["position_ids"]
-        return rotary(attrs, pos, context["observed"], context["keep"], context["tolerances"])
-    if kind == "attention":
-        return attention(attrs, context)
+        return rotary(typed[1], pos, context["observed"], context["keep"], context["tolerances"])
+    if local.is_attention(module):
+        found = attention(typed[1], context) if typed is not None and typed[0] == "attention" else None
+        if found and found.get("variant"):
+            return found
+        return local.attention_cause(context) or found
+    if hasattr(module, "embed_scale") and hasattr(module, "weight"):
+        return local.embedding_cause(context)
+    if context["path"] == "" and getattr(getattr(module, "config", None), "final_logit_softcapping", None):
+        return local.logit_softcap_cause(context)
     return None
 
 
