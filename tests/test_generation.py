@@ -171,6 +171,7 @@ def test_ort_path_passes_on_a_correct_model(tiny):
     assert result["generation"]["tol_units_max"] < 0.1
 
 
+@pytest.mark.slow
 def test_rotary_restart_fails_in_decode_on_ort_and_passes_on_torch(tiny):
     entry = tiny("faulty", onnx=True)
     assert _check(entry, "torch")["verdict"] == "pass"
@@ -217,6 +218,7 @@ def test_bad_requests_are_usage_errors(tiny, tmp_path):
         tasks.golden({"hf": str(tmp_path)}, str(tmp_path / "g.npz"), 2, [3], 0)
 
 
+@pytest.mark.slow
 def test_qwen2_passes_on_torch_and_ort(tiny):
     entry = tiny("qwen2", onnx=True)
     for path_id in ("torch", "torch/onnx/ort"):

@@ -25,7 +25,7 @@ FAULTS = {
     "faulty_gemma2_logit_softcap": (0, "prefill", "batch1", "(root)", "logit_softcap_dropped"),
     "faulty_gemma2_embedding_scale": (0, "prefill", "batch1", "model.embed_tokens", "embed_scale_dropped"),
 }
-FAST = ("faulty_decode_mask", "faulty_gemma2_embedding_scale")
+FAST = ("faulty_decode_mask",)
 
 
 @pytest.fixture(scope="module")
