@@ -40,6 +40,7 @@ def prepare(shape: str, root: Path, paths: list[str]) -> dict:
     """The shape's folder (with a tokenizer), its ONNX export and its GenAI build, made once under ``root``:
     ``{"source", "onnx": (dir, meta), "genai": (dir, meta)}``."""
     from parity.generation import tasks
+    from parity.platform.safefs import write_json_atomic
 
     folder = root / shape / "model"
     if not (folder / "config.json").is_file():
@@ -54,7 +55,7 @@ def prepare(shape: str, root: Path, paths: list[str]) -> dict:
         if not kept.is_file():
             print(f"{shape}: exporting ({kind})", flush=True)
             meta = _in_process(task, source=source, out_dir=str(out))
-            kept.write_text(json.dumps(meta))
+            write_json_atomic(kept, meta)  # written last: an export without it is made again
         made[kind] = (str(out), json.loads(kept.read_text()))
     return made
 

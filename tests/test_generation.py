@@ -224,3 +224,29 @@ def test_qwen2_passes_on_torch_and_ort(tiny):
     for path_id in ("torch", "torch/onnx/ort"):
         result = _check(entry, path_id)
         assert result["verdict"] == "pass", (path_id, result["reason"])
+
+
+def test_a_zero_tolerance_never_lets_a_difference_pass():
+    """An element exact on both sides is 0 units at any tolerance; a difference against a zero tolerance is not."""
+    from parity.generation.verify import tol_units
+
+    ref = np.array([[0.0, 1.0, 2.0]])
+    assert tol_units(ref, ref.copy(), {"atol": 0.0, "rtol": 0.0}) == 0.0
+    assert tol_units(ref, ref + [[0.5, 0, 0]], {"atol": 0.0, "rtol": 1e-4}) == float("inf")
+    from parity.model.generation_spec import GenerationSpec
+    from parity.platform.errors import SpecError
+
+    with pytest.raises(SpecError, match="atol must be positive"):
+        GenerationSpec(name="m", hf="x", tolerances={"atol": 0.0}).validate()
+
+
+def test_a_factory_model_is_identified_by_its_classes_config_and_reference_not_its_weights_alone():
+    """The faulty Llama holds the Llama's very weights: what tells them apart (for the golden's change check and the
+    export cache's key) is the rotary class it swaps in and the factory it comes from."""
+    from parity.generation.golden import source_identity
+
+    root = str(Path(__file__).resolve().parent.parent)
+    good = source_identity({"torch": "tests/lmmodels.py:llama", "root": root})
+    bad = source_identity({"torch": "tests/lmmodels.py:faulty_llama", "root": root})
+    assert good["weights_sha256"] == bad["weights_sha256"] and good["config_sha256"] == bad["config_sha256"]
+    assert good["classes_sha256"] != bad["classes_sha256"] and good != bad

@@ -53,6 +53,10 @@ def test_a_save_pretrained_llama_passes_on_torch_and_onnx_runtime_step_by_step(w
 
 
 def test_a_changed_folder_or_bad_request_is_said_in_one_line(workspace, tmp_path):
+    made = _cli("init", "listed", "--hf", workspace / "tiny_llama", "--task", "text-generation", "-w", tmp_path)
+    assert made.exit_code == 0, made.output
+    listed = _cli("paths", "--model", "listed", "-w", tmp_path)  # its generation paths, not the torch matrix
+    assert "torch/onnx/openvino" in listed.output and "torch/compile" not in listed.output, listed.output
     assert "--hf takes --task" in _cli("init", "x", "--hf", workspace / "tiny_llama", "-w", tmp_path).output
     bare = tmp_path / "bare"
     bare.mkdir()

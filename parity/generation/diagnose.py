@@ -191,7 +191,7 @@ def onnx_step(onnx_file, meta: dict, names: list[str], ids, mask, forced, step: 
     import onnx
 
     from parity.diagnose import onnx_graph, onnx_taps, tree_onnx
-    from parity.generation.ort_decoder import FlatCacheDecoder
+    from parity.generation.ort_decoder import tapped_step
 
     model = onnx.load(str(onnx_file))
     graph = onnx_graph._Graph(model)
@@ -203,24 +203,7 @@ def onnx_step(onnx_file, meta: dict, names: list[str], ids, mask, forced, step: 
     outputs[""] = ["logits"]
     sources = {path: tree_onnx.input_of(model, graph, nodes) for path, nodes in found.items()}
     tapped = [t for ts in outputs.values() for t in ts] + [t for t in sources.values() if t in graph.position]
-    extended = onnx_graph.with_outputs(model, tapped, graph.infos)
-    session = onnx_graph._ort_session(extended, max(1, int(threads)))
-    inputs = {i.name for i in session.get_inputs()}
-    names_out = [o.name for o in session.get_outputs()]
-
-    last: dict = {}
-
-    class Tapped(FlatCacheDecoder):
-        def takes_positions(self):
-            return "position_ids" in inputs
-
-        def run(self, feed):
-            values = session.run(None, {k: v for k, v in feed.items() if k in inputs})
-            last.clear()
-            last.update(zip(names_out, values))
-            return dict(last)
-
-    Tapped(meta).steps(ids, mask, step + 1, forced=forced)
+    _, last = tapped_step(model, tapped, graph.infos, meta, ids, mask, forced, step, threads)
     return {
         "values": {path: [(t, np.asarray(last[t])) for t in ts if t in last] for path, ts in outputs.items()},
         "inputs": {path: np.asarray(last[t], np.float64) for path, t in sources.items() if t in last},

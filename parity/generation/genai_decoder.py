@@ -62,8 +62,8 @@ def _last_error(log: str) -> str:
 def genai_export(source: dict, out_dir: str, timeout_s: float = EXPORT_TIMEOUT_S) -> dict:
     """Build ``out_dir`` (fp32, CPU) from ``source["hf"]`` with ONNX Runtime GenAI's model builder and return its
     meta. The builder runs in a subprocess with ``timeout_s``; its output goes to a scratch folder beside ``out_dir``
-    that replaces ``out_dir`` once complete; its log is kept as ``builder.log`` (``<out_dir>.builder.log`` when it
-    fails)."""
+    that replaces ``out_dir`` once complete; its log is kept as ``builder.log`` (as ``genai-builder-failed-*.log``
+    beside ``out_dir`` when it fails)."""
     from parity.platform.safefs import owned_tempdir, replace_dir, write_text_atomic
 
     if "hf" not in source:
@@ -102,7 +102,7 @@ def genai_export(source: dict, out_dir: str, timeout_s: float = EXPORT_TIMEOUT_S
         if failure is None and not (built / CONFIG).is_file():
             failure = f"wrote no {CONFIG}"
         if failure:
-            kept = out.parent / f"{out.name}.builder.log"
+            kept = out.parent / f"genai-builder-failed-{out.name.lstrip('.')}.log"  # outlives the build folders' sweep
             write_text_atomic(kept, log)
             raise ExportError(f"ONNX Runtime GenAI's builder {failure}: {_last_error(log)} (log: {kept})")
         write_text_atomic(built / LOG, log)

@@ -122,7 +122,8 @@ def verify(golden_dir: Path, spec, workspace_root) -> dict:
 
 def source_identity(source: dict) -> dict:
     """Worker task: what the model is now: the sha256 of a ``save_pretrained`` folder's files (name and content),
-    or of a factory model's weights and the user code it runs."""
+    or, for a factory, its reference and the digests of the model's weights, its config, its module classes and the
+    user code the factory and those classes are defined in."""
     import hashlib
 
     if "hf" in source:
@@ -136,7 +137,18 @@ def source_identity(source: dict) -> dict:
         return {"kind": "hf", "files": len(files), "sha256": digest.hexdigest()}
     from parity.generation.model import load as load_model
     from parity.model.identity import _torch_arrays, code_files, weights_digest
+    from parity.model.user import resolve
 
     model = load_model(source, "float32")
-    code = code_files([type(model)], Path(source["root"]))
-    return {"kind": "torch", "weights_sha256": weights_digest(_torch_arrays(model)), "code": code}
+    root = Path(source["root"])
+    classes = sorted({f"{type(m).__module__}.{type(m).__qualname__}" for m in model.modules()})
+    return {
+        "kind": "torch",
+        "reference": source["torch"],
+        "weights_sha256": weights_digest(_torch_arrays(model)),
+        # what the weights do not say: the config the modules read, the classes they are (a factory may swap one
+        # in), and the user code of the factory and of those classes
+        "config_sha256": hashlib.sha256(model.config.to_json_string(use_diff=False).encode()).hexdigest(),
+        "classes_sha256": hashlib.sha256("\n".join(classes).encode()).hexdigest(),
+        "code": code_files([resolve(source["torch"], root), *{type(m) for m in model.modules()}], root),
+    }

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from parity.generation.decoder import CachedDecoder
 from parity.generation.prompts import positions
 
 PAST, PRESENT = "past_key_values.", "present."
@@ -29,7 +30,7 @@ def _type_name(value) -> str:
     return name() if name else str(value).rpartition(".")[2]
 
 
-class OpenVINODecoder:
+class OpenVINODecoder(CachedDecoder):
     """``onnx_file`` (``parity.generation.onnx_export``: flat ``past_key_values.{i}.key/.value`` in,
     ``present.{i}.key/.value`` out) read by OpenVINO, made stateful and compiled for its CPU plugin at f32 with
     ``threads`` inference threads. ``meta`` is the export's meta (``n_layers``, ``kv_heads``, ``head_dim``)."""
@@ -47,6 +48,7 @@ class OpenVINODecoder:
             int(meta["kv_heads"]),
             int(meta["head_dim"]),
         )
+        self.cache_shape = (self.n_layers, self.kv_heads, self.head_dim)
         self.core = ov.Core()
         if "CPU" not in self.core.available_devices:
             raise Unavailable(f"OpenVINO {ov.__version__} finds no CPU device (it finds {self.core.available_devices})")
@@ -87,53 +89,20 @@ class OpenVINODecoder:
             "threads": self.compiled.get_property("INFERENCE_NUM_THREADS"),
         }
 
-    def _reset(self, batch: int) -> None:
-        """Every state to an empty cache of ``batch`` rows: a new sequence."""
+    def start(self, batch: int) -> None:
+        """Every state to an empty cache of ``batch`` rows: a new sequence (the cache lives in the states)."""
         empty = self.ov.Tensor(np.zeros((batch, self.kv_heads, 0, self.head_dim), np.float32))
         for state in self.request.query_state():
             state.state = empty
 
-    def _call(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        """One call on the current states (which it extends by ``ids``' columns): logits (B, S, V) in float64."""
-        feed = {
-            "input_ids": np.ascontiguousarray(ids, np.int64),
-            "attention_mask": np.ascontiguousarray(mask, np.int64),
-        }
+    def call_raw(self, ids, mask, cache):
+        """One call on the current states, which it extends by ``ids``' columns (the logits: a view of the request's
+        output, valid until its next call)."""
+        feed = {"input_ids": ids, "attention_mask": mask}
         if "position_ids" in self.inputs:
             feed["position_ids"] = positions(mask, ids.shape[1])
         self.request.infer(feed)
-        return np.array(self.request.get_tensor(self.logits).data, np.float64)
-
-    def steps(self, ids, mask, new_tokens: int, forced=None):
-        """Per step the last position's logits (steps, B, V) and the greedy tokens (steps, B): step 0 the prefill,
-        then one decode step per token on the states; ``forced`` (steps, B) is fed instead of the greedy token."""
-        cur, m = np.asarray(ids, np.int64), np.asarray(mask, np.int64)
-        self._reset(cur.shape[0])
-        logits, tokens = [], []
-        for step in range(new_tokens):
-            last = self._call(cur, m)[:, -1]
-            logits.append(last)
-            tokens.append(last.argmax(-1))
-            fed = tokens[-1] if forced is None else np.asarray(forced[step], np.int64)
-            cur = fed[:, None].astype(np.int64)
-            m = np.concatenate([m, np.ones((m.shape[0], 1), np.int64)], 1)
-        return np.stack(logits), np.stack(tokens).astype(np.int64)
-
-    def full(self, ids, mask):
-        """Every position's logits (B, T, V) of one pass from an empty cache."""
-        ids = np.asarray(ids, np.int64)
-        self._reset(ids.shape[0])
-        return self._call(ids, np.asarray(mask, np.int64))
-
-    def chunked(self, ids, mask, split: int):
-        """The last position's logits (B, V) of the prompt fed as columns ``[:split]``, then ``[split:]`` on the
-        states the first chunk left."""
-        ids, mask = np.asarray(ids, np.int64), np.asarray(mask, np.int64)
-        if not 0 < split < ids.shape[1]:
-            raise ValueError(f"split {split} must lie inside the prompt's {ids.shape[1]} columns")
-        self._reset(ids.shape[0])
-        self._call(ids[:, :split], mask[:, :split])
-        return self._call(ids[:, split:], mask)[:, -1]
+        return self.request.get_tensor(self.logits).data, None
 
 
 def open_decoder(artifact_dir, meta: dict, threads: int = 1) -> OpenVINODecoder:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from parity.generation.decoder import CachedDecoder
 from parity.generation.prompts import positions
 
 
-class FlatCacheDecoder:
+class FlatCacheDecoder(CachedDecoder):
     """Prefill and decode over a graph with flat cache inputs and outputs; subclasses implement ``run``."""
 
     def __init__(self, meta: dict):
@@ -21,6 +22,7 @@ class FlatCacheDecoder:
             int(meta["kv_heads"]),
             int(meta["head_dim"]),
         )
+        self.cache_shape = (self.n_layers, self.kv_heads, self.head_dim)
 
     def run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One call of the graph: outputs by name."""
@@ -29,7 +31,7 @@ class FlatCacheDecoder:
     def takes_positions(self) -> bool:
         return True
 
-    def _empty(self, batch: int) -> dict[str, np.ndarray]:
+    def start(self, batch: int) -> dict[str, np.ndarray]:
         shape = (batch, self.kv_heads, 0, self.head_dim)
         return {
             f"past_key_values.{i}.{kind}": np.zeros(shape, np.float32)
@@ -37,14 +39,10 @@ class FlatCacheDecoder:
             for kind in ("key", "value")
         }
 
-    def _call(self, ids, mask, past):
-        feed = {
-            "input_ids": np.ascontiguousarray(ids, np.int64),
-            "attention_mask": np.ascontiguousarray(mask, np.int64),
-        }
+    def call_raw(self, ids, mask, cache):
+        feed = {"input_ids": ids, "attention_mask": mask, **cache}
         if self.takes_positions():
             feed["position_ids"] = positions(mask, ids.shape[1])
-        feed.update(past)
         outs = self.run(feed)
         present = {
             name.replace("present", "past_key_values", 1): value
@@ -53,32 +51,7 @@ class FlatCacheDecoder:
         }
         if len(present) != 2 * self.n_layers:
             raise RuntimeError(f"the graph returned {len(present)} cache tensors, not {2 * self.n_layers}")
-        return np.asarray(outs["logits"], np.float64), present
-
-    def steps(self, ids, mask, new_tokens: int, forced=None):
-        cur, m = np.asarray(ids, np.int64), np.asarray(mask, np.int64)
-        past = self._empty(cur.shape[0])
-        logits, tokens = [], []
-        for step in range(new_tokens):
-            out, past = self._call(cur, m, past)
-            last = out[:, -1]
-            logits.append(last)
-            tokens.append(last.argmax(-1))
-            fed = tokens[-1] if forced is None else np.asarray(forced[step], np.int64)
-            cur = fed[:, None].astype(np.int64)
-            m = np.concatenate([m, np.ones((m.shape[0], 1), np.int64)], 1)
-        return np.stack(logits), np.stack(tokens).astype(np.int64)
-
-    def full(self, ids, mask):
-        ids = np.asarray(ids, np.int64)
-        out, _ = self._call(ids, np.asarray(mask, np.int64), self._empty(ids.shape[0]))
-        return out
-
-    def chunked(self, ids, mask, split: int):
-        ids, mask = np.asarray(ids, np.int64), np.asarray(mask, np.int64)
-        _, past = self._call(ids[:, :split], mask[:, :split], self._empty(ids.shape[0]))
-        out, _ = self._call(ids[:, split:], mask, past)
-        return out[:, -1]
+        return outs["logits"], present
 
 
 class OrtDecoder(FlatCacheDecoder):
@@ -100,3 +73,29 @@ class OrtDecoder(FlatCacheDecoder):
     def run(self, feed):
         feed = {name: value for name, value in feed.items() if name in self.inputs}
         return dict(zip(self.outputs, self.session.run(None, feed)))
+
+
+def tapped_step(model, tapped: list[str], infos, meta: dict, ids, mask, forced, step: int, threads: int):
+    """The path's decode loop (teacher-forced) up to ``step`` on ``model`` with ``tapped`` added as outputs:
+    ``(the step's feed, every output of the step's call)``."""
+    from parity.diagnose import onnx_graph
+
+    extended = onnx_graph.with_outputs(model, tapped, infos)
+    session = onnx_graph._ort_session(extended, max(1, int(threads)))
+    names_in = {i.name for i in session.get_inputs()}
+    names_out = [o.name for o in session.get_outputs()]
+    last: dict = {}
+
+    class Tapped(FlatCacheDecoder):
+        def takes_positions(self):
+            return "position_ids" in names_in
+
+        def run(self, feed):
+            fed = {k: v for k, v in feed.items() if k in names_in}
+            values = session.run(None, fed)
+            last.clear()
+            last.update(feed=fed, outputs=dict(zip(names_out, values)))
+            return dict(last["outputs"])
+
+    Tapped(meta).steps(ids, mask, step + 1, forced=forced)
+    return last["feed"], last["outputs"]

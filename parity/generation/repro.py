@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from parity.generation.ort_decoder import tapped_step
 from parity.generation.verify import FLOAT32_TOLERANCES, tol_units
 from parity.platform import safefs
 from parity.platform.errors import UsageError
@@ -69,33 +70,6 @@ def cut(model, outputs: list[str], cuts: set[str], known: dict):
     made.functions.extend(f for f in model.functions if (f.domain, f.name) in used)
     onnx.checker.check_model(made, full_check=True)
     return made, {name: np.asarray(known[name]) for name in inputs}
-
-
-def _path_step(model, tapped: list[str], infos, meta: dict, ids, mask, forced, step: int, threads: int):
-    """The path's decode loop (teacher-forced) up to ``step`` on ``model`` with ``tapped`` added as outputs:
-    ``(the step's feed, every output of the step's call)``."""
-    from parity.diagnose import onnx_graph
-    from parity.generation.ort_decoder import FlatCacheDecoder
-
-    extended = onnx_graph.with_outputs(model, tapped, infos)
-    session = onnx_graph._ort_session(extended, max(1, int(threads)))
-    names_in = {i.name for i in session.get_inputs()}
-    names_out = [o.name for o in session.get_outputs()]
-    last: dict = {}
-
-    class Tapped(FlatCacheDecoder):
-        def takes_positions(self):
-            return "position_ids" in names_in
-
-        def run(self, feed):
-            fed = {k: v for k, v in feed.items() if k in names_in}
-            values = session.run(None, fed)
-            last.clear()
-            last.update(feed=fed, outputs=dict(zip(names_out, values)))
-            return dict(last["outputs"])
-
-    Tapped(meta).steps(ids, mask, step + 1, forced=forced)
-    return last["feed"], last["outputs"]
 
 
 def _expected(ref: np.ndarray, got: np.ndarray, keep) -> np.ndarray:
@@ -202,7 +176,7 @@ def write(
     outputs = {o.name for o in model.graph.output}
     wanted = [*found[1], *found[2]] if found[0] is not None else []  # the leaf's boundary and what it reads
     tapped = [t for t in dict.fromkeys(wanted) if t in graph.producer and t not in outputs]
-    feed, outs = _path_step(model, tapped, graph.infos, meta, ids, mask, forced, int(step), threads)
+    feed, outs = tapped_step(model, tapped, graph.infos, meta, ids, mask, forced, int(step), threads)
     made = None
     if found[0] is None:
         notes.append(f"the leaf cannot be cut: {found[1]}" if leaf else found[1])

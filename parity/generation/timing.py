@@ -7,10 +7,9 @@ as it is deployed instead: ``start(ids, mask, new_tokens)`` sets a sequence up (
 and returns the next ones. Each path's stepper keeps what its decoder does (the same model, graph, session or
 generator, and the same cache handling):
 
-- ``torch``: the module with a transformers ``DynamicCache``, under ``torch.no_grad``;
-- ``torch/onnx/ort`` (any ``FlatCacheDecoder``): one ``run`` per step, the ``present.*`` outputs fed back as
-  ``past_key_values.*`` (copied through NumPy at each step, as parity drives the loop);
-- ``torch/onnx/openvino``: the stateful compiled model, the cache kept in its states;
+- ``torch``, ``torch/onnx/ort``, ``torch/onnx/openvino`` (``decoder.CachedDecoder``): the decoder's own ``start``
+  and ``call_raw`` (a transformers ``DynamicCache``; the ``present.*`` outputs fed back as ``past_key_values.*``,
+  copied through NumPy at each step, as parity drives the loop; the stateful model's states);
 - ``torch/genai``: ONNX Runtime GenAI's generator (``append_tokens``, then ``generate_next_token`` per token), its
   cache preallocated to the sequence's full length.
 
@@ -34,7 +33,8 @@ import numpy as np
 from parity.bench import footprint
 from parity.bench.measure import ci_within
 from parity.bench.stats import median, median_ci
-from parity.generation.prompts import positions, prompt_set
+from parity.generation.decoder import append_one
+from parity.generation.prompts import prompt_set
 from parity.platform.errors import Unavailable, UsageError
 
 MAX_RUNS = 10_000
@@ -46,103 +46,28 @@ class _Finished(Exception):
     """The generator stopped at its end-of-sequence id before the tokens asked for."""
 
 
-def _append_one(mask: np.ndarray) -> np.ndarray:
-    return np.concatenate([mask, np.ones((mask.shape[0], 1), np.int64)], 1)
-
-
-class TorchStepper:
-    """``TorchDecoder``'s module with the transformers cache."""
+class CacheStepper:
+    """A ``decoder.CachedDecoder`` (torch, ONNX Runtime, OpenVINO): its own ``start`` and ``call_raw``, the logits
+    left in the runtime's dtype."""
 
     def __init__(self, decoder):
-        from parity.generation.model import kv_shape
-
         self.decoder = decoder
-        self.cache_shape = kv_shape(decoder.model)
+        self.cache_shape = decoder.cache_shape
         self.cache: object = None
 
     def _forward(self, ids: np.ndarray):
-        import torch
-
-        with torch.no_grad():
-            out = self.decoder.model(
-                input_ids=torch.from_numpy(np.ascontiguousarray(ids, np.int64)),
-                attention_mask=torch.from_numpy(self.mask),
-                position_ids=torch.from_numpy(positions(self.mask, ids.shape[1])),
-                past_key_values=self.cache,
-                use_cache=True,
-                return_dict=True,
-            )
-            self.cache = out.past_key_values
-            return out.logits[:, -1].argmax(-1).numpy()
+        logits, self.cache = self.decoder.call_raw(np.ascontiguousarray(ids, np.int64), self.mask, self.cache)
+        return np.asarray(logits[:, -1]).argmax(-1)
 
     def start(self, ids, mask, new_tokens: int) -> None:
         self.ids, self.mask = ids, np.ascontiguousarray(mask, np.int64)
-        self.cache = self.decoder._cache()
+        self.cache = self.decoder.start(self.mask.shape[0])
 
     def prefill(self):
         return self._forward(self.ids)
 
     def decode(self, tokens):
-        self.mask = _append_one(self.mask)
-        return self._forward(np.asarray(tokens, np.int64)[:, None])
-
-
-class FlatCacheStepper:
-    """A ``FlatCacheDecoder`` (ONNX Runtime): its ``run``, the cache fed back from ``present.*``."""
-
-    def __init__(self, decoder):
-        self.decoder = decoder
-        self.cache_shape = (decoder.n_layers, decoder.kv_heads, decoder.head_dim)
-        self.past: dict = {}
-
-    def _forward(self, ids: np.ndarray):
-        feed = {"input_ids": np.ascontiguousarray(ids, np.int64), "attention_mask": self.mask}
-        if self.decoder.takes_positions():
-            feed["position_ids"] = positions(self.mask, ids.shape[1])
-        outs = self.decoder.run({**feed, **self.past})
-        self.past = {
-            name.replace("present", "past_key_values", 1): value
-            for name, value in outs.items()
-            if name.startswith("present")
-        }
-        return np.asarray(outs["logits"][:, -1]).argmax(-1)
-
-    def start(self, ids, mask, new_tokens: int) -> None:
-        self.ids, self.mask = ids, np.ascontiguousarray(mask, np.int64)
-        self.past = self.decoder._empty(self.mask.shape[0])
-
-    def prefill(self):
-        return self._forward(self.ids)
-
-    def decode(self, tokens):
-        self.mask = _append_one(self.mask)
-        return self._forward(np.asarray(tokens, np.int64)[:, None])
-
-
-class OpenVINOStepper:
-    """``OpenVINODecoder``'s stateful infer request: the cache stays in its states."""
-
-    def __init__(self, decoder):
-        self.decoder = decoder
-        self.cache_shape = (decoder.n_layers, decoder.kv_heads, decoder.head_dim)
-
-    def _forward(self, ids: np.ndarray):
-        decoder = self.decoder
-        feed = {"input_ids": np.ascontiguousarray(ids, np.int64), "attention_mask": self.mask}
-        if "position_ids" in decoder.inputs:
-            feed["position_ids"] = positions(self.mask, ids.shape[1])
-        decoder.request.infer(feed)
-        return decoder.request.get_tensor(decoder.logits).data[:, -1].argmax(-1)
-
-    def start(self, ids, mask, new_tokens: int) -> None:
-        self.ids, self.mask = ids, np.ascontiguousarray(mask, np.int64)
-        self.decoder._reset(self.mask.shape[0])
-
-    def prefill(self):
-        return self._forward(self.ids)
-
-    def decode(self, tokens):
-        self.mask = _append_one(self.mask)
+        self.mask = append_one(self.mask)
         return self._forward(np.asarray(tokens, np.int64)[:, None])
 
 
@@ -186,19 +111,13 @@ class GenAIStepper:
 def stepper(decoder):
     """The stepper that times ``decoder`` (a Decoder of ``parity.generation.tasks.DECODERS``), or
     ``Unavailable`` naming a decoder this module cannot time step by step."""
+    from parity.generation.decoder import CachedDecoder
     from parity.generation.genai_decoder import GenAIDecoder
-    from parity.generation.openvino_decoder import OpenVINODecoder
-    from parity.generation.ort_decoder import FlatCacheDecoder
-    from parity.generation.torch_decoder import TorchDecoder
 
-    for kind, make in (
-        (TorchDecoder, TorchStepper),
-        (FlatCacheDecoder, FlatCacheStepper),
-        (OpenVINODecoder, OpenVINOStepper),
-        (GenAIDecoder, GenAIStepper),
-    ):
-        if isinstance(decoder, kind):
-            return make(decoder)
+    if isinstance(decoder, CachedDecoder):
+        return CacheStepper(decoder)
+    if isinstance(decoder, GenAIDecoder):
+        return GenAIStepper(decoder)
     raise Unavailable(f"a {type(decoder).__name__} cannot be timed step by step (no prefill/decode stepper for it)")
 
 

@@ -76,8 +76,10 @@ class GenerationSpec:
         if self.bench_new_tokens < 2:
             raise SpecError(f"{self.name}: bench_new_tokens must be 2 or more (a prefill and a decode step)")
         bad = set(self.tolerances) - {"atol", "rtol"}
-        if bad or any(not isinstance(v, (int, float)) or v < 0 for v in self.tolerances.values()):
+        if bad or any(not isinstance(v, (int, float)) or not v >= 0 for v in self.tolerances.values()):
             raise SpecError(f"{self.name}: tolerances take non-negative atol and rtol only, not {self.tolerances}")
+        if "atol" in self.tolerances and not self.tolerances["atol"] > 0:
+            raise SpecError(f"{self.name}: atol must be positive (float32 logits never match float64 exactly)")
 
     def prompts_file(self, workspace_root: str | Path) -> str | None:
         """The prompts file's absolute path, or None for seeded random prompts."""

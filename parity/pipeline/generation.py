@@ -84,7 +84,14 @@ def changed(workspace, pool, spec, manifest: dict) -> dict | None:
 
 
 def check(
-    workspace, pool, spec, manifest: dict, path_id: str, threads: int, progress=lambda message: None
+    workspace,
+    pool,
+    spec,
+    manifest: dict,
+    path_id: str,
+    threads: int,
+    progress=lambda message: None,
+    exports: Path | None = None,
 ) -> tuple[dict, dict | None]:
     """One path's result row and its export (``{"dir", "meta", "cached"}``, None for ``torch``): the export (cached),
     then prefill and decode steps against the golden."""
@@ -94,7 +101,7 @@ def check(
         artifact = None
         if path_id in EXPORTS:
             progress(f"{spec.name}: export {path_id}")
-            artifact = export(pool, source, manifest, path_id)
+            artifact = export(pool, source, manifest, path_id, exports)
             if "unavailable" in artifact["meta"]:
                 result.update(verdict="skip", reason=artifact["meta"]["unavailable"])
                 return result, artifact
@@ -171,9 +178,10 @@ def time_paths(run, pool, timing) -> None:
             result["generation"]["timing"] = {"verdict": "error", "reason": one_line(str(error), 400)}
 
 
-def export(pool, source: dict, manifest: dict, path_id: str) -> dict:
-    """``{"dir", "meta", "cached"}`` of the path's export, made once per model and package versions and kept in the
-    cache folder; a kept export whose files' sha256 are not those it was written with is made again."""
+def export(pool, source: dict, manifest: dict, path_id: str, parent: Path | None = None) -> dict:
+    """``{"dir", "meta", "cached"}`` of the path's export, made once per model and package versions and kept under
+    ``parent`` (default: the cache folder's ``generation-exports``; a run with ``--no-cache`` gives its own scratch
+    folder); a kept export whose files are not exactly those it was written with is made again."""
     kind, task, packages = EXPORTS[path_id]
     found = installed()
     key = hashlib.sha256(
@@ -187,7 +195,7 @@ def export(pool, source: dict, manifest: dict, path_id: str) -> dict:
             sort_keys=True,
         ).encode()
     ).hexdigest()[:32]
-    parent = cache_root() / "generation-exports"
+    parent = parent or cache_root() / "generation-exports"
     parent.mkdir(parents=True, exist_ok=True)
     target = parent / key
     with named_lock(f"generation-export-{key}"):
@@ -217,7 +225,8 @@ def _verified(folder: Path) -> dict | None:
     try:
         meta = json.loads((folder / META).read_text())
         files = meta["files_sha256"]
-        if all(sha256_file(folder / name) == digest for name, digest in files.items()):
+        present = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()} - {META}
+        if files and present == set(files) and all(sha256_file(folder / n) == d for n, d in files.items()):
             return meta
     except (OSError, ValueError, KeyError, TypeError):
         pass

@@ -420,17 +420,33 @@ def verify_goldens(workspace: str | None, models, notice=_quiet) -> Iterator[Gol
 def path_rows(workspace: str | None, models, devices, precisions, notice=_quiet) -> list[dict]:
     """The path matrix as rows (id, device, precision, export steps, why unavailable, runtime note), limited to
     the frameworks of ``models`` when any are named."""
+    from parity.pipeline import generation
     from parity.platform.precision import parse_device
     from parity.run import paths as path_registry
 
     frameworks = None
+    generating: dict[str, None] = {}  # the generation paths of the named text-generation models
     if models:
         ws = open_workspace(workspace, notice)
         frameworks = set()
         for name in ws.select(models):
-            frameworks.update(ws.load_spec(name).frameworks)
+            spec = ws.load_spec(name)
+            if generation.is_generation(spec):
+                generating.update(dict.fromkeys(generation.selected(spec, ())))
+            else:
+                frameworks.update(spec.frameworks)
     devices = tuple(dict.fromkeys(parse_device(d) for d in devices)) or ("cpu", "cuda:0")
-    rows = []
+    rows = [
+        {
+            "id": path_id,
+            "device": "cpu",
+            "precision": "fp32",
+            "steps": " -> ".join(generation.STAGES[path_id]),
+            "reason": None,
+            "note": "text-generation: prefill and greedy decode steps with a key/value cache",
+        }
+        for path_id in generating
+    ]
     for path in path_registry.matrix(devices, precisions or path_registry.ALL):
         if frameworks is None or path.source in frameworks:
             rows.append(

@@ -423,8 +423,9 @@ class Run:
         """Each language model's generation paths, step by step against its golden (CPU, float32)."""
         started = time.perf_counter()
         for spec, manifest, chosen in self.generating:
+            runs = self.options.device == "cpu" and self.options.precision == "fp32"  # else each path a skip
             try:
-                moved = generation.changed(self.workspace, pool, spec, manifest) if chosen else None
+                moved = generation.changed(self.workspace, pool, spec, manifest) if chosen and runs else None
             except TaskFailed as error:  # the model cannot be read now: the model's error
                 self.model_errors.append({"model": spec.name, "reason": one_line(str(error), 400)})
                 continue
@@ -442,7 +443,14 @@ class Run:
                     row.update(verdict="skip", reason="generation paths are checked on the CPU in float32")
                 else:
                     row, artifact = generation.check(
-                        self.workspace, pool, spec, manifest, path_id, self.options.threads, self.progress
+                        self.workspace,
+                        pool,
+                        spec,
+                        manifest,
+                        path_id,
+                        self.options.threads,
+                        self.progress,
+                        (self._scratch or cache_root()) / "generation-exports",
                     )
                     self.generation_artifacts[(spec.name, path_id)] = (spec, manifest, artifact)
                     if self.options.diagnose and row["verdict"] == "fail":

@@ -512,7 +512,7 @@ def generation_rows(results: list[dict]) -> list[str]:
                     batch,
                     f"{ttft['median']:.4g} [{ttft['low']:.4g}, {ttft['high']:.4g}]",
                     f"{tps['median']:.4g} [{tps['low']:.4g}, {tps['high']:.4g}]",
-                    f"{e['peak_rss_mb']:.0f}",
+                    "-" if e.get("peak_rss_mb") is None else f"{e['peak_rss_mb']:.0f}",
                     f"{e['cache_bytes'] / 2**20:.3g}",
                     f"n {ttft['n']}",
                 )
