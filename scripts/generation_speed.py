@@ -39,7 +39,7 @@ def _in_process(fn, **kwargs):
 def prepare(shape: str, root: Path, paths: list[str]) -> dict:
     """The shape's folder (with a tokenizer), its ONNX export and its GenAI build, made once under ``root``:
     ``{"source", "onnx": (dir, meta), "genai": (dir, meta)}``."""
-    from parity.generation import tasks
+    from parity.generation import genai_decoder, onnx_export
     from parity.platform.safefs import write_json_atomic
 
     folder = root / shape / "model"
@@ -47,7 +47,7 @@ def prepare(shape: str, root: Path, paths: list[str]) -> dict:
         _in_process(build, model_type="llama", overrides={}, attn="sdpa", folder=folder, seed=7, base=SHAPES[shape])
     source = {"hf": str(folder)}
     made = {"source": source}
-    steps = {"onnx": (tasks.export, "torch/onnx/"), "genai": (tasks.genai_export, "torch/genai")}
+    steps = {"onnx": (onnx_export.export_task, "torch/onnx/"), "genai": (genai_decoder.export_task, "torch/genai")}
     for kind, (task, prefix) in steps.items():
         if not any(p.startswith(prefix) for p in paths):
             continue

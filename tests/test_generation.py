@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity.generation import tasks
+from parity.generation import onnx_export, tasks
 from parity.generation.prompts import batches, positions, prompt_set
 from parity.generation.verify import compare, consistency
 from parity.platform.errors import UsageError
@@ -131,7 +131,7 @@ def tiny(tmp_path_factory):
         entry = made[name]
         if onnx and "meta" not in entry:
             entry["dir"] = str(base / f"{name}-onnx")
-            entry["meta"] = tasks.export(entry["source"], entry["dir"])
+            entry["meta"] = onnx_export.export_task(entry["source"], entry["dir"])
         return entry
 
     return get
@@ -250,3 +250,10 @@ def test_a_factory_model_is_identified_by_its_classes_config_and_reference_not_i
     bad = source_identity({"torch": "tests/lmmodels.py:faulty_llama", "root": root})
     assert good["weights_sha256"] == bad["weights_sha256"] and good["config_sha256"] == bad["config_sha256"]
     assert good["classes_sha256"] != bad["classes_sha256"] and good != bad
+
+
+def test_every_generation_path_has_one_record_in_check_order():
+    from parity.generation import paths
+    from parity.model.generation_spec import PATHS
+
+    assert list(paths.PATHS) == list(PATHS)

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity.generation import diagnose, diagnose_attention, tasks
+from parity.generation import diagnose, diagnose_attention, onnx_export, tasks
 
 ROOT = Path(__file__).resolve().parent.parent
 ATTENTION = "model.layers.0.self_attn"
@@ -40,7 +40,12 @@ def exported(tmp_path_factory):
             golden = base / f"{name}.npz"
             tasks.golden(source, str(golden), 4, [7, 4], 0)
             folder = str(base / f"{name}-onnx")
-            made[name] = {"source": source, "golden": str(golden), "dir": folder, "meta": tasks.export(source, folder)}
+            made[name] = {
+                "source": source,
+                "golden": str(golden),
+                "dir": folder,
+                "meta": onnx_export.export_task(source, folder),
+            }
         return made[name]
 
     return get

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity.generation import diagnose, tasks
+from parity.generation import diagnose, onnx_export, tasks
 from parity.generation.diagnose_causes import rotary
 from parity.platform.errors import UsageError
 
@@ -33,7 +33,7 @@ def tiny(tmp_path_factory):
         entry = made[name]
         if onnx and entry["meta"] is None:
             entry["dir"] = str(base / f"{name}-onnx")
-            entry["meta"] = tasks.export(entry["source"], entry["dir"])
+            entry["meta"] = onnx_export.export_task(entry["source"], entry["dir"])
         return entry
 
     return get

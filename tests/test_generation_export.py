@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity.generation import export_decoder, tasks
+from parity.generation import export_decoder, paths, tasks
 from parity.generation.prompts import batches, prompt_set
 from parity.platform.errors import UsageError
 
@@ -61,7 +61,7 @@ def test_static_cache_decoder_matches_torch_with_its_cache(tiny):
     from parity.generation.model import load
     from parity.generation.torch_decoder import TorchDecoder
 
-    decoder = tasks.DECODERS["torch/export"](tiny["dir"], tiny["meta"], 1)
+    decoder = paths.decoder("torch/export", tiny["dir"], tiny["meta"], 1)
     reference = TorchDecoder(load(tiny["source"], "float32"))
     padded = batches(prompt_set(256, [7, 4], 3))["padded"]
     ids, mask = padded["input_ids"], padded["attention_mask"]
@@ -80,7 +80,7 @@ def test_static_cache_decoder_matches_torch_with_its_cache(tiny):
 
 
 def test_a_run_longer_than_the_static_cache_is_refused(tiny):
-    decoder = tasks.DECODERS["torch/export"](tiny["dir"], {**tiny["meta"], "max_cache_len": 8}, 1)
+    decoder = paths.decoder("torch/export", tiny["dir"], {**tiny["meta"], "max_cache_len": 8}, 1)
     ids = np.arange(3, 9, dtype=np.int64)[None]
     with pytest.raises(UsageError, match="static cache holds 8 positions; .* need 9"):
         decoder.steps(ids, np.ones_like(ids), 4)

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from parity.cli import cli
-from parity.generation import diagnose, repro, tasks
+from parity.generation import diagnose, onnx_export, repro, tasks
 from parity.platform.env import environment
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,7 +30,7 @@ def faulty(tmp_path_factory):
     golden = str(base / "golden.npz")
     tasks.golden(source, golden, 4, [7, 4], 0)
     folder = base / "onnx"
-    meta = tasks.export(source, str(folder))
+    meta = onnx_export.export_task(source, str(folder))
     generation = tasks.check(source, golden, "torch/onnx/ort", str(folder), meta, 1)["generation"]
     found = diagnose.diagnose(source, golden, "torch/onnx/ort", str(folder), meta, generation, 1)
     return {"base": base, "source": source, "golden": golden, "dir": folder, "meta": meta, "generation": generation,
@@ -73,10 +73,10 @@ def test_a_graph_without_module_scopes_is_cut_as_the_whole_step_with_its_cache(f
 
     bare = tmp_path / "bare"
     shutil.copytree(faulty["dir"], bare)
-    model = onnx.load(str(bare / tasks.ONNX_FILE))
+    model = onnx.load(str(bare / onnx_export.ONNX_FILE))
     for node in model.graph.node:
         del node.metadata_props[:]
-    onnx.save(model, str(bare / tasks.ONNX_FILE))
+    onnx.save(model, str(bare / onnx_export.ONNX_FILE))
     out = tmp_path / "bug"
     outcome = _write(faulty, out, folder=bare)
     assert outcome["written"] and outcome["scope"] == "step", outcome

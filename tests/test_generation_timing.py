@@ -10,17 +10,18 @@ import lmmodels
 import numpy as np
 import pytest
 
+from parity.generation import onnx_export
+
 PROMPT, NEW, BATCHES = 8, 4, [1, 2]
 
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     """The tiny Llama's folder as a source, and its ONNX export (folder and meta)."""
-    from parity.generation import tasks
 
     root = tmp_path_factory.mktemp("timing")
     source = {"hf": str(lmmodels.save(lmmodels.llama(), root / "llama"))}
-    meta = tasks.export(source, str(root / "onnx"))
+    meta = onnx_export.export_task(source, str(root / "onnx"))
     return {"source": source, "onnx": str(root / "onnx"), "meta": meta}
 
 
@@ -75,10 +76,10 @@ def _same_tokens(decoder):
 @pytest.mark.parametrize("path_id", ["torch", "torch/onnx/ort", "torch/onnx/openvino"])
 def test_stepper_generates_the_decoders_greedy_tokens(llama, path_id):
     """What is timed is the verified computation: the stepper's greedy tokens are the decoder's."""
-    from parity.generation.tasks import DECODERS
+    from parity.generation import paths
 
     artifact_dir, meta = _artifacts(llama, path_id)
-    _same_tokens(DECODERS[path_id](artifact_dir, {**meta, "source": llama["source"]}, 1))
+    _same_tokens(paths.decoder(path_id, artifact_dir, {**meta, "source": llama["source"]}, 1))
 
 
 @pytest.mark.slow

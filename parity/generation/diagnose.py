@@ -333,7 +333,8 @@ def diagnose(
 
     from parity.generation import diagnose_causes as causes
     from parity.generation.model import load
-    from parity.generation.tasks import ONNX_FILE, read_golden
+    from parity.generation.onnx_export import ONNX_FILE
+    from parity.generation.tasks import read_golden
 
     started = time.perf_counter()
     step, batch, mode, check = step_of(generation or {})

@@ -94,7 +94,7 @@ class ExecuTorchDecoder(StaticCacheDecoder):
 
 
 def open_decoder(artifact_dir, meta: dict, threads: int):
-    """``DECODERS["torch/executorch"]``: the ``.pte`` of ``export`` in ``artifact_dir`` (XNNPACK sizes its own
+    """The ``torch/executorch`` decoder (``parity.generation.paths``): the ``.pte`` of ``export`` in ``artifact_dir`` (XNNPACK sizes its own
     thread pool: ``threads`` is not applied)."""
     import importlib.util
 

@@ -184,7 +184,7 @@ class ExportDecoder(StaticCacheDecoder):
 
 
 def open_decoder(artifact_dir, meta: dict, threads: int):
-    """``DECODERS["torch/export"]``: the program of ``export`` in ``artifact_dir``."""
+    """The ``torch/export`` decoder (``parity.generation.paths``): the program of ``export`` in ``artifact_dir``."""
     if not artifact_dir or "max_cache_len" not in meta:
         raise UsageError("the torch/export path needs its exported program's folder and meta")
     return ExportDecoder(Path(artifact_dir) / meta.get("file", PT2_FILE), meta, threads)

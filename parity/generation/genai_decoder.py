@@ -263,3 +263,12 @@ def open_decoder(artifact_dir, meta: dict, threads: int = 1) -> GenAIDecoder:
     if not artifact_dir or not (Path(artifact_dir) / CONFIG).is_file():
         raise UsageError(f"the torch/genai path needs the folder ONNX Runtime GenAI's builder wrote (with {CONFIG})")
     return GenAIDecoder(artifact_dir, threads)
+
+
+def export_task(source: dict, out_dir: str) -> dict:
+    """Worker task: ``genai_export``, or ``{"unavailable": reason}`` where it cannot run here (no folder, no
+    tokenizer in it)."""
+    try:
+        return genai_export(source, out_dir)
+    except Unavailable as error:
+        return {"unavailable": str(error)}

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from parity.platform.safefs import owned_tempdir
 
+ONNX_FILE = "model.onnx"  # the export's file in its folder
+
 
 def _wrapper(model):
     import torch
@@ -106,3 +108,10 @@ def export(model, out_file, opset: int = 18) -> dict:
         "opset": opset,
         "export_s": round(time.perf_counter() - started, 3),
     }
+
+
+def export_task(source: dict, out_dir: str) -> dict:
+    """Worker task: the float32 model of ``source`` exported to ``out_dir/model.onnx`` with its cache; its meta."""
+    from parity.generation.model import load
+
+    return export(load(source, "float32"), Path(out_dir) / ONNX_FILE)

@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 
 from parity.generation.decoder import CachedDecoder
+from parity.generation.onnx_export import ONNX_FILE
 from parity.generation.prompts import positions
 
 PAST, PRESENT = "past_key_values.", "present."
-ONNX_FILE = "model.onnx"  # the export's file in its folder (parity.generation.tasks)
 
 
 def _type_name(value) -> str:

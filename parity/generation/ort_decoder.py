@@ -75,6 +75,18 @@ class OrtDecoder(FlatCacheDecoder):
         return dict(zip(self.outputs, self.session.run(None, feed)))
 
 
+def open_decoder(artifact_dir, meta: dict, threads: int = 1) -> OrtDecoder:
+    """The ``torch/onnx/ort`` path: the exported graph in ``artifact_dir`` on ONNX Runtime."""
+    from pathlib import Path
+
+    from parity.generation.onnx_export import ONNX_FILE
+    from parity.platform.errors import UsageError
+
+    if not artifact_dir or "n_layers" not in meta:
+        raise UsageError("the torch/onnx/ort path needs the exported ONNX folder and its meta")
+    return OrtDecoder(Path(artifact_dir) / ONNX_FILE, meta, threads)
+
+
 def tapped_step(model, tapped: list[str], infos, meta: dict, ids, mask, forced, step: int, threads: int):
     """The path's decode loop (teacher-forced) up to ``step`` on ``model`` with ``tapped`` added as outputs:
     ``(the step's feed, every output of the step's call)``."""

@@ -149,7 +149,8 @@ def write(
     from parity.diagnose import onnx_graph
     from parity.generation.diagnose import call_inputs, torch_step
     from parity.generation.model import load
-    from parity.generation.tasks import ONNX_FILE, read_golden
+    from parity.generation.onnx_export import ONNX_FILE
+    from parity.generation.tasks import read_golden
 
     started = time.perf_counter()
     step, batch, mode = diagnosis.get("step"), diagnosis.get("batch"), diagnosis.get("mode")

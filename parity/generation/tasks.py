@@ -1,8 +1,7 @@
 """Worker tasks of generation checks: the float64 golden, the ONNX export, and the check of one path.
 
 Each takes plain arguments (paths as strings, dicts) and returns a plain dict; arrays go to ``.npz`` files written
-atomically. ``DECODERS`` maps a path id to the function that opens its decoder: ``(artifact_dir, meta, threads) -> Decoder``;
-``meta`` holds the export's meta and the model's ``source``.
+atomically. ``parity.generation.paths`` says which function opens each path's decoder and which task exports it.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from parity.generation import executorch_decoder, export_decoder, genai_decoder, openvino_decoder
+from parity.generation import paths
 from parity.generation.prompts import batches, prompt_set, read_prompt_set
 from parity.generation.verify import FLOAT32_TOLERANCES, compare
 from parity.platform.errors import Unavailable, UsageError
@@ -22,35 +21,6 @@ from parity.platform.safefs import write_bytes_atomic
 
 TOPK_VOCAB = 4096  # above this vocabulary size the golden keeps the top TOPK ids of each row, not every logit
 TOPK = 64
-ONNX_FILE = "model.onnx"
-
-
-def _torch(artifact_dir, meta, threads):
-    import torch
-
-    from parity.generation.model import load
-    from parity.generation.torch_decoder import TorchDecoder
-
-    torch.set_num_threads(max(1, int(threads)))
-    return TorchDecoder(load(meta["source"], "float32"))
-
-
-def _ort(artifact_dir, meta, threads):
-    from parity.generation.ort_decoder import OrtDecoder
-
-    if not artifact_dir or "n_layers" not in meta:
-        raise UsageError("the torch/onnx/ort path needs the exported ONNX folder and its meta")
-    return OrtDecoder(Path(artifact_dir) / ONNX_FILE, meta, threads)
-
-
-DECODERS = {
-    "torch": _torch,
-    "torch/onnx/ort": _ort,
-    "torch/onnx/openvino": openvino_decoder.open_decoder,
-    "torch/genai": genai_decoder.open_decoder,
-    "torch/export": export_decoder.open_decoder,
-    "torch/executorch": executorch_decoder.open_decoder,
-}
 
 
 def _save(path: str | Path, arrays: dict) -> None:
@@ -186,14 +156,6 @@ def float32_floor(source: dict, sets: dict, tokens: dict, logits: dict) -> tuple
     return floor, {**FLOAT32_TOLERANCES, "atol": float(f"{atol:.3g}")}
 
 
-def export(source: dict, out_dir: str) -> dict:
-    """The float32 model exported to ``out_dir/model.onnx`` with its cache; returns the export's meta."""
-    from parity.generation.model import load
-    from parity.generation.onnx_export import export as export_onnx
-
-    return export_onnx(load(source, "float32"), Path(out_dir) / ONNX_FILE)
-
-
 def read_golden(golden_file: str) -> tuple[dict, dict]:
     """(prompt batches, golden batches) of a golden ``.npz``."""
     with np.load(golden_file, allow_pickle=False) as data:
@@ -222,15 +184,6 @@ def run_path(decoder, golden_file: str, tolerances: dict | None = None) -> dict:
     return compare(gold, path, tolerances or FLOAT32_TOLERANCES)
 
 
-def genai_export(source: dict, out_dir: str) -> dict:
-    """ONNX Runtime GenAI's builder run on the model's folder (``genai_decoder.genai_export``); ``{"unavailable":
-    reason}`` where it cannot run here (no folder, no tokenizer in it)."""
-    try:
-        return genai_decoder.genai_export(source, out_dir)
-    except Unavailable as error:
-        return {"unavailable": str(error)}
-
-
 def check(
     source: dict,
     golden_file: str,
@@ -242,11 +195,9 @@ def check(
 ) -> dict:
     """Verify one generation path step by step: ``{"verdict", "reason", "generation"}`` (a skip with its reason
     where the path's runtime cannot run here); ``tolerances``: the spec's ``{"atol", "rtol"}``."""
-    if path_id not in DECODERS:
-        raise UsageError(f"unknown generation path {path_id!r}; known: {', '.join(DECODERS)}")
     started = time.perf_counter()
     try:
-        decoder = DECODERS[path_id](artifact_dir, {**(meta or {}), "source": source}, threads)
+        decoder = paths.decoder(path_id, artifact_dir, {**(meta or {}), "source": source}, threads)
     except Unavailable as error:
         return {"verdict": "skip", "reason": str(error)}
     generation = run_path(decoder, golden_file, {**FLOAT32_TOLERANCES, **(tolerances or {})})

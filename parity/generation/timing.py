@@ -1,6 +1,6 @@
 """Timing of a generation path in tokens per second: time to first token and decode steps, per batch size.
 
-A Decoder of this package (``parity.generation.tasks.DECODERS``) computes every step's logits for the verification;
+A Decoder of this package (``parity.generation.paths``) computes every step's logits for the verification;
 timing it as it is would time the float64 copies of those logits too. A *stepper* drives the same decoder's runtime
 as it is deployed instead: ``start(ids, mask, new_tokens)`` sets a sequence up (an empty cache, GenAI's generator),
 ``prefill()`` runs the prompt and returns the first greedy token (B,), ``decode(tokens)`` feeds them through the cache
@@ -109,7 +109,7 @@ class GenAIStepper:
 
 
 def stepper(decoder):
-    """The stepper that times ``decoder`` (a Decoder of ``parity.generation.tasks.DECODERS``), or
+    """The stepper that times ``decoder`` (a Decoder of ``parity.generation.paths``), or
     ``Unavailable`` naming a decoder this module cannot time step by step."""
     from parity.generation.decoder import CachedDecoder
     from parity.generation.genai_decoder import GenAIDecoder
@@ -283,10 +283,10 @@ def time_path(
     tokens per second, each ``{"median", "low", "high", "n"}``, the peak resident memory during the series and the
     cache's size at the end. ``budget_s`` is per batch size; a path whose runtime cannot run here is a skip with its
     reason."""
-    from parity.generation.tasks import DECODERS
+    from parity.generation import paths
 
-    if path_id not in DECODERS:
-        raise UsageError(f"unknown generation path {path_id!r}; known: {', '.join(DECODERS)}")
+    if path_id not in paths.PATHS:
+        raise UsageError(f"unknown generation path {path_id!r}; known: {', '.join(paths.PATHS)}")
     _validate(prompt_length, new_tokens, batch_sizes, budget_s, min_runs, threads)
     result: dict = {
         "path": path_id,
@@ -295,7 +295,7 @@ def time_path(
         "threads": int(threads),
     }
     try:
-        decoder = DECODERS[path_id](artifact_dir, {**(meta or {}), "source": source}, threads)
+        decoder = paths.decoder(path_id, artifact_dir, {**(meta or {}), "source": source}, threads)
         step = stepper(decoder)
     except Unavailable as error:
         return {**result, "verdict": "skip", "reason": str(error)}

@@ -41,3 +41,13 @@ class TorchDecoder(CachedDecoder):
                 return_dict=True,
             )
         return out.logits.numpy(), out.past_key_values
+
+
+def open_decoder(artifact_dir, meta: dict, threads: int = 1) -> TorchDecoder:
+    """The ``torch`` path: the float32 model of ``meta["source"]`` in eager torch."""
+    import torch
+
+    from parity.generation.model import load
+
+    torch.set_num_threads(max(1, int(threads)))
+    return TorchDecoder(load(meta["source"], "float32"))

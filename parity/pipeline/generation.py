@@ -13,33 +13,15 @@ from pathlib import Path
 
 from parity import __version__
 from parity.generation import golden as generation_golden
-from parity.model.generation_spec import PATHS, TASK
+from parity.generation.paths import PATHS
+from parity.model.generation_spec import PATHS as ORDER
+from parity.model.generation_spec import TASK
 from parity.platform.cache_dir import cache_root, named_lock
 from parity.platform.errors import one_line
 from parity.platform.packages import installed, normalized
 from parity.platform.safefs import owned_tempdir, sha256_file, sweep, write_json_atomic
 from parity.run.worker import TaskFailed
 
-# path id -> (its export's kind, the worker task that makes it, the packages the export depends on)
-EXPORTS = {
-    "torch/onnx/ort": ("onnx", "parity.generation.tasks:export", ("torch", "transformers", "onnx", "onnxscript")),
-    "torch/onnx/openvino": ("onnx", "parity.generation.tasks:export", ("torch", "transformers", "onnx", "onnxscript")),
-    "torch/genai": (
-        "genai",
-        "parity.generation.tasks:genai_export",
-        ("onnxruntime-genai", "transformers", "torch"),
-    ),
-    "torch/export": ("pt2", "parity.generation.export_decoder:export", ("torch", "transformers")),
-    "torch/executorch": ("pte", "parity.generation.executorch_decoder:export", ("torch", "transformers", "executorch")),
-}
-STAGES = {
-    "torch": ["torch"],
-    "torch/onnx/ort": ["torch", "torch.onnx (flat key/value cache)", "ort"],
-    "torch/onnx/openvino": ["torch", "torch.onnx (flat key/value cache)", "openvino (stateful)"],
-    "torch/genai": ["torch folder", "onnxruntime-genai builder", "onnxruntime-genai"],
-    "torch/export": ["torch", "torch.export (static cache, batch 1)", "torch (ExportedProgram)"],
-    "torch/executorch": ["torch", "torch.export (static cache, batch 1)", "executorch (xnnpack)"],
-}
 META = "parity-generation-export.json"
 
 
@@ -49,7 +31,7 @@ def is_generation(spec) -> bool:
 
 def selected(spec, patterns) -> list[str]:
     """The spec's paths matching ``patterns`` (every path of the spec where none are given)."""
-    chosen = [p for p in PATHS if p in spec.paths]
+    chosen = [p for p in ORDER if p in spec.paths]
     return [p for p in chosen if not patterns or any(fnmatch.fnmatchcase(p, pattern) for pattern in patterns)]
 
 
@@ -58,7 +40,7 @@ def row(spec, manifest: dict, path_id: str) -> dict:
     return {
         "model": spec.name,
         "path": path_id,
-        "stages": STAGES[path_id],
+        "stages": list(PATHS[path_id].stages),
         "device": "cpu",
         "precision": "fp32",
         "batch_size": manifest["reference"]["prompts"],
@@ -99,7 +81,7 @@ def check(
     source = spec.source(workspace.root)
     try:
         artifact = None
-        if path_id in EXPORTS:
+        if PATHS[path_id].export:
             progress(f"{spec.name}: export {path_id}")
             artifact = export(pool, source, manifest, path_id, exports)
             if "unavailable" in artifact["meta"]:
@@ -182,7 +164,7 @@ def export(pool, source: dict, manifest: dict, path_id: str, parent: Path | None
     """``{"dir", "meta", "cached"}`` of the path's export, made once per model and package versions and kept under
     ``parent`` (default: the cache folder's ``generation-exports``; a run with ``--no-cache`` gives its own scratch
     folder); a kept export whose files are not exactly those it was written with is made again."""
-    kind, task, packages = EXPORTS[path_id]
+    kind, task, packages = PATHS[path_id].kind, PATHS[path_id].export, PATHS[path_id].packages
     found = installed()
     key = hashlib.sha256(
         json.dumps(

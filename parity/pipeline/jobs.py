@@ -441,7 +441,7 @@ def path_rows(workspace: str | None, models, devices, precisions, notice=_quiet)
             "id": path_id,
             "device": "cpu",
             "precision": "fp32",
-            "steps": " -> ".join(generation.STAGES[path_id]),
+            "steps": " -> ".join(generation.PATHS[path_id].stages),
             "reason": None,
             "note": "text-generation: prefill and greedy decode steps with a key/value cache",
         }
