@@ -250,6 +250,16 @@ def test_a_factory_model_is_identified_by_its_classes_config_and_reference_not_i
     bad = source_identity({"torch": "tests/lmmodels.py:faulty_llama", "root": root})
     assert good["weights_sha256"] == bad["weights_sha256"] and good["config_sha256"] == bad["config_sha256"]
     assert good["classes_sha256"] != bad["classes_sha256"] and good != bad
+    import json
+    import subprocess
+    import sys
+
+    code = (  # another process imports the factory's file under another module name: the identity is the same
+        "import json; from parity.generation.golden import source_identity; "
+        f"print(json.dumps(source_identity({{'torch': 'tests/lmmodels.py:faulty_llama', 'root': {root!r}}})))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root)
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == bad
 
 
 def test_every_generation_path_has_one_record_in_check_order():

@@ -141,7 +141,7 @@ def source_identity(source: dict) -> dict:
 
     model = load_model(source, "float32")
     root = Path(source["root"])
-    classes = sorted({f"{type(m).__module__}.{type(m).__qualname__}" for m in model.modules()})
+    classes = sorted({_class_name(type(m), root) for m in model.modules()})
     return {
         "kind": "torch",
         "reference": source["torch"],
@@ -152,3 +152,15 @@ def source_identity(source: dict) -> dict:
         "classes_sha256": hashlib.sha256("\n".join(classes).encode()).hexdigest(),
         "code": code_files([resolve(source["torch"], root), *{type(m) for m in model.modules()}], root),
     }
+
+
+def _class_name(cls, root: Path) -> str:
+    """A class's name the same in every process: its qualified name in its module, the module named by its file
+    where it is a user's file (parity imports those under a name that differs from one process to the next)."""
+    import sys
+
+    from parity.model.identity import _shown, user_file
+
+    file = getattr(sys.modules.get(cls.__module__), "__file__", None)
+    where = _shown(file, root) if file and user_file(file) else cls.__module__
+    return f"{where}:{cls.__qualname__}"

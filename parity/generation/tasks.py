@@ -15,7 +15,7 @@ import numpy as np
 
 from parity.generation import paths
 from parity.generation.prompts import batches, prompt_set, read_prompt_set
-from parity.generation.verify import FLOAT32_TOLERANCES, compare
+from parity.generation.verify import FLOAT32_TOLERANCES, compare, logsumexp
 from parity.platform.errors import Unavailable, UsageError
 from parity.platform.safefs import write_bytes_atomic
 
@@ -98,8 +98,7 @@ def golden(
             order = np.argsort(-logits[name], -1, kind="stable")[..., :TOPK]
             arrays[f"{name}/topk_ids"] = order.astype(np.int64)
             arrays[f"{name}/topk_logits"] = np.take_along_axis(logits[name], order, -1)
-            top = logits[name].max(-1)
-            arrays[f"{name}/lse"] = top + np.log(np.exp(logits[name] - top[..., None]).sum(-1))
+            arrays[f"{name}/lse"] = logsumexp(logits[name])
             arrays[f"{name}/sha256"] = np.array(
                 hashlib.sha256(np.ascontiguousarray(logits[name]).tobytes()).hexdigest()
             )

@@ -23,9 +23,10 @@ FLOAT32_TOLERANCES = {"atol": 1e-4, "rtol": 1e-4}
 CONSISTENCY = ("cache_vs_full", "batch1_vs_padded", "chunked_prefill")
 
 
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    top = x.max(-1, keepdims=True)
-    return x - top - np.log(np.exp(x - top).sum(-1, keepdims=True))
+def logsumexp(x: np.ndarray) -> np.ndarray:
+    """log(sum(exp(x))) over the last axis, without overflow."""
+    top = x.max(-1)
+    return top + np.log(np.exp(x - top[..., None]).sum(-1))
 
 
 def tol_units(ref: np.ndarray, got: np.ndarray, tolerances: dict) -> float:
@@ -51,7 +52,7 @@ def _step(golden: dict, got: np.ndarray, step: int, tolerances: dict) -> dict:
     if "logits" in golden:
         ref = np.asarray(golden["logits"][step], np.float64)
         units, max_abs = tol_units(ref, got, tolerances), float(np.abs(got - ref).max()) if got.size else 0.0
-        lp, lq = _log_softmax(ref), _log_softmax(got)
+        lp, lq = ref - logsumexp(ref)[:, None], got - logsumexp(got)[:, None]
         kl = (np.exp(lp) * (lp - lq)).sum(-1)
         picked = got.argmax(-1)
         best = ref.argmax(-1)
@@ -63,7 +64,7 @@ def _step(golden: dict, got: np.ndarray, step: int, tolerances: dict) -> dict:
         at = np.take_along_axis(got, ids, -1)
         units, max_abs = tol_units(ref, at, tolerances), float(np.abs(at - ref).max())
         lp = ref - np.asarray(golden["lse"][step], np.float64)[:, None]
-        lq = at - _log_softmax_norm(got)[:, None]
+        lq = at - logsumexp(got)[:, None]
         p, q = np.exp(lp), np.exp(lq)
         rest_p, rest_q = np.clip(1 - p.sum(-1), 1e-300, None), np.clip(1 - q.sum(-1), 1e-300, None)
         kl = (p * (lp - lq)).sum(-1) + rest_p * (np.log(rest_p) - np.log(rest_q))
@@ -74,11 +75,6 @@ def _step(golden: dict, got: np.ndarray, step: int, tolerances: dict) -> dict:
     finite = np.isfinite(kl)
     kl_max = float(kl.max()) if finite.all() else float("inf")
     return {"tol_units": units, "kl": max(kl_max, 0.0), "top1": bool(tie.all()), "max_abs": max_abs}
-
-
-def _log_softmax_norm(x: np.ndarray) -> np.ndarray:
-    top = x.max(-1)
-    return top + np.log(np.exp(x - top[:, None]).sum(-1))
 
 
 def consistency(pairs: dict, tolerances: dict) -> dict:

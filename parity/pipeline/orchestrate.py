@@ -432,12 +432,8 @@ class Run:
             for path_id in chosen:
                 if moved is not None:
                     row = generation.row(spec, manifest, path_id)
-                    row.update(
-                        verdict="error",
-                        golden_changed=moved,
-                        reason=f"the model changed since its golden data was built: run parity golden build "
-                        f"--model {spec.name}",
-                    )
+                    reason = f"the model changed since its golden data was built: run parity golden build --model {spec.name}"
+                    row.update(verdict="error", golden_changed={**moved, "message": reason}, reason=reason)
                 elif self.options.device != "cpu" or self.options.precision != "fp32":
                     row = generation.row(spec, manifest, path_id)
                     row.update(verdict="skip", reason="generation paths are checked on the CPU in float32")
