@@ -68,15 +68,18 @@ def _needed(model, output: str, cuts: set[str], producers: dict[str, int] | None
     return sorted(keep)
 
 
-def subgraph(model, output: str, cuts: set[str], known: dict):
-    """The nodes computing ``output`` from ``cuts`` as a checker-valid model of its own, and its feed: its inputs
-    are the tensors it reads that no kept node computes (cuts and graph inputs; initializers stay initializers),
-    typed by their known values, as is its one output. Raises KeyError when an input has no known value, ValueError
-    when it reads none."""
+def subgraph(model, output: str | list[str], cuts: set[str], known: dict, name: str = "reduced"):
+    """The nodes computing ``output`` (one tensor, or several) from ``cuts`` as a checker-valid model of its own,
+    and its feed: its inputs are the tensors it reads that no kept node computes (cuts and graph inputs; initializers
+    stay initializers), typed by their known values, as are its outputs. Raises KeyError when an input has no known
+    value, ValueError when it reads none."""
     import onnx
     from onnx import helper
 
-    nodes = [model.graph.node[i] for i in _needed(model, output, cuts)]
+    outputs = [output] if isinstance(output, str) else list(output)
+    producers = _producers(model)
+    keep = sorted({i for each in outputs for i in _needed(model, each, cuts, producers)})
+    nodes = [model.graph.node[i] for i in keep]
     produced = {name for node in nodes for name in node.output}
     initializers = {i.name: i for i in model.graph.initializer}
     read = list(dict.fromkeys(i for node in nodes for i in node.input if i and i not in produced))
@@ -85,7 +88,7 @@ def subgraph(model, output: str, cuts: set[str], known: dict):
     if missing:
         raise KeyError(f"no known value for {missing[0]!r}")
     if not inputs:  # a subgraph of constants only: nothing of the input set reaches it
-        raise ValueError(f"the nodes computing {output!r} read no graph input")
+        raise ValueError(f"the nodes computing {', '.join(outputs)} read no graph input")
 
     def info(name):
         value = np.asarray(known[name])
@@ -93,9 +96,9 @@ def subgraph(model, output: str, cuts: set[str], known: dict):
 
     graph = helper.make_graph(
         nodes,
-        "reduced",
+        name,
         [info(name) for name in inputs],
-        [info(output)],
+        [info(each) for each in outputs],
         initializer=[initializers[name] for name in read if name in initializers],
     )
     reduced = helper.make_model(graph, opset_imports=list(model.opset_import))
