@@ -373,6 +373,17 @@ def summary_lines(report: dict) -> list[str]:
         for r in results:
             counts[_label(r)] += 1
         verdicts = ", ".join(f"{n} {label}" for label, n in sorted(counts.items()))
+        generated = [r["generation"] for r in results if r.get("generation")]
+        if generated or any(r.get("task") for r in results):  # a language model: its steps and consistency checks
+            steps_ok = sum(1 for g in generated if g.get("first_divergent_step") is None)
+            held = sum(
+                1 for g in generated if all(c.get("ok") is not False for c in (g.get("consistency") or {}).values())
+            )
+            lines.append(
+                f"{model}: {verdicts} | every step within tolerance {steps_ok}/{len(generated)}, "
+                f"consistency holds {held}/{len(generated)}"
+            )
+            continue
         lines.append(
             f"{model}: {verdicts} | outputs ok {outputs_ok}/{len(ran)}, gradients ok {grads_ok}/{len(with_grads)}, "
             f"metrics ok {metrics_ok}/{len(with_metrics)}"
