@@ -16,6 +16,7 @@ from parity.generation import golden as generation_golden
 from parity.generation.paths import PATHS
 from parity.model.generation_spec import PATHS as ORDER
 from parity.model.generation_spec import TASK
+from parity.pipeline.outcome import skeleton
 from parity.platform.cache_dir import cache_root, named_lock
 from parity.platform.errors import one_line
 from parity.platform.packages import installed, normalized
@@ -37,26 +38,8 @@ def selected(spec, patterns) -> list[str]:
 
 def row(spec, manifest: dict, path_id: str) -> dict:
     """A generation path's result row before it is checked (its batch: the golden's prompts)."""
-    return {
-        "model": spec.name,
-        "path": path_id,
-        "stages": list(PATHS[path_id].stages),
-        "device": "cpu",
-        "precision": "fp32",
-        "batch_size": manifest["reference"]["prompts"],
-        "task": TASK,
-        "verdict": None,
-        "reason": None,
-        "expected": False,
-        "outputs": None,
-        "gradients": None,
-        "metrics": None,
-        "deterministic": None,
-        "timing": None,
-        "diagnosis": None,
-        "golden_changed": None,
-        "generation": None,
-    }
+    row = skeleton(spec.name, path_id, list(PATHS[path_id].stages), "cpu", "fp32", manifest["reference"]["prompts"])
+    return {**row, "task": TASK, "generation": None}
 
 
 def changed(workspace, pool, spec, manifest: dict) -> dict | None:

@@ -20,7 +20,7 @@ from parity.model import identity
 from parity.pipeline import generation
 from parity.pipeline.background import Background
 from parity.pipeline.int8_key import int8_parts
-from parity.pipeline.outcome import apply_expectation
+from parity.pipeline.outcome import apply_expectation, skeleton
 from parity.platform import devices
 from parity.platform import precision as precision_lib
 from parity.platform.cache_dir import cache_root
@@ -57,24 +57,7 @@ class Options:
 
 
 def _result_skeleton(model: str, path: paths.PathDef, spec_batch: int) -> dict:
-    return {
-        "model": model,
-        "path": path.id,
-        "stages": path.stages,
-        "device": path.device,
-        "precision": path.precision,
-        "batch_size": spec_batch,
-        "verdict": None,
-        "reason": None,
-        "expected": False,
-        "outputs": None,
-        "gradients": None,
-        "metrics": None,
-        "deterministic": None,
-        "timing": None,
-        "diagnosis": None,
-        "golden_changed": None,
-    }
+    return skeleton(model, path.id, path.stages, path.device, path.precision, spec_batch)
 
 
 def _package_version(name: str) -> str | None:

@@ -5,6 +5,28 @@ from __future__ import annotations
 from parity.platform.errors import one_line
 
 
+def skeleton(model: str, path_id: str, stages: list, device: str, precision: str, batch_size: int) -> dict:
+    """A path's result row before it is checked: every field a report reads, unset."""
+    return {
+        "model": model,
+        "path": path_id,
+        "stages": stages,
+        "device": device,
+        "precision": precision,
+        "batch_size": batch_size,
+        "verdict": None,
+        "reason": None,
+        "expected": False,
+        "outputs": None,
+        "gradients": None,
+        "metrics": None,
+        "deterministic": None,
+        "timing": None,
+        "diagnosis": None,
+        "golden_changed": None,
+    }
+
+
 def apply_expectation(spec, result: dict) -> None:
     """Mark declared expected errors; an expected error that passes is an unexpected pass."""
     declared = spec.expected_error(result["path"])
