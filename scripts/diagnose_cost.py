@@ -15,6 +15,10 @@ ratios to the plain check.
 whose ``N//2``-th layer's output LayerNorm loses its bias in the export, through ``parity init`` and
 ``golden build`` in a temporary workspace, so its ONNX path fails and the descent goes to that leaf.
 
+``--llama SIZE`` measures a transformers Llama of random weights (``LLAMA``: ``20m``, or ``135m``, SmolLM-135M's shape)
+on 2x64 tokens, whose middle layer's ``post_attention_layernorm`` (an RMSNorm of random gain) is exported with
+epsilon 0.1, so ``torch/onnx/ort`` fails and the descent goes to that leaf.
+
 ``--keras-encoder N`` and ``--flax-encoder N`` measure models of a realistic size, where compute and not fixed setup
 dominates: a Keras encoder of N blocks (attention, feed-forward, norms) and a Flax linen encoder of N feed-forward
 blocks, both at width 256 on a 2x16 sequence, whose middle block's last norm departs on ``tf/onnx/ort`` /
@@ -26,6 +30,7 @@ departs (the models of the tree's tests, brought as a user brings them: a Keras 
 
     python scripts/diagnose_cost.py --model cnn --path torch/onnx/ort --repeats 7
     python scripts/diagnose_cost.py --encoder 12 --repeats 5
+    python scripts/diagnose_cost.py --llama 20m --repeats 3
     python scripts/diagnose_cost.py --keras --flax --repeats 3
     python scripts/diagnose_cost.py --keras-encoder 12 --flax-encoder 12 --repeats 3
 """
@@ -95,6 +100,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--workspace", default=None)
     parser.add_argument("--encoder", type=int, default=0, help="measure only an N-layer encoder built here")
+    parser.add_argument("--llama", choices=sorted(LLAMA), help="measure only a Llama of this size built here")
     parser.add_argument("--keras", action="store_true", help=f"measure the Keras models {', '.join(KERAS)}")
     parser.add_argument("--flax", action="store_true", help=f"measure the JAX models {', '.join(FLAX)}")
     parser.add_argument("--keras-encoder", type=int, default=0, help="measure an N-block Keras encoder (width 256)")
@@ -103,9 +109,12 @@ def main() -> None:
     if args.keras_encoder or args.flax_encoder:
         _sized(args.keras_encoder, args.flax_encoder, args.repeats, args.threads)
         return
-    if args.encoder:
+    if args.encoder or args.llama:
         with tempfile.TemporaryDirectory() as root, _pool(args.threads) as pool:
-            _encoder_workspace(root, args.encoder)
+            if args.llama:
+                _llama_workspace(root, args.llama)
+            else:
+                _encoder_workspace(root, args.encoder)
             _header(args.repeats, args.threads)
             measure(
                 Workspace(root), args.model, args.path or ["torch/onnx/ort"], args.repeats, args.threads, pool, True
@@ -361,6 +370,56 @@ def make_encoder():
         faulty.bias.uniform_(-0.5, 0.5)
     block.output_layer_norm = faulty
     return model.eval()
+
+
+# size -> (hidden, layers, heads, key/value heads, intermediate, vocabulary)
+LLAMA = {"20m": (384, 6, 6, 2, 1024, 16384), "135m": (576, 30, 9, 3, 1536, 49152)}
+
+
+def make_llama():
+    """A transformers ``LlamaForCausalLM`` of the ``LLAMA`` shape ``PARITY_LLAMA_SIZE`` (random weights, eager
+    attention) whose middle layer's ``post_attention_layernorm`` (random gain) is exported with epsilon 0.1."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    class ExportEpsRMSNorm(LlamaRMSNorm):
+        def forward(self, hidden_states):
+            eps = 1e-1 if torch.onnx.is_in_onnx_export() else self.variance_epsilon
+            variance = hidden_states.to(torch.float32).pow(2).mean(-1, keepdim=True)
+            return self.weight * (hidden_states * torch.rsqrt(variance + eps)).to(hidden_states.dtype)
+
+    hidden, layers, heads, kv_heads, intermediate, vocab = LLAMA[os.environ["PARITY_LLAMA_SIZE"]]
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=intermediate,
+        vocab_size=vocab,
+        max_position_embeddings=128,
+        use_cache=False,
+        attn_implementation="eager",
+    )
+    model = LlamaForCausalLM(config)
+    layer = model.model.layers[layers // 2]
+    faulty = ExportEpsRMSNorm(hidden, eps=config.rms_norm_eps)
+    with torch.no_grad():
+        faulty.weight.uniform_(0.5, 1.5)
+    layer.post_attention_layernorm = faulty
+    return model.eval()
+
+
+def _llama_workspace(root: str, size: str) -> None:
+    os.environ["PARITY_LLAMA_SIZE"] = size  # the workers build the model from the same factory
+    for args in (
+        ["init", "llama", "--torch", f"{Path(__file__).resolve()}:make_llama", "--input", "input_ids=2x64:int64"],
+        ["golden", "build", "--model", "llama"],
+    ):
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "parity.cli", *args, "--workspace", root], check=True)
+        print(f"parity {' '.join(args[:2])}: {time.perf_counter() - started:.1f} s", flush=True)
 
 
 def _encoder_workspace(root: str, layers: int) -> None:

@@ -60,6 +60,10 @@ def test_torch_model_from_a_file_init_build_check_with_a_broken_export_named(tmp
 
     manifest = build(tmp_path, "good")
     assert manifest["reference"]["dtype"] == "float64" and manifest["reference"]["tolerance_factor"] == 1
+    # no copy of the model's weights: their names, shapes and dtypes, and their digest
+    assert "weights.npz" not in manifest["files"] and not (tmp_path / "golden" / "good" / "weights.npz").exists()
+    assert manifest["params"]["conv.weight"] == {"trainable": True, "dtype": "float32", "shape": [8, 3, 3, 3]}
+    assert len(manifest["built_from"]["weights_sha256"]) == 64
     assert (
         set(manifest["params"]) >= {"conv.weight", "bn.running_mean"}
         and not manifest["params"]["bn.running_var"]["trainable"]
@@ -173,6 +177,7 @@ def test_jax_apply_function_with_its_params_file(tmp_path):
         "out/kernel",
         "out/bias",
     }
+    assert "weights.npz" not in manifest["files"]
     result = invoke(
         "run",
         "--workspace",
@@ -293,7 +298,7 @@ def test_resnet18_sized_model_init_build_run(tmp_path):
     init(tmp_path, "resnet18", "--torch", f"{MODELS}:make_resnet18", "--input", "x=1x3x224x224")
     manifest = build(tmp_path, "resnet18")
     assert manifest["reference"]["dtype"] == "float64"
-    assert manifest["files"]["weights.npz"]["arrays"]["fc.weight"]["shape"] == [10, 512]
+    assert manifest["params"]["fc.weight"]["shape"] == [10, 512] and "weights.npz" not in manifest["files"]
     result = invoke(
         "run",
         "--workspace",

@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from parity.cli import check_onnx, compare, golden, history, info, models, repro, run
+from parity.cli import check_onnx, compare, golden, history, info, models, plan, repro, run
 from parity.cli.common import end, terminal_safe
 
 
@@ -38,6 +38,7 @@ for command in (
     models.export_testdata,
     check_onnx.check_onnx,
     golden.golden,
+    plan.plan,
     repro.repro,
     history.history,
     info.worker_resources,

@@ -16,12 +16,28 @@ from parity.diagnose import drift, links, mapping_check, patterns
 from parity.diagnose.collect import ONNX_RUNTIMES
 from parity.diagnose.descend import NO_TAP_DEPARTS, descend, merge_tree
 from parity.golden import store as golden
+from parity.golden import weights as golden_weights
 from parity.model import feeds
 from parity.run import paths
 from parity.run.worker import TaskFailed
 
 COLLECT = "parity.diagnose.collect:collect"
 RUNTIME_LINK = "parity.diagnose.collect:runtime_link"
+
+
+def _fetcher(run, pool, spec):
+    """``names`` -> the model's own weights so named, read in a worker of its framework."""
+
+    def fetch(names: list[str]) -> dict:
+        return pool.call(
+            spec.frameworks[0],
+            "parity.golden.weights:named",
+            workspace=str(run.workspace.root),
+            model=spec.name,
+            names=names,
+        )
+
+    return fetch
 
 
 def _collect(run, pool, spec, path, artifact, precision: str, **options) -> dict:
@@ -73,6 +89,10 @@ def diagnose(
                 "error": f"nothing to diagnose: the export failed ({artifact['error']})",
             }
     arrays = golden.load(run.workspace.golden_dir(spec.name), spec).arrays
+    if not golden_weights.kept(manifest):  # the model's own weights, from a worker where a cause test needs them
+        arrays[golden_weights.FILE] = golden_weights.Fetched(  # type: ignore[assignment]  # a Mapping of arrays
+            manifest, _fetcher(run, pool, spec)
+        )
     definition = path
     if path.exports and path.definition != path.id:
         definition = paths.by_id(
@@ -395,7 +415,11 @@ def _test_cause(spec, tap: str, arrays: dict, observed: dict, golden_taps: dict,
         else:
             inputs.append(golden_taps[name])
             provenance.append(f"{name} from the golden")
-    weights = {k: v.astype(np.float64) for k, v in arrays["weights.npz"].items()}
+    # the layer's own (those its prefix names): a user model's are read from the model in a worker
+    weights = {
+        k: np.asarray(v, np.float64)
+        for k, v in golden_weights.under(arrays["weights.npz"], layer.params or tap).items()
+    }
     if tap in golden_taps and all(x is not None for x in reference_inputs):
         unlike = not_its_kind(
             layer, reference_inputs, weights, golden_taps[tap], tolerances.for_name(tap), layer.params or tap, tap

@@ -26,8 +26,8 @@ NO_TAP_DEPARTS = "the outputs differ but no tap does"  # chain.analyse's note, a
 
 def descend(run, pool, spec, path, artifact: dict | None) -> dict:
     """``{"descended", "levels", "first_divergent_path", "leaf", "verdict", "note", "cause_test"}`` for ``path``
-    (see the module docstring), from one task in the source framework's worker; ``{"descended": False, "reason"}``
-    where the model's tree cannot be read."""
+    (see the module docstring), from one task in the source framework's worker, which says each level and module it
+    reads through the run's progress; ``{"descended": False, "reason"}`` where the model's tree cannot be read."""
     framework = path.source if path.source in paths.NATIVE else spec.frameworks[0]
     if framework not in TREE_SOURCES:
         return {"descended": False, "reason": f"the tree of a {framework} model is not read"}
@@ -35,6 +35,12 @@ def descend(run, pool, spec, path, artifact: dict | None) -> dict:
         return {"descended": False, "reason": "no exported graph to descend into"}
     # a jax2tf SavedModel's levels are converted and run there: JAX and TensorFlow share only the converter's worker
     saved_model = artifact is not None and artifact["meta"].get("format") == "tf-savedmodel"
+    said = getattr(run, "progress", None)
+    with pool.reporting(None if said is None else lambda line: said(f"{spec.name}: diagnose {path.id}: {line}")):
+        return _descent(run, pool, spec, path, artifact, framework, saved_model)
+
+
+def _descent(run, pool, spec, path, artifact, framework: str, saved_model: bool) -> dict:
     return pool.call(
         paths.JAX2TF.group if saved_model else _group(framework),
         DESCENT,

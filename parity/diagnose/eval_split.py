@@ -15,6 +15,7 @@ import numpy as np
 
 from parity.check import closeness
 from parity.golden import store as golden
+from parity.golden import weights as golden_weights
 from parity.model import batch_axes, feeds
 from parity.model.workspace import Workspace
 from parity.run import paths
@@ -46,9 +47,8 @@ def failing_rows(
     spec = Workspace(workspace).load_spec(model)
     path = paths.by_id(path_id, device, precision)
     verified = golden.load(Path(golden_dir), spec)
-    runner = build_runner(
-        spec, path, verified.arrays["weights.npz"], spec.batch_size, threads, artifact_dir, artifact_meta
-    )
+    weights = golden_weights.for_build(spec, verified.arrays["weights.npz"])  # a user model's: its own
+    runner = build_runner(spec, path, weights, spec.batch_size, threads, artifact_dir, artifact_meta)
     axes = batch_axes.recorded(verified.manifest)
     output = batch_axes.eval_output(spec, axes)
     evals = feeds.from_arrays(spec, verified.arrays["eval.npz"])
@@ -91,7 +91,8 @@ def reference_rows(workspace: str, model: str, golden_dir: str, rows: list[int])
         return {"outputs": {n: computed[n] for n in spec.outputs}, "taps": {t: computed[t] for t in spec.taps}}
     from parity import sources
 
-    source = sources.native(framework)(spec, verified.arrays["weights.npz"], len(rows), dtype)
+    weights = golden_weights.for_build(spec, verified.arrays["weights.npz"])
+    source = sources.native(framework)(spec, weights, len(rows), dtype)
     return {
         "outputs": {k: np.asarray(v, np.float64) for k, v in source.run(x).items()},
         "taps": {k: np.asarray(v, np.float64) for k, v in source.taps(x).items()} if spec.taps else {},

@@ -23,6 +23,8 @@ SAME = 0.1
 def same_outputs(plain: dict, values: dict, tolerance_for) -> bool:
     """Every output of ``plain`` is in ``values`` as the plain run computed it (non-finite elements alike)."""
     for name, expected in plain.items():
+        if values[name] is expected:  # the plain run's own array (a level read from tensors held): nothing to compare
+            continue
         actual = np.asarray(values[name], np.float64)
         expected = np.asarray(expected, np.float64)
         if actual.shape != expected.shape:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -68,11 +69,15 @@ def _needed(model, output: str, cuts: set[str], producers: dict[str, int] | None
     return sorted(keep)
 
 
-def subgraph(model, output: str | list[str], cuts: set[str], known: dict, name: str = "reduced"):
+def subgraph(
+    model, output: str | list[str], cuts: set[str], known: dict, name: str = "reduced", base_dir: Path | None = None
+):
     """The nodes computing ``output`` (one tensor, or several) from ``cuts`` as a checker-valid model of its own,
     and its feed: its inputs are the tensors it reads that no kept node computes (cuts and graph inputs; initializers
-    stay initializers), typed by their known values, as are its outputs. Raises KeyError when an input has no known
-    value, ValueError when it reads none."""
+    stay initializers), typed by their known values, as are its outputs. The model is self-contained: an initializer
+    ``model`` keeps in external data is read from its data file in ``base_dir`` (the model's folder) into the cut.
+    Raises KeyError when an input has no known value, ValueError when it reads none or an initializer's data cannot be
+    read."""
     import onnx
     from onnx import helper
 
@@ -99,7 +104,7 @@ def subgraph(model, output: str | list[str], cuts: set[str], known: dict, name: 
         name,
         [info(name) for name in inputs],
         [info(each) for each in outputs],
-        initializer=[initializers[name] for name in read if name in initializers],
+        initializer=[_inline(initializers[name], base_dir) for name in read if name in initializers],
     )
     reduced = helper.make_model(graph, opset_imports=list(model.opset_import))
     reduced.ir_version = model.ir_version
@@ -107,6 +112,26 @@ def subgraph(model, output: str | list[str], cuts: set[str], known: dict, name: 
     reduced.functions.extend(f for f in model.functions if (f.domain, f.name) in used)
     onnx.checker.check_model(reduced, full_check=True)
     return reduced, {name: np.asarray(known[name]) for name in inputs}
+
+
+def _inline(tensor, base_dir: Path | None):
+    """``tensor`` itself, or, where its data lies in an external file, a copy holding its data."""
+    from onnx import TensorProto
+    from onnx.external_data_helper import load_external_data_for_tensor
+
+    if tensor.data_location != TensorProto.EXTERNAL:
+        return tensor
+    if base_dir is None:
+        raise ValueError(f"initializer {tensor.name!r} lies in external data, and no folder to read it from was given")
+    copy = TensorProto()
+    copy.CopyFrom(tensor)
+    try:
+        load_external_data_for_tensor(copy, str(base_dir))
+    except Exception as error:  # noqa: BLE001 - a missing or short data file
+        raise ValueError(f"initializer {tensor.name!r}: its external data cannot be read ({error})") from None
+    copy.data_location = TensorProto.DEFAULT
+    del copy.external_data[:]
+    return copy
 
 
 class _Search:

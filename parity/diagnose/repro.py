@@ -52,7 +52,7 @@ else:  # the session options of the path: optimisation level, intra-op threads, 
     options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_DISABLE_ALL if RUNTIME == "ort-noopt"
                                         else ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
     options.intra_op_num_threads, options.inter_op_num_threads = THREADS, 1
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(HERE / "model.onnx"), options, providers=["CPUExecutionProvider"])
     got = session.run(names, inputs)
 bad = False
 for name, value in zip(names, got):
@@ -299,6 +299,7 @@ def write_report(
     """Write the bug-report folder of ``reduced`` (a ``Reduced`` with a model) at ``out``, replacing what is there:
     everything goes into a scratch folder beside it, which is then exchanged with ``out`` at once (a symlink at
     ``out`` is followed: the folder it leads to is replaced, the link stays)."""
+    from parity.exporters.common import LARGE_BYTES, save_onnx
     from parity.interop.onnx_test_data import write_test_data
     from parity.platform.env import environment as current
 
@@ -306,7 +307,7 @@ def write_report(
     out.parent.mkdir(parents=True, exist_ok=True)
     scratch = safefs.owned_tempdir(out.parent, f".{out.name}.tmp-")
     try:
-        (scratch / "model.onnx").write_bytes(reduced.model.SerializeToString())
+        save_onnx(reduced.model, scratch, threshold=LARGE_BYTES)  # one file below protobuf's 2 GiB
         write_test_data(scratch, reduced.inputs, {reduced.output: _typed(reduced.model, reduced.expected)})
         script = SCRIPT.replace("@RUNTIME@", reduced.failing).replace("@THREADS@", str(threads))
         script = script.replace("@ATOL@", repr(float(tolerance.atol))).replace("@RTOL@", repr(float(tolerance.rtol)))

@@ -150,6 +150,7 @@ def write(
     written at ``out_dir`` (atomically). ``{"written": True, "layer", "class", "file", "shape", "stats"}``, or
     ``{"written": False, "reason"}`` where no one-layer reproducer fails as the path does."""
     from parity.golden import store as golden
+    from parity.golden import weights as kept_weights
     from parity.model import feeds
     from parity.model.workspace import Workspace
     from parity.run.tasks import perturbed
@@ -166,10 +167,11 @@ def write(
     spec = Workspace(workspace).load_spec(model)
     verified = golden.load(Path(golden_dir), spec)
     x = feeds.from_arrays(spec, verified.arrays["inputs.npz"])
-    weights = verified.arrays["weights.npz"]
+    weights = kept_weights.for_build(spec, verified.arrays["weights.npz"])  # a user model's: its builder's own
     dtype = verified.manifest.get("reference", {}).get("dtype", "float64")
     tolerance = spec.output_tolerances(precision).for_name(layer)
-    built = {"weights": perturbed(weights, weight_perturbation), "dtype": dtype, "threads": threads}
+    path_weights = perturbed(verified.arrays["weights.npz"], weight_perturbation) if weight_perturbation else weights
+    built = {"weights": path_weights, "dtype": dtype, "threads": threads}
     try:
         if path_id == "jax":
             leaf = _jax_leaf(spec, x, weights, layer, **built)

@@ -42,6 +42,8 @@ class Tree:
         self.x = feeds.from_arrays(self.spec, self.verified.arrays["inputs.npz"])
         self.reader = importlib.import_module(TREE_MODULES[framework])
         self.path_side: Any = None  # the path's runner, or the ``GraphLevels`` of its exported graph
+        self._reproduces = False  # whether the reference's last whole run gave the golden outputs
+        self.levels_read = 0  # the levels the reference side has read (the level now read, for progress lines)
 
     @property
     def reference_runner(self):
@@ -59,20 +61,27 @@ class Tree:
     def reference(self, scope: str, names: list[str] | None = None) -> dict:
         """``{"children", "values", "inputs", "reproduces"}`` under ``scope`` (or at ``names``): ``reproduces`` says
         whether the run's outputs are the golden's, without which nothing it shows is trusted."""
-        found = self._reference_levels.level(scope, names)
+        levels = self._reference_levels
+        if names is None:
+            self.levels_read += 1
+        if hasattr(levels, "progress"):  # a level's modules as the reference runs them (``tree_torch.Levels``)
+            levels.progress = functools.partial(_module_progress, self.levels_read) if names is None else None
+        found = levels.level(scope, names)
         skipped = tuple(self.spec.tree_skip)
         found["children"] = [
             c
             for c in found.get("children", [])
             if not any(c["path"] == s or c["path"].startswith((f"{s}.", f"{s}/")) for s in skipped)
         ]
-        golden_outputs = self.verified.arrays["reference.npz"]
-        stats = closeness.compare_named(
-            {n: found["outputs"][n] for n in self.spec.outputs if n in found["outputs"]},
-            {n: golden_outputs[n] for n in self.spec.outputs},
-            self.spec.output_tolerances("fp32").for_name,
-        )
-        found["reproduces"] = len(stats) == len(self.spec.outputs) and all(s["ok"] for s in stats.values())
+        if found.pop("whole", True):  # a module run on its own (``tree_torch.Levels``) is judged by the whole run's
+            golden_outputs = self.verified.arrays["reference.npz"]
+            stats = closeness.compare_named(
+                {n: found["outputs"][n] for n in self.spec.outputs if n in found["outputs"]},
+                {n: golden_outputs[n] for n in self.spec.outputs},
+                self.spec.output_tolerances("fp32").for_name,
+            )
+            self._reproduces = len(stats) == len(self.spec.outputs) and all(s["ok"] for s in stats.values())
+        found["reproduces"] = self._reproduces
         return found
 
     def on_path(
@@ -152,6 +161,22 @@ class Tree:
             self.spec.output_tolerances(self.precision).for_name,
         )
         return mapping_check.output_units(stats)
+
+
+PROGRESS_S = 2.0  # a level's progress lines: its first module's, then one at most every this many seconds
+_said = [0.0]  # when the last progress line was sent
+
+
+def _module_progress(level: int, k: int, n: int, path: str) -> None:
+    """``level N, module k of n (path)`` for the run's progress (``parity.run.worker.report``)."""
+    import time
+
+    from parity.run.worker import report
+
+    now = time.monotonic()
+    if k == 1 or now - _said[0] >= PROGRESS_S:
+        _said[0] = now
+        report(f"level {level}, module {k} of {n} ({path})")
 
 
 class _Reference:

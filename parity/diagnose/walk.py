@@ -13,6 +13,7 @@ import numpy as np
 
 from parity.check import closeness as compare
 from parity.diagnose import drift, mapping_check
+from parity.run.worker import report
 
 # the module that reads each source framework's tree: ``level_of(runner, x, scope, names)`` (see tree_torch)
 TREE_MODULES = {
@@ -59,6 +60,7 @@ def walk(tree, framework: str) -> dict:
                 result.update(descended=False, reason="the model has no modules or named scopes to descend into")
             break
         names = [c["path"] for c in children]
+        report(f"level {len(levels) + 1}: the path's values at {len(names)} module(s)")
         observed = tree.path(
             scope,
             names,
@@ -98,17 +100,29 @@ def walk(tree, framework: str) -> dict:
             )
             break
         trail.append(first)
-        scope, leaf, evidence = first, row, (reference, observed)
+        # the level's values are reduced to its rows' statistics: only the departing child's raw values are kept
+        scope, leaf, evidence = first, row, (_only(reference, first), _only(observed, first))
         if row["leaf"]:
             break
     result.update(first_divergent_path=trail, leaf=leaf)
+    result["raw_tensors"] = {
+        "compared": sum(2 * len(level["rows"]) for level in levels),
+        "held": sum(len(side.get(key) or {}) for side in evidence or () for key in ("values", "inputs")),
+    }
     if trail and result["verdict"] is None:
         result["verdict"] = "leaf"
     typed_scope = result["verdict"] == "own_operations" and leaf is not None and leaf["kind"] is not None
     if leaf is not None and evidence is not None and (result["verdict"] == "leaf" or typed_scope):
         # a scope the catalogue computes whole (a gated MLP) is tested as one layer where none of its children departs
+        report(f"the causes of {leaf['tap']}")
         result["cause_test"] = _test_cause(leaf, *evidence, tree.verified.arrays["weights.npz"], tolerances)
     return result
+
+
+def _only(found: dict, name: str) -> dict:
+    """``found`` (a side's level) with the raw values, inputs and masks of ``name`` alone, and no outputs."""
+    kept = {key: {name: found[key][name]} for key in ("values", "inputs", "masks") if name in (found.get(key) or {})}
+    return {**found, "values": {}, "inputs": {}, "masks": {}, "outputs": {}, **kept}
 
 
 def _test_cause(row: dict, reference: dict, observed: dict, weights: dict, tolerances) -> dict:

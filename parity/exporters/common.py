@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +20,10 @@ if TYPE_CHECKING:
 
 ONNX_FILE = "model.onnx"
 T = TypeVar("T")
+# protobuf cannot serialise a message of 2 GiB or more: a model whose tensors pass this (64 MiB below, for the graph
+# itself) is written with its tensors in a data file beside it; ``$PARITY_ONNX_EXTERNAL_BYTES`` lowers the threshold
+LARGE_BYTES = 2**31 - (64 << 20)
+EXTERNAL_BYTES_ENV = "PARITY_ONNX_EXTERNAL_BYTES"
 
 
 @dataclass
@@ -86,14 +91,97 @@ def check_onnx_ops(model: Any, converter: str, converter_log: str = "") -> None:
         raise ExportError(f"{converter} could not convert op(s) {', '.join(unknown)}{detail}")
 
 
-def save_onnx(model: Any, out_dir: Path) -> Path:
-    """``model`` written as the artifact's ONNX file (the full checker runs on every ONNX artifact after its export
-    step: ``parity.exporters.onnx_names.check_exported``)."""
+def external_threshold() -> int:
+    """The size in bytes past which an ONNX model's tensors go to a data file beside it: protobuf's limit less room
+    for the graph, or ``$PARITY_ONNX_EXTERNAL_BYTES`` where set (a lower figure; an unusable one is refused)."""
+    text = os.environ.get(EXTERNAL_BYTES_ENV, "").strip()
+    if not text:
+        return LARGE_BYTES
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= LARGE_BYTES:
+        raise ExportError(f"${EXTERNAL_BYTES_ENV} must be a byte count from 0 to {LARGE_BYTES}, not {text!r}")
+    return value
+
+
+def tensor_bytes(model: Any) -> int:
+    """The bytes of the tensors ``model`` holds in itself (initializers, in subgraphs too, and constants' values)."""
+    from onnx import TensorProto
+
+    return sum(len(t.raw_data) or t.ByteSize() for t in all_tensors(model) if t.data_location != TensorProto.EXTERNAL)
+
+
+def save_onnx(model: Any, out_dir: Path, name: str = ONNX_FILE, threshold: int | None = None) -> Path:
+    """``model`` written as the artifact's ONNX file: its tensors in ``<name>.data`` beside it where they pass
+    ``threshold`` (default ``external_threshold``; protobuf's 2 GiB), the file alone otherwise (the full checker runs
+    on every ONNX artifact after its export step: ``parity.exporters.onnx_names.check_exported``). Written with a data
+    file, ``model``'s tensors are left referring to it without their bytes (onnx's save moves them; no copy is made)."""
     import onnx
 
-    path = Path(out_dir) / ONNX_FILE
-    onnx.save_model(model, str(path))
+    path = Path(out_dir) / name
+    large = tensor_bytes(model) > (external_threshold() if threshold is None else threshold)
+    onnx.save_model(
+        model,
+        str(path),
+        save_as_external_data=large,
+        all_tensors_to_one_file=True,
+        location=f"{name}.data" if large else None,
+        size_threshold=1024,
+    )
     return path
+
+
+def large_file(path: Path) -> bool:
+    """Whether the ONNX file at ``path`` with its data files passes ``external_threshold``: a model made from it
+    (converted, quantized) is written with external data too."""
+    path = Path(path)
+    size = path.stat().st_size + sum((path.parent / name).stat().st_size for name in external_files(path))
+    return size > external_threshold()
+
+
+def external_files(path: Path) -> list[str]:
+    """The data files the ONNX file at ``path`` keeps its tensors in (relative to its folder), each once."""
+    import onnx
+    from onnx import TensorProto
+
+    bare = onnx.load(str(path), load_external_data=False)
+    return list(
+        dict.fromkeys(
+            entry.value
+            for tensor in all_tensors(bare)
+            if tensor.data_location == TensorProto.EXTERNAL
+            for entry in tensor.external_data
+            if entry.key == "location"
+        )
+    )
+
+
+def all_tensors(model: Any) -> Iterator[Any]:
+    """Every TensorProto ``model`` holds: initializers and tensor attributes (a Constant's value), in subgraphs and
+    local functions too."""
+    yield from _graph_tensors(model.graph)
+    for function in model.functions:
+        for node in function.node:
+            yield from _node_tensors(node)
+
+
+def _graph_tensors(graph: Any) -> Iterator[Any]:
+    yield from graph.initializer
+    for node in graph.node:
+        yield from _node_tensors(node)
+
+
+def _node_tensors(node: Any) -> Iterator[Any]:
+    for attribute in node.attribute:
+        if attribute.HasField("t"):
+            yield attribute.t
+        yield from attribute.tensors
+        if attribute.HasField("g"):
+            yield from _graph_tensors(attribute.g)
+        for graph in attribute.graphs:
+            yield from _graph_tensors(graph)
 
 
 @contextmanager

@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-from parity.exporters.common import ONNX_FILE, ExportJob, needed, onnx_meta
+from parity.exporters.common import ExportJob, needed, onnx_meta, save_onnx
 from parity.model.containers import graph_feeds
 from parity.platform.errors import GoldenError
 
-LARGE_BYTES = 2**31 - (64 << 20)  # a model larger than this is saved with its tensors in a data file
-
 
 def export(job: ExportJob) -> dict:
-    """The source file as the artifact (its external data folded in, or, past protobuf's 2 GiB, in a data file beside
-    it).
+    """The source file as the artifact (its external data folded in, or, past ``external_threshold``: protobuf's 2 GiB,
+    in a data file beside it).
 
     The graph is not rewritten: a static batch other than the file's own is the runtime's to accept
     (a fixed batch dimension makes other batch sizes an error, reported as such).
     """
-    import onnx
-
     from parity.interop import onnx_file as onnx_source
     from parity.interop import onnx_test_data as interop
 
@@ -26,13 +22,7 @@ def export(job: ExportJob) -> dict:
     model = onnx_source.load_checked(source)
     if onnx_source.source_digest(source) != needed(job.golden_manifest, "the golden manifest").get("source_sha256"):
         raise GoldenError(f"{source} changed while it was read; try again")
-    large = model.ByteSize() > LARGE_BYTES  # beyond protobuf's 2 GiB: its tensors in a data file beside it
-    onnx.save_model(
-        model,
-        str(job.out_dir / ONNX_FILE),
-        save_as_external_data=large,
-        location=f"{ONNX_FILE}.data" if large else None,
-    )
+    save_onnx(model, job.out_dir)  # beyond protobuf's 2 GiB: its tensors in a data file beside it
     inputs, outputs = interop.graph_signature(model)
     if outputs != list(spec.outputs):
         raise GoldenError(f"{source} has outputs {outputs}; the spec names {list(spec.outputs)}")

@@ -20,7 +20,7 @@ from collections import Counter
 
 import numpy as np
 
-from parity.exporters.common import ONNX_FILE, ExportJob, save_onnx
+from parity.exporters.common import ONNX_FILE, ExportJob, all_tensors, external_threshold, save_onnx, tensor_bytes
 from parity.exporters.onnx_names import detach_outputs, free_names
 from parity.platform.errors import ExportError
 
@@ -41,6 +41,9 @@ def convert(model, node_block_list=(), max_finite_val: float | None = None, stri
     model.CopyFrom(original)
     detach_outputs(model)  # the converter's output cast must not replace the value inner nodes read
     free_names(model, cast_names(model))  # the converter names its casts without looking at the graph's names
+    large = tensor_bytes(model) > external_threshold()
+    if large:  # the converter's own shape inference serialises the model: impossible past protobuf's 2 GiB
+        infer_types(model)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         converted = float16.convert_float_to_float16(
@@ -48,9 +51,35 @@ def convert(model, node_block_list=(), max_finite_val: float | None = None, stri
             keep_io_types=True,
             op_block_list=float16.DEFAULT_OP_BLOCK_LIST,
             node_block_list=list(node_block_list),
+            disable_shape_infer=large,
             **options,
         )
     return keep_float32(converted, model, node_block_list) if node_block_list and strict else converted
+
+
+def infer_types(model) -> None:
+    """ONNX shape inference on ``model`` in place (its ``value_info``), run with the bytes of its tensors set aside
+    (they are marked external meanwhile, as ``infer_shapes_path`` sees a model with external data): a model past
+    protobuf's 2 GiB cannot be serialised for the inference, and types and shapes do not depend on weights' values."""
+    from onnx import TensorProto, shape_inference
+
+    aside = []
+    for tensor in all_tensors(model):
+        if len(tensor.raw_data) > 1024 and tensor.data_location != TensorProto.EXTERNAL:
+            aside.append((tensor, tensor.raw_data))
+            tensor.ClearField("raw_data")
+            tensor.data_location = TensorProto.EXTERNAL
+            entry = tensor.external_data.add()
+            entry.key, entry.value = "location", "set-aside"
+    try:
+        inferred = shape_inference.infer_shapes(model)
+    finally:
+        for tensor, data in aside:
+            tensor.ClearField("external_data")
+            tensor.data_location = TensorProto.DEFAULT
+            tensor.raw_data = data
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(inferred.graph.value_info)
 
 
 def cast_names(model) -> set[str]:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from parity.exporters.common import ONNX_FILE, ExportJob, needed
+from parity.exporters.common import ONNX_FILE, ExportJob, large_file, needed, save_onnx
 from parity.model import feeds
 from parity.platform import cpu_int8
 from parity.platform.errors import ExportError, one_line
@@ -127,8 +127,9 @@ def quantize(src, dst, calibration_feeds, method: str | None, nodes_to_exclude=(
         check_finite(calibration_feeds)
     cpu = cpu_int8.int8_cpu()
     settings = cpu_int8.ort_settings(cpu)
+    large = large_file(Path(src))  # past protobuf's 2 GiB: every model written here keeps its tensors in a data file
     with tempfile.TemporaryDirectory(prefix="parity-int8-") as scratch:
-        prepared, pre_process = prepare(src, Path(scratch) / "prepared.onnx")
+        prepared, pre_process = prepare(src, Path(scratch) / "prepared.onnx", large)
         float_model = onnx.load(str(prepared))
         named = name_nodes(float_model)
         if named:  # a count and the first few: a graph may have thousands
@@ -140,8 +141,7 @@ def quantize(src, dst, calibration_feeds, method: str | None, nodes_to_exclude=(
         if widened:
             pre_process["gemm_bias_rewritten"] = widened
         if named or widened:
-            prepared = Path(scratch) / "widened.onnx"
-            onnx.save(float_model, str(prepared))
+            prepared = save_onnx(float_model, Path(scratch), "widened.onnx")
         names = {node.name for node in float_model.graph.node}
         unknown = [name for name in kept if name not in names]
         if unknown:
@@ -164,6 +164,7 @@ def quantize(src, dst, calibration_feeds, method: str | None, nodes_to_exclude=(
                         reduce_range=settings["reduce_range"],
                         weight_type=QuantType.QInt8,
                         nodes_to_exclude=passed,
+                        use_external_data_format=large,
                     )
                 else:
                     assert method is not None  # a static quantization is always given its calibration method
@@ -186,6 +187,7 @@ def quantize(src, dst, calibration_feeds, method: str | None, nodes_to_exclude=(
                         weight_type=QuantType.QInt8,
                         calibrate_method=getattr(CalibrationMethod, method),
                         nodes_to_exclude=kept,
+                        use_external_data_format=large,
                     )
         except Exception as error:  # noqa: BLE001 - the quantizer's own reason is the export's reason
             raise ExportError(
@@ -343,14 +345,15 @@ def gemm_as_matmul(model) -> list[str]:
     return changed
 
 
-def prepare(src, dst) -> tuple[Path, dict]:
-    """``(model to quantize, record)``: ``src`` through ONNX Runtime's ``quant_pre_process`` into ``dst``, or ``src``
-    itself where the pre-process fails (the record says why)."""
+def prepare(src, dst, large: bool = False) -> tuple[Path, dict]:
+    """``(model to quantize, record)``: ``src`` through ONNX Runtime's ``quant_pre_process`` into ``dst`` (``large``:
+    its tensors in ``<dst>.data``), or ``src`` itself where the pre-process fails (the record says why)."""
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     try:
         with _quiet():
-            quant_pre_process(str(src), str(dst))
+            external = {"all_tensors_to_one_file": True, "external_data_location": f"{Path(dst).name}.data"}
+            quant_pre_process(str(src), str(dst), save_as_external_data=large, **(external if large else {}))
         return Path(dst), {
             "applied": True,
             "step": "onnxruntime.quantization.shape_inference.quant_pre_process "

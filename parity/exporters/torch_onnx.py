@@ -9,7 +9,15 @@ from contextlib import nullcontext, redirect_stderr, redirect_stdout
 import numpy as np
 
 from parity.exporters.axes import REASON_CHARS, onnx_axes
-from parity.exporters.common import ONNX_FILE, ExportJob, check_onnx_ops, graph_input_names, needed, onnx_meta
+from parity.exporters.common import (
+    ONNX_FILE,
+    ExportJob,
+    check_onnx_ops,
+    external_threshold,
+    graph_input_names,
+    needed,
+    onnx_meta,
+)
 from parity.exporters.onnx_names import name_graph
 from parity.platform.errors import one_line
 
@@ -18,24 +26,29 @@ def export(job: ExportJob) -> dict:
     """Exported with the spec's named axes dynamic (``torch.export.Dim``, one per axis name, shared across the
     inputs). torch.onnx itself makes an axis the model specialises static and keeps the others dynamic; the
     record then carries torch.export's own message. Where the dynamic export raises, the export is static at
-    the traced shape and the record carries the error."""
+    the traced shape and the record carries the error.
+
+    A module whose weights pass ``external_threshold`` (protobuf's 2 GiB) is written with its weights in
+    ``model.onnx.data`` beside the graph, which is then named without loading them."""
     import onnx
 
     spec = job.spec
     module, example = traced_module(job)
     names = [i.name for i in spec.model_inputs]
     path = job.out_dir / ONNX_FILE
+    external = _weight_bytes(module) > external_threshold()
     dynamic = dynamic_shapes(spec)
     reason = None
     if dynamic is not None:
         try:
-            _export(module, example, path, job.opset, dynamic)
+            _export(module, example, path, job.opset, dynamic, external)
         except Exception as error:  # noqa: BLE001 - exported static below; a static failure is the one raised
             reason = f"torch.onnx could not export the dynamic axes: {_torch_reason(error)}"
             dynamic = None
     if dynamic is None:
-        _export(module, example, path, job.opset, None)
-    model = onnx.load(str(path))
+        _export(module, example, path, job.opset, None, external)
+    # the graph without its weights: a data file beside it stays as torch.onnx wrote it, named by the graph
+    model = onnx.load(str(path), load_external_data=False)
     # named here, not by torch.onnx, whose renaming leaves two definitions where a key names an inner tensor
     name_graph(model, names, list(spec.outputs))
     onnx.save_model(model, str(path))
@@ -125,7 +138,15 @@ def _violations(error) -> str:
     return " - ".join(dict.fromkeys(part for part in parts if part))
 
 
-def _export(module, example, path, opset, dynamic) -> None:
+def _weight_bytes(module) -> int:
+    """The bytes of the module's parameters and buffers (each tensor once, shared ones too)."""
+    tensors = {id(t): t for t in (*module.parameters(), *module.buffers())}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def _export(module, example, path, opset, dynamic, external: bool) -> None:
+    """torch.onnx's dynamo export to ``path``; ``external``: the weights in ``<path>.data`` (torch.onnx writes
+    them there by itself past 2 GB)."""
     import torch
 
     with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
@@ -135,7 +156,7 @@ def _export(module, example, path, opset, dynamic) -> None:
             str(path),
             opset_version=opset,
             dynamo=True,
-            external_data=False,
+            external_data=external,
             verbose=False,
             dynamic_shapes=dynamic,
         )

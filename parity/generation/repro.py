@@ -204,13 +204,14 @@ def _number(x: float) -> float | None:
 def _write_folder(out: Path, made, feed, expected, threads, tol, facts, diagnosis, environment, command) -> None:
     """The folder, through a scratch folder beside ``out`` exchanged with it at the end (a symlink is followed)."""
     from parity.diagnose.repro import SCRIPT
+    from parity.exporters.common import LARGE_BYTES, save_onnx
     from parity.interop.onnx_test_data import write_test_data
 
     out = safefs.resolve_target(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     scratch = safefs.owned_tempdir(out.parent, f".{out.name}.tmp-")
     try:
-        (scratch / "model.onnx").write_bytes(made.SerializeToString())
+        save_onnx(made, scratch, threshold=LARGE_BYTES)  # one file below protobuf's 2 GiB
         write_test_data(scratch, feed, expected)
         script = SCRIPT.replace("@RUNTIME@", "ort").replace("@THREADS@", str(max(1, int(threads))))
         script = script.replace("@ATOL@", repr(float(tol["atol"]))).replace("@RTOL@", repr(float(tol["rtol"])))

@@ -33,8 +33,9 @@ def float32_floor(workspace: str, model: str, scratch: str, shapes: dict, params
         computed = _onnx_float32(spec, inputs)
     else:
         from parity import sources
+        from parity.golden import weights as golden_weights
 
-        weights = golden.load_arrays(folder, "weights.npz")
+        weights = golden_weights.for_build(spec, golden_weights.ModelWeights(spec, folder))  # the model's own
         computed = sources.native(framework)(spec, weights, spec.batch_size, "float32").run(inputs)
     floors = {}
     for name in spec.outputs:

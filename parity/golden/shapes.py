@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -93,15 +94,22 @@ def shape_references(
 ) -> None:
     """The reference outputs at every verification shape into ``shapes.npz`` (beside its inputs), in ``dtype``."""
     from parity import sources
+    from parity.golden import weights as golden_weights
     from parity.golden.store import load_arrays, save_npz
     from parity.model.user import native_params
     from parity.model.workspace import Workspace
 
     spec = Workspace(workspace).load_spec(model, attach_golden=False)
     scratch = Path(scratch)
-    weights = load_arrays(scratch, "weights.npz")
+    weights: Mapping | None
+    if (scratch / golden_weights.FILE).exists():  # the zoo's canonical weights, or a copy golden data once kept
+        weights = load_arrays(scratch, golden_weights.FILE)
+        shapes = {k: list(v.shape) for k, v in weights.items()}
+    else:  # a user model's own, as its golden manifest describes them
+        weights = golden_weights.for_build(spec, golden_weights.ModelWeights(spec, scratch))
+        shapes = {k: v["shape"] for k, v in (params or {}).items()}
     if params is not None:
-        spec.params = native_params({k: list(v.shape) for k, v in weights.items()}, params)
+        spec.params = native_params(shapes, params)
     arrays = load_arrays(scratch, FILE)
     if framework == "onnx":
         from parity.interop import onnx_file as onnx_source

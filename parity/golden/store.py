@@ -1,6 +1,7 @@
 """Golden folders: read and verify (sha256 of every file, the manifest, the spec), and publish atomically.
 
-``golden/<model>/`` holds ``weights.npz`` (canonical float32), ``inputs.npz`` (the fixed input
+``golden/<model>/`` holds ``weights.npz`` (canonical float32; the zoo's only: a user model's golden data keeps
+no copy of its weights, see ``parity.golden.weights``), ``inputs.npz`` (the fixed input
 set and its labels), ``eval.npz`` (the labelled eval split), ``reference.npz`` (float64 outputs,
 taps and eval logits), ``gradients.npz`` (float64 gradients of the mean cross-entropy on the
 input set) and ``manifest.json`` (sha256, shapes and dtypes of every array, tolerances,
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from parity import __version__
+from parity.golden import weights as golden_weights
 from parity.interop.onnx_file import source_digest
 from parity.model import batch_axes, containers, feeds, values
 from parity.model import manifest as manifest_lib
@@ -28,6 +30,7 @@ if TYPE_CHECKING:  # NumPy loads where arrays are read: a run's planning verifie
 
 SCHEMA = manifest_lib.SCHEMA
 FILES = ("weights.npz", "inputs.npz", "eval.npz", "reference.npz", "gradients.npz", "shapes.npz")
+OPTIONAL = (golden_weights.FILE,)  # a user model's golden data keeps no copy of its weights
 MANIFEST = "manifest.json"
 # scratch folders of golden builds in golden/: .<model>.build-<owner>-<random> (and older names)
 SCRATCH_PATTERN = r"^\.[^/]+\.(build|staging|old)-"
@@ -56,7 +59,11 @@ def load(golden_dir: Path, spec=None) -> Golden:
     """
     golden_dir = Path(golden_dir)
     manifest = _checked_files(golden_dir)
-    arrays = {name: _checked_arrays(golden_dir / name, manifest["files"][name]["arrays"]) for name in FILES}
+    arrays: dict = {
+        name: _checked_arrays(golden_dir / name, manifest["files"][name]["arrays"]) for name in listed(manifest)
+    }
+    if not golden_weights.kept(manifest):  # the model's own, read from its source where a task uses them
+        arrays[golden_weights.FILE] = golden_weights.ModelWeights(spec, golden_dir)
     golden = Golden(golden_dir, manifest, arrays)
     _check_metrics(golden)
     if spec is not None:
@@ -77,7 +84,8 @@ def verified_manifest(golden_dir: Path, spec=None) -> dict:
     manifest = _checked_files(golden_dir)
     if spec is not None:
         described = {
-            name: {key: _Described(entry) for key, entry in manifest["files"][name]["arrays"].items()} for name in FILES
+            name: {key: _Described(entry) for key, entry in manifest["files"][name]["arrays"].items()}
+            for name in listed(manifest)
         }
         _check_against_spec(Golden(golden_dir, manifest, described), spec)  # type: ignore[arg-type]
     return manifest
@@ -105,10 +113,15 @@ class _Described:
         return self.shape[0]
 
 
+def listed(manifest: dict) -> list[str]:
+    """The golden files the manifest lists (every one of ``FILES``; ``weights.npz`` where the data keeps weights)."""
+    return [name for name in FILES if name in manifest["files"]]
+
+
 def _checked_files(golden_dir: Path) -> dict:
     """The manifest (schema and digest checked), once every file it lists has the sha256 it records."""
     manifest = manifest_lib.read(golden_dir / MANIFEST)
-    for name in FILES:
+    for name in listed(manifest):
         path = golden_dir / name
         expected = manifest["files"][name]["sha256"]
         try:
@@ -208,11 +221,16 @@ def _check_against_spec(golden: Golden, spec) -> None:
         ):  # text: any width
             problems.append(f"{file} {key!r} is {array.dtype}, golden data needs {dtype}")
 
-    for name, param in spec.params.items():
-        expect("weights.npz", name, param.shape, param.stored_dtype)
-    extra = sorted(set(arrays["weights.npz"]) - set(spec.params))
-    if extra:
-        problems.append(f"weights.npz has parameters the spec does not declare: {extra}")
+    if golden_weights.kept(golden.manifest):
+        for name, param in spec.params.items():
+            expect("weights.npz", name, param.shape, param.stored_dtype)
+        extra = sorted(set(arrays["weights.npz"]) - set(spec.params))
+        if extra:
+            problems.append(f"weights.npz has parameters the spec does not declare: {extra}")
+    elif not spec.weights_from_model:
+        problems.append("it holds no weights.npz, which a model whose weights are its golden data's needs")
+    elif golden_weights.digest(golden.manifest) is None and spec.onnx_model is None:
+        problems.append("it records neither a copy of the model's weights nor their digest")
     first = spec.model_inputs[0] if spec.model_inputs else None  # an ONNX graph may take no input
     n_eval = (
         len(arrays["eval.npz"].get(feeds.key(spec, first.name), ())) if first and first.batched else spec.batch_size
@@ -377,6 +395,7 @@ def publish(workspace, spec, scratch: Path, fields: dict, started: float) -> dic
     from parity.platform.cache_dir import named_lock
     from parity.platform.env import package_versions
 
+    written = [name for name in FILES if name not in OPTIONAL or (scratch / name).exists()]
     manifest = manifest_lib.seal(
         {
             "schema": SCHEMA,
@@ -384,7 +403,7 @@ def publish(workspace, spec, scratch: Path, fields: dict, started: float) -> dic
             "description": spec.description,
             "files": {
                 name: {"sha256": sha256_file(scratch / name), "arrays": describe_arrays(scratch / name)}
-                for name in FILES
+                for name in written
             },
             "tolerances": {p: t.to_json() for p, t in spec.tolerances.items()},
             "grad_tolerances": {p: t.to_json() for p, t in spec.grad_tolerances.items()},
@@ -398,7 +417,7 @@ def publish(workspace, spec, scratch: Path, fields: dict, started: float) -> dic
     target_dir = workspace.golden_dir(spec.name)
     final = scratch / spec.name  # named like its target: the manifest names its folder
     final.mkdir()
-    for name in FILES:
+    for name in written:
         shutil.copyfile(scratch / name, final / name)
     write_json_atomic(final / MANIFEST, manifest)
     load(final, spec)  # what is about to be published reads back and verifies

@@ -59,12 +59,20 @@ def fp64_reference(workspace: str, model: str, framework: str, scratch: str | Pa
 
 
 def reference_arrays(
-    spec, framework: str, weights: dict, inputs: dict, evals: dict, dtype: str, detect_axes: bool = True
+    spec,
+    framework: str,
+    weights: dict,
+    inputs: dict,
+    evals: dict,
+    dtype: str,
+    detect_axes: bool = True,
+    record: dict | None = None,
 ) -> tuple[dict, dict]:
     """A native source's outputs, taps, eval outputs (``eval/logits``) and, with a loss, gradients (``grad/…``),
     all computed in ``dtype`` from the golden ``inputs.npz`` and ``eval.npz`` arrays, and the batch axis of every
     output and tap (``detect_axes``; else none recorded: axis 0); a definition that returns another floating dtype
-    anywhere raises ``TypeError`` (integer and bool outputs are compared as they are)."""
+    anywhere raises ``TypeError`` (integer and bool outputs are compared as they are). ``record`` receives how a
+    torch reference ran (``{"mode", "why"}``: ``parity.sources.torch_streamed``)."""
     source = sources.native(framework)(
         spec, weights, spec.batch_size, dtype
     )  # each source holds every weight as layouts.held_dtype says
@@ -73,8 +81,10 @@ def reference_arrays(
     if spec.taps:
         arrays.update({f"tap/{name}": v for name, v in source.taps(x).items()})
 
-    def run_at(other_x: dict, batch: int) -> dict:
-        other = sources.native(framework)(spec, weights, batch, dtype)
+    def run_at(other_x: dict, batch: int) -> dict:  # a source that runs any batch size is not built twice
+        other = (
+            source if getattr(source, "any_batch", False) else sources.native(framework)(spec, weights, batch, dtype)
+        )
         return {**other.run(other_x), **({f"tap/{n}": v for n, v in other.taps(other_x).items()} if spec.taps else {})}
 
     axes = detect_batch_axes(spec, arrays, evals, run_at) if detect_axes else {}
@@ -86,6 +96,8 @@ def reference_arrays(
     for key, value in arrays.items():
         if value.dtype.kind == "f" and value.dtype != np.dtype(dtype):
             raise TypeError(f"{framework} returned {value.dtype} for {key} in a {dtype} run")
+    if record is not None and getattr(source, "reference_record", None) is not None:
+        record.update(source.reference_record() or {})
     return arrays, axes
 
 

@@ -1,4 +1,5 @@
-"""Golden data of a user's model: its own weights, declared inputs, one reference framework.
+"""Golden data of a user's model: its declared inputs and one reference framework's outputs; of its own weights
+only their names, shapes, dtypes and digest (``parity.golden.weights``).
 
 Where the zoo proves three definitions equal, a user model has one: the reference is that model run in
 float64 (torch ``.double()``, a float64 Keras dtype policy, JAX x64, ONNX graph cast to double under
@@ -30,7 +31,8 @@ FLOAT32_TOLERANCE_FACTOR = usermodel.FLOAT32_TOLERANCE_FACTOR  # derived by user
 
 
 def build(workspace, spec, pool, progress=lambda message: None) -> dict:
-    """Inputs, weights, reference and gradients of a user model into ``golden/<model>/``, atomically."""
+    """Inputs, reference and gradients of a user model into ``golden/<model>/``, atomically (its weights: their
+    description and digest in the manifest)."""
     spec = workspace.load_spec(spec.name, attach_golden=False)  # tolerances as declared, not as last widened
     for i in spec.model_inputs:
         usermodel.check_data_size(
@@ -46,18 +48,15 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
     try:
         given = _prepare_inputs(workspace, spec, data, pool, scratch)
         progress(f"{spec.name}: reading the {framework} model's weights")
+        # their names, shapes and dtypes: the golden data keeps no copy of them (``parity.golden.weights``)
         params = pool.call(
-            framework,
-            "parity.golden.user_tasks:read_weights",
-            workspace=str(workspace.root),
-            model=spec.name,
-            out_file=str(scratch / "weights.npz"),
+            framework, "parity.golden.user_tasks:describe_weights", workspace=str(workspace.root), model=spec.name
         )
-        # what the model computes with and the code it runs, so every later run can tell the model has changed
+        # what the model computes with and the code it runs: every later run refuses a model whose weights changed
         built_from = pool.call(
             framework, "parity.model.identity:model_identity", workspace=str(workspace.root), model=spec.name
         )
-        shapes = {k: list(v.shape) for k, v in golden.load_arrays(scratch, "weights.npz").items()}
+        shapes = {name: described["shape"] for name, described in params.items()}
         spec.params = usermodel.native_params(shapes, params)
         progress(f"{spec.name}: float64 reference in {framework}")
         info = pool.call(
@@ -111,6 +110,7 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
             "reference": {
                 "dtype": info["dtype"],
                 "reason": info["reason"],
+                **{k: info[k] for k in ("mode", "mode_reason") if k in info},  # a float64 reference: whole or streamed
                 "tolerance_factor": factor,
                 "outputs_from": given["from"] if given is not None else f"{framework} reference",
                 "given_vs_reference_max_abs": given_vs_reference,

@@ -1,4 +1,4 @@
-"""Worker tasks of a user model's golden build: read its own weights, compute its reference, read the data
+"""Worker tasks of a user model's golden build: describe its own weights, compute its reference, read the data
 given with it. Each runs in the worker of the model's framework (``onnx`` for an ONNX file)."""
 
 from __future__ import annotations
@@ -8,71 +8,31 @@ from pathlib import Path
 import numpy as np
 
 from parity.golden import store as golden
+from parity.golden import weights as golden_weights
 from parity.golden.tasks import detect_batch_axes, reference_arrays
 from parity.interop.given import given_feeds
 from parity.model import containers, feeds, values
 from parity.model.user import UserModelError, native_params
 from parity.model.workspace import Workspace
 from parity.platform.errors import ParityError, one_line
-from parity.platform.safefs import read_npz
-
-SKIPPED_TORCH_STATE = ("num_batches_tracked",)
 
 
-def read_weights(workspace: str, model: str, out_file: str) -> dict:
-    """The model's own floating-point weights by framework name, each in its own dtype (bfloat16 widened to
-    float32, exactly), into ``out_file``; returns ``{name: {"trainable": bool, "dtype": str}}``."""
+def describe_weights(workspace: str, model: str) -> dict:
+    """The model's own floating-point weights by framework name, as its golden manifest records them (it keeps no
+    copy: ``parity.golden.weights``): ``{name: {"trainable": bool, "dtype": str, "shape": [int]}}``. A NaN weight
+    is refused: golden data is never built from one."""
     spec = Workspace(workspace).load_spec(model, attach_golden=False)
-    framework = spec.frameworks[0]
-    weights, trainable = {
-        "torch": _torch_weights,
-        "tf": _keras_weights,
-        "jax": _jax_weights,
-        "onnx": lambda _spec: ({}, set()),
-    }[framework](spec)
-    dtypes = {name: str(np.asarray(v).dtype) for name, v in weights.items()}
-    golden.save_npz(
-        Path(out_file),
-        {k: np.asarray(v, dtype=np.float32 if dtypes[k] == "bfloat16" else None) for k, v in weights.items()},
-    )
-    return {name: {"trainable": name in trainable, "dtype": dtypes[name]} for name in weights}
-
-
-def _torch_weights(spec):
-    module = spec.torch_module()
-    trainable = {name for name, p in module.named_parameters() if p.requires_grad}
-    state = {
-        k: _torch_array(v)
-        for k, v in module.state_dict().items()
-        if not k.endswith(SKIPPED_TORCH_STATE) and v.is_floating_point()
+    weights, trainable = golden_weights.own(spec)
+    for name, value in weights.items():
+        nan = int(np.count_nonzero(np.isnan(np.asarray(value, dtype=np.float32))))
+        if nan:
+            raise UserModelError(
+                f"weight {name!r} has {nan} NaN value(s) of {np.size(value)}; golden data is never built from a NaN weight"
+            )
+    return {
+        name: {"trainable": name in trainable, "dtype": str(np.asarray(v).dtype), "shape": list(np.shape(v))}
+        for name, v in weights.items()
     }
-    return state, trainable
-
-
-def _torch_array(tensor) -> np.ndarray:
-    """A weight as NumPy in its own dtype (bfloat16 through ml_dtypes, which NumPy stores widened)."""
-    import ml_dtypes
-    import torch
-
-    tensor = tensor.detach().cpu()
-    if tensor.dtype == torch.bfloat16:
-        return tensor.float().numpy().astype(ml_dtypes.bfloat16)
-    return tensor.numpy()
-
-
-def _keras_weights(spec):
-    model = spec.keras_model("float32")
-    variables = [v for v in model.weights if str(v.dtype).startswith(("float", "bfloat"))]
-    names = [v.path for v in variables]
-    if len(set(names)) != len(names):
-        raise UserModelError("the Keras model has weights with the same path; give its layers unique names")
-    return {v.path: np.asarray(v) for v in variables}, {v.path for v in variables if v.trainable}
-
-
-def _jax_weights(spec):
-    params = read_npz(spec.jax_apply.params_path, UserModelError, ".npz")
-    floating = {k: v for k, v in params.items() if v.dtype.kind == "f"}
-    return floating, set(floating)
 
 
 def reference(workspace: str, model: str, scratch: str | Path, shapes: dict, params: dict, out_file: str) -> dict:
@@ -82,17 +42,18 @@ def reference(workspace: str, model: str, scratch: str | Path, shapes: dict, par
     spec = Workspace(workspace).load_spec(model, attach_golden=False)
     spec.params = native_params(shapes, params)
     scratch = Path(scratch)
-    weights = golden.load_arrays(scratch, "weights.npz")
+    weights = golden_weights.for_build(spec, golden_weights.ModelWeights(spec, scratch))  # the model's own
     inputs = golden.load_arrays(scratch, "inputs.npz")
     evals = golden.load_arrays(scratch, "eval.npz")
     framework = spec.frameworks[0]
 
     structures: dict = {}  # an ONNX graph's sequence and optional outputs: their lengths and presence
+    streaming: dict = {}  # how a torch float64 reference ran: {"mode", "why"} (parity.sources.torch_streamed)
 
     def compute(*args):
         if framework == "onnx":
             return _onnx_reference(spec, *args, structures=structures)
-        return reference_arrays(spec, framework, *args)
+        return reference_arrays(spec, framework, *args, record=streaming)
 
     reason = None
     try:
@@ -104,7 +65,14 @@ def reference(workspace: str, model: str, scratch: str | Path, shapes: dict, par
         arrays, axes = compute(weights, inputs, evals, "float32")
         dtype = "float32"
     golden.save_npz(Path(out_file), {k: values.golden(v) for k, v in arrays.items()})
-    return {"dtype": dtype, "reason": reason, "batch_axes": axes, **({"containers": structures} if structures else {})}
+    mode = {"mode": streaming.get("mode", "whole"), "mode_reason": streaming.get("why")} if dtype == "float64" else {}
+    return {
+        "dtype": dtype,
+        "reason": reason,
+        "batch_axes": axes,
+        **mode,
+        **({"containers": structures} if structures else {}),
+    }
 
 
 def _onnx_reference(spec, _weights, inputs, evals, dtype: str, structures: dict) -> tuple[dict, dict]:

@@ -6,8 +6,9 @@ model's framework, builds the model as the spec's builder does and digests what 
 ``state_dict`` and every buffer, a Keras model's weights, a JAX model's params file, an ONNX file's initializers
 (an ONNX file needs none: golden verification already refuses a changed file by its ``source_sha256``). The code is every source file outside the installed packages that the factory's
 module and the model's classes reach through their imports. The golden build records both
-(``built_from`` in the manifest); every run computes them again, keys its exports on the weights and says
-when either differs (``changes``). The zoo's weights are its golden data's own: it records nothing.
+(``built_from`` in the manifest); every run computes them again and keys its exports on the weights. Changed code is
+said on every result (``changes``); changed weights are refused (``stale``) where the golden data keeps no copy of
+them to check against (``parity.golden.weights``), else said too. The zoo's weights are its golden data's own: it records nothing.
 """
 
 from __future__ import annotations
@@ -145,11 +146,17 @@ def model_identity(workspace: str, model: str) -> dict | None:
     if not spec.weights_from_model or framework == "onnx":
         return None
     if framework == "torch":
+        import torch
+
+        torch.manual_seed(spec.training.seed)  # as a source builds it: random initial weights, the same every time
         built = spec.torch_module()
         arrays = _torch_arrays(built)
         classes = [type(m) for m in built.modules()]
         builder = spec.torch_module
     elif framework == "tf":
+        import keras
+
+        keras.utils.set_random_seed(spec.training.seed)
         built = spec.keras_model("float32")
         arrays = numpy_arrays((f"{k}:{v.path}", v.numpy()) for k, v in enumerate(built.weights))
         classes = [type(layer) for layer in _keras_layers(built)]
@@ -182,6 +189,16 @@ def changes(model: str, recorded: dict | None, now: dict | None) -> dict | None:
         "message": f"the model's {what} changed since its golden data was built{files}; rebuild with "
         f"`parity golden build --model {model}` if the change is intended",
     }
+
+
+def stale(model: str, changed: dict) -> str:
+    """The one line refusing a model whose weights changed since its golden build, where the golden data keeps no
+    copy of them to check against (``changed``: ``changes``'s record)."""
+    also = f" (and its code: {', '.join(changed['code'][:3])})" if changed.get("code") else ""
+    return (
+        f"the model's weights changed since its golden data was built{also}, and the golden data keeps no copy of "
+        f"the old ones to check against; rebuild it with `parity golden build --model {model}`"
+    )
 
 
 def not_compared(reason: str) -> dict:

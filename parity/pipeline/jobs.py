@@ -343,6 +343,7 @@ class GoldenOutcome:
     golden_dir: Path
     manifest: dict | None = None
     error: str | None = None
+    peaks: dict[str, int] | None = None  # worker task -> its peak memory (bytes)
 
     @property
     def summary(self) -> str:
@@ -356,7 +357,17 @@ class GoldenOutcome:
                 f"float64 greedy generation, {reference['steps']} steps on {reference['prompts']} prompts, "
                 f"vocabulary {reference['vocab']}, built in {self.manifest['build_seconds']} s"
             )
-        return store.summary(self.manifest, self.golden_dir)
+        return store.summary(self.manifest, self.golden_dir) + self.peak_memory
+
+    @property
+    def peak_memory(self) -> str:
+        """`` | peak memory: reference 3.0 GB, ...``: each step's worker at its peak, the largest first."""
+        if not self.peaks:
+            return ""
+        from parity.platform.memory import gb
+
+        steps = sorted(self.peaks.items(), key=lambda item: -item[1])
+        return " | peak memory: " + ", ".join(f"{task.rpartition(':')[2]} {gb(n)}" for task, n in steps[:4])
 
 
 def build_goldens(
@@ -390,11 +401,26 @@ def build_goldens(
                     yield GoldenOutcome(name, ws.golden_dir(name), manifest=manifest)
                     continue
                 step = shapes.upgrade if upgrade else golden_build.build
-                manifest = step(ws, spec, pool, progress=progress)
+                pool.peaks.clear()
+                with pool.for_model(_weights_bytes(pool, ws, spec)):  # each step's memory said before it starts
+                    manifest = step(ws, spec, pool, progress=progress)
             except (ParityError, TaskFailed) as error:
                 yield GoldenOutcome(name, ws.golden_dir(name), error=str(error))
                 continue
-            yield GoldenOutcome(name, ws.golden_dir(name), manifest=manifest)
+            yield GoldenOutcome(name, ws.golden_dir(name), manifest=manifest, peaks=dict(pool.peaks))
+
+
+def _weights_bytes(pool, ws, spec) -> int | None:
+    """The size of a user model's weights before its golden build (``parity.model.size``), None where it is not
+    known without building the model (the zoo's are small)."""
+    if not spec.weights_from_model:
+        return None
+    return pool.call(
+        spec.frameworks[0],
+        "parity.model.size:weights_bytes",
+        workspace=str(ws.root),
+        model=spec.name,
+    )
 
 
 def verify_goldens(workspace: str | None, models, notice=_quiet) -> Iterator[GoldenOutcome]:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from parity import __version__
 from parity.golden import store as golden
+from parity.golden import weights as golden_weights
 from parity.model import identity
 from parity.pipeline import generation
 from parity.pipeline.background import Background
@@ -25,10 +26,10 @@ from parity.platform import devices
 from parity.platform import precision as precision_lib
 from parity.platform.cache_dir import cache_root
 from parity.platform.env import environment
-from parity.platform.errors import GoldenError, SpecError, UsageError, one_line
+from parity.platform.errors import GoldenError, NotEnoughMemory, SpecError, UsageError, one_line
 from parity.platform.packages import installed, normalized
 from parity.platform.safefs import owned_tempdir, sha256_file, sweep
-from parity.run import paths, provenance, watch
+from parity.run import estimate, paths, provenance, watch
 from parity.run.cache import META_FILE, ExportCache, content_key
 from parity.run.worker import TaskFailed, WorkerPool, running_first
 
@@ -107,6 +108,7 @@ class Run:
         self.exports: dict[str, dict] = {}  # chain key -> {"dir", "meta", "cached"} or {"error", "cached"}
         self.specs: dict = {}
         self.weights: dict[str, int] = {}  # model -> bytes of its weights (a task's default wall-clock limit)
+        self.activations: dict[str, int] = {}  # model -> float64 bytes of its reference's outputs and taps
         self.identities: dict[str, dict | None] = {}  # user model -> its weights digest and code now (model_identity)
         self.calibrations: dict[str, dict] = {}  # model -> the digest of its int8 calibration rows (int8_key)
         self.host: dict | None = None  # the host audit of a timed run
@@ -145,6 +147,7 @@ class Run:
             self._check_batch_sizes(spec, manifest)
             self.specs[name] = spec
             self.weights[name] = watch.weights_bytes(manifest)
+            self.activations[name] = estimate.activation_bytes(manifest)
             selected = paths.select(self.options.patterns, spec.frameworks, self.options.device, self.options.precision)
             matched = matched or bool(selected)
             for path in selected:
@@ -199,7 +202,7 @@ class Run:
             "source": path.source,
             "model_file_sha256": sha256_file(Path(spec.source_file)),
             "builder_files": provenance.builder_files(spec),
-            "weights_sha256": manifest["files"]["weights.npz"]["sha256"],
+            "weights_sha256": golden_weights.digest(manifest),  # the golden copy's, or the model's at its build
             "source_sha256": manifest.get("source_sha256"),
             # the weights the model's builder holds now (a factory's checkpoint): an export is made from the model
             "model_weights_sha256": (self.identities.get(spec.name) or {}).get("weights_sha256"),
@@ -293,18 +296,23 @@ class Run:
             shutil.rmtree(staging, ignore_errors=True)
             if error.kind == "golden":
                 raise
+            peak = _megabytes(pool.last_peak_bytes)
             reason = str(error)
             reason = reason if reason.startswith(step.name) else f"{step.name}: {reason}"
             if error.kind == "raised":  # the converter's own verdict on this input and code: the same next time
                 code = pool.call(step.group, "parity.run.provenance:loaded_code_files")
                 self.cache.commit_error(key, reason, {"code_files": code})
                 provenance.write_slot(self.cache.root, slot, parts)
-            return {"error": reason, "cached": False, "rebuilt": rebuilt, "log": error.log}
+            return {"error": reason, "cached": False, "rebuilt": rebuilt, "log": error.log, "peak_rss_mb": peak}
+        except NotEnoughMemory as error:  # refused before it started: this path's error, the others go on
+            shutil.rmtree(staging, ignore_errors=True)
+            return {"error": f"{step.name}: {error}", "cached": False, "rebuilt": rebuilt}
         entry = {
             "dir": str(self.cache.commit(key, staging, meta).dir),
             "meta": meta,
             "cached": False,
             "rebuilt": rebuilt,
+            "peak_rss_mb": _megabytes(pool.last_peak_bytes),
         }
         provenance.write_slot(self.cache.root, slot, parts)
         return entry
@@ -443,7 +451,7 @@ class Run:
     def sized(self, pool, spec):
         """``pool``'s tasks, in this block, work on ``spec``'s model: where no timeout was given, their wall-clock
         limit grows with its weights."""
-        return pool.for_model(self.weights.get(spec.name))
+        return pool.for_model(self.weights.get(spec.name), self.activations.get(spec.name))
 
     def _guarded(self, spec, call, pool, *args, **kwargs) -> None:
         """``call(pool, *args, **kwargs)`` unless a worker has refused ``spec``'s golden arrays; a refusal now (a
@@ -516,6 +524,10 @@ class Run:
             except TaskFailed as error:  # the checks say why it does not build; here, that it was not compared
                 now, changed = None, identity.not_compared(str(error))
             self.identities[name] = now
+            if changed and changed["weights"] and not golden_weights.kept(manifest):  # no copy to check against
+                self.refused.add(name)
+                self.model_errors.append({"model": name, "reason": identity.stale(name, changed)})
+                continue
             for result in (r for r in self.results if r["model"] == name):
                 result["golden_changed"] = changed
 
@@ -536,7 +548,12 @@ class Run:
         artifact = None
         if path.exports:
             artifact = self._export(pool, spec, manifest, path, len(path.exports) - 1)
-            export = {"cached": artifact["cached"], "rebuilt": artifact.get("rebuilt")}
+            # the export's peak memory where it ran in this run (None for a cached one)
+            export = {
+                "cached": artifact["cached"],
+                "rebuilt": artifact.get("rebuilt"),
+                "peak_rss_mb": artifact.get("peak_rss_mb"),
+            }
             if "error" in artifact:
                 result.update(verdict="error", reason=artifact["error"], export=export, log=artifact.get("log"))
                 return
@@ -572,8 +589,13 @@ class Run:
             if error.kind == "golden":
                 raise
             result.update(verdict="error", reason=f"{path.runtime.name}: {error}", log=error.log)
+            result["peak_rss_mb"] = _megabytes(pool.last_peak_bytes)
+            return
+        except NotEnoughMemory as error:  # refused before it started: this path's error, the others go on
+            result.update(verdict="error", reason=f"{path.runtime.name}: {error}")
             return
         result.update(outcome)
+        result["peak_rss_mb"] = _megabytes(pool.last_peak_bytes)
 
     def _diagnose(self, pool, spec, manifest, path, result) -> None:
         """Diagnose ``path``'s drift layer by layer into ``result["diagnosis"]`` (options.diagnose says which)."""
@@ -637,6 +659,11 @@ class Run:
             from parity.pipeline import node_data
 
             node_data.locate(self, pool, spec, manifest, path, result["diagnosis"])
+
+
+def _megabytes(nbytes: int | None) -> float | None:
+    """A worker's peak memory in the result JSON: MB, one decimal (None where the task did not run)."""
+    return None if nbytes is None else round(nbytes / 1e6, 1)
 
 
 def _check_order(pool, pending) -> list:

@@ -22,6 +22,7 @@ def skeleton(model: str, path_id: str, stages: list, device: str, precision: str
         "metrics": None,
         "deterministic": None,
         "timing": None,
+        "peak_rss_mb": None,  # the check's worker at its memory peak (MB)
         "diagnosis": None,
         "golden_changed": None,
     }

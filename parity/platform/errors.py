@@ -64,12 +64,18 @@ class Unavailable(ParityError):
     Becomes a ``skip`` with the message as its reason, never an error."""
 
 
+class NotEnoughMemory(ParityError):
+    """A step whose estimated peak memory exceeds what is available: refused before it starts (exit code 2); the
+    message says what it needs, what there is and the options."""
+
+
 class TaskFailed(Exception):
     """A task raised, crashed its worker, or ran past its timeout; the message is the reason.
 
     ``kind`` says which: ``raised`` (the task's own exception: deterministic, may be cached), ``golden`` (golden
     arrays that do not match their verified manifest: the model's input error, never cached),
-    ``startup`` (the worker's framework failed to import), ``died`` or ``timeout``.
+    ``startup`` (the worker's framework failed to import), ``died``, ``timeout`` or ``oom`` (parity killed it past the
+    memory available, or the kernel did).
     """
 
     def __init__(self, message: str, kind: str = "raised", log: str | None = None):

@@ -11,6 +11,7 @@ from parity.check import accuracy_gate, metrics
 from parity.check import closeness as compare
 from parity.golden import shapes
 from parity.golden import store as golden
+from parity.golden import weights as golden_weights
 from parity.model import batch_axes, containers, feeds
 from parity.model.workspace import Workspace
 from parity.platform.errors import NotDifferentiable, Unavailable, one_line
@@ -48,7 +49,7 @@ def export_step(
     started = time.perf_counter()
     job = ExportJob(
         spec=spec,
-        weights=verified.arrays["weights.npz"],
+        weights=golden_weights.for_build(spec, verified.arrays["weights.npz"]),  # type: ignore[arg-type]
         batch_size=batch_size or spec.batch_size,
         opset=opset,
         out_dir=Path(out_dir),
@@ -100,8 +101,9 @@ def _input_batch(verified, spec, batch_size: int) -> dict:
     return feeds.padded(spec, feeds.rows(spec, evals, 0, batch_size), batch_size)
 
 
-def perturbed(weights: dict, perturbation: dict | None) -> dict:
-    """Canonical weights plus a deliberate ``{name: delta}`` (none: the weights as they are)."""
+def perturbed(weights, perturbation: dict | None) -> dict:
+    """Canonical weights (a mapping: the golden copy, or the model's own) plus a deliberate ``{name: delta}`` (none:
+    the weights as they are)."""
     weights = dict(weights)
     for name, delta in (perturbation or {}).items():
         weights[name] = weights[name] + np.asarray(delta, dtype=weights[name].dtype)
@@ -111,7 +113,7 @@ def perturbed(weights: dict, perturbation: dict | None) -> dict:
 def build_runner(
     spec,
     path,
-    weights: dict,
+    weights,
     batch_size: int,
     threads: int,
     artifact_dir: str | None = None,
@@ -119,7 +121,7 @@ def build_runner(
     runner_class=None,
 ):
     """The path's runner at a static batch, on the path's device at its precision: a native source from
-    canonical ``weights``, or the path's runtime on an exported artifact. ``runner_class`` overrides the
+    canonical ``weights`` (None: the model's builder's own), or the path's runtime on an exported artifact. ``runner_class`` overrides the
     path's (e.g. a deliberately broken one)."""
     runner_class = runner_class or paths.load_target(path.runtime_target)
     placement = {"device": path.device, "precision": path.precision}
@@ -192,7 +194,9 @@ def _check_path(
     runner = build_runner(
         spec,
         path,
-        perturbed(verified.arrays["weights.npz"], weight_perturbation),
+        perturbed(verified.arrays["weights.npz"], weight_perturbation)
+        if weight_perturbation
+        else golden_weights.for_build(spec, verified.arrays["weights.npz"]),
         spec.batch_size,
         threads,
         artifact_dir,
@@ -369,7 +373,7 @@ def verify_step(
     spec = ws.load_spec(model)
     verified = golden.load(ws.golden_dir(model), spec)
     inputs = verified.arrays["inputs.npz"]
-    weights, grads = verified.arrays["weights.npz"], verified.arrays["gradients.npz"]
+    weights, grads = dict(verified.arrays["weights.npz"]), verified.arrays["gradients.npz"]
     path = paths.by_id(framework)
     if not path.differentiable:
         raise NotDifferentiable(f"path {framework} cannot differentiate, so it has no training step")

@@ -26,6 +26,10 @@ DEFAULT_STALL_S = 120.0
 BASE_WALL_S = 900.0
 WALL_S_PER_GB = 1200.0
 SAMPLE_S = 1.0  # how often the worker's counters are read while its task runs
+MEMORY_SAMPLE_S = 0.25  # how often its memory is read (an allocation of GBs takes a second or more)
+# the share of the available memory kept free when parity stops a worker itself (the kernel stops it at none)
+MEMORY_MARGIN = 0.03
+MIN_MARGIN_BYTES = 128 << 20
 # what counts as progress since the last progress: CPU seconds (a small share of the bound, so the odd wake-up
 # of an idle thread does not count) or bytes read or written
 MIN_CPU_SHARE = 0.02
@@ -69,10 +73,13 @@ def limits(timeout_s: float | None, weights_bytes: int | None = None) -> Limits:
 
 
 def weights_bytes(manifest: dict) -> int:
-    """The size of a model's weights, as its golden manifest describes ``weights.npz``'s arrays (read without NumPy,
-    which a cached check's main process never imports: a dtype's width from the bits its name ends in)."""
+    """The size of a model's weights, as its golden manifest describes them (``weights.npz``'s arrays, or a user
+    model's ``params``; read without NumPy, which a cached check's main process never imports: a dtype's width from
+    the bits its name ends in)."""
+    from parity.golden.weights import described
+
     total = 0
-    for entry in ((manifest.get("files") or {}).get("weights.npz") or {}).get("arrays", {}).values():
+    for entry in described(manifest).values():
         bits = re.search(r"(\d+)\D*$", str(entry.get("dtype", "")))
         itemsize = max(int(bits[1]) // 8, 1) if bits else 1 if entry.get("dtype") == "bool" else 4
         total += math.prod(entry.get("shape") or ()) * itemsize
@@ -130,18 +137,104 @@ class Progress:
         return False
 
 
-def wait(conn, pid: int, bounds: Limits) -> tuple[str, str] | None:
+class MemoryWatch:
+    """The memory of worker ``pid`` (its children included) while one task runs: ``peak`` bytes seen, and whether it
+    passed ``ceiling`` (``exceeded``): what the worker held at the task's start (``start``) and what was ``available``
+    then (``PARITY_MEMORY_LIMIT`` where it is set, else less a margin, so that parity stops it before the kernel
+    does)."""
+
+    def __init__(self, pid: int, available, group: str | None = None):
+        import psutil
+
+        from parity.platform.memory import LIMIT_VARIABLE, tree_rss
+
+        self.pid, self.available, self.group, self.exceeded = pid, available, group or "", False
+        try:
+            self.process: psutil.Process | None = psutil.Process(pid)
+        except psutil.Error:
+            self.process = None
+        self.start = self.peak = tree_rss(self.process) if self.process is not None else 0
+        margin = (
+            0 if available.source == LIMIT_VARIABLE else max(int(available.nbytes * MEMORY_MARGIN), MIN_MARGIN_BYTES)
+        )
+        self.ceiling = self.start + max(available.nbytes - margin, 0)
+        _reset_high_water_mark(pid)
+
+    def sample(self) -> bool:
+        """Read the worker's memory now; True once it is past the ceiling."""
+        from parity.platform.memory import tree_rss
+
+        if self.process is None:
+            return False
+        self.peak = max(self.peak, tree_rss(self.process))
+        self.exceeded = self.exceeded or self.peak > self.ceiling
+        return self.exceeded
+
+    def finish(self) -> int:
+        """The task's peak once it has ended (the kernel's high-water mark of the worker where it shows it, which
+        catches what happened between two samples); bytes."""
+        self.peak = max(self.peak, _high_water_mark(self.pid))
+        return self.peak
+
+    def overdue(self) -> tuple[str, str]:
+        """Why the worker was killed and what lets it go further."""
+        from parity.platform.memory import LIMIT_VARIABLE, gb
+
+        reason = (
+            f"out of memory: the {self.group} worker reached {gb(self.peak)}, {gb(self.peak - self.start)} more than "
+            f"at its task's start, past the {self.available.describe()}"
+        )
+        return reason, f"a smaller batch, the streamed reference or more memory; {LIMIT_VARIABLE}=SIZE overrides"
+
+    def killed(self) -> str:
+        """What a worker that died of SIGKILL that parity did not send most likely met."""
+        from parity.platform.memory import gb
+
+        return (
+            f"the {self.group} worker was killed by the kernel (SIGKILL), most likely out of memory: its peak was "
+            f"{gb(self.peak)} with {self.available.describe()}"
+        )
+
+
+def _reset_high_water_mark(pid: int) -> None:
+    """Start the kernel's peak-RSS count of ``pid`` again from its RSS now (Linux: ``clear_refs``)."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as handle:
+            handle.write("5")
+    except OSError:
+        pass
+
+
+def _high_water_mark(pid: int) -> int:
+    """The kernel's peak RSS of ``pid`` (``VmHWM``) in bytes, 0 where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def wait(
+    conn, pid: int, bounds: Limits, memory: MemoryWatch | None = None, started: float | None = None
+) -> tuple[str, str] | None:
     """Wait until ``conn`` (the worker's pipe) is readable: None then, else why the task is overdue and what
-    raises the bound it ran past (the caller kills worker ``pid``)."""
-    started = time.monotonic()
+    raises the bound it ran past (the caller kills worker ``pid``). ``memory``: the worker's memory, sampled as it
+    runs; past its ceiling the task is overdue too (``memory.exceeded``). ``started``: when the task began
+    (``time.monotonic``; default now), for a wait that goes on after the task said something."""
+    started = time.monotonic() if started is None else started
     progress = Progress(pid, bounds.stall_s)
     last = started
     while True:
         now = time.monotonic()
         left = min(started + bounds.wall_s, last + bounds.stall_s) - now
-        if conn.poll(max(min(left, SAMPLE_S), 0)):
+        if conn.poll(max(min(left, SAMPLE_S if memory is None else MEMORY_SAMPLE_S), 0)):
             return None
         now = time.monotonic()
+        if memory is not None and memory.sample():
+            return memory.overdue()
         if progress.advanced():
             last = now
         if now - started >= bounds.wall_s:

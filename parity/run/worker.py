@@ -238,9 +238,23 @@ def _start(conn, group: str | None, threads: int, log_path: str, parent_pid: int
     return None
 
 
+PROGRESS = "progress"  # a task's message before its result: ``(PROGRESS, line)`` (``report``)
+_TASK_CONN = None  # in a worker: the pipe its tasks answer on
+
+
+def report(line: str) -> None:
+    """In a worker's task: tell the caller what the task is doing now (the run's progress, ``WorkerPool.reporting``);
+    anywhere else, nothing."""
+    if _TASK_CONN is not None:
+        _TASK_CONN.send((PROGRESS, line))
+
+
 def _serve(conn, startup_error: str | None) -> None:
     """A worker's loop: ``(target, kwargs)`` tasks until told to stop; ends the process."""
     from parity.run.paths import load_target
+
+    global _TASK_CONN
+    _TASK_CONN = conn
 
     while True:
         try:
@@ -521,6 +535,9 @@ class Worker:
         self, group: str | None, log_path: Path, conn, process, template: Template | RemoteTemplate | None = None
     ):
         self.group, self.log_path, self.conn, self.process, self.template = group, log_path, conn, process, template
+        self.on_progress = None  # hears the progress lines of a task (``report``)
+        self._received = None  # a task's answer read while waiting for it
+        self.peak_bytes = 0  # the last task's peak memory (``call``)
         if template is not None:
             template.in_use += 1
 
@@ -543,28 +560,66 @@ class Worker:
 
     def call(self, target: str, kwargs: dict, limits: watch.Limits):
         """The task's result; killed (``TaskFailed``, kind ``timeout``) once it makes no progress for
-        ``limits.stall_s`` or runs past ``limits.wall_s``."""
+        ``limits.stall_s`` or runs past ``limits.wall_s``, and (kind ``oom``) once its memory passes what was
+        available at its start (``watch.MemoryWatch``). ``peak_bytes``: the task's peak memory, afterwards."""
+        from parity.platform.memory import available
+
         self.conn.send((target, kwargs))
-        overdue = watch.wait(self.conn, self.process.pid, limits)
+        memory = watch.MemoryWatch(self.process.pid, available(), self.group)
+        try:
+            overdue = self._wait(limits, memory)
+        finally:
+            self.peak_bytes = memory.peak
         if overdue is not None:
             self.kill()
             reason, hint = overdue
             raise TaskFailed(
-                f"{reason} (worker {self.group} killed; {hint}; log {self.log_path})", "timeout", str(self.log_path)
+                f"{reason} (worker {self.group} killed; {hint}; log {self.log_path})",
+                "oom" if memory.exceeded else "timeout",
+                str(self.log_path),
             )
         try:
-            status, payload = self.conn.recv()
+            status, payload = self._received if self._received is not None else self.conn.recv()
+            self._received = None
         except (EOFError, ConnectionError):
             self.process.join(5)
+            if self.process.exitcode == -signal.SIGKILL and self._template_standing():
+                raise TaskFailed(f"{memory.killed()}; see {self.log_path}", "oom", str(self.log_path)) from None
             raise TaskFailed(
                 f"worker process {self.group} died (exit code {self.process.exitcode}); "
                 f"{_no_space(self.log_path)}see {self.log_path}",
                 "died",
                 str(self.log_path),
             ) from None
+        finally:
+            self.peak_bytes = memory.finish() if self.process.exitcode is None else memory.peak
         if status != "ok":
             raise TaskFailed(payload, "raised" if status == "error" else status, str(self.log_path))
         return payload
+
+    def _wait(self, limits: watch.Limits, memory) -> tuple[str, str] | None:
+        """``watch.wait`` until the task's result is there: each progress line the task sends before it (``report``)
+        goes to ``on_progress``, and the waiting goes on within the task's limits."""
+        started = time.monotonic()
+        while True:
+            overdue = watch.wait(self.conn, self.process.pid, limits, memory, started)
+            if overdue is not None or not self.conn.poll():
+                return overdue
+            try:
+                message = self.conn.recv()
+            except (EOFError, ConnectionError):
+                return None  # the caller's recv says the worker died
+            if not (isinstance(message, tuple) and message[0] == PROGRESS):
+                self._received = message
+                return None
+            if self.on_progress is not None:
+                self.on_progress(message[1])
+
+    def _template_standing(self) -> bool:
+        """Whether the template this worker was forked from still stands (a worker dies of SIGKILL with it too), or
+        the worker was spawned (none)."""
+        template = self.template
+        return template is None or (template.alive and not getattr(template, "lost", False))
 
     @property
     def alive(self) -> bool:
@@ -611,6 +666,10 @@ class WorkerPool:
         self.threads, self.timeout_s, self.env = threads, timeout_s, env or {}
         watch.stall_seconds()  # a bad PARITY_STALL_TIMEOUT is said before anything starts
         self.weights_bytes: int | None = None  # of the model the caller works on (for_model)
+        self.on_progress = None  # hears tasks' progress lines (``reporting``)
+        self.activation_bytes: int | None = None  # its reference's outputs and taps at the batch, float64 (for_model)
+        self.last_peak_bytes: int | None = None  # the memory peak of the last task (``call``)
+        self.peaks: dict[str, int] = {}  # task -> its largest memory peak (bytes) since the caller cleared it
         logs_root = cache_folder(Path(logs_root), "log folder")
         prune_logs(logs_root)
         self.log_dir = owned_tempdir(logs_root, LOG_PREFIX)
@@ -728,26 +787,60 @@ class WorkerPool:
         return watch.limits(timeout_s or self.timeout_s, self.weights_bytes)
 
     @contextmanager
-    def for_model(self, weights_bytes: int | None):
-        """Tasks in this block work on a model with ``weights_bytes`` of weights: where no timeout was given,
-        their wall-clock limit grows with it (None: the size already set stands)."""
-        before = self.weights_bytes
+    def for_model(self, weights_bytes: int | None, activation_bytes: int | None = None):
+        """Tasks in this block work on a model with ``weights_bytes`` of weights (and ``activation_bytes`` of float64
+        outputs and taps at its batch): where no timeout was given, their wall-clock limit grows with it, and a step
+        whose estimated memory does not fit is refused before it starts (None: the size already set stands)."""
+        before = self.weights_bytes, self.activation_bytes
         if weights_bytes is not None:
             self.weights_bytes = weights_bytes
+        if activation_bytes is not None:
+            self.activation_bytes = activation_bytes
         try:
             yield self
         finally:
-            self.weights_bytes = before
+            self.weights_bytes, self.activation_bytes = before
+
+    def check_memory(self, group: str, task: str, kwargs: dict) -> None:
+        """Refuse (``NotEnoughMemory``, one line) a task whose estimated peak (``parity.run.estimate``) for the model
+        of this block does not fit in the memory available now; nothing where the model's size is not known."""
+        from parity.platform.memory import available
+        from parity.run import estimate
+
+        step = estimate.step_of(task, kwargs)
+        if step is None or not self.weights_bytes:
+            return
+        if step == "reference" and group == "torch" and estimate.reference_mode(self.weights_bytes) == "streamed":
+            step = "streamed"
+        need = estimate.peak(step, self.weights_bytes, self.activation_bytes or 0)
+        estimate.refuse(str(kwargs.get("model") or "the model"), step, need, available())
+
+    @contextmanager
+    def reporting(self, on_progress):
+        """Tasks in this block tell ``on_progress(line)`` what they are doing as they go (``report``)."""
+        before, self.on_progress = self.on_progress, on_progress
+        try:
+            yield self
+        finally:
+            self.on_progress = before
 
     def call(self, group: str, task: str, timeout_s: float | None = None, fresh: bool = False, **kwargs):
         """Run ``task`` in the worker of ``group`` (``fresh``: in a new one, that has run nothing before)."""
         if self.current is not None and (fresh or self.current.group != group or not self.current.alive):
             self.current.close()
             self.current = None
+        self.check_memory(group, task, kwargs)
+        self.last_peak_bytes = None
         try:
             if self.current is None:
                 self.current = self._start(group)
-            return self.current.call(task, kwargs, self.limits(timeout_s))
+            worker = self.current
+            worker.on_progress = self.on_progress
+            try:
+                return worker.call(task, kwargs, self.limits(timeout_s))
+            finally:
+                self.last_peak_bytes = worker.peak_bytes
+                self.peaks[task] = max(self.peaks.get(task, 0), worker.peak_bytes)
         except TaskFailed as error:
             if self._lost_with_service(error):  # run again, once, in a worker of this pool's own
                 return self.call(group, task, timeout_s, fresh, **kwargs)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from parity.model import layouts, outputs
@@ -10,6 +12,7 @@ from parity.platform.errors import Unavailable
 from parity.platform.precision import torch_flags
 from parity.runtimes import torch_common
 from parity.runtimes.base import Runner
+from parity.sources import torch_streamed
 
 _TORCH_DTYPES = {"float32": "float32", "float64": "float64"}
 _SKIPPED_STATE = ("num_batches_tracked",)
@@ -74,6 +77,8 @@ class TorchSource(Runner):
     """The native ``torch`` path: eager PyTorch on the CPU or a CUDA GPU, in the precision's dtype."""
 
     differentiable = True
+    streams_reference = True  # a float64 run on the CPU may be streamed (``parity.sources.torch_streamed``)
+    any_batch = True  # one instance runs feeds of any batch size
 
     def __init__(
         self, spec, weights, batch_size: int, dtype: str = "float32", device: str = "cpu", precision: str = "fp32"
@@ -85,9 +90,36 @@ class TorchSource(Runner):
         self.torch_device = torch_device(torch, device)
         self.numerics = torch_flags(torch, precision, device)
         self.torch_dtype = getattr(torch, self.compute_dtype)
-        module = build_module(spec, weights, dtype)
-        self.module = hold_in(torch, module, self.torch_dtype).to(self.torch_device)
+        self._stream: Any = None  # the streamer of a streamed float64 reference, else None (the module is cast whole)
+        self.reference_mode: dict | None = None  # a float64 run's ``{"mode", "why"}`` (``reference_record``)
+        torch_streamed.asked()  # a PARITY_REFERENCE it does not know stops every torch run, not the reference alone
+        if self.compute_dtype == "float64" and device == "cpu" and self.streams_reference:
+            self._build_reference(spec, weights)
+        else:
+            module = build_module(spec, weights, dtype)
+            self.module = hold_in(torch, module, self.torch_dtype).to(self.torch_device)
         self._optimizer = None  # torch.optim.SGD over optimized_params(), made by the first train_step
+
+    def _build_reference(self, spec, weights) -> None:
+        """The float64 reference's module: held in float32 and streamed, or cast whole, as ``choose`` says."""
+        module = build_module(spec, weights, "float32")
+        mode, why = torch_streamed.choose(torch_streamed.floating_bytes(module))
+        if mode == "streamed":
+            self.module, self._stream = module, torch_streamed.Streamer(self.torch, module)
+        else:
+            self.module = hold_in(self.torch, module, self.torch_dtype)
+        self.reference_mode = {"mode": mode, "why": why}
+
+    def reference_record(self) -> dict | None:
+        """How this float64 reference ran: ``{"mode": "streamed" | "whole", "why"}`` (a streamed run that had to
+        cast a module whole says which and why; one that cast the root is ``whole``), None for other runs."""
+        if self.reference_mode is None or self._stream is None:
+            return self.reference_mode
+        stream = self._stream
+        if stream.reason is None:
+            return self.reference_mode
+        mode = "whole" if stream.whole else "streamed"
+        return {"mode": mode, "why": f"{self.reference_mode['why']}; {stream.reason}"}
 
     def _inputs(self, feeds: dict) -> dict:
         """Feeds as tensors on the device, floating ones in the compute dtype."""
@@ -98,7 +130,9 @@ class TorchSource(Runner):
         return tensors
 
     def _forward(self, tensors: dict):
-        return call(self.module, tensors)
+        if self._stream is None or self._stream.casting_whole:
+            return call(self.module, tensors)
+        return self._stream.run(lambda: call(self.module, tensors))
 
     def _host(self, tensor) -> np.ndarray:
         """A result on the host: reduced-precision values widened to float32 (exact), others as they are."""
@@ -142,6 +176,12 @@ class TorchSource(Runner):
         return {name: self._host(outputs.flatten(recorded[name], torch.is_tensor)[0][1]) for name in self.spec.taps}
 
     def gradients_impl(self, x, labels):
+        if self._stream is not None:  # gradients through the whole model in float64, its parameters as leaves
+            with self._stream.cast_whole():
+                return self._gradients(x, labels)
+        return self._gradients(x, labels)
+
+    def _gradients(self, x, labels):
         for p in self.module.parameters():
             p.grad = None
         return torch_common.gradients(
@@ -160,6 +200,9 @@ class TorchSource(Runner):
 
     def train_step_impl(self, x, labels, lr):
         torch = self.torch
+        if self._stream is not None:  # training updates the float64 weights: the module is cast whole from here on
+            self.module, self._stream = hold_in(torch, self.module, self.torch_dtype), None
+            self.reference_mode = {"mode": "whole", "why": "a training step casts the whole model"}
         params = list(self._trainable_tensors(self.optimized_params()).values()) if self._optimizer is None else None
         # eval mode: BatchNorm statistics stay as they are
         self._optimizer = torch_common.sgd_step(
@@ -173,7 +216,8 @@ class TorchSource(Runner):
             torch.cuda.synchronize()
 
     def trainable_weights_impl(self):
+        held = self.compute_dtype if self._stream is not None else None  # a streamed module holds float32
         return {
-            name: np.array(layouts.param_from_framework("torch", self.spec.params[name].kind, self._host(t)))
+            name: np.array(layouts.param_from_framework("torch", self.spec.params[name].kind, self._host(t)), held)
             for name, t in self._trainable_tensors(self.spec.trainable_params).items()
         }

@@ -29,6 +29,7 @@ class CompiledTorch(TorchSource):
     compiled ones."""
 
     mode = "default"
+    streams_reference = False  # the compiled module is cast whole, never streamed
 
     def __init__(
         self, spec, weights, batch_size: int, dtype: str = "float32", device: str = "cpu", precision: str = "fp32"

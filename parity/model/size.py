@@ -1,0 +1,61 @@
+"""The size of a user model's weights before its golden data exists, read without holding them where it can be: a
+torch model built on the ``meta`` device (shapes and dtypes, no storage), a JAX params file's and a Keras file's
+arrays from their zip directory, an ONNX file's initializers from its graph (external data by its files' sizes).
+What the step estimates (``parity.run.estimate``) start from; runs in a worker of the model's framework.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+
+def _zip_bytes(path: Path) -> int:
+    """The uncompressed bytes of a zip file's members (``.npz``, ``.keras``)."""
+    with zipfile.ZipFile(path) as archive:
+        return sum(member.file_size for member in archive.infolist())
+
+
+def _torch_bytes(spec) -> int | None:
+    import torch
+
+    try:
+        with torch.device("meta"):
+            module = spec.torch_module()
+    except Exception:  # noqa: BLE001 - a factory that cannot build on the meta device: its size is not known before
+        return None
+    state = dict(module.named_buffers(remove_duplicate=False))
+    state.update(module.state_dict())
+    return sum(t.numel() * t.element_size() for t in state.values() if t.is_floating_point())
+
+
+def _onnx_bytes(path: Path) -> int:
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    inline = sum(len(t.raw_data) for t in model.graph.initializer)
+    external = {
+        entry.value
+        for t in model.graph.initializer
+        if t.data_location == onnx.TensorProto.EXTERNAL
+        for entry in t.external_data
+        if entry.key == "location"
+    }
+    return inline + sum((path.parent / name).stat().st_size for name in external if (path.parent / name).is_file())
+
+
+def weights_bytes(workspace: str, model: str) -> int | None:
+    """Worker task: the bytes of the model's floating weights as its builder makes them, None where they cannot be
+    known without building it for real (a Keras factory, a torch factory that cannot build on the meta device)."""
+    from parity.model.workspace import Workspace
+
+    spec = Workspace(workspace).load_spec(model, attach_golden=False)
+    framework = spec.frameworks[0]
+    if spec.onnx_model is not None:
+        return _onnx_bytes(Path(spec.onnx_model_path))
+    if framework == "torch":
+        return _torch_bytes(spec)
+    if framework == "jax":
+        return _zip_bytes(Path(spec.jax_apply.params_path))
+    files = [Path(f) for f in getattr(spec.keras_model, "source_files", ()) if str(f).endswith(".keras")]
+    return _zip_bytes(files[0]) if files else None

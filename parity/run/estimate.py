@@ -1,0 +1,152 @@
+"""How much memory, and roughly how long, each step of a model's work takes: estimated before it starts, from the
+size of the model's float32 weights and the path, so that a step that cannot fit is refused in one line instead of
+being killed by the kernel half-way (``refuse``), and ``parity plan`` can say it for a model of any size.
+
+A step's peak is ``copies`` x the float32 weights (the model built, a float64 copy, an exporter's graph, a runtime's
+session) plus its activations (the outputs and taps at the batch, float64 in a reference). The factors are peak RSS
+over the worker's baseline once its frameworks are imported, measured with ``scripts/memory_factors.py`` on
+transformers Llama models of random weights (221 MB and 501 MB of float32 weights, inputs of 2 x 64 tokens) on a
+2-core, 23 GB machine with torch 2.13, onnxscript 0.7.2, onnxruntime 1.31; each row's comment gives the two factors
+measured, the table keeps the larger. The seconds per GB are from the same runs; a machine busy with other work is
+slower (an export of a 135M-parameter Llama took 172 s per GB there).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+from parity.platform.errors import NotEnoughMemory
+from parity.platform.memory import LIMIT_VARIABLE, Available, gb
+
+
+@dataclass(frozen=True)
+class Cost:
+    """One step: its peak in float32 weights (``copies``), in activations (``activations``), seconds per GB."""
+
+    label: str
+    copies: float
+    activations: float
+    seconds_per_gb: float
+
+
+# measured on the two Llamas above (factor at 221 MB / at 501 MB of weights; building a model of random weights
+# peaks over the weights themselves: the initialisers' temporaries)
+COSTS = {
+    "load": Cost("model built in float32", 2.0, 0.0, 24.0),  # 1.90 / 1.40; 24 / 11 s per GB
+    "reference": Cost("float64 reference (a whole float64 copy)", 4.1, 1.0, 26.0),  # 4.03 / 3.53; 26 / 7 s per GB
+    "streamed": Cost("float64 reference, streamed module by module", 2.0, 1.0, 40.0),  # the build's peak; unit apart
+    "run": Cost("float32 run", 2.0, 0.5, 24.0),  # the model built, then run at the batch
+    "export": Cost("torch.onnx (dynamo) export", 2.2, 0.5, 31.0),  # 2.18 / 1.54; 31 / 20 s per GB
+    "ort": Cost("ONNX Runtime session", 1.1, 0.5, 3.0),  # 1.05 / 1.03 over the .onnx file's size; 2.4 / 2.0 s/GB
+}
+# a Llama's shape from its size alone (``parity plan --params``): 12 h^2 weights per layer of width h, h^2 ~ params
+# / 350 (TinyLlama 1.1B: h 2048, 22 layers; Llama-2 7B: h 4096, 32 layers; SmolLM 135M: h 576, 30 layers)
+LLAMA_WIDTH_DIVISOR = 350.0
+LLAMA_VOCAB = 32000
+# the steps of a user model's golden build and of a check of ``torch`` and ``torch/onnx/ort``, in order
+GOLDEN_STEPS = ("load", "reference", "run")
+CHECK_STEPS = ("load", "run", "export", "ort")
+
+
+def step_of(task: str, kwargs: dict) -> str | None:
+    """The ``COSTS`` key of worker task ``task`` called with ``kwargs``; None where none is estimated."""
+    module = task.partition(":")[0]
+    if task in (
+        "parity.golden.user_tasks:describe_weights",
+        "parity.golden.user_tasks:read_weights",
+        "parity.model.identity:model_identity",
+    ):
+        return "load"
+    if task in ("parity.golden.user_tasks:reference", "parity.golden.tasks:fp64_reference") or (
+        module == "parity.golden.shapes"
+    ):
+        return "reference"
+    if task == "parity.golden.floor:float32_floor":
+        return "run"
+    if task == "parity.run.tasks:export_step":
+        return "export" if "torch_onnx" in str(kwargs.get("target", "")) else None
+    if task == "parity.run.tasks:check_path":
+        runtime = str(kwargs.get("path_id", "")).rsplit("/", 1)[-1]
+        return {"ort": "ort", "torch": "run"}.get(runtime)
+    return None
+
+
+def reference_mode(weights: int) -> str:
+    """``streamed`` or ``whole``: how a torch model's float64 reference of ``weights`` bytes is computed."""
+    from parity.sources import torch_streamed
+
+    return torch_streamed.choose(weights)[0]
+
+
+def peak(step: str, weights: int, activations: int = 0) -> int:
+    """The estimated peak in bytes of ``step`` for a model of ``weights`` bytes of float32 weights and ``activations``
+    bytes of outputs and taps at the batch (float64)."""
+    cost = COSTS[step]
+    copies = cost.copies
+    if step == "streamed":  # one unit in float64 beside the float32 model (``parity.sources.torch_streamed``)
+        from parity.sources import torch_streamed
+
+        unit = max(torch_streamed.MIN_UNIT, weights / 16)
+        copies = max(copies, 1.0 + 2.0 * unit / max(weights, 1))
+    return int(weights * copies + activations * cost.activations)
+
+
+def label(step: str) -> str:
+    return COSTS[step].label
+
+
+def seconds(step: str, weights: int) -> float:
+    return COSTS[step].seconds_per_gb * weights / 1e9
+
+
+def activation_bytes(manifest: dict) -> int:
+    """The float64 bytes of a golden's reference outputs, taps and eval outputs (what a reference holds at once)."""
+    total = 0
+    for entry in ((manifest.get("files") or {}).get("reference.npz") or {}).get("arrays", {}).values():
+        total += math.prod(entry.get("shape") or ()) * 8
+    return total
+
+
+def refuse(model: str, step: str, need: int, available: Available) -> None:
+    """``NotEnoughMemory`` with one line, where ``need`` bytes do not fit in ``available``."""
+    if need <= available.nbytes:
+        return
+    options = ["a smaller batch", f"a machine (or a Ray node started with --memory={need}) with more memory"]
+    if step == "reference" and os.environ.get("PARITY_REFERENCE", "").strip().lower() != "streamed":
+        options.insert(0, "the streamed reference (PARITY_REFERENCE=streamed)")
+    raise NotEnoughMemory(
+        f"{model}: the {label(step)} needs about {gb(need)} of memory and there is {available.describe()}; "
+        f"options: {', '.join(options)}, or {LIMIT_VARIABLE}=SIZE to go ahead anyway"
+    )
+
+
+def llama_activations(params: float, batch: int, seq: int) -> int:
+    """Float64 bytes of a Llama-shaped model's logits and one hidden state per layer at ``batch`` x ``seq``."""
+    width = math.sqrt(params / LLAMA_WIDTH_DIVISOR)
+    layers = max(round(params / (12 * width * width)), 1)
+    return int(batch * seq * (LLAMA_VOCAB + width * (layers + 1)) * 8)
+
+
+def plan(weights: int, activations: int, available: Available) -> list[dict]:
+    """Each step of a golden build and of a check of ``torch`` and ``torch/onnx/ort``: its estimated peak and time,
+    whether it fits in ``available``, and where it does not, the Ray resources of a node it would fit on."""
+    reference = "streamed" if reference_mode(weights) == "streamed" else "reference"
+    rows = []
+    for stage, steps in (("golden build", GOLDEN_STEPS), ("check", CHECK_STEPS)):
+        for step in steps:
+            step = reference if step == "reference" else step
+            need = peak(step, weights, activations)
+            rows.append(
+                {
+                    "stage": stage,
+                    "step": step,
+                    "label": label(step),
+                    "peak_bytes": need,
+                    "seconds": round(seconds(step, weights), 1),
+                    "fits": need <= available.nbytes,
+                    "ray_resources": None if need <= available.nbytes else {"memory": need},
+                }
+            )
+    return rows
