@@ -54,7 +54,7 @@ def assert_parity(
     from parity.platform.cache_dir import cache_root
     from parity.platform.precision import worker_environment
     from parity.report import diagnosis, terminal
-    from parity.run.worker import WorkerPool
+    from parity.run.pool import WorkerPool
 
     paths = [paths] if isinstance(paths, str) else list(paths)
     sources = {p.split("/")[0] for p in paths}

@@ -57,7 +57,7 @@ from parity.pipeline import orchestrate
 from parity.platform.cache_dir import cache_root
 from parity.platform.precision import worker_environment
 from parity.run import paths
-from parity.run.worker import WorkerPool
+from parity.run.pool import WorkerPool
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"

@@ -136,6 +136,26 @@ def parity(root: Path, log, *args: str) -> dict:
     return {"seconds": time.perf_counter() - started, "peak_process_gb": largest, "peak_tree_gb": tree, "exit": code}
 
 
+def planned(root: Path) -> dict:
+    """``parity plan --model llama``'s estimate for each stage: its largest step's peak (GB) and its seconds."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(
+        [sys.executable, "-m", "parity.cli", "plan", "--model", "llama", "--json"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode:
+        return {}
+    stages: dict = {}
+    for step in json.loads(done.stdout)["steps"]:
+        peak, seconds = stages.get(step["stage"], (0.0, 0.0))
+        stages[step["stage"]] = (max(peak, step["peak_bytes"] / GB), seconds + step["seconds"])
+    return stages
+
+
 def folder_mb(folder: Path) -> float:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 1e6 if folder.exists() else 0.0
 
@@ -177,9 +197,13 @@ def one(size: str, root: Path, timeout: float | None) -> list[dict]:
     }
     rows = []
     base = {"size": size, "params": params(config), "faulty": faulty}
+    plan: dict = {}
     with open(root / "parity.log", "w") as log:
         for step, args in steps.items():
             row = {**base, "step": step, **parity(root, log, *args), "golden_mb": folder_mb(root / "golden")}
+            if step == "init":
+                plan = planned(root)
+            row["planned_gb"], row["planned_s"] = plan.get(step, (None, None))
             row["result"] = f"exit {row['exit']}"
             if step == "check":
                 row["result"] += "; " + check_result(root / "check.json", faulty)
@@ -193,13 +217,23 @@ def one(size: str, root: Path, timeout: float | None) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    heads = ("size", "params", "step", "seconds", "peak largest process GB", "peak tree GB", "golden MB", "result")
+    heads = ("size", "params", "step", "seconds", "planned s", "peak largest process GB", "planned GB", "peak tree GB")
+    heads += ("golden MB", "result")
     lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     for r in rows:
         cells = (r["size"], f"{r['params'] / 1e6:.1f}M", r["step"], f"{r['seconds']:.0f}")
-        cells += (f"{r['peak_process_gb']:.2f}", f"{r['peak_tree_gb']:.2f}", f"{r['golden_mb']:.0f}", r["result"])
+        cells += (
+            _or_dash(r.get("planned_s"), ".0f"),
+            f"{r['peak_process_gb']:.2f}",
+            _or_dash(r.get("planned_gb"), ".2f"),
+        )
+        cells += (f"{r['peak_tree_gb']:.2f}", f"{r['golden_mb']:.0f}", r["result"])
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _or_dash(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
 
 
 def main() -> None:

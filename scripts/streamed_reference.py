@@ -51,13 +51,14 @@ def child(args) -> None:
     import torch
     import transformers  # noqa: F401 - imported before the baseline
 
+    from parity.model.size import torch_weight_bytes
     from parity.sources import torch_streamed
     from parity.sources.torch import hold_in
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     baseline = _rss()
     model = _model(args)
-    weights = torch_streamed.floating_bytes(model)
+    weights = torch_weight_bytes(model)
     ids = torch.randint(0, args.vocab, (2, 64), generator=torch.Generator().manual_seed(1))
     started = time.perf_counter()
     streamer = None

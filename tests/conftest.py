@@ -51,7 +51,7 @@ def results_store(tmp_path_factory):
 def pool():
     """One worker process for a test module (a module that defines its own ``pool`` uses that)."""
     from parity.platform.cache_dir import cache_root
-    from parity.run.worker import WorkerPool
+    from parity.run.pool import WorkerPool
 
     with WorkerPool(1, cache_root() / "logs", 300) as workers:
         yield workers

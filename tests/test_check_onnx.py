@@ -56,23 +56,23 @@ def make_case(folder: Path, shift: float = 0.0) -> Path:
 def two_cases(tmp_path_factory):
     """A folder of two cases, one passing and one whose expected output is wrong, checked in one ``check-onnx``
     (counting the worker pools the session makes): its output, JSON, JUnit XML and pool count."""
-    from parity.run import worker
+    from parity.run.pool import WorkerPool
 
     root = tmp_path_factory.mktemp("check_onnx")
     make_case(root / "cases" / "good")
     make_case(root / "cases" / "wrong_output", shift=0.5)
     pools = []
-    original = worker.WorkerPool.__init__
+    original = WorkerPool.__init__
 
     def counted(self, *args, **kwargs):
         pools.append(self)
         original(self, *args, **kwargs)
 
-    worker.WorkerPool.__init__ = counted
+    WorkerPool.__init__ = counted
     try:
         result = invoke("check-onnx", root / "cases", "--json", root / "r.json", "--junit-xml", root / "j.xml")
     finally:
-        worker.WorkerPool.__init__ = original
+        WorkerPool.__init__ = original
     return result, json.loads((root / "r.json").read_text()), ET.parse(root / "j.xml").getroot(), len(pools)
 
 

@@ -15,7 +15,7 @@ from parity.model.workspace import Workspace
 from parity.pipeline import orchestrate
 from parity.platform.cache_dir import cache_root
 from parity.run import paths
-from parity.run.worker import WorkerPool
+from parity.run.pool import WorkerPool
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -42,7 +42,7 @@ def exported_graphs(root: Path, model: str, path_ids, precision: str = "fp32") -
     from parity.pipeline import orchestrate
     from parity.platform.cache_dir import cache_root
     from parity.run import paths
-    from parity.run.worker import WorkerPool
+    from parity.run.pool import WorkerPool
 
     workspace = Workspace(root)
     spec = workspace.load_spec(model)

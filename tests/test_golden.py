@@ -11,7 +11,7 @@ from parity.golden import store as golden
 from parity.model.workspace import Workspace
 from parity.platform.cache_dir import cache_root
 from parity.platform.errors import ParityError
-from parity.run.worker import WorkerPool
+from parity.run.pool import WorkerPool
 from tests.conftest import mlp_variant
 
 

@@ -15,8 +15,8 @@ from parity.golden import store as golden
 from parity.model.workspace import Workspace
 from parity.pipeline import orchestrate
 from parity.platform.cache_dir import cache_root
-from parity.run import paths
-from parity.run.worker import WorkerPool
+from parity.run import install_names, paths
+from parity.run.pool import WorkerPool
 from parity.runtimes.base import ShapeMismatch
 from tests.conftest import zoo_copy
 
@@ -129,7 +129,10 @@ def test_tf_litert_passes_on_mlp_and_torch_litert_is_a_skip_with_the_installers_
     assert result["runtime"]["delegate"]["applied"] is True and result["export"]["axes"]["dynamic"]
     skipped = results[("mlp", "torch/litert")]
     assert skipped["verdict"] == "skip"
-    assert paths.WONT_INSTALL["litert_torch"] in skipped["reason"] and "litert_torch not installed" in skipped["reason"]
+    assert (
+        install_names.WONT_INSTALL["litert_torch"] in skipped["reason"]
+        and "litert_torch not installed" in skipped["reason"]
+    )
 
 
 def test_litert_torch_signature_names_are_read_and_run(mlp_tflite, tmp_path):

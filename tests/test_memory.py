@@ -3,6 +3,7 @@ past the memory available or killed by the kernel, and ``parity plan``."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -12,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from parity.platform import memory
-from parity.platform.errors import NotEnoughMemory, UsageError
-from parity.run import estimate, worker
+from parity.platform.errors import NotEnoughMemory, TaskFailed, UsageError
+from parity.run import estimate
+from parity.run.pool import WorkerPool
 
 ACCURACY = {"logits": [[0.0, 1.0]], "labels": [1]}
 MODEL = """
@@ -122,10 +124,10 @@ def test_a_golden_build_that_cannot_fit_is_refused_before_it_starts(tmp_path, mo
 
 
 def test_a_worker_past_the_memory_available_is_stopped_by_parity_and_said_out_of_memory(tmp_path, monkeypatch):
-    with worker.WorkerPool(1, tmp_path, timeout_s=120) as pool:
+    with WorkerPool(1, tmp_path, timeout_s=120) as pool:
         pool.call("onnx", "parity.check.metrics:accuracy", **ACCURACY)  # the worker is up: what follows is the task
         monkeypatch.setenv(memory.LIMIT_VARIABLE, "300M")
-        with pytest.raises(worker.TaskFailed) as stopped:
+        with pytest.raises(TaskFailed) as stopped:
             pool.call("onnx", "tests.test_memory:hog", step_mb=20, most_mb=3000)
         message = str(stopped.value)
         assert stopped.value.kind == "oom" and pool.current is None
@@ -137,11 +139,11 @@ def test_a_worker_past_the_memory_available_is_stopped_by_parity_and_said_out_of
 
 
 def test_a_worker_killed_from_outside_is_said_killed_by_the_kernel_with_its_peak(tmp_path):
-    with worker.WorkerPool(1, tmp_path, timeout_s=120) as pool:
+    with WorkerPool(1, tmp_path, timeout_s=120) as pool:
         pool.call("onnx", "parity.check.metrics:accuracy", **ACCURACY)
         pid = pool.current.process.pid
         threading.Timer(3.0, os.kill, (pid, signal.SIGKILL)).start()
-        with pytest.raises(worker.TaskFailed) as killed:
+        with pytest.raises(TaskFailed) as killed:
             pool.call("onnx", "tests.test_memory:hold", mb=200, seconds=60)
         message = str(killed.value)
         assert killed.value.kind == "oom", message
@@ -151,7 +153,7 @@ def test_a_worker_killed_from_outside_is_said_killed_by_the_kernel_with_its_peak
 
 
 def test_each_task_records_its_peak_memory(tmp_path):
-    with worker.WorkerPool(1, tmp_path, timeout_s=120) as pool:
+    with WorkerPool(1, tmp_path, timeout_s=120) as pool:
         pool.call("onnx", "tests.test_memory:hold", mb=150, seconds=0.1)
         assert pool.last_peak_bytes > 150e6  # the kernel's high-water mark: a short task is seen too
         assert pool.peaks["tests.test_memory:hold"] == pool.last_peak_bytes
@@ -172,11 +174,55 @@ def test_plan_of_a_7b_model_says_what_does_not_fit_and_the_ray_node_it_would(mon
     assert "no: a Ray node with memory=" in export and "61.7 GB" in export
     ort = next(line for line in lines if "ONNX Runtime session" in line)
     assert "no: a Ray node with memory=" in ort  # 1.1 x 28 GB: more than 23 GB too
+    diagnosis = next(line for line in lines if line.startswith("diagnosis "))
+    assert "diagnosis beside an ONNX Runtime session" in diagnosis and "no: a Ray node with memory=" in diagnosis
     small = CliRunner().invoke(cli, ["plan", "--params", "20e6"])
     assert small.exit_code == 0 and "no:" not in small.output
     bad = CliRunner().invoke(cli, ["plan", "--params", "7e9", "--model", "mlp"])
     assert bad.exit_code == 2 and "give --model NAME or --params COUNT" in bad.output
 
 
-def test_the_factors_script_is_where_the_table_says():
-    assert (Path(__file__).resolve().parents[1] / "scripts" / "memory_factors.py").is_file()
+def test_the_table_holds_every_measured_factor_and_measures_every_row_it_does_not_derive():
+    measured = json.loads((Path(__file__).resolve().parents[1] / "scripts" / "memory_factors.json").read_text())
+    seen = set()
+    for run in measured["runs"]:
+        for step in run["steps"]:
+            assert step["step"] not in estimate.DERIVED, step  # a derived row is a sum of measured ones
+            assert estimate.COSTS[step["step"]].copies >= step["factor"], (run["model"], step)
+            seen.add(step["step"])
+    assert seen == set(estimate.COSTS) - set(estimate.DERIVED)
+    assert estimate.COSTS["gradients"].copies == estimate.COSTS["reference"].copies + 2.0
+    assert estimate.COSTS["diagnose"].copies == 1.0 + estimate.COSTS["ort"].copies
+
+
+@pytest.mark.parametrize("params", ["nan", "inf", "-inf", "0", "-1e9", "1e40"])
+def test_plan_of_a_size_that_is_no_model_is_one_line_and_exit_2(params):
+    from click.testing import CliRunner
+
+    from parity.cli import cli
+
+    result = CliRunner().invoke(cli, ["plan", "--params", params])
+    assert result.exit_code == 2, result.output
+    assert "give a number of parameters above 0 and at most 1e+13" in result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_each_step_of_a_reference_with_gradients_a_check_and_a_diagnosis_is_estimated():
+    user = {"workspace": "w", "model": "m", "out_file": "o"}
+    assert estimate.step_of("parity.golden.user_tasks:reference", {**user, "gradients": False}) == "reference"
+    assert estimate.step_of("parity.golden.user_tasks:reference", {**user, "gradients": True}) == "gradients"
+    for path, step in (("torch/onnx/ort-noopt", "ort"), ("onnx/onnxref", "onnxref"), ("torch/onnx/onnxref", "onnxref")):
+        assert estimate.step_of("parity.run.tasks:check_path", {"path_id": path}) == step, path
+    for task in [f"parity.diagnose.{m}:{f}" for m, functions in estimate.DIAGNOSIS_TASKS.items() for f in functions]:
+        assert estimate.step_of(task, {"path_id": "torch/onnx/ort"}) == "diagnose", task
+        assert estimate.step_of(task, {"path_id": "torch/onnx/onnxref"}) == "diagnose_onnxref", task
+    assert estimate.step_of("parity.diagnose.eval_split:reference_rows", {}) == "reference"
+    assert estimate.step_of("parity.diagnose.repro:write", {"path_id": "torch/onnx/ort"}) is None
+    weights = 4 * 10**9
+    assert estimate.peak("gradients", weights) == pytest.approx(estimate.peak("reference", weights) + 2 * weights)
+    # the float32 model and its session, and one unit of the model in float64 (a sixteenth of a big one)
+    assert estimate.peak("diagnose", weights) == pytest.approx(weights * (1.0 + 1.1 + 2 / 16))
+    with pytest.raises(NotEnoughMemory) as refused:
+        estimate.refuse("llama", "gradients", estimate.peak("gradients", weights), memory.Available(weights, "x"))
+    assert "gradients" in str(refused.value) and "loss=None" in str(refused.value)
+    assert "PARITY_REFERENCE=streamed" not in str(refused.value)  # a streamed reference has no gradients

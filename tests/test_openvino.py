@@ -194,7 +194,7 @@ def test_an_onnx_file_with_a_changed_weight_fails_and_is_diagnosed_to_its_tap(on
     from parity.diagnose import chain
     from parity.golden import store as golden
     from parity.platform.cache_dir import cache_root
-    from parity.run.worker import WorkerPool
+    from parity.run.pool import WorkerPool
 
     root, invoke = onnx_source
     invoke("check", "--model", "net", "--path", "onnx/openvino", "--threads", "1", "--json", root / "r.json")

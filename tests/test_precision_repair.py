@@ -98,7 +98,7 @@ def root(tmp_path_factory):
 @pytest.fixture(scope="module")
 def pool():
     from parity.platform.cache_dir import cache_root
-    from parity.run.worker import WorkerPool
+    from parity.run.pool import WorkerPool
 
     with WorkerPool(1, cache_root() / "logs", 300) as workers:
         yield workers

@@ -27,7 +27,7 @@ from parity.platform.cache_dir import named_lock
 from parity.platform.errors import UsageError
 from parity.report import compare, html
 from parity.run.cache import ExportCache
-from parity.run.worker import WorkerPool
+from parity.run.pool import WorkerPool
 from tests.conftest import REPO
 from tests.test_compare_results import doc, res
 from tests.test_html_report import diagnosis, report, result, tap

@@ -101,6 +101,19 @@ def test_a_retrained_checkpoint_is_refused_until_the_golden_data_is_rebuilt_and_
     assert export["cached"] is False and "weights changed" in export["rebuilt"]
 
 
+def test_a_model_that_cannot_be_built_to_compare_its_weights_is_refused_not_checked(checkpointed):
+    """Without a copy of the weights, a model whose weights cannot be read now is not checked against golden data
+    that may describe other weights: refused in one line, nothing exported or checked."""
+    root = checkpointed
+    (root / "checkpoint.npz").unlink()
+    result = check(root, "--json", "-")
+    report = json.loads(result.output[result.output.index("{") :])
+    assert result.exit_code == 2 and report["results"] == [], result.output
+    [error] = report["model_errors"]
+    assert error["reason"].startswith("the model could not be built to compare it with the one its golden data was")
+    assert error["reason"].endswith("; nothing is checked") and "checkpoint.npz" in error["reason"]
+
+
 def test_golden_data_that_keeps_a_copy_of_the_weights_is_checked_against_it_and_a_change_said(checkpointed):
     """Golden data built when it kept a copy of a user model's weights: the paths are built from that copy, as then,
     and a change of the model's weights is said on every result, not refused."""

@@ -140,7 +140,7 @@ with open(sys.argv[1], "a") as marker:  # at module level: what a script without
     marker.write("ran\\n")
 if __name__ == "__main__":
     from pathlib import Path
-    from parity.run.worker import WorkerPool
+    from parity.run.pool import WorkerPool
 
     with WorkerPool(1, Path(sys.argv[2]), 120) as pool:
         pool.prestart()

@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 
 from parity.golden import store  # noqa: E402
 from parity.model import feeds  # noqa: E402
+from parity.model.size import torch_weight_bytes  # noqa: E402
 from parity.model.workspace import Workspace  # noqa: E402
 from parity.sources import torch_streamed  # noqa: E402
 from parity.sources.torch import TorchSource  # noqa: E402
@@ -140,7 +141,7 @@ MODELS = {
 def test_a_streamed_reference_is_bitwise_the_whole_float64_model_and_holds_one_unit_at_a_time(name):
     factory, make_inputs = MODELS[name]
     model, inputs = factory(), make_inputs()
-    total = torch_streamed.floating_bytes(model)
+    total = torch_weight_bytes(model)
     streamed, whole, streamer = _streamed_vs_whole(model, inputs, budget=total // 16)
     assert streamed.dtype == torch.float64
     assert torch.equal(streamed, whole), f"max abs {(streamed - whole).abs().max().item():.3g}"
@@ -155,7 +156,7 @@ def test_a_streamed_reference_is_bitwise_the_whole_float64_model_and_holds_one_u
 
 def test_the_float64_bytes_held_at_once_follow_the_budget_not_the_model():
     model = _llama_tied()
-    total = torch_streamed.floating_bytes(model)
+    total = torch_weight_bytes(model)
     peaks = {}
     for parts in (4, 32):
         _, _, streamer = _streamed_vs_whole(model, _tokens(), budget=total // parts)
@@ -163,8 +164,8 @@ def test_the_float64_bytes_held_at_once_follow_the_budget_not_the_model():
     # six decoder layers and a tied embedding: the embedding (what model.dtype reads) is held for the whole call,
     # one layer at a time besides it
     embedding = model.model.embed_tokens.weight.nbytes
-    layer = torch_streamed.floating_bytes(model.model.layers[0])
-    assert peaks[32] <= 2 * (embedding + layer + torch_streamed.floating_bytes(model.model.norm) + 4096)
+    layer = torch_weight_bytes(model.model.layers[0])
+    assert peaks[32] <= 2 * (embedding + layer + torch_weight_bytes(model.model.norm) + 4096)
     assert peaks[32] < 2 * total / 2 and peaks[32] <= peaks[4]
 
 
@@ -194,7 +195,84 @@ def test_a_parent_that_reads_its_child_weight_is_cast_as_one_unit_and_says_why()
     streamed, whole, streamer = _streamed_vs_whole(model, {"x": torch.randn(3, 4)}, budget=200)
     assert torch.equal(streamed, whole)
     assert streamer.stats.coarsened == ["body"] and not streamer.whole
-    assert "module 'body' cast to float64 as one unit" in streamer.reason and "dtype" in streamer.reason
+    assert "module 'body' cast to float64 as one unit" in streamer.reason
+    assert "T read the float32 weight 'body.b.weight' outside its module's call" in streamer.reason
+
+
+class _Table(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(8, 8))
+
+    def forward(self, x):
+        return x
+
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.rel = _Table()
+
+    def forward(self, x):  # a child's weight read outside its call, through an op of its own before any mixing
+        return self.lin(x) + self.rel.table.softmax(-1)[0]
+
+
+def test_a_weight_read_outside_its_module_through_an_op_of_its_own_is_caught_not_promoted_silently():
+    # float32 softmax of the table, then promoted to float64 by the addition: no dtype error of torch's own
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Linear(8, 8)
+            self.blocks = torch.nn.ModuleList(_Block() for _ in range(3))
+
+        def forward(self, x):
+            x = self.emb(x)
+            for block in self.blocks:
+                x = block(x)
+            return x
+
+    torch.manual_seed(0)
+    streamed, whole, streamer = _streamed_vs_whole(Net(), {"x": torch.randn(2, 8)}, budget=1)
+    assert torch.equal(streamed, whole), f"max abs {(streamed - whole).abs().max().item():.3g}"
+    assert streamer.stats.coarsened == ["blocks.0", "blocks.1", "blocks.2"] and not streamer.whole
+    assert "softmax read the float32 weight 'blocks.2.rel.table' outside its module's call" in streamer.reason
+
+
+def test_a_weight_read_the_model_catches_itself_is_caught_all_the_same():
+    class Careless(_Block):
+        def forward(self, x):
+            try:
+                bias = self.rel.table.exp()[0]
+            except TypeError:  # a model that swallows the error: its result is not kept either
+                bias = torch.zeros(8, dtype=x.dtype)
+            return self.lin(x) + bias
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), Careless())
+    streamed, whole, streamer = _streamed_vs_whole(model, {"input": torch.randn(2, 8)}, budget=1)
+    assert torch.equal(streamed, whole) and streamer.stats.coarsened == ["1"]
+
+
+def test_an_alias_of_a_weight_read_even_with_the_whole_model_as_one_unit_is_raised():
+    class Aliased(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+            self.__dict__["scale"] = self.lin.weight  # kept outside any module's parameters: never cast by a unit
+
+        def forward(self, x):
+            return self.lin(x) @ self.scale.tanh()
+
+    torch.manual_seed(0)
+    model = Aliased()
+    streamer = torch_streamed.Streamer(torch, model, budget=1)
+    with (
+        pytest.raises(torch_streamed.OutsideRead, match="tanh read the float32 weight 'lin.weight'"),
+        torch.inference_mode(),
+    ):
+        streamer.run(lambda: model(torch.randn(2, 4, dtype=torch.float64)))
+    assert streamer.whole and next(model.parameters()).dtype == torch.float32
 
 
 def test_a_model_that_reads_its_own_dtype_from_its_first_parameter_streams_without_falling_back():
@@ -254,6 +332,84 @@ def test_the_mode_is_chosen_by_size_or_by_parity_reference(monkeypatch):
     monkeypatch.setenv(torch_streamed.ENV, "layered")
     with pytest.raises(torch_streamed.StreamingError, match="PARITY_REFERENCE='layered' is not one of auto"):
         torch_streamed.choose(1)
+
+
+_TIED = """
+import torch
+
+
+class Tied(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+        self.b = torch.nn.Linear(8, 8)
+        self.b.weight = self.a.weight  # tied: one tensor
+        self.register_buffer("scale", torch.ones(8, dtype=torch.bfloat16))  # 16-bit: counted as float32
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))  # not floating: not counted
+
+    def forward(self, x):
+        return self.b(self.a(x)) * self.scale.float()
+
+
+def make():
+    return Tied()
+"""
+
+
+def test_a_torch_model_size_counts_each_floating_weight_once_as_float32(tmp_path):
+    """The size the step estimates read before a run (``parity.model.size``, on the meta device) is the one the
+    torch source chooses its reference mode by: tied weights once, every floating element 4 bytes."""
+    from click.testing import CliRunner
+
+    from parity.cli import cli
+    from parity.model import size
+
+    (tmp_path / "tied.py").write_text(_TIED)
+    args = ["init", "tied", "--torch", f"{tmp_path / 'tied.py'}:make", "--input", "x=2x8"]
+    result = CliRunner().invoke(cli, [*args, "--workspace", str(tmp_path)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    estimated = size.weights_bytes(str(tmp_path), "tied")
+    assert estimated == 4 * (8 * 8 + 8 + 8 + 8)  # a.weight (= b.weight), the two biases, the bfloat16 scale
+    spec = Workspace(tmp_path).load_spec("tied", attach_golden=False)
+    assert torch_weight_bytes(spec.torch_module()) == estimated
+
+
+_ALIASED = """
+import torch
+
+
+class Aliased(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+        self.b = torch.nn.Linear(8, 4)
+        self.__dict__["gate"] = self.a.weight  # an alias no module holds: never cast by a unit
+
+    def forward(self, x):
+        return self.b(self.a(x) @ self.gate.tanh())
+
+
+def make():
+    return Aliased()
+"""
+
+
+def test_a_golden_build_whose_model_reads_an_alias_of_a_weight_casts_it_whole_and_says_why(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from parity.cli import cli
+    from parity.model import manifest as golden_manifest
+
+    monkeypatch.setenv(torch_streamed.ENV, "streamed")
+    (tmp_path / "aliased.py").write_text(_ALIASED)
+    init = ["init", "aliased", "--torch", f"{tmp_path / 'aliased.py'}:make", "--input", "x=3x8"]
+    for args in (init, ["golden", "build", "--model", "aliased"]):
+        result = CliRunner().invoke(cli, [*args, "--workspace", str(tmp_path)], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+    reference = golden_manifest.read(tmp_path / "golden" / "aliased" / "manifest.json")["reference"]
+    assert reference["dtype"] == "float64" and reference["mode"] == "whole"
+    assert reference["mode_reason"].startswith("PARITY_REFERENCE=streamed; a streamed run read a weight outside")
+    assert "tanh read the float32 weight 'a.weight'" in reference["mode_reason"]
 
 
 @pytest.mark.parametrize("name", ["mlp", "cnn", "transformer"])

@@ -9,7 +9,7 @@ from parity.check.training import check_step
 from parity.model.workspace import Workspace
 from parity.platform.cache_dir import cache_root
 from parity.platform.errors import NotDifferentiable
-from parity.run.worker import WorkerPool
+from parity.run.pool import WorkerPool
 from parity.runtimes.base import Runner
 from tests.conftest import REPO
 

@@ -35,9 +35,9 @@ def workspace(tmp_path_factory):
 def _repro_nodes(root: Path, model: str, out: Path) -> int:
     import onnx
 
-    from parity.pipeline import jobs
+    from parity.pipeline import model_jobs
 
-    code, line = jobs.repro(str(root), model, "jax/onnx/ort", str(out), False, "fp32", 1, 300, "parity repro")
+    code, line = model_jobs.repro(str(root), model, "jax/onnx/ort", str(out), False, "fp32", 1, 300, "parity repro")
     assert code == 0, line
     return len(onnx.load(str(out / "model.onnx")).graph.node)
 

@@ -12,7 +12,7 @@ import pytest
 from parity.diagnose import chain, mapping_check
 from parity.golden import store as golden
 from parity.model.workspace import Workspace
-from parity.pipeline import jobs, orchestrate
+from parity.pipeline import model_jobs, orchestrate
 from parity.run import paths
 from tests.conftest import keras_workspace
 
@@ -73,7 +73,9 @@ def test_failing_resize_names_no_healthy_layer(workspace, pool):
 @pytest.mark.slow
 def test_repro_reduces_the_failing_part(workspace, pool, tmp_path):
     out = tmp_path / "bug"
-    code, line = jobs.repro(str(workspace.root), "up15", "tf/onnx/ort", str(out), False, "fp32", 1, 300, "parity repro")
+    code, line = model_jobs.repro(
+        str(workspace.root), "up15", "tf/onnx/ort", str(out), False, "fp32", 1, 300, "parity repro"
+    )
     assert code == 0, line
     assert "Resize" in line and "Relu" not in line, line
     readme = (out / "README.md").read_text()

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import pytest
 
+from parity.platform.errors import TaskFailed
 from parity.platform.safefs import owned_tempdir
-from parity.run import worker
+from parity.run.pool import KEEP_LOG_DAYS, KEEP_LOG_RUNS, LOG_PREFIX, WorkerPool, prune_logs
+from parity.run.processes import START_METHOD_VARIABLE, close_templates
 from tests.conftest import dead_owner_tag
 
 
@@ -16,30 +19,30 @@ def test_old_log_folders_are_pruned_and_live_ones_kept(tmp_path):
     dead = dead_owner_tag()
     now = time.time()
     folders = []
-    for index in range(worker.KEEP_LOG_RUNS + 5):
-        folder = tmp_path / f"{worker.LOG_PREFIX}{dead}-{index:08d}"
+    for index in range(KEEP_LOG_RUNS + 5):
+        folder = tmp_path / f"{LOG_PREFIX}{dead}-{index:08d}"
         folder.mkdir()
         os.utime(folder, (now - index * 60,) * 2)
         folders.append(folder)
     ancient = folders[3]
-    os.utime(ancient, (now - (worker.KEEP_LOG_DAYS + 1) * 86400,) * 2)
-    live = owned_tempdir(tmp_path, worker.LOG_PREFIX)
-    os.utime(live, (now - 10 * 86400 * worker.KEEP_LOG_DAYS,) * 2)
-    worker.prune_logs(tmp_path)
+    os.utime(ancient, (now - (KEEP_LOG_DAYS + 1) * 86400,) * 2)
+    live = owned_tempdir(tmp_path, LOG_PREFIX)
+    os.utime(live, (now - 10 * 86400 * KEEP_LOG_DAYS,) * 2)
+    prune_logs(tmp_path)
     kept = {p.name for p in tmp_path.iterdir()}
     assert live.name in kept  # a running run's logs are never pruned
     assert ancient.name not in kept
-    expected = [f for f in folders if f != ancient][: worker.KEEP_LOG_RUNS]
+    expected = [f for f in folders if f != ancient][:KEEP_LOG_RUNS]
     assert kept == {f.name for f in expected} | {live.name}
 
 
 def test_clean_run_removes_its_logs_and_a_failed_run_keeps_them(tmp_path):
-    with worker.WorkerPool(1, tmp_path, timeout_s=60) as pool:
+    with WorkerPool(1, tmp_path, timeout_s=60) as pool:
         assert pool.call("onnx", "parity.check.metrics:accuracy", logits=[[0.0, 1.0]], labels=[1]) == 1.0
         clean = pool.log_dir
     assert not clean.exists()
-    with worker.WorkerPool(1, tmp_path, timeout_s=60) as pool:
-        with pytest.raises(worker.TaskFailed, match="unknown path 'nope'") as caught:
+    with WorkerPool(1, tmp_path, timeout_s=60) as pool:
+        with pytest.raises(TaskFailed, match="unknown path 'nope'") as caught:
             pool.call("onnx", "parity.run.paths:by_id", path_id="nope")
         assert caught.value.kind == "raised"
         failed = pool.log_dir
@@ -60,12 +63,12 @@ def pid() -> int:
     return os.getpid()
 
 
-LINUX = pytest.mark.skipif(not worker.sys.platform.startswith("linux"), reason="workers fork from templates on Linux")
+LINUX = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers fork from templates on Linux")
 
 
 @LINUX
 def test_a_fresh_worker_is_forked_from_its_template_and_holds_nothing_of_the_one_before(tmp_path):
-    with worker.WorkerPool(1, tmp_path, timeout_s=120) as pool:
+    with WorkerPool(1, tmp_path, timeout_s=120) as pool:
         first = pool.call("onnx", "tests.test_worker:pid")
         assert pool.call("onnx", "tests.test_worker:loaded", name="tests.usermodels", load=True)
         assert pool.call("onnx", "tests.test_worker:pid") == first  # the same worker until asked for a fresh one
@@ -74,18 +77,18 @@ def test_a_fresh_worker_is_forked_from_its_template_and_holds_nothing_of_the_one
         assert not pool.call("onnx", "tests.test_worker:loaded", name="tests.usermodels")
         assert pool.call("onnx", "parity.run.worker:process_origin").startswith("forked from its group's template")
         template = pool.current.template
-    with worker.WorkerPool(1, tmp_path, timeout_s=120) as pool:  # a later run reuses the template
+    with WorkerPool(1, tmp_path, timeout_s=120) as pool:  # a later run reuses the template
         pool.call("onnx", "tests.test_worker:pid")
         assert pool.current.template is template and template.alive
 
 
 @LINUX
 def test_a_forked_worker_that_dies_or_hangs_is_that_tasks_error(tmp_path):
-    with worker.WorkerPool(1, tmp_path, timeout_s=120) as pool:
-        with pytest.raises(worker.TaskFailed, match="died \\(exit code 3\\)") as died:
+    with WorkerPool(1, tmp_path, timeout_s=120) as pool:
+        with pytest.raises(TaskFailed, match="died \\(exit code 3\\)") as died:
             pool.call("onnx", "os:_exit", status=3)
         assert died.value.kind == "died"
-        with pytest.raises(worker.TaskFailed, match="timed out after 0.5 s") as hung:
+        with pytest.raises(TaskFailed, match="timed out after 0.5 s") as hung:
             pool.call("onnx", "tests.conftest:sleep", timeout_s=0.5, seconds=30)
         assert hung.value.kind == "timeout" and pool.current is None
         assert pool.call("onnx", "parity.check.metrics:accuracy", logits=[[0.0, 1.0]], labels=[1]) == 1.0
@@ -93,11 +96,11 @@ def test_a_forked_worker_that_dies_or_hangs_is_that_tasks_error(tmp_path):
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_a_spare_is_adopted_by_the_first_group_and_closed_when_unused(tmp_path, monkeypatch, method):
-    if method == "fork" and not worker.sys.platform.startswith("linux"):
+    if method == "fork" and not sys.platform.startswith("linux"):
         pytest.skip("workers fork from templates on Linux")
-    monkeypatch.setenv(worker.START_METHOD_VARIABLE, method)
-    worker.close_templates()  # a spare template starts only where this process has none yet
-    with worker.WorkerPool(1, tmp_path, timeout_s=120) as pool:
+    monkeypatch.setenv(START_METHOD_VARIABLE, method)
+    close_templates()  # a spare template starts only where this process has none yet
+    with WorkerPool(1, tmp_path, timeout_s=120) as pool:
         pool.prestart()
         spare = pool.spare
         assert spare is not None and pool.current_group() is None
@@ -107,7 +110,7 @@ def test_a_spare_is_adopted_by_the_first_group_and_closed_when_unused(tmp_path, 
         assert pool.call("onnx", "parity.run.worker:process_origin") == (
             "spawned" if method == "spawn" else "forked from its group's template (framework import timed there)"
         )
-    with worker.WorkerPool(1, tmp_path, timeout_s=120) as pool:
+    with WorkerPool(1, tmp_path, timeout_s=120) as pool:
         pool.prestart()
         unused = pool.spare
     assert unused is None if method == "fork" else not unused.alive  # a template for these settings exists now
@@ -116,6 +119,6 @@ def test_a_spare_is_adopted_by_the_first_group_and_closed_when_unused(tmp_path, 
 def test_an_unknown_start_method_is_one_clear_error(monkeypatch, tmp_path):
     from parity.platform.errors import ParityError
 
-    monkeypatch.setenv(worker.START_METHOD_VARIABLE, "thread")
+    monkeypatch.setenv(START_METHOD_VARIABLE, "thread")
     with pytest.raises(ParityError, match="PARITY_WORKER_START='thread': use fork or spawn"):
-        worker.WorkerPool(1, tmp_path, timeout_s=10)
+        WorkerPool(1, tmp_path, timeout_s=10)

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from parity.cli import cli
 from parity.run import service
-from parity.run.worker import WorkerPool
+from parity.run.pool import WorkerPool
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers fork from templates on Linux")
 
@@ -91,7 +91,7 @@ def test_a_worker_ends_with_the_process_that_asked_for_it(service_dir, tmp_path)
         import sys, time
         from pathlib import Path
         sys.path.insert(0, {str(REPO)!r})
-        from parity.run.worker import WorkerPool
+        from parity.run.pool import WorkerPool
         pool = WorkerPool(1, Path({str(tmp_path)!r}), 120, service=True)
         print(pool.call("onnx", "os:getpid"), flush=True)
         time.sleep(120)
@@ -191,7 +191,7 @@ def _client(tmp_path: Path, body: str) -> str:
         from pathlib import Path
         sys.path.insert(0, {str(REPO)!r})
         from parity.run.service import context
-        from parity.run.worker import WorkerPool
+        from parity.run.pool import WorkerPool
         with WorkerPool(1, Path({str(tmp_path)!r}), 120, service=True) as pool:
         """) + textwrap.indent(textwrap.dedent(body), "    ")
 
@@ -366,7 +366,7 @@ def test_a_task_whose_service_is_killed_runs_again_in_a_pool_of_its_own(signal_n
 
 
 def test_a_worker_that_dies_of_its_task_is_an_error_though_the_service_serves(service_dir, tmp_path):
-    from parity.run.worker import TaskFailed
+    from parity.platform.errors import TaskFailed
 
     with WorkerPool(1, tmp_path, 120, service=True) as pool:
         template = pool.call("onnx", "os:getppid")

@@ -6,8 +6,9 @@ import time
 
 import pytest
 
-from parity.platform.errors import UsageError
-from parity.run import watch, worker
+from parity.platform.errors import TaskFailed, UsageError
+from parity.run import watch
+from parity.run.pool import WorkerPool
 
 ACCURACY = {"logits": [[0.0, 1.0]], "labels": [1]}
 
@@ -22,10 +23,10 @@ def spin(seconds: float) -> int:
 
 def test_a_task_that_makes_no_progress_is_killed_after_the_stall_bound(tmp_path, monkeypatch):
     monkeypatch.setenv(watch.STALL_VARIABLE, "2")
-    with worker.WorkerPool(1, tmp_path, timeout_s=60) as pool:
+    with WorkerPool(1, tmp_path, timeout_s=60) as pool:
         pool.call("onnx", "parity.check.metrics:accuracy", **ACCURACY)  # the worker is up: what follows is the task
         started = time.monotonic()
-        with pytest.raises(worker.TaskFailed, match="no progress for 2 s") as hung:
+        with pytest.raises(TaskFailed, match="no progress for 2 s") as hung:
             pool.call("onnx", "tests.conftest:sleep", seconds=60)
         assert time.monotonic() - started < 20  # not the 60 s wall-clock limit
         assert hung.value.kind == "timeout" and pool.current is None
@@ -37,9 +38,9 @@ def test_a_task_that_computes_past_the_default_limit_of_a_small_model_completes_
     monkeypatch.setenv(watch.STALL_VARIABLE, "1.5")  # computing for longer than this is progress, not a hang
     monkeypatch.setattr(watch, "BASE_WALL_S", 2.0)
     monkeypatch.setattr(watch, "WALL_S_PER_GB", 30.0)
-    with worker.WorkerPool(1, tmp_path, timeout_s=None) as pool:
+    with WorkerPool(1, tmp_path, timeout_s=None) as pool:
         pool.call("onnx", "parity.check.metrics:accuracy", **ACCURACY)
-        with pytest.raises(worker.TaskFailed, match=r"timed out after 2 s, the default limit \(") as busy:
+        with pytest.raises(TaskFailed, match=r"timed out after 2 s, the default limit \(") as busy:
             pool.call("onnx", "tests.test_worker_timeouts:spin", seconds=30)
         assert "raise with --timeout" in str(busy.value)
         with pool.for_model(1_000_000_000):  # 1 GB of weights: 32 s
@@ -50,9 +51,9 @@ def test_a_task_that_computes_past_the_default_limit_of_a_small_model_completes_
 
 def test_a_given_timeout_bounds_a_busy_task_whatever_the_model(tmp_path, monkeypatch):
     monkeypatch.setenv(watch.STALL_VARIABLE, "1")
-    with worker.WorkerPool(1, tmp_path, timeout_s=3) as pool, pool.for_model(10**12):
+    with WorkerPool(1, tmp_path, timeout_s=3) as pool, pool.for_model(10**12):
         pool.call("onnx", "parity.check.metrics:accuracy", **ACCURACY)
-        with pytest.raises(worker.TaskFailed, match=r"timed out after 3 s, the limit given \(worker onnx killed"):
+        with pytest.raises(TaskFailed, match=r"timed out after 3 s, the limit given \(worker onnx killed"):
             pool.call("onnx", "tests.test_worker_timeouts:spin", seconds=60)
 
 
@@ -82,7 +83,7 @@ def test_the_default_limit_grows_with_the_weights_of_the_model():
 def test_a_bad_stall_bound_is_one_clear_error(tmp_path, monkeypatch, value):
     monkeypatch.setenv(watch.STALL_VARIABLE, value)
     with pytest.raises(UsageError, match=f"{watch.STALL_VARIABLE}='{value}': give the seconds"):
-        worker.WorkerPool(1, tmp_path, timeout_s=None)
+        WorkerPool(1, tmp_path, timeout_s=None)
 
 
 def test_a_checks_default_limit_is_scaled_with_its_models_weights(workspace_copy, monkeypatch):

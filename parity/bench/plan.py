@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 from parity.bench import footprint, stats
 from parity.golden.shapes import describe
-from parity.run.worker import TaskFailed, running_first
+from parity.platform.errors import TaskFailed
+from parity.run.pool import running_first
 
 # the least a series is given when a total budget is nearly spent (``min_runs`` still wins over it)
 MIN_SERIES_S = 0.02

@@ -20,7 +20,7 @@ import numpy as np
 
 from parity.bench import audit, footprint, stats
 from parity.bench.measure import ci_within
-from parity.run.worker import TaskFailed
+from parity.platform.errors import TaskFailed
 
 BLOCK_RUNS_MIN = 10
 GROWTH = 1.5

@@ -31,10 +31,10 @@ def golden_build(models, workspace, threads):
     Example:
         parity golden build --model mlp
     """
-    from parity.pipeline import jobs
+    from parity.pipeline import model_jobs
 
     _report(
-        jobs.build_goldens(workspace, models, threads, progress=say, notice=note),
+        model_jobs.build_goldens(workspace, models, threads, progress=say, notice=note),
         "build",
         lambda outcome: f"wrote {outcome.golden_dir} | {outcome.summary}",
     )
@@ -68,10 +68,10 @@ def golden_upgrade(models, workspace, threads):
     Example:
         parity golden upgrade --model mlp
     """
-    from parity.pipeline import jobs
+    from parity.pipeline import model_jobs
 
     _report(
-        jobs.build_goldens(workspace, models, threads, progress=say, notice=note, upgrade=True),
+        model_jobs.build_goldens(workspace, models, threads, progress=say, notice=note, upgrade=True),
         "upgrade",
         lambda outcome: f"{outcome.golden_dir} is {outcome.manifest['schema']}",
     )
@@ -88,10 +88,10 @@ def golden_verify(models, workspace):
     Example:
         parity golden verify --model mlp
     """
-    from parity.pipeline import jobs
+    from parity.pipeline import model_jobs
 
     failures = 0
-    for outcome in jobs.verify_goldens(workspace, models, notice=note):
+    for outcome in model_jobs.verify_goldens(workspace, models, notice=note):
         if outcome.error is not None:
             failures += 1
             click.echo(f"{outcome.name}: FAILED {outcome.error}")

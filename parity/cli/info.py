@@ -32,10 +32,10 @@ def paths(models, workspace, devices, precisions):
     Example:
         parity paths --model cnn --device cuda
     """
-    from parity.pipeline import jobs
+    from parity.pipeline import model_jobs
     from parity.report.terminal import render_paths
 
-    click.echo(render_paths(jobs.path_rows(workspace, models, devices, precisions, notice=note)))
+    click.echo(render_paths(model_jobs.path_rows(workspace, models, devices, precisions, notice=note)))
 
 
 @click.command()

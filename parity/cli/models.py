@@ -111,18 +111,18 @@ def init(
             --input attention_mask=2,sequence:int64:mask --axis sequence=16
         parity init llama --hf ./tiny-llama --task text-generation
     """
-    from parity.pipeline import jobs
+    from parity.pipeline import model_jobs
 
     if task or hf_folder:
         if task is None:
             fail("--hf takes --task text-generation (a causal LM checked as it generates)")
         if keras_ref or jax_ref or onnx_ref or input_decls or test_data or polygraphy_inputs:
             fail("--task text-generation takes --hf FOLDER or --torch MODULE:FUNCTION, and prompts with --inputs")
-        written = jobs.init_generation(name, hf_folder, torch_ref, force, workspace, inputs_file)
+        written = model_jobs.init_generation(name, hf_folder, torch_ref, force, workspace, inputs_file)
         click.echo(f"wrote {written} (text-generation, {'folder ' + hf_folder if hf_folder else torch_ref})")
         click.echo(f"next: parity golden build --model {name} && parity check --model {name}")
         return
-    written, info, kind = jobs.init_model(
+    written, info, kind = model_jobs.init_model(
         name,
         {"torch": torch_ref, "tf": keras_ref, "jax": jax_ref, "onnx": onnx_ref},
         input_decls,
@@ -166,8 +166,8 @@ def export_testdata(model, out_dir, workspace):
     Example:
         parity export-testdata --model cnn --out cnn-testdata/
     """
-    from parity.pipeline import jobs
+    from parity.pipeline import model_jobs
 
-    written, spec = jobs.export_test_data(workspace, model, out_dir, notice=note)
+    written, spec = model_jobs.export_test_data(workspace, model, out_dir, notice=note)
     inputs = ", ".join(i.name for i in spec.model_inputs)
     click.echo(f"wrote {written} (inputs {inputs}, outputs {', '.join(spec.outputs)}; batch {spec.batch_size})")

@@ -1,4 +1,4 @@
-"""``parity repro``: a failing path reduced to a minimal, runnable bug report (``parity.pipeline.jobs.repro``)."""
+"""``parity repro``: a failing path reduced to a minimal, runnable bug report (``pipeline.model_jobs.repro``)."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def repro(model, path_id, out_dir, force, precision, device, threads, timeout_s,
     """
     import shlex
 
-    from parity.pipeline import jobs
+    from parity.pipeline import model_jobs
 
     given = [
         ("--workspace", workspace),
@@ -79,7 +79,7 @@ def repro(model, path_id, out_dir, force, precision, device, threads, timeout_s,
         ("--precision", precision if precision != "fp32" else None),
     ]
     command = " ".join(["parity repro", *(f"{flag} {shlex.quote(str(value))}" for flag, value in given if value)])
-    code, line = jobs.repro(
+    code, line = model_jobs.repro(
         workspace,
         model,
         path_id,

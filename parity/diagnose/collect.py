@@ -120,11 +120,9 @@ def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, reference, pre
     """An ONNX path: the plain run's outputs (what the check saw), the taps from the largest set of tap tensors
     whose marking as outputs leaves those outputs unchanged, the optimiser's part (ONNX Runtime) and the runtime
     link with its third opinion."""
-    import onnx
-
     from parity.diagnose import instrument, mapping_check, onnx_graph, onnx_taps
 
-    model = onnx.load(str(Path(artifact_dir) / meta["file"]))
+    model, folder = onnx_graph.load(Path(artifact_dir) / meta["file"])  # weights in a data file stay there
     feed = onnx_feed(spec, meta, x)
     model = onnx_graph.pinned(model, feed)  # an export's dynamic axes at the golden feed's sizes
     graph_outputs = list(meta["output_names"])
@@ -137,7 +135,7 @@ def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, reference, pre
     graph = onnx_graph._Graph(model) if spec.taps else None  # shape inference once, for candidates and mapping
 
     def run(names):
-        return onnx_graph.run_tensors(path.runtime.name, model, feed, names, threads, graph and graph.infos)
+        return onnx_graph.run_tensors(path.runtime.name, model, feed, names, threads, graph and graph.infos, folder)
 
     plain = run(graph_outputs)
     candidates = onnx_taps.candidate_names(model, spec, golden_taps, meta["input_layout"], graph) if spec.taps else []
@@ -191,11 +189,15 @@ def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, reference, pre
     if path.runtime.name == "ort":
         from parity.diagnose.optimiser import optimiser_effect
 
-        optimiser = optimiser_effect(model, feed, graph_outputs, expected, tolerance_for, threads, plain=plain)
+        optimiser = optimiser_effect(
+            model, feed, graph_outputs, expected, tolerance_for, threads, plain=plain, folder=folder
+        )
     runtime_compare = None
     if runtime_link:
         boundary = graph_outputs + [where["tensor"] for where in located.values() if where.get("tensor")]
-        runtime_compare = compare_runtimes(model, feed, expected, tolerance_for, tolerances.default, threads, boundary)
+        runtime_compare = compare_runtimes(
+            model, feed, expected, tolerance_for, tolerances.default, threads, boundary, folder=folder
+        )
     outputs = {name: plain[tensor] for name, tensor in zip(spec.outputs, graph_outputs)}
     return {
         "outputs": outputs,
@@ -209,23 +211,32 @@ def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, reference, pre
 
 
 def compare_runtimes(
-    model, feed: dict, expected: dict, tolerance_for, tol, threads: int, boundary: list[str], scope: dict | None = None
+    model,
+    feed: dict,
+    expected: dict,
+    tolerance_for,
+    tol,
+    threads: int,
+    boundary: list[str],
+    scope: dict | None = None,
+    folder=None,
 ) -> dict:
     """The runtime link: ONNX Runtime against the reference evaluator on every tensor (``onnx_graph``), the verdict
     judged at the ``boundary`` tensors, with a third opinion and node causes (``node_causes.judge``). ``scope``
     (``{"nodes": [names], "output": tensor}``): only the nodes of the module where the drift begins, fed what ONNX
     Runtime computed at their inputs in the whole graph, so both runtimes compute that module from the same values;
-    the boundary is then its output."""
+    the boundary is then its output. ``folder``: where the data files of a model read by ``onnx_graph.load`` lie."""
     from parity.diagnose import onnx_graph
     from parity.diagnose.node_causes import judge
 
     if scope is not None and set(scope["nodes"]) >= {node.name for node in model.graph.node}:
         scope = None  # the module is the whole graph (a one-node ONNX source): judged against the golden as such
     if scope is not None:
-        model, feed = _scoped(model, feed, scope, threads)
+        model, feed = _scoped(model, feed, scope, threads, folder)
+        folder = None  # the module's nodes hold their weights
         boundary = [scope["output"]]
     values_by_runtime: dict = {}
-    compared = onnx_graph.compare_runtimes(model, feed, tol, threads, keep=values_by_runtime)
+    compared = onnx_graph.compare_runtimes(model, feed, tol, threads, keep=values_by_runtime, folder=folder)
     if values_by_runtime:
         compared.update(
             judge(
@@ -237,6 +248,7 @@ def compare_runtimes(
                 tolerance_for,
                 tol,
                 threads,
+                folder,
             )
         )
     compared["boundary_tensors"] = boundary
@@ -245,17 +257,17 @@ def compare_runtimes(
     return compared
 
 
-def _scoped(model, feed: dict, scope: dict, threads: int):
+def _scoped(model, feed: dict, scope: dict, threads: int, folder=None):
     """The subgraph of ``scope``'s nodes that computes its output from what they read outside it, and that feed, as
-    ONNX Runtime computed it in the whole graph."""
+    ONNX Runtime computed it in the whole graph (the subgraph holds the weights it reads, also from a data file)."""
     from parity.diagnose import onnx_graph
     from parity.diagnose.reduce import subgraph
 
     names = set(scope["nodes"])
     read = onnx_graph.outside_inputs(model, [n for n in model.graph.node if n.name in names])
-    values = onnx_graph.run_tensors("ort", model, feed, [*read, scope["output"]], threads)
+    values = onnx_graph.run_tensors("ort", model, feed, [*read, scope["output"]], threads, folder=folder)
     values.update({name: feed[name] for name in read if name in feed})
-    return subgraph(model, scope["output"], set(read), values)
+    return subgraph(model, scope["output"], set(read), values, base_dir=folder)
 
 
 def runtime_link(
@@ -273,15 +285,13 @@ def runtime_link(
 ) -> dict:
     """Worker task: the runtime link of an ONNX path on its own (``compare_runtimes``), on the whole graph or on the
     ``scope`` the descent into the model's tree found."""
-    import onnx
-
     from parity.diagnose import onnx_graph
 
     spec = noise_floor.at_bound(Workspace(workspace).load_spec(model), precision, tolerances)
     path = paths.by_id(path_id, "cpu", precision)
     verified = golden.load(Path(golden_dir), spec)
     reference = verified.arrays["reference.npz"]
-    graph = onnx.load(str(Path(artifact_dir) / artifact_meta["file"]))
+    graph, folder = onnx_graph.load(Path(artifact_dir) / artifact_meta["file"])
     feed = onnx_feed(spec, artifact_meta, feeds.from_arrays(spec, verified.arrays["inputs.npz"]))
     graph = onnx_graph.pinned(graph, feed)
     graph_outputs = list(artifact_meta["output_names"])
@@ -297,4 +307,5 @@ def runtime_link(
         threads,
         [*graph_outputs, *boundary],
         scope,
+        folder,
     )

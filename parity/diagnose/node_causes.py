@@ -37,19 +37,19 @@ def _unary_float_producer(graph, name):
     return node if len([i for i in node.input if i]) == 1 else None
 
 
-def composite_rounding(model, values: dict, tol) -> dict | None:
+def composite_rounding(model, values: dict, tol, folder=None) -> dict | None:
     """The first (producer, consumer) pair in topological order where the consumer's value on the path has
     non-finite elements that the pair computed in float64 does not, where the producer's float32 result lost its
     smallest values (0, or off by more than half their size) or overflowed, and the consumer recomputed in float64
-    from that result reproduces the path's value. ``values``: the path's tensors (graph inputs included)."""
-    from onnx import numpy_helper
+    from that result reproduces the path's value. ``values``: the path's tensors (graph inputs included); ``folder``:
+    where the data files of a model read by ``onnx_graph.load`` lie."""
+    from collections import ChainMap
 
-    from parity.diagnose.onnx_graph import _Graph
+    from parity.diagnose.onnx_graph import Weights, _Graph
 
     graph = _Graph(model)
     opset = onnx_ops.opset_of(model)
-    initializers = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    known = {**initializers, **values}
+    known: ChainMap = ChainMap(values, Weights(model, folder))  # type: ignore[arg-type]  # read-only weights
     for node in graph.nodes:
         out = node.output[0] if node.output else None
         if out not in values or np.all(np.isfinite(values[out])):
@@ -181,12 +181,13 @@ def judge(
     tolerance_for,
     tol,
     threads: int = 1,
+    folder=None,
 ) -> dict:
     """What the two runtimes' full runs (``values``: runtime -> tensors) say beyond their differences: which
     runtime's outputs pass against ``expected`` (the golden, by graph output name), which one follows the spec at
     the ``first`` disputed node (a third opinion), and a node cause where one is reproduced. ``expected`` None:
     ``model`` is one module's nodes cut out of the whole graph, whose outputs are not compared here (and no axis is
-    rerun)."""
+    rerun). ``folder``: where the data files of a model read by ``onnx_graph.load`` lie."""
     from parity.check.closeness import compare_named
     from parity.diagnose.onnx_graph import run_tensors
 
@@ -206,12 +207,16 @@ def judge(
     node = None
     if first is not None:
         node = next(n for n in model.graph.node if first["tensor"] in n.output)
-        result["third_opinion"] = onnx_ops.third_opinion(model, node, values, tol)
-    cause = composite_rounding(model, values["ort"], tol)
+        result["third_opinion"] = onnx_ops.third_opinion(model, node, values, tol, folder)
+    cause = composite_rounding(model, values["ort"], tol, folder)
     if cause is None and node is not None and node.op_type in AXIS_OPS and expected is not None:
         rank = np.asarray(values["ort"][node.input[0]]).ndim
         cause = opset_axis(
-            model, node, rank, lambda edited: run_tensors("ort", edited, feed, list(expected), threads), passes
+            model,
+            node,
+            rank,
+            lambda edited: run_tensors("ort", edited, feed, list(expected), threads, folder=folder),
+            passes,
         )
     if cause is not None:
         trusted = next((r for r, ok in outputs_ok.items() if ok), "source")

@@ -1,13 +1,22 @@
 """ONNX graph plumbing: float intermediates in topological order, extra graph outputs, one
 inference on ONNX Runtime or ``onnx.reference``, and the two runtimes compared tensor by tensor.
 
-Knows nothing of taps (see ``onnx_taps``). Every function imports onnx / onnxruntime inside;
-this module imports only NumPy.
+A model whose weights lie in a data file beside it (an export past protobuf's 2 GiB, ``parity.exporters.common``) is
+read without them (``load``) and edited as the graph alone: a run gives ONNX Runtime the data's folder, OpenVINO a
+scratch file beside links to the data, so no copy of the weights is made; only ``onnx.reference``, which computes
+from arrays in memory, reads them. Knows nothing of taps (see ``onnx_taps``). Every function imports onnx /
+onnxruntime inside; this module imports only NumPy.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 
@@ -15,6 +24,114 @@ from parity.check.closeness import error_stats
 
 RUNTIMES = ("ort", "ort-noopt", "onnxref", "openvino")
 _REASON_CHARS = 300  # an error reason is one line of at most this many characters
+
+
+# --------------------------------------------------------------------------- reading a file
+
+
+def load(path) -> tuple:
+    """``(model, folder)``: the ONNX file at ``path`` with the tensors it keeps in data files left there (``folder``:
+    where they lie, for the runs of ``model`` and of copies of it edited in memory), or read whole (``folder``
+    None) where it has none."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return model, (Path(path).resolve().parent if external(model) else None)
+
+
+def external(model) -> bool:
+    """Whether ``model`` keeps any tensor's data in a file (and needs the folder of that file to run)."""
+    from onnx import TensorProto
+
+    from parity.exporters.common import all_tensors
+
+    return any(t.data_location == TensorProto.EXTERNAL for t in all_tensors(model))
+
+
+def _data_files(model) -> list[str]:
+    from onnx import TensorProto
+
+    from parity.exporters.common import all_tensors
+
+    found = (
+        entry.value
+        for tensor in all_tensors(model)
+        if tensor.data_location == TensorProto.EXTERNAL
+        for entry in tensor.external_data
+        if entry.key == "location"
+    )
+    return list(dict.fromkeys(found))
+
+
+def _check_folder(model, folder) -> None:
+    if folder is None and external(model):
+        raise ValueError("the model keeps its weights in a data file, and the folder of that file was not given")
+
+
+def with_data(model, folder):
+    """A copy of ``model`` holding every tensor it keeps in data files (for ``onnx.reference``, which computes from
+    arrays in memory); ``model`` itself where it keeps none."""
+    import onnx
+    from onnx.external_data_helper import load_external_data_for_model
+
+    if folder is None or not external(model):
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    load_external_data_for_model(copy, str(folder))
+    return copy
+
+
+class Weights(Mapping):
+    """``model``'s initializers by name as arrays, each read (from its data file in ``folder`` too) when first asked
+    for: a look at a few nodes' weights reads those alone."""
+
+    def __init__(self, model, folder=None):
+        self.tensors = {t.name: t for t in model.graph.initializer}
+        self.folder, self.read = folder, {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self.read:
+            from onnx import numpy_helper
+
+            self.read[name] = numpy_helper.to_array(self.tensors[name], str(self.folder or ""))
+        return self.read[name]
+
+    def __iter__(self):
+        return iter(self.tensors)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+
+@contextmanager
+def saved_beside(model, folder):
+    """The path of ``model`` written to a scratch folder where each of its data files in ``folder`` is a hard link
+    (a runtime that reads a file and its data by path: OpenVINO, which refuses data reached through a symbolic link);
+    the scratch folder lies in the temporary folder, or beside ``folder`` where links cannot reach across disks."""
+    import onnx
+
+    names = _data_files(model)
+    scratch = None
+    for parent in (None, Path(folder).parent):
+        scratch = Path(tempfile.mkdtemp(prefix=".parity-graph-", dir=parent))
+        try:
+            for name in names:
+                target = scratch / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.link(Path(folder) / name, target)
+            break
+        except OSError:
+            shutil.rmtree(scratch, ignore_errors=True)
+            scratch = None
+    if scratch is None:
+        raise ValueError(f"the model's data files in {folder} cannot be linked into a scratch folder")
+    try:
+        path = scratch / "model.onnx"
+        onnx.save_model(model, str(path))
+        yield path
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- graph helpers
@@ -147,7 +264,13 @@ def with_outputs(model, names: list[str], infos: dict | None = None):
     return copy
 
 
-def _ort_session(model, threads: int, optimize: bool = True):
+# ONNX Runtime's session option: where a model read from bytes finds its external data files
+EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
+
+
+def ort_options(threads: int, optimize: bool = True, folder=None):
+    """ONNX Runtime's session options for a diagnosis run: ``threads`` intra-op threads, every optimisation on (or
+    off), and, for a model given as bytes whose weights lie in data files, the ``folder`` they lie in."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -156,15 +279,26 @@ def _ort_session(model, threads: int, optimize: bool = True):
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
+    if folder is not None:
+        options.add_session_config_entry(EXTERNAL_FOLDER, str(folder))
+    return options
+
+
+def _ort_session(model, threads: int, optimize: bool = True, folder=None):
+    import onnxruntime as ort
+
+    _check_folder(model, folder)
+    options = ort_options(threads, optimize, folder)
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
 def run_tensors(
-    runtime: str, model, feed: dict, names: list[str], threads: int = 1, infos: dict | None = None
+    runtime: str, model, feed: dict, names: list[str], threads: int = 1, infos: dict | None = None, folder=None
 ) -> dict[str, np.ndarray]:
     """One inference of ``model`` on ``runtime`` (``ort``, ``ort-noopt``, ``onnxref`` or ``openvino``) returning
     ``names`` (OpenVINO: those its ONNX frontend keeps; a tensor it folds away is left out, so the tap is unmapped);
-    ``infos``: the tensors' types where the caller has them (``_Graph.infos``), else shape inference finds them."""
+    ``infos``: the tensors' types where the caller has them (``_Graph.infos``), else shape inference finds them;
+    ``folder``: where the data files of a model read by ``load`` lie (see the module docstring)."""
     if runtime not in RUNTIMES:
         raise ValueError(f"runtime {runtime!r} is not one of {RUNTIMES}")
     names = list(dict.fromkeys(names))
@@ -172,13 +306,17 @@ def run_tensors(
     if runtime == "openvino":
         from parity.runtimes import openvino
 
+        if folder is not None and external(extended):
+            with saved_beside(extended, folder) as path:
+                return openvino.run_tensors(path, feed, names, threads)
         return openvino.run_tensors(extended.SerializeToString(), feed, names, threads)
     if runtime.startswith("ort"):
-        values = _ort_session(extended, threads, optimize=runtime == "ort").run(names, feed)
+        values = _ort_session(extended, threads, runtime == "ort", folder).run(names, feed)
     else:
         from onnx.reference import ReferenceEvaluator
 
-        values = ReferenceEvaluator(extended).run(names, feed)
+        _check_folder(extended, folder)
+        values = ReferenceEvaluator(with_data(extended, folder)).run(names, feed)
     return {name: np.asarray(value) for name, value in zip(names, values)}
 
 
@@ -245,7 +383,7 @@ def _one_line(error: BaseException) -> str:
     return line if len(line) <= _REASON_CHARS else line[: _REASON_CHARS - 3] + "..."
 
 
-def compare_runtimes(model, feed: dict, tol, threads: int = 1, keep: dict | None = None) -> dict:
+def compare_runtimes(model, feed: dict, tol, threads: int = 1, keep: dict | None = None, folder=None) -> dict:
     """ONNX Runtime against ``onnx.reference`` on every intermediate tensor (one inference each,
     every intermediate an output), in topological order, and the first node that diverges.
 
@@ -253,14 +391,14 @@ def compare_runtimes(model, feed: dict, tol, threads: int = 1, keep: dict | None
     contrib op): ``{"nodes": [], "first_divergent": None, "error": "<one line reason>"}``.
 
     ``keep``, a dict, receives each runtime's tensors (graph inputs included) for a closer look at the nodes
-    (``parity.diagnose.node_causes.judge``).
+    (``parity.diagnose.node_causes.judge``); ``folder``: as ``run_tensors`` takes it.
     """
     graph = _Graph(model)
     names = graph.names
     values = {}
     for runtime, label in (("ort", "ONNX Runtime"), ("onnxref", "onnx.reference")):
         try:
-            values[runtime] = run_tensors(runtime, model, feed, names, threads)
+            values[runtime] = run_tensors(runtime, model, feed, names, threads, graph.infos, folder)
         except Exception as error:  # noqa: BLE001 - any failure to run is reported, not raised
             return {"nodes": [], "first_divergent": None, "error": f"{label} cannot run the graph: {_one_line(error)}"}
     entries, inputs_of = [], {}

@@ -13,7 +13,7 @@ Every function imports onnx / onnxruntime inside; this module imports only NumPy
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -131,7 +131,7 @@ def _ort_float64(node, inputs: list, opset: int) -> np.ndarray | None:
         return None
 
 
-def _inputs(node, values: dict, initializers: dict) -> list[np.ndarray | None] | None:
+def _inputs(node, values: dict, initializers: Mapping) -> list[np.ndarray | None] | None:
     out: list[np.ndarray | None] = []
     for name in node.input:
         if not name:
@@ -162,16 +162,17 @@ def units(actual, expected, tol) -> float:
     return math.inf
 
 
-def third_opinion(model, node, values: dict[str, dict], tol) -> dict:
+def third_opinion(model, node, values: dict[str, dict], tol, folder=None) -> dict:
     """Which runtime computes ``node`` as the ONNX spec defines it at the model's opset, each judged on its own
     inputs of the node: ``values`` maps a runtime (``ort``, ``onnxref``) to its tensors.
 
     ``{"evaluator", "opset", "runtimes": {runtime: {"tol_units", "follows"}}, "follows_spec": "ort" | "onnxref" |
-    "both" | "neither" | None}`` (None: the node could not be evaluated, with ``reason``)."""
-    from onnx import numpy_helper
+    "both" | "neither" | None}`` (None: the node could not be evaluated, with ``reason``). ``folder``: where the data
+    files of a model read by ``parity.diagnose.onnx_graph.load`` lie (the node's weights alone are read)."""
+    from parity.diagnose.onnx_graph import Weights
 
     opset = opset_of(model)
-    initializers = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    initializers = Weights(model, folder)
     judged, evaluator = {}, None
     for runtime, tensors in values.items():
         inputs = _inputs(node, tensors, initializers)

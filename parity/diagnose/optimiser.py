@@ -48,16 +48,28 @@ KNOWN = (
 _FUSION = re.compile(r"/([A-Z][A-Za-z0-9]*(?:Fusion|Elimination|Transformer|Folding|Rewriter))/")
 
 
-def session(model_bytes: bytes, level: str = "ORT_ENABLE_ALL", threads: int = 1, disabled=(), saved: str | None = None):
+def session(
+    model_bytes: bytes,
+    level: str = "ORT_ENABLE_ALL",
+    threads: int = 1,
+    disabled=(),
+    saved: str | None = None,
+    folder=None,
+):
+    """An ONNX Runtime session of ``model_bytes`` at ``level``; ``saved``: where the optimised graph is written (its
+    weights in a data file beside it where the model keeps them in one, in ``folder``)."""
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
+    from parity.diagnose.onnx_graph import ort_options
+
+    options = ort_options(threads, True, folder)
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.log_severity_level = 3
     if saved:
         options.optimized_model_filepath = saved
+        if folder is not None:  # past protobuf's 2 GiB the optimised graph keeps its weights in a file of its own
+            options.add_session_config_entry(
+                "session.optimized_model_external_initializers_file_name", f"{Path(saved).name}.data"
+            )
     extra = {"disabled_optimizers": list(disabled)} if disabled else {}
     return ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"], **extra)
 
@@ -83,6 +95,7 @@ def optimiser_effect(
     tolerance_for,
     threads: int = 1,
     plain: dict | None = None,
+    folder=None,
 ) -> dict | None:
     """Whether the failure of ``model``'s outputs (``output_names`` in order, compared with ``expected`` keyed the
     same way) depends on ONNX Runtime's optimisation level. None when it does not: the outputs fail with every
@@ -92,18 +105,22 @@ def optimiser_effect(
     "optimisations": [{"name", "passes", "tol_units"}], "fix": one line}``: ``removed``/``added`` are the nodes
     (name, op type) of the optimised graph at the last passing level that the failing level replaced. ``plain``: the
     outputs of the path's own run (every optimisation on), when the caller has them: where they pass, or where the
-    run with every optimisation off fails too, no level is tried further."""
+    run with every optimisation off fails too, no level is tried further. ``folder``: where the data files of a model
+    read by ``parity.diagnose.onnx_graph.load`` lie (the model is serialised without its weights)."""
+    from parity.diagnose.onnx_graph import _check_folder
+
+    _check_folder(model, folder)
     data = model.SerializeToString()
     if plain is not None and _worst(plain, expected, tolerance_for)[0]:
         return None  # the path's own run passes: nothing depends on the level
-    off = session(data, "ORT_DISABLE_ALL", threads).run(output_names, feed)
+    off = session(data, "ORT_DISABLE_ALL", threads, folder=folder).run(output_names, feed)
     if not _worst(dict(zip(output_names, off)), expected, tolerance_for)[0]:
         return None  # it fails with every optimisation off too
     levels, graphs = {}, {}
-    with tempfile.TemporaryDirectory(prefix="parity-ort-opt-") as folder:
+    with tempfile.TemporaryDirectory(prefix="parity-ort-opt-") as scratch:
         for level in LEVELS:
-            saved = str(Path(folder) / f"{level}.onnx")
-            values = session(data, level, threads, saved=saved).run(output_names, feed)
+            saved = str(Path(scratch) / f"{level}.onnx")
+            values = session(data, level, threads, saved=saved, folder=folder).run(output_names, feed)
             levels[level] = _worst(dict(zip(output_names, values)), expected, tolerance_for)
             graphs[level] = _nodes(saved) if Path(saved).exists() else []
     if not levels["ORT_DISABLE_ALL"][0] or levels["ORT_ENABLE_ALL"][0]:
@@ -116,7 +133,7 @@ def optimiser_effect(
     names = list(dict.fromkeys(m for name, _ in added for m in _FUSION.findall(f"{name}/")))
     tried = []
     for name in names or KNOWN:
-        values = session(data, "ORT_ENABLE_ALL", threads, disabled=[name]).run(output_names, feed)
+        values = session(data, "ORT_ENABLE_ALL", threads, disabled=[name], folder=folder).run(output_names, feed)
         ok, worst = _worst(dict(zip(output_names, values)), expected, tolerance_for)
         if names or ok:  # from the known list, only the ones that make a difference are worth reporting
             tried.append({"name": name, "passes": ok, "tol_units": worst})

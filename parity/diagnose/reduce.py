@@ -137,8 +137,8 @@ def _inline(tensor, base_dir: Path | None):
 class _Search:
     """One reduction's state: every candidate judged once, keyed by its output and node set."""
 
-    def __init__(self, model, known, failing, tolerance_for, threads, result: Reduced):
-        self.model, self.known, self.failing, self.threads = model, known, failing, threads
+    def __init__(self, model, known, failing, tolerance_for, threads, result: Reduced, folder=None):
+        self.model, self.known, self.failing, self.threads, self.folder = model, known, failing, threads, folder
         self.tolerance_for, self.result = tolerance_for, result
         self.producers = _producers(model)
         self.seen: dict[tuple, tuple | None] = {}
@@ -150,7 +150,7 @@ class _Search:
     def run(self, candidate, feed: dict, names: list[str]) -> dict:
         from parity.diagnose.onnx_graph import run_tensors
 
-        return run_tensors(self.failing, candidate, feed, names, self.threads)
+        return run_tensors(self.failing, candidate, feed, names, self.threads, folder=self.folder)
 
     def compare(self, name: str, value) -> dict:
         return error_stats(np.asarray(value), np.asarray(self.known[name], np.float64), self.tolerance_for(name))
@@ -161,7 +161,7 @@ class _Search:
         if key not in self.seen:
             self.seen[key] = None
             try:
-                candidate, feed = subgraph(self.model, output, cuts, self.known)
+                candidate, feed = subgraph(self.model, output, cuts, self.known, base_dir=self.folder)
             except Exception:  # noqa: BLE001 - an input without a known value, or a candidate the checker refuses
                 return None
             self.result.checks += 1
@@ -202,15 +202,17 @@ def _stop(result: Reduced, search: _Search, started: float, reason: str) -> Redu
     return result
 
 
-def reduce(model, feed: dict, failing: str, known: dict, tolerance, threads: int = 1) -> Reduced:
+def reduce(model, feed: dict, failing: str, known: dict, tolerance, threads: int = 1, folder=None) -> Reduced:
     """The smallest subgraph of ``model`` found that still fails on ``failing`` ("ort", "ort-noopt" or "onnxref")
     against ``known`` (see the module docstring), judged on all of ``feed`` (the whole input set) at once.
-    ``tolerance``: a ``parity.model.spec.Tolerance``, or a function of the tensor name giving one."""
+    ``tolerance``: a ``parity.model.spec.Tolerance``, or a function of the tensor name giving one. ``folder``: where
+    the data files of a model read by ``parity.diagnose.onnx_graph.load`` lie (each candidate holds the weights it
+    reads)."""
     started = time.perf_counter()
     tolerance_for: Callable = tolerance if callable(tolerance) else (lambda name: tolerance)
     known = {**known, **feed}
     result = Reduced(None, failing=failing, nodes_before=len(model.graph.node))
-    search = _Search(model, known, failing, tolerance_for, threads, result)
+    search = _Search(model, known, failing, tolerance_for, threads, result, folder)
     # 0. the whole graph, every known output judged
     outputs = [o.name for o in model.graph.output if o.name in known]
     if not outputs:

@@ -142,18 +142,18 @@ def _as_graph_types(model, known: dict) -> dict:
     }
 
 
-def _evaluated(trusted: str, graph, feed: dict, threads: int) -> tuple[str, dict]:
+def _evaluated(trusted: str, graph, feed: dict, threads: int, folder=None) -> tuple[str, dict]:
     """Every intermediate as ``trusted`` computes it; ``onnx.reference`` that cannot run the graph gives way to ONNX
     Runtime with its optimisations off."""
     from parity.diagnose import onnx_graph
 
     names = onnx_graph.intermediate_names(graph)
     try:
-        return trusted, onnx_graph.run_tensors(trusted, graph, feed, names, threads)
+        return trusted, onnx_graph.run_tensors(trusted, graph, feed, names, threads, folder=folder)
     except Exception:
         if trusted != "onnxref":
             raise
-        return "ort-noopt", onnx_graph.run_tensors("ort-noopt", graph, feed, names, threads)
+        return "ort-noopt", onnx_graph.run_tensors("ort-noopt", graph, feed, names, threads, folder=folder)
 
 
 def write(
@@ -174,8 +174,6 @@ def write(
     """Worker task: reduce the path's graph and write the folder; ``{"written", "ops", "output", "stats", the
     reduction's numbers, "trusted", "runtime", "reason"}``. ``leaf_known``: the reference's values at the tensors
     that bound the leaf layer the diagnosis found (its input and output), so a converter fault is cut there."""
-    import onnx
-
     from parity.diagnose import onnx_graph
     from parity.diagnose.reduce import reduce
     from parity.golden import store as golden
@@ -187,7 +185,7 @@ def write(
     spec = Workspace(workspace).load_spec(model)
     runtime = paths.by_id(path_id, "cpu", precision).runtime.name
     verified = golden.load(Path(golden_dir), spec)
-    graph = onnx.load(str(Path(artifact_dir) / artifact_meta["file"]))
+    graph, folder = onnx_graph.load(Path(artifact_dir) / artifact_meta["file"])  # weights in a data file stay there
     feed = onnx_feed(spec, artifact_meta, feeds.from_arrays(spec, verified.arrays["inputs.npz"]))
     graph = onnx_graph.pinned(graph, feed)
     trusted = trusted_for(diagnosis, runtime)
@@ -198,7 +196,7 @@ def write(
         )
     else:
         assert trusted is not None  # the job asks only where the diagnosis names the evaluator that is right
-        trusted, known = _evaluated(trusted, graph, feed, threads)
+        trusted, known = _evaluated(trusted, graph, feed, threads, folder)
     tolerances = spec.output_tolerances(precision)
     names = {
         **{r["tensor"]: r["tap"] for r in diagnosis.get("taps") or [] if r.get("tensor")},
@@ -208,7 +206,7 @@ def write(
     def tolerance_for(tensor):
         return tolerances.for_name(names.get(tensor, ""))
 
-    reduced = reduce(graph, feed, runtime, known, tolerance_for, threads)
+    reduced = reduce(graph, feed, runtime, known, tolerance_for, threads, folder)
     numbers = {
         "nodes_before": reduced.nodes_before,
         "nodes_after": reduced.nodes_after,
@@ -220,7 +218,7 @@ def write(
     }
     if reduced.model is None:
         return {"written": False, "reason": reduced.reason, **numbers}
-    other = _other_failure(graph, feed, runtime, reduced, known, tolerance_for, threads)
+    other = _other_failure(graph, feed, runtime, reduced, known, tolerance_for, threads, folder)
     if other:
         return {"written": False, "reason": other, **numbers}
     write_report(
@@ -242,7 +240,9 @@ def write(
     }
 
 
-def _other_failure(graph, feed: dict, runtime: str, reduced, known: dict, tolerance_for, threads: int) -> str | None:
+def _other_failure(
+    graph, feed: dict, runtime: str, reduced, known: dict, tolerance_for, threads: int, folder=None
+) -> str | None:
     """Why the reduced graph's failure is not the one the check saw, or None where it is: in the whole graph, its
     output tensor given its right value must bring every graph output back within tolerance (what fails there is
     what fails the check); a reduced graph whose failure leaves the outputs failing when mended is another part."""
@@ -269,7 +269,8 @@ def _other_failure(graph, feed: dict, runtime: str, reduced, known: dict, tolera
     entry.CopyFrom(value_info)
     entry.name = fed
     try:
-        values = onnx_graph.run_tensors(runtime, mended, {**feed, fed: np.asarray(reduced.expected)}, outputs, threads)
+        fed_right = {**feed, fed: np.asarray(reduced.expected)}
+        values = onnx_graph.run_tensors(runtime, mended, fed_right, outputs, threads, folder=folder)
     except Exception as error:  # noqa: BLE001 - the graph cannot be cut there: say so rather than guess
         return f"the reduced graph's output {reduced.output!r} cannot be put back into the whole graph ({error})"
     still = [

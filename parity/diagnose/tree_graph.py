@@ -8,7 +8,13 @@ calls (else the module is reported unmapped, with why). An ONNX file as the sour
 rules (``tree_onnx.locate``: the same scopes, or tensors, in the path's copy of the file). The module's input
 tensor is the tensor its nodes read from outside whose size is the input's on the reference side. Reading a tensor must not change what is read: where
 marking the level's tensors as outputs changes the plain run's outputs, the tensors are bisected to the largest set
-that does not (``parity.diagnose.instrument``) and the others are reported unobservable. Imports onnx inside.
+that does not (``parity.diagnose.instrument``) and the others are reported unobservable.
+
+A descent opens one instrumented session, not one per level: the graph's scopes are known up front (the exporter's
+records), so the first level's run also marks as outputs the boundary and input tensors of every scope, the
+shallowest first, up to ``AHEAD_BYTES`` of values; where those extra outputs change the plain run's outputs, that
+run is dropped and each level marks only its own tensors. A graph whose weights lie in a data file is read without
+them (``onnx_graph.load``). Imports onnx inside.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import numpy as np
 from parity.diagnose import axis_order, instrument, mapping_check, onnx_graph, onnx_taps, tree_onnx
 
 INPUT_MATCH = 1e-3  # a module's input found by value agrees with the reference's to this relative L2 error
+AHEAD_BYTES = 1 << 30  # the values of every scope's tensors read by a descent's first run: at most this many bytes
 
 
 class LevelTaps:
@@ -40,40 +47,86 @@ class GraphLevels:
     ``level`` call observes one level's module paths in it."""
 
     def __init__(self, spec, path, artifact_dir, meta, x, threads):
-        import onnx
-
         from parity.runtimes.onnx_common import onnx_feed
 
         self.spec, self.path, self.meta, self.threads = spec, path, meta, threads
         self.feed = onnx_feed(spec, meta, x)
-        self.model = onnx_graph.pinned(onnx.load(str(Path(artifact_dir) / meta["file"])), self.feed)
+        model, self.folder = onnx_graph.load(Path(artifact_dir) / meta["file"])
+        self.model = onnx_graph.pinned(model, self.feed)
         self.graph = onnx_graph._Graph(self.model)
         self.outputs = list(meta["output_names"])
         self.exporter = next(e.name for e in reversed(path.exports) if e.name != "float16")
+        self.runs = 0  # the runs of the graph so far (sessions opened), the plain one included
         self.plain = self.run(self.outputs)
         self.held: dict = {}  # tensor -> its value, read by runs that left the outputs as the plain run has them
+        self.ahead = scope_tensors(self.model, self.graph, self.exporter)  # read with the first level's tensors
 
     def run(self, tensors):
+        self.runs += 1
         return onnx_graph.run_tensors(
-            self.path.runtime.name, self.model, self.feed, tensors, self.threads, self.graph.infos
+            self.path.runtime.name, self.model, self.feed, tensors, self.threads, self.graph.infos, self.folder
         )
 
     def observe(self, tensors, tolerance_for) -> dict | None:
         """The plain outputs and ``tensors``' values, each tensor read once per descent (the graph and the feed do
-        not change between levels): those not read yet by one run with the outputs; None where that run changes
-        the outputs (the caller reads them its own way)."""
+        not change between levels): those not read yet by one run with the outputs (the first such run reads every
+        scope's tensors too, see the module docstring); None where that run changes the outputs (the caller reads
+        them its own way)."""
         missing = [t for t in dict.fromkeys(tensors) if t not in self.held and t not in self.plain]
         if missing:
-            values = self.run([*self.outputs, *missing])
-            if not instrument.same_outputs(self.plain, values, tolerance_for):
-                return None
-            self.held.update({t: values[t] for t in missing})
+            wanted = set(missing)
+            ahead = [t for t in self.ahead if t not in wanted and t not in self.held and t not in self.plain]
+            self.ahead = []
+            values = self.run([*self.outputs, *missing, *ahead]) if ahead else None
+            if values is not None and instrument.same_outputs(self.plain, values, tolerance_for):
+                self.held.update({t: values[t] for t in (*missing, *ahead) if t in values})
+            else:
+                values = self.run([*self.outputs, *missing])
+                if not instrument.same_outputs(self.plain, values, tolerance_for):
+                    return None
+                self.held.update({t: values[t] for t in missing if t in values})
         return {**{t: self.held[t] for t in tensors if t in self.held}, **self.plain}
 
     def level(self, names, calls, expected, expected_inputs) -> dict:
         """``{"values", "inputs", "located", "instrumentation"}`` for the module paths ``names`` (network order);
         ``expected`` / ``expected_inputs``: the reference's values and inputs (shapes, layouts, value fallback)."""
         return _level(self, names, calls, expected, expected_inputs)
+
+
+def scope_tensors(model, graph, exporter: str, budget: int = AHEAD_BYTES) -> list[str]:
+    """The boundary outputs and the float tensors read from outside of every scope the exporter recorded
+    (``tree_onnx.node_scopes``: torch.onnx's module paths, tf2onnx's or an ONNX file's name scopes), the
+    shallowest scopes first, as many as fit ``budget`` bytes of values (a tensor of unknown size is left out);
+    none for a graph without such records."""
+    from onnx import helper
+
+    kind = onnx_taps._scope_kind(exporter)
+    kind = {"metadata": tree_onnx.METADATA, "name": tree_onnx.NAMES}.get(kind or "")
+    if kind is None and exporter == "onnx file":
+        kind = tree_onnx.scope_kind(graph)
+    if kind in (None, tree_onnx.FLAT):
+        return []
+    scopes: dict[str, list[int]] = {}
+    depth: dict[str, int] = {}
+    for index, node in enumerate(graph.nodes):
+        for level, scope in enumerate(tree_onnx.node_scopes(node, kind)):
+            scopes.setdefault(scope, []).append(index)
+            depth.setdefault(scope, level)
+    chosen: dict[str, None] = {}
+    total = 0
+    for scope in sorted(scopes, key=lambda s: (depth[s], scopes[s][0])):
+        nodes = scopes[scope]
+        reads = onnx_graph.outside_inputs(model, [graph.nodes[i] for i in nodes])
+        for tensor in (*onnx_taps._boundary_outputs(graph, nodes), *(t for t in reads if t in graph.position)):
+            shape, info = graph.shapes.get(tensor), graph.infos.get(tensor)
+            if tensor in chosen or shape is None or info is None:
+                continue
+            size = int(np.prod(shape)) * helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type).itemsize
+            if total + size > budget:
+                return list(chosen)
+            chosen[tensor] = None
+            total += size
+    return list(chosen)
 
 
 def _level(levels: GraphLevels, names, calls, expected, expected_inputs) -> dict:

@@ -13,6 +13,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from parity.interop.onnx_tensors import all_tensors as all_tensors  # exporters read them from here
+from parity.interop.onnx_tensors import external_files as external_files
+from parity.interop.onnx_tensors import file_bytes
 from parity.platform.errors import ExportError
 
 if TYPE_CHECKING:
@@ -136,52 +139,7 @@ def save_onnx(model: Any, out_dir: Path, name: str = ONNX_FILE, threshold: int |
 def large_file(path: Path) -> bool:
     """Whether the ONNX file at ``path`` with its data files passes ``external_threshold``: a model made from it
     (converted, quantized) is written with external data too."""
-    path = Path(path)
-    size = path.stat().st_size + sum((path.parent / name).stat().st_size for name in external_files(path))
-    return size > external_threshold()
-
-
-def external_files(path: Path) -> list[str]:
-    """The data files the ONNX file at ``path`` keeps its tensors in (relative to its folder), each once."""
-    import onnx
-    from onnx import TensorProto
-
-    bare = onnx.load(str(path), load_external_data=False)
-    return list(
-        dict.fromkeys(
-            entry.value
-            for tensor in all_tensors(bare)
-            if tensor.data_location == TensorProto.EXTERNAL
-            for entry in tensor.external_data
-            if entry.key == "location"
-        )
-    )
-
-
-def all_tensors(model: Any) -> Iterator[Any]:
-    """Every TensorProto ``model`` holds: initializers and tensor attributes (a Constant's value), in subgraphs and
-    local functions too."""
-    yield from _graph_tensors(model.graph)
-    for function in model.functions:
-        for node in function.node:
-            yield from _node_tensors(node)
-
-
-def _graph_tensors(graph: Any) -> Iterator[Any]:
-    yield from graph.initializer
-    for node in graph.node:
-        yield from _node_tensors(node)
-
-
-def _node_tensors(node: Any) -> Iterator[Any]:
-    for attribute in node.attribute:
-        if attribute.HasField("t"):
-            yield attribute.t
-        yield from attribute.tensors
-        if attribute.HasField("g"):
-            yield from _graph_tensors(attribute.g)
-        for graph in attribute.graphs:
-            yield from _graph_tensors(graph)
+    return file_bytes(Path(path)) > external_threshold()
 
 
 @contextmanager

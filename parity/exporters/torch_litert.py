@@ -4,7 +4,7 @@ lowered to a ``.tflite`` flatbuffer by ``litert_torch.convert(module, sample_arg
 Written against litert-torch's documented API: ``litert_torch.convert(module, sample_args, dynamic_shapes=...)``
 returns a model whose ``export(path)`` writes the flatbuffer, with one signature (``serving_default``) whose inputs
 are ``args_0``, ``args_1`` ... in the module's argument order and whose outputs are ``output_0``, ``output_1`` ...
-for a returned tuple. pip refuses litert-torch beside parity's pinned stack (``parity.run.paths.WONT_INSTALL``),
+for a returned tuple. pip refuses litert-torch beside parity's pinned stack (``parity.run.install_names.WONT_INSTALL``),
 so this exporter is unverified there.
 """
 

@@ -19,6 +19,7 @@ from parity.exporters.common import (
     onnx_meta,
 )
 from parity.exporters.onnx_names import name_graph
+from parity.model.size import torch_weight_bytes
 from parity.platform.errors import one_line
 
 
@@ -36,7 +37,7 @@ def export(job: ExportJob) -> dict:
     module, example = traced_module(job)
     names = [i.name for i in spec.model_inputs]
     path = job.out_dir / ONNX_FILE
-    external = _weight_bytes(module) > external_threshold()
+    external = torch_weight_bytes(module) > external_threshold()  # exported in float32
     dynamic = dynamic_shapes(spec)
     reason = None
     if dynamic is not None:
@@ -136,12 +137,6 @@ def _violations(error) -> str:
     )
     parts = [part.strip() for part in text.split(" - ")]
     return " - ".join(dict.fromkeys(part for part in parts if part))
-
-
-def _weight_bytes(module) -> int:
-    """The bytes of the module's parameters and buffers (each tensor once, shared ones too)."""
-    tensors = {id(t): t for t in (*module.parameters(), *module.buffers())}
-    return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 def _export(module, example, path, opset, dynamic, external: bool) -> None:

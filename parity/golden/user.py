@@ -68,7 +68,9 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
             shapes=shapes,
             params=params,
             out_file=str(scratch / "reference-source.npz"),
+            gradients=spec.loss is not None,
         )
+        _same_weights(spec, built_from, info.get("weights_sha256"))
         reference = golden.load_arrays(scratch, "reference-source.npz")
         floors = _float32_floor(workspace, spec, pool, scratch, shapes, params, info["dtype"], progress)
         given_vs_reference = None
@@ -130,6 +132,18 @@ def build(workspace, spec, pool, progress=lambda message: None) -> dict:
         return golden.publish(workspace, spec, scratch, fields, started)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _same_weights(spec, built_from: dict | None, computed_with: list[str] | None) -> None:
+    """Refuse a model whose reference was computed with weights other than those its digest (``built_from``) was
+    taken of: a factory that does not give the same weights twice, whose golden data every run would refuse."""
+    if not built_from or not computed_with:
+        return
+    if computed_with != [built_from.get("weights_sha256")]:
+        raise UserModelError(
+            f"model {spec.name!r}: the factory does not give the same weights twice: seed it or load a checkpoint "
+            "(its reference was computed with other weights than the model built before it)"
+        )
 
 
 def _float32_floor(workspace, spec, pool, scratch: Path, shapes: dict, params: dict, dtype: str, progress):

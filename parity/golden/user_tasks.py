@@ -35,12 +35,21 @@ def describe_weights(workspace: str, model: str) -> dict:
     }
 
 
-def reference(workspace: str, model: str, scratch: str | Path, shapes: dict, params: dict, out_file: str) -> dict:
-    """Outputs, taps, eval outputs and (with a loss) gradients in float64 where the model runs in float64,
-    else in float32 with the reason; arrays are stored as float64 either way. Returns the dtype, the reason and
-    every output's and tap's batch axis (``batch_axes``), as the model's own run at two batch sizes shows."""
+def reference(
+    workspace: str, model: str, scratch: str | Path, shapes: dict, params: dict, out_file: str, gradients: bool
+) -> dict:
+    """Outputs, taps, eval outputs and (with a loss, where ``gradients`` asks for them: what the step's memory is
+    estimated for, ``parity.run.estimate``) gradients in float64 where the model runs in float64, else in float32
+    with the reason; arrays are stored as float64 either way. Returns the dtype, the reason, every output's and
+    tap's batch axis (``batch_axes``), as the model's own run at two batch sizes shows, and for a torch model the
+    digests of the weights of every module it was computed with (``weights_sha256``, ``parity.model.identity``)."""
     spec = Workspace(workspace).load_spec(model, attach_golden=False)
     spec.params = native_params(shapes, params)
+    if not gradients:
+        spec.loss = None
+    digests: list[str] = []  # of each module the factory gave, as built: before a source casts it to float64
+    if spec.frameworks[0] == "torch" and spec.torch_module is not None:
+        spec.torch_module = _digesting(spec.torch_module, digests)
     scratch = Path(scratch)
     weights = golden_weights.for_build(spec, golden_weights.ModelWeights(spec, scratch))  # the model's own
     inputs = golden.load_arrays(scratch, "inputs.npz")
@@ -72,7 +81,22 @@ def reference(workspace: str, model: str, scratch: str | Path, shapes: dict, par
         "batch_axes": axes,
         **mode,
         **({"containers": structures} if structures else {}),
+        **({"weights_sha256": sorted(set(digests))} if digests else {}),
     }
+
+
+def _digesting(builder, digests: list[str]):
+    """``builder`` (a spec's ``torch_module``) that also appends the digest of each module it gives to ``digests``,
+    as ``parity.model.identity:model_identity`` digests the model it builds."""
+    from parity.model import identity
+
+    def torch_module():
+        module = builder()
+        digests.append(identity.weights_digest(identity._torch_arrays(module)))
+        return module
+
+    torch_module.__dict__.update(getattr(builder, "__dict__", {}))  # what the builder says of itself (its source)
+    return torch_module
 
 
 def _onnx_reference(spec, _weights, inputs, evals, dtype: str, structures: dict) -> tuple[dict, dict]:

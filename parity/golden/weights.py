@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     import numpy as np
 
 FILE = "weights.npz"
-SKIPPED_TORCH_STATE = ("num_batches_tracked",)
 
 
 def kept(manifest: dict) -> bool:
@@ -106,26 +105,17 @@ class ModelWeights(Mapping):
 def _torch_weights(spec):
     import torch
 
+    from parity.model.identity import SKIPPED_TORCH_STATE, torch_array
+
     torch.manual_seed(spec.training.seed)
     module = spec.torch_module()
     trainable = {name for name, p in module.named_parameters() if p.requires_grad}
     state = {
-        k: _torch_array(v)
+        k: torch_array(v)
         for k, v in module.state_dict().items()
         if not k.endswith(SKIPPED_TORCH_STATE) and v.is_floating_point()
     }
     return state, trainable
-
-
-def _torch_array(tensor) -> np.ndarray:
-    """A weight as NumPy in its own dtype (bfloat16 through ml_dtypes, which NumPy stores widened)."""
-    import ml_dtypes
-    import torch
-
-    tensor = tensor.detach().cpu()
-    if tensor.dtype == torch.bfloat16:
-        return tensor.float().numpy().astype(ml_dtypes.bfloat16)
-    return tensor.numpy()
 
 
 def _keras_weights(spec):

@@ -1,3 +1,3 @@
-"""The model as data: ModelSpec, workspaces, user-model loading and inspection, canonical layouts, the digits
-data, the golden manifest format. Imports platform and interop.
+"""The model as data: ModelSpec and its parts, workspaces, user-model loading and inspection, canonical layouts, the
+digits data, the golden manifest format. Imports platform and interop.
 """

@@ -25,6 +25,7 @@ from pathlib import Path
 from parity.platform.safefs import sha256_file
 
 PARITY_DIR = Path(__file__).resolve().parents[1]
+SKIPPED_TORCH_STATE = ("num_batches_tracked",)  # a torch module's state that is no weight (BatchNorm's step count)
 
 
 @functools.cache
@@ -97,16 +98,31 @@ def weights_digest(arrays) -> str:
 
 def _torch_arrays(module):
     """Every parameter and buffer (non-persistent ones too, which a forward reads all the same), as bytes."""
-    import torch
+    import numpy as np
 
     state = dict(module.named_buffers(remove_duplicate=False))
     state.update(module.state_dict())
     for name, tensor in state.items():
-        tensor = tensor.detach().cpu()
-        if tensor.is_quantized:
-            tensor = tensor.dequantize()
-        data = tensor.contiguous().reshape(-1).view(torch.uint8).numpy()
-        yield name, str(tensor.dtype), tuple(tensor.shape), data
+        dtype = "torch.float32" if tensor.is_quantized else str(tensor.dtype)  # a quantized one dequantized
+        array = np.ascontiguousarray(torch_array(tensor))
+        yield name, dtype, tuple(tensor.shape), array.reshape(-1).view(np.uint8)
+
+
+def torch_array(tensor):
+    """A torch tensor on the host as NumPy, bit for bit in its own dtype: a dtype NumPy lacks (bfloat16, float8)
+    through ``ml_dtypes``, a quantized tensor dequantized."""
+    import torch
+
+    tensor = tensor.detach().cpu()
+    if tensor.is_quantized:
+        tensor = tensor.dequantize()
+    name = str(tensor.dtype).removeprefix("torch.")
+    if name.startswith(("bfloat", "float8")):
+        import ml_dtypes
+
+        bits = {1: torch.uint8, 2: torch.int16}[tensor.element_size()]
+        return tensor.contiguous().view(bits).numpy().view(getattr(ml_dtypes, name))
+    return tensor.numpy()
 
 
 def numpy_arrays(named):

@@ -1,6 +1,6 @@
 """The size of a user model's weights before its golden data exists, read without holding them where it can be: a
 torch model built on the ``meta`` device (shapes and dtypes, no storage), a JAX params file's and a Keras file's
-arrays from their zip directory, an ONNX file's initializers from its graph (external data by its files' sizes).
+arrays from their zip directory, an ONNX file by its size and its external data files' (``interop.onnx_tensors``).
 What the step estimates (``parity.run.estimate``) start from; runs in a worker of the model's framework.
 """
 
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import zipfile
 from pathlib import Path
+
+from parity.interop.onnx_tensors import file_bytes
 
 
 def _zip_bytes(path: Path) -> int:
@@ -24,24 +26,16 @@ def _torch_bytes(spec) -> int | None:
             module = spec.torch_module()
     except Exception:  # noqa: BLE001 - a factory that cannot build on the meta device: its size is not known before
         return None
-    state = dict(module.named_buffers(remove_duplicate=False))
-    state.update(module.state_dict())
-    return sum(t.numel() * t.element_size() for t in state.values() if t.is_floating_point())
+    return torch_weight_bytes(module)
 
 
-def _onnx_bytes(path: Path) -> int:
-    import onnx
-
-    model = onnx.load(str(path), load_external_data=False)
-    inline = sum(len(t.raw_data) for t in model.graph.initializer)
-    external = {
-        entry.value
-        for t in model.graph.initializer
-        if t.data_location == onnx.TensorProto.EXTERNAL
-        for entry in t.external_data
-        if entry.key == "location"
-    }
-    return inline + sum((path.parent / name).stat().st_size for name in external if (path.parent / name).is_file())
+def torch_weight_bytes(module) -> int:
+    """The bytes of a torch module's floating parameters and buffers as float32 (4 bytes an element whatever dtype
+    they are held in: every memory figure is a multiple of the float32 weights), each tensor once (tied weights,
+    a module reached twice). The streamed reference's threshold and units, the step estimates and torch.onnx's
+    external-data threshold all read this."""
+    seen = {id(t): t.numel() for t in (*module.parameters(), *module.buffers()) if t.is_floating_point()}
+    return 4 * sum(seen.values())
 
 
 def weights_bytes(workspace: str, model: str) -> int | None:
@@ -52,7 +46,7 @@ def weights_bytes(workspace: str, model: str) -> int | None:
     spec = Workspace(workspace).load_spec(model, attach_golden=False)
     framework = spec.frameworks[0]
     if spec.onnx_model is not None:
-        return _onnx_bytes(Path(spec.onnx_model_path))
+        return file_bytes(Path(spec.onnx_model_path))
     if framework == "torch":
         return _torch_bytes(spec)
     if framework == "jax":

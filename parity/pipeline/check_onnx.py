@@ -169,7 +169,7 @@ def check(
     from parity.platform.env import default_threads, environment
     from parity.platform.safefs import owned_tempdir, sweep
     from parity.run import paths
-    from parity.run.worker import WorkerPool
+    from parity.run.pool import WorkerPool
 
     jobs.check_targets(request.json_file, None, request.junit_file)
     device = precision_lib.parse_device(request.device)
@@ -241,7 +241,7 @@ def _check_case(run, pool, case: Case, request: Request, threads: int) -> CaseOu
     """One case: init and golden build in ``pool``, then ``run.check_in``; a refusal on the way is the case's."""
     from parity.golden import build as golden_build
     from parity.pipeline import scaffold
-    from parity.run.worker import TaskFailed
+    from parity.platform.errors import TaskFailed
 
     started = time.perf_counter()
     result = CaseOutcome(case)

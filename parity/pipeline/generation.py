@@ -18,10 +18,9 @@ from parity.model.generation_spec import PATHS as ORDER
 from parity.model.generation_spec import TASK
 from parity.pipeline.outcome import skeleton
 from parity.platform.cache_dir import cache_root, named_lock
-from parity.platform.errors import one_line
+from parity.platform.errors import TaskFailed, one_line
 from parity.platform.packages import installed, normalized
 from parity.platform.safefs import owned_tempdir, sha256_file, sweep, write_json_atomic
-from parity.run.worker import TaskFailed
 
 META = "parity-generation-export.json"
 

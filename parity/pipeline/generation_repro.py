@@ -10,8 +10,8 @@ from parity.pipeline import orchestrate
 from parity.pipeline.generation import export, selected
 from parity.platform.cache_dir import cache_root
 from parity.platform.env import environment
-from parity.platform.errors import UsageError
-from parity.run.worker import TaskFailed, WorkerPool
+from parity.platform.errors import TaskFailed, UsageError
+from parity.run.pool import WorkerPool
 
 
 def repro(

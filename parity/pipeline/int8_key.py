@@ -13,7 +13,7 @@ The model's spec (its ``Quantization``: calibration method, layers kept in float
 from __future__ import annotations
 
 from parity.platform import cpu_int8
-from parity.run.worker import TaskFailed
+from parity.platform.errors import TaskFailed
 
 ORT_QUANTIZER = "parity.exporters.onnx_int8:"
 

@@ -4,12 +4,15 @@ resources it would fit on."""
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
 
 from parity.platform.errors import UsageError
 from parity.platform.memory import Available, available, gb
 
 DEFAULT_BATCH, DEFAULT_SEQ = 2, 64
+MAX_PARAMS = 1e13  # ten trillion parameters, 40 TB of float32 weights: past any model converted today
 
 
 @dataclass
@@ -18,6 +21,18 @@ class Plan:
     weights: int  # bytes of float32 weights
     here: Available
     rows: list[dict]
+
+    def as_json(self) -> str:
+        return json.dumps(
+            {
+                "model": self.what,
+                "weights_bytes": self.weights,
+                "available_bytes": self.here.nbytes,
+                "available_from": self.here.describe(),
+                "steps": self.rows,
+            },
+            indent=2,
+        )
 
     def render(self) -> str:
         lines = [f"{self.what}: {gb(self.weights)} of float32 weights; here: {self.here.describe()}"]
@@ -53,8 +68,10 @@ def plan(
         raise UsageError("give --model NAME or --params COUNT (e.g. --params 7e9)")
     here = available()
     if params is not None:
-        if params <= 0:
-            raise UsageError(f"--params {params:g}: give a positive number of parameters (e.g. 7e9)")
+        if not math.isfinite(params) or not 0 < params <= MAX_PARAMS:
+            raise UsageError(
+                f"--params {params:g}: give a number of parameters above 0 and at most {MAX_PARAMS:g} (e.g. 7e9)"
+            )
         batch, seq = batch or DEFAULT_BATCH, seq or DEFAULT_SEQ
         weights = int(params * 4)
         activations = estimate.llama_activations(params, batch, seq)
@@ -84,7 +101,7 @@ def _model_size(workspace: str | None, model: str, batch: int | None, notice) ->
         return weights, activations, f"{model} (its golden data, batch {batch or spec.batch_size})"
     from parity.platform.cache_dir import cache_root
     from parity.platform.env import default_threads
-    from parity.run.worker import WorkerPool
+    from parity.run.pool import WorkerPool
 
     with WorkerPool(default_threads(), cache_root() / "logs", timeout_s=None) as pool:
         weights = pool.call(spec.frameworks[0], "parity.model.size:weights_bytes", workspace=str(ws.root), model=model)

@@ -35,8 +35,9 @@ def repro(ws, spec, manifest, path, options, diagnosis: dict, out: Path, out_dir
     reproducer could be made (no leaf named, the layer alone does not fail as the path does)."""
     from parity.platform.cache_dir import cache_root
     from parity.platform.env import environment
+    from parity.platform.errors import TaskFailed
     from parity.run import paths, watch
-    from parity.run.worker import TaskFailed, WorkerPool
+    from parity.run.pool import WorkerPool
 
     where = f"{spec.name} {path.id}"  # a split's failure is refused before (``refusal``)
     if diagnosis.get("error"):

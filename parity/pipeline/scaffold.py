@@ -141,8 +141,8 @@ def init(
     from contextlib import nullcontext
 
     from parity.platform.cache_dir import cache_root
-    from parity.platform.errors import ParityError
-    from parity.run.worker import TaskFailed, WorkerPool
+    from parity.platform.errors import ParityError, TaskFailed
+    from parity.run.pool import WorkerPool
 
     check_name(request.name)
     target = root / "models" / f"{request.name}.py"

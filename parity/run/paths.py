@@ -16,6 +16,7 @@ from typing import Any
 from parity.platform import devices
 from parity.platform.errors import UsageError
 from parity.platform.precision import PRECISIONS
+from parity.run.install_names import GPU_INSTALL_NAMES, INSTALL_NAMES, SOURCE_PACKAGES, WONT_INSTALL
 
 ALL = tuple(PRECISIONS)
 NOT_ON_CPU = "TF32 is a tensor-core mode of NVIDIA GPUs (Ampere or newer); run it with --device cuda"
@@ -101,37 +102,6 @@ class PathDef:
     def baseline(self) -> str:
         """The path timings are compared with by default: the native source (ONNX Runtime for an ONNX file)."""
         return self.source if self.source in NATIVE else f"{self.source}/ort"
-
-
-# package name as imported -> distribution to install
-INSTALL_NAMES = {
-    "tensorflow": "tensorflow-cpu",
-    "jax": "jax",
-    "torch": "torch",
-    "onnx": "onnx",
-    "onnxruntime": "onnxruntime",
-    "onnxscript": "onnxscript",
-    "tf2onnx": "tf2onnx",
-    "jax2onnx": "jax2onnx",
-    "keras": "keras",
-    "onnxconverter_common": "onnxconverter-common",
-    "tensorrt": "tensorrt",
-    "cuda": "cuda-python",
-    "openvino": "openvino",
-    "ai_edge_litert": "ai-edge-litert",
-    "executorch": "executorch",
-    "litert_torch": "litert-torch",
-    "nncf": "nncf",
-    "torchao": "torchao",
-}
-# packages the installer refuses beside parity's pinned stack: its own reason, said instead of an install hint
-WONT_INSTALL = {
-    "litert_torch": "pip refuses litert-torch 0.10 beside this stack: xdsl 0.28.0 (through litert-converter "
-    "0.5.0) depends on typing-extensions<4.13 and >=4.7, and constraints.txt pins "
-    "typing-extensions==4.16.0"
-}
-GPU_INSTALL_NAMES = {"tensorflow": "tensorflow[and-cuda]", "onnxruntime": "onnxruntime-gpu", "jax": "jax[cuda12]"}
-SOURCE_PACKAGES = {"torch": ("torch",), "tf": ("tensorflow", "keras"), "jax": ("jax",), "onnx": ("onnx",)}
 
 
 def _on(cpu: str | None, cuda: str | None) -> dict:

@@ -1,6 +1,6 @@
 """A per-user worker service: worker templates kept warm from one parity process to the next (Linux).
 
-A template (``parity.run.worker.Template``) is a process that has imported one group's frameworks; every worker of
+A template (``parity.run.processes.Template``) is a process that has imported one group's frameworks; every worker of
 the group is forked from it. A pool keeps its templates as long as its process lives, so a pytest session pays
 each import once; this service keeps them across processes, so a small ``parity check`` or a new pytest session
 calling ``assert_parity`` forks its worker from a warm template in milliseconds instead of starting Python, NumPy

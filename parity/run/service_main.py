@@ -15,6 +15,7 @@ import traceback
 from pathlib import Path
 
 from parity.platform.errors import TaskFailed
+from parity.run.processes import Template, environment_key
 from parity.run.service import (
     BUSY_EVERY_S,
     IDLE_S,
@@ -30,7 +31,6 @@ from parity.run.service import (
     running,
     send,
 )
-from parity.run.worker import Template, environment_key
 
 MAX_ENDED = 1024  # exit codes kept for clients that may still ask
 

@@ -8,6 +8,8 @@ import numpy as np
 
 from parity.model import layouts, outputs
 from parity.model.feeds import call_torch as call
+from parity.model.identity import SKIPPED_TORCH_STATE
+from parity.model.size import torch_weight_bytes
 from parity.platform.errors import Unavailable
 from parity.platform.precision import torch_flags
 from parity.runtimes import torch_common
@@ -15,7 +17,6 @@ from parity.runtimes.base import Runner
 from parity.sources import torch_streamed
 
 _TORCH_DTYPES = {"float32": "float32", "float64": "float64"}
-_SKIPPED_STATE = ("num_batches_tracked",)
 
 
 def build_module(spec, weights: dict[str, np.ndarray] | None, dtype: str = "float32"):
@@ -25,7 +26,9 @@ def build_module(spec, weights: dict[str, np.ndarray] | None, dtype: str = "floa
     torch.manual_seed(spec.training.seed)
     module = hold_in(torch, spec.torch_module(), getattr(torch, _TORCH_DTYPES[dtype]))
     by_torch_name = {layouts.torch_param_name(name): name for name in spec.params}
-    state = {k: v for k, v in module.state_dict().items() if not k.endswith(_SKIPPED_STATE) and v.is_floating_point()}
+    state = {
+        k: v for k, v in module.state_dict().items() if not k.endswith(SKIPPED_TORCH_STATE) and v.is_floating_point()
+    }
     found = {by_torch_name.get(key, key): tuple(value.shape) for key, value in state.items()}
     layouts.check_names_and_shapes("torch", spec.params, found)
     if weights is not None:
@@ -103,7 +106,7 @@ class TorchSource(Runner):
     def _build_reference(self, spec, weights) -> None:
         """The float64 reference's module: held in float32 and streamed, or cast whole, as ``choose`` says."""
         module = build_module(spec, weights, "float32")
-        mode, why = torch_streamed.choose(torch_streamed.floating_bytes(module))
+        mode, why = torch_streamed.choose(torch_weight_bytes(module))
         if mode == "streamed":
             self.module, self._stream = module, torch_streamed.Streamer(self.torch, module)
         else:
@@ -132,7 +135,20 @@ class TorchSource(Runner):
     def _forward(self, tensors: dict):
         if self._stream is None or self._stream.casting_whole:
             return call(self.module, tensors)
-        return self._stream.run(lambda: call(self.module, tensors))
+        try:
+            return self._stream.run(lambda: call(self.module, tensors))
+        except torch_streamed.OutsideRead as error:  # read with the whole model as one unit: not streamable
+            self._cast_whole(f"a streamed run read a weight outside its module even as one unit ({error})")
+        return call(self.module, tensors)
+
+    def _cast_whole(self, why: str) -> None:
+        """Stop streaming: the module's weights cast to float64 in place from here on (``why``: the record's)."""
+        torch = self.torch
+        with torch.inference_mode(False):  # weights a later gradient or training step may use
+            self.module = hold_in(torch, self.module, self.torch_dtype)
+        self._stream = None
+        before = (self.reference_mode or {}).get("why")
+        self.reference_mode = {"mode": "whole", "why": f"{before}; {why}" if before else why}
 
     def _host(self, tensor) -> np.ndarray:
         """A result on the host: reduced-precision values widened to float32 (exact), others as they are."""
@@ -201,8 +217,7 @@ class TorchSource(Runner):
     def train_step_impl(self, x, labels, lr):
         torch = self.torch
         if self._stream is not None:  # training updates the float64 weights: the module is cast whole from here on
-            self.module, self._stream = hold_in(torch, self.module, self.torch_dtype), None
-            self.reference_mode = {"mode": "whole", "why": "a training step casts the whole model"}
+            self._cast_whole("a training step casts the whole model")
         params = list(self._trainable_tensors(self.optimized_params()).values()) if self._optimizer is None else None
         # eval mode: BatchNorm statistics stay as they are
         self._optimizer = torch_common.sgd_step(

@@ -11,9 +11,13 @@ that dtype). A tensor held by several modules (tied embeddings) or a module call
 holder: cast at its first holder's entry, put back at its last holder's exit.
 
 Casting back restores the very float32 tensor the module held, so the model after a run is bitwise the model before.
-A model that reads a weight outside its module's call (``self.child.weight`` in a parent's ``forward``) meets a
-float32 tensor among float64 ones and fails with a dtype error: ``coarsen`` then makes the innermost split module
-running at the failure one unit, and the run is repeated, up to the whole model as one unit (``whole``).
+A model may read a weight outside its module's call (``self.child.weight`` in a parent's ``forward``): it would meet
+the float32 tensor, and an operation on it alone (``softmax``) would run in float32 with nothing to say so once type
+promotion mixes the result with float64. While a run streams, a ``TorchFunctionMode`` (``_guard``) therefore refuses
+every operation that reads a float32 original, or a view of its storage, other than its shape or device
+(``OutsideRead``, a dtype error); a dtype error of torch's own is taken the same way. ``coarsen`` then makes the
+innermost split module running at the failure one unit, and the run is repeated, up to the whole model as one unit
+(``whole``); a read the whole model as one unit still makes (an alias of a weight kept outside its module) is raised.
 
 ``PARITY_REFERENCE`` (``streamed``, ``whole``, ``auto``: the default) chooses the mode; ``auto`` streams a model whose
 float32 weights are over ``STREAMED_ABOVE`` bytes (``choose``). Imports torch inside.
@@ -26,7 +30,9 @@ import re
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
+from parity.model.size import torch_weight_bytes
 from parity.platform.errors import UsageError, one_line
 
 ENV = "PARITY_REFERENCE"
@@ -36,17 +42,21 @@ MIN_UNIT = 64 * 2**20  # a unit's float32 bytes are at most the largest of this 
 _DTYPE_ERROR = re.compile(r"dtype|double|float|scalar type", re.IGNORECASE)
 
 
+# what an operation may read of a float32 original while a run streams: nothing that depends on its dtype or values
+_SHAPE_ONLY = frozenset(
+    {"shape", "ndim", "device", "layout", "is_cuda", "is_meta", "is_sparse", "is_quantized", "requires_grad"}
+    | {"is_leaf", "grad_fn", "size", "dim", "numel", "stride", "is_floating_point", "is_complex", "is_contiguous"}
+    | {"__len__", "__hash__", "data_ptr"}
+)
+
+
 class StreamingError(UsageError):
     """A ``PARITY_REFERENCE`` that is not one of ``MODES``."""
 
 
-def floating_bytes(module) -> int:
-    """Bytes of the module's floating parameters and buffers, each tensor once (tied weights count once)."""
-    seen: dict[int, int] = {}
-    for tensor in (*module.parameters(), *module.buffers()):
-        if tensor.is_floating_point():
-            seen[id(tensor)] = tensor.nbytes
-    return sum(seen.values())
+class OutsideRead(TypeError):
+    """An operation of a streamed run read a float32 weight outside its module's call (its dtype differs from the
+    whole float64 model's): the run is repeated with coarser units, or the model cast whole."""
 
 
 def asked() -> str:
@@ -78,8 +88,8 @@ def _holder(torch, module) -> bool:
 class _Entry:
     """A float64 copy of one tensor and how many holders have it now."""
 
-    original: object
-    copy: object
+    original: Any
+    copy: Any
     holders: int = 0
 
 
@@ -103,9 +113,12 @@ class Streamer:
         self.torch = torch
         self.module = module
         self.dtype = dtype if dtype is not None else torch.float64
-        self.total_bytes = floating_bytes(module)
+        self.total_bytes = torch_weight_bytes(module)
         self.budget = budget if budget is not None else max(MIN_UNIT, self.total_bytes // 16)
         self.names = {id(m): name for name, m in module.named_modules(remove_duplicate=False)}
+        self._weight_names: dict[int, str] = {}
+        for name, tensor in (*module.named_parameters(remove_duplicate=False), *module.named_buffers()):
+            self._weight_names.setdefault(id(tensor), name)
         self.stats = Stats()
         self.casting_whole = False  # inside ``cast_whole``: no hooks needed
         self.reason: str | None = None  # why units were made coarser, where they were
@@ -115,6 +128,8 @@ class Streamer:
         self._saved: dict[int, list] = {}
         self._stack: list = []
         self._failed_in: list | None = None
+        self._outside: str | None = None  # what the guard refused in this run (kept: a model may catch the error)
+        self._hooking = False  # inside ``_enter`` / ``_exit``: their reads of the originals are the casts
         self.plan()
 
     # ---- the plan ----------------------------------------------------------------------------------------------
@@ -129,7 +144,7 @@ class Streamer:
     def _walk(self, module) -> None:
         torch = self.torch
         children = list(module.children())
-        if id(module) in self._units or not children or floating_bytes(module) <= self.budget:
+        if id(module) in self._units or not children or torch_weight_bytes(module) <= self.budget:
             self.units.append((self.names.get(id(module), "?"), module))
             self._own[id(module)] = _slots(module.modules())
             return
@@ -154,11 +169,12 @@ class Streamer:
 
     def unit_bytes(self) -> int:
         """The float32 bytes of the largest unit."""
-        return max((floating_bytes(m) for _, m in self.units), default=0)
+        return max((torch_weight_bytes(m) for _, m in self.units), default=0)
 
     def pinned_bytes(self) -> int:
-        """The float32 bytes the split modules hold for their calls (each tensor once)."""
-        seen = {id(_get(s)): _get(s).nbytes for m in self.splits for s in self._own[id(m[1])] if _get(s) is not None}
+        """The float32 bytes the split modules hold for their calls (each floating tensor once)."""
+        held = (_get(s) for m in self.splits for s in self._own[id(m[1])])
+        seen = {id(t): 4 * t.numel() for t in held if t is not None and t.is_floating_point()}
         return sum(seen.values())
 
     @property
@@ -169,6 +185,13 @@ class Streamer:
     # ---- casting -----------------------------------------------------------------------------------------------
 
     def _enter(self, module, *_args, **_kwargs):
+        self._hooking = True
+        try:
+            self._cast(module)
+        finally:
+            self._hooking = False
+
+    def _cast(self, module) -> None:
         key = id(module)
         self._stack.append(module)
         self._depth[key] = self._depth.get(key, 0) + 1
@@ -221,15 +244,16 @@ class Streamer:
     @contextmanager
     def streaming(self):
         """Hooks on every unit and split module for the block; everything back in float32 after, exception or not."""
-        handles, splits = [], {id(m) for _, m in self.splits}
+        torch, handles, splits = self.torch, [], {id(m) for _, m in self.splits}
         for _, m in (*self.splits, *self.units):
             if id(m) not in splits and not self._own[id(m)]:  # a unit holding nothing (an activation) needs none
                 continue
             handles.append(m.register_forward_pre_hook(self._enter, prepend=True))
             handles.append(m.register_forward_hook(self._exit, always_call=True))
-        self._failed_in = None
+        self._failed_in = self._outside = None
         try:
-            yield self
+            with _guard(torch, self):
+                yield self
         finally:
             for handle in handles:
                 handle.remove()
@@ -241,7 +265,10 @@ class Streamer:
         while True:
             try:
                 with self.streaming():
-                    return forward()
+                    result = forward()
+                    if self._outside is not None:  # the model caught the guard's error itself: its result is not used
+                        raise OutsideRead(self._outside)
+                return result
             except Exception as error:  # the model's own failure is raised again, unless coarsening helps
                 if not self.coarsen(error):
                     raise
@@ -251,7 +278,7 @@ class Streamer:
         why (``reason``); False where that cannot help (not a dtype error, or the failure was not under a split)."""
         split_ids = {id(m) for _, m in self.splits}
         running = [m for m in self._failed_in or [] if id(m) in split_ids]
-        if not running or not _DTYPE_ERROR.search(str(error)):
+        if not running or not (isinstance(error, OutsideRead) or _DTYPE_ERROR.search(str(error))):
             return False
         scope = running[-1]
         path = self.names.get(id(scope), "?") or "the whole model"
@@ -263,6 +290,21 @@ class Streamer:
         where = "the whole model" if path == "the whole model" else f"module {path!r}"
         self.reason = f"{where} cast to float64 as one unit: a streamed run read a weight outside its module ({said})"
         return True
+
+    def refuse(self, func, tensor) -> None:
+        """The guard's verdict on an operation ``func`` reading the float32 original ``tensor``: an ``OutsideRead``
+        (the innermost modules running are where ``coarsen`` looks)."""
+        name = getattr(func, "__name__", "") or str(func)
+        if name == "__get__":  # a property: the descriptor's own name
+            name = getattr(getattr(func, "__self__", None), "__name__", name)
+        if self._hooking or name in _SHAPE_ONLY:
+            return
+        path = self._weight_names.get(id(tensor)) or "a view of a weight"
+        held, whole = (str(d).removeprefix("torch.") for d in (tensor.dtype, self.dtype))
+        said = f"{name} read the {held} weight {path!r} outside its module's call (in the whole model: {whole})"
+        if self._outside is None:
+            self._outside, self._failed_in = said, list(self._stack)
+        raise OutsideRead(said)
 
     @contextmanager
     def cast_whole(self):
@@ -287,6 +329,45 @@ class Streamer:
             self.casting_whole = False
             for slot, original in saved:
                 _set(slot, original)
+
+
+def _guard(torch, streamer):
+    """A ``TorchFunctionMode`` handing ``streamer.refuse`` every operation whose tensor arguments (a list's too)
+    include a floating original of the model not in ``streamer.dtype``, or a tensor on one's storage."""
+    originals = [_get(s) for s in _slots(streamer.module.modules())]
+    originals = [t for t in originals if t is not None and t.is_floating_point() and t.dtype != streamer.dtype]
+    ids, dtypes = {id(t) for t in originals}, {t.dtype for t in originals}
+    storages = {_storage(t) for t in originals} - {0}
+    tensor_type = torch.Tensor
+
+    def check(func, value) -> None:
+        if (
+            isinstance(value, tensor_type)
+            and value.dtype in dtypes
+            and (id(value) in ids or _storage(value) in storages)
+        ):
+            streamer.refuse(func, value)
+
+    class Guard(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            for value in (*args, *kwargs.values()):
+                if isinstance(value, list | tuple):
+                    for item in value:
+                        check(func, item)
+                else:
+                    check(func, value)
+            return func(*args, **kwargs)
+
+    return Guard()
+
+
+def _storage(tensor) -> int:
+    """The address of a tensor's storage (0 for one without: sparse, empty)."""
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return 0
 
 
 def _slots(modules) -> list:
