@@ -24,6 +24,7 @@ from parity.bench import measure as bench
 from parity.check import accuracy_gate
 from parity.check import closeness as compare
 from parity.golden import store as golden
+from parity.golden import weights as golden_weights
 from parity.model import batch_axes, feeds
 from parity.model.workspace import Workspace
 from parity.run import paths
@@ -44,15 +45,25 @@ def _setup(workspace: str, model: str, path_id: str, golden_dir: str, device: st
     return spec, paths.by_id(path_id, device, precision), verified
 
 
-def _weights(verified) -> dict:
+def _weights(spec, verified):
     """A copy of the golden weights for one runner (a training step changes its runner's weights, never the golden
-    ones it is checked against)."""
-    return {name: np.array(value) for name, value in verified.arrays["weights.npz"].items()}
+    ones it is checked against); for a user model whose golden data keeps none, what its builder takes (None where
+    it holds its own: nothing to copy)."""
+    weights = verified.arrays["weights.npz"]
+    if isinstance(weights, golden_weights.ModelWeights):
+        return golden_weights.for_build(spec, weights)
+    return {name: np.array(value) for name, value in weights.items()}
 
 
 def _runner(spec, path, verified, batch_size: int, threads: int, artifact_dir, artifact_meta, weights=None):
     return build_runner(
-        spec, path, _weights(verified) if weights is None else weights, batch_size, threads, artifact_dir, artifact_meta
+        spec,
+        path,
+        _weights(spec, verified) if weights is None else weights,
+        batch_size,
+        threads,
+        artifact_dir,
+        artifact_meta,
     )
 
 
@@ -384,7 +395,7 @@ def first_result(
     path = paths.by_id(path_id, device, precision)
     parts: dict[str, float | None] = {"import_s": _import_runtime(path)}
     spec, path, verified = _setup(workspace, model, path_id, golden_dir, device, precision)
-    weights = _weights(verified)
+    weights = _weights(spec, verified)
     baseline_mb = footprint.resident_mb()
     _IDLE_MB = baseline_mb if _IDLE_MB is None else _IDLE_MB
     inputs = verified.arrays["inputs.npz"]

@@ -15,7 +15,7 @@ from parity.golden import store as golden
 from parity.model import feeds
 from parity.model.workspace import Workspace
 from parity.run import kept, paths
-from parity.run.tasks import build_runner, perturbed
+from parity.run.tasks import build_runner, weights_for
 from parity.runtimes.base import Runner
 from parity.runtimes.onnx_common import onnx_feed
 
@@ -87,7 +87,7 @@ def _collect_native(
     runner = build_runner(
         spec,
         path,
-        perturbed(verified.arrays["weights.npz"], weight_perturbation),
+        weights_for(spec, verified, weight_perturbation),
         spec.batch_size,
         threads,
         artifact_dir,

@@ -95,12 +95,12 @@ class Tree:
         """Build the path's side: a native runner (with the deliberate drift a check may add to its weights), the
         exported graph, a ``.tflite`` file (``tree_litert.LiteRTLevels``), or a jax2tf SavedModel
         (``tree_jax_tf.Jax2TfLevels``)."""
-        from parity.run.tasks import perturbed
+        from parity.run.tasks import weights_for
         from parity.sources import native
 
         path = paths.by_id(path_id, device, self.precision)
         if artifact_dir is None:
-            weights = perturbed(self.verified.arrays["weights.npz"], weight_perturbation)
+            weights = weights_for(self.spec, self.verified, weight_perturbation)
             # a Keras path's own runner: ``tf/xla``'s compiles with XLA, and its tree is read inside that compilation
             runner = paths.load_target(path.runtime_target) if self.framework == "tf" else native(self.framework)
             self.path_side = runner(self.spec, weights, self.spec.batch_size, "float32", device, self.precision)
@@ -189,10 +189,11 @@ class _Reference:
 
             self.runner = OnnxReference(tree.spec, dtype, tree.x)
         else:
+            from parity.run.tasks import weights_for
             from parity.sources import native
 
             self.runner = native(tree.framework)(
-                tree.spec, tree.verified.arrays["weights.npz"], tree.spec.batch_size, dtype, "cpu", "fp32"
+                tree.spec, weights_for(tree.spec, tree.verified), tree.spec.batch_size, dtype, "cpu", "fp32"
             )
         self.reader, self.x = tree.reader, tree.x
         self.options = {"eager": True} if tree.framework == "tf" else {}  # no tf.function traced at each level

@@ -115,8 +115,20 @@ def walk(tree, framework: str) -> dict:
     if leaf is not None and evidence is not None and (result["verdict"] == "leaf" or typed_scope):
         # a scope the catalogue computes whole (a gated MLP) is tested as one layer where none of its children departs
         report(f"the causes of {leaf['tap']}")
-        result["cause_test"] = _test_cause(leaf, *evidence, tree.verified.arrays["weights.npz"], tolerances)
+        result["cause_test"] = _test_cause(leaf, *evidence, _model_weights(tree), tolerances)
     return result
+
+
+def _model_weights(tree):
+    """The weights a cause test reads its leaf's from: the golden data's copy, else (a user's torch model) those its
+    reference holds, so that the whole model is not built again for one layer's weights."""
+    from parity.golden import weights as golden_weights
+
+    weights = tree.verified.arrays["weights.npz"]
+    module = getattr(tree.reference_runner, "module", None)
+    if isinstance(weights, golden_weights.ModelWeights) and module is not None:
+        return golden_weights.ModuleWeights(module)
+    return weights
 
 
 def _only(found: dict, name: str) -> dict:

@@ -102,6 +102,31 @@ class ModelWeights(Mapping):
         return len(self._read())
 
 
+class ModuleWeights(Mapping):
+    """A torch module's floating weights by ``state_dict`` name, as ``canonical`` names them, each read when asked for
+    (no copy of the module's other weights)."""
+
+    def __init__(self, module):
+        from parity.model.identity import SKIPPED_TORCH_STATE
+
+        self._state = {
+            k: v
+            for k, v in module.state_dict().items()
+            if not k.endswith(SKIPPED_TORCH_STATE) and v.is_floating_point()
+        }
+
+    def __getitem__(self, name: str) -> Any:
+        from parity.model.identity import torch_array
+
+        return torch_array(self._state[name])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._state)
+
+    def __len__(self) -> int:
+        return len(self._state)
+
+
 def _torch_weights(spec):
     import torch
 

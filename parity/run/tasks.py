@@ -101,6 +101,14 @@ def _input_batch(verified, spec, batch_size: int) -> dict:
     return feeds.padded(spec, feeds.rows(spec, evals, 0, batch_size), batch_size)
 
 
+def weights_for(spec, verified, perturbation: dict | None = None):
+    """The weights to build ``spec``'s runner with: the golden data's (the zoo's copy; for a user model without one,
+    None where its builder holds its own, so that no second copy of the model is made), plus a deliberate
+    ``{name: delta}`` where given (read from the model then)."""
+    weights = verified.arrays["weights.npz"]
+    return perturbed(weights, perturbation) if perturbation else golden_weights.for_build(spec, weights)
+
+
 def perturbed(weights, perturbation: dict | None) -> dict:
     """Canonical weights (a mapping: the golden copy, or the model's own) plus a deliberate ``{name: delta}`` (none:
     the weights as they are)."""
@@ -194,9 +202,7 @@ def _check_path(
     runner = build_runner(
         spec,
         path,
-        perturbed(verified.arrays["weights.npz"], weight_perturbation)
-        if weight_perturbation
-        else golden_weights.for_build(spec, verified.arrays["weights.npz"]),
+        weights_for(spec, verified, weight_perturbation),
         spec.batch_size,
         threads,
         artifact_dir,

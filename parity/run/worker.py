@@ -246,11 +246,27 @@ def _serve(conn, startup_error: str | None) -> None:
             conn.send(("startup", startup_error))
             continue
         try:
-            conn.send(("ok", load_target(target)(**kwargs)))
+            answer = ("ok", load_target(target)(**kwargs))
         except BaseException as error:  # noqa: BLE001 - every failure becomes the task's reason
             traceback.print_exc()
-            conn.send(("golden" if isinstance(error, GoldenError) else "error", reason_of(error)))
+            answer = ("golden" if isinstance(error, GoldenError) else "error", reason_of(error))
+        release_memory()  # what the task built (a model, a session) is gone before the answer: the next task's peak
+        conn.send(answer)  # is its own, not the sum of both
+        del answer
     quick_exit(0)
+
+
+def release_memory() -> None:
+    """Free what the last task left unreachable (cycles included) and hand the C allocator's free pages back to
+    the system (glibc's ``malloc_trim``; nothing elsewhere)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def _main(conn, group: str | None, threads: int, log_path: str, parent_pid: int, env: dict) -> None:
