@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from parity.diagnose.cause import not_its_kind, test_layer
+from parity.diagnose.causes.cause import not_its_kind, test_layer
 from parity.model.spec import Layer, Tolerance
 
 TOL = Tolerance(atol=1e-5, rtol=1e-5)

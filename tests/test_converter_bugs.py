@@ -98,7 +98,7 @@ def test_a_dropped_pool_attribute_is_the_converter_and_the_tested_cause(root):
 def test_third_opinion_on_a_handmade_softmax_below_opset_13():
     from onnx import TensorProto, helper
 
-    from parity.diagnose import onnx_ops
+    from parity.diagnose.graph import onnx_ops
     from parity.model.spec import Tolerance
 
     node = helper.make_node("Softmax", ["x"], ["y"], axis=1, name="sm")
@@ -121,7 +121,7 @@ def test_third_opinion_on_a_handmade_softmax_below_opset_13():
 
 
 def test_bisection_keeps_every_tap_that_does_not_disturb_and_counts_its_runs():
-    from parity.diagnose import instrument
+    from parity.diagnose.graph import instrument
     from parity.model.spec import Tolerance
 
     plain = {"y": np.array([1.0, np.inf])}

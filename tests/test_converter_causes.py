@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from parity.diagnose.cause import test_layer
-from parity.diagnose.layers import NotApplicable, get
+from parity.diagnose.causes.cause import test_layer
+from parity.diagnose.causes.layers import NotApplicable, get
 from parity.model.spec import Layer, Tolerance
 from tests.conftest import REPO
 

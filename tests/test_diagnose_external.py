@@ -12,7 +12,8 @@ from click.testing import CliRunner
 from onnx import TensorProto
 
 from parity.cli import cli
-from parity.diagnose import onnx_graph, tree_graph
+from parity.diagnose.graph import onnx_graph
+from parity.diagnose.tree import graph_tree
 from parity.exporters.common import save_onnx
 from tests.conftest import REPO, failing_export
 from tests.nestedmodels import make_residual_stack
@@ -69,17 +70,17 @@ def test_a_descent_reads_every_scope_of_the_graph_in_its_first_run_within_its_bu
     model, _ = onnx_graph.load(path)
     model = onnx_graph.pinned(model, feed)
     graph = onnx_graph._Graph(model)
-    ahead = tree_graph.scope_tensors(model, graph, "torch.onnx")
+    ahead = graph_tree.scope_tensors(model, graph, "torch.onnx")
     norm = [
-        i for i, node in enumerate(graph.nodes) if "blocks.5.norm" in tree_graph.tree_onnx.node_scopes(node, "metadata")
+        i for i, node in enumerate(graph.nodes) if "blocks.5.norm" in graph_tree.onnx_tree.node_scopes(node, "metadata")
     ]
-    boundary = tree_graph.onnx_taps._boundary_outputs(graph, norm)
+    boundary = graph_tree.onnx_taps._boundary_outputs(graph, norm)
     assert norm and set(boundary) <= set(ahead)  # the deepest leaf's value is read with the first level
     sizes = {t: int(np.prod(graph.shapes[t])) * 4 for t in ahead}  # float32 values of known shapes
     budget = sum(sizes[t] for t in ahead[:3])
-    first = tree_graph.scope_tensors(model, graph, "torch.onnx", budget=budget)
+    first = graph_tree.scope_tensors(model, graph, "torch.onnx", budget=budget)
     assert first == ahead[:3] and len(ahead) > 3  # the shallowest scopes' tensors, as many as the budget holds
-    assert tree_graph.scope_tensors(model, graph, "jax2onnx") == []  # no records of scopes: none read ahead
+    assert graph_tree.scope_tensors(model, graph, "jax2onnx") == []  # no records of scopes: none read ahead
 
 
 def test_a_torch_model_exported_with_external_data_is_diagnosed_to_its_faulty_leaf_and_reproduced(

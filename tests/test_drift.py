@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from parity.diagnose import drift, patterns
+from parity.diagnose import patterns
+from parity.diagnose.causes import drift
 from parity.model.spec import InputSpec, Layer, ModelSpec, ParamSpec, Tolerance, Tolerances
 
 TOL = Tolerance(atol=1e-5, rtol=1e-5)

@@ -153,7 +153,7 @@ def test_a_cut_of_a_graph_loaded_without_its_data_reads_the_weights_it_keeps(tmp
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from parity.diagnose.reduce import subgraph
+    from parity.diagnose.graph.reduce import subgraph
 
     rng = np.random.default_rng(0)
     w1, w2 = (rng.standard_normal((16, 16)).astype(np.float32) for _ in range(2))

@@ -145,7 +145,7 @@ def test_rotary_cause_names_an_offset_and_nothing_on_right_tables():
 def test_attention_at_a_prefill_is_tested_through_the_catalogue(tiny):
     """The leaf typed attention at a prefill (its cache still empty): a head order that tiles the key/value heads is
     named from the path's own input and rotary tables."""
-    from parity.diagnose.layers.native import bind, canonical_weights
+    from parity.diagnose.causes.layers.native import bind, canonical_weights
     from parity.generation import diagnose_causes
     from parity.generation.model import load
     from parity.generation.tasks import read_golden

@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from parity.diagnose.cause import test_layer
-from parity.diagnose.layers import NotApplicable, get
+from parity.diagnose.causes.cause import test_layer
+from parity.diagnose.causes.layers import NotApplicable, get
 from parity.model.layer_types import torch_further_inputs, torch_layer
 from parity.model.spec import Layer, Tolerance
 from tests.conftest import REPO, failing_export

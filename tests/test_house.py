@@ -35,6 +35,18 @@ STAGES = [
     "__main__",
 ]
 
+# ``parity.diagnose`` by concern: each room may import the rooms named here, never another (the core, the modules
+# directly in ``parity/diagnose/``, may import them all); rooms of other stages are the stages themselves
+ROOMS = {
+    "causes": set(),
+    "graph": {"causes"},
+    "tree": {"causes", "graph"},
+    "precision": {"causes", "graph", "tree"},
+    "core": {"causes", "graph", "tree", "precision"},
+}
+ROOM_SHARE = 0.15  # of the package's lines, at most, in one room
+FILE_LINES = 550
+
 
 def module_name(path: Path) -> str:
     parts = ("parity", *path.relative_to(ROOT).with_suffix("").parts)
@@ -143,3 +155,37 @@ def test_model_files_written_before_the_move_still_load(workspace_copy):
     import parity.model.user
 
     assert parity.usermodel is parity.model.user
+
+
+def room(module: str) -> str:
+    """A diagnose module's room (``core`` for the modules directly in ``parity/diagnose/``); another stage's name."""
+    parts = module.split(".")
+    if stage(module) != "diagnose":
+        return stage(module)
+    return parts[2] if len(parts) > 3 or (len(parts) == 3 and parts[2] in ROOMS) else "core"
+
+
+def test_diagnose_rooms_import_only_the_rooms_below_them():
+    assert {room(m) for m in MODULES if stage(m) == "diagnose"} == set(ROOMS)
+    crossing = [
+        f"{module} (line {line}, room {room(module)}) imports {name} (room {room(name)}, "
+        f"not one {room(module)} may import: {sorted(ROOMS[room(module)]) or 'none'})"
+        for module in sorted(MODULES)
+        if stage(module) == "diagnose"
+        for name, line in imports(module).items()
+        if stage(name) == "diagnose" and room(name) != room(module) and room(name) not in ROOMS[room(module)]
+    ]
+    assert not crossing, "\n".join(crossing)
+
+
+def test_no_room_holds_too_much_and_no_file_is_too_long():
+    lines = {module: len(path.read_text().splitlines()) for module, path in MODULES.items()}
+    total = sum(lines.values())
+    rooms: dict[str, int] = {}
+    for module, count in lines.items():
+        key = f"diagnose/{room(module)}" if stage(module) == "diagnose" else stage(module)
+        rooms[key] = rooms.get(key, 0) + count
+    big = [f"{key}: {n} lines, {n / total:.0%} of {total}" for key, n in rooms.items() if n > ROOM_SHARE * total]
+    assert not big, f"rooms over {ROOM_SHARE:.0%} of the package: {big}"
+    long = [f"{MODULES[m].relative_to(ROOT)}: {n} lines" for m, n in lines.items() if n > FILE_LINES]
+    assert not long, f"files over {FILE_LINES} lines: {long}"

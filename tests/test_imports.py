@@ -28,3 +28,14 @@ print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {FRAMEWORKS
 def test_no_framework_imported(args):
     out = subprocess.run([sys.executable, "-c", PROBE, json.dumps(args)], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == []
+
+
+def test_tree_readers_import_no_framework():
+    """The registry of tree readers imports every reader: none may import its framework at module level."""
+    probe = (
+        "import json, sys, types; from parity.diagnose import tree; "
+        "assert all(isinstance(r, types.ModuleType) for r in tree.READERS.values()); "
+        f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {FRAMEWORKS!r})))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == []

@@ -258,7 +258,7 @@ def test_accuracy_control_reverts_layers_until_its_max_drop_and_says_which(zoo, 
     one; with the gate's keep (1 %), the zoo's mlp needs nothing reverted."""
     import openvino as ov
 
-    from parity.diagnose import int8_nncf
+    from parity.diagnose.precision import int8_nncf
 
     parent_dir, parent_meta = openvino_float["mlp"]
     spec, verified, samples = loaded(zoo, "mlp")
@@ -279,7 +279,7 @@ def test_accuracy_control_reverts_layers_until_its_max_drop_and_says_which(zoo, 
 def test_side_by_side_on_the_float_onnx_names_onnx_nodes_and_renders(zoo, openvino_float):
     """The worker task the int8 diagnosis calls: on the float ONNX file of torch/onnx/ort-int8 it runs NNCF for the
     matching openvino-int8 path, judges NNCF's model by parity's gate and renders one block of lines."""
-    from parity.diagnose import int8_nncf
+    from parity.diagnose.precision import int8_nncf
 
     parent_dir, parent_meta = openvino_float["mlp-onnx"]
     result = int8_nncf.nncf_side_by_side(

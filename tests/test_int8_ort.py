@@ -176,7 +176,7 @@ def test_a_kept_node_the_graph_does_not_have_is_an_export_error(plain, tmp_path)
 
 
 def _diagnose(setup, path_id: str) -> dict:
-    from parity.diagnose.int8_layers import diagnose_int8
+    from parity.diagnose.precision.int8_layers import diagnose_int8
 
     ws, _, _, parent, meta = setup
     found = diagnose_int8(str(ws.root), "mlp", path_id, str(ws.golden_dir("mlp")), str(parent), meta, 1)
@@ -184,7 +184,7 @@ def _diagnose(setup, path_id: str) -> dict:
 
 
 def test_an_outlier_channel_is_named_as_the_layer_that_costs_the_accuracy_and_repaired(sensitive, tmp_path):
-    from parity.diagnose.int8_layers import render_int8
+    from parity.diagnose.precision.int8_layers import render_int8
 
     found = _diagnose(sensitive, STATIC)
     assert found["gate"]["decision"] == "fail" and found["gate"]["value"] < 0.5 < found["gate"]["golden"]
@@ -307,7 +307,7 @@ def test_a_graph_the_quantizer_leaves_float_is_an_export_error(tmp_path):
 
 
 def test_a_candidate_with_every_layer_kept_float_is_no_int8_model_and_not_a_repair(tmp_path):
-    from parity.diagnose.int8_repair import Candidates
+    from parity.diagnose.precision.int8_repair import Candidates
 
     _jax_style_gemm(tmp_path / "f.onnx")
     candidates = Candidates(

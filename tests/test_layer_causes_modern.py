@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from parity.diagnose.cause import test_layer
-from parity.diagnose.layers import get
+from parity.diagnose.causes.cause import test_layer
+from parity.diagnose.causes.layers import get
 from parity.model.layer_types import torch_further_inputs, torch_layer
 from parity.model.layer_types_flax import nnx_layer
 from parity.model.layer_types_keras import keras_layer
@@ -92,7 +92,7 @@ def test_gemma_offset_and_keras_centered_forms_are_the_frameworks_own(tokens):
     out = np.asarray(layer(x))
     kind, attrs = keras_layer(layer)
     assert kind == "rms_norm" and attrs["by_variance"] is True
-    from parity.diagnose.cause import recompute
+    from parity.diagnose.causes.cause import recompute
 
     weights = {"ln/" + v.path.rsplit("/", 1)[-1]: np.asarray(v) for v in layer.weights}
     # Keras computes in float32 here: the forms differ by far more than that (variance against mean square)
@@ -110,7 +110,7 @@ def test_keras_normalisations_without_an_epsilon_are_typed_with_keras_default(to
     """``epsilon=None`` is Keras's own default, ``keras.config.epsilon()``: the typed form reproduces the layer."""
     import keras
 
-    from parity.diagnose.cause import recompute
+    from parity.diagnose.causes.cause import recompute
 
     x, _ = tokens
     eps = keras.config.epsilon()
@@ -168,7 +168,7 @@ def test_torch_and_flax_rms_norms_are_typed():
     assert torch_layer(torch.nn.RMSNorm((4, 8))) is None
     assert flax_layer(linen.RMSNorm(epsilon=1e-5)) == ("rms_norm", {"eps": 1e-5, "weight_layout": "flax"})
     assert nnx_layer(nnx.RMSNorm(8, rngs=nnx.Rngs(0))) == ("rms_norm", {"eps": 1e-6, "weight_layout": "flax"})
-    from parity.diagnose.cause import layer_weights
+    from parity.diagnose.causes.cause import layer_weights
 
     assert set(layer_weights({"n/scale": np.ones(8)}, "n", "rms_norm", {"weight_layout": "flax"})) == {"gamma"}
 

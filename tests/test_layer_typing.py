@@ -118,7 +118,7 @@ def _init(tmp_path, name, *source):
 def _check_declared(spec, weights, seen, float32=()):
     """Each typed tap's declared form, recomputed from the input the real layer saw, equals its real output (to
     float64 round-off; to float32's for the taps in ``float32``, which the framework computes in float32)."""
-    from parity.diagnose.cause import recompute
+    from parity.diagnose.causes.cause import recompute
 
     for tap, layer in spec.layers.items():
         fed, output = seen[tap]

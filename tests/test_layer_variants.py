@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from parity.diagnose.cause import layer_weights, recompute, test_layer
-from parity.diagnose.layers import NotApplicable, get
+from parity.diagnose.causes.cause import layer_weights, recompute, test_layer
+from parity.diagnose.causes.layers import NotApplicable, get
 from parity.model.spec import Layer, Tolerance
 
 TOL = Tolerance(atol=1e-6, rtol=1e-6)

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity.diagnose import cause
-from parity.diagnose.layers import KINDS, NotApplicable, get
+from parity.diagnose.causes import cause
+from parity.diagnose.causes.layers import KINDS, NotApplicable, get
 from parity.model.spec import LAYER_KINDS, Layer, Tolerance
 from parity.model.workspace import Workspace
 
@@ -237,13 +237,13 @@ def test_attention_causal_mask():
 def test_generic_variants_find_a_dropout_inside_a_layer_typed_otherwise_and_float16_rounding():
     import numpy as np
 
-    from parity.diagnose.cause import test_layer
+    from parity.diagnose.causes.cause import test_layer
     from parity.model.spec import Layer, Tolerance
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((64, 32))
     layer = Layer("activation", {"form": "gelu_erf"})
-    from parity.diagnose.layers import get
+    from parity.diagnose.causes.layers import get
 
     declared = get("activation").forward([x], {}, {"form": "gelu_erf"})
     mask = rng.random(declared.shape) < 0.2
@@ -260,8 +260,8 @@ def test_resize_matches_torch_and_names_a_lost_align_corners():
     import numpy as np
     import torch
 
-    from parity.diagnose.cause import test_layer
-    from parity.diagnose.layers import get
+    from parity.diagnose.causes.cause import test_layer
+    from parity.diagnose.causes.layers import get
     from parity.model.layer_types import torch_layer
     from parity.model.spec import Layer, Tolerance
 
@@ -286,8 +286,8 @@ def test_recurrent_matches_torch_lstm_and_gru_and_names_a_gate_order_mix_up():
     import numpy as np
     import torch
 
-    from parity.diagnose.cause import layer_weights, test_layer
-    from parity.diagnose.layers import get
+    from parity.diagnose.causes.cause import layer_weights, test_layer
+    from parity.diagnose.causes.layers import get
     from parity.model.spec import Layer, Tolerance
 
     torch.manual_seed(0)
@@ -303,7 +303,7 @@ def test_recurrent_matches_torch_lstm_and_gru_and_names_a_gate_order_mix_up():
         expected = module(x)[0].detach().numpy()
         assert np.allclose(get("recurrent").forward([x.numpy()], weights, {"cell": cell}), expected, atol=1e-12)
         # a runtime that read the gate blocks in ONNX's order
-        from parity.diagnose.layers.recurrent import _onnx_order
+        from parity.diagnose.causes.layers.recurrent import _onnx_order
 
         observed = _onnx_order([x.numpy()], weights, {"cell": cell}, None)
         result = test_layer(

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from parity.cli import cli
-from parity.diagnose.layers import NotApplicable, get
+from parity.diagnose.causes.layers import NotApplicable, get
 from parity.model.layer_types import torch_layer
 from tests.conftest import REPO, failing_export
 
@@ -127,7 +127,7 @@ def test_a_softmax_in_the_meaning_of_opsets_before_13_is_named_on_onnx_runtime()
     import torch
     from onnx import TensorProto, helper
 
-    from parity.diagnose.cause import test_layer
+    from parity.diagnose.causes.cause import test_layer
     from parity.model.spec import Layer, Tolerance
 
     x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)

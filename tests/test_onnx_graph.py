@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity.diagnose import onnx_graph as og
+from parity.diagnose.graph import onnx_graph as og
 from parity.model.spec import Tolerance
 
 onnx = pytest.importorskip("onnx")
@@ -191,7 +191,7 @@ def test_module_imports_no_framework():
     import sys
 
     probe = (
-        "import sys, parity.diagnose.onnx_graph; "
+        "import sys, parity.diagnose.graph.onnx_graph; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('onnx', 'onnxruntime', 'torch', 'tensorflow', 'jax')))"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO)

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity.diagnose import onnx_graph as og
-from parity.diagnose import onnx_taps as ot
+from parity.diagnose.graph import onnx_graph as og
+from parity.diagnose.graph import onnx_taps as ot
 from parity.golden import store as golden
 from parity.model.workspace import Workspace
 from parity.pipeline import orchestrate
@@ -254,7 +254,7 @@ def test_module_imports_no_framework():
     import sys
 
     probe = (
-        "import sys, parity.diagnose.onnx_taps; "
+        "import sys, parity.diagnose.graph.onnx_taps; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('onnx', 'onnxruntime', 'torch', 'tensorflow', 'jax')))"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO)
@@ -288,7 +288,7 @@ def test_an_onnx_sources_own_tensor_is_compared_in_the_golden_order_even_where_l
     from onnx import TensorProto, helper, numpy_helper
 
     from parity.cli import cli
-    from parity.diagnose import mapping_check
+    from parity.diagnose.graph import mapping_check
 
     rng = np.random.default_rng(0)
     weights = rng.standard_normal((16, 64)).astype(np.float32)

@@ -162,7 +162,7 @@ def test_an_overflow_is_repaired_by_a_minimal_list_and_the_exported_repair_passe
     ws, spec, parent = _parent(root, name, path_id, pool)
     repair = pool.call(
         "onnx",
-        "parity.diagnose.repair:repair_for_diagnosis",
+        "parity.diagnose.precision.float16_repair:repair_for_diagnosis",
         workspace=str(ws.root),
         model=name,
         golden_dir=str(ws.golden_dir(name)),
@@ -250,7 +250,7 @@ def _tolerance(name):
 
 
 def test_the_search_keeps_the_overflowing_nodes_and_proves_each_one_needed():
-    from parity.diagnose.repair import render_repair, repair_path
+    from parity.diagnose.precision.float16_repair import render_repair, repair_path
 
     x = np.random.default_rng(0).standard_normal((16, 4)).astype(np.float32) * 2
     repair = repair_path(_magnitude(), {"x": x}, {"y": np.abs(x.astype(np.float64))}, _tolerance, runtime="onnxref")
@@ -265,7 +265,7 @@ def test_the_search_keeps_the_overflowing_nodes_and_proves_each_one_needed():
 
 
 def test_no_repair_exists_says_why_in_one_line_and_a_small_budget_is_not_called_minimal():
-    from parity.diagnose.repair import render_repair, repair_path
+    from parity.diagnose.precision.float16_repair import render_repair, repair_path
 
     x = np.random.default_rng(0).standard_normal((16, 4)).astype(np.float32) * 2
     wrong = repair_path(_magnitude(), {"x": x}, {"y": np.abs(x.astype(np.float64)) + 1}, _tolerance, runtime="onnxref")
@@ -336,7 +336,7 @@ def test_the_exporter_records_the_block_list_and_rejects_a_node_the_graph_lacks(
 
 
 def test_a_bfloat16_path_has_no_onnx_conversion_to_repair():
-    from parity.diagnose.repair import repair_for_diagnosis
+    from parity.diagnose.precision.float16_repair import repair_for_diagnosis
 
     result = repair_for_diagnosis("unused", "unused", "unused", "bf16", 1, "unused", {})
     assert not result["passes"] and "bfloat16" in result["reason"] and result["runs"] == 0

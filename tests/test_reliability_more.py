@@ -40,7 +40,7 @@ def one_error_line(outcome, *words) -> str:
 
 
 def test_repro_out_follows_a_symlink_and_refuses_a_folder_that_cannot_be_made_before_any_work(tmp_path):
-    from parity.diagnose.reduce import reduce
+    from parity.diagnose.graph.reduce import reduce
     from parity.diagnose.repro import write_report
     from tests.test_repro import _chain, _known
 

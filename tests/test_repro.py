@@ -133,7 +133,7 @@ def _chain(n: int, factor_at):
 
 
 def _known(right, x, names=None):
-    from parity.diagnose import onnx_graph
+    from parity.diagnose.graph import onnx_graph
 
     names = names or onnx_graph.intermediate_names(right)
     return {"x": x, **onnx_graph.run_tensors("ort", right, {"x": x}, names)}
@@ -142,7 +142,7 @@ def _known(right, x, names=None):
 def test_reduce_finds_the_one_wrong_node_of_a_long_chain_and_its_report_fails_until_fixed(tmp_path):
     import onnx
 
-    from parity.diagnose.reduce import reduce, summary
+    from parity.diagnose.graph.reduce import reduce, summary
     from parity.diagnose.repro import write_report
     from parity.model.spec import Tolerance
 
@@ -174,7 +174,7 @@ def test_reduce_cuts_away_a_node_no_boundary_covers_where_only_some_tensors_are_
     Sigmoid away at its known output."""
     from onnx import helper, numpy_helper
 
-    from parity.diagnose.reduce import reduce
+    from parity.diagnose.graph.reduce import reduce
     from parity.model.spec import Tolerance
 
     def build(factor):
@@ -197,7 +197,7 @@ def test_reduce_cuts_away_a_node_no_boundary_covers_where_only_some_tensors_are_
 
 
 def test_reduce_of_a_graph_that_does_not_fail_says_so_and_reduces_nothing():
-    from parity.diagnose.reduce import reduce
+    from parity.diagnose.graph.reduce import reduce
     from parity.model.spec import Tolerance
 
     right = _chain(12, lambda i: 2.0)

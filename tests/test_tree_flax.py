@@ -105,7 +105,7 @@ def test_passing_jax2tf_path_names_no_divergence(workspace, pool, model):
 def test_nnx_reader_restores_the_classes_it_wraps():
     from flax import nnx
 
-    from parity.diagnose.tree_nnx import _wrapped
+    from parity.diagnose.tree.nnx_tree import _wrapped
 
     before = nnx.Linear.__dict__["__call__"]
     with _wrapped(nnx.Module, lambda original: lambda self, *a, **k: ("wrapped", original(self, *a, **k))):

@@ -75,7 +75,7 @@ def workspace(tmp_path_factory):
     from tests import flaxmodels, nestedmodels
     from tests.conftest import init_model
 
-    root = tmp_path_factory.mktemp("tree_jax")
+    root = tmp_path_factory.mktemp("jax_tree")
     models = {
         "flax_nested": (f"{HERE.parent / 'nestedmodels.py'}:flax_apply", nestedmodels.save_flax_params, 12),
         "scoped": (f"{HERE}:scoped_apply", save_scoped_params, 6),
@@ -174,7 +174,7 @@ def test_flax_leaves_typed_and_recomputed_from_their_own_weights():
     import flax.linen as nn
     import jax
 
-    from parity.diagnose.layers.native import bind, canonical_weights
+    from parity.diagnose.causes.layers.native import bind, canonical_weights
     from parity.model.layer_types_flax import flax_layer
 
     rng = np.random.default_rng(0)
@@ -206,7 +206,7 @@ def test_flax_leaves_typed_and_recomputed_from_their_own_weights():
 
 
 def test_children_of_a_scope_skip_modules_never_called():
-    from parity.diagnose.tree_jax import _children
+    from parity.diagnose.tree.jax_tree import _children
 
     called = ["", "proj", "enc/layer_0", "enc/layer_0/dense", "enc/layer_1", "head"]  # 'enc' itself never called
     assert _children(called, "") == ["proj", "enc/layer_0", "enc/layer_1", "head"]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from parity.diagnose import chain
-from parity.diagnose import onnx_taps as ot
+from parity.diagnose.graph import onnx_taps as ot
 from parity.golden import store as golden
 from parity.model.workspace import Workspace
 from parity.pipeline import orchestrate

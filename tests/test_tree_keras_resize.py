@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity.diagnose import chain, mapping_check
+from parity.diagnose import chain
+from parity.diagnose.graph import mapping_check
 from parity.golden import store as golden
 from parity.model.workspace import Workspace
 from parity.pipeline import model_jobs, orchestrate

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from parity.check.closeness import error_stats
-from parity.diagnose import chain, tree_keras
-from parity.diagnose import onnx_taps as ot
-from parity.diagnose.tree import Tree
+from parity.diagnose import chain
+from parity.diagnose.graph import onnx_taps as ot
+from parity.diagnose.tree import keras_tree
+from parity.diagnose.tree.descent import Tree
 from parity.golden import store as golden
 from parity.model import feeds
 from parity.model.workspace import Workspace
@@ -88,7 +89,7 @@ def test_taps_are_read_inside_the_xla_compilation(workspace):
     import tensorflow as tf
 
     xla, plain_tf, x = _runners(workspace)
-    top = tree_keras.level_of(xla, x, "")
+    top = keras_tree.level_of(xla, x, "")
     compiled = xla.run(x)["output"]  # the path's own compiled forward
     assert np.array_equal(top["outputs"]["output"], compiled)
     assert np.array_equal(top["values"]["head"], compiled)  # the last layer's tap is the compiled output itself
@@ -98,7 +99,7 @@ def test_taps_are_read_inside_the_xla_compilation(workspace):
     assert np.array_equal(top["values"]["proj"], alone)  # the first layer, compiled alone, is bit for bit the tap
     tol = xla.spec.output_tolerances("fp32").for_name("output")
     for scope in ("", "encoder/block_1", "encoder/block_1/attn", "encoder/block_1/ffn"):
-        on_xla, on_tf = tree_keras.level_of(xla, x, scope), tree_keras.level_of(plain_tf, x, scope)
+        on_xla, on_tf = keras_tree.level_of(xla, x, scope), keras_tree.level_of(plain_tf, x, scope)
         assert on_xla["values"].keys() == on_tf["values"].keys() and on_xla["values"]
         for name, value in on_xla["values"].items():
             assert not np.array_equal(value, on_tf["values"][name]), name  # not TensorFlow's kernels
@@ -113,7 +114,7 @@ def test_taps_that_change_the_compiled_outputs_are_unobservable(workspace):
     xla, _, x = _runners(workspace)
     forward = xla._forward
     xla._forward = tf.function(lambda inputs: tuple(t + 1e-2 for t in forward(inputs)), jit_compile=True)
-    found = tree_keras.level_of(xla, x, "encoder")
+    found = keras_tree.level_of(xla, x, "encoder")
     assert found["values"] == {} and found["instrumentation"]["disturbing"]
     assert {n: w["found"] for n, w in found["located"].items()} == dict.fromkeys(
         ("encoder/block_0", "encoder/block_1"), "unobservable"
@@ -132,7 +133,7 @@ def test_reference_levels_run_the_model_eagerly(workspace):
     _, plain_tf, x = _runners(workspace)
     seen: dict[str, list[bool]] = {"reference": [], "tf": []}
     for side, model in (("reference", tree.reference_runner.model), ("tf", plain_tf.model)):
-        block = tree_keras.resolve(keras, model, "encoder/block_0")
+        block = keras_tree.resolve(keras, model, "encoder/block_0")
         original = block.call
         block.__dict__["call"] = lambda *a, _o=original, _s=seen[side], **k: (
             _s.append(tf.executing_eagerly()),
@@ -140,10 +141,10 @@ def test_reference_levels_run_the_model_eagerly(workspace):
         )[1]
     try:
         found = tree.reference("encoder")
-        on_tf = tree_keras.level_of(plain_tf, x, "encoder")
+        on_tf = keras_tree.level_of(plain_tf, x, "encoder")
     finally:
         for model in (tree.reference_runner.model, plain_tf.model):
-            del tree_keras.resolve(keras, model, "encoder/block_0").__dict__["call"]
+            del keras_tree.resolve(keras, model, "encoder/block_0").__dict__["call"]
     assert found["reproduces"] and [c["path"] for c in found["children"]] == ["encoder/block_0", "encoder/block_1"]
     assert seen == {"reference": [True], "tf": [False]}
     tol = plain_tf.spec.output_tolerances("fp32").for_name("output")

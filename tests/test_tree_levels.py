@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity.diagnose import tree_jax, tree_keras
-from parity.diagnose.tree import Tree
+from parity.diagnose.tree import jax_tree, keras_tree
+from parity.diagnose.tree.descent import Tree
 
 HERE = Path(__file__).resolve().parent
 JAX_SCOPES = ("", "encoder", "encoder/block_1")
@@ -81,8 +81,8 @@ def test_jax_levels_compile_the_function_once(workspace):
 
 def test_jax_levels_served_from_one_run_are_those_of_runs_of_their_own(workspace):
     tree = Tree(str(workspace), "scoped", str(_golden_dir(workspace, "scoped")), "jax", "fp32", 1)
-    whole = tree_jax.Levels(tree.reference_runner, tree.x)
-    own = tree_jax.Levels(tree.reference_runner, tree.x)
+    whole = jax_tree.Levels(tree.reference_runner, tree.x)
+    own = jax_tree.Levels(tree.reference_runner, tree.x)
     own.per_level()
     assert whole.whole is not None
     for scope in JAX_SCOPES:
@@ -97,8 +97,8 @@ def test_jax_levels_served_from_one_run_are_those_of_runs_of_their_own(workspace
 
 def test_jax_tree_past_the_memory_bound_is_read_level_by_level(workspace, monkeypatch):
     tree = Tree(str(workspace), "scoped", str(_golden_dir(workspace, "scoped")), "jax", "fp32", 1)
-    monkeypatch.setattr(tree_jax, "TAP_BYTES", 0)
-    levels = tree_jax.Levels(tree.reference_runner, tree.x)
+    monkeypatch.setattr(jax_tree, "TAP_BYTES", 0)
+    levels = jax_tree.Levels(tree.reference_runner, tree.x)
     assert levels.whole is None
     level = levels.level("encoder")
     assert [c["path"] for c in level["children"]] == [f"encoder/block_{i}" for i in range(3)]
@@ -132,16 +132,16 @@ def test_keras_reference_runs_the_model_once_for_every_level(workspace):
 def test_keras_levels_served_from_one_run_are_those_of_runs_of_their_own(workspace, eager, monkeypatch):
     tree = Tree(str(workspace), "nested", str(_golden_dir(workspace, "nested")), "tf", "fp32", 1)
     runner = tree.reference_runner
-    whole = tree_keras.Levels(runner, tree.x, eager=eager)
+    whole = keras_tree.Levels(runner, tree.x, eager=eager)
     assert whole.whole is not None
     for scope in KERAS_SCOPES:
-        _same_level(whole.level(scope), tree_keras.level_of(runner, tree.x, scope, eager=eager))
+        _same_level(whole.level(scope), keras_tree.level_of(runner, tree.x, scope, eager=eager))
     names = ["encoder/norm", "mlp/ln", "head"]
-    _same_level(whole.level("", names), tree_keras.level_of(runner, tree.x, "", names, eager=eager))
-    monkeypatch.setattr(tree_keras, "TAP_BYTES", 0)  # past the bound: each level by a run of its own
-    bounded = tree_keras.Levels(runner, tree.x, eager=eager)
+    _same_level(whole.level("", names), keras_tree.level_of(runner, tree.x, "", names, eager=eager))
+    monkeypatch.setattr(keras_tree, "TAP_BYTES", 0)  # past the bound: each level by a run of its own
+    bounded = keras_tree.Levels(runner, tree.x, eager=eager)
     assert bounded.whole is None
-    _same_level(bounded.level("mlp"), tree_keras.level_of(runner, tree.x, "mlp", eager=eager))
+    _same_level(bounded.level("mlp"), keras_tree.level_of(runner, tree.x, "mlp", eager=eager))
 
 
 def test_a_second_descent_of_the_model_reuses_the_reference_side_until_its_golden_or_spec_changes(workspace):

@@ -1,5 +1,5 @@
 """The descent into a Keras model's own layer tree on ``tf/litert``: the ``.tflite`` tensors mapped to layer paths by
-the names the TFLite converter keeps (``parity.diagnose.tree_litert``), through ``parity init`` (the library call
+the names the TFLite converter keeps (``parity.diagnose.tree.litert_tree``), through ``parity init`` (the library call
 ``assert_parity`` makes), golden build and the diagnosis. The model (``tests/keras_litert.py``) is a functional
 model whose ``blocks`` is a ``Sequential`` of custom residual layers; one leaf departs on ``tf/litert`` only."""
 
@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity.diagnose import chain, mapping_check
-from parity.diagnose.tree import Tree
+from parity.diagnose import chain
+from parity.diagnose.graph import mapping_check
+from parity.diagnose.tree.descent import Tree
 from parity.golden import store as golden
 from parity.model.workspace import Workspace
 from parity.pipeline import orchestrate
@@ -154,7 +155,7 @@ def test_a_read_that_no_axis_order_makes_agree_is_not_compared(tree):
 def test_a_read_its_own_outputs_contradict_is_withdrawn(tree):
     """On the passing path, a layer read far off while the outputs computed from it agree was misread: the walk
     withdraws it (``mapping_check.withdraw_contradicted``) instead of naming it."""
-    from parity.diagnose.walk import _rows
+    from parity.diagnose.tree.walk import _rows
 
     name = "blocks/res_block_1/out"
     reference, observed = _level(tree, "blocks/res_block_1")
@@ -222,7 +223,7 @@ def test_a_softmax_head_is_read_at_the_graph_output(default_tree):
 def test_the_tree_of_a_tflite_file_without_a_layer_map_is_not_read(workspace, pool):
     """A ``.tflite`` file whose exporter recorded no layer map (litert-torch's, on ``torch/litert``) is not read
     layer by layer: the descent says why instead of showing rows."""
-    from parity.diagnose.tree import descent
+    from parity.diagnose.tree.descent import descent
     from parity.exporters.torch_litert import TAPS_REASON
 
     artifact = _artifact(workspace, CLEAN, pool)
@@ -236,7 +237,7 @@ def test_the_tree_of_a_tflite_file_without_a_layer_map_is_not_read(workspace, po
 def test_an_interpreter_that_lists_no_ops_is_said_so(workspace, pool, monkeypatch):
     from ai_edge_litert import interpreter as litert
 
-    from parity.diagnose.tree_litert import LiteRTLevels, NotRead
+    from parity.diagnose.tree.litert_tree import LiteRTLevels, NotRead
     from parity.model import feeds
 
     artifact = _artifact(workspace, CLEAN, pool)
@@ -263,7 +264,7 @@ def onnx_tree(workspace, pool) -> Tree:
 def test_tf2onnx_node_names_of_default_names_are_read_at_their_own_scopes(onnx_tree):
     """tf2onnx keeps the same scopes in its node names (``functional_1/dense_1/MatMul`` is layer ``dense``'s):
     ``onnx_taps.keras_scope`` gives each layer its own nodes, one layer asked for at a time too."""
-    from parity.diagnose import onnx_taps
+    from parity.diagnose.graph import onnx_taps
 
     assert onnx_taps.keras_scope("functional_1/dense_1/MatMul", ("dense", "dense_1")) == "dense"
     assert onnx_taps.keras_scope("functional_1/dense_1_2/MatMul", ("dense", "dense_1")) == "dense_1"

@@ -15,7 +15,8 @@ from click.testing import CliRunner
 from torch import nn
 
 from parity.cli import cli
-from parity.diagnose import onnx_graph, onnx_taps, tree_onnx
+from parity.diagnose.graph import onnx_graph, onnx_taps
+from parity.diagnose.tree import onnx_tree
 
 
 def _invoke(*args):
@@ -140,16 +141,16 @@ def test_a_passing_onnx_source_path_departs_at_no_level(root):
 def test_scopes_are_read_from_node_names_without_metadata_and_a_flat_graph_has_its_node_outputs(exported):
     model = onnx.load(str(exported))
     graph = onnx_graph._Graph(model)
-    assert tree_onnx.scope_kind(graph) == tree_onnx.METADATA
-    assert [(p, leaf) for p, _, leaf in tree_onnx.children(graph, tree_onnx.METADATA, "attn")] == [
+    assert onnx_tree.scope_kind(graph) == onnx_tree.METADATA
+    assert [(p, leaf) for p, _, leaf in onnx_tree.children(graph, onnx_tree.METADATA, "attn")] == [
         ("attn.proj", True),
         ("attn.gain", True),
         ("attn.scores", True),
     ]
 
     named = onnx_graph._Graph(_named(onnx.load(str(exported))))
-    assert tree_onnx.scope_kind(named) == tree_onnx.NAMES
-    top = tree_onnx.children(named, tree_onnx.NAMES, "")
+    assert onnx_tree.scope_kind(named) == onnx_tree.NAMES
+    top = onnx_tree.children(named, onnx_tree.NAMES, "")
     assert [(p, leaf) for p, _, leaf in top] == [
         ("embed", True),
         ("blocks.0", False),
@@ -157,21 +158,21 @@ def test_scopes_are_read_from_node_names_without_metadata_and_a_flat_graph_has_i
         ("attn", False),
         ("head", True),
     ]
-    inner = {p: nodes for p, nodes, _ in tree_onnx.children(named, tree_onnx.NAMES, "attn")}
+    inner = {p: nodes for p, nodes, _ in onnx_tree.children(named, onnx_tree.NAMES, "attn")}
     assert list(inner) == ["attn/proj", "attn/gain", "attn/scores"]
-    assert tree_onnx.boundary(named, tree_onnx.NAMES, "attn/scores", inner["attn/scores"]) == "matmul"
-    assert tree_onnx.input_of(model, named, inner["attn/scores"]) == "mul"
+    assert onnx_tree.boundary(named, onnx_tree.NAMES, "attn/scores", inner["attn/scores"]) == "matmul"
+    assert onnx_tree.input_of(model, named, inner["attn/scores"]) == "mul"
     # the path's side finds the same tensors in its copy of the file
-    mapped, _ = tree_onnx.locate(model, named, ["attn/gain", "attn/scores", "attn/nothing"])
+    mapped, _ = onnx_tree.locate(model, named, ["attn/gain", "attn/scores", "attn/nothing"])
     assert mapped["attn/scores"]["tensor"] == "matmul" and mapped["attn/gain"]["tensor"] == "mul"
     assert mapped["attn/nothing"]["how"] == "unmapped" and "no scope" in mapped["attn/nothing"]["reason"]
 
     flat = onnx_graph._Graph(_flat(onnx.load(str(exported))))
-    assert tree_onnx.scope_kind(flat) == tree_onnx.FLAT
-    leaves = tree_onnx.children(flat, tree_onnx.FLAT, "")
+    assert onnx_tree.scope_kind(flat) == onnx_tree.FLAT
+    leaves = onnx_tree.children(flat, onnx_tree.FLAT, "")
     assert [p for p, _, _ in leaves] == flat.names and all(leaf for _, _, leaf in leaves)
     assert [flat.nodes[nodes[0]].op_type for p, nodes, _ in leaves if p == "matmul"] == ["MatMul"]
-    assert tree_onnx.children(flat, tree_onnx.FLAT, "matmul") == []
+    assert onnx_tree.children(flat, onnx_tree.FLAT, "matmul") == []
 
 
 @pytest.mark.parametrize("rewrite, trail", [(_named, ["attn", "attn/scores"]), (_flat, ["matmul"])])

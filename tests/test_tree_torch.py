@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from torch import nn
 
 from parity.cli import cli
-from parity.diagnose import tree_torch
 from parity.diagnose.descend import display
+from parity.diagnose.tree import torch_tree
 from tests.conftest import REPO, failing_export
 
 NESTED = REPO / "tests" / "nestedmodels.py"
@@ -68,7 +68,7 @@ def test_children_are_the_modules_a_scope_calls_through_holders_never_called_and
 
     net = Net().eval()
     x = torch.randn(2, 4)
-    found = tree_torch.level(net, lambda: net(x), "")
+    found = torch_tree.level(net, lambda: net(x), "")
     paths = [c["path"] for c in found["children"]]
     assert paths == ["embed", "shared", "layers.0", "layers.1", "layers.2"]  # call order; unused left out
     by_path = {c["path"]: c for c in found["children"]}

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from parity.diagnose import tree_torch
-from parity.diagnose.tree import Tree
+from parity.diagnose.tree import torch_tree
+from parity.diagnose.tree.descent import Tree
 from tests.conftest import REPO, failing_export
 
 NESTED = REPO / "tests" / "nestedmodels.py"
@@ -30,11 +30,11 @@ def test_the_reference_runs_the_model_once_and_its_levels_are_those_of_runs_of_t
     tree = Tree(str(root), "stack", str(Workspace(root).golden_dir("stack")), "torch", "fp32", 1)
     levels = [tree.reference(scope) for scope in SCOPES]
     served = tree._reference_levels
-    assert isinstance(served, tree_torch.Levels)
+    assert isinstance(served, torch_tree.Levels)
     assert (served.runs, served.own_runs) == (1, 1)  # the root's run read "blocks" too; "blocks.5" ran alone
     assert all(level["reproduces"] for level in levels)
     for scope, level in zip(SCOPES, levels):
-        own = tree_torch.level_of(tree.reference_runner, tree.x, scope)
+        own = torch_tree.level_of(tree.reference_runner, tree.x, scope)
         assert level["children"] == own["children"], scope
         for key in ("values", "inputs"):
             assert level[key].keys() == own[key].keys(), (scope, key)
@@ -47,14 +47,14 @@ def test_a_module_that_does_not_give_its_value_alone_is_read_by_a_whole_run(chec
 
     root = checked[0]
     tree = Tree(str(root), "stack", str(Workspace(root).golden_dir("stack")), "torch", "fp32", 1)
-    levels = tree_torch.Levels(tree.reference_runner, tree.x)
+    levels = torch_tree.Levels(tree.reference_runner, tree.x)
     levels.level("")
     levels.level("blocks")
     args, kwargs, value = levels.called["blocks.5"]
     levels.called["blocks.5"] = (args, kwargs, value + 1.0)  # not what the module gives on these arguments
     level = levels.level("blocks.5")
     assert (levels.runs, levels.own_runs, level["whole"]) == (2, 1, True)
-    own = tree_torch.level_of(tree.reference_runner, tree.x, "blocks.5")
+    own = torch_tree.level_of(tree.reference_runner, tree.x, "blocks.5")
     assert [c["path"] for c in level["children"]] == [c["path"] for c in own["children"]]
 
 

@@ -11,7 +11,7 @@ def test_a_flax_conv_with_an_int_kernel_size_is_recognised_as_one_axis():
     jax = pytest.importorskip("jax")
     nn = pytest.importorskip("flax.linen")
 
-    from parity.diagnose.layers.native import bind, canonical_weights
+    from parity.diagnose.causes.layers.native import bind, canonical_weights
     from parity.model.layer_types_flax import flax_layer
 
     module = nn.Conv(4, 3, padding="SAME")

@@ -212,13 +212,14 @@ def test_float64_buffers_and_minus_inf_masks_stay_the_models_own(tmp_path):
     golden_dir = tmp_path / "golden" / "masked"
     manifest = json.loads((golden_dir / "manifest.json").read_text())
     assert manifest["params"]["gain"]["dtype"] == "float64"
-    with (
-        np.load(golden_dir / "weights.npz") as weights,
-        np.load(golden_dir / "inputs.npz") as inputs,
-        np.load(golden_dir / "reference.npz") as reference,
-    ):
-        assert weights["gain"].dtype == np.float64 and weights["gain"][0] == 2.0**25 + 1.0
-        assert np.isneginf(weights["mask"]).sum() == 10 and np.all(weights["mask"][np.tril_indices(5)] == 0)
+    assert not (golden_dir / "weights.npz").exists()  # the golden keeps no copy: the model's own, as read for a run
+    from parity.golden.weights import canonical
+    from parity.model.workspace import Workspace
+
+    weights = canonical(Workspace(tmp_path).load_spec("masked"))
+    assert weights["gain"].dtype == np.float64 and weights["gain"][0] == 2.0**25 + 1.0
+    assert np.isneginf(weights["mask"]).sum() == 10 and np.all(weights["mask"][np.tril_indices(5)] == 0)
+    with np.load(golden_dir / "inputs.npz") as inputs, np.load(golden_dir / "reference.npz") as reference:
         x, golden_output = inputs["x"], reference["output"]
     namespace = {}
     exec(textwrap.dedent(GAIN_AND_MASK), namespace)  # noqa: S102 - the test's own model code, defined above

@@ -12,9 +12,11 @@ import numpy as np
 
 from parity.check import closeness as compare
 from parity.check import noise_floor
-from parity.diagnose import drift, links, mapping_check, patterns
+from parity.diagnose import links, patterns
+from parity.diagnose.causes import drift
 from parity.diagnose.collect import ONNX_RUNTIMES
 from parity.diagnose.descend import NO_TAP_DEPARTS, descend, merge_tree
+from parity.diagnose.graph import mapping_check
 from parity.golden import store as golden
 from parity.golden import weights as golden_weights
 from parity.model import feeds
@@ -149,7 +151,7 @@ def diagnose(
         if "error" not in parent:
             result["repair"] = pool.call(
                 path.runtime.group,
-                "parity.diagnose.repair:repair_for_diagnosis",
+                "parity.diagnose.precision.float16_repair:repair_for_diagnosis",
                 workspace=str(run.workspace.root),
                 model=spec.name,
                 golden_dir=str(run.workspace.golden_dir(spec.name)),
@@ -313,7 +315,7 @@ def analyse(spec, path, arrays: dict, observed: dict, source: dict, failing: lis
     runtime = observed.get("runtime_compare") or {}
     node_cause = runtime.get("node_cause")
     if optimiser:
-        from parity.diagnose.optimiser import describe
+        from parity.diagnose.graph.optimiser import describe
 
         removed = optimiser["rewritten"]["removed"] or optimiser["rewritten"]["added"] or [(None, None)]
         node_cause = {
@@ -390,7 +392,7 @@ def _output_stats(spec, observed, reference, tolerances) -> dict:
 
 def _test_cause(spec, tap: str, arrays: dict, observed: dict, golden_taps: dict, tolerances) -> dict | None:
     """Recompute the first divergent layer from its input (the path's own, else the golden) with each variant."""
-    from parity.diagnose.cause import not_its_kind, test_layer
+    from parity.diagnose.causes.cause import not_its_kind, test_layer
 
     layer = spec.layers.get(tap)
     if layer is None:

@@ -120,7 +120,7 @@ def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, reference, pre
     """An ONNX path: the plain run's outputs (what the check saw), the taps from the largest set of tap tensors
     whose marking as outputs leaves those outputs unchanged, the optimiser's part (ONNX Runtime) and the runtime
     link with its third opinion."""
-    from parity.diagnose import instrument, mapping_check, onnx_graph, onnx_taps
+    from parity.diagnose.graph import instrument, mapping_check, onnx_graph, onnx_taps
 
     model, folder = onnx_graph.load(Path(artifact_dir) / meta["file"])  # weights in a data file stay there
     feed = onnx_feed(spec, meta, x)
@@ -187,7 +187,7 @@ def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, reference, pre
     expected = {name: reference[by_graph_name[name]] for name in graph_outputs}
     optimiser = None
     if path.runtime.name == "ort":
-        from parity.diagnose.optimiser import optimiser_effect
+        from parity.diagnose.graph.optimiser import optimiser_effect
 
         optimiser = optimiser_effect(
             model, feed, graph_outputs, expected, tolerance_for, threads, plain=plain, folder=folder
@@ -226,8 +226,8 @@ def compare_runtimes(
     (``{"nodes": [names], "output": tensor}``): only the nodes of the module where the drift begins, fed what ONNX
     Runtime computed at their inputs in the whole graph, so both runtimes compute that module from the same values;
     the boundary is then its output. ``folder``: where the data files of a model read by ``onnx_graph.load`` lie."""
-    from parity.diagnose import onnx_graph
-    from parity.diagnose.node_causes import judge
+    from parity.diagnose.graph import onnx_graph
+    from parity.diagnose.graph.node_causes import judge
 
     if scope is not None and set(scope["nodes"]) >= {node.name for node in model.graph.node}:
         scope = None  # the module is the whole graph (a one-node ONNX source): judged against the golden as such
@@ -260,8 +260,8 @@ def compare_runtimes(
 def _scoped(model, feed: dict, scope: dict, threads: int, folder=None):
     """The subgraph of ``scope``'s nodes that computes its output from what they read outside it, and that feed, as
     ONNX Runtime computed it in the whole graph (the subgraph holds the weights it reads, also from a data file)."""
-    from parity.diagnose import onnx_graph
-    from parity.diagnose.reduce import subgraph
+    from parity.diagnose.graph import onnx_graph
+    from parity.diagnose.graph.reduce import subgraph
 
     names = set(scope["nodes"])
     read = onnx_graph.outside_inputs(model, [n for n in model.graph.node if n.name in names])
@@ -285,7 +285,7 @@ def runtime_link(
 ) -> dict:
     """Worker task: the runtime link of an ONNX path on its own (``compare_runtimes``), on the whole graph or on the
     ``scope`` the descent into the model's tree found."""
-    from parity.diagnose import onnx_graph
+    from parity.diagnose.graph import onnx_graph
 
     spec = noise_floor.at_bound(Workspace(workspace).load_spec(model), precision, tolerances)
     path = paths.by_id(path_id, "cpu", precision)

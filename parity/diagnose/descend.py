@@ -1,9 +1,9 @@
 """The descent: from the top of the model's own tree to the leaf layer where a path's drift begins.
 
 Level by level, the children of the current scope are compared with the reference (the model's source in the golden's
-dtype, from the golden weights; ``parity.diagnose.tree``), and the descent goes into the first child over tolerance
-whose error grew there *and whose own input agrees with the reference*: a child whose input already departs is not
-blamed, the drift is in what its parent computes around its children. Only one child's subtree is opened per level,
+dtype, from the golden weights; ``parity.diagnose.tree.descent``), and the descent goes into the first child over
+tolerance whose error grew there *and whose own input agrees with the reference*: a child whose input already departs is
+not blamed, the drift is in what its parent computes around its children. Only one child's subtree is opened per level,
 so the cost grows with depth x branching, not with the number of modules. The descent stops at
 
 * a leaf (a module with no children): the layer is named, typed by the catalogue and its causes tested there;
@@ -17,10 +17,10 @@ NumPy only; every framework runs in a worker.
 
 from __future__ import annotations
 
-from parity.diagnose.walk import TREE_SOURCES
+from parity.diagnose.tree import SOURCES
 from parity.run import paths
 
-DESCENT = "parity.diagnose.tree:descent"
+DESCENT = "parity.diagnose.tree.descent:descent"
 NO_TAP_DEPARTS = "the outputs differ but no tap does"  # chain.analyse's note, answered by the tree
 
 
@@ -29,7 +29,7 @@ def descend(run, pool, spec, path, artifact: dict | None) -> dict:
     (see the module docstring), from one task in the source framework's worker, which says each level and module it
     reads through the run's progress; ``{"descended": False, "reason"}`` where the model's tree cannot be read."""
     framework = path.source if path.source in paths.NATIVE else spec.frameworks[0]
-    if framework not in TREE_SOURCES:
+    if framework not in SOURCES:
         return {"descended": False, "reason": f"the tree of a {framework} model is not read"}
     if artifact is None and path.exports:
         return {"descended": False, "reason": "no exported graph to descend into"}
@@ -135,7 +135,7 @@ def leaf_known(pool, spec, path, workspace: str, golden_dir: str, threads: int, 
     framework = path.source if path.source in paths.NATIVE else spec.frameworks[0]
     reference = pool.call(
         _group(framework),
-        "parity.diagnose.tree:reference_at",
+        "parity.diagnose.tree.descent:reference_at",
         workspace=workspace,
         model=spec.name,
         golden_dir=golden_dir,

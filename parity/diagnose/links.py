@@ -2,8 +2,8 @@
 
 The definition is the source against the golden; the converter the exported model against its own source on the
 same inputs; the runtime ONNX Runtime against the reference evaluator on the same file, with a third opinion on
-the first disputed node (``parity.diagnose.onnx_ops``), or ONNX Runtime's optimiser where the failure depends on
-its level (``parity.diagnose.optimiser``). NumPy only.
+the first disputed node (``parity.diagnose.graph.onnx_ops``), or ONNX Runtime's optimiser where the failure depends on
+its level (``parity.diagnose.graph.optimiser``). NumPy only.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import math
 import re
 
 from parity.check import closeness as compare
-from parity.diagnose import drift
+from parity.diagnose.causes import drift
 from parity.run import paths
 
 
@@ -96,7 +96,7 @@ def _off_spec_golden(spec, runtime: dict) -> tuple[str, str]:
 
 def _optimiser_link(effect: dict) -> dict:
     """The runtime link when the failure depends on ONNX Runtime's optimisation level: the optimiser is the link."""
-    from parity.diagnose.optimiser import describe
+    from parity.diagnose.graph.optimiser import describe
 
     return {
         "link": "runtime",

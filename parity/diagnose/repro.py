@@ -1,4 +1,5 @@
-"""A failing path's exported graph reduced (``parity.diagnose.reduce``) and written as a bug report anyone can run.
+"""A failing path's exported graph reduced (``parity.diagnose.graph.reduce``) and written as a bug report anyone can
+run.
 
 The folder holds ``model.onnx`` (checker-valid), ``test_data_set_0/`` in the ONNX test-data layout (its inputs, and
 as outputs the values known to be right), ``repro.py`` (numpy, onnx and the failing runtime only, with the session
@@ -94,7 +95,7 @@ def trusted_for(diagnosis: dict, runtime: str) -> str | None:
 def _golden_known(spec, model, diagnosis, reference, meta, feed, extra: dict | None = None) -> dict:
     """Graph inputs, golden outputs and golden taps at their mapped tensors, in the graph's own shapes; ``extra``:
     more reference values by tensor (the boundary of the leaf the descent into the model's tree found)."""
-    from parity.diagnose.onnx_graph import _Graph
+    from parity.diagnose.graph.onnx_graph import _Graph
 
     shapes = _Graph(model).shapes
     known = dict(feed)
@@ -145,7 +146,7 @@ def _as_graph_types(model, known: dict) -> dict:
 def _evaluated(trusted: str, graph, feed: dict, threads: int, folder=None) -> tuple[str, dict]:
     """Every intermediate as ``trusted`` computes it; ``onnx.reference`` that cannot run the graph gives way to ONNX
     Runtime with its optimisations off."""
-    from parity.diagnose import onnx_graph
+    from parity.diagnose.graph import onnx_graph
 
     names = onnx_graph.intermediate_names(graph)
     try:
@@ -174,8 +175,8 @@ def write(
     """Worker task: reduce the path's graph and write the folder; ``{"written", "ops", "output", "stats", the
     reduction's numbers, "trusted", "runtime", "reason"}``. ``leaf_known``: the reference's values at the tensors
     that bound the leaf layer the diagnosis found (its input and output), so a converter fault is cut there."""
-    from parity.diagnose import onnx_graph
-    from parity.diagnose.reduce import reduce
+    from parity.diagnose.graph import onnx_graph
+    from parity.diagnose.graph.reduce import reduce
     from parity.golden import store as golden
     from parity.model import feeds
     from parity.model.workspace import Workspace
@@ -247,7 +248,7 @@ def _other_failure(
     output tensor given its right value must bring every graph output back within tolerance (what fails there is
     what fails the check); a reduced graph whose failure leaves the outputs failing when mended is another part."""
     from parity.check.closeness import error_stats
-    from parity.diagnose import onnx_graph
+    from parity.diagnose.graph import onnx_graph
 
     outputs = [o.name for o in graph.graph.output if o.name in known]
     if reduced.output in outputs:

@@ -231,12 +231,12 @@ def _keras_leaf(spec, x, golden_weights, layer, path_id, *, weights, dtype, thre
     import keras
     import tensorflow as tf
 
-    from parity.diagnose import tree_keras
+    from parity.diagnose.tree import keras_tree
     from parity.model import layouts
     from parity.sources.tf import KerasSource, build_model
 
     reference = KerasSource(spec, golden_weights, spec.batch_size, dtype, "cpu", "fp32")
-    found = tree_keras.level_of(reference, x, "", [layer])
+    found = keras_tree.level_of(reference, x, "", [layer])
     child = _one_input(layer, next((c for c in found["children"] if c["path"] == layer), None), found)
     canonical = spec.model_inputs[0].layout
     fed = layouts.to_layout(_kept(found["inputs"][layer]), canonical, reference.layout)
@@ -244,8 +244,8 @@ def _keras_leaf(spec, x, golden_weights, layer, path_id, *, weights, dtype, thre
     floating = fed.dtype.kind == "f"
     with tf.device("/CPU:0"):
         path_model = build_model(spec, weights, "float32")  # as the exporter and the native source build it
-        path_layer = tree_keras.resolve(keras, path_model, layer)
-        own = tree_keras.resolve(keras, reference.model, layer)
+        path_layer = keras_tree.resolve(keras, path_model, layer)
+        own = keras_tree.resolve(keras, reference.model, layer)
         if own is None or path_layer is None:
             raise NotReproduced(f"{layer} is not a layer of the model as built for the reference and the path")
         as_path = tf.float32 if floating else tf.as_dtype(fed.dtype)
@@ -369,14 +369,14 @@ def _one_array(jax, returned, layer: str) -> np.ndarray:
 
 def _flax_call(runner, x: dict, layer: str):
     """The first call of the linen module at ``layer`` in one eager run of the model, recorded as the descent
-    records it (``tree_jax_calls.calls_recorder``: the input and value it compared): ``(the module unbound, its
+    records it (``jax_calls.calls_recorder``: the input and value it compared): ``(the module unbound, its
     variables, its input, its output)``; ``NotReproduced`` where no linen module has that path, it reads more
     than one array, or returns several."""
     try:
         import flax.linen as nn
     except ImportError:
         raise NotReproduced(f"{layer} is not a Flax module (Flax is not installed)") from None
-    from parity.diagnose.tree_jax_calls import SEPARATOR, calls_recorder
+    from parity.diagnose.tree.jax_calls import SEPARATOR, calls_recorder
 
     jax = runner.jax
     record: dict = {"order": [], "calls": {}, "modules": {}, "single": {}}

@@ -5,12 +5,13 @@ and read the same way at every precision. The ops onnxconverter-common's block l
 kernels, or index/range arithmetic that float16 would break) are kept in float32 with casts around them;
 the meta records which ops those were and how many nodes were converted.
 
-A precision repair (``parity.diagnose.repair``) keeps named nodes in float32 too (``node_block_list``): ``convert``
-is the one conversion both use, so the repaired verdict is the verdict of the model this exporter writes with the
-same list. onnxconverter-common (1.16) leaves float16 around a blocked node in three places, which ``keep_float32``
-undoes for the named nodes: a weight it reads is converted and cast back where the graph declares the weight's
-type (a torch.onnx export does), a value passed between two blocked nodes goes through float16 where it has more
-than one reader, and a graph output a blocked node writes gets the float16 type despite ``keep_io_types``.
+A precision repair (``parity.diagnose.precision.float16_repair``) keeps named nodes in float32 too
+(``node_block_list``): ``convert`` is the one conversion both use, so the repaired verdict is the verdict of the model
+this exporter writes with the same list. onnxconverter-common (1.16) leaves float16 around a blocked node in three
+places, which ``keep_float32`` undoes for the named nodes: a weight it reads is converted and cast back where the graph
+declares the weight's type (a torch.onnx export does), a value passed between two blocked nodes goes through float16
+where it has more than one reader, and a graph output a blocked node writes gets the float16 type despite
+``keep_io_types``.
 """
 
 from __future__ import annotations

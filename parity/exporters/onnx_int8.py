@@ -21,7 +21,7 @@ shape in ``value_info``). A model it cannot process is quantized as it is, and t
 Gemm as ``<name>_MatMul`` + ``<name>_Add`` before it reads that list, so for a Gemm it is also given ``<name>_MatMul``
 (the Gemm's own name alone is silently ignored: the layer would stay int8).
 
-``quantize`` is the one call the exporters and the int8 repair (``parity.diagnose.int8_repair``) share, so a
+``quantize`` is the one call the exporters and the int8 repair (``parity.diagnose.precision.int8_repair``) share, so a
 repaired model is the model this exporter writes with the same list. onnx and onnxruntime are imported inside.
 """
 

@@ -12,8 +12,8 @@ Settings, recorded in ``meta["quantization"]``: the preset is ``PERFORMANCE`` (s
 advises; the activations' range estimator follows ``spec.quantization.calibration`` (MinMax: the global min and
 max; Percentile: NNCF's mean quantile; Entropy: its histogram-based optimal range); every calibration sample is
 used (``subset_size``); ``spec.quantization.kept_float(path_id)`` names NNCF nodes (the OpenVINO op names, as
-``parity.diagnose.int8_nncf`` reports them) left unquantized through ``nncf.IgnoredScope``; a name that matches no
-node is NNCF's error, in one line.
+``parity.diagnose.precision.int8_nncf`` reports them) left unquantized through ``nncf.IgnoredScope``; a name that
+matches no node is NNCF's error, in one line.
 """
 
 from __future__ import annotations

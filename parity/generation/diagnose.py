@@ -7,7 +7,7 @@ golden's tokens fed after each earlier step, the attention mask growing by one c
 positions, and each side's own cache from its own earlier calls. The reference is the float64 model with a hook on
 every module; the path is the float32 model with the same hooks (``torch``) or the exported graph with every module's
 output added as a graph output (``torch/onnx/ort``: torch.onnx's ``pkg.torch.onnx.name_scopes`` metadata names each
-node's module, ``parity.diagnose.tree_onnx``), run by the path's own decode loop. Only the step's call is compared.
+node's module, ``parity.diagnose.tree.onnx_tree``), run by the path's own decode loop. Only the step's call is compared.
 
 A module's value is every floating tensor its first call returns (a rotary embedding's cosine and sine tables), its
 graph tensors the boundary outputs of its scope of the same shape (else size); where a module returns several
@@ -18,9 +18,9 @@ module none of whose children departs: the leaf. On a left-padded batch's prefil
 
 Causes (``diagnose_causes``): a rotary embedding is recomputed in float64 at positions restarted at 0 in the call
 and shifted by each offset; an attention module typed by the catalogue, at a call whose cache is still empty (a
-prefill), is tested through ``parity.diagnose.cause``; any transformers attention, at a decode step too, is recomputed
-in float64 over the reference's key/value cache at the step (the reference runs with a plain cache that holds every
-earlier position) with its variants (cache type, mask, grouped-query head order, window, softcap); Gemma's scaled
+prefill), is tested through ``parity.diagnose.causes.cause``; any transformers attention, at a decode step too, is
+recomputed in float64 over the reference's key/value cache at the step (the reference runs with a plain cache that holds
+every earlier position) with its variants (cache type, mask, grouped-query head order, window, softcap); Gemma's scaled
 embedding and final logit softcap likewise (``diagnose_attention``).
 """
 
@@ -190,18 +190,19 @@ def onnx_step(onnx_file, meta: dict, names: list[str], ids, mask, forced, step: 
     loop up to ``step``: ``{"values": {path: [(tensor, array)]}, "inputs": {path: array}}`` at the step's call."""
     import onnx
 
-    from parity.diagnose import onnx_graph, onnx_taps, tree_onnx
+    from parity.diagnose.graph import onnx_graph, onnx_taps
+    from parity.diagnose.tree import onnx_tree
     from parity.generation.ort_decoder import tapped_step
 
     model = onnx.load(str(onnx_file))
     graph = onnx_graph._Graph(model)
-    kind = tree_onnx.scope_kind(graph)
-    if kind != tree_onnx.METADATA:
+    kind = onnx_tree.scope_kind(graph)
+    if kind != onnx_tree.METADATA:
         raise UsageError(f"{onnx_file} carries no torch.onnx module scopes: its module tree cannot be read")
-    found = tree_onnx.nodes_of(graph, kind, names)
+    found = onnx_tree.nodes_of(graph, kind, names)
     outputs = {path: onnx_taps._boundary_outputs(graph, nodes) for path, nodes in found.items()}
     outputs[""] = ["logits"]
-    sources = {path: tree_onnx.input_of(model, graph, nodes) for path, nodes in found.items()}
+    sources = {path: onnx_tree.input_of(model, graph, nodes) for path, nodes in found.items()}
     tapped = [t for ts in outputs.values() for t in ts] + [t for t in sources.values() if t in graph.position]
     _, last = tapped_step(model, tapped, graph.infos, meta, ids, mask, forced, step, threads)
     return {

@@ -7,8 +7,8 @@
   that reproduces the path's cosine and sine tables, where the declared positions do not, is the cause. A restart is
   named before an offset that gives the same tables (at batch 1 a decode step's restart is the offset ``-position``).
 * An attention module typed by the catalogue, at a call without a cache (a prefill), is tested through
-  ``parity.diagnose.cause.test_layer`` on the path's own input and rotary tables (grouped-query head order, rotary
-  pairs, scale, mask conventions).
+  ``parity.diagnose.causes.cause.test_layer`` on the path's own input and rotary tables (grouped-query head order,
+  rotary pairs, scale, mask conventions).
 * Any transformers attention (q/k/v/o projections: Llama, Qwen2, Mistral, Gemma-2, ...) where the catalogue names
   nothing, a decode step's above all (it reads the cache), is recomputed by ``attend``: one float64 attention of the
   path's input and rotary tables over the reference's key/value cache at that step (recorded by the diagnosis from
@@ -127,7 +127,7 @@ def _rotary_before(context: dict) -> str | None:
 
 def attention(attrs: dict, context: dict) -> dict:
     """The catalogue's attention test on the path's input and rotary tables, at a call without a cache."""
-    from parity.diagnose import cause
+    from parity.diagnose.causes import cause
     from parity.model.spec import Layer, Tolerance
 
     path, ref = context["path"], context["reference"]

@@ -90,7 +90,7 @@ def open_decoder(artifact_dir, meta: dict, threads: int = 1) -> OrtDecoder:
 def tapped_step(model, tapped: list[str], infos, meta: dict, ids, mask, forced, step: int, threads: int):
     """The path's decode loop (teacher-forced) up to ``step`` on ``model`` with ``tapped`` added as outputs:
     ``(the step's feed, every output of the step's call)``."""
-    from parity.diagnose import onnx_graph
+    from parity.diagnose.graph import onnx_graph
 
     extended = onnx_graph.with_outputs(model, tapped, infos)
     session = onnx_graph._ort_session(extended, max(1, int(threads)))

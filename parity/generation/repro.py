@@ -34,7 +34,7 @@ from parity.platform.errors import UsageError
 def cut(model, outputs: list[str], cuts: set[str], known: dict):
     """``reduce.subgraph`` of ``outputs`` from ``cuts``, where a tensor of ``cuts`` made by a node that reads nothing
     (a ``Constant``) is computed, not fed."""
-    from parity.diagnose.reduce import _producers, subgraph
+    from parity.diagnose.graph.reduce import _producers, subgraph
 
     producers = _producers(model)
     constants = {t for t in cuts if t in producers and not any(model.graph.node[producers[t]].input)}
@@ -51,12 +51,13 @@ def _expected(ref: np.ndarray, got: np.ndarray, keep) -> np.ndarray:
 
 def _leaf_tensors(model, graph, leaf: str) -> tuple:
     """``(node indices, boundary outputs, outside inputs)`` of the leaf's scope, or ``(None, why)``."""
-    from parity.diagnose import onnx_graph, onnx_taps, tree_onnx
+    from parity.diagnose.graph import onnx_graph, onnx_taps
+    from parity.diagnose.tree import onnx_tree
 
-    kind = tree_onnx.scope_kind(graph)
-    if kind != tree_onnx.METADATA:
+    kind = onnx_tree.scope_kind(graph)
+    if kind != onnx_tree.METADATA:
         return None, "the graph carries no torch.onnx module scopes"
-    nodes = tree_onnx.nodes_of(graph, kind, [leaf]).get(leaf)
+    nodes = onnx_tree.nodes_of(graph, kind, [leaf]).get(leaf)
     if not nodes:
         return None, f"no node of the graph is in the module {leaf!r}'s scope"
     boundary = onnx_taps._boundary_outputs(graph, nodes)
@@ -86,7 +87,7 @@ def _leaf_cut(model, found: tuple, ref_values: list, feed_known, outputs_known, 
 
 def _judge(made, feed: dict, expected: dict, tol: dict, threads: int) -> dict:
     """Each output's ``{"tol_units", "max_abs"}`` with the cut run as ``repro.py`` runs it."""
-    from parity.diagnose import onnx_graph
+    from parity.diagnose.graph import onnx_graph
 
     got = onnx_graph.run_tensors("ort", made, feed, list(expected), threads)
     found = {}
@@ -118,7 +119,7 @@ def write(
     import onnx
     import torch
 
-    from parity.diagnose import onnx_graph
+    from parity.diagnose.graph import onnx_graph
     from parity.generation.diagnose import call_inputs, torch_step
     from parity.generation.model import load
     from parity.generation.onnx_export import ONNX_FILE

@@ -1,11 +1,11 @@
 """The layer kind of a user's torch module or Keras layer, as ``parity init`` writes it into the spec
 (``Layer(kind, attrs, params=...)``), so the diagnosis can test causes on users' models without editing.
 
-Only what the NumPy modules of ``parity.diagnose.layers`` compute exactly is typed; anything else stays untyped
+Only what the NumPy modules of ``parity.diagnose.causes.layers`` compute exactly is typed; anything else stays untyped
 (a container, a custom module, an option the module does not cover). A typed layer that reads weights gets
 ``params=`` its tap name: golden build stores a torch module's weights by ``state_dict`` name (``conv.weight``)
 and a Keras layer's by variable path (``conv/kernel``), and the diagnosis maps either to the kind's canonical
-layout (``parity.diagnose.layers.native``; Keras kernels in their own layout are marked ``weight_layout``).
+layout (``parity.diagnose.causes.layers.native``; Keras kernels in their own layout are marked ``weight_layout``).
 Keras activations are channels-last: image kinds get ``layout: "nhwc"``. A Flax module (``flax_layer``) is typed
 where the descent into a JAX model's tree reaches it, a ``flax.nnx`` one by ``nnx_layer``; its weights are found by
 its parameter path. This module types torch modules and holds what the three share; ``layer_types_keras`` types
@@ -149,7 +149,7 @@ def _torch_rms_norm(module, nn):
         if module.eps is not None:
             return "rms_norm", {"eps": float(module.eps)}
         # torch reads the machine epsilon of the type it computes in: float64's in the float64 golden, float32's on
-        # float32, float16 and bfloat16 inputs (parity.diagnose.layers.rms_norm)
+        # float32, float16 and bfloat16 inputs (parity.diagnose.causes.layers.rms_norm)
         return "rms_norm", {"eps": 2.220446049250313e-16, "eps_from_dtype": True}
     weight = getattr(module, "weight", None)
     eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))

@@ -57,7 +57,7 @@ def _conv_attrs(module, default_conv) -> dict | None:
 def flax_layer(module) -> tuple[str, dict] | None:
     """``(kind, attrs)`` for a ``flax.linen`` module the catalogue computes, else None. Flax holds activations
     channels-last and kernels ``([kh,] kw, I/groups, O)`` and names a LayerNorm's weights ``scale`` and ``bias``:
-    attributes ``layout: "nhwc"`` and ``weight_layout: "flax"`` say so (``parity.diagnose.layers.native``)."""
+    attributes ``layout: "nhwc"`` and ``weight_layout: "flax"`` say so (``parity.diagnose.causes.layers.native``)."""
     import flax.linen as nn
 
     if isinstance(module, nn.Dense) and module.dot_general is None and module.dot_general_cls is None:

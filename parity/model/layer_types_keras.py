@@ -152,7 +152,7 @@ def _config(layer, L) -> dict | None:
 def keras_layer(layer) -> tuple[str, dict] | None:
     """``(kind, attrs)`` for a Keras layer the catalogue computes, else None. A subclass is typed as its base class
     (as torch's are); the diagnosis tests a cause there only where that form reproduces the reference's own output
-    (``parity.diagnose.cause.declared_units``)."""
+    (``parity.diagnose.causes.cause.declared_units``)."""
     import keras
 
     L = keras.layers

@@ -216,7 +216,7 @@ class Layer:
     """What one tap computes, typed, so a diagnosis can recompute it in NumPy and test known variants.
 
     ``kind`` is one of ``LAYER_KINDS``; ``attrs`` its declared form (the modules in
-    ``parity.diagnose.layers`` document each kind's attributes and variants). ``inputs`` are the
+    ``parity.diagnose.causes.layers`` document each kind's attributes and variants). ``inputs`` are the
     taps feeding it (``"input"`` is the model input; default: the previous tap, or the model
     input for the first one); ``params`` is the prefix of its weights (default: the tap name).
     Activations are in canonical layout (``NCHW`` images). Examples::

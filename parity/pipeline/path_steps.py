@@ -307,7 +307,7 @@ class PathSteps:
         self.progress(f"{spec.name}: diagnose {path.id}")
         try:
             if path.quantized:  # ranked by the accuracy each layer costs, not tap by tap against tolerances
-                from parity.diagnose import int8_chain
+                from parity.diagnose.precision import int8_chain
 
                 result["diagnosis"] = int8_chain.diagnose(self, pool, spec, manifest, path)
                 return

@@ -149,7 +149,7 @@ def render(d: dict) -> str:
     if "error" in d:
         return f"{header}: {d['error']}"
     if "int8" in d:
-        from parity.diagnose.int8_chain import render as render_int8
+        from parity.diagnose.precision.int8_chain import render as render_int8
 
         lines = [f"{header}: the quantized layers that cost the accuracy, and the fewest to keep in float"]
         return "\n".join(
@@ -199,7 +199,7 @@ def render(d: dict) -> str:
     if d.get("gradients"):
         notes.append(f"  gradients: {d['gradients']['note']}")
     if d.get("repair"):
-        from parity.diagnose.repair import render_repair
+        from parity.diagnose.precision.float16_repair import render_repair
 
         notes += render_repair(d["repair"])
     notes += [f"  note: {note}" for note in d.get("notes", [])]

@@ -321,7 +321,7 @@ def _diagnosis(i: int, r: dict, base: Path | None = None) -> str:
             f'<p class="headline quiet">{_e(d["error"])}</p></section>'
         )
     if "int8" in d:
-        from parity.diagnose.int8_chain import render as render_int8
+        from parity.diagnose.precision.int8_chain import render as render_int8
 
         items = "".join(f"<li>{_e(line.strip())}</li>" for line in render_int8(d))
         return f'<section class="diag" id="diag-{i}"><h2>{title}</h2><ul>{items}</ul></section>'

@@ -200,7 +200,13 @@ class WorkerPool:
         if step == "reference" and group == "torch" and estimate.reference_mode(self.weights_bytes) == "streamed":
             step = "streamed"
         need = estimate.peak(step, self.weights_bytes, self.activation_bytes or 0)
-        estimate.refuse(str(kwargs.get("model") or "the model"), step, need, available())
+        here = available()
+        if need > here.nbytes and self.current is not None and self.current.alive:
+            # what the worker kept from earlier tasks (a model, a session) is memory this step may need: start afresh
+            self.current.close()
+            self.current = None
+            here = available()
+        estimate.refuse(str(kwargs.get("model") or "the model"), step, need, here)
 
     @contextmanager
     def reporting(self, on_progress):

@@ -34,7 +34,8 @@ class Runner:
 
     differentiable: bool = False
     # a runtime of an exported artifact that implements ``taps_impl`` says where it read each tap:
-    # ``{tap: {"found", "tensor"?, "reason"?}}`` (``parity.diagnose.drift.tap_rows``); others say why they have none
+    # ``{tap: {"found", "tensor"?, "reason"?}}`` (``parity.diagnose.causes.drift.tap_rows``); others say why they have
+    # none
     tap_locations: dict[str, dict[str, Any]] = {}  # noqa: RUF012 (a runner assigns its own; never mutated)
     no_taps_reason: str = (
         "taps are read from ONNX graphs on the CPU runtimes only; on a GPU runtime outputs are "
