@@ -44,6 +44,25 @@ def hold(mb: int, seconds: float) -> None:
     del held
 
 
+_KEPT: list = []
+
+
+def keep(mb: int) -> int:
+    """A worker task that leaves ``mb`` of memory held after it ends (as an exporter's caches do); its pid."""
+    _KEPT.append(b"\x01" * (mb << 20))
+    return os.getpid()
+
+
+def test_a_worker_still_holding_memory_after_its_task_is_retired_and_the_next_task_starts_fresh(tmp_path):
+    with WorkerPool(1, tmp_path, timeout_s=120) as pool:
+        first = pool.call("onnx", "tests.test_memory:keep", mb=1)
+        pool.retire_if_holding(limit=1 << 40)  # holds far less: kept for the next task
+        assert pool.call("onnx", "tests.test_memory:keep", mb=300) == first
+        pool.retire_if_holding(limit=200 << 20)  # holds 300 MB more than that: closed
+        assert pool.current is None
+        assert pool.call("onnx", "tests.test_memory:keep", mb=1) != first
+
+
 @pytest.mark.parametrize(
     ("text", "nbytes"),
     [("12G", 12 * 10**9), ("800M", 800 * 10**6), ("800MB", 800 * 10**6), ("1.5GiB", 3 << 29), ("7e9", 7 * 10**9)],

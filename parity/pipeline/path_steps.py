@@ -182,6 +182,7 @@ class PathSteps:
         except NotEnoughMemory as error:  # refused before it started: this path's error, the others go on
             shutil.rmtree(staging, ignore_errors=True)
             return {"error": f"{step.name}: {error}", "cached": False, "rebuilt": rebuilt}
+        pool.retire_if_holding()  # an exporter may keep the model it traced: the next task starts without it
         entry = {
             "dir": str(self.cache.commit(key, staging, meta).dir),
             "meta": meta,

@@ -28,6 +28,9 @@ KEEP_LOG_DAYS = 14
 LOG_PREFIX = "run-"
 
 
+HELD_AFTER_TASK_BYTES = 3 << 29  # 1.5 GiB: a worker's imports (~0.5 GB) and a model of ~1 GB it may keep for reuse
+
+
 class WorkerPool:
     """At most one live worker: switching groups closes the previous one, so nothing competes (templates only
     wait). Workers are forked from their group's template where ``forks()``, else spawned.
@@ -207,6 +210,24 @@ class WorkerPool:
             self.current = None
             here = available()
         estimate.refuse(str(kwargs.get("model") or "the model"), step, need, here)
+
+    def retire_if_holding(self, limit: int = HELD_AFTER_TASK_BYTES) -> None:
+        """Close the current worker when it still holds more than ``limit`` bytes once its task is done: what a task
+        left behind (torch.onnx's traced program keeps the model's parameters) is not the next task's to carry."""
+        from parity.platform.memory import tree_rss
+
+        worker = self.current
+        if worker is None or not worker.alive:
+            return
+        import psutil
+
+        try:
+            held = tree_rss(psutil.Process(worker.process.pid))
+        except psutil.Error:
+            return
+        if held > limit:
+            worker.close()
+            self.current = None
 
     @contextmanager
     def reporting(self, on_progress):
