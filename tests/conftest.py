@@ -69,6 +69,22 @@ def init_model(root: Path, name: str, *source) -> None:
         assert result.exit_code == 0, result.output
 
 
+class Models:
+    """A module's workspace whose models are initialised and golden-built (``init_model``) the first time a test
+    asks for them: ``models("a", "b")`` is the workspace's root holding at least ``a`` and ``b``, ``models()`` holds
+    all of them. The fast tests of a module then pay only for the models they use."""
+
+    def __init__(self, root: Path, inits: dict[str, list]):
+        self.root, self.inits, self.built = root, inits, set()
+
+    def __call__(self, *names: str) -> Path:
+        for name in names or self.inits:
+            if name not in self.built:
+                init_model(self.root, name, *self.inits[name])
+                self.built.add(name)
+        return self.root
+
+
 def keras_init(root: Path, name: str, reference: str, shape: tuple) -> None:
     """``parity init`` of a Keras factory ``FILE:FUNCTION`` (as ``assert_parity`` calls it), one float32 input x."""
     from parity.pipeline import scaffold

@@ -153,7 +153,12 @@ def _verdict_with(ws, spec, parent, path_id, block, pool, out_dir) -> tuple[str,
 
 
 @pytest.mark.parametrize(
-    "name, ops", [("exp_sum", {"Exp", "ReduceSum", "Div"}), ("wide_norm", {"Gemm", "LayerNormalization"})]
+    "name, ops",
+    [
+        # slow: the second overflow repaired end to end; the fast set keeps wide_norm
+        pytest.param("exp_sum", {"Exp", "ReduceSum", "Div"}, marks=pytest.mark.slow),
+        ("wide_norm", {"Gemm", "LayerNormalization"}),
+    ],
 )
 def test_an_overflow_is_repaired_by_a_minimal_list_and_the_exported_repair_passes(root, pool, name, ops, tmp_path):
     path_id = "torch/onnx/onnxref"

@@ -22,16 +22,14 @@ from tests import flaxmodels, keras_litert
 
 LEAF = "blocks/block_1/act"
 KERAS, FLAX = keras_litert.__file__, flaxmodels.__file__
-
-
 # --------------------------------------------------------------------------- the workflow
 
 
 @pytest.fixture(scope="module")
-def workspace(tmp_path_factory):
-    """The models, each through ``parity init`` and ``golden build``."""
+def models(tmp_path_factory):
+    """The models, each through ``parity init`` and ``golden build`` when a test first asks for it."""
     root = tmp_path_factory.mktemp("repro_native")
-    from tests.conftest import init_model
+    from tests.conftest import Models
 
     flaxmodels.save_offset_params(root / "offset.npz", blocks=3, far=1)
     flaxmodels.save_embed_params(root / "embed.npz")
@@ -44,9 +42,13 @@ def workspace(tmp_path_factory):
         "embed": ["--jax", f"{FLAX}:embed_apply,{root / 'embed.npz'}", "--input", f"x=2x6:int32:{flaxmodels.VOCAB}"],
         "nnx": ["--jax", f"{FLAX}:nnx_apply,{root / 'nnx.npz'}", "--input", f"x={nnx_input}"],
     }
-    for name, args in inits.items():
-        init_model(root, name, *args)
-    return root
+    return Models(root, inits)
+
+
+@pytest.fixture(scope="module")
+def workspace(models):
+    """All the models built."""
+    return models()
 
 
 def _invoke(*args):
@@ -96,8 +98,9 @@ def test_jax_float32_fault_is_one_flax_module_exported_with_jax_export(workspace
     assert _script(out).returncode == 0
 
 
-def test_litert_converter_fault_is_a_one_layer_tflite_that_fails_until_fixed(workspace, tmp_path):
+def test_litert_converter_fault_is_a_one_layer_tflite_that_fails_until_fixed(models, tmp_path):
     pytest.importorskip("ai_edge_litert")
+    workspace = models("gelu")
     out = tmp_path / "bug"
     result = _invoke("repro", "--model", "gelu", "--path", "tf/litert", "--out", out, "--workspace", workspace)
     assert result.exit_code == 0, result.output
@@ -247,6 +250,7 @@ def test_a_layer_that_does_not_fail_alone_writes_nothing_and_says_why(workspace,
     assert not outcome["written"] and not out.exists()
 
 
-def test_a_native_path_that_passes_is_nothing_to_reduce(workspace, tmp_path):
+def test_a_native_path_that_passes_is_nothing_to_reduce(models, tmp_path):
+    workspace = models("gelu")
     result = _invoke("repro", "--model", "gelu", "--path", "tf", "--out", tmp_path / "a", "--workspace", workspace)
     assert result.exit_code == 0 and "nothing to reduce: gelu tf passes" in result.output

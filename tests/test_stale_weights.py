@@ -172,6 +172,9 @@ def test_a_keras_file_saved_again_with_other_weights_is_refused(tmp_path):
     )
 
 
+# slow: the same refusal for a second framework (a jax golden build and a jax2onnx export); the fast set keeps
+# test_a_retrained_checkpoint_is_refused_until_the_golden_data_is_rebuilt_and_then_exported_again
+@pytest.mark.slow
 def test_a_jax_params_file_with_other_weights_is_refused(tmp_path):
     from tests import usermodels
     from tests.conftest import REPO

@@ -9,27 +9,28 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import init_model
+from tests.conftest import Models
 from tests.test_tree_jax import _clean, _drift, diagnose
 
 MODELS = Path(__file__).resolve().parent / "flaxmodels.py"
 
 
 @pytest.fixture(scope="module")
-def workspace(tmp_path_factory):
-    """The two models through ``parity init --jax`` and ``golden build``."""
+def models(tmp_path_factory):
+    """The models, each through ``parity init --jax`` and ``golden build`` when a test first asks for it."""
     from tests import flaxmodels
 
     root = tmp_path_factory.mktemp("tree_flax")
-    models = {
+    table = {
         "fpn": ("fpn_apply", flaxmodels.save_fpn_params, flaxmodels.FPN_INPUT),
         "fpn_tf": ("fpn_jax2tf_apply", flaxmodels.save_fpn_params, flaxmodels.FPN_INPUT),
         "nnxnet": ("nnx_apply", flaxmodels.save_nnx_params, flaxmodels.NNX_INPUT),
     }
-    for name, (function, save, shape) in models.items():
+    inits = {}
+    for name, (function, save, shape) in table.items():
         weights = save(root / f"{name}.npz")
-        init_model(root, name, "--jax", f"{MODELS}:{function},{weights}", "--input", f"x={'x'.join(map(str, shape))}")
-    return root
+        inits[name] = ["--jax", f"{MODELS}:{function},{weights}", "--input", f"x={'x'.join(map(str, shape))}"]
+    return Models(root, inits)
 
 
 def _repro_nodes(root: Path, model: str, out: Path) -> int:
@@ -43,11 +44,11 @@ def _repro_nodes(root: Path, model: str, out: Path) -> int:
 
 
 @pytest.mark.slow
-def test_linen_fpn_descends_to_the_upsampler_on_jax2onnx(workspace, pool, tmp_path):
+def test_linen_fpn_descends_to_the_upsampler_on_jax2onnx(models, pool, tmp_path):
     """``top_down`` returns the coarsest level as it was given: its value is the first level it computes, so it is
     observed and descended into. ``up_1``'s input (of a shape no module of its level outputs) is found by value too,
     so the reproducer is cut at both ends of the leaf."""
-    d = diagnose(workspace, "fpn", "jax/onnx/ort", pool)
+    d = diagnose(models("fpn"), "fpn", "jax/onnx/ort", pool)
     assert d["first_divergent_path"] == ["top_down", "top_down/up_1"], _drift(d)
     root, top_down = d["tree"]["levels"]
     assert [r["tap"] for r in root["rows"]] == [
@@ -61,11 +62,11 @@ def test_linen_fpn_descends_to_the_upsampler_on_jax2onnx(workspace, pool, tmp_pa
     assert [r["tap"] for r in top_down["rows"]] == ["top_down/up_1", "top_down/up_0"]
     assert d["tree"]["verdict"] == "leaf" and d["tree"]["leaf"]["class"].endswith("Upsample")
     assert top_down["rows"][0]["input"]["ok"] and [op for _, op in top_down["rows"][0]["nodes"]] == ["Resize"]
-    assert _repro_nodes(workspace, "fpn", tmp_path / "repro") <= 12
+    assert _repro_nodes(models("fpn"), "fpn", tmp_path / "repro") <= 12
 
 
-def test_nnx_descends_to_the_upsampler_on_jax2onnx(workspace, pool, tmp_path):
-    d = diagnose(workspace, "nnxnet", "jax/onnx/ort", pool)
+def test_nnx_descends_to_the_upsampler_on_jax2onnx(models, pool, tmp_path):
+    d = diagnose(models("nnxnet"), "nnxnet", "jax/onnx/ort", pool)
     assert d["first_divergent_path"] == ["blocks/1", "blocks/1/up"], _drift(d)
     root, block = d["tree"]["levels"]
     assert [r["tap"] for r in root["rows"]] == ["stem", "blocks/0", "blocks/1", "blocks/2", "norm", "head"]
@@ -74,19 +75,19 @@ def test_nnx_descends_to_the_upsampler_on_jax2onnx(workspace, pool, tmp_path):
     assert [r["kind"] for r in block["rows"]] == ["conv", "layer_norm", None]
     assert all(r["stats"]["ok"] for r in block["rows"][:2]) and block["rows"][2]["input"]["ok"]
     assert d["tree"]["leaf"]["class"].endswith("Upsample") and d["cause"] is None  # a user's module: not typed
-    assert _repro_nodes(workspace, "nnxnet", tmp_path / "repro") <= 12
+    assert _repro_nodes(models("nnxnet"), "nnxnet", tmp_path / "repro") <= 12
 
 
 @pytest.mark.parametrize("model", ["fpn", "nnxnet"])
-def test_native_path_shows_no_divergence_at_any_level(workspace, pool, model):
-    _clean(diagnose(workspace, model, "jax", pool))
+def test_native_path_shows_no_divergence_at_any_level(models, pool, model):
+    _clean(diagnose(models(model), model, "jax", pool))
 
 
 @pytest.mark.slow
-def test_linen_fpn_descends_to_the_upsampler_on_jax2tf(workspace, pool):
+def test_linen_fpn_descends_to_the_upsampler_on_jax2tf(models, pool):
     """On ``jax/tf`` each level's values are computed by jax2tf and TensorFlow (the SavedModel holds no graph of the
     model's operations to read): the leaf the conversion computes differently is named."""
-    d = diagnose(workspace, "fpn_tf", "jax/tf", pool)
+    d = diagnose(models("fpn_tf"), "fpn_tf", "jax/tf", pool)
     assert d["first_divergent_path"] == ["top_down", "top_down/up_1"], _drift(d)
     root, top_down = d["tree"]["levels"]
     assert all(r["found"] == "jax2tf" for r in root["rows"] + top_down["rows"]), _drift(d)
@@ -98,8 +99,8 @@ def test_linen_fpn_descends_to_the_upsampler_on_jax2tf(workspace, pool):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["fpn", "nnxnet"])
-def test_passing_jax2tf_path_names_no_divergence(workspace, pool, model):
-    _clean(diagnose(workspace, model, "jax/tf", pool))
+def test_passing_jax2tf_path_names_no_divergence(models, pool, model):
+    _clean(diagnose(models(model), model, "jax/tf", pool))
 
 
 def test_nnx_reader_restores_the_classes_it_wraps():
