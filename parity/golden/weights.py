@@ -130,17 +130,10 @@ class ModuleWeights(Mapping):
 def _torch_weights(spec):
     import torch
 
-    from parity.model.identity import SKIPPED_TORCH_STATE, torch_array
-
     torch.manual_seed(spec.training.seed)
     module = spec.torch_module()
     trainable = {name for name, p in module.named_parameters() if p.requires_grad}
-    state = {
-        k: torch_array(v)
-        for k, v in module.state_dict().items()
-        if not k.endswith(SKIPPED_TORCH_STATE) and v.is_floating_point()
-    }
-    return state, trainable
+    return dict(ModuleWeights(module)), trainable
 
 
 def _keras_weights(spec):
