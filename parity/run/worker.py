@@ -245,15 +245,33 @@ def _serve(conn, startup_error: str | None) -> None:
         if startup_error:
             conn.send(("startup", startup_error))
             continue
+        before = resident_bytes()
         try:
             answer = ("ok", load_target(target)(**kwargs))
         except BaseException as error:  # noqa: BLE001 - every failure becomes the task's reason
             traceback.print_exc()
             answer = ("golden" if isinstance(error, GoldenError) else "error", reason_of(error))
-        release_memory()  # what the task built (a model, a session) is gone before the answer: the next task's peak
-        conn.send(answer)  # is its own, not the sum of both
+        if resident_bytes() - before > RELEASE_AFTER_BYTES:  # what the task built (a model, a session) is gone
+            release_memory()  # before the answer: the next task's peak is its own, not the sum of both
+        conn.send(answer)
         del answer
     quick_exit(0)
+
+
+# a task that left the worker this much larger has what it built freed before it answers; below it a collection is
+# not worth its cost (a full ``gc.collect`` in a worker holding TensorFlow or JAX takes tens of milliseconds, and the
+# benchmark's timed blocks are tasks of a few milliseconds each)
+RELEASE_AFTER_BYTES = 32 << 20
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now (0 where it cannot be read)."""
+    import psutil
+
+    try:
+        return int(psutil.Process().memory_info().rss)
+    except psutil.Error:
+        return 0
 
 
 def release_memory() -> None:
