@@ -21,8 +21,8 @@ epsilon 0.1, so ``torch/onnx/ort`` fails and the descent goes to that leaf.
 
 ``--keras-encoder N`` and ``--flax-encoder N`` measure models of a realistic size, where compute and not fixed setup
 dominates: a Keras encoder of N blocks (attention, feed-forward, norms) and a Flax linen encoder of N feed-forward
-blocks, both at width 256 on a 2x16 sequence, whose middle block's last norm departs on ``tf/onnx/ort`` /
-``jax/onnx/ort`` (another epsilon while the converter traces it).
+blocks, both at width 256 on a 2x16 sequence (``--width``, ``--seq``), whose middle block's last norm departs on
+``tf/onnx/ort`` / ``jax/onnx/ort`` (another epsilon while the converter traces it).
 
 ``--keras`` and ``--flax`` measure Keras and JAX users' models the same way, each on the path where one of its leaves
 departs (the models of the tree's tests, brought as a user brings them: a Keras factory through the library call
@@ -33,6 +33,7 @@ departs (the models of the tree's tests, brought as a user brings them: a Keras 
     python scripts/diagnose_cost.py --llama 20m --repeats 3
     python scripts/diagnose_cost.py --keras --flax --repeats 3
     python scripts/diagnose_cost.py --keras-encoder 12 --flax-encoder 12 --repeats 3
+    python scripts/diagnose_cost.py --flax-encoder 12 --width 768 --seq 128 --repeats 3
 """
 
 from __future__ import annotations
@@ -105,8 +106,11 @@ def main() -> None:
     parser.add_argument("--flax", action="store_true", help=f"measure the JAX models {', '.join(FLAX)}")
     parser.add_argument("--keras-encoder", type=int, default=0, help="measure an N-block Keras encoder (width 256)")
     parser.add_argument("--flax-encoder", type=int, default=0, help="measure an N-block Flax encoder (width 256)")
+    parser.add_argument("--width", type=int, default=256, help="the sized encoders' width")
+    parser.add_argument("--seq", type=int, default=16, help="the sized encoders' sequence length (batch 2)")
     args = parser.parse_args()
     if args.keras_encoder or args.flax_encoder:
+        os.environ.update(PARITY_ENCODER_WIDTH=str(args.width), PARITY_ENCODER_SEQ=str(args.seq))  # for the workers
         _sized(args.keras_encoder, args.flax_encoder, args.repeats, args.threads)
         return
     if args.encoder or args.llama:
@@ -155,7 +159,7 @@ def _sized(keras_blocks: int, flax_blocks: int, repeats: int, threads: int) -> N
                 name="keras_encoder_n",
                 kind="tf",
                 reference=f"{Path(__file__).resolve()}:make_keras_encoder",
-                inputs=(scaffold.InputDecl("x", (2, 16, WIDTH), "float32"),),
+                inputs=(scaffold.InputDecl("x", (2, _size("seq"), _size("width")), "float32"),),
                 builder="keras_factory",
             )
             scaffold.init(Path(root), request, force=False, threads=1, timeout_s=600)
@@ -164,7 +168,11 @@ def _sized(keras_blocks: int, flax_blocks: int, repeats: int, threads: int) -> N
             save_flax_encoder_params(params)
             subprocess.run(
                 [sys.executable, "-m", "parity.cli", "init", "flax_encoder_n", "--jax"]
-                + [f"{Path(__file__).resolve()}:flax_encoder_apply,{params}", "--input", f"x=2x16x{WIDTH}"]
+                + [
+                    f"{Path(__file__).resolve()}:flax_encoder_apply,{params}",
+                    "--input",
+                    f"x=2x{_size('seq')}x{_size('width')}",
+                ]
                 + ["--workspace", root],
                 check=True,
                 stdout=subprocess.DEVNULL,
@@ -175,11 +183,15 @@ def _sized(keras_blocks: int, flax_blocks: int, repeats: int, threads: int) -> N
         _header(repeats, threads)
         for name, blocks in chosen.items():
             path = "tf/onnx/ort" if name.startswith("keras") else "jax/onnx/ort"
-            print(f"{name} ({blocks} blocks, width {WIDTH}) on {path}: the departing leaf is {_sized_leaf(name)}")
+            print(
+                f"{name} ({blocks} blocks, width {_size('width')}, 2x{_size('seq')}) on {path}: the departing leaf is {_sized_leaf(name)}"
+            )
             measure(ws, [name], [path], repeats, threads, pool, True)
 
 
-WIDTH = 256  # the sized encoders' width
+def _size(name: str) -> int:
+    """The sized encoders' ``width`` or ``seq`` (``--width``, ``--seq``; the workers read them from the environment)."""
+    return int(os.environ.get(f"PARITY_ENCODER_{name.upper()}", {"width": 256, "seq": 16}[name]))
 
 
 def _sized_leaf(name: str) -> str:
@@ -200,16 +212,17 @@ def make_keras_encoder():
 
     faulty_norm = nestedmodels._keras_faulty_layer_norm()
     keras.utils.set_random_seed(0)
-    blocks = int(os.environ["PARITY_KERAS_ENCODER_N"])
+    blocks, width, seq = int(os.environ["PARITY_KERAS_ENCODER_N"]), _size("width"), _size("seq")
     gamma, beta = keras.initializers.RandomUniform(0.5, 1.5), keras.initializers.RandomNormal(stddev=0.2)
-    x = keras.Input((16, WIDTH), name="x")
-    h = layers.Dense(WIDTH, name="proj")(x)
+    x = keras.Input((seq, width), name="x")
+    h = layers.Dense(width, name="proj")(x)
     for i in range(blocks):
-        inner = keras.Input((16, WIDTH))
-        a = layers.MultiHeadAttention(4, WIDTH // 4, name=f"attn_{i}")(inner, inner)
+        inner = keras.Input((seq, width))
+        a = layers.MultiHeadAttention(4, width // 4, name=f"attn_{i}")(inner, inner)
         a = layers.LayerNormalization(gamma_initializer=gamma, beta_initializer=beta, name=f"norm1_{i}")(inner + a)
-        f = layers.Dense(4 * WIDTH, activation="gelu", name=f"up_{i}")(a)
-        f = layers.Dense(WIDTH, name=f"down_{i}")(f)
+        # GELU's tanh form: tf2onnx converts no Erfc, which Keras's exact GELU lowers to
+        f = layers.Dense(4 * width, activation=_tanh_gelu, name=f"up_{i}")(a)
+        f = layers.Dense(width, name=f"down_{i}")(f)
         norm = (
             faulty_norm(
                 export_epsilon=1e-1, epsilon=1e-3, gamma_initializer=gamma, beta_initializer=beta, name=f"norm2_{i}"
@@ -219,6 +232,12 @@ def make_keras_encoder():
         )
         h = keras.Model(inner, norm(a + f), name=f"block_{i}")(h)
     return keras.Model(x, layers.Dense(8, name="head")(h), name="keras_encoder_n")
+
+
+def _tanh_gelu(x):
+    import keras
+
+    return keras.activations.gelu(x, approximate=True)
 
 
 def _flax_encoder():
@@ -240,21 +259,21 @@ def _flax_encoder():
             variance = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
             return (x - mean) / jnp.sqrt(variance + eps) * scale + bias
 
-    blocks = int(os.environ["PARITY_FLAX_ENCODER_N"])
+    blocks, width = int(os.environ["PARITY_FLAX_ENCODER_N"]), _size("width")
 
     class Block(nn.Module):
         faulty: bool = False
 
         @nn.compact
         def __call__(self, x):
-            h = nn.Dense(WIDTH, name="down")(nn.gelu(nn.Dense(4 * WIDTH, name="up")(x)))
+            h = nn.Dense(width, name="down")(nn.gelu(nn.Dense(4 * width, name="up")(x)))
             norm = ExportEpsLayerNorm(name="norm") if self.faulty else nn.LayerNorm(name="norm")
             return norm(x + h)
 
     class Encoder(nn.Module):
         @nn.compact
         def __call__(self, x):
-            h = nn.Dense(WIDTH, name="proj")(x)
+            h = nn.Dense(width, name="proj")(x)
             for i in range(blocks):
                 h = Block(faulty=i == blocks // 2, name=f"block_{i}")(h)
             return nn.Dense(8, name="head")(h)
@@ -263,14 +282,14 @@ def _flax_encoder():
 
 
 def flax_encoder_apply(params, x):
-    """The Flax encoder of ``PARITY_FLAX_ENCODER_N`` feed-forward blocks at width 256 (``parity init --jax``)."""
+    """The Flax encoder of ``PARITY_FLAX_ENCODER_N`` feed-forward blocks (``parity init --jax``)."""
     return _flax_encoder().apply({"params": params}, x)
 
 
 def save_flax_encoder_params(path: Path) -> None:
     import jax
 
-    variables = _flax_encoder().init(jax.random.PRNGKey(0), np.zeros((1, 16, WIDTH), np.float32))
+    variables = _flax_encoder().init(jax.random.PRNGKey(0), np.zeros((1, _size("seq"), _size("width")), np.float32))
     flat = {
         "/".join(str(getattr(k, "key", k)) for k in key): np.asarray(value)
         for key, value in jax.tree_util.tree_flatten_with_path(variables["params"])[0]

@@ -133,9 +133,12 @@ def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, reference, pre
         return tolerances.for_name(by_graph_name.get(name, name))
 
     graph = onnx_graph._Graph(model) if spec.taps else None  # shape inference once, for candidates and mapping
+    data = model.SerializeToString() if spec.taps and path.runtime.name.startswith("ort") else None  # run again
 
     def run(names):
-        return onnx_graph.run_tensors(path.runtime.name, model, feed, names, threads, graph and graph.infos, folder)
+        return onnx_graph.run_tensors(
+            path.runtime.name, model, feed, names, threads, graph and graph.infos, folder, data
+        )
 
     plain = run(graph_outputs)
     candidates = onnx_taps.candidate_names(model, spec, golden_taps, meta["input_layout"], graph) if spec.taps else []

@@ -246,22 +246,41 @@ def with_outputs(model, names: list[str], infos: dict | None = None):
 
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
-    existing = {o.name for o in copy.graph.output}
-    wanted = [n for n in dict.fromkeys(names) if n not in existing]
-    if not wanted:
-        return copy
-    infos = infos if infos is not None else _value_infos(_inferred(model))
-    for name in wanted:
-        info = infos.get(name)
-        if info is not None and info.type.tensor_type.elem_type:
-            added = onnx.ValueInfoProto()
-            added.CopyFrom(info)
-            if hasattr(added, "metadata_props"):
-                del added.metadata_props[:]
-        else:
-            added = onnx.helper.make_empty_tensor_value_info(name)
-        copy.graph.output.append(added)
+    copy.graph.output.extend(_added_outputs(model, names, infos))
     return copy
+
+
+def _added_outputs(model, names: list[str], infos: dict | None) -> list:
+    """The ``ValueInfoProto``s of ``names`` that are not graph outputs of ``model`` yet."""
+    import onnx
+
+    existing = {o.name for o in model.graph.output}
+    wanted = [n for n in dict.fromkeys(names) if n not in existing]
+    if wanted and infos is None:
+        infos = _value_infos(_inferred(model))
+    added = []
+    for name in wanted:
+        info = (infos or {}).get(name)
+        if info is not None and info.type.tensor_type.elem_type:
+            value = onnx.ValueInfoProto()
+            value.CopyFrom(info)
+            if hasattr(value, "metadata_props"):
+                del value.metadata_props[:]
+        else:
+            value = onnx.helper.make_empty_tensor_value_info(name)
+        added.append(value)
+    return added
+
+
+def serialized_with_outputs(model, data: bytes, names: list[str], infos: dict | None = None) -> bytes:
+    """``with_outputs(model, names, infos)`` serialised, from ``data``, the model's own bytes, without serialising
+    the model again: protobuf parses two concatenated messages as one merged message, and a merge appends repeated
+    fields, so the bytes of a ``ModelProto`` holding only the added graph outputs, appended, add them."""
+    import onnx
+
+    delta = onnx.ModelProto()
+    delta.graph.output.extend(_added_outputs(model, names, infos))
+    return data + delta.SerializeToString()
 
 
 # ONNX Runtime's session option: where a model read from bytes finds its external data files
@@ -284,24 +303,40 @@ def ort_options(threads: int, optimize: bool = True, folder=None):
     return options
 
 
-def _ort_session(model, threads: int, optimize: bool = True, folder=None):
+def _ort_session(model, threads: int, optimize: bool = True, folder=None, data: bytes | None = None):
+    """An ONNX Runtime session of ``model``, from ``data`` (its bytes) where the caller has them."""
     import onnxruntime as ort
 
     _check_folder(model, folder)
     options = ort_options(threads, optimize, folder)
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    data = model.SerializeToString() if data is None else data
+    return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
 
 
 def run_tensors(
-    runtime: str, model, feed: dict, names: list[str], threads: int = 1, infos: dict | None = None, folder=None
+    runtime: str,
+    model,
+    feed: dict,
+    names: list[str],
+    threads: int = 1,
+    infos: dict | None = None,
+    folder=None,
+    data: bytes | None = None,
 ) -> dict[str, np.ndarray]:
     """One inference of ``model`` on ``runtime`` (``ort``, ``ort-noopt``, ``onnxref`` or ``openvino``) returning
     ``names`` (OpenVINO: those its ONNX frontend keeps; a tensor it folds away is left out, so the tap is unmapped);
-    ``infos``: the tensors' types where the caller has them (``_Graph.infos``), else shape inference finds them;
-    ``folder``: where the data files of a model read by ``load`` lie (see the module docstring)."""
+    ``infos``: the tensors' types where the caller has them (``_Graph.infos``), else shape inference finds them
+    (ONNX Runtime types its outputs itself: none is made for it); ``folder``: where the data files of a model read by ``load`` lie (see the module docstring); ``data``: the
+    model's own bytes where a caller runs it more than once (ONNX Runtime is then given them with the outputs
+    appended, ``serialized_with_outputs``, and the model is not serialised again)."""
     if runtime not in RUNTIMES:
         raise ValueError(f"runtime {runtime!r} is not one of {RUNTIMES}")
     names = list(dict.fromkeys(names))
+    if runtime.startswith("ort"):  # ONNX Runtime types the outputs it is asked for itself: no shape inference
+        data = model.SerializeToString() if data is None else data
+        extended_data = serialized_with_outputs(model, data, names, {} if infos is None else infos)
+        values = _ort_session(model, threads, runtime == "ort", folder, extended_data).run(names, feed)
+        return {name: np.asarray(value) for name, value in zip(names, values)}
     extended = with_outputs(model, names, infos)
     if runtime == "openvino":
         from parity.runtimes import openvino
@@ -310,13 +345,10 @@ def run_tensors(
             with saved_beside(extended, folder) as path:
                 return openvino.run_tensors(path, feed, names, threads)
         return openvino.run_tensors(extended.SerializeToString(), feed, names, threads)
-    if runtime.startswith("ort"):
-        values = _ort_session(extended, threads, runtime == "ort", folder).run(names, feed)
-    else:
-        from onnx.reference import ReferenceEvaluator
+    from onnx.reference import ReferenceEvaluator
 
-        _check_folder(extended, folder)
-        values = ReferenceEvaluator(with_data(extended, folder)).run(names, feed)
+    _check_folder(extended, folder)
+    values = ReferenceEvaluator(with_data(extended, folder)).run(names, feed)
     return {name: np.asarray(value) for name, value in zip(names, values)}
 
 

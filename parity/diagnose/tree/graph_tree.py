@@ -13,7 +13,8 @@ unobservable.
 
 A descent opens one instrumented session, not one per level: the graph's scopes are known up front (the exporter's
 records), so the first level's run also marks as outputs the boundary and input tensors of every scope, the
-shallowest first, up to ``AHEAD_BYTES`` of values; where those extra outputs change the plain run's outputs, that
+shallowest first (in a graph without records, where modules are found by value: every tensor), up to
+``AHEAD_BYTES`` of values; where those extra outputs change the plain run's outputs, that
 run is dropped and each level marks only its own tensors. A graph whose weights lie in a data file is read without
 them (``onnx_graph.load``). Imports onnx inside.
 """
@@ -59,6 +60,8 @@ class GraphLevels:
         self.outputs = list(meta["output_names"])
         self.exporter = next(e.name for e in reversed(path.exports) if e.name != "float16")
         self.runs = 0  # the runs of the graph so far (sessions opened), the plain one included
+        # its bytes once, each run's outputs appended to them (``onnx_graph.run_tensors``): ONNX Runtime only
+        self.data = self.model.SerializeToString() if path.runtime.name.startswith("ort") else None
         self.plain = self.run(self.outputs)
         self.held: dict = {}  # tensor -> its value, read by runs that left the outputs as the plain run has them
         self.ahead = scope_tensors(self.model, self.graph, self.exporter)  # read with the first level's tensors
@@ -66,7 +69,14 @@ class GraphLevels:
     def run(self, tensors):
         self.runs += 1
         return onnx_graph.run_tensors(
-            self.path.runtime.name, self.model, self.feed, tensors, self.threads, self.graph.infos, self.folder
+            self.path.runtime.name,
+            self.model,
+            self.feed,
+            tensors,
+            self.threads,
+            self.graph.infos,
+            self.folder,
+            self.data,
         )
 
     def observe(self, tensors, tolerance_for) -> dict | None:
@@ -98,37 +108,46 @@ class GraphLevels:
 def scope_tensors(model, graph, exporter: str, budget: int = AHEAD_BYTES) -> list[str]:
     """The boundary outputs and the float tensors read from outside of every scope the exporter recorded
     (``onnx_tree.node_scopes``: torch.onnx's module paths, tf2onnx's or an ONNX file's name scopes), the
-    shallowest scopes first, as many as fit ``budget`` bytes of values (a tensor of unknown size is left out);
-    none for a graph without such records."""
-    from onnx import helper
-
+    shallowest scopes first, as many as fit ``budget`` bytes of values (a tensor of unknown size is left out).
+    A graph without such records (jax2onnx's) has its modules found by value among every tensor of their shapes,
+    level after level: every float tensor of the graph, in its order, as many as fit."""
     kind = onnx_taps._scope_kind(exporter)
     kind = {"metadata": onnx_tree.METADATA, "name": onnx_tree.NAMES}.get(kind or "")
     if kind is None and exporter == "onnx file":
         kind = onnx_tree.scope_kind(graph)
     if kind in (None, onnx_tree.FLAT):
-        return []
+        return _fitting(graph, graph.names, budget)
     scopes: dict[str, list[int]] = {}
     depth: dict[str, int] = {}
     for index, node in enumerate(graph.nodes):
         for level, scope in enumerate(onnx_tree.node_scopes(node, kind)):
             scopes.setdefault(scope, []).append(index)
             depth.setdefault(scope, level)
-    chosen: dict[str, None] = {}
-    total = 0
+    wanted: dict[str, None] = {}
     for scope in sorted(scopes, key=lambda s: (depth[s], scopes[s][0])):
         nodes = scopes[scope]
         reads = onnx_graph.outside_inputs(model, [graph.nodes[i] for i in nodes])
-        for tensor in (*onnx_taps._boundary_outputs(graph, nodes), *(t for t in reads if t in graph.position)):
-            shape, info = graph.shapes.get(tensor), graph.infos.get(tensor)
-            if tensor in chosen or shape is None or info is None:
-                continue
-            size = int(np.prod(shape)) * helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type).itemsize
-            if total + size > budget:
-                return list(chosen)
-            chosen[tensor] = None
-            total += size
-    return list(chosen)
+        wanted.update(
+            dict.fromkeys((*onnx_taps._boundary_outputs(graph, nodes), *(t for t in reads if t in graph.position)))
+        )
+    return _fitting(graph, wanted, budget)
+
+
+def _fitting(graph, tensors, budget: int) -> list[str]:
+    """The first of ``tensors`` whose values fit ``budget`` bytes together (a tensor of unknown size is left out)."""
+    from onnx import helper
+
+    chosen, total = [], 0
+    for tensor in tensors:
+        shape, info = graph.shapes.get(tensor), graph.infos.get(tensor)
+        if shape is None or info is None:
+            continue
+        size = int(np.prod(shape)) * helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type).itemsize
+        if total + size > budget:
+            break
+        chosen.append(tensor)
+        total += size
+    return chosen
 
 
 def _level(levels: GraphLevels, names, calls, expected, expected_inputs) -> dict:
