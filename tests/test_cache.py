@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -104,3 +105,40 @@ def test_concurrent_runs_sharing_a_cache_export_once(workspace_copy, private_cac
     exported = [json.loads(out.read_text())["results"][0]["export"]["cached"] for out in results]
     assert sorted(exported) == [False, True], outputs  # one run exported, the other found it in the cache
     assert len(list((private_cache / "exports").glob("*/meta.json"))) == 1
+
+
+def _entry(cache: ExportCache, key: str, nbytes: int, used_s_ago: float) -> None:
+    staging = cache.staging_dir()
+    (staging / "model.onnx").write_bytes(b"x" * nbytes)
+    cache.commit(key, staging, {"file": "model.onnx"})
+    used = time.time() - used_s_ago
+    os.utime(cache.exports / key / "meta.json", (used, used))
+
+
+def test_the_cache_keeps_its_bound_by_removing_the_least_recently_used_entries_no_run_holds(tmp_path):
+    cache = ExportCache(tmp_path)
+    for key, ago in [("old", 9000), ("older", 9500), ("oldest", 9900), ("recent", 10)]:
+        _entry(cache, key, 1000, ago)
+    assert cache.lookup("oldest") is not None  # a lookup marks the entry used: now the most recent
+    with cache.lock("older", timeout_s=0):  # another run holds it
+        removed = cache.prune(max_bytes=2500, keep_used_s=3600)
+    assert [p.name for p in removed] == ["old"]  # still over: "older" is locked, the other two used within the hour
+    assert sorted(p.name for p in cache.exports.iterdir() if p.is_dir()) == ["older", "oldest", "recent"]
+    # used within the hour: kept whatever the bound (a run may be reading it)
+    assert [p.name for p in cache.prune(max_bytes=1, keep_used_s=3600)] == ["older"]
+    assert cache.prune(max_bytes=0) == []  # 0: no bound
+
+
+def test_the_cache_bound_comes_from_its_variable_and_a_bad_value_is_one_line(monkeypatch):
+    from parity.platform.errors import UsageError
+    from parity.run import cache as cache_module
+
+    monkeypatch.delenv("PARITY_CACHE_MAX_BYTES", raising=False)
+    assert cache_module.max_bytes_allowed() == 20 << 30
+    monkeypatch.setenv("PARITY_CACHE_MAX_BYTES", "50G")
+    assert cache_module.max_bytes_allowed() == 50 * 10**9
+    monkeypatch.setenv("PARITY_CACHE_MAX_BYTES", "0")
+    assert cache_module.max_bytes_allowed() == 0
+    monkeypatch.setenv("PARITY_CACHE_MAX_BYTES", "lots")
+    with pytest.raises(UsageError, match="PARITY_CACHE_MAX_BYTES='lots'"):
+        cache_module.max_bytes_allowed()

@@ -7,13 +7,20 @@ share a cache take a lock per entry, so each export runs once; a replacement is 
 atomically, so an entry is never deleted before its successor is in place. A converter's own
 failure is cached too, keyed the same way, so an expected conversion error is not redone on
 every run.
+
+The cache is bounded: each run starts by removing the least recently used entries (a lookup that finds an entry
+marks it used) until the entries take at most ``PARITY_CACHE_MAX_BYTES`` (``MAX_BYTES_DEFAULT``: 20 GiB; a size
+such as ``50G``; ``0``: no bound), keeping any entry used in the last ``KEEP_USED_S`` (a run may still read it) and
+any whose lock another run holds.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +28,9 @@ from parity.model import manifest as manifest_lib
 from parity.platform.cache_dir import cache_folder, file_lock
 from parity.platform.safefs import owned_tempdir, replace_dir, sha256_file, sweep, write_json_atomic
 
+MAX_BYTES_VARIABLE = "PARITY_CACHE_MAX_BYTES"
+MAX_BYTES_DEFAULT = 20 << 30
+KEEP_USED_S = 3600.0  # an entry used this recently is kept whatever the bound: a run may be reading it
 META_FILE = "meta.json"
 ENTRY_SCHEMA = "parity.cache-entry/1"
 STAGING_PREFIX = ".staging-"
@@ -95,6 +105,7 @@ class ExportCache:
             return None
         record, problem = self._verified_record(entry)
         if record is not None:  # it verified
+            _mark_used(entry)
             return Entry(entry, meta=record.get("artifact"), error=record.get("error"))
         self.notice(f"cache entry {entry} is damaged ({problem}); exporting again")
         return None
@@ -130,3 +141,68 @@ class ExportCache:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return Entry(entry, meta=record.get("artifact"), error=record.get("error"))
+
+    def prune(self, max_bytes: int | None = None, keep_used_s: float = KEEP_USED_S) -> list[Path]:
+        """Remove the least recently used entries until the entries take at most ``max_bytes`` (default:
+        ``max_bytes()``; 0: no bound), never one used in the last ``keep_used_s`` or one whose lock is held.
+        Returns what was removed."""
+        limit = max_bytes_allowed() if max_bytes is None else max_bytes
+        if not limit or not self.exports.is_dir():
+            return []
+        entries = [(_last_used(entry), _size(entry), entry) for entry in _entries(self.exports)]
+        total = sum(size for _, size, _ in entries)
+        removed = []
+        for used, size, entry in sorted(entries, key=lambda item: item[0]):
+            if total <= limit or time.time() - used < keep_used_s:
+                break
+            try:
+                with self.lock(entry.name, timeout_s=0):
+                    shutil.rmtree(entry, ignore_errors=True)
+            except TimeoutError:  # another run is exporting or reading it now
+                continue
+            (self.exports / f"{entry.name}.lock").unlink(missing_ok=True)
+            total -= size
+            removed.append(entry)
+        if removed:
+            self.notice(
+                f"export cache over {limit / 2**30:.1f} GiB: removed {len(removed)} least recently used entries"
+            )
+        return removed
+
+
+def max_bytes_allowed() -> int:
+    """``PARITY_CACHE_MAX_BYTES`` as bytes (``MAX_BYTES_DEFAULT`` where unset; 0: no bound)."""
+    from parity.platform.memory import parse_size
+
+    text = os.environ.get(MAX_BYTES_VARIABLE, "").strip()
+    if text == "0":
+        return 0
+    return parse_size(text, MAX_BYTES_VARIABLE) if text else MAX_BYTES_DEFAULT
+
+
+def _entries(exports: Path) -> list[Path]:
+    return [p for p in exports.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")]
+
+
+def _mark_used(entry: Path) -> None:
+    try:
+        os.utime(entry / META_FILE)
+    except OSError:  # a read-only cache is still read
+        pass
+
+
+def _last_used(entry: Path) -> float:
+    try:
+        return (entry / META_FILE).stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _size(entry: Path) -> int:
+    total = 0
+    for path in entry.rglob("*"):
+        try:
+            total += path.lstat().st_size if path.is_file() else 0
+        except OSError:
+            continue
+    return total
