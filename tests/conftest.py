@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -72,15 +73,17 @@ def init_model(root: Path, name: str, *source) -> None:
 class Models:
     """A module's workspace whose models are initialised and golden-built (``init_model``) the first time a test
     asks for them: ``models("a", "b")`` is the workspace's root holding at least ``a`` and ``b``, ``models()`` holds
-    all of them. The fast tests of a module then pay only for the models they use."""
+    all of them. The fast tests of a module then pay only for the models they use. A model's ``inits`` entry is its
+    ``init`` arguments, or a function returning them that runs then too (one that writes the model's weights)."""
 
-    def __init__(self, root: Path, inits: dict[str, list]):
+    def __init__(self, root: Path, inits: dict[str, list | Callable[[], list]]):
         self.root, self.inits, self.built = root, inits, set()
 
     def __call__(self, *names: str) -> Path:
         for name in names or self.inits:
             if name not in self.built:
-                init_model(self.root, name, *self.inits[name])
+                source = self.inits[name]
+                init_model(self.root, name, *(source() if callable(source) else source))
                 self.built.add(name)
         return self.root
 

@@ -181,6 +181,10 @@ def test_worker_crash_becomes_error_and_others_go_on(workspace_copy):
     assert log.is_file()  # kept for the failed run, also with --no-cache
 
 
+@pytest.mark.slow  # a second proof of a task past its limit killed and made an error; the fast set keeps it in
+# test_worker_timeouts.py::test_a_checks_default_limit_is_scaled_with_its_models_weights (a given limit:
+# test_worker_timeouts.py::test_a_given_timeout_bounds_a_busy_task_whatever_the_model; the others go on:
+# test_worker_crash_becomes_error_and_others_go_on)
 def test_hang_is_killed_after_timeout(workspace_copy):
     source = mlp_variant({"    import jax\n\n    tap = tap": "    import time\n\n    time.sleep(600)\n    tap = tap"})
     root = workspace_copy(source)

@@ -86,6 +86,8 @@ def test_a_version_converted_softmax_is_the_converter_not_onnx_runtime(root, tmp
     assert cause["cause"] == "opset_axis" and cause["op_type"] == "Softmax" and cause["fix_tested"]
 
 
+@pytest.mark.slow  # a second proof of a converter's departure named by the tested cause of a layer init typed; the
+# fast set keeps test_leaf_causes.py::test_a_fully_masked_attention_row_that_attends_uniformly_is_named_at_its_leaf
 def test_a_dropped_pool_attribute_is_the_converter_and_the_tested_cause(root):
     diagnosis, _ = _diagnosed(root, "pool", "make_pool_divisor", "x=2x3x6x6", "torch/onnx/ort")
     assert diagnosis["first_divergent_tap"] == "pool"

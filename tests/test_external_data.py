@@ -53,6 +53,10 @@ def _entries_with_data(root) -> list:
     return sorted(p.parent for p in (root.parent / "cache" / "exports").glob("*/model.onnx.data"))
 
 
+@pytest.mark.slow  # a second proof of a model with external data on every ONNX runtime and in the export cache;
+# the fast set keeps it in test_a_user_onnx_file_with_external_data_is_kept_with_it_as_the_artifact (its data file is
+# in the entry's checksummed files: test_cache.py::test_truncated_export_is_detected_discarded_and_rebuilt), and
+# test_diagnose_external.py::test_a_torch_model_exported_with_external_data_is_diagnosed_to_its_faulty_leaf_and_reproduced
 def test_a_torch_model_exported_with_external_data_passes_on_every_onnx_runtime_and_its_cache_entry_verifies_the_data(
     external,
 ):
@@ -132,6 +136,8 @@ def test_a_user_onnx_file_with_external_data_is_kept_with_it_as_the_artifact(ext
     assert set(json.loads((entry / "meta.json").read_text())["files"]) == {"model.onnx", "model.onnx.data"}
 
 
+@pytest.mark.slow  # a second proof of a self-contained reproducer of a model with external data; the fast set keeps
+# test_diagnose_external.py::test_a_torch_model_exported_with_external_data_is_diagnosed_to_its_faulty_leaf_and_reproduced
 def test_a_repro_of_a_model_with_external_data_is_one_self_contained_file(external, tmp_path):
     import onnx
 

@@ -36,6 +36,9 @@ def _results(root: Path, model: str, *paths: str) -> dict:
     return {r["path"]: r for r in json.loads(out.read_text())["results"]}
 
 
+@pytest.mark.slow  # a second proof of init --hf --task text-generation, golden build and check at the command line;
+# the fast set keeps test_prompts_of_your_own_from_an_npz_and_a_right_padded_file_refused, and the ONNX Runtime path
+# step by step test_generation.py::test_ort_path_passes_on_a_correct_model
 def test_a_save_pretrained_llama_passes_on_torch_and_onnx_runtime_step_by_step(workspace):
     made = _cli("init", "tiny", "--hf", workspace / "tiny_llama", "--task", "text-generation", "-w", workspace)
     assert made.exit_code == 0 and "text-generation" in made.output, made.output

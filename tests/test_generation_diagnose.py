@@ -49,6 +49,9 @@ def _verified(entry, path_id):
     return tasks.check(entry["source"], entry["golden"], path_id, entry["dir"], entry["meta"], 1)["generation"]
 
 
+@pytest.mark.slow  # a second proof of the rotary restart named at step 1 on ort; the fast set keeps its diagnosis in
+# test_generation_repro.py::test_the_decode_step_is_cut_to_the_rotary_embedding_and_its_repro_shows_the_departure, and
+# a generation cause at its first divergent step test_generation_causes.py (faulty_decode_mask)
 def test_rotary_restart_is_named_at_the_first_divergent_step_on_ort(tiny):
     entry = tiny("faulty", onnx=True)
     generation = _verified(entry, "torch/onnx/ort")

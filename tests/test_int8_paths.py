@@ -89,6 +89,10 @@ def test_the_zoo_mlp_int8_path_passes_its_gate_and_is_timed_against_the_float_pa
     assert history.exit_code == 0 and shown in history.output, history.output
 
 
+@pytest.mark.slow  # a second proof of an int8 path's gate through bench; the fast set keeps
+# test_the_zoo_mlp_int8_path_passes_its_gate_and_is_timed_against_the_float_path, the inconclusive decision
+# test_accuracy_gate.py::test_too_small_a_split_is_inconclusive_and_says_how_many_more, and a failing path left untimed
+# test_check.py::test_gate_times_passing_paths_only
 def test_a_gate_the_split_cannot_decide_is_inconclusive_and_not_timed(tmp_path):
     """keep=1.0 allows no drop at all: no eval split can prove a drop of exactly zero, so the gate says it cannot
     decide (however many samples), the path fails with that reason and is not timed."""

@@ -191,6 +191,8 @@ def diagnosed(root: Path, model: str, artifact_dir: Path, meta: dict, pool) -> d
     )
 
 
+@pytest.mark.slow  # a second proof of a tf/litert departure diagnosed to its layer, fused taps said so; the fast set
+# keeps test_tree_litert.py::test_a_departing_leaf_in_a_sequential_of_custom_layers_is_named_with_its_cause
 def test_a_changed_weight_in_the_tflite_model_is_diagnosed_to_its_layer(tmp_path, pool):
     """dense2's kernel changed in the .tflite file: the taps before it agree, dense2 is fused into relu2's op, and relu2
     (the tensor that holds dense2's output after its activation) is the first divergent tap."""

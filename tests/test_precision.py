@@ -75,6 +75,9 @@ def test_worker_environment_pins_tf32_off_except_at_tf32():
 # --- end to end on the CPU --------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a second proof of a bf16 check under bf16's tolerances; the fast set keeps
+# test_a_bf16_path_that_loses_the_ranking_fails_the_metric_rule (its outputs within them), and a timed check
+# test_check.py::test_gate_times_passing_paths_only
 def test_bf16_native_paths_pass_with_their_tolerances_and_are_timed(workspace_copy):
     root = workspace_copy()
     report, results = run_check(

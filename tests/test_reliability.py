@@ -80,6 +80,8 @@ def test_cache_folder_that_is_a_file(cache, name, what):
     assert blocker.read_text() == "not a folder"  # reported, never replaced
 
 
+@pytest.mark.slow  # a second proof of a lock folder refused; the fast set keeps
+# test_lock_files_and_lock_folders_of_the_wrong_kind, and a run stopped in one line test_cache_folder_that_is_a_file
 def test_export_lock_that_is_a_folder_stops_the_run(cache):
     first = invoke("check", "--workspace", str(REPO), "--model", "mlp", "--path", "torch/onnx/ort")
     assert first.exit_code == 0, first.output

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -31,16 +32,16 @@ def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("repro_native")
     from tests.conftest import Models
 
-    flaxmodels.save_offset_params(root / "offset.npz", blocks=3, far=1)
-    flaxmodels.save_embed_params(root / "embed.npz")
-    flaxmodels.save_nnx_params(root / "nnx.npz")
-    nnx_input = "x".join(map(str, flaxmodels.NNX_INPUT))
+    def jax_init(name: str, save, shape: str):
+        """``--jax`` of ``FLAX:<name>_apply`` with the weights ``save`` writes when the model is first built."""
+        return lambda: ["--jax", f"{FLAX}:{name}_apply,{save(root / f'{name}.npz')}", "--input", f"x={shape}"]
+
     inits = {
         "gelu": ["--keras", f"{KERAS}:make_gelu", "--input", "x=2x6"],
         "shift": ["--keras", f"{KERAS}:make_shift", "--input", "x=2x6"],
-        "offset": ["--jax", f"{FLAX}:offset_apply,{root / 'offset.npz'}", "--input", "x=2x6"],
-        "embed": ["--jax", f"{FLAX}:embed_apply,{root / 'embed.npz'}", "--input", f"x=2x6:int32:{flaxmodels.VOCAB}"],
-        "nnx": ["--jax", f"{FLAX}:nnx_apply,{root / 'nnx.npz'}", "--input", f"x={nnx_input}"],
+        "offset": jax_init("offset", partial(flaxmodels.save_offset_params, blocks=3, far=1), "2x6"),
+        "embed": jax_init("embed", flaxmodels.save_embed_params, f"2x6:int32:{flaxmodels.VOCAB}"),
+        "nnx": jax_init("nnx", flaxmodels.save_nnx_params, "x".join(map(str, flaxmodels.NNX_INPUT))),
     }
     return Models(root, inits)
 

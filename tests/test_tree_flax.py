@@ -65,6 +65,8 @@ def test_linen_fpn_descends_to_the_upsampler_on_jax2onnx(models, pool, tmp_path)
     assert _repro_nodes(models("fpn"), "fpn", tmp_path / "repro") <= 12
 
 
+@pytest.mark.slow  # a second proof of a Flax model descended on jax2onnx; the fast set keeps it in
+# test_tree_jax.py::test_flax_export_fault_descends_to_the_leaf_and_finds_its_epsilon (nnx's descent: the test below)
 def test_nnx_descends_to_the_upsampler_on_jax2onnx(models, pool, tmp_path):
     d = diagnose(models("nnxnet"), "nnxnet", "jax/onnx/ort", pool)
     assert d["first_divergent_path"] == ["blocks/1", "blocks/1/up"], _drift(d)
@@ -78,7 +80,9 @@ def test_nnx_descends_to_the_upsampler_on_jax2onnx(models, pool, tmp_path):
     assert _repro_nodes(models("nnxnet"), "nnxnet", tmp_path / "repro") <= 12
 
 
-@pytest.mark.parametrize("model", ["fpn", "nnxnet"])
+# slow: fpn, a second proof of a linen model's clean native descent; the fast set keeps it in
+# test_tree_jax.py::test_flax_native_path_shows_no_divergence_at_any_level, and keeps nnxnet here
+@pytest.mark.parametrize("model", [pytest.param("fpn", marks=pytest.mark.slow), "nnxnet"])
 def test_native_path_shows_no_divergence_at_any_level(models, pool, model):
     _clean(diagnose(models(model), model, "jax", pool))
 

@@ -70,21 +70,24 @@ def save_scoped_params(path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def workspace(tmp_path_factory):
-    """One workspace with the three models, each through ``parity init --jax`` and ``golden build``."""
+def models(tmp_path_factory):
+    """The three models, each through ``parity init --jax`` and ``golden build`` when a test first asks for it."""
     from tests import flaxmodels, nestedmodels
-    from tests.conftest import init_model
+    from tests.conftest import Models
 
     root = tmp_path_factory.mktemp("jax_tree")
-    models = {
+    table = {
         "flax_nested": (f"{HERE.parent / 'nestedmodels.py'}:flax_apply", nestedmodels.save_flax_params, 12),
         "scoped": (f"{HERE}:scoped_apply", save_scoped_params, 6),
         "offset": (f"{flaxmodels.__file__}:offset_apply", partial(flaxmodels.save_offset_params, blocks=4, far=2), 6),
     }
-    for name, (reference, save, features) in models.items():
+
+    def source(name: str, reference: str, save, features: int) -> list:
+        """A model's ``--jax`` arguments, its weights written by ``save`` first."""
         weights = save(root / f"{name}.npz")
-        init_model(root, name, "--jax", f"{reference},{weights}", "--input", f"x=2x{features}")
-    return root
+        return ["--jax", f"{reference},{weights}", "--input", f"x=2x{features}"]
+
+    return Models(root, {name: partial(source, name, *entry) for name, entry in table.items()})
 
 
 def diagnose(root: Path, model: str, path_id: str, pool) -> dict:
@@ -118,8 +121,8 @@ def _clean(d: dict) -> None:
     assert all(r["stats"]["ok"] for level in d["tree"]["levels"] for r in level["rows"]), _drift(d)
 
 
-def test_flax_export_fault_descends_to_the_leaf_and_finds_its_epsilon(workspace, pool):
-    d = diagnose(workspace, "flax_nested", "jax/onnx/ort", pool)
+def test_flax_export_fault_descends_to_the_leaf_and_finds_its_epsilon(models, pool):
+    d = diagnose(models("flax_nested"), "flax_nested", "jax/onnx/ort", pool)
     assert d["first_divergent_path"] == ["blocks_3", "blocks_3/norm"], _drift(d)
     tree = d["tree"]
     assert tree["verdict"] == "leaf"
@@ -136,12 +139,12 @@ def test_flax_export_fault_descends_to_the_leaf_and_finds_its_epsilon(workspace,
     assert cause["before"]["tol_units"] > 1 >= cause["after"]["tol_units"]
 
 
-def test_flax_native_path_shows_no_divergence_at_any_level(workspace, pool):
-    _clean(diagnose(workspace, "flax_nested", "jax", pool))
+def test_flax_native_path_shows_no_divergence_at_any_level(models, pool):
+    _clean(diagnose(models("flax_nested"), "flax_nested", "jax", pool))
 
 
-def test_flax_float32_fault_on_the_native_path_descends_to_the_leaf(workspace, pool):
-    d = diagnose(workspace, "offset", "jax", pool)
+def test_flax_float32_fault_on_the_native_path_descends_to_the_leaf(models, pool):
+    d = diagnose(models("offset"), "offset", "jax", pool)
     assert d["first_divergent_path"] == ["blocks_2", "blocks_2/norm"], _drift(d)
     root, block = d["tree"]["levels"]
     assert all(r["found"] == "native" for r in root["rows"] + block["rows"])
@@ -150,8 +153,8 @@ def test_flax_float32_fault_on_the_native_path_descends_to_the_leaf(workspace, p
 
 
 @pytest.mark.slow
-def test_named_scopes_export_fault_descends_to_the_scope(workspace, pool):
-    d = diagnose(workspace, "scoped", "jax/onnx/ort", pool)
+def test_named_scopes_export_fault_descends_to_the_scope(models, pool):
+    d = diagnose(models("scoped"), "scoped", "jax/onnx/ort", pool)
     assert d["first_divergent_path"] == ["encoder", "encoder/block_1", "encoder/block_1/act"], _drift(d)
     levels = d["tree"]["levels"]
     assert [r["tap"] for r in levels[0]["rows"]] == ["proj", "encoder", "head"]
@@ -161,8 +164,8 @@ def test_named_scopes_export_fault_descends_to_the_scope(workspace, pool):
     assert d["tree"]["leaf"]["class"] == "jax.named_scope" and d["cause"] is None  # a scope is not typed
 
 
-def test_named_scopes_native_path_shows_no_divergence(workspace, pool):
-    _clean(diagnose(workspace, "scoped", "jax", pool))
+def test_named_scopes_native_path_shows_no_divergence(models, pool):
+    _clean(diagnose(models("scoped"), "scoped", "jax", pool))
 
 
 # --------------------------------------------------------------------------- typing and weights of Flax leaves

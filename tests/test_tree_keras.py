@@ -128,7 +128,11 @@ def _edited_export(ws: Workspace, pool, tmp_path: Path, scope: str, epsilon: flo
     return {"dir": str(folder), "meta": artifact["meta"]}
 
 
-@pytest.mark.parametrize("leaf, scope", [("block/norm", "block_1/norm_1"), ("encoder/norm", "encoder_1/norm_1")])
+# slow: encoder/norm, a second proof of a tf2onnx export fault found at its nested leaf; the fast set keeps block/norm
+@pytest.mark.parametrize(
+    "leaf, scope",
+    [("block/norm", "block_1/norm_1"), pytest.param("encoder/norm", "encoder_1/norm_1", marks=pytest.mark.slow)],
+)
 def test_export_fault_in_a_nested_leaf_is_found_at_the_leaf(leaf, scope, workspace, pool, tmp_path):
     d = diagnose(workspace, "tf/onnx/ort", pool, _edited_export(workspace, pool, tmp_path, scope, 0.3))
     parent = leaf.split("/")[0]

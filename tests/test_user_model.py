@@ -164,6 +164,9 @@ def test_keras_model_saved_as_keras_file(tmp_path):
     assert code == 0 and all(r["verdict"] == "pass" for r in report["results"])
 
 
+@pytest.mark.slow  # a second proof of a user's model through init, golden build and run (the Keras one is slow too);
+# the fast set keeps test_torch_model_from_a_file_init_build_check_with_a_broken_export_named, a JAX function's init and
+# golden build test_tree_jax.py's workspace, and run's timing test_check.py::test_gate_times_passing_paths_only
 def test_jax_apply_function_with_its_params_file(tmp_path):
     from tests import usermodels
 

@@ -34,6 +34,8 @@ def test_a_task_that_makes_no_progress_is_killed_after_the_stall_bound(tmp_path,
         assert pool.call("onnx", "parity.check.metrics:accuracy", **ACCURACY) == 1.0  # a fresh worker goes on
 
 
+@pytest.mark.slow  # a second proof of a default limit that grows with the model and of computing not taken for a
+# stall; the fast set keeps test_a_checks_default_limit_is_scaled_with_its_models_weights
 def test_a_task_that_computes_past_the_default_limit_of_a_small_model_completes_for_a_large_one(tmp_path, monkeypatch):
     monkeypatch.setenv(watch.STALL_VARIABLE, "1.5")  # computing for longer than this is progress, not a hang
     monkeypatch.setattr(watch, "BASE_WALL_S", 2.0)

@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 
 from parity.cli import cli
@@ -136,6 +137,8 @@ TOKENS = """
 """
 
 
+@pytest.mark.slow  # a second proof of token ids given the embedding's range and traced as integers; the fast set keeps
+# test_real_models.py::test_bert_with_three_integer_inputs_and_two_named_outputs_passes_at_every_shape
 def test_token_ids_are_traced_as_integers_over_the_embeddings_range(tmp_path):
     user_workspace(tmp_path, {"tokens.py": TOKENS}, "tagger", "tokens.py:make", "--input", "ids=4x6:int64")
     assert 'values=Values("integers", low=0, high=50)' in (tmp_path / "models" / "tagger.py").read_text()
