@@ -150,6 +150,20 @@ def test_intermediates_and_with_outputs():
         og.run_tensors("tvm", model, feed, ["m"])
 
 
+def test_outputs_appended_to_the_models_own_bytes_parse_as_the_model_with_them():
+    model = _tiny_model()
+    data = model.SerializeToString()
+    appended = onnx.ModelProto()
+    appended.ParseFromString(og.serialized_with_outputs(model, data, ["y", "m", "r"]))
+    assert appended == og.with_outputs(model, ["y", "m", "r"])  # "y" is an output already: not added twice
+    feed = {"x": np.array([[1.0, -1.0, 2.0], [-3.0, 0.5, 1.0]], dtype=np.float32)}
+    for runtime in ("ort", "ort-noopt"):  # from the bytes given, and with outputs ONNX Runtime types itself
+        got = og.run_tensors(runtime, model, feed, ["m", "r"], data=data)
+        want = og.run_tensors("onnxref", model, feed, ["m", "r"])
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name])
+
+
 def test_compare_runtimes_tiny():
     model = _tiny_model()
     feed = {"x": np.ones((2, 3), dtype=np.float32)}

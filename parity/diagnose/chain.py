@@ -136,7 +136,7 @@ def diagnose(
         tree = None
         if split != "eval":
             try:
-                tree = descend(run, pool, spec, path, artifact)
+                tree = descend(run, pool, spec, path, artifact, observed.get("outputs"))
             except TaskFailed as error:
                 tree = {"descended": False, "reason": f"the tree could not be read ({error})"}
         if linked_later:

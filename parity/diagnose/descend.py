@@ -24,10 +24,12 @@ DESCENT = "parity.diagnose.tree.descent:descent"
 NO_TAP_DEPARTS = "the outputs differ but no tap does"  # chain.analyse's note, answered by the tree
 
 
-def descend(run, pool, spec, path, artifact: dict | None) -> dict:
+def descend(run, pool, spec, path, artifact: dict | None, plain: dict | None = None) -> dict:
     """``{"descended", "levels", "first_divergent_path", "leaf", "verdict", "note", "cause_test"}`` for ``path``
     (see the module docstring), from one task in the source framework's worker, which says each level and module it
-    reads through the run's progress; ``{"descended": False, "reason"}`` where the model's tree cannot be read."""
+    reads through the run's progress; ``{"descended": False, "reason"}`` where the model's tree cannot be read.
+    ``plain``: the path's outputs on the golden inputs where the caller has them (an exported graph is then not run
+    plain again)."""
     framework = path.source if path.source in paths.NATIVE else spec.frameworks[0]
     if framework not in SOURCES:
         return {"descended": False, "reason": f"the tree of a {framework} model is not read"}
@@ -37,10 +39,10 @@ def descend(run, pool, spec, path, artifact: dict | None) -> dict:
     saved_model = artifact is not None and artifact["meta"].get("format") == "tf-savedmodel"
     said = getattr(run, "progress", None)
     with pool.reporting(None if said is None else lambda line: said(f"{spec.name}: diagnose {path.id}: {line}")):
-        return _descent(run, pool, spec, path, artifact, framework, saved_model)
+        return _descent(run, pool, spec, path, artifact, framework, saved_model, plain)
 
 
-def _descent(run, pool, spec, path, artifact, framework: str, saved_model: bool) -> dict:
+def _descent(run, pool, spec, path, artifact, framework: str, saved_model: bool, plain: dict | None) -> dict:
     return pool.call(
         paths.JAX2TF.group if saved_model else _group(framework),
         DESCENT,
@@ -56,6 +58,7 @@ def _descent(run, pool, spec, path, artifact, framework: str, saved_model: bool)
         device=path.device,
         weight_perturbation=run.options.weight_perturbation.get((spec.name, path.id)),
         tolerances=getattr(spec, "diagnosed_at", None),  # noise_floor.at_bound
+        plain=plain if artifact is not None else None,
     )
 
 

@@ -90,8 +90,9 @@ class Tree:
         artifact_dir: str | None = None,
         artifact_meta: dict | None = None,
         weight_perturbation: dict | None = None,
+        plain: dict | None = None,
     ) -> None:
-        """Build the path's side: a native runner (with the deliberate drift a check may add to its weights), the
+        """Build the path's side (``plain``: an exported graph's plain outputs where the caller ran them): a native runner (with the deliberate drift a check may add to its weights), the
         exported graph, a ``.tflite`` file (``litert_tree.LiteRTLevels``), or a jax2tf SavedModel
         (``jax_tf_tree.Jax2TfLevels``)."""
         from parity.run.tasks import weights_for
@@ -115,7 +116,7 @@ class Tree:
         else:
             from parity.diagnose.tree.graph_tree import GraphLevels
 
-            self.path_side = GraphLevels(self.spec, path, artifact_dir, artifact_meta, self.x, self.threads)
+            self.path_side = GraphLevels(self.spec, path, artifact_dir, artifact_meta, self.x, self.threads, plain)
 
     def path(self, scope: str, names: list[str], calls: dict, expected: dict, expected_inputs: dict) -> dict:
         """``{"values", "inputs", "located"}`` of the path at ``names`` (``located[name]`` as a diagnosis's tap rows
@@ -230,15 +231,17 @@ def descent(
     device: str = "cpu",
     weight_perturbation: dict | None = None,
     tolerances: dict | None = None,
+    plain: dict | None = None,
 ) -> dict:
     """Worker task: the whole descent of ``path_id`` (``parity.diagnose.tree.walk.walk``), each side built once;
-    ``tolerances``: the path's precision judged at these (``noise_floor.at_bound``)."""
+    ``tolerances``: the path's precision judged at these (``noise_floor.at_bound``); ``plain``: the exported graph's
+    outputs on the golden inputs as the diagnosis's taps collection ran them (by the spec's output names)."""
     tree = Tree(workspace, model, golden_dir, framework, precision, threads)
     noise_floor.at_bound(tree.spec, precision, tolerances)
     from parity.diagnose.tree.litert_tree import NotRead
 
     try:
-        tree.on_path(path_id, device, artifact_dir, artifact_meta, weight_perturbation)
+        tree.on_path(path_id, device, artifact_dir, artifact_meta, weight_perturbation, plain)
     except NotRead as error:  # a .tflite file whose tensors name no layers (litert-torch's): said, not read
         return {"descended": False, "reason": str(error)}
     return walk(tree, framework)

@@ -46,10 +46,11 @@ class LevelTaps:
 
 
 class GraphLevels:
-    """A path's exported graph, loaded and pinned to the golden feed's sizes once, and its plain run's outputs; each
-    ``level`` call observes one level's module paths in it."""
+    """A path's exported graph, loaded and pinned to the golden feed's sizes once, and its plain run's outputs
+    (``plain``, by the spec's output names: those the diagnosis's taps collection ran, so the run is not repeated);
+    each ``level`` call observes one level's module paths in it."""
 
-    def __init__(self, spec, path, artifact_dir, meta, x, threads):
+    def __init__(self, spec, path, artifact_dir, meta, x, threads, plain: dict | None = None):
         from parity.runtimes.onnx_common import onnx_feed
 
         self.spec, self.path, self.meta, self.threads = spec, path, meta, threads
@@ -62,7 +63,11 @@ class GraphLevels:
         self.runs = 0  # the runs of the graph so far (sessions opened), the plain one included
         # its bytes once, each run's outputs appended to them (``onnx_graph.run_tensors``): ONNX Runtime only
         self.data = self.model.SerializeToString() if path.runtime.name.startswith("ort") else None
-        self.plain = self.run(self.outputs)
+        by_name = dict(zip(self.outputs, spec.outputs))
+        if plain is not None and all(by_name.get(name) in plain for name in self.outputs):
+            self.plain = {name: np.asarray(plain[by_name[name]]) for name in self.outputs}  # the taps' own plain run
+        else:
+            self.plain = self.run(self.outputs)
         self.held: dict = {}  # tensor -> its value, read by runs that left the outputs as the plain run has them
         self.ahead = scope_tensors(self.model, self.graph, self.exporter)  # read with the first level's tensors
 
