@@ -515,7 +515,7 @@ def measure(
             observed = pool.call(group, chain.COLLECT, precision="fp32", **own)
             med["taps"] = _median(repeats, pool.call, group, chain.COLLECT, precision="fp32", **own)
             med["runtime"] = 0.0
-            tree = descend(run, pool, spec, path, artifact)
+            tree = descend(run, pool, spec, path, artifact, observed.get("outputs"))
             if path.exports and path.runtime.name in ONNX_RUNTIMES:  # its own task, scoped by the descent
                 med["runtime"] = _median(
                     repeats, chain._runtime_link, run, pool, spec, path, artifact, arrays, observed, tree
@@ -526,7 +526,7 @@ def measure(
                 source_group = paths.by_id(path.source).runtime.group
                 source = pool.call(source_group, chain.COLLECT, **source_kw)
                 med["source"] = _median(repeats, pool.call, source_group, chain.COLLECT, **source_kw)
-            med["tree"] = _median(repeats, descend, run, pool, spec, path, artifact)
+            med["tree"] = _median(repeats, descend, run, pool, spec, path, artifact, observed.get("outputs"))
             if verdicts:  # what the diagnosis found, so the figures are those of a real one
                 print(
                     f"{model} {path.id}: first divergent path {' › '.join(tree['first_divergent_path']) or '-'}"
@@ -555,7 +555,7 @@ def _first_diagnosis(run, pool, spec, path, artifact, arrays, common, own) -> fl
     if path.exports:
         source_kw = {**common, "path_id": path.source, "precision": "fp32", "gradients": False}
         source = pool.call(paths.by_id(path.source).runtime.group, chain.COLLECT, **source_kw)
-    tree = descend(run, pool, spec, path, artifact)
+    tree = descend(run, pool, spec, path, artifact, observed.get("outputs"))
     if path.exports and path.runtime.name in ONNX_RUNTIMES:
         chain._runtime_link(run, pool, spec, path, artifact, arrays, observed, tree)
     chain.analyse(spec, path, arrays, observed, source)
