@@ -326,9 +326,10 @@ def run_tensors(
     """One inference of ``model`` on ``runtime`` (``ort``, ``ort-noopt``, ``onnxref`` or ``openvino``) returning
     ``names`` (OpenVINO: those its ONNX frontend keeps; a tensor it folds away is left out, so the tap is unmapped);
     ``infos``: the tensors' types where the caller has them (``_Graph.infos``), else shape inference finds them
-    (ONNX Runtime types its outputs itself: none is made for it); ``folder``: where the data files of a model read by ``load`` lie (see the module docstring); ``data``: the
-    model's own bytes where a caller runs it more than once (ONNX Runtime is then given them with the outputs
-    appended, ``serialized_with_outputs``, and the model is not serialised again)."""
+    (ONNX Runtime types its outputs itself: none is made for it); ``folder``: where the data files of a model read
+    by ``load`` lie (see the module docstring); ``data``: the model's own bytes where a caller runs it more than
+    once (ONNX Runtime is then given them with the outputs appended, ``serialized_with_outputs``, and the model is
+    not serialised again)."""
     if runtime not in RUNTIMES:
         raise ValueError(f"runtime {runtime!r} is not one of {RUNTIMES}")
     names = list(dict.fromkeys(names))

@@ -92,9 +92,9 @@ class Tree:
         weight_perturbation: dict | None = None,
         plain: dict | None = None,
     ) -> None:
-        """Build the path's side (``plain``: an exported graph's plain outputs where the caller ran them): a native runner (with the deliberate drift a check may add to its weights), the
-        exported graph, a ``.tflite`` file (``litert_tree.LiteRTLevels``), or a jax2tf SavedModel
-        (``jax_tf_tree.Jax2TfLevels``)."""
+        """Build the path's side: a native runner (with the deliberate drift a check may add to its weights), the
+        exported graph (``plain``: its plain outputs where the caller ran them), a ``.tflite`` file
+        (``litert_tree.LiteRTLevels``), or a jax2tf SavedModel (``jax_tf_tree.Jax2TfLevels``)."""
         from parity.run.tasks import weights_for
         from parity.sources import native
 
