@@ -188,8 +188,9 @@ def make_net():
 
 def test_against_last_end_to_end_passes_unchanged_and_fails_once_the_path_is_slower(tmp_path):
     """An unchanged path passes against the last run; four times slower, it fails. Beside the other tests of a
-    parallel session on two cores, the machine itself moves a 1 ms median by 5-10 % between two runs now and then
-    (the host audit says so), so the unchanged path has three tries, each against the run before it."""
+    parallel session on two cores, the machine itself moves a 1 ms median by 5-10 % between two runs now and then,
+    and at times in several runs in a row (the host audit says so), so the unchanged path has five tries, each
+    against the run before it."""
     flag = tmp_path / "slow"
     (tmp_path / "net.py").write_text(SLOW_NET.format(flag=str(flag)))
     root = tmp_path / "ws"
@@ -218,7 +219,7 @@ def test_against_last_end_to_end_passes_unchanged_and_fails_once_the_path_is_slo
     ]
     assert _invoke(*bench).exit_code == 0
     tries = []
-    for _ in range(3):
+    for _ in range(5):
         tries.append(_invoke(*bench, "--against", "last"))
         if tries[-1].exit_code == 0:
             break
