@@ -88,8 +88,9 @@ class Run(PathSteps):
         # what killed runs left behind: --no-cache scratch, cache staging, golden build scratch
         sweep(tempfile.gettempdir(), rf"^{NOCACHE_PREFIX}")
         sweep(workspace.root / "golden", golden.SCRATCH_PATTERN)
-        ExportCache(cache_root()).sweep()
-        ExportCache(cache_root(), notice=progress).prune()  # the least recently used exports past the bound
+        shared_cache = ExportCache(cache_root(), notice=progress)
+        shared_cache.sweep()
+        shared_cache.prune()  # the least recently used exports past the bound
         self._scratch = None if options.use_cache else owned_tempdir(tempfile.gettempdir(), NOCACHE_PREFIX)
         self.cache = ExportCache(self._scratch or cache_root(), notice=self.progress)
         self.exports: dict[str, dict] = {}  # chain key -> {"dir", "meta", "cached"} or {"error", "cached"}

@@ -144,7 +144,7 @@ class ExportCache:
 
     def prune(self, max_bytes: int | None = None, keep_used_s: float = KEEP_USED_S) -> list[Path]:
         """Remove the least recently used entries until the entries take at most ``max_bytes`` (default:
-        ``max_bytes()``; 0: no bound), never one used in the last ``keep_used_s`` or one whose lock is held.
+        ``max_bytes_allowed()``; 0: no bound), never one used in the last ``keep_used_s`` or one whose lock is held.
         Returns what was removed."""
         limit = max_bytes_allowed() if max_bytes is None else max_bytes
         if not limit or not self.exports.is_dir():
