@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from parity.diagnose import chain
+from parity.diagnose.descend import descend
 from parity.diagnose.graph import onnx_taps as ot
 from parity.golden import store as golden
 from parity.model.workspace import Workspace
@@ -134,7 +135,8 @@ def _edited_export(ws: Workspace, pool, tmp_path: Path, scope: str, epsilon: flo
     [("block/norm", "block_1/norm_1"), pytest.param("encoder/norm", "encoder_1/norm_1", marks=pytest.mark.slow)],
 )
 def test_export_fault_in_a_nested_leaf_is_found_at_the_leaf(leaf, scope, workspace, pool, tmp_path):
-    d = diagnose(workspace, "tf/onnx/ort", pool, _edited_export(workspace, pool, tmp_path, scope, 0.3))
+    artifact = _edited_export(workspace, pool, tmp_path, scope, 0.3)
+    d = diagnose(workspace, "tf/onnx/ort", pool, artifact)
     parent = leaf.split("/")[0]
     assert d["first_divergent_path"] == [parent, leaf], d["tree"]
     tree = d["tree"]
@@ -147,6 +149,19 @@ def test_export_fault_in_a_nested_leaf_is_found_at_the_leaf(leaf, scope, workspa
     assert d["cause_test"]["tap"] == leaf
     if leaf == "block/norm":  # its weights are named after its path (a functional sub-model's are not)
         assert d["cause"] is not None and d["cause"]["tap"] == leaf, d["cause_test"]
+    runtime = next(c for c in d["links"]["checks"] if c["link"] == "runtime")
+    assert runtime["ok"] and "of the module where the drift begins" in runtime["compared"], runtime
+    assert "runtime_link" not in tree
+    # the descent links the runtimes on the leaf from its own run's values, as the link's own task does from a run
+    spec, manifest, run = _run(workspace)
+    path, arrays = paths.by_id("tf/onnx/ort"), golden.load(workspace.golden_dir(MODEL), spec).arrays
+    observed = chain._collect(run, pool, spec, path, artifact, "fp32", gradients=False)
+    descended = descend(run, pool, spec, path, artifact, observed["outputs"])
+    linked = descended.pop("runtime_link")
+    own_task = chain._runtime_link(run, pool, spec, path, artifact, arrays, observed, descended)
+    assert linked["scope"] == own_task["scope"] and linked["first_divergent"] == own_task["first_divergent"]
+    assert [n["node"] for n in linked["nodes"]] == [n["node"] for n in own_task["nodes"]]
+    np.testing.assert_allclose([n["max_abs"] for n in linked["nodes"]], [n["max_abs"] for n in own_task["nodes"]])
 
 
 @pytest.mark.parametrize("path_id", ["tf", "tf/onnx/ort"])

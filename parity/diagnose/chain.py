@@ -141,6 +141,8 @@ def diagnose(
                 tree = {"descended": False, "reason": f"the tree could not be read ({error})"}
         if linked_later:
             observed["runtime_compare"] = _runtime_link(run, pool, spec, path, artifact, arrays, observed, tree)
+        if tree is not None:
+            tree.pop("runtime_link", None)
     except TaskFailed as error:
         return {"model": spec.name, "path": path.id, "error": f"nothing to diagnose: the path did not run ({error})"}
     result = analyse(spec, path, arrays, observed, source, failing if split != "eval" else None)
@@ -191,6 +193,8 @@ def _runtime_link(run, pool, spec, path, artifact, arrays, observed, tree) -> di
                 "first_divergent": None,
                 "error": "the path's outputs and taps agree with the golden: nothing for the runtimes to dispute",
             }
+    if (tree or {}).get("runtime_link") is not None:  # linked on the module by the descent, from its own run
+        return tree["runtime_link"]
     leaf = (tree or {}).get("leaf") or {}
     scope = None
     if (tree or {}).get("verdict") in ("leaf", "own_operations") and leaf.get("nodes") and leaf.get("tensor"):

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from parity.check import noise_floor
+from parity.diagnose.graph.runtime_link import RUNTIMES as ONNX_RUNTIMES  # the runtime link's paths
 from parity.golden import store as golden
 from parity.model import feeds
 from parity.model.workspace import Workspace
@@ -19,8 +20,6 @@ from parity.run.tasks import build_runner, weights_for
 from parity.runtimes.base import Runner
 from parity.runtimes.onnx_common import onnx_feed
 
-# the runtimes of the runtime link (ONNX Runtime against onnx.reference); OpenVINO reads an ONNX graph's taps too
-ONNX_RUNTIMES = ("ort", "ort-noopt", "onnxref")
 SAVEDMODEL_REASON = "a SavedModel made by jax2tf exposes only its outputs, not its layers"
 
 
@@ -121,10 +120,12 @@ def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, reference, pre
     whose marking as outputs leaves those outputs unchanged, the optimiser's part (ONNX Runtime) and the runtime
     link with its third opinion."""
     from parity.diagnose.graph import instrument, mapping_check, onnx_graph, onnx_taps
+    from parity.diagnose.graph import runtime_link as link
 
-    model, folder = onnx_graph.load(Path(artifact_dir) / meta["file"])  # weights in a data file stay there
+    file = Path(artifact_dir) / meta["file"]
+    model, folder = onnx_graph.load(file)  # weights in a data file stay there
     feed = onnx_feed(spec, meta, x)
-    model = onnx_graph.pinned(model, feed)  # an export's dynamic axes at the golden feed's sizes
+    model = onnx_graph.pinned(model, feed, in_place=True)  # an export's dynamic axes at the golden feed's sizes
     graph_outputs = list(meta["output_names"])
     tolerances = spec.output_tolerances(precision)
     by_graph_name = dict(zip(graph_outputs, spec.outputs))
@@ -133,7 +134,7 @@ def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, reference, pre
         return tolerances.for_name(by_graph_name.get(name, name))
 
     graph = onnx_graph._Graph(model) if spec.taps else None  # shape inference once, for candidates and mapping
-    data = model.SerializeToString() if spec.taps and path.runtime.name.startswith("ort") else None  # run again
+    data = file.read_bytes() if path.runtime.name.startswith("ort") else None  # what ONNX Runtime runs, unpinned
 
     def run(names):
         return onnx_graph.run_tensors(
@@ -193,12 +194,12 @@ def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, reference, pre
         from parity.diagnose.graph.optimiser import optimiser_effect
 
         optimiser = optimiser_effect(
-            model, feed, graph_outputs, expected, tolerance_for, threads, plain=plain, folder=folder
+            model, feed, graph_outputs, expected, tolerance_for, threads, plain=plain, folder=folder, data=data
         )
     runtime_compare = None
     if runtime_link:
         boundary = graph_outputs + [where["tensor"] for where in located.values() if where.get("tensor")]
-        runtime_compare = compare_runtimes(
+        runtime_compare = link.compare(
             model, feed, expected, tolerance_for, tolerances.default, threads, boundary, folder=folder
         )
     outputs = {name: plain[tensor] for name, tensor in zip(spec.outputs, graph_outputs)}
@@ -211,66 +212,6 @@ def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, reference, pre
         "instrumentation": instrumentation,
         "optimiser": optimiser,
     }
-
-
-def compare_runtimes(
-    model,
-    feed: dict,
-    expected: dict,
-    tolerance_for,
-    tol,
-    threads: int,
-    boundary: list[str],
-    scope: dict | None = None,
-    folder=None,
-) -> dict:
-    """The runtime link: ONNX Runtime against the reference evaluator on every tensor (``onnx_graph``), the verdict
-    judged at the ``boundary`` tensors, with a third opinion and node causes (``node_causes.judge``). ``scope``
-    (``{"nodes": [names], "output": tensor}``): only the nodes of the module where the drift begins, fed what ONNX
-    Runtime computed at their inputs in the whole graph, so both runtimes compute that module from the same values;
-    the boundary is then its output. ``folder``: where the data files of a model read by ``onnx_graph.load`` lie."""
-    from parity.diagnose.graph import onnx_graph
-    from parity.diagnose.graph.node_causes import judge
-
-    if scope is not None and set(scope["nodes"]) >= {node.name for node in model.graph.node}:
-        scope = None  # the module is the whole graph (a one-node ONNX source): judged against the golden as such
-    if scope is not None:
-        model, feed = _scoped(model, feed, scope, threads, folder)
-        folder = None  # the module's nodes hold their weights
-        boundary = [scope["output"]]
-    values_by_runtime: dict = {}
-    compared = onnx_graph.compare_runtimes(model, feed, tol, threads, keep=values_by_runtime, folder=folder)
-    if values_by_runtime:
-        compared.update(
-            judge(
-                model,
-                feed,
-                values_by_runtime,
-                compared["first_divergent"],
-                expected if scope is None else None,
-                tolerance_for,
-                tol,
-                threads,
-                folder,
-            )
-        )
-    compared["boundary_tensors"] = boundary
-    if scope is not None:
-        compared["scope"] = {"nodes": len(model.graph.node), "output": scope["output"]}
-    return compared
-
-
-def _scoped(model, feed: dict, scope: dict, threads: int, folder=None):
-    """The subgraph of ``scope``'s nodes that computes its output from what they read outside it, and that feed, as
-    ONNX Runtime computed it in the whole graph (the subgraph holds the weights it reads, also from a data file)."""
-    from parity.diagnose.graph import onnx_graph
-    from parity.diagnose.graph.reduce import subgraph
-
-    names = set(scope["nodes"])
-    read = onnx_graph.outside_inputs(model, [n for n in model.graph.node if n.name in names])
-    values = onnx_graph.run_tensors("ort", model, feed, [*read, scope["output"]], threads, folder=folder)
-    values.update({name: feed[name] for name in read if name in feed})
-    return subgraph(model, scope["output"], set(read), values, base_dir=folder)
 
 
 def runtime_link(
@@ -286,9 +227,10 @@ def runtime_link(
     boundary: Sequence[str] = (),
     tolerances: dict | None = None,
 ) -> dict:
-    """Worker task: the runtime link of an ONNX path on its own (``compare_runtimes``), on the whole graph or on the
+    """Worker task: the runtime link of an ONNX path on its own (``parity.diagnose.graph.runtime_link``), on the whole graph or on the
     ``scope`` the descent into the model's tree found."""
     from parity.diagnose.graph import onnx_graph
+    from parity.diagnose.graph import runtime_link as link
 
     spec = noise_floor.at_bound(Workspace(workspace).load_spec(model), precision, tolerances)
     path = paths.by_id(path_id, "cpu", precision)
@@ -296,12 +238,12 @@ def runtime_link(
     reference = verified.arrays["reference.npz"]
     graph, folder = onnx_graph.load(Path(artifact_dir) / artifact_meta["file"])
     feed = onnx_feed(spec, artifact_meta, feeds.from_arrays(spec, verified.arrays["inputs.npz"]))
-    graph = onnx_graph.pinned(graph, feed)
+    graph = onnx_graph.pinned(graph, feed, in_place=True)
     graph_outputs = list(artifact_meta["output_names"])
     by_graph_name = dict(zip(graph_outputs, spec.outputs))
     at_precision = spec.output_tolerances(path.precision)
     expected = {name: reference[by_graph_name[name]] for name in graph_outputs}
-    return compare_runtimes(
+    return link.compare(
         graph,
         feed,
         expected,

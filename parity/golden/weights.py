@@ -127,6 +127,25 @@ class ModuleWeights(Mapping):
         return len(self._state)
 
 
+class KerasWeights(Mapping):
+    """A Keras model's floating weights by variable path, as ``canonical`` names them, each read when asked for (a
+    reference built in float64 holds the float32 weights exactly)."""
+
+    def __init__(self, model):
+        self._variables = {v.path: v for v in model.weights if str(v.dtype).startswith(("float", "bfloat"))}
+
+    def __getitem__(self, name: str) -> Any:
+        import numpy as np
+
+        return np.asarray(self._variables[name])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._variables)
+
+    def __len__(self) -> int:
+        return len(self._variables)
+
+
 def _torch_weights(spec):
     import torch
 

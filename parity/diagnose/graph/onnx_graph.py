@@ -143,13 +143,15 @@ def _float_types():
     return {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16}
 
 
-def pinned(model, feed: dict):
-    """A copy of ``model`` whose graph inputs' dynamic dims are the sizes of the arrays ``feed`` gives them: shape
-    inference then gives every intermediate the static shape it has on that feed (tap mapping compares shapes)."""
+def pinned(model, feed: dict, in_place: bool = False):
+    """A copy of ``model`` (``in_place``: the model itself, where the caller just read it) whose graph inputs'
+    dynamic dims are the sizes of the arrays ``feed`` gives them: shape inference then gives every intermediate the
+    static shape it has on that feed (tap mapping compares shapes)."""
     import onnx
 
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
+    copy = model if in_place else onnx.ModelProto()
+    if not in_place:
+        copy.CopyFrom(model)
     for graph_input in copy.graph.input:
         value = feed.get(graph_input.name)
         if value is None or not graph_input.type.tensor_type.HasField("shape"):
@@ -162,16 +164,43 @@ def pinned(model, feed: dict):
     return copy
 
 
+SKELETON_ELEMENTS = 1024  # initializers up to this size keep their values for shape inference (shapes, axes, scales)
+
+
 def _inferred(model):
-    """Shape-inferred copy (never the argument itself); falls back to a plain copy on failure."""
+    """Shape-inferred copy of ``model``'s graph (never the argument itself), without the values of its weights:
+    shape inference reads the values of small constants only (a ``Reshape``'s shape, a ``Slice``'s starts), so each
+    initializer of more than ``SKELETON_ELEMENTS`` elements is given to it as a graph input of its type, and a model
+    of hundreds of megabytes is not copied (twice) for it. Falls back to the skeleton uninferred on failure."""
     import onnx
 
+    skeleton = _skeleton(model)
     try:
-        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(skeleton, data_prop=True)
     except Exception:  # noqa: BLE001 - a model inference cannot type is still usable
-        copy = onnx.ModelProto()
-        copy.CopyFrom(model)
-        return copy
+        inferred = skeleton
+    del inferred.graph.input[len(model.graph.input) :]  # the weights given as inputs
+    return inferred
+
+
+def _skeleton(model):
+    """``model``'s graph with its large initializers as graph inputs of their types (see ``_inferred``)."""
+    import onnx
+
+    skeleton = onnx.ModelProto(ir_version=model.ir_version)
+    skeleton.opset_import.extend(model.opset_import)
+    skeleton.functions.extend(model.functions)
+    graph, bare = model.graph, skeleton.graph
+    bare.name = graph.name
+    for field in ("node", "input", "output", "value_info", "sparse_initializer"):
+        getattr(bare, field).extend(getattr(graph, field))
+    declared = {i.name for i in graph.input}
+    for tensor in graph.initializer:
+        if int(np.prod(tensor.dims)) <= SKELETON_ELEMENTS:
+            bare.initializer.append(tensor)
+        elif tensor.name not in declared:
+            bare.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
+    return skeleton
 
 
 def _value_infos(inferred) -> dict:
@@ -326,16 +355,16 @@ def run_tensors(
     """One inference of ``model`` on ``runtime`` (``ort``, ``ort-noopt``, ``onnxref`` or ``openvino``) returning
     ``names`` (OpenVINO: those its ONNX frontend keeps; a tensor it folds away is left out, so the tap is unmapped);
     ``infos``: the tensors' types where the caller has them (``_Graph.infos``), else shape inference finds them
-    (ONNX Runtime types its outputs itself: none is made for it); ``folder``: where the data files of a model read
-    by ``load`` lie (see the module docstring); ``data``: the model's own bytes where a caller runs it more than
-    once (ONNX Runtime is then given them with the outputs appended, ``serialized_with_outputs``, and the model is
-    not serialised again)."""
+    (ONNX Runtime types its outputs itself: none is given to it); ``folder``: where the data files of a model read
+    by ``load`` lie (see the module docstring); ``data``: the bytes of the file ``model`` was read from (and
+    ``pinned``), where the caller has them: ONNX Runtime runs them, with the outputs appended
+    (``serialized_with_outputs``), as the path's own run does, and the model is not serialised."""
     if runtime not in RUNTIMES:
         raise ValueError(f"runtime {runtime!r} is not one of {RUNTIMES}")
     names = list(dict.fromkeys(names))
     if runtime.startswith("ort"):  # ONNX Runtime types the outputs it is asked for itself: no shape inference
         data = model.SerializeToString() if data is None else data
-        extended_data = serialized_with_outputs(model, data, names, {} if infos is None else infos)
+        extended_data = serialized_with_outputs(model, data, names, {})
         values = _ort_session(model, threads, runtime == "ort", folder, extended_data).run(names, feed)
         return {name: np.asarray(value) for name, value in zip(names, values)}
     extended = with_outputs(model, names, infos)

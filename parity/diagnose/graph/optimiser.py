@@ -96,6 +96,7 @@ def optimiser_effect(
     threads: int = 1,
     plain: dict | None = None,
     folder=None,
+    data: bytes | None = None,
 ) -> dict | None:
     """Whether the failure of ``model``'s outputs (``output_names`` in order, compared with ``expected`` keyed the
     same way) depends on ONNX Runtime's optimisation level. None when it does not: the outputs fail with every
@@ -106,11 +107,12 @@ def optimiser_effect(
     (name, op type) of the optimised graph at the last passing level that the failing level replaced. ``plain``: the
     outputs of the path's own run (every optimisation on), when the caller has them: where they pass, or where the
     run with every optimisation off fails too, no level is tried further. ``folder``: where the data files of a model
-    read by ``parity.diagnose.graph.onnx_graph.load`` lie (the model is serialised without its weights)."""
+    read by ``parity.diagnose.graph.onnx_graph.load`` lie (the model is serialised without its weights); ``data``: the
+    bytes of the file ``model`` was read from, where the caller has them (the model is not serialised again)."""
     from parity.diagnose.graph.onnx_graph import _check_folder
 
     _check_folder(model, folder)
-    data = model.SerializeToString()
+    data = model.SerializeToString() if data is None else data
     if plain is not None and _worst(plain, expected, tolerance_for)[0]:
         return None  # the path's own run passes: nothing depends on the level
     off = session(data, "ORT_DISABLE_ALL", threads, folder=folder).run(output_names, feed)

@@ -244,7 +244,47 @@ def descent(
         tree.on_path(path_id, device, artifact_dir, artifact_meta, weight_perturbation, plain)
     except NotRead as error:  # a .tflite file whose tensors name no layers (litert-torch's): said, not read
         return {"descended": False, "reason": str(error)}
-    return walk(tree, framework)
+    result = walk(tree, framework)
+    linked = _runtime_link(tree, result)
+    if linked is not None:
+        result["runtime_link"] = linked
+    return result
+
+
+def _runtime_link(tree: Tree, result: dict) -> dict | None:
+    """The runtime link on the module of an exported ONNX graph where the descent found the drift beginning
+    (``parity.diagnose.graph.runtime_link``), fed what the descent's run read at its inputs, so the graph is not
+    run again for them; None where the descent found no module with nodes of its own, the path is not on ONNX
+    Runtime or the reference evaluator on the CPU, or the module cannot be cut out on its own (the diagnosis then
+    links the runtimes in a task of its own)."""
+    from parity.diagnose.graph import runtime_link
+    from parity.diagnose.tree.graph_tree import GraphLevels
+
+    side, leaf = tree.path_side, result.get("leaf") or {}
+    if not isinstance(side, GraphLevels) or side.path.runtime.name not in runtime_link.RUNTIMES:
+        return None
+    if side.path.device != "cpu" or result.get("verdict") not in ("leaf", "own_operations"):
+        return None
+    if not (leaf.get("nodes") and leaf.get("tensor")):
+        return None
+    tolerances = tree.spec.output_tolerances(tree.precision)
+    by_graph_name = dict(zip(side.outputs, tree.spec.outputs))
+    reference = tree.verified.arrays["reference.npz"]
+    try:
+        return runtime_link.compare(
+            side.model,
+            side.feed,
+            {name: reference[by_graph_name[name]] for name in side.outputs},
+            lambda name: tolerances.for_name(by_graph_name.get(name, name)),
+            tolerances.default,
+            tree.threads,
+            list(side.outputs),
+            {"nodes": [name for name, _ in leaf["nodes"]], "output": leaf["tensor"]},
+            side.folder,
+            {**side.held, **side.plain},
+        )
+    except Exception:  # noqa: BLE001 - whatever stops the cut, the diagnosis's own task links the whole graph
+        return None
 
 
 def reference_at(

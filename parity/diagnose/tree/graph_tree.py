@@ -55,14 +55,15 @@ class GraphLevels:
 
         self.spec, self.path, self.meta, self.threads = spec, path, meta, threads
         self.feed = onnx_feed(spec, meta, x)
-        model, self.folder = onnx_graph.load(Path(artifact_dir) / meta["file"])
-        self.model = onnx_graph.pinned(model, self.feed)
+        file = Path(artifact_dir) / meta["file"]
+        model, self.folder = onnx_graph.load(file)
+        self.model = onnx_graph.pinned(model, self.feed, in_place=True)
         self.graph = onnx_graph._Graph(self.model)
         self.outputs = list(meta["output_names"])
         self.exporter = next(e.name for e in reversed(path.exports) if e.name != "float16")
         self.runs = 0  # the runs of the graph so far (sessions opened), the plain one included
-        # its bytes once, each run's outputs appended to them (``onnx_graph.run_tensors``): ONNX Runtime only
-        self.data = self.model.SerializeToString() if path.runtime.name.startswith("ort") else None
+        # the file's bytes, each run's outputs appended to them (``onnx_graph.run_tensors``): ONNX Runtime only
+        self.data = file.read_bytes() if path.runtime.name.startswith("ort") else None
         by_name = dict(zip(self.outputs, spec.outputs))
         if plain is not None and all(by_name.get(name) in plain for name in self.outputs):
             self.plain = {name: np.asarray(plain[by_name[name]]) for name in self.outputs}  # the taps' own plain run

@@ -113,14 +113,18 @@ def walk(tree, framework: str) -> dict:
 
 
 def _model_weights(tree):
-    """The weights a cause test reads its leaf's from: the golden data's copy, else (a user's torch model) those its
-    reference holds, so that the whole model is not built again for one layer's weights."""
+    """The weights a cause test reads its leaf's from: the golden data's copy, else (a user's torch or Keras model)
+    those its reference holds, so that the whole model is not built again for one layer's weights."""
     from parity.golden import weights as golden_weights
 
     weights = tree.verified.arrays["weights.npz"]
-    module = getattr(tree.reference_runner, "module", None)
-    if isinstance(weights, golden_weights.ModelWeights) and module is not None:
-        return golden_weights.ModuleWeights(module)
+    if not isinstance(weights, golden_weights.ModelWeights):
+        return weights
+    runner = tree.reference_runner
+    if getattr(runner, "module", None) is not None:
+        return golden_weights.ModuleWeights(runner.module)
+    if tree.framework == "tf" and getattr(runner, "model", None) is not None:
+        return golden_weights.KerasWeights(runner.model)
     return weights
 
 
