@@ -1,15 +1,15 @@
 #!/usr/bin/env python
 """What a diagnosis costs next to a plain check of the same path, measured side by side in one run.
 
-The worker pool keeps one framework process alive at a time, so each piece is timed in a warm
-worker, repeated back to back: the plain check (outputs twice, the eval split, gradients where
-the path has them); the diagnosis's run of the path (one inference with the tap tensors as extra
-outputs); the runtime link (ONNX Runtime and the reference evaluator on every tensor of the module where
-the descent found the drift beginning, else of the whole graph; none for a path that agrees everywhere);
-the source's own taps (the converter link); the descent into the model's tree (one task in the source's
-worker: every level on the reference and on the path, the leaf's cause); and the analysis in the
-orchestrator (statistics, first divergent tap, the cause's layer recomputations). Prints medians and
-ratios to the plain check.
+The worker pool keeps one framework process alive at a time, so each piece is timed in a warm worker: the plain
+check (outputs twice, the eval split, gradients where the path has them), then whole diagnoses back to back, each
+piece timed as ``chain.diagnose`` runs it: the path's taps (its plain run and one inference with the tap tensors
+and, where a descent follows in the same worker, every module's tensors as extra outputs, which the descent reads
+too); the source's own taps (the converter link); the descent into the model's tree (one task in the source's
+worker: every level on the reference and on the path, the leaf's cause, and on an ONNX graph the runtime link on
+the leaf's nodes); the runtime link's own task where the descent did not link (ONNX Runtime and the reference
+evaluator on the whole graph); and the analysis in the orchestrator (statistics, first divergent tap, the cause's
+layer recomputations). Prints medians and ratios to the plain check.
 
 ``--encoder N`` measures a user's model instead: a transformers DistilBERT encoder of N layers (random weights)
 whose ``N//2``-th layer's output LayerNorm loses its bias in the export, through ``parity init`` and
@@ -469,7 +469,8 @@ def _header(repeats: int, threads: int) -> None:
     print(
         f"threads {threads}, {repeats} back-to-back repeats in a warm worker; medians in seconds. The pieces and "
         "diagnosis/check: a further diagnosis of the model (another path's), with the reference's tree and the "
-        "source's run kept by the workers; first/check: one whole diagnosis with nothing kept"
+        "source's run kept by the workers, the path's graph read afresh; first/check: one whole diagnosis with "
+        "nothing kept"
     )
     print(
         f"{'model':<14} {'path':<20} {'check':>7} {'taps':>7} {'runtime':>8} {'source':>7} {'tree':>7} "
@@ -512,28 +513,16 @@ def measure(
             pool.call(group, "parity.run.tasks:check_path", precision="fp32", **own)  # warm
             med = {"check": _median(repeats, pool.call, group, "parity.run.tasks:check_path", precision="fp32", **own)}
             first = _first_diagnosis(run, pool, spec, path, artifact, arrays, common, own)
-            observed = pool.call(group, chain.COLLECT, precision="fp32", **own)
-            med["taps"] = _median(repeats, pool.call, group, chain.COLLECT, precision="fp32", **own)
-            med["runtime"] = 0.0
-            tree = descend(run, pool, spec, path, artifact, observed.get("outputs"))
-            if path.exports and path.runtime.name in ONNX_RUNTIMES:  # its own task, scoped by the descent
-                med["runtime"] = _median(
-                    repeats, chain._runtime_link, run, pool, spec, path, artifact, arrays, observed, tree
-                )
-            source, med["source"] = observed, 0.0
-            if path.exports:
-                source_kw = {**common, "path_id": path.source, "precision": "fp32", "gradients": False}
-                source_group = paths.by_id(path.source).runtime.group
-                source = pool.call(source_group, chain.COLLECT, **source_kw)
-                med["source"] = _median(repeats, pool.call, source_group, chain.COLLECT, **source_kw)
-            med["tree"] = _median(repeats, descend, run, pool, spec, path, artifact, observed.get("outputs"))
+            pieces = [_further_diagnosis(run, pool, spec, path, artifact, arrays, common, own) for _ in range(repeats)]
+            for piece in ("taps", "runtime", "source", "tree", "analyse"):
+                med[piece] = statistics.median(p[piece] for p in pieces)
+            total = statistics.median(sum(v for k, v in p.items() if k != "found") for p in pieces)
             if verdicts:  # what the diagnosis found, so the figures are those of a real one
+                tree, link = pieces[-1]["found"]
                 print(
                     f"{model} {path.id}: first divergent path {' › '.join(tree['first_divergent_path']) or '-'}"
-                    f" ({tree.get('verdict')}); runtime link: {tree_link(_link(run, pool, spec, path, artifact, arrays, observed, tree))}"
+                    f" ({tree.get('verdict')}); runtime link: {tree_link(link)}"
                 )
-            med["analyse"] = _median(repeats, chain.analyse, spec, path, arrays, observed, source)
-            total = med["taps"] + med["runtime"] + med["source"] + med["tree"] + med["analyse"]
             print(
                 f"{model:<14} {path.id:<20} {med['check']:>7.3f} {med['taps']:>7.3f} {med['runtime']:>8.3f} "
                 f"{med['source']:>7.3f} {med['tree']:>7.3f} {med['analyse']:>8.3f} "
@@ -543,14 +532,49 @@ def measure(
             )
 
 
+def _collect_group(spec, path, artifact) -> str:
+    """The worker group of the path's taps collection, as ``chain.diagnose`` picks it."""
+    linked = artifact is not None and path.runtime.name in ONNX_RUNTIMES and path.device == "cpu"
+    return (chain.collect_group(spec, path, artifact) if linked else None) or path.runtime.group
+
+
+def _further_diagnosis(run, pool, spec, path, artifact, arrays, common, own) -> dict:
+    """Seconds of each piece of a further diagnosis, as ``chain.diagnose`` runs them: the model's reference tree and
+    its source's run kept by the workers (a diagnosis of the model's another path has made them), the path's graph
+    read afresh (``graph_tree.graph_levels`` is forgotten first). ``found``: the descent and the runtime link."""
+    group = _collect_group(spec, path, artifact)
+    pool.call(group, "parity.run.kept:forget", slot="graph-levels")
+    seconds: dict = {}
+    started = time.perf_counter()
+    observed = pool.call(group, chain.COLLECT, precision="fp32", **own)
+    seconds["taps"] = time.perf_counter() - started
+    source, seconds["source"] = observed, 0.0
+    if path.exports:
+        source_kw = {**common, "path_id": path.source, "precision": "fp32", "gradients": False}
+        started = time.perf_counter()
+        source = pool.call(paths.by_id(path.source).runtime.group, chain.COLLECT, **source_kw)
+        seconds["source"] = time.perf_counter() - started
+    started = time.perf_counter()
+    tree = descend(run, pool, spec, path, artifact, observed.get("outputs"))
+    seconds["tree"] = time.perf_counter() - started
+    started = time.perf_counter()
+    link = _link(run, pool, spec, path, artifact, arrays, observed, tree)
+    seconds["runtime"] = time.perf_counter() - started
+    started = time.perf_counter()
+    chain.analyse(spec, path, arrays, observed, source)
+    seconds["analyse"] = time.perf_counter() - started
+    return {**seconds, "found": (tree, link)}
+
+
 def _first_diagnosis(run, pool, spec, path, artifact, arrays, common, own) -> float:
     """Seconds of one whole diagnosis with nothing kept by the workers from an earlier one (``parity.run.kept``): the
     path's taps, the source's, the descent, the runtime link and the analysis, as ``chain.diagnose`` runs them."""
-    groups = {path.runtime.group, *([paths.by_id(path.source).runtime.group] if path.exports else [])}
-    for group in groups:
-        pool.call(group, "parity.run.kept:forget")
+    group = _collect_group(spec, path, artifact)
+    groups = {group, *([paths.by_id(path.source).runtime.group] if path.exports else [])}
+    for each in groups:
+        pool.call(each, "parity.run.kept:forget")
     started = time.perf_counter()
-    observed = pool.call(path.runtime.group, chain.COLLECT, precision="fp32", **own)
+    observed = pool.call(group, chain.COLLECT, precision="fp32", **own)
     source = observed
     if path.exports:
         source_kw = {**common, "path_id": path.source, "precision": "fp32", "gradients": False}

@@ -15,8 +15,9 @@ from parity.check import noise_floor
 from parity.diagnose import links, patterns
 from parity.diagnose.causes import drift
 from parity.diagnose.collect import ONNX_RUNTIMES
-from parity.diagnose.descend import NO_TAP_DEPARTS, descend, merge_tree
+from parity.diagnose.descend import NO_TAP_DEPARTS, descend, merge_tree, source_framework, tree_group
 from parity.diagnose.graph import mapping_check
+from parity.diagnose.tree import SOURCES
 from parity.golden import store as golden
 from parity.golden import weights as golden_weights
 from parity.model import feeds
@@ -42,9 +43,10 @@ def _fetcher(run, pool, spec):
     return fetch
 
 
-def _collect(run, pool, spec, path, artifact, precision: str, **options) -> dict:
+def _collect(run, pool, spec, path, artifact, precision: str, group: str | None = None, **options) -> dict:
+    """The path's taps collection (``COLLECT``), in its own worker group or in ``group``'s."""
     return pool.call(
-        path.runtime.group,
+        group or path.runtime.group,
         COLLECT,
         workspace=str(run.workspace.root),
         model=spec.name,
@@ -118,6 +120,7 @@ def diagnose(
             path,
             artifact,
             path.precision,
+            collect_group(spec, path, artifact) if linked_later and artifact is not None else None,
             runtime_link=path.runtime.name in ONNX_RUNTIMES and not linked_later,
             gradients=split != "eval",
             weight_perturbation=run.options.weight_perturbation.get((spec.name, path.id)),
@@ -168,6 +171,15 @@ def diagnose(
         result["split"] = {"name": "eval", "rows": extra["rows"]}
         result["notes"].insert(0, note)
     return result
+
+
+def collect_group(spec, path, artifact: dict) -> str | None:
+    """The worker group of the taps collection of an ONNX graph on ONNX Runtime or the reference evaluator, where a
+    descent into the model's tree follows: the descent's, so both read the graph from one run
+    (``parity.diagnose.tree.graph_tree.graph_levels``); None (the path's own) for a source whose tree is not read."""
+    if source_framework(spec, path) not in SOURCES or artifact["meta"].get("format") != "onnx":
+        return None
+    return tree_group(spec, path, artifact)
 
 
 def _runtime_link(run, pool, spec, path, artifact, arrays, observed, tree) -> dict:

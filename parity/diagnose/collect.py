@@ -118,14 +118,22 @@ def _collect_native(
 def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, reference, precision, threads, runtime_link) -> dict:
     """An ONNX path: the plain run's outputs (what the check saw), the taps from the largest set of tap tensors
     whose marking as outputs leaves those outputs unchanged, the optimiser's part (ONNX Runtime) and the runtime
-    link with its third opinion."""
-    from parity.diagnose.graph import instrument, mapping_check, onnx_graph, onnx_taps
+    link with its third opinion. The graph is read and run through the ``GraphLevels`` a descent in this worker
+    reads it by next (``graph_tree.graph_levels``): the instrumented run that reads the taps reads the descent's
+    tensors too."""
+    from parity.diagnose.graph import instrument, mapping_check, onnx_taps
     from parity.diagnose.graph import runtime_link as link
+    from parity.diagnose.tree.graph_tree import graph_levels
 
-    file = Path(artifact_dir) / meta["file"]
-    model, folder = onnx_graph.load(file)  # weights in a data file stay there
-    feed = onnx_feed(spec, meta, x)
-    model = onnx_graph.pinned(model, feed, in_place=True)  # an export's dynamic axes at the golden feed's sizes
+    levels = graph_levels(spec, path, artifact_dir, meta, x, threads)
+    model, folder, feed, graph, data, run = (
+        levels.model,
+        levels.folder,
+        levels.feed,
+        levels.graph,
+        levels.data,
+        levels.run,
+    )
     graph_outputs = list(meta["output_names"])
     tolerances = spec.output_tolerances(precision)
     by_graph_name = dict(zip(graph_outputs, spec.outputs))
@@ -133,17 +141,11 @@ def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, reference, pre
     def tolerance_for(name):
         return tolerances.for_name(by_graph_name.get(name, name))
 
-    graph = onnx_graph._Graph(model) if spec.taps else None  # shape inference once, for candidates and mapping
-    data = file.read_bytes() if path.runtime.name.startswith("ort") else None  # what ONNX Runtime runs, unpinned
-
-    def run(names):
-        return onnx_graph.run_tensors(
-            path.runtime.name, model, feed, names, threads, graph and graph.infos, folder, data
-        )
-
-    plain = run(graph_outputs)
+    plain = levels.plain
     candidates = onnx_taps.candidate_names(model, spec, golden_taps, meta["input_layout"], graph) if spec.taps else []
-    values = run(list(dict.fromkeys([*graph_outputs, *candidates]))) if candidates else plain
+    values = levels.observe(candidates, tolerance_for) if candidates else plain  # with the descent's tensors
+    if values is None:  # reading them all changes the outputs: the taps' tensors alone
+        values = run(list(dict.fromkeys([*graph_outputs, *candidates])))
     located, taps, instrumentation = {}, {}, None
     if spec.taps:
         # the exporter that named the nodes (the float16 conversion keeps them); jax2tf's graphs carry no Keras names:

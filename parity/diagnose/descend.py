@@ -30,21 +30,30 @@ def descend(run, pool, spec, path, artifact: dict | None, plain: dict | None = N
     reads through the run's progress; ``{"descended": False, "reason"}`` where the model's tree cannot be read.
     ``plain``: the path's outputs on the golden inputs where the caller has them (an exported graph is then not run
     plain again)."""
-    framework = path.source if path.source in paths.NATIVE else spec.frameworks[0]
+    framework = source_framework(spec, path)
     if framework not in SOURCES:
         return {"descended": False, "reason": f"the tree of a {framework} model is not read"}
     if artifact is None and path.exports:
         return {"descended": False, "reason": "no exported graph to descend into"}
-    # a jax2tf SavedModel's levels are converted and run there: JAX and TensorFlow share only the converter's worker
-    saved_model = artifact is not None and artifact["meta"].get("format") == "tf-savedmodel"
     said = getattr(run, "progress", None)
     with pool.reporting(None if said is None else lambda line: said(f"{spec.name}: diagnose {path.id}: {line}")):
-        return _descent(run, pool, spec, path, artifact, framework, saved_model, plain)
+        return _descent(run, pool, spec, path, artifact, framework, plain)
 
 
-def _descent(run, pool, spec, path, artifact, framework: str, saved_model: bool, plain: dict | None) -> dict:
+def source_framework(spec, path) -> str:
+    return path.source if path.source in paths.NATIVE else spec.frameworks[0]
+
+
+def tree_group(spec, path, artifact: dict | None) -> str:
+    """The worker group where the descent of ``path`` runs: the source framework's (``_group``), or jax2tf's for a
+    jax2tf SavedModel, whose levels are converted and run there (JAX and TensorFlow share only its worker)."""
+    saved_model = artifact is not None and artifact["meta"].get("format") == "tf-savedmodel"
+    return paths.JAX2TF.group if saved_model else _group(source_framework(spec, path))
+
+
+def _descent(run, pool, spec, path, artifact, framework: str, plain: dict | None) -> dict:
     return pool.call(
-        paths.JAX2TF.group if saved_model else _group(framework),
+        tree_group(spec, path, artifact),
         DESCENT,
         workspace=str(run.workspace.root),
         model=spec.name,

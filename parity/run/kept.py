@@ -39,6 +39,9 @@ def kept(slot: str, key: tuple, build: Callable[[], Any]) -> Any:
     return value
 
 
-def forget() -> None:
-    """Drop every kept value (a measurement of a first diagnosis, a test)."""
-    _KEPT.clear()
+def forget(slot: str | None = None) -> None:
+    """Drop every kept value, or ``slot``'s (a measurement of a first diagnosis, a test)."""
+    if slot is None:
+        _KEPT.clear()
+    else:
+        _KEPT.pop(slot, None)

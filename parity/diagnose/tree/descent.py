@@ -114,9 +114,9 @@ class Tree:
             weights = self.verified.arrays["weights.npz"]
             self.path_side = Jax2TfLevels(self.spec, path, artifact_dir, artifact_meta, self.x, self.threads, weights)
         else:
-            from parity.diagnose.tree.graph_tree import GraphLevels
+            from parity.diagnose.tree.graph_tree import graph_levels
 
-            self.path_side = GraphLevels(self.spec, path, artifact_dir, artifact_meta, self.x, self.threads, plain)
+            self.path_side = graph_levels(self.spec, path, artifact_dir, artifact_meta, self.x, self.threads, plain)
 
     def path(self, scope: str, names: list[str], calls: dict, expected: dict, expected_inputs: dict) -> dict:
         """``{"values", "inputs", "located"}`` of the path at ``names`` (``located[name]`` as a diagnosis's tap rows

@@ -11,7 +11,8 @@ not change what is read: where marking the level's tensors as outputs changes th
 bisected to the largest set that does not (``parity.diagnose.graph.instrument``) and the others are reported
 unobservable.
 
-A descent opens one instrumented session, not one per level: the graph's scopes are known up front (the exporter's
+A descent opens one instrumented session, not one per level, and shares it with the diagnosis's taps collection in the
+same worker (``graph_levels``): the graph's scopes are known up front (the exporter's
 records), so the first level's run also marks as outputs the boundary and input tensors of every scope, the
 shallowest first (in a graph without records, where modules are found by value: every tensor), up to
 ``AHEAD_BYTES`` of values; where those extra outputs change the plain run's outputs, that
@@ -87,10 +88,12 @@ class GraphLevels:
 
     def observe(self, tensors, tolerance_for) -> dict | None:
         """The plain outputs and ``tensors``' values, each tensor read once per descent (the graph and the feed do
-        not change between levels): those not read yet by one run with the outputs (the first such run reads every
+        not change between levels; a graph input is the feed's): those not read yet by one run with the outputs (the first such run reads every
         scope's tensors too, see the module docstring); None where that run changes the outputs (the caller reads
         them its own way)."""
-        missing = [t for t in dict.fromkeys(tensors) if t not in self.held and t not in self.plain]
+        missing = [
+            t for t in dict.fromkeys(tensors) if t not in self.held and t not in self.plain and t not in self.feed
+        ]
         if missing:
             wanted = set(missing)
             ahead = [t for t in self.ahead if t not in wanted and t not in self.held and t not in self.plain]
@@ -103,12 +106,37 @@ class GraphLevels:
                 if not instrument.same_outputs(self.plain, values, tolerance_for):
                     return None
                 self.held.update({t: values[t] for t in missing if t in values})
-        return {**{t: self.held[t] for t in tensors if t in self.held}, **self.plain}
+        known = {**self.feed, **self.held}
+        return {**{t: known[t] for t in tensors if t in known}, **self.plain}
 
     def level(self, names, calls, expected, expected_inputs) -> dict:
         """``{"values", "inputs", "located", "instrumentation"}`` for the module paths ``names`` (network order);
         ``expected`` / ``expected_inputs``: the reference's values and inputs (shapes, layouts, value fallback)."""
         return _level(self, names, calls, expected, expected_inputs)
+
+
+def graph_levels(spec, path, artifact_dir, meta, x, threads, plain: dict | None = None) -> GraphLevels:
+    """``GraphLevels`` of the path's graph, kept by the worker for the next task of the same diagnosis (``parity.run.
+    kept``): the taps collection's instrumented run then also reads the descent's tensors, and the descent in the
+    same worker runs the graph no more. Kept for the file as it is on disk (its size and modification time), the
+    path, the threads, the feed and the tolerances the runs are judged at."""
+    import hashlib
+    import json
+
+    from parity.run import kept
+
+    file = Path(artifact_dir) / meta["file"]
+    stat = file.stat()
+    digest = hashlib.sha256()
+    for name in sorted(x):
+        digest.update(name.encode() + np.ascontiguousarray(x[name]).tobytes())
+    tolerances = json.dumps(spec.output_tolerances(path.precision).to_json(), sort_keys=True)
+    key = (str(file.resolve()), stat.st_size, stat.st_mtime_ns, spec.name, path.id, path.device, threads)
+    return kept.kept(
+        "graph-levels",
+        (*key, digest.hexdigest(), tolerances),
+        lambda: GraphLevels(spec, path, artifact_dir, meta, x, threads, plain),
+    )
 
 
 def scope_tensors(model, graph, exporter: str, budget: int = AHEAD_BYTES) -> list[str]:
