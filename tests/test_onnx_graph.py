@@ -210,3 +210,31 @@ def test_module_imports_no_framework():
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "[]"
+
+
+def test_shape_inference_without_the_weights_types_every_tensor_as_with_them():
+    """A weight past ``SKELETON_ELEMENTS`` is given to shape inference as an input of its type; the small constants
+    whose values shapes depend on (a Reshape's target) keep theirs: every tensor is typed as by the whole model."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.standard_normal((48, 48)).astype(np.float32), "w")
+    shape = numpy_helper.from_array(np.array([0, 6, 8], np.int64), "shape")
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["h"]),
+            helper.make_node("Reshape", ["h", "shape"], ["r"]),
+            helper.make_node("Softmax", ["r"], ["y"], axis=-1),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 48])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializer=[weight, shape],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    whole = og._value_infos(onnx.shape_inference.infer_shapes(model, data_prop=True))
+    inferred = og._inferred(model)
+    assert weight.dims[0] * weight.dims[1] > og.SKELETON_ELEMENTS and [i.name for i in inferred.graph.input] == ["x"]
+    found = og._value_infos(inferred)
+    assert {n: i.type for n, i in found.items()} == {n: i.type for n, i in whole.items()}
+    assert og._static_shape(found["y"]) == (2, 6, 8)
