@@ -534,8 +534,7 @@ def measure(
 
 def _collect_group(spec, path, artifact) -> str:
     """The worker group of the path's taps collection, as ``chain.diagnose`` picks it."""
-    linked = artifact is not None and path.runtime.name in ONNX_RUNTIMES and path.device == "cpu"
-    return (chain.collect_group(spec, path, artifact) if linked else None) or path.runtime.group
+    return (chain.collect_group(spec, path, artifact) if path.device == "cpu" else None) or path.runtime.group
 
 
 def _further_diagnosis(run, pool, spec, path, artifact, arrays, common, own) -> dict:

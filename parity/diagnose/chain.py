@@ -120,7 +120,7 @@ def diagnose(
             path,
             artifact,
             path.precision,
-            collect_group(spec, path, artifact) if linked_later and artifact is not None else None,
+            collect_group(spec, path, artifact) if split != "eval" and path.device == "cpu" else None,
             runtime_link=path.runtime.name in ONNX_RUNTIMES and not linked_later,
             gradients=split != "eval",
             weight_perturbation=run.options.weight_perturbation.get((spec.name, path.id)),
@@ -173,13 +173,16 @@ def diagnose(
     return result
 
 
-def collect_group(spec, path, artifact: dict) -> str | None:
-    """The worker group of the taps collection of an ONNX graph on ONNX Runtime or the reference evaluator, where a
-    descent into the model's tree follows: the descent's, so both read the graph from one run
-    (``parity.diagnose.tree.graph_tree.graph_levels``); None (the path's own) for a source whose tree is not read."""
-    if source_framework(spec, path) not in SOURCES or artifact["meta"].get("format") != "onnx":
+def collect_group(spec, path, artifact: dict | None) -> str | None:
+    """The worker group of the taps collection of a path whose file the descent into the model's tree reads in its
+    own worker next: the descent's, so the diagnosis does not switch workers (which would drop what the source's
+    worker keeps, ``parity.run.kept``) and an ONNX graph on ONNX Runtime or the reference evaluator is read from one
+    run (``parity.diagnose.tree.graph_tree.graph_levels``); None (the path's own) otherwise."""
+    if artifact is None or source_framework(spec, path) not in SOURCES:
         return None
-    return tree_group(spec, path, artifact)
+    meta = artifact["meta"]
+    onnx = meta.get("format") == "onnx" and path.runtime.name in ONNX_RUNTIMES
+    return tree_group(spec, path, artifact) if onnx or str(meta.get("file", "")).endswith(".tflite") else None
 
 
 def _runtime_link(run, pool, spec, path, artifact, arrays, observed, tree) -> dict:
