@@ -25,6 +25,8 @@ def same_outputs(plain: dict, values: dict, tolerance_for) -> bool:
     for name, expected in plain.items():
         if values[name] is expected:  # the plain run's own array (a level read from tensors held): nothing to compare
             continue
+        if np.shape(values[name]) == np.shape(expected) and np.array_equal(values[name], expected):
+            continue  # bitwise the same (NaN aside, which the comparison below takes as alike): nothing to measure
         actual = np.asarray(values[name], np.float64)
         expected = np.asarray(expected, np.float64)
         if actual.shape != expected.shape:

@@ -31,6 +31,7 @@ Every function imports onnx / onnxruntime inside; this module imports only NumPy
 from __future__ import annotations
 
 import ast
+import functools
 
 import numpy as np
 
@@ -54,16 +55,21 @@ def torch_module_paths(node) -> list[str]:
     """The module paths a torch.onnx node was computed under, outermost first (the root and the op's own name left
     out): ``['blocks', 'blocks.0', 'blocks.0.norm']``."""
     for prop in node.metadata_props:
-        if prop.key != TORCH_SCOPES_KEY:
-            continue
-        try:
-            scopes = ast.literal_eval(prop.value)
-        except (ValueError, SyntaxError):
-            scopes = [s.strip(" '\"") for s in prop.value.strip("[]").split(",")]
-        # the last entry names the op (``linear_1``), not a module; the exporter's wrapper
-        # (parity.exporters.torch_onnx) holds the user's module as ``model``
-        return [s.removeprefix(f"{WRAPPED}.") for s in scopes[:-1] if isinstance(s, str) and s and s != WRAPPED]
+        if prop.key == TORCH_SCOPES_KEY:
+            return list(_module_paths(prop.value))
     return []
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _module_paths(value: str) -> tuple[str, ...]:
+    """``torch_module_paths`` of one metadata value, parsed once (a descent reads every node's at each level)."""
+    try:
+        scopes = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        scopes = [s.strip(" '\"") for s in value.strip("[]").split(",")]
+    # the last entry names the op (``linear_1``), not a module; the exporter's wrapper
+    # (parity.exporters.torch_onnx) holds the user's module as ``model``
+    return tuple(s.removeprefix(f"{WRAPPED}.") for s in scopes[:-1] if isinstance(s, str) and s and s != WRAPPED)
 
 
 def torch_scope(node, taps) -> str | None:
