@@ -89,6 +89,8 @@ def test_a_residual_stack_is_descended_to_the_faulty_norm_of_block_5(root, stack
     assert "epsilon 0.1" in diagnosis["cause"]["description"]
     leaf = diagnosis["tree"]["leaf"]
     assert [op for _, op in leaf["nodes"]] == ["LayerNormalization"] and leaf["input_tensor"]
+    # the taps collection and the descent, in one worker, read the graph from its plain run and one instrumented run
+    assert diagnosis["tree"]["raw_tensors"]["graph_runs"] == 2
     for level in diagnosis["tree"]["levels"]:  # every child before the divergent one agrees, and so does its input
         index = [r["tap"] for r in level["rows"]].index(level["first_divergent"])
         assert all(r["stats"]["ok"] for r in level["rows"][:index] if r["stats"])
@@ -116,35 +118,6 @@ def test_the_runtime_link_is_judged_on_the_leaf_nodes(stack):
     runtime = next(c for c in stack["links"]["checks"] if c["link"] == "runtime")
     assert runtime["ok"] and "1 node(s) of the module where the drift begins" in runtime["compared"]
     assert stack["links"]["enters_at"] == "converter"
-
-
-def test_the_taps_and_the_descent_read_the_graph_from_one_instrumented_run(root, stack, pool):
-    """In one worker (here, this process) the taps collection keeps the graph's levels: its plain run and one run
-    with the taps and every scope's tensors; the descent, its runtime link included, runs the graph no more."""
-    from parity.diagnose import collect
-    from parity.diagnose.tree import descent
-    from parity.golden import store as golden
-    from parity.model.workspace import Workspace
-    from parity.pipeline import orchestrate
-    from parity.run import kept, paths
-
-    ws = Workspace(root)
-    spec, path = ws.load_spec("stack"), paths.by_id("torch/onnx/ort")
-    run = orchestrate.Run(ws, orchestrate.Options(threads=1))
-    artifact = run._export(pool, spec, golden.verify(ws.golden_dir("stack"), spec), path, len(path.exports) - 1)
-    common = {"workspace": str(root), "model": "stack", "golden_dir": str(ws.golden_dir("stack")), "threads": 1}
-    where = {"path_id": path.id, "artifact_dir": artifact["dir"], "artifact_meta": artifact["meta"]}
-    kept.forget()
-    try:
-        observed = collect.collect(precision="fp32", gradients=False, **common, **where)
-        levels = kept._KEPT["graph-levels"][1]
-        assert levels.runs == 2 and observed["taps"]
-        tree = descent.descent(precision="fp32", framework="torch", **common, **where)
-        assert levels.runs == 2
-        assert tree["first_divergent_path"] == ["blocks", "blocks.5", "blocks.5.norm"]
-        assert tree["runtime_link"]["scope"]["nodes"] == 1
-    finally:
-        kept.forget()
 
 
 @pytest.mark.slow

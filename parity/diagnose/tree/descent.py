@@ -245,6 +245,8 @@ def descent(
     except NotRead as error:  # a .tflite file whose tensors name no layers (litert-torch's): said, not read
         return {"descended": False, "reason": str(error)}
     result = walk(tree, framework)
+    if hasattr(tree.path_side, "runs"):  # an exported graph's runs in this diagnosis: its plain one, instrumented ones
+        result.setdefault("raw_tensors", {})["graph_runs"] = tree.path_side.runs
     linked = _runtime_link(tree, result)
     if linked is not None:
         result["runtime_link"] = linked
