@@ -129,6 +129,26 @@ def test_the_cache_keeps_its_bound_by_removing_the_least_recently_used_entries_n
     assert cache.prune(max_bytes=0) == []  # 0: no bound
 
 
+def test_generation_exports_count_in_the_bound_and_the_oldest_of_both_kinds_goes_first(tmp_path, monkeypatch):
+    from parity.pipeline import generation
+    from parity.platform.cache_dir import cache_root, named_lock
+
+    monkeypatch.setenv("PARITY_CACHE_DIR", str(tmp_path))
+    cache = ExportCache(cache_root())
+    _entry(cache, "export", 1000, 9000)
+    for key, ago in [("decoder_old", 9900), ("decoder_held", 9800), ("decoder_new", 10)]:
+        entry = cache_root() / generation.EXPORTS / key
+        entry.mkdir(parents=True)
+        (entry / "model.onnx").write_bytes(b"x" * 1000)
+        (entry / generation.META).write_text("{}")
+        used = time.time() - ago
+        os.utime(entry / generation.META, (used, used))
+    with named_lock("generation-export-decoder_held", 0):  # another run is exporting or reading it
+        removed = cache.prune(max_bytes=1500, keep_used_s=3600, also=(generation.export_kind(),))
+    assert [p.name for p in removed] == ["decoder_old", "export"]  # the least recently used first, of either kind
+    assert sorted(p.name for p in (cache_root() / generation.EXPORTS).iterdir()) == ["decoder_held", "decoder_new"]
+
+
 def test_the_cache_bound_comes_from_its_variable_and_a_bad_value_is_one_line(monkeypatch):
     from parity.platform.errors import UsageError
     from parity.run import cache as cache_module

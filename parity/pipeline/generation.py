@@ -21,8 +21,10 @@ from parity.platform.cache_dir import cache_root, named_lock
 from parity.platform.errors import TaskFailed, one_line
 from parity.platform.packages import installed, normalized
 from parity.platform.safefs import owned_tempdir, sha256_file, sweep, write_json_atomic
+from parity.run.cache import Kind, mark_used
 
 META = "parity-generation-export.json"
+EXPORTS = "generation-exports"  # the folder of the cache they are kept in
 
 
 def is_generation(spec) -> bool:
@@ -159,12 +161,13 @@ def export(pool, source: dict, manifest: dict, path_id: str, parent: Path | None
             sort_keys=True,
         ).encode()
     ).hexdigest()[:32]
-    parent = parent or cache_root() / "generation-exports"
+    parent = parent or cache_root() / EXPORTS
     parent.mkdir(parents=True, exist_ok=True)
     target = parent / key
     with named_lock(f"generation-export-{key}"):
         kept = _verified(target)
         if kept is not None:
+            mark_used(target, META)
             return {"dir": str(target), "meta": kept, "cached": True}
         sweep(parent, ".build-*")
         scratch = owned_tempdir(parent, ".build-")
@@ -182,6 +185,12 @@ def export(pool, source: dict, manifest: dict, path_id: str, parent: Path | None
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
     return {"dir": str(target), "meta": meta, "cached": False}
+
+
+def export_kind() -> Kind:
+    """The generation exports as the export cache's bound counts them (``ExportCache.prune``)."""
+
+    return Kind(cache_root() / EXPORTS, META, lambda entry: named_lock(f"generation-export-{entry.name}", 0))
 
 
 def _verified(folder: Path) -> dict | None:

@@ -90,7 +90,7 @@ class Run(PathSteps):
         sweep(workspace.root / "golden", golden.SCRATCH_PATTERN)
         shared_cache = ExportCache(cache_root(), notice=progress)
         shared_cache.sweep()
-        shared_cache.prune()  # the least recently used exports past the bound
+        shared_cache.prune(also=(generation.export_kind(),))  # the least recently used exports past the bound
         self._scratch = None if options.use_cache else owned_tempdir(tempfile.gettempdir(), NOCACHE_PREFIX)
         self.cache = ExportCache(self._scratch or cache_root(), notice=self.progress)
         self.exports: dict[str, dict] = {}  # chain key -> {"dir", "meta", "cached"} or {"error", "cached"}

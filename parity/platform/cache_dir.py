@@ -32,9 +32,9 @@ def file_lock(path: Path, timeout_s: float = -1):
     return FileLock(str(require_file(path, "cache lock file", HINT)), timeout=timeout_s)
 
 
-def named_lock(name: str):
+def named_lock(name: str, timeout_s: float = -1):
     """A file lock under the cache for ``name`` (any string: hashed into the lock file's name)."""
-    return file_lock(cache_root() / "locks" / f"{hashlib.sha256(name.encode()).hexdigest()[:32]}.lock")
+    return file_lock(cache_root() / "locks" / f"{hashlib.sha256(name.encode()).hexdigest()[:32]}.lock", timeout_s)
 
 
 FULL_BYTES = 1 << 20  # a file system with less than this free is full: no export or log fits on it

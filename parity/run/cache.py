@@ -8,8 +8,8 @@ atomically, so an entry is never deleted before its successor is in place. A con
 failure is cached too, keyed the same way, so an expected conversion error is not redone on
 every run.
 
-The cache is bounded: each run starts by removing the least recently used entries (a lookup that finds an entry
-marks it used) until the entries take at most ``PARITY_CACHE_MAX_BYTES`` (``MAX_BYTES_DEFAULT``: 20 GiB; a size
+The cache is bounded: each run starts by removing the least recently used entries, these and the generation
+exports' (a lookup that finds an entry marks it used), until the entries take at most ``PARITY_CACHE_MAX_BYTES`` (``MAX_BYTES_DEFAULT``: 20 GiB; a size
 such as ``50G``; ``0``: no bound), keeping any entry used in the last ``KEEP_USED_S`` (a run may still read it) and
 any whose lock another run holds.
 """
@@ -21,8 +21,10 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from parity.model import manifest as manifest_lib
 from parity.platform.cache_dir import cache_folder, file_lock
@@ -105,7 +107,7 @@ class ExportCache:
             return None
         record, problem = self._verified_record(entry)
         if record is not None:  # it verified
-            _mark_used(entry)
+            mark_used(entry)
             return Entry(entry, meta=record.get("artifact"), error=record.get("error"))
         self.notice(f"cache entry {entry} is damaged ({problem}); exporting again")
         return None
@@ -142,25 +144,34 @@ class ExportCache:
             shutil.rmtree(staging, ignore_errors=True)
         return Entry(entry, meta=record.get("artifact"), error=record.get("error"))
 
-    def prune(self, max_bytes: int | None = None, keep_used_s: float = KEEP_USED_S) -> list[Path]:
-        """Remove the least recently used entries until the entries take at most ``max_bytes`` (default:
-        ``max_bytes_allowed()``; 0: no bound), never one used in the last ``keep_used_s`` or one whose lock is held.
-        Returns what was removed."""
+    def prune(
+        self, max_bytes: int | None = None, keep_used_s: float = KEEP_USED_S, also: tuple[Kind, ...] = ()
+    ) -> list[Path]:
+        """Remove the least recently used entries, of this cache and of the kinds ``also`` names (the generation
+        exports), until they take at most ``max_bytes`` together (default: ``max_bytes_allowed()``; 0: no bound),
+        never one used in the last ``keep_used_s`` or one whose lock is held. Returns what was removed."""
         limit = max_bytes_allowed() if max_bytes is None else max_bytes
-        if not limit or not self.exports.is_dir():
+        own = Kind(self.exports, META_FILE, lambda entry: self.lock(entry.name, timeout_s=0))
+        kinds = [kind for kind in (own, *also) if kind.folder.is_dir()]
+        if not limit or not kinds:
             return []
-        entries = [(_last_used(entry), _size(entry), entry) for entry in _entries(self.exports)]
-        total = sum(size for _, size, _ in entries)
+        entries = [
+            (_last_used(entry, kind.meta), _size(entry), entry, kind)
+            for kind in kinds
+            for entry in _entries(kind.folder)
+        ]
+        total = sum(size for _, size, _, _ in entries)
         removed = []
-        for used, size, entry in sorted(entries, key=lambda item: item[0]):
+        for used, size, entry, kind in sorted(entries, key=lambda item: item[0]):
             if total <= limit or time.time() - used < keep_used_s:
                 break
             try:
-                with self.lock(entry.name, timeout_s=0):
+                with kind.lock(entry):
                     shutil.rmtree(entry, ignore_errors=True)
             except TimeoutError:  # another run is exporting or reading it now
                 continue
-            (self.exports / f"{entry.name}.lock").unlink(missing_ok=True)
+            if kind is own:
+                (self.exports / f"{entry.name}.lock").unlink(missing_ok=True)
             total -= size
             removed.append(entry)
         if removed:
@@ -168,6 +179,16 @@ class ExportCache:
                 f"export cache over {limit / 2**30:.1f} GiB: removed {len(removed)} least recently used entries"
             )
         return removed
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A kind of entry the bound of the cache counts: the folder its entries lie in, the file in each whose time
+    says when it was last used, and ``lock(entry)``, its lock taken without waiting (``TimeoutError`` while held)."""
+
+    folder: Path
+    meta: str
+    lock: Callable[[Path], Any]
 
 
 def max_bytes_allowed() -> int:
@@ -184,16 +205,17 @@ def _entries(exports: Path) -> list[Path]:
     return [p for p in exports.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")]
 
 
-def _mark_used(entry: Path) -> None:
+def mark_used(entry: Path, meta: str = META_FILE) -> None:
+    """Say that ``entry`` was used now (the bound removes the least recently used first)."""
     try:
-        os.utime(entry / META_FILE)
+        os.utime(entry / meta)
     except OSError:  # a read-only cache is still read
         pass
 
 
-def _last_used(entry: Path) -> float:
+def _last_used(entry: Path, meta: str) -> float:
     try:
-        return (entry / META_FILE).stat().st_mtime
+        return (entry / meta).stat().st_mtime
     except OSError:
         return 0.0
 
