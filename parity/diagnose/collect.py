@@ -126,14 +126,7 @@ def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, reference, pre
     from parity.diagnose.tree.graph_tree import graph_levels
 
     levels = graph_levels(spec, path, artifact_dir, meta, x, threads)
-    model, folder, feed, graph, data, run = (
-        levels.model,
-        levels.folder,
-        levels.feed,
-        levels.graph,
-        levels.data,
-        levels.run,
-    )
+    model, folder, feed, graph, run = levels.model, levels.folder, levels.feed, levels.graph, levels.run
     graph_outputs = list(meta["output_names"])
     tolerances = spec.output_tolerances(precision)
     by_graph_name = dict(zip(graph_outputs, spec.outputs))
@@ -196,7 +189,7 @@ def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, reference, pre
         from parity.diagnose.graph.optimiser import optimiser_effect
 
         optimiser = optimiser_effect(
-            model, feed, graph_outputs, expected, tolerance_for, threads, plain=plain, folder=folder, data=data
+            model, feed, graph_outputs, expected, tolerance_for, threads, plain=plain, folder=folder, data=levels.data
         )
     runtime_compare = None
     if runtime_link:
@@ -229,8 +222,8 @@ def runtime_link(
     boundary: Sequence[str] = (),
     tolerances: dict | None = None,
 ) -> dict:
-    """Worker task: the runtime link of an ONNX path on its own (``parity.diagnose.graph.runtime_link``), on the whole graph or on the
-    ``scope`` the descent into the model's tree found."""
+    """Worker task: the runtime link of an ONNX path on its own (``parity.diagnose.graph.runtime_link``), on the
+    whole graph or on the ``scope`` the descent into the model's tree found (where the descent did not link it)."""
     from parity.diagnose.graph import onnx_graph
     from parity.diagnose.graph import runtime_link as link
 

@@ -41,6 +41,7 @@ def descend(run, pool, spec, path, artifact: dict | None, plain: dict | None = N
 
 
 def source_framework(spec, path) -> str:
+    """The framework whose tree a diagnosis of ``path`` descends: the path's source, else the model's own."""
     return path.source if path.source in paths.NATIVE else spec.frameworks[0]
 
 
