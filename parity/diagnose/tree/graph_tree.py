@@ -119,7 +119,7 @@ def graph_levels(spec, path, artifact_dir, meta, x, threads, plain: dict | None 
     """``GraphLevels`` of the path's graph, kept by the worker for the next task of the same diagnosis (``parity.run.
     kept``): the taps collection's instrumented run then also reads the descent's tensors, and the descent in the
     same worker runs the graph no more. Kept for the file as it is on disk (its size and modification time), the
-    path, the threads, the feed and the tolerances the runs are judged at."""
+    path and its precision, the threads, the feed and the tolerances the runs are judged at."""
     import hashlib
     import json
 
@@ -131,10 +131,10 @@ def graph_levels(spec, path, artifact_dir, meta, x, threads, plain: dict | None 
     for name in sorted(x):
         digest.update(name.encode() + np.ascontiguousarray(x[name]).tobytes())
     tolerances = json.dumps(spec.output_tolerances(path.precision).to_json(), sort_keys=True)
-    key = (str(file.resolve()), stat.st_size, stat.st_mtime_ns, spec.name, path.id, path.device, threads)
+    key = (str(file.resolve()), stat.st_size, stat.st_mtime_ns, spec.name, path.id, path.device, path.precision)
     return kept.kept(
         "graph-levels",
-        (*key, digest.hexdigest(), tolerances),
+        (*key, threads, digest.hexdigest(), tolerances),
         lambda: GraphLevels(spec, path, artifact_dir, meta, x, threads, plain),
     )
 
