@@ -17,6 +17,7 @@ from parity.diagnose.causes import drift
 from parity.diagnose.collect import ONNX_RUNTIMES
 from parity.diagnose.descend import NO_TAP_DEPARTS, descend, merge_tree, source_framework, tree_group
 from parity.diagnose.graph import mapping_check
+from parity.diagnose.graph.runtime_link import leaf_scope
 from parity.diagnose.tree import SOURCES
 from parity.golden import store as golden
 from parity.golden import weights as golden_weights
@@ -210,10 +211,7 @@ def _runtime_link(run, pool, spec, path, artifact, arrays, observed, tree) -> di
             }
     if (tree or {}).get("runtime_link") is not None:  # linked on the module by the descent, from its own run
         return tree["runtime_link"]
-    leaf = (tree or {}).get("leaf") or {}
-    scope = None
-    if (tree or {}).get("verdict") in ("leaf", "own_operations") and leaf.get("nodes") and leaf.get("tensor"):
-        scope = {"nodes": [name for name, _ in leaf["nodes"]], "output": leaf["tensor"]}
+    scope = leaf_scope(tree)
     boundary = [w["tensor"] for w in observed["located"].values() if w.get("tensor")]
     common = {
         "workspace": str(run.workspace.root),

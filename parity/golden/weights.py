@@ -132,7 +132,7 @@ class KerasWeights(Mapping):
     reference built in float64 holds the float32 weights exactly)."""
 
     def __init__(self, model):
-        self._variables = {v.path: v for v in model.weights if str(v.dtype).startswith(("float", "bfloat"))}
+        self._variables = {v.path: v for v in _keras_floating(model)}
 
     def __getitem__(self, name: str) -> Any:
         import numpy as np
@@ -163,11 +163,16 @@ def _keras_weights(spec):
 
     keras.utils.set_random_seed(spec.training.seed)
     model = spec.keras_model("float32")
-    variables = [v for v in model.weights if str(v.dtype).startswith(("float", "bfloat"))]
+    variables = _keras_floating(model)
     names = [v.path for v in variables]
     if len(set(names)) != len(names):
         raise UserModelError("the Keras model has weights with the same path; give its layers unique names")
     return {v.path: np.asarray(v) for v in variables}, {v.path for v in variables if v.trainable}
+
+
+def _keras_floating(model) -> list:
+    """A Keras model's floating-point variables (float and bfloat16), in the model's order."""
+    return [v for v in model.weights if str(v.dtype).startswith(("float", "bfloat"))]
 
 
 def _jax_weights(spec):

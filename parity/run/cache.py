@@ -9,8 +9,8 @@ failure is cached too, keyed the same way, so an expected conversion error is no
 every run.
 
 The cache is bounded: each run starts by removing the least recently used entries, these and the generation
-exports' (a lookup that finds an entry marks it used), until the entries take at most ``PARITY_CACHE_MAX_BYTES`` (``MAX_BYTES_DEFAULT``: 20 GiB; a size
-such as ``50G``; ``0``: no bound), keeping any entry used in the last ``KEEP_USED_S`` (a run may still read it) and
+exports' (a lookup that finds an entry marks it used), until the entries take at most ``PARITY_CACHE_MAX_BYTES``
+(``MAX_BYTES_DEFAULT``: 20 GiB; a size such as ``50G``; ``0``: no bound), keeping any entry used in the last ``KEEP_USED_S`` (a run may still read it) and
 any whose lock another run holds.
 """
 

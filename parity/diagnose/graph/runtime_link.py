@@ -58,6 +58,15 @@ def compare(
     return compared
 
 
+def leaf_scope(tree: dict | None) -> dict | None:
+    """The ``scope`` of the link in a descent's result (``{"nodes", "output"}``): the module where it found the drift
+    beginning (a leaf, or a scope's own operations), where that module has nodes and an output tensor of its own."""
+    leaf = (tree or {}).get("leaf") or {}
+    if (tree or {}).get("verdict") not in ("leaf", "own_operations") or not (leaf.get("nodes") and leaf.get("tensor")):
+        return None
+    return {"nodes": [name for name, _ in leaf["nodes"]], "output": leaf["tensor"]}
+
+
 def _scoped(model, feed: dict, scope: dict, threads: int, folder, values: dict):
     """The subgraph of ``scope``'s nodes that computes its output from what they read outside it, and that feed:
     ``values`` where they hold every tensor it needs, else as ONNX Runtime computes them in the whole graph (the

@@ -262,12 +262,10 @@ def _runtime_link(tree: Tree, result: dict) -> dict | None:
     from parity.diagnose.graph import runtime_link
     from parity.diagnose.tree.graph_tree import GraphLevels
 
-    side, leaf = tree.path_side, result.get("leaf") or {}
+    side, scope = tree.path_side, runtime_link.leaf_scope(result)
     if not isinstance(side, GraphLevels) or side.path.runtime.name not in runtime_link.RUNTIMES:
         return None
-    if side.path.device != "cpu" or result.get("verdict") not in ("leaf", "own_operations"):
-        return None
-    if not (leaf.get("nodes") and leaf.get("tensor")):
+    if side.path.device != "cpu" or scope is None:
         return None
     tolerances = tree.spec.output_tolerances(tree.precision)
     by_graph_name = dict(zip(side.outputs, tree.spec.outputs))
@@ -281,7 +279,7 @@ def _runtime_link(tree: Tree, result: dict) -> dict | None:
             tolerances.default,
             tree.threads,
             list(side.outputs),
-            {"nodes": [name for name, _ in leaf["nodes"]], "output": leaf["tensor"]},
+            scope,
             side.folder,
             {**side.held, **side.plain},
         )

@@ -11,9 +11,9 @@ not change what is read: where marking the level's tensors as outputs changes th
 bisected to the largest set that does not (``parity.diagnose.graph.instrument``) and the others are reported
 unobservable.
 
-A descent opens one instrumented session, not one per level, and shares it with the diagnosis's taps collection in the
-same worker (``graph_levels``): the graph's scopes are known up front (the exporter's
-records), so the first level's run also marks as outputs the boundary and input tensors of every scope, the
+A descent opens one instrumented session, not one per level, and shares it with the diagnosis's taps collection in
+the same worker (``graph_levels``): the graph's scopes are known up front (the exporter's records), so the first
+level's run also marks as outputs the boundary and input tensors of every scope, the
 shallowest first (in a graph without records, where modules are found by value: every tensor), up to
 ``AHEAD_BYTES`` of values; where those extra outputs change the plain run's outputs, that
 run is dropped and each level marks only its own tensors. A graph whose weights lie in a data file is read without
@@ -88,9 +88,9 @@ class GraphLevels:
 
     def observe(self, tensors, tolerance_for) -> dict | None:
         """The plain outputs and ``tensors``' values, each tensor read once per descent (the graph and the feed do
-        not change between levels; a graph input is the feed's): those not read yet by one run with the outputs (the first such run reads every
-        scope's tensors too, see the module docstring); None where that run changes the outputs (the caller reads
-        them its own way)."""
+        not change between levels; a graph input is the feed's): those not read yet by one run with the outputs
+        (the first such run reads every scope's tensors too, see the module docstring); None where that run changes
+        the outputs (the caller reads them its own way)."""
         missing = [
             t for t in dict.fromkeys(tensors) if t not in self.held and t not in self.plain and t not in self.feed
         ]
@@ -131,12 +131,9 @@ def graph_levels(spec, path, artifact_dir, meta, x, threads, plain: dict | None 
     for name in sorted(x):
         digest.update(name.encode() + np.ascontiguousarray(x[name]).tobytes())
     tolerances = json.dumps(spec.output_tolerances(path.precision).to_json(), sort_keys=True)
-    key = (str(file.resolve()), stat.st_size, stat.st_mtime_ns, spec.name, path.id, path.device, path.precision)
-    return kept.kept(
-        "graph-levels",
-        (*key, threads, digest.hexdigest(), tolerances),
-        lambda: GraphLevels(spec, path, artifact_dir, meta, x, threads, plain),
-    )
+    on_disk = (str(file.resolve()), stat.st_size, stat.st_mtime_ns)
+    key = (*on_disk, spec.name, path.id, path.device, path.precision, threads, digest.hexdigest(), tolerances)
+    return kept.kept("graph-levels", key, lambda: GraphLevels(spec, path, artifact_dir, meta, x, threads, plain))
 
 
 def scope_tensors(model, graph, exporter: str, budget: int = AHEAD_BYTES) -> list[str]:
