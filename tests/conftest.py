@@ -23,6 +23,16 @@ def export_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session", autouse=True)
+def jax_compile_cache(tmp_path_factory):
+    """One JAX compilation cache for the session: a test's own cache folder (``PARITY_CACHE_DIR``) then leaves the
+    workers' environment as it was (``precision.jax_compile_cache``), and the templates kept serve its workers."""
+    base = tmp_path_factory.getbasetemp()
+    cache = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "jax-compile"
+    cache.mkdir(exist_ok=True)
+    yield from _environ("JAX_COMPILATION_CACHE_DIR", cache)
+
+
+@pytest.fixture(scope="session", autouse=True)
 def no_worker_service():
     """Every test's workers are its own process's (``tests/test_worker_service.py`` turns the service on)."""
     old = os.environ.get("PARITY_WORKER_SERVICE")

@@ -83,6 +83,28 @@ def test_a_fresh_worker_is_forked_from_its_template_and_holds_nothing_of_the_one
 
 
 @LINUX
+def test_a_kept_template_forks_workers_that_run_with_this_processs_own_parity_variables(tmp_path, monkeypatch):
+    def variable(pool, name):
+        return pool.call("onnx", "os:getenv", key=name, fresh=True)
+
+    monkeypatch.setenv("PARITY_MEMORY_LIMIT", "64G")
+    monkeypatch.delenv("PARITY_STALL_TIMEOUT", raising=False)
+    with WorkerPool(1, tmp_path, timeout_s=120) as pool:
+        assert variable(pool, "PARITY_MEMORY_LIMIT") == "64G"
+        template = pool.current.template
+        monkeypatch.setenv("PARITY_MEMORY_LIMIT", "32G")
+        monkeypatch.setenv("PARITY_STALL_TIMEOUT", "600")
+        assert (variable(pool, "PARITY_MEMORY_LIMIT"), variable(pool, "PARITY_STALL_TIMEOUT")) == ("32G", "600")
+        monkeypatch.delenv("PARITY_MEMORY_LIMIT")
+        assert variable(pool, "PARITY_MEMORY_LIMIT") is None
+        assert pool.current.template is template  # one template: parity's variables are not what it is kept by
+    monkeypatch.setenv("PARITY_CACHE_DIR", str(tmp_path / "another-cache"))
+    with WorkerPool(1, tmp_path, timeout_s=120) as pool:
+        assert variable(pool, "PARITY_CACHE_DIR") == str(tmp_path / "another-cache")
+        assert pool.current.template is template
+
+
+@LINUX
 def test_a_forked_worker_that_dies_or_hangs_is_that_tasks_error(tmp_path):
     with WorkerPool(1, tmp_path, timeout_s=120) as pool:
         with pytest.raises(TaskFailed, match="died \\(exit code 3\\)") as died:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from parity.platform.errors import ParityError, TaskFailed
 from parity.run import watch
-from parity.run.worker import PROGRESS, _main, _template_main
+from parity.run.worker import PROGRESS, RUN_TIME_PREFIX, _main, _template_main
 
 if TYPE_CHECKING:
     from parity.run.service import RemoteTemplate
@@ -104,7 +104,9 @@ class Template:
         """A new worker: its pid and the parent's end of its pipe."""
         ours, theirs = multiprocessing.Pipe()
         try:
-            pid = self.fork_onto(theirs.fileno(), str(log_path), os.getcwd(), list(sys.path), None, timeout_s)
+            pid = self.fork_onto(
+                theirs.fileno(), str(log_path), os.getcwd(), list(sys.path), None, timeout_s, run_time_environment()
+            )
         except BaseException:
             ours.close()
             raise
@@ -112,12 +114,21 @@ class Template:
             theirs.close()
         return pid, ours
 
-    def fork_onto(self, fd: int, log: str, cwd: str, sys_path: list, client: int | None, timeout_s: float) -> int:
+    def fork_onto(
+        self,
+        fd: int,
+        log: str,
+        cwd: str,
+        sys_path: list,
+        client: int | None,
+        timeout_s: float,
+        environ: dict[str, str] | None = None,
+    ) -> int:
         """A new worker that serves its tasks on descriptor ``fd`` (a copy is passed; the caller closes its own),
-        runs in ``cwd`` with ``sys_path`` and writes to ``log``, ending with ``client`` too (a pid, or None);
-        its pid."""
+        runs in ``cwd`` with ``sys_path`` and parity's own variables as ``environ`` gives them (None: the
+        template's) and writes to ``log``, ending with ``client`` too (a pid, or None); its pid."""
         try:
-            pid = self._ask(("fork", log, cwd, sys_path, client), timeout_s, fd)
+            pid = self._ask(("fork", log, cwd, sys_path, client, environ), timeout_s, fd)
             if not isinstance(pid, int) or pid <= 0:
                 self.close()
                 raise OSError(f"the template answered {pid!r} for a pid")
@@ -199,9 +210,18 @@ def forks() -> bool:
     return method == "fork" and sys.platform.startswith("linux")
 
 
+def run_time_environment() -> dict[str, str]:
+    """This process's ``PARITY_*`` variables, which a worker forked here is given (``Template.fork``): a template
+    started under other values (another cache folder, memory limit, store) serves it all the same."""
+    return {k: v for k, v in os.environ.items() if k.startswith(RUN_TIME_PREFIX)}
+
+
 def environment_key(threads: int, env: dict) -> tuple:
-    """What a template's imports depend on: thread count and environment (pytest's per-test variable aside)."""
-    outer = sorted((k, v) for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST")
+    """What a template's imports depend on: thread count and environment (pytest's per-test variable and the
+    variables a forked worker is given, ``run_time_environment``, aside)."""
+    outer = sorted(
+        (k, v) for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST" and not k.startswith(RUN_TIME_PREFIX)
+    )
     return threads, tuple(sorted((k, str(v)) for k, v in env.items())), tuple(outer)
 
 

@@ -217,6 +217,7 @@ def _start(conn, group: str | None, threads: int, log_path: str, parent_pid: int
 
 
 PROGRESS = "progress"  # a task's message before its result: ``(PROGRESS, line)`` (``report``)
+RUN_TIME_PREFIX = "PARITY_"  # parity's own variables: read when a task runs, never while a template imports
 _TASK_CONN = None  # in a worker: the pipe its tasks answer on
 
 
@@ -295,8 +296,9 @@ def _main(conn, group: str | None, threads: int, log_path: str, parent_pid: int,
 
 def _template_main(conn, group: str | None, threads: int, log_path: str, parent_pid: int, env: dict) -> None:
     """A template: started like a worker, it runs no task; it forks a worker from itself for each ``("fork",
-    log_path, cwd, sys_path, client)`` (the worker's end of its pipe follows as a passed descriptor; ``client``: the
-    pid the worker ends with where that is not the template's parent, else None) and answers its pid,
+    log_path, cwd, sys_path, client, environ)`` (the worker's end of its pipe follows as a passed descriptor;
+    ``client``: the pid the worker ends with where that is not the template's parent, else None; ``environ``: the
+    ``PARITY_*`` variables the worker runs with, None: the template's) and answers its pid,
     and answers ``("status", pid, wait)`` with the exit code of a worker that ended (None while it runs), and
     ``("imports",)`` with the files it had imported once its frameworks were (``imported_files``)."""
     global _FORKED
@@ -324,7 +326,7 @@ def _template_main(conn, group: str | None, threads: int, log_path: str, parent_
                     ended[pid] = os.waitstatus_to_exitcode(status)
             conn.send(ended.get(pid))
             continue
-        _, log, cwd, sys_path, client = message
+        _, log, cwd, sys_path, client, environ = message
         with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as control:
             _, (fd,), _, _ = socket.recv_fds(control, 1, 1)
         sys.stdout.flush()
@@ -341,6 +343,10 @@ def _template_main(conn, group: str | None, threads: int, log_path: str, parent_
                 os.chdir(cwd)
                 if client is not None:  # the service's environment is its first client's, PWD aside
                     os.environ["PWD"] = cwd
+                if environ is not None:
+                    for name in [name for name in os.environ if name.startswith(RUN_TIME_PREFIX)]:
+                        del os.environ[name]
+                    os.environ.update(environ)
                 sys.path[:] = sys_path
                 _serve(multiprocessing.connection.Connection(fd), startup_error)
             finally:
