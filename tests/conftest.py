@@ -12,6 +12,16 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pytest_configure(config):
+    """Bytecode for parity and its tests, written once by the session's first process: where the environment says
+    not to write it (``PYTHONDONTWRITEBYTECODE``), every worker process would otherwise compile them again."""
+    import compileall
+
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        for folder in ("parity", "tests"):
+            compileall.compile_dir(REPO / folder, quiet=2)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def export_cache(tmp_path_factory):
     """All tests share one export cache, outside the repository and the user's own cache: with pytest-xdist,
@@ -58,13 +68,22 @@ def results_store(tmp_path_factory):
     yield from _environ("PARITY_STORE", tmp_path_factory.getbasetemp() / "results.sqlite")
 
 
+def worker_pool(timeout_s: float | None = 300, logs: Path | None = None):
+    """A worker pool with a check's settings on this machine (a thread per core, the CPU's worker environment):
+    the pools of a test process and the commands its tests run then fork their workers from the same templates."""
+    from parity.platform.cache_dir import cache_root
+    from parity.platform.env import default_threads
+    from parity.platform.precision import worker_environment
+    from parity.run.pool import WorkerPool
+
+    env = worker_environment("cpu", "fp32")
+    return WorkerPool(default_threads(), logs or cache_root() / "logs", timeout_s, env)
+
+
 @pytest.fixture(scope="module")
 def pool():
     """One worker process for a test module (a module that defines its own ``pool`` uses that)."""
-    from parity.platform.cache_dir import cache_root
-    from parity.run.pool import WorkerPool
-
-    with WorkerPool(1, cache_root() / "logs", 300) as workers:
+    with worker_pool() as workers:
         yield workers
 
 

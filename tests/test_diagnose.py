@@ -13,9 +13,8 @@ from parity.diagnose import chain
 from parity.golden import store as golden
 from parity.model.workspace import Workspace
 from parity.pipeline import orchestrate
-from parity.platform.cache_dir import cache_root
 from parity.run import paths
-from parity.run.pool import WorkerPool
+from tests.conftest import worker_pool
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -93,7 +92,7 @@ def make_workspace(root: Path, model: str, replace: dict[str, str] | None = None
 
 @pytest.fixture(scope="module")
 def pool():
-    with WorkerPool(1, cache_root() / "logs", 300) as workers:
+    with worker_pool() as workers:
         yield workers
 
 

@@ -17,7 +17,7 @@ from parity.cli import cli
 from parity.exporters.onnx_names import check_exported, name_graph
 from parity.model.workspace import Workspace
 from parity.platform.errors import ExportError
-from tests.conftest import REPO
+from tests.conftest import REPO, worker_pool
 
 
 def invoke(*args):
@@ -40,16 +40,14 @@ def exported_graphs(root: Path, model: str, path_ids, precision: str = "fp32") -
     the full checker; an export that failed gives its reason instead."""
     from parity.golden import store as golden
     from parity.pipeline import orchestrate
-    from parity.platform.cache_dir import cache_root
     from parity.run import paths
-    from parity.run.pool import WorkerPool
 
     workspace = Workspace(root)
     spec = workspace.load_spec(model)
     manifest = golden.verify(workspace.golden_dir(model), spec)
     run = orchestrate.Run(workspace, orchestrate.Options(threads=1))
     graphs = {}
-    with WorkerPool(1, cache_root() / "logs", 300) as pool:
+    with worker_pool() as pool:
         for path_id in path_ids:
             path = paths.by_id(path_id, "cpu", precision)
             entry = run._export(pool, spec, manifest, path, len(path.exports) - 1)

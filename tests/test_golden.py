@@ -9,15 +9,13 @@ import pytest
 from parity.golden import build as golden_build
 from parity.golden import store as golden
 from parity.model.workspace import Workspace
-from parity.platform.cache_dir import cache_root
 from parity.platform.errors import ParityError
-from parity.run.pool import WorkerPool
-from tests.conftest import mlp_variant
+from tests.conftest import mlp_variant, worker_pool
 
 
 def build(root):
     ws = Workspace(root)
-    with WorkerPool(2, cache_root() / "logs", timeout_s=600) as pool:
+    with worker_pool(600) as pool:
         return golden_build.build(ws, ws.load_spec("mlp"), pool)
 
 

@@ -14,11 +14,9 @@ from parity.exporters.common import ExportJob
 from parity.golden import store as golden
 from parity.model.workspace import Workspace
 from parity.pipeline import orchestrate
-from parity.platform.cache_dir import cache_root
 from parity.run import install_names, paths
-from parity.run.pool import WorkerPool
 from parity.runtimes.base import ShapeMismatch
-from tests.conftest import zoo_copy
+from tests.conftest import worker_pool, zoo_copy
 
 pytest.importorskip("ai_edge_litert")
 
@@ -177,7 +175,7 @@ def test_tf_litert_passes_on_cnn_and_transformer(tmp_path):
 
 @pytest.fixture(scope="module")
 def pool():
-    with WorkerPool(1, cache_root() / "logs", 300) as workers:
+    with worker_pool() as workers:
         yield workers
 
 

@@ -14,10 +14,9 @@ from parity.diagnose.graph import onnx_taps as ot
 from parity.golden import store as golden
 from parity.model.workspace import Workspace
 from parity.pipeline import orchestrate
-from parity.platform.cache_dir import cache_root
 from parity.run import paths
-from parity.run.pool import WorkerPool
 from parity.runtimes.onnx_common import onnx_feed
+from tests.conftest import worker_pool
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
@@ -62,7 +61,7 @@ def artifacts(export_cache):
     """The six exports (one worker per framework, in turn), shared by the module."""
     ws = Workspace(REPO)
     out = {}
-    with WorkerPool(1, cache_root() / "logs", 300) as pool:
+    with worker_pool() as pool:
         for exporter, path_id in PATH_OF.items():
             path = paths.by_id(path_id)
             reason = paths.unavailable_reason(path)

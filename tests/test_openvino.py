@@ -18,7 +18,7 @@ from parity.diagnose.collect import collect
 from parity.model.workspace import Workspace
 from parity.pipeline import orchestrate
 from parity.run import paths, tasks
-from tests.conftest import REPO, zoo_copy
+from tests.conftest import REPO, worker_pool, zoo_copy
 
 pytest.importorskip("openvino")
 
@@ -193,8 +193,6 @@ def test_an_onnx_file_with_a_changed_weight_fails_and_is_diagnosed_to_its_tap(on
 
     from parity.diagnose import chain
     from parity.golden import store as golden
-    from parity.platform.cache_dir import cache_root
-    from parity.run.pool import WorkerPool
 
     root, invoke = onnx_source
     invoke("check", "--model", "net", "--path", "onnx/openvino", "--threads", "1", "--json", root / "r.json")
@@ -221,7 +219,7 @@ def test_an_onnx_file_with_a_changed_weight_fails_and_is_diagnosed_to_its_tap(on
     assert result["verdict"] == "fail" and result["reason"].startswith("output logits"), result["reason"]
     spec = ws.load_spec("net")
     run = orchestrate.Run(ws, orchestrate.Options(threads=1))
-    with WorkerPool(1, cache_root() / "logs", 300) as pool:
+    with worker_pool() as pool:
         diagnosis = chain.diagnose(
             run,
             pool,

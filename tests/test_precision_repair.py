@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from parity.cli import cli
-from tests.conftest import REPO
+from tests.conftest import REPO, worker_pool
 
 BUGS = REPO / "tests" / "converterbugs.py"
 
@@ -97,10 +97,8 @@ def root(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pool():
-    from parity.platform.cache_dir import cache_root
-    from parity.run.pool import WorkerPool
 
-    with WorkerPool(1, cache_root() / "logs", 300) as workers:
+    with worker_pool() as workers:
         yield workers
 
 

@@ -7,11 +7,9 @@ import pytest
 
 from parity.check.training import check_step
 from parity.model.workspace import Workspace
-from parity.platform.cache_dir import cache_root
 from parity.platform.errors import NotDifferentiable
-from parity.run.pool import WorkerPool
 from parity.runtimes.base import Runner
-from tests.conftest import REPO
+from tests.conftest import REPO, worker_pool
 
 LR = 0.1
 # the sabotage each model gets: a rate twice too large, or one parameter left out of the optimizer
@@ -25,7 +23,7 @@ def golden(model: str, file: str) -> dict:
 
 @pytest.fixture(scope="module")
 def pool(export_cache):
-    with WorkerPool(1, cache_root() / "logs", 300) as workers:
+    with worker_pool() as workers:
         yield workers
 
 

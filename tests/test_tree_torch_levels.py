@@ -9,7 +9,7 @@ import pytest
 
 from parity.diagnose.tree import torch_tree
 from parity.diagnose.tree.descent import Tree
-from tests.conftest import REPO, failing_export
+from tests.conftest import REPO, failing_export, worker_pool
 
 NESTED = REPO / "tests" / "nestedmodels.py"
 SCOPES = ("", "blocks", "blocks.5")
@@ -64,7 +64,6 @@ def test_the_descent_says_each_level_and_keeps_raw_values_only_where_it_goes(che
     from parity.model.workspace import Workspace
     from parity.pipeline import orchestrate
     from parity.run import paths
-    from parity.run.pool import WorkerPool
 
     root, diagnosis = checked[0], checked[1]
     assert diagnosis["tree"]["raw_tensors"]["held"] <= 4 < diagnosis["tree"]["raw_tensors"]["compared"]
@@ -73,7 +72,7 @@ def test_the_descent_says_each_level_and_keeps_raw_values_only_where_it_goes(che
     lines: list[str] = []
     run = orchestrate.Run(ws, orchestrate.Options(threads=1), progress=lines.append)
     path = paths.by_id("torch/onnx/ort")
-    with WorkerPool(1, tmp_path / "logs", None) as pool:
+    with worker_pool(None, tmp_path / "logs") as pool:
         artifact = run._export(pool, spec, golden.verify(ws.golden_dir("stack"), spec), path, len(path.exports) - 1)
         lines.clear()
         tree = descend(run, pool, spec, path, artifact)

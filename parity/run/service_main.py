@@ -51,6 +51,7 @@ class Service(socketserver.ThreadingUnixStreamServer):
         self.ended: dict[int, tuple[int, bool]] = {}
         self.retired: list[Template] = []  # templates replaced (an imported file changed), ended once idle
         self.clients, self.last_active, self.retiring = 0, time.monotonic(), False
+        self.retire_now = threading.Event()  # set with ``retiring``: the idle watch ends the service at once
         # every template starts on this one thread, alive as long as the service: a template's parent-death signal
         # follows the thread that started it, so one started on a client's thread would end with that client
         self.spawner = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="template-start")
@@ -285,6 +286,7 @@ class Handler(socketserver.BaseRequestHandler):
             return service.info()
         if op == "retire":
             service.retiring = True
+            service.retire_now.set()
             return {"retiring": True}
         raise ValueError(f"unknown request {op!r}")
 
@@ -320,12 +322,12 @@ def serve(where: Path, name: str, threads: int, env: dict, ready: int) -> None:
                     break
             except Exception:  # noqa: BLE001 - said in the log; the service still ends once idle
                 traceback.print_exc()
-            time.sleep(min(1.0, max(idle_s / 4, 0.05)))
+            server.retire_now.wait(min(1.0, max(idle_s / 4, 0.05)))
         server.shutdown()
 
     threading.Thread(target=watch, name="idle-watch", daemon=True).start()
     try:
-        server.serve_forever(poll_interval=0.5)
+        server.serve_forever(poll_interval=0.1)  # how soon it ends once the idle watch says so
     finally:
         server.end()
         lock.release()

@@ -11,6 +11,7 @@ watchdog on the parent's pid elsewhere), so a killed run leaves no process behin
 
 from __future__ import annotations
 
+import gc
 import importlib
 import importlib.util
 import multiprocessing.connection
@@ -304,6 +305,8 @@ def _template_main(conn, group: str | None, threads: int, log_path: str, parent_
     global _FORKED
     startup_error = _start(conn, group, threads, log_path, parent_pid, env)
     imported = imported_files()
+    gc.collect()
+    gc.freeze()  # what the imports built is never collected again: a worker's collections scan its own objects only
     ended: dict[int, int] = {}
     while True:
         try:
