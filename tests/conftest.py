@@ -43,6 +43,23 @@ def jax_compile_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session", autouse=True)
+def one_thread():
+    """A thread per worker (``PARITY_THREADS``): the test processes share the cores, and a command a test runs
+    and the pools it holds start their workers with the same settings, from the same templates. Where there is no
+    GPU, ``CUDA_VISIBLE_DEVICES`` is empty for every worker, as a check on the CPU makes it."""
+    old = {name: os.environ.get(name) for name in ("PARITY_THREADS", "CUDA_VISIBLE_DEVICES")}
+    os.environ["PARITY_THREADS"] = "1"
+    if not Path("/dev/nvidia0").exists() and old["CUDA_VISIBLE_DEVICES"] is None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    yield
+    for name, value in old.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.fixture(scope="session", autouse=True)
 def no_worker_service():
     """Every test's workers are its own process's (``tests/test_worker_service.py`` turns the service on)."""
     old = os.environ.get("PARITY_WORKER_SERVICE")
@@ -69,8 +86,8 @@ def results_store(tmp_path_factory):
 
 
 def worker_pool(timeout_s: float | None = 300, logs: Path | None = None):
-    """A worker pool with a check's settings on this machine (a thread per core, the CPU's worker environment):
-    the pools of a test process and the commands its tests run then fork their workers from the same templates."""
+    """A worker pool with a check's settings (``default_threads``, the CPU's worker environment): the pools of a
+    test process and the commands its tests run then fork their workers from the same templates."""
     from parity.platform.cache_dir import cache_root
     from parity.platform.env import default_threads
     from parity.platform.precision import worker_environment

@@ -256,3 +256,18 @@ def test_the_worker_refuses_a_huge_sample_before_drawing_it(tmp_path):
             str(tmp_path),
             [{"name": "x", "shape": [100000, 100000, 1000], "dtype": "float32", "values": None}],
         )
+
+
+@pytest.mark.parametrize("value", ["0", "two", "-1"])
+def test_a_thread_count_from_the_environment_that_is_not_one_or_more_is_refused(tmp_path, monkeypatch, value):
+    from parity.platform.env import default_threads
+    from parity.platform.errors import UsageError
+
+    monkeypatch.setenv("PARITY_THREADS", value)
+    result = invoke("check", "--model", "mlp", "--workspace", tmp_path)
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert f"Invalid value for '--threads': PARITY_THREADS='{value}': give a thread count of 1 or more" in result.output
+    with pytest.raises(UsageError, match=f"PARITY_THREADS='{value}': give a thread count of 1 or more"):
+        default_threads()  # what init and the Python API read
+    monkeypatch.setenv("PARITY_THREADS", "3")
+    assert default_threads() == 3

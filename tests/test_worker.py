@@ -104,6 +104,27 @@ def test_a_kept_template_forks_workers_that_run_with_this_processs_own_parity_va
         assert pool.current.template is template
 
 
+def autograph_file() -> str:
+    """A task: a ``tf.function`` that autograph converts; the temporary file it wrote the converted code to."""
+    import tensorflow as tf
+
+    @tf.function
+    def absolute(x):
+        if x > 0:
+            return x
+        return -x
+
+    absolute(tf.constant(1.0))
+    return next(m.__file__ for n, m in sys.modules.items() if n.startswith("__autograph_generated_file"))
+
+
+def test_a_tensorflow_worker_leaves_no_generated_source_behind(tmp_path):
+    with WorkerPool(1, tmp_path, timeout_s=120) as pool:
+        written = pool.call("tf", "tests.test_worker:autograph_file")
+        assert os.path.isfile(written)
+    assert not os.path.exists(written)  # removed as the worker ended, though it ends without the interpreter's exit
+
+
 @LINUX
 def test_a_forked_worker_that_dies_or_hangs_is_that_tasks_error(tmp_path):
     with WorkerPool(1, tmp_path, timeout_s=120) as pool:

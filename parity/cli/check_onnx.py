@@ -6,7 +6,15 @@ import sys
 
 import click
 
-from parity.cli.common import FILE, FOLDER, PRECISION_CHOICES, TIMEOUT_DEFAULT, handle_errors, junit_option
+from parity.cli.common import (
+    FILE,
+    FOLDER,
+    PRECISION_CHOICES,
+    TIMEOUT_DEFAULT,
+    handle_errors,
+    junit_option,
+    threads_default,
+)
 
 
 @click.command("check-onnx")
@@ -48,6 +56,7 @@ from parity.cli.common import FILE, FOLDER, PRECISION_CHOICES, TIMEOUT_DEFAULT, 
 @click.option(
     "--threads",
     type=click.IntRange(1),
+    callback=threads_default,
     default=None,
     help="Intra-op threads, the same for every runtime (default: as parity check).",
 )

@@ -113,9 +113,21 @@ def _apply(func, decorators):
     return func
 
 
+def threads_default(ctx, param, value):
+    """``--threads`` as given, else ``PARITY_THREADS``, else every core (``default_threads``)."""
+    if value is not None:
+        return value
+    from parity.platform.env import default_threads
+    from parity.platform.errors import UsageError
+
+    try:
+        return default_threads()
+    except UsageError as error:
+        raise click.BadParameter(str(error)) from None
+
+
 def check_options(func):
     """Options shared by `check`, `run`, `bench` and `diagnose`."""
-    from parity.platform.env import default_threads
 
     return _apply(
         func,
@@ -151,8 +163,9 @@ def check_options(func):
             click.option(
                 "--threads",
                 type=click.IntRange(1),
-                default=default_threads(),
-                show_default=True,
+                callback=threads_default,
+                default=None,
+                show_default="every core, or $PARITY_THREADS",
                 help="Intra-op threads, the same for every framework and runtime.",
             ),
             click.option(

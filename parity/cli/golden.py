@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from parity.cli.common import fail, handle_errors, model_option, note, say, workspace_option
+from parity.cli.common import fail, handle_errors, model_option, note, say, threads_default, workspace_option
 
 
 @click.group()
@@ -22,7 +22,13 @@ def golden():
 @golden.command("build")
 @model_option
 @workspace_option
-@click.option("--threads", type=click.IntRange(1), default=None, help="Intra-op threads for training and references.")
+@click.option(
+    "--threads",
+    type=click.IntRange(1),
+    callback=threads_default,
+    default=None,
+    help="Intra-op threads for training and references.",
+)
 @handle_errors
 def golden_build(models, workspace, threads):
     """Train weights, run every framework in float64, prove they agree, write golden data.
@@ -56,7 +62,13 @@ def _report(outcomes, action: str, done) -> None:
 @golden.command("upgrade")
 @model_option
 @workspace_option
-@click.option("--threads", type=click.IntRange(1), default=None, help="Intra-op threads for the references.")
+@click.option(
+    "--threads",
+    type=click.IntRange(1),
+    callback=threads_default,
+    default=None,
+    help="Intra-op threads for the references.",
+)
 @handle_errors
 def golden_upgrade(models, workspace, threads):
     """Bring golden data written by an older parity to the current manifest schema.

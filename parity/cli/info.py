@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from parity.cli.common import PRECISION_CHOICES, handle_errors, model_option, note, workspace_option
+from parity.cli.common import PRECISION_CHOICES, handle_errors, model_option, note, threads_default, workspace_option
 
 
 @click.command()
@@ -39,7 +39,13 @@ def paths(models, workspace, devices, precisions):
 
 
 @click.command()
-@click.option("--threads", type=click.IntRange(1), default=None, help="Thread count to record (default: all cores).")
+@click.option(
+    "--threads",
+    type=click.IntRange(1),
+    callback=threads_default,
+    default=None,
+    help="Thread count to record (default: every core, or $PARITY_THREADS).",
+)
 def env(threads):
     """Print the environment manifest (versions, CPU, GPU, threads, flags) as JSON.
 
@@ -49,9 +55,9 @@ def env(threads):
     """
     import json
 
-    from parity.platform.env import default_threads, environment
+    from parity.platform.env import environment
 
-    click.echo(json.dumps(environment(threads or default_threads()), indent=2))
+    click.echo(json.dumps(environment(threads), indent=2))
 
 
 @click.command("worker-resources")

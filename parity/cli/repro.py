@@ -6,8 +6,15 @@ import sys
 
 import click
 
-from parity.cli.common import PRECISION_CHOICES, TIMEOUT_DEFAULT, handle_errors, note, say, workspace_option
-from parity.platform.env import default_threads
+from parity.cli.common import (
+    PRECISION_CHOICES,
+    TIMEOUT_DEFAULT,
+    handle_errors,
+    note,
+    say,
+    threads_default,
+    workspace_option,
+)
 
 
 @click.command("repro")
@@ -38,8 +45,9 @@ from parity.platform.env import default_threads
 @click.option(
     "--threads",
     type=click.IntRange(1),
-    default=default_threads(),
-    show_default=True,
+    callback=threads_default,
+    default=None,
+    show_default="every core, or $PARITY_THREADS",
     help="Intra-op threads, for the check and for every candidate of the reduction.",
 )
 @click.option(

@@ -94,8 +94,25 @@ def gpu_info() -> dict | None:
     return None if isinstance(gpus, str) else {"name": gpus[0]["name"], "driver": gpus[0]["driver"]}
 
 
-def default_threads() -> int:
+THREADS_VARIABLE = "PARITY_THREADS"  # the thread count a command uses where none is given (default: every core)
+
+
+def cores() -> int:
+    """The cores this process may run on."""
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
+
+def default_threads() -> int:
+    """``PARITY_THREADS`` where set, else every core (``cores``); a value that is not a positive integer is a
+    ``UsageError``."""
+    text = os.environ.get(THREADS_VARIABLE, "").strip()
+    if not text:
+        return cores()
+    if not text.isdigit() or int(text) < 1:
+        from parity.platform.errors import UsageError
+
+        raise UsageError(f"{THREADS_VARIABLE}={text!r}: give a thread count of 1 or more")
+    return int(text)
 
 
 def environment(threads: int, seed: int = 0) -> dict:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from parity.platform.errors import ParityError, TaskFailed
 from parity.run import watch
-from parity.run.worker import PROGRESS, RUN_TIME_PREFIX, _main, _template_main
+from parity.run.worker import PROGRESS, RUN_TIME_PREFIX, _main, _template_main, started_environment
 
 if TYPE_CHECKING:
     from parity.run.service import RemoteTemplate
@@ -194,7 +194,7 @@ class _Forked:
 
 
 # templates of this process, kept across runs (a test session or a notebook pays each import once) and ended
-# with it: (group, threads, worker environment, this process's environment) -> Template, least recently used first
+# with it: (group, *environment_key) -> Template, least recently used first
 _TEMPLATES: dict[tuple, Template] = {}
 MAX_TEMPLATES = 6
 START_METHOD_VARIABLE = "PARITY_WORKER_START"
@@ -217,12 +217,11 @@ def run_time_environment() -> dict[str, str]:
 
 
 def environment_key(threads: int, env: dict) -> tuple:
-    """What a template's imports depend on: thread count and environment (pytest's per-test variable and the
-    variables a forked worker is given, ``run_time_environment``, aside)."""
-    outer = sorted(
-        (k, v) for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST" and not k.startswith(RUN_TIME_PREFIX)
-    )
-    return threads, tuple(sorted((k, str(v)) for k, v in env.items())), tuple(outer)
+    """What a template's imports depend on: the thread count and the environment it starts with
+    (``worker.started_environment``), pytest's per-test variable and the variables a forked worker is given
+    (``run_time_environment``) aside."""
+    base = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST" and not k.startswith(RUN_TIME_PREFIX)}
+    return threads, tuple(sorted(started_environment(threads, env, base).items()))
 
 
 def close_templates() -> None:

@@ -81,11 +81,12 @@ def pid_running(pid: int) -> bool:
     return True
 
 
-def _thread_environment(threads: int, env: dict) -> None:
-    """Same intra-op thread count for every framework and runtime, and the device's environment
-    (``env``: name -> value, None to unset), set before anything imports a numerical library."""
+def started_environment(threads: int, env: dict, base) -> dict[str, str]:
+    """The environment a worker of ``threads`` starts with, from ``base`` (its parent's): the same intra-op thread
+    count for every framework and runtime, and the device's environment (``env``: name -> value, None to unset)."""
     n = str(threads)
-    os.environ.update(
+    started = dict(base)
+    started.update(
         {
             "OMP_NUM_THREADS": n,
             "MKL_NUM_THREADS": n,
@@ -96,12 +97,12 @@ def _thread_environment(threads: int, env: dict) -> None:
             "JAX_PLATFORMS": "cpu",
             # JAX takes 75 % of a GPU's memory at its first use: a JAX worker that lives on (a template, a timed series)
             # would leave the next worker of any framework out of memory; a user's own setting stands
-            "XLA_PYTHON_CLIENT_PREALLOCATE": os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "false"),
+            "XLA_PYTHON_CLIENT_PREALLOCATE": base.get("XLA_PYTHON_CLIENT_PREALLOCATE", "false"),
             "XLA_FLAGS": " ".join(
                 filter(
                     None,
                     [
-                        os.environ.get("XLA_FLAGS", ""),
+                        base.get("XLA_FLAGS", ""),
                         f"--xla_cpu_multi_thread_eigen={'true' if threads > 1 else 'false'}",
                         f"intra_op_parallelism_threads={threads}",
                     ],
@@ -111,9 +112,18 @@ def _thread_environment(threads: int, env: dict) -> None:
     )
     for name, value in env.items():
         if value is None:
-            os.environ.pop(name, None)
+            started.pop(name, None)
         else:
-            os.environ[name] = value
+            started[name] = str(value)
+    return started
+
+
+def _thread_environment(threads: int, env: dict) -> None:
+    """This process's environment made ``started_environment``'s, before anything imports a numerical library."""
+    started = started_environment(threads, env, os.environ)
+    for name in [name for name in os.environ if name not in started]:
+        del os.environ[name]
+    os.environ.update(started)
 
 
 def _import_frameworks(group: str, threads: int) -> None:
@@ -164,15 +174,29 @@ def process_origin() -> str:
 
 def quick_exit(status: int) -> None:
     """End this process now, without the interpreter's teardown (seconds for a process that imported TensorFlow):
-    output flushed and multiprocessing's own finalizers run (semaphores released), nothing else."""
+    output flushed, multiprocessing's own finalizers run (semaphores released) and TensorFlow's generated sources
+    removed (``_remove_generated_sources``), nothing else."""
     try:
         sys.stdout.flush()
         sys.stderr.flush()
+        _remove_generated_sources()
         from multiprocessing import util
 
         util._exit_function()  # type: ignore[attr-defined]  # private, so absent from typeshed's stubs
     finally:
         os._exit(status)
+
+
+def _remove_generated_sources() -> None:
+    """The temporary files TensorFlow's autograph wrote this process's converted functions to (``tf.function``): it
+    removes them at the interpreter's exit, which ``quick_exit`` skips, and they would stay in the temporary folder."""
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if name.startswith("__autograph_generated_file") and isinstance(path, str):
+            try:
+                os.remove(path)
+            except OSError:
+                pass
 
 
 def _redirect_output(log_path: str) -> None:
