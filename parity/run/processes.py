@@ -196,7 +196,9 @@ class _Forked:
 # templates of this process, kept across runs (a test session or a notebook pays each import once) and ended
 # with it: (group, *environment_key) -> Template, least recently used first
 _TEMPLATES: dict[tuple, Template] = {}
-MAX_TEMPLATES = 6
+# a run of every path uses seven groups (torch, tf, jax, jax+tf, onnx, openvino, litert): all of them are kept,
+# and one more; an idle template holds 0.05-0.35 GB of memory of its own (the rest is shared libraries)
+MAX_TEMPLATES = 8
 START_METHOD_VARIABLE = "PARITY_WORKER_START"
 
 
