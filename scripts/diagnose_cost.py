@@ -3,9 +3,9 @@
 
 The worker pool keeps one framework process alive at a time, so each piece is timed in a warm worker: the plain
 check (outputs twice, the eval split, gradients where the path has them), then whole diagnoses back to back, each
-piece timed as ``chain.diagnose`` runs it: the path's taps (its plain run and one inference with the tap tensors
-and, where a descent follows in the same worker, every module's tensors as extra outputs, which the descent reads
-too); the source's own taps (the converter link); the descent into the model's tree (one task in the source's
+piece timed as ``chain.diagnose`` runs it: the path's taps (its plain run, on ONNX Runtime the check's own outputs,
+and one inference with the tap tensors and, where a descent follows in the same worker, every module's tensors as
+extra outputs, which the descent reads too); the source's own taps (the converter link); the descent into the model's tree (one task in the source's
 worker: every level on the reference and on the path, the leaf's cause, and on an ONNX graph the runtime link on
 the leaf's nodes); the runtime link's own task where the descent did not link (ONNX Runtime and the reference
 evaluator on the whole graph); and the analysis in the orchestrator (statistics, first divergent tap, the cause's
@@ -56,6 +56,7 @@ from parity.diagnose.descend import descend
 from parity.golden import store as golden
 from parity.model.workspace import Workspace
 from parity.pipeline import orchestrate
+from parity.pipeline.path_steps import PLAIN_RUNTIMES
 from parity.platform.cache_dir import cache_root
 from parity.platform.precision import worker_environment
 from parity.run import paths
@@ -511,10 +512,15 @@ def measure(
             }
             group = path.runtime.group
             own["weight_perturbation"] = run.options.weight_perturbation.get((model, path.id))
-            pool.call(group, "parity.run.tasks:check_path", precision="fp32", **own)  # warm
-            med = {"check": _median(repeats, pool.call, group, "parity.run.tasks:check_path", precision="fp32", **own)}
-            first = _first_diagnosis(run, pool, spec, path, artifact, arrays, common, own)
-            pieces = [_further_diagnosis(run, pool, spec, path, artifact, arrays, common, own) for _ in range(repeats)]
+            # a failing ONNX path's check returns its outputs, which its diagnosis reads as the plain run (path_steps)
+            check = {**own, "precision": "fp32", "keep_outputs": bool(artifact) and path.runtime.name in PLAIN_RUNTIMES}
+            plain = pool.call(group, "parity.run.tasks:check_path", **check).get("plain_outputs")  # warm
+            med = {"check": _median(repeats, pool.call, group, "parity.run.tasks:check_path", **check)}
+            own_plain = {**own, "plain": plain}
+            first = _first_diagnosis(run, pool, spec, path, artifact, arrays, common, own_plain)
+            pieces = [
+                _further_diagnosis(run, pool, spec, path, artifact, arrays, common, own_plain) for _ in range(repeats)
+            ]
             for piece in ("taps", "runtime", "source", "tree", "analyse"):
                 med[piece] = statistics.median(p[piece] for p in pieces)
             total = statistics.median(sum(v for k, v in p.items() if k != "found") for p in pieces)

@@ -73,6 +73,7 @@ def diagnose(
     failing: list[str] | None = None,
     split: str = "inputs",
     tolerances: dict | None = None,
+    plain: dict | None = None,
 ) -> dict:
     """The diagnosis of ``path`` (a dict for the result JSON), or ``{"error": why}`` when nothing can be diagnosed.
 
@@ -81,7 +82,9 @@ def diagnose(
     found out of tolerance, which the instrumented run must reproduce before anything it shows is trusted.
     ``split="eval"``: the path fails on the eval split only; it is diagnosed on the eval samples that fail.
     ``tolerances`` (``Tolerances.to_json``): the path's precision judged at these instead of the spec's (a passing
-    path far above the float32 noise floor, at the floor's bound: ``parity.check.noise_floor``).
+    path far above the float32 noise floor, at the floor's bound: ``parity.check.noise_floor``). ``plain``: the
+    path's outputs on the golden inputs from its check (by the spec's names, as the model gave them), which the taps
+    collection of an ONNX graph reads as its plain run (``graph_tree.GraphLevels``).
     """
     if tolerances is not None:
         spec = noise_floor.at_bound(copy.copy(spec), path.precision, tolerances)
@@ -124,6 +127,7 @@ def diagnose(
             collect_group(spec, path, artifact) if split != "eval" and path.device == "cpu" else None,
             runtime_link=path.runtime.name in ONNX_RUNTIMES and not linked_later,
             gradients=split != "eval",
+            plain=plain if split != "eval" and artifact is not None else None,
             weight_perturbation=run.options.weight_perturbation.get((spec.name, path.id)),
             **extra,
         )

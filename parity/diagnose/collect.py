@@ -39,6 +39,7 @@ def collect(
     rows: list[int] | None = None,
     eval_reference: dict | None = None,
     tolerances: dict | None = None,
+    plain: dict | None = None,
 ) -> dict:
     """``{"outputs", "taps", "located", "gradients", "runtime_compare"}`` for one path (canonical layout).
 
@@ -46,7 +47,8 @@ def collect(
     ``weight_perturbation`` is the deliberate drift a check may add to a native source's weights; ``rows``: eval
     rows to run instead of the fixed input set, with ``eval_reference`` (``{"outputs", "taps"}``) their float64
     reference (``parity.diagnose.eval_split``). ``tolerances``: the path's precision judged at these
-    (``noise_floor.at_bound``)."""
+    (``noise_floor.at_bound``). ``plain``: an ONNX path's outputs on the fixed input set from its check (by the spec's
+    names), read as the plain run (``graph_tree.GraphLevels``)."""
     spec = noise_floor.at_bound(Workspace(workspace).load_spec(model), precision, tolerances)
     path = paths.by_id(path_id, device, precision)
     verified = golden.load(Path(golden_dir), spec)
@@ -65,7 +67,17 @@ def collect(
     )
     if artifact_dir is not None and graph_taps and path.device == "cpu":
         return _collect_onnx(
-            spec, path, artifact_dir, artifact_meta, x, golden_taps, reference, precision, threads, runtime_link
+            spec,
+            path,
+            artifact_dir,
+            artifact_meta,
+            x,
+            golden_taps,
+            reference,
+            precision,
+            threads,
+            runtime_link,
+            plain if rows is None else None,
         )
     if artifact_dir is None and rows is None and not weight_perturbation:  # the source's own run, kept (``kept``)
         key = (*kept.model_key(spec, verified.manifest), path.id, path.device, precision, threads, gradients)
@@ -115,7 +127,9 @@ def _collect_native(
     }
 
 
-def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, reference, precision, threads, runtime_link) -> dict:
+def _collect_onnx(
+    spec, path, artifact_dir, meta, x, golden_taps, reference, precision, threads, runtime_link, plain=None
+) -> dict:
     """An ONNX path: the plain run's outputs (what the check saw), the taps from the largest set of tap tensors
     whose marking as outputs leaves those outputs unchanged, the optimiser's part (ONNX Runtime) and the runtime
     link with its third opinion. The graph is read and run through the ``GraphLevels`` a descent in this worker
@@ -125,7 +139,7 @@ def _collect_onnx(spec, path, artifact_dir, meta, x, golden_taps, reference, pre
     from parity.diagnose.graph import runtime_link as link
     from parity.diagnose.tree.graph_tree import graph_levels
 
-    levels = graph_levels(spec, path, artifact_dir, meta, x, threads)
+    levels = graph_levels(spec, path, artifact_dir, meta, x, threads, plain)
     model, folder, feed, graph, run = levels.model, levels.folder, levels.feed, levels.graph, levels.run
     graph_outputs = list(meta["output_names"])
     tolerances = spec.output_tolerances(precision)

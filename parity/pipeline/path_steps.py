@@ -24,6 +24,10 @@ from parity.run import paths, provenance
 from parity.run.cache import META_FILE, ExportCache, content_key
 from parity.run.install_names import INSTALL_NAMES
 
+# a check on these runtimes runs an ONNX graph as a diagnosis's plain run does (every optimisation on, the same
+# threads, on the CPU): a failing path's diagnosis reads the check's outputs instead of running it again
+PLAIN_RUNTIMES = ("ort",)
+
 
 def _package_version(name: str) -> str | None:
     """Installed version of an import name (``tensorflow`` may come as ``tensorflow-cpu``)."""
@@ -264,6 +268,10 @@ class PathSteps:
                 export_s=0.0 if artifact is None or artifact["cached"] else artifact["meta"].get("export_s", 0.0),
                 weight_perturbation=self.options.weight_perturbation.get((spec.name, path.id)),
                 device=path.device,
+                # a diagnosis of an ONNX graph on the CPU reads the check's run as its own plain run
+                keep_outputs=bool(self.options.diagnose)
+                and artifact is not None
+                and path.runtime.name in PLAIN_RUNTIMES,
             )
         except TaskFailed as error:
             if error.kind == "golden":
@@ -274,11 +282,15 @@ class PathSteps:
         except NotEnoughMemory as error:  # refused before it started: this path's error, the others go on
             result.update(verdict="error", reason=f"{path.runtime.name}: {error}")
             return
+        plain = outcome.pop("plain_outputs", None)
+        if plain is not None and path.device == "cpu":
+            self.check_outputs[(spec.name, path.id, path.device, path.precision)] = plain
         result.update(outcome)
         result["peak_rss_mb"] = _megabytes(pool.last_peak_bytes)
 
     def _diagnose(self, pool, spec, manifest, path, result) -> None:
         """Diagnose ``path``'s drift layer by layer into ``result["diagnosis"]`` (options.diagnose says which)."""
+        plain = self.check_outputs.pop((spec.name, path.id, path.device, path.precision), None)
         wanted = self.options.diagnose == "all" or (
             result["verdict"] == "fail" and spec.expected_error(path.id) is None
         )
@@ -330,6 +342,7 @@ class PathSteps:
                 failing=failing,
                 split="eval" if eval_only else "inputs",
                 **({"tolerances": bound} if bound else {}),
+                plain=None if bound else plain,
             )
         except Exception as error:  # noqa: BLE001 - a diagnosis that breaks must not cost the run its results
             reason = one_line(f"{type(error).__name__}: {error}", 300)

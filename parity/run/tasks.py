@@ -150,13 +150,16 @@ def check_path(
     export_s: float = 0.0,
     weight_perturbation: dict | None = None,
     device: str = "cpu",
+    keep_outputs: bool = False,
 ) -> dict:
     """Outputs, determinism, metrics and gradients of one path against golden (timing is ``parity.bench.tasks``'s).
 
     Every precision is compared with the float64 golden, under that precision's tolerances and metric
     rules. A runner that finds it cannot run here (``Unavailable``) makes the path a skip with its reason.
     ``weight_perturbation`` ({name: delta}) adds to canonical weights before a native source is
-    built: a deliberate drift, used to prove that the gate holds.
+    built: a deliberate drift, used to prove that the gate holds. ``keep_outputs``: a failing path's result holds
+    its outputs on the golden inputs as the model gave them (``plain_outputs``, ``Runner.as_computed``), which its
+    diagnosis reads as the plain run instead of running the path again.
     """
     try:
         return _check_path(
@@ -171,6 +174,7 @@ def check_path(
             export_s,
             weight_perturbation,
             device,
+            keep_outputs,
         )
     except Unavailable as error:
         return {"verdict": "skip", "reason": str(error)}
@@ -188,6 +192,7 @@ def _check_path(
     export_s,
     weight_perturbation,
     device,
+    keep_outputs=False,
 ) -> dict:
     spec = Workspace(workspace).load_spec(model)
     path = paths.by_id(path_id, device, precision)
@@ -210,6 +215,7 @@ def _check_path(
     )
     outputs = runner.run(x)
     first_result_s = export_s + time.perf_counter() - started
+    as_computed = runner.as_computed() if keep_outputs else None
 
     judged = compare.OutputTolerances(spec.output_tolerances, precision, dict(runner.output_dtypes))
     # a sequence is compared element by element (each by its own dtype), after its length; an optional after its presence
@@ -275,6 +281,8 @@ def _check_path(
     result["runtime"] = runner.runtime_record()
     result["verdict"], result["reason"] = _verdict(spec, result)
     result["first_result_s"] = first_result_s
+    if as_computed is not None and result["verdict"] == "fail":
+        result["plain_outputs"] = as_computed
     return result
 
 

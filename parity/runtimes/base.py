@@ -124,6 +124,13 @@ class Runner:
         self._computed = {name: values.text(v) if v.dtype.kind in "OS" else v for name, v in outputs.items()}
         return widened(self._computed)
 
+    def as_computed(self) -> dict[str, np.ndarray] | None:
+        """The last run's outputs as the model gave them, by the spec's names (none widened); None where one was a
+        container split into elements or text."""
+        if self._output_kinds or any(v.dtype.kind in "OSU" for v in self._computed.values()):
+            return None
+        return dict(self._computed)
+
     @property
     def output_dtypes(self) -> dict[str, str]:
         """The dtype each output of the last run was computed in, before widening: a float16 output is judged at
