@@ -15,8 +15,8 @@ layer recomputations). Prints medians and ratios to the plain check.
 whose ``N//2``-th layer's output LayerNorm loses its bias in the export, through ``parity init`` and
 ``golden build`` in a temporary workspace, so its ONNX path fails and the descent goes to that leaf.
 
-``--llama SIZE`` measures a transformers Llama of random weights (``LLAMA``: ``20m``, or ``135m``, SmolLM-135M's shape)
-on 2x64 tokens, whose middle layer's ``post_attention_layernorm`` (an RMSNorm of random gain) is exported with
+``--llama SIZE`` measures a transformers Llama of random weights (``LLAMA``: ``20m``, ``135m``, SmolLM-135M's shape,
+or ``1.1b``, TinyLlama-1.1B's) on 2x64 tokens, whose middle layer's ``post_attention_layernorm`` (an RMSNorm of random gain) is exported with
 epsilon 0.1, so ``torch/onnx/ort`` fails and the descent goes to that leaf.
 
 ``--keras-encoder N`` and ``--flax-encoder N`` measure models of a realistic size, where compute and not fixed setup
@@ -32,6 +32,7 @@ departs (the models of the tree's tests, brought as a user brings them: a Keras 
     python scripts/diagnose_cost.py --model cnn --path torch/onnx/ort --repeats 7
     python scripts/diagnose_cost.py --encoder 12 --repeats 5
     python scripts/diagnose_cost.py --llama 20m --repeats 3
+    python scripts/diagnose_cost.py --llama 1.1b --repeats 1
     python scripts/diagnose_cost.py --keras --flax --repeats 3
     python scripts/diagnose_cost.py --keras-encoder 12 --flax-encoder 12 --repeats 3
     python scripts/diagnose_cost.py --flax-encoder 12 --width 256 --seq 16 --repeats 3
@@ -394,7 +395,11 @@ def make_encoder():
 
 
 # size -> (hidden, layers, heads, key/value heads, intermediate, vocabulary)
-LLAMA = {"20m": (384, 6, 6, 2, 1024, 16384), "135m": (576, 30, 9, 3, 1536, 49152)}
+LLAMA = {
+    "20m": (384, 6, 6, 2, 1024, 16384),
+    "135m": (576, 30, 9, 3, 1536, 49152),  # SmolLM-135M
+    "1.1b": (2048, 22, 32, 4, 5632, 32000),  # TinyLlama-1.1B
+}
 
 
 def make_llama():
