@@ -97,7 +97,6 @@ class Run(PathSteps):
         self.specs: dict = {}
         self.weights: dict[str, int] = {}  # model -> bytes of its weights (a task's default wall-clock limit)
         self.activations: dict[str, int] = {}  # model -> float64 bytes of its reference's outputs and taps
-        # (model, path, device, precision) -> a failing ONNX path's outputs from its check, until its diagnosis
         self.check_outputs: dict[tuple, dict] = {}
         self.identities: dict[str, dict | None] = {}  # user model -> its weights digest and code now (model_identity)
         self.calibrations: dict[str, dict] = {}  # model -> the digest of its int8 calibration rows (int8_key)

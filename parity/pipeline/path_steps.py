@@ -53,6 +53,7 @@ class PathSteps:
     cache: ExportCache
     exports: dict[str, dict]  # chain key -> {"dir", "meta", "cached"} or {"error", "cached"}
     identities: dict[str, dict | None]
+    check_outputs: dict[tuple, dict]  # (model, path, device, precision) -> a failing check's outputs, for its diagnosis
     calibrations: dict[str, dict]
     results: list[dict]
     model_errors: list[dict]
