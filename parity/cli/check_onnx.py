@@ -13,7 +13,7 @@ from parity.cli.common import (
     TIMEOUT_DEFAULT,
     handle_errors,
     junit_option,
-    threads_default,
+    threads_option,
 )
 
 
@@ -53,13 +53,7 @@ from parity.cli.common import (
     help="Write the result JSON of every case here (its folder must exist).",
 )
 @junit_option
-@click.option(
-    "--threads",
-    type=click.IntRange(1),
-    callback=threads_default,
-    default=None,
-    help="Intra-op threads, the same for every runtime (default: as parity check).",
-)
+@threads_option("Intra-op threads, the same for every runtime.")
 @click.option(
     "--timeout",
     "timeout_s",

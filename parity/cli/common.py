@@ -113,8 +113,19 @@ def _apply(func, decorators):
     return func
 
 
-def threads_default(ctx, param, value):
-    """``--threads`` as given, else ``PARITY_THREADS``, else every core (``default_threads``)."""
+def threads_option(help_text: str):
+    """``--threads``: as given, else ``PARITY_THREADS``, else every core (``default_threads``)."""
+    return click.option(
+        "--threads",
+        type=click.IntRange(1),
+        callback=_threads_default,
+        default=None,
+        show_default="every core, or $PARITY_THREADS",
+        help=help_text,
+    )
+
+
+def _threads_default(ctx, param, value):
     if value is not None:
         return value
     from parity.platform.env import default_threads
@@ -160,14 +171,7 @@ def check_options(func):
                 "exist. A symlink is followed: the file it resolves to is replaced atomically, the link "
                 "kept. A FIFO or device (/dev/stdout, /dev/null) is written to directly.",
             ),
-            click.option(
-                "--threads",
-                type=click.IntRange(1),
-                callback=threads_default,
-                default=None,
-                show_default="every core, or $PARITY_THREADS",
-                help="Intra-op threads, the same for every framework and runtime.",
-            ),
+            threads_option("Intra-op threads, the same for every framework and runtime."),
             click.option(
                 "--timeout",
                 "timeout_s",

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from parity.cli.common import fail, handle_errors, model_option, note, say, threads_default, workspace_option
+from parity.cli.common import fail, handle_errors, model_option, note, say, threads_option, workspace_option
 
 
 @click.group()
@@ -22,13 +22,7 @@ def golden():
 @golden.command("build")
 @model_option
 @workspace_option
-@click.option(
-    "--threads",
-    type=click.IntRange(1),
-    callback=threads_default,
-    default=None,
-    help="Intra-op threads for training and references.",
-)
+@threads_option("Intra-op threads for training and references.")
 @handle_errors
 def golden_build(models, workspace, threads):
     """Train weights, run every framework in float64, prove they agree, write golden data.
@@ -62,13 +56,7 @@ def _report(outcomes, action: str, done) -> None:
 @golden.command("upgrade")
 @model_option
 @workspace_option
-@click.option(
-    "--threads",
-    type=click.IntRange(1),
-    callback=threads_default,
-    default=None,
-    help="Intra-op threads for the references.",
-)
+@threads_option("Intra-op threads for the references.")
 @handle_errors
 def golden_upgrade(models, workspace, threads):
     """Bring golden data written by an older parity to the current manifest schema.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from parity.cli.common import PRECISION_CHOICES, handle_errors, model_option, note, threads_default, workspace_option
+from parity.cli.common import PRECISION_CHOICES, handle_errors, model_option, note, threads_option, workspace_option
 
 
 @click.command()
@@ -39,13 +39,7 @@ def paths(models, workspace, devices, precisions):
 
 
 @click.command()
-@click.option(
-    "--threads",
-    type=click.IntRange(1),
-    callback=threads_default,
-    default=None,
-    help="Thread count to record (default: every core, or $PARITY_THREADS).",
-)
+@threads_option("Thread count to record.")
 def env(threads):
     """Print the environment manifest (versions, CPU, GPU, threads, flags) as JSON.
 

@@ -12,7 +12,7 @@ from parity.cli.common import (
     handle_errors,
     note,
     say,
-    threads_default,
+    threads_option,
     workspace_option,
 )
 
@@ -42,14 +42,7 @@ from parity.cli.common import (
     metavar="cpu",
     help="Where the path runs; the reduction runs on the CPU runtimes only.",
 )
-@click.option(
-    "--threads",
-    type=click.IntRange(1),
-    callback=threads_default,
-    default=None,
-    show_default="every core, or $PARITY_THREADS",
-    help="Intra-op threads, for the check and for every candidate of the reduction.",
-)
+@threads_option("Intra-op threads, for the check and for every candidate of the reduction.")
 @click.option(
     "--timeout",
     "timeout_s",
