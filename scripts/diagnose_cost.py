@@ -5,19 +5,19 @@ The worker pool keeps one framework process alive at a time, so each piece is ti
 check (outputs twice, the eval split, gradients where the path has them), then whole diagnoses back to back, each
 piece timed as ``chain.diagnose`` runs it: the path's taps (its plain run, on ONNX Runtime the check's own outputs,
 and one inference with the tap tensors and, where a descent follows in the same worker, every module's tensors as
-extra outputs, which the descent reads too); the source's own taps (the converter link); the descent into the model's tree (one task in the source's
-worker: every level on the reference and on the path, the leaf's cause, and on an ONNX graph the runtime link on
-the leaf's nodes); the runtime link's own task where the descent did not link (ONNX Runtime and the reference
-evaluator on the whole graph); and the analysis in the orchestrator (statistics, first divergent tap, the cause's
-layer recomputations). Prints medians and ratios to the plain check.
+extra outputs, which the descent reads too); the source's own taps (the converter link); the descent into the
+model's tree (one task in the source's worker: every level on the reference and on the path, the leaf's cause, and
+on an ONNX graph the runtime link on the leaf's nodes); the runtime link's own task where the descent did not link
+(ONNX Runtime and the reference evaluator on the whole graph); and the analysis in the orchestrator (statistics,
+first divergent tap, the cause's layer recomputations). Prints medians and ratios to the plain check.
 
 ``--encoder N`` measures a user's model instead: a transformers DistilBERT encoder of N layers (random weights)
 whose ``N//2``-th layer's output LayerNorm loses its bias in the export, through ``parity init`` and
 ``golden build`` in a temporary workspace, so its ONNX path fails and the descent goes to that leaf.
 
 ``--llama SIZE`` measures a transformers Llama of random weights (``LLAMA``: ``20m``, ``135m``, SmolLM-135M's shape,
-or ``1.1b``, TinyLlama-1.1B's) on 2x64 tokens, whose middle layer's ``post_attention_layernorm`` (an RMSNorm of random gain) is exported with
-epsilon 0.1, so ``torch/onnx/ort`` fails and the descent goes to that leaf.
+or ``1.1b``, TinyLlama-1.1B's) on 2x64 tokens, whose middle layer's ``post_attention_layernorm`` (an RMSNorm of
+random gain) is exported with epsilon 0.1, so ``torch/onnx/ort`` fails and the descent goes to that leaf.
 
 ``--keras-encoder N`` and ``--flax-encoder N`` measure models of a realistic size, where compute and not fixed setup
 dominates: a Keras encoder of N blocks (attention, feed-forward, norms) and a Flax linen encoder of N feed-forward

@@ -272,7 +272,8 @@ class PathSteps:
                 # a diagnosis of an ONNX graph on the CPU reads the check's run as its own plain run
                 keep_outputs=bool(self.options.diagnose)
                 and artifact is not None
-                and path.runtime.name in PLAIN_RUNTIMES,
+                and path.runtime.name in PLAIN_RUNTIMES
+                and path.device == "cpu",
             )
         except TaskFailed as error:
             if error.kind == "golden":
@@ -283,9 +284,8 @@ class PathSteps:
         except NotEnoughMemory as error:  # refused before it started: this path's error, the others go on
             result.update(verdict="error", reason=f"{path.runtime.name}: {error}")
             return
-        plain = outcome.pop("plain_outputs", None)
-        if plain is not None and path.device == "cpu":
-            self.check_outputs[(spec.name, path.id, path.device, path.precision)] = plain
+        if "plain_outputs" in outcome:
+            self.check_outputs[(spec.name, path.id, path.device, path.precision)] = outcome.pop("plain_outputs")
         result.update(outcome)
         result["peak_rss_mb"] = _megabytes(pool.last_peak_bytes)
 

@@ -97,17 +97,12 @@ def gpu_info() -> dict | None:
 THREADS_VARIABLE = "PARITY_THREADS"  # the thread count a command uses where none is given (default: every core)
 
 
-def cores() -> int:
-    """The cores this process may run on."""
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
-
-
 def default_threads() -> int:
-    """``PARITY_THREADS`` where set, else every core (``cores``); a value that is not a positive integer is a
-    ``UsageError``."""
+    """``PARITY_THREADS`` where set, else every core this process may run on; a value that is not a positive integer
+    is a ``UsageError``."""
     text = os.environ.get(THREADS_VARIABLE, "").strip()
     if not text:
-        return cores()
+        return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
     if not text.isdigit() or int(text) < 1:
         from parity.platform.errors import UsageError
 
