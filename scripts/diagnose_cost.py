@@ -72,7 +72,7 @@ KERAS = {
     "keras_encoder": (TESTS / "keras_encoder.py:make_encoder", (2, 6, 8), "tf/xla", "encoder/block_1/ffn/down"),
 }
 # the tf/xla departure is the path's own drift on its weights (a real XLA departure on CPU stays far inside float32's
-# tolerances), as tests/test_tree_keras_xla.py adds it
+# tolerances), as tests/diagnose/tree/test_tree_keras_xla.py adds it
 DRIFT = {"keras_encoder": {"encoder/block_1/ffn/down/kernel": ((32, 16), 2e-3)}}
 # name -> (module file:function, the module's function that saves its parameters, input, path, the departing leaf)
 FLAX = {

@@ -7,7 +7,7 @@ them: ``load`` (the model built in float32 and run), ``reference`` (a float64 co
 ``export`` (torch.onnx, dynamo), ``ort`` (an ONNX Runtime session of the export, over the .onnx file's size) and
 ``onnxref`` (the export under ``onnx.reference``). Prints one line per step: weights, peak over baseline, the
 factor, and seconds per GB of weights; ``--record FILE`` also writes the run into ``FILE`` (``memory_factors.json``
-beside this script, which the repository keeps and ``tests/test_memory.py`` holds the table to), replacing an
+beside this script, which the repository keeps and ``tests/run/test_memory.py`` holds the table to), replacing an
 earlier run of the same model.
 
     python scripts/memory_factors.py [--hidden 512 --layers 8] [--record scripts/memory_factors.json]

@@ -13,10 +13,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def pytest_configure(config):
-    """Bytecode for parity and its tests, written once by the session's first process: where the environment says
-    not to write it (``PYTHONDONTWRITEBYTECODE``), every worker process would otherwise compile them again."""
+    """Bytecode for parity and its tests, written once by the session's first process, and pytest's own for the
+    test modules whose asserts it rewrites (written by whichever process imports one first): where the environment
+    says not to write bytecode (``PYTHONDONTWRITEBYTECODE``), every test process and every command a test runs in a
+    process of its own would otherwise compile them again (4 s of each test process's collection)."""
     import compileall
+    import sys
 
+    sys.dont_write_bytecode = False
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         for folder in ("parity", "tests"):
             compileall.compile_dir(REPO / folder, quiet=2)
@@ -61,7 +65,7 @@ def one_thread():
 
 @pytest.fixture(scope="session", autouse=True)
 def no_worker_service():
-    """Every test's workers are its own process's (``tests/test_worker_service.py`` turns the service on)."""
+    """Every test's workers are its own process's (``tests/run/test_worker_service.py`` turns the service on)."""
     old = os.environ.get("PARITY_WORKER_SERVICE")
     os.environ["PARITY_WORKER_SERVICE"] = "off"
     yield

@@ -1,4 +1,4 @@
-"""A model whose export leaves a float16 island, for the float32 noise floor (tests/test_noise_floor.py).
+"""A model whose export leaves a float16 island, for the float32 noise floor (tests/check/test_noise_floor.py).
 
 Frameworks are imported inside the factories: this file is imported by worker processes by path.
 """

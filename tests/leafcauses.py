@@ -1,5 +1,5 @@
 """Users' nested torch models whose ONNX path diverges at one leaf layer, for a converter or runtime bug whose cause
-the catalogue can test there (tests/test_leaf_causes.py).
+the catalogue can test there (tests/diagnose/causes/test_leaf_causes.py).
 
 Where the installed torch.onnx (dynamo exporter, torch 2.13, onnxscript 0.7.2) and ONNX Runtime (1.31) commit the
 bug themselves, the model is left as a user writes it. Where they do not, the leaf is an instance of the torch class

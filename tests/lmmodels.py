@@ -75,7 +75,7 @@ def wide_llama():
 
 
 # Faults in the export alone (``torch.onnx.is_in_onnx_export()``), each in one of the layers decoders are made of;
-# the eager model is correct. The diagnosis names each at the first divergent step (tests/test_generation_causes.py).
+# the eager model is correct. The diagnosis names each at the first divergent step (tests/generation/test_generation_causes.py).
 
 
 def _exporting() -> bool:

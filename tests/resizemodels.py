@@ -1,4 +1,4 @@
-"""The model of tests/test_tree_keras_resize.py: a functional Keras model with a sub-model ``encoder`` of custom
+"""The model of tests/diagnose/tree/test_tree_keras_resize.py: a functional Keras model with a sub-model ``encoder`` of custom
 Conv-BatchNormalization-ReLU layers (``stage_0``, ``stage_1``), a ``Sequential`` bottleneck and a bicubic ``Resizing``
 from 8x8 (to 15x15: tf2onnx computes the cubic weights exactly where TensorFlow reads a table; to 16x16: they agree).
 Every activation is 2x8x8x8, so shapes cannot tell NHWC from the NCHW tf2onnx computes in."""

@@ -189,3 +189,18 @@ def test_no_room_holds_too_much_and_no_file_is_too_long():
     assert not big, f"rooms over {ROOM_SHARE:.0%} of the package: {big}"
     long = [f"{MODULES[m].relative_to(ROOT)}: {n} lines" for m, n in lines.items() if n > FILE_LINES]
     assert not long, f"files over {FILE_LINES} lines: {long}"
+
+
+def test_the_tests_mirror_the_package():
+    """A test file lives in the folder of the stage (or ``diagnose`` room) it tests, ``tests/diagnose/tree/`` for
+    ``parity/diagnose/tree/``; only the whole tool's own tests sit at the top, beside the models tests share."""
+    tests = Path(__file__).resolve().parent
+    folders = {path.relative_to(ROOT).as_posix() for path in ROOT.rglob("*") if path.is_dir()}
+    stray = [
+        path.relative_to(tests).as_posix()
+        for path in tests.rglob("test_*.py")
+        if path.parent != tests and path.parent.relative_to(tests).as_posix() not in folders
+    ]
+    assert not stray, f"test files in folders that are not parity's: {stray}"
+    top = sorted(path.name for path in tests.glob("test_*.py"))
+    assert top == ["test_docs.py", "test_house.py", "test_typed_fixes.py", "test_zoo.py"], top

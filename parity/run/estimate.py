@@ -8,7 +8,7 @@ over the worker's baseline once its frameworks are imported, measured with ``scr
 transformers Llama models of random weights (221 MB and 501 MB of float32 weights, inputs of 2 x 64 tokens) on a
 2-core, 23 GB machine with torch 2.13, onnxscript 0.7.2, onnxruntime 1.31, and the peaks of a 1.1B-parameter Llama's
 golden build (``scripts/scale_models.py``); ``scripts/memory_factors.json`` keeps every measurement and
-``tests/test_memory.py`` holds the table to it. Each row's comment gives the factors measured; the table keeps the
+``tests/run/test_memory.py`` holds the table to it. Each row's comment gives the factors measured; the table keeps the
 largest. Rows marked *derived* are sums of measured ones. The seconds per GB are from the same runs; a machine busy
 with other work is slower (an export of a 135M-parameter Llama took 172 s per GB there).
 """
