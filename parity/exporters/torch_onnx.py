@@ -181,11 +181,11 @@ def kept_registry() -> Iterator[None]:
             _REGISTRIES[key] = build.__func__(cls, *args, **kwargs)
         return _REGISTRIES[key]
 
-    _registration.ONNXRegistry.from_torchlib = classmethod(kept)
+    _registration.ONNXRegistry.from_torchlib = classmethod(kept)  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:
-        _registration.ONNXRegistry.from_torchlib = build
+        _registration.ONNXRegistry.from_torchlib = build  # type: ignore[method-assign]
 
 
 def _host(dtype: str) -> str:
