@@ -158,6 +158,7 @@ class PathSteps:
             meta = pool.call(
                 step.group,
                 "parity.run.tasks:export_step",
+                warm=step.warm,
                 workspace=str(self.workspace.root),
                 model=spec.name,
                 target=step.target,

@@ -42,6 +42,9 @@ class Step:
     note: str = ""  # shown by `parity paths`
     extra: str = "cpu"  # the extra that installs its packages: pip install 'parity[<extra>]'
     quantizes: bool = False  # writes an int8 model: its path is judged by the accuracy gate, not elementwise
+    # ``module:function`` importing what the step's first task in a worker imports: a template that has already
+    # forked a worker for the step runs it once, so that the workers forked after it start with it imported
+    warm: str = ""
 
     @property
     def target(self) -> str:
@@ -128,7 +131,11 @@ _NO_ONNX_BF16 = (
     "bf16 ONNX paths run on TensorRT (--device cuda)"
 )
 TORCH_ONNX = Step(
-    "torch.onnx", "torch", _on("parity.exporters.torch_onnx:export", None), ("torch", "onnx", "onnxscript")
+    "torch.onnx",
+    "torch",
+    _on("parity.exporters.torch_onnx:export", None),
+    ("torch", "onnx", "onnxscript"),
+    warm="parity.exporters.torch_onnx:warm",
 )
 TF2ONNX = Step("tf2onnx", "tf", _on("parity.exporters.tf_onnx:export_keras", None), ("tensorflow", "tf2onnx", "onnx"))
 JAX2ONNX = Step("jax2onnx", "jax", _on("parity.exporters.jax_onnx:export", None), ("jax", "jax2onnx", "onnx"))

@@ -88,9 +88,14 @@ class WorkerPool:
         """The group of the live worker, if one is running (a caller orders its tasks to start it again less)."""
         return self.current.group if self.current is not None and self.current.alive else None
 
-    def _template(self, group: str) -> Template:
-        """The group's template for this pool's settings: kept from before, the spare adopted, or started now."""
+    def _template(self, group: str, plain: bool = False) -> Template:
+        """The group's template for this pool's settings: kept from before, the spare adopted, or started now.
+        ``plain``: one that has run no step's ``warm``, kept beside the group's warmed one (a fresh worker has
+        imported only its frameworks, as a new process would: its time to first result counts what it imports)."""
         key = (group, *environment_key(self.threads, self.env))
+        kept = _TEMPLATES.get(key)
+        if plain and kept is not None and kept.warmed:
+            key = (f"{group} (plain)", *key[1:])
         template = _TEMPLATES.pop(key, None)
         if template is None or not template.alive:
             if template is not None:
@@ -135,7 +140,9 @@ class WorkerPool:
             self.service.close()
         self.service, self.use_service = None, False
 
-    def _start(self, group: str) -> Worker:
+    def _start(self, group: str, warm: str = "", plain: bool = False) -> Worker:
+        """A new worker of ``group``: forked from its template (``plain``: one that has run no step's ``warm``,
+        else one made ready for ``warm``), the worker service's, or spawned."""
         client = self._service()
         if client is not None:
             from parity.run.service import Unavailable
@@ -149,7 +156,10 @@ class WorkerPool:
                     raise
                 self._drop_service(error)
         if self.forks:
-            return Worker.fork(self._template(group), self.log_dir, self.limits().wall_s)
+            template = self._template(group, plain)
+            if warm and not plain:
+                template.warm(warm, self.limits().wall_s)
+            return Worker.fork(template, self.log_dir, self.limits().wall_s)
         spare, self.spare = self.spare, None
         if isinstance(spare, Template):
             raise TypeError("a spare template where workers are spawned")
@@ -167,7 +177,7 @@ class WorkerPool:
             self.current.close()
             self.current = None
         try:
-            return self._start(group)
+            return self._start(group, plain=True)
         except TaskFailed:
             self.failed = True
             raise
@@ -238,8 +248,11 @@ class WorkerPool:
         finally:
             self.on_progress = before
 
-    def call(self, group: str, task: str, timeout_s: float | None = None, fresh: bool = False, **kwargs):
-        """Run ``task`` in the worker of ``group`` (``fresh``: in a new one, that has run nothing before)."""
+    def call(
+        self, group: str, task: str, timeout_s: float | None = None, fresh: bool = False, warm: str = "", **kwargs
+    ):
+        """Run ``task`` in the worker of ``group`` (``fresh``: in a new one, that has run nothing before and
+        imported only its frameworks; ``warm``: the task's step's, ``Step.warm``)."""
         if self.current is not None and (fresh or self.current.group != group or not self.current.alive):
             self.current.close()
             self.current = None
@@ -247,7 +260,7 @@ class WorkerPool:
         self.last_peak_bytes = None
         try:
             if self.current is None:
-                self.current = self._start(group)
+                self.current = self._start(group, warm, plain=fresh)
             worker = self.current
             worker.on_progress = self.on_progress
             try:
@@ -257,7 +270,7 @@ class WorkerPool:
                 self.peaks[task] = max(self.peaks.get(task, 0), worker.peak_bytes)
         except TaskFailed as error:
             if self._lost_with_service(error):  # run again, once, in a worker of this pool's own
-                return self.call(group, task, timeout_s, fresh, **kwargs)
+                return self.call(group, task, timeout_s, fresh, warm, **kwargs)
             self.failed = True
             if self.current is not None and not self.current.alive:
                 self.current.kill()

@@ -73,6 +73,8 @@ class Template:
         self.group, self.in_use, self.lock = group, 0, threading.Lock()
         self.conn, self.process = _spawn(_template_main, group, threads, log_path, env)
         self.imported: dict | None = None  # the files it imported (path -> [size, mtime_ns]), once a service asked
+        self.warmed: set[str] = set()  # the steps' ``warm`` it has run
+        self.wanted: set[str] = set()  # those it has forked a worker for
 
     def adopt(self, group: str, log_path: Path) -> None:
         self.group = group
@@ -138,6 +140,18 @@ class Template:
                 f"the {self.group} worker's template died (exit code {self.process.exitcode})", "died"
             ) from None
         return pid
+
+    def warm(self, target: str, timeout_s: float) -> None:
+        """Ready for a worker of a step whose ``warm`` is ``target``: the second such worker on, the template runs
+        ``target`` first (once), so that this worker and every later one start with what it imports; the first
+        imports it itself, as a process that forks a single worker would never use it. A failure is the task's
+        to meet, not said here."""
+        if target in self.warmed:
+            return
+        if target in self.wanted:
+            self._ask(("warm", target), timeout_s)
+            self.warmed.add(target)
+        self.wanted.add(target)
 
     def imports(self) -> dict[str, list[int]]:
         """The files this template had imported once its frameworks were (``imported_files``)."""

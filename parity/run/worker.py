@@ -319,13 +319,29 @@ def _main(conn, group: str | None, threads: int, log_path: str, parent_pid: int,
     _serve(conn, _start(conn, group, threads, log_path, parent_pid, env))
 
 
+def _warm(target: str) -> str | None:
+    """In a template: ``target`` (a step's ``warm``, ``module:function``) run, what it imported and built frozen
+    like the frameworks' import; the reason it failed, or None (a worker's task then meets the failure itself)."""
+    from parity.run.paths import load_target
+
+    try:
+        load_target(target)()
+    except Exception as error:  # noqa: BLE001 - said to the pool; the task that needs it reports it in full
+        return reason_of(error)
+    finally:
+        gc.collect()
+        gc.freeze()
+    return None
+
+
 def _template_main(conn, group: str | None, threads: int, log_path: str, parent_pid: int, env: dict) -> None:
     """A template: started like a worker, it runs no task; it forks a worker from itself for each ``("fork",
     log_path, cwd, sys_path, client, environ)`` (the worker's end of its pipe follows as a passed descriptor;
     ``client``: the pid the worker ends with where that is not the template's parent, else None; ``environ``: the
     ``PARITY_*`` variables the worker runs with, None: the template's) and answers its pid,
-    and answers ``("status", pid, wait)`` with the exit code of a worker that ended (None while it runs), and
-    ``("imports",)`` with the files it had imported once its frameworks were (``imported_files``)."""
+    and answers ``("status", pid, wait)`` with the exit code of a worker that ended (None while it runs),
+    ``("imports",)`` with the files it had imported once its frameworks were (``imported_files``), and ``("warm",
+    target)`` by running a step's ``warm`` (``_warm``)."""
     global _FORKED
     startup_error = _start(conn, group, threads, log_path, parent_pid, env)
     imported = imported_files()
@@ -341,6 +357,9 @@ def _template_main(conn, group: str | None, threads: int, log_path: str, parent_
             quick_exit(0)
         if message[0] == "imports":
             conn.send(imported)
+            continue
+        if message[0] == "warm":
+            conn.send(_warm(message[1]))
             continue
         if message[0] == "status":
             _, pid, wait = message

@@ -4,6 +4,8 @@ what it writes."""
 from __future__ import annotations
 
 import io
+import os
+import sys
 from contextlib import redirect_stderr
 
 import pytest
@@ -38,3 +40,19 @@ def test_exports_sharing_the_kept_table_write_the_same_bytes_and_build_it_once(t
     assert export("again.onnx", kept=True) == fresh
     assert list(torch_onnx._REGISTRIES.values()) == [table]  # the second export read the same table
     assert _registration.ONNXRegistry.__dict__["from_torchlib"] is built  # torch's own, once the export is done
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="threads counted in /proc (Linux)")
+def test_warming_a_template_imports_the_exporter_and_builds_its_table_without_starting_a_thread():
+    """``warm`` runs in a template, which forks: it must leave no thread behind (``/proc/self/task`` counts the
+    threads libraries start outside Python too)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("onnxscript")
+    from parity.exporters import torch_onnx
+
+    threads = len(os.listdir("/proc/self/task"))
+    torch_onnx._REGISTRIES.clear()
+    torch_onnx.warm()
+    assert len(os.listdir("/proc/self/task")) == threads
+    assert set(torch_onnx.WARM_MODULES) <= set(sys.modules)
+    assert len(torch_onnx._REGISTRIES) == 1

@@ -82,6 +82,28 @@ def test_a_fresh_worker_is_forked_from_its_template_and_holds_nothing_of_the_one
         assert pool.current.template is template and template.alive
 
 
+def warm_tabnanny() -> None:
+    """A step's ``warm`` for the test below: an import no worker makes by itself."""
+    import tabnanny  # noqa: F401
+
+
+@LINUX
+def test_a_template_runs_a_steps_warm_from_its_second_worker_for_the_step_and_a_fresh_worker_never_has_it(tmp_path):
+    warm = {"warm": "tests.run.test_worker:warm_tabnanny"}
+    seen = []
+    for fresh in (False, False, True, False):  # a pool per call: each forks a new worker
+        with WorkerPool(1, tmp_path, timeout_s=120) as pool:
+            seen.append(pool.call("onnx", "tests.run.test_worker:loaded", fresh=fresh, name="tabnanny", **warm))
+            if fresh:
+                assert not pool.current.template.warmed  # a plain template, beside the warmed one
+            else:
+                warmed = pool.current.template
+    # the first worker imports for itself; from the second on the template has; a fresh worker has imported
+    # nothing but its frameworks (its time to first result counts what it imports); a later one forks warmed again
+    assert seen == [False, True, False, True]
+    assert warmed.warmed == {warm["warm"]}
+
+
 @LINUX
 def test_a_kept_template_forks_workers_that_run_with_this_processs_own_parity_variables(tmp_path, monkeypatch):
     def variable(pool, name):
