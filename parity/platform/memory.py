@@ -150,12 +150,24 @@ def available() -> Available:
 def tree_rss(process) -> int:
     """The resident memory of ``process`` (a ``psutil.Process``) and every process below it, in bytes; 0 where it
     is gone."""
+    return members_rss(tree_members(process))
+
+
+def tree_members(process) -> list:
+    """``process`` and every process below it (psutil reads every process of the machine to find them: a caller
+    that samples often reads them less often than their memory); empty where it is gone."""
     import psutil
 
     try:
-        members = [process, *process.children(recursive=True)]
+        return [process, *process.children(recursive=True)]
     except psutil.Error:
-        return 0
+        return []
+
+
+def members_rss(members: list) -> int:
+    """The resident memory of ``members`` (``psutil.Process``) still running, in bytes."""
+    import psutil
+
     total = 0
     for member in members:
         try:

@@ -27,6 +27,7 @@ BASE_WALL_S = 900.0
 WALL_S_PER_GB = 1200.0
 SAMPLE_S = 1.0  # how often the worker's counters are read while its task runs
 MEMORY_SAMPLE_S = 0.25  # how often its memory is read (an allocation of GBs takes a second or more)
+MEMBERS_S = 1.0  # how often the processes below it are looked for (every process of the machine is read)
 # the share of the available memory kept free when parity stops a worker itself (the kernel stops it at none)
 MEMORY_MARGIN = 0.03
 MIN_MARGIN_BYTES = 128 << 20
@@ -146,14 +147,16 @@ class MemoryWatch:
     def __init__(self, pid: int, available, group: str | None = None):
         import psutil
 
-        from parity.platform.memory import LIMIT_VARIABLE, tree_rss
+        from parity.platform.memory import LIMIT_VARIABLE, members_rss, tree_members
 
         self.pid, self.available, self.group, self.exceeded = pid, available, group or "", False
         try:
             self.process: psutil.Process | None = psutil.Process(pid)
         except psutil.Error:
             self.process = None
-        self.start = self.peak = tree_rss(self.process) if self.process is not None else 0
+        self.members = tree_members(self.process) if self.process is not None else []
+        self.members_read = time.monotonic()
+        self.start = self.peak = members_rss(self.members)
         margin = (
             0 if available.source == LIMIT_VARIABLE else max(int(available.nbytes * MEMORY_MARGIN), MIN_MARGIN_BYTES)
         )
@@ -161,12 +164,15 @@ class MemoryWatch:
         _reset_high_water_mark(pid)
 
     def sample(self) -> bool:
-        """Read the worker's memory now; True once it is past the ceiling."""
-        from parity.platform.memory import tree_rss
+        """Read the worker's memory now (the processes below it found again every ``MEMBERS_S``); True once it
+        is past the ceiling."""
+        from parity.platform.memory import members_rss, tree_members
 
         if self.process is None:
             return False
-        self.peak = max(self.peak, tree_rss(self.process))
+        if time.monotonic() - self.members_read >= MEMBERS_S:
+            self.members, self.members_read = tree_members(self.process), time.monotonic()
+        self.peak = max(self.peak, members_rss(self.members))
         self.exceeded = self.exceeded or self.peak > self.ceiling
         return self.exceeded
 
