@@ -16,10 +16,12 @@ class GenerationPath:
     export: str | None = None
     kind: str | None = None
     packages: tuple[str, ...] = ()
+    warm: str = ""  # what a template runs before its second worker for the export (``parity.run.paths.Step.warm``)
 
 
 ONNX_EXPORT = "parity.generation.onnx_export:export_task"
 ONNX_PACKAGES = ("torch", "transformers", "onnx", "onnxscript")
+ONNX_WARM = "parity.exporters.torch_onnx:warm"
 STATIC = "torch.export (static cache, batch 1)"
 PATHS = {
     "torch": GenerationPath(("torch",), "parity.generation.torch_decoder:open_decoder"),
@@ -29,6 +31,7 @@ PATHS = {
         ONNX_EXPORT,
         "onnx",
         ONNX_PACKAGES,
+        ONNX_WARM,
     ),
     "torch/onnx/openvino": GenerationPath(
         ("torch", "torch.onnx (flat key/value cache)", "openvino (stateful)"),
@@ -36,6 +39,7 @@ PATHS = {
         ONNX_EXPORT,
         "onnx",
         ONNX_PACKAGES,
+        ONNX_WARM,
     ),
     "torch/genai": GenerationPath(
         ("torch folder", "onnxruntime-genai builder", "onnxruntime-genai"),

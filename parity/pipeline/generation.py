@@ -172,7 +172,7 @@ def export(pool, source: dict, manifest: dict, path_id: str, parent: Path | None
         sweep(parent, ".build-*")
         scratch = owned_tempdir(parent, ".build-")
         try:
-            meta = pool.call("torch", task, source=source, out_dir=str(scratch))
+            meta = pool.call("torch", task, warm=PATHS[path_id].warm, source=source, out_dir=str(scratch))
             if "unavailable" in meta:  # nothing made, nothing kept: said on the path
                 return {"dir": None, "meta": meta, "cached": False}
             files = {
