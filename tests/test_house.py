@@ -191,6 +191,16 @@ def test_no_room_holds_too_much_and_no_file_is_too_long():
     assert not long, f"files over {FILE_LINES} lines: {long}"
 
 
+def test_import_linter_holds_the_package_to_its_contracts(capsys):
+    """The same rules read by import-linter (pyproject.toml's ``[tool.importlinter]``), a second reader of every
+    import: the stages in order, diagnose's rooms in order, no circle between the subpackages of one package."""
+    from importlinter import cli
+
+    assert cli.lint_imports(config_filename=str(ROOT.parent / "pyproject.toml"), no_cache=True) == 0, (
+        capsys.readouterr().out
+    )
+
+
 def test_the_tests_mirror_the_package():
     """A test file lives in the folder of the stage (or ``diagnose`` room) it tests, ``tests/diagnose/tree/`` for
     ``parity/diagnose/tree/``; only the whole tool's own tests sit at the top, beside the models tests share."""

@@ -124,3 +124,5 @@ def test_a_runner_that_cannot_differentiate_takes_no_step():
         runner.train_step(np.zeros(spec.input_shape("x"), np.float32), np.zeros(spec.batch_size, np.int64), LR)
     with pytest.raises(NotDifferentiable):
         runner.trainable_weights()
+    with pytest.raises(NotDifferentiable, match="Runner cannot differentiate"):
+        runner.gradients(np.zeros(spec.input_shape("x"), np.float32), np.zeros(spec.batch_size, np.int64))

@@ -203,6 +203,9 @@ def test_flax_linen_model_with_its_params(workspace):
     assert {p: r["verdict"] for p, r in by_path.items()} == dict.fromkeys(by_path, "pass"), result.output
 
 
+@pytest.mark.slow  # a second proof of a baked axis named at another batch: the fast set keeps it in
+# tests/runtimes/test_torch_export.py::test_an_axis_the_model_specialises_is_exported_static_with_the_reason and
+# torch.onnx's record of it in tests/exporters/test_dynamic_exports.py::test_torch_records_why_an_axis_was_specialised
 def test_an_export_that_baked_the_batch_in_fails_naming_the_axis_and_its_size(workspace):
     """The model runs at any batch, but its batch-4 branch makes torch.export specialise the batch axis: the export
     comes out fixed at 4, and the check at batch 1 says so instead of passing or crashing."""

@@ -74,6 +74,9 @@ def test_wrong_input_shape_is_a_clear_error(mlp, framework):
         source.run(np.zeros((64, 65), np.float32))
 
 
+@pytest.mark.slow  # a second proof: the fast set keeps jax2onnx's export of the mlp run by ONNX Runtime in
+# tests/exporters/test_dynamic_exports.py::test_zoo_export_has_a_dynamic_batch[mlp-jax2onnx], and a runner that
+# cannot differentiate in tests/check/test_training.py::test_a_runner_that_cannot_differentiate_takes_no_step
 def test_onnx_runtime_runs_an_export_but_cannot_differentiate(mlp, tmp_path):
     from parity.exporters import jax_onnx
     from parity.exporters.common import ExportJob
