@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from parity.run.paths import TORCH_ONNX
+
 
 @dataclass(frozen=True)
 class GenerationPath:
@@ -21,7 +23,7 @@ class GenerationPath:
 
 ONNX_EXPORT = "parity.generation.onnx_export:export_task"
 ONNX_PACKAGES = ("torch", "transformers", "onnx", "onnxscript")
-ONNX_WARM = "parity.exporters.torch_onnx:warm"
+ONNX_WARM = TORCH_ONNX.warm  # the same exporter as the torch.onnx step's
 STATIC = "torch.export (static cache, batch 1)"
 PATHS = {
     "torch": GenerationPath(("torch",), "parity.generation.torch_decoder:open_decoder"),
