@@ -21,6 +21,13 @@ from parity.cli.common import EXISTING_FILE, EXISTING_FOLDER, FOLDER, fail, hand
     metavar="FILE",
     help="A Keras model file (.keras), or MODULE:FUNCTION returning the model (a model with custom layers).",
 )
+@click.option(
+    "--weights",
+    type=click.Path(exists=True),
+    help="With --torch: the model's safetensors file or folder (sharded, with its index). The function builds the "
+    "architecture only; the weights are memory-mapped into it, and a model too big to hold in float32 is checked "
+    "from the files.",
+)
 @click.option("--jax", "jax_ref", metavar="MODULE:FUNCTION,PARAMS.npz", help="apply(params, x) and its weights.")
 @click.option("--onnx", "onnx_ref", metavar="FILE", help="An ONNX file: the file itself is the source model.")
 @click.option(
@@ -84,6 +91,7 @@ from parity.cli.common import EXISTING_FILE, EXISTING_FOLDER, FOLDER, fail, hand
 def init(
     name,
     torch_ref,
+    weights,
     keras_ref,
     jax_ref,
     onnx_ref,
@@ -109,6 +117,8 @@ def init(
         parity run --model resnet
         parity init bert --torch mymodels.py:make_bert --input input_ids=2,sequence:int64 \\
             --input attention_mask=2,sequence:int64:mask --axis sequence=16
+        parity init llama --torch mymodels.py:make_llama --weights ./tiny-llama \
+            --input input_ids=2x64:int64:32000
         parity init llama --hf ./tiny-llama --task text-generation
     """
     from parity.pipeline import model_jobs
@@ -116,7 +126,7 @@ def init(
     if task or hf_folder:
         if task is None:
             fail("--hf takes --task text-generation (a causal LM checked as it generates)")
-        if keras_ref or jax_ref or onnx_ref or input_decls or test_data or polygraphy_inputs:
+        if keras_ref or jax_ref or onnx_ref or input_decls or test_data or polygraphy_inputs or weights:
             fail("--task text-generation takes --hf FOLDER or --torch MODULE:FUNCTION, and prompts with --inputs")
         written = model_jobs.init_generation(name, hf_folder, torch_ref, force, workspace, inputs_file)
         click.echo(f"wrote {written} (text-generation, {'folder ' + hf_folder if hf_folder else torch_ref})")
@@ -137,6 +147,7 @@ def init(
         force,
         workspace,
         opset,
+        weights,
     )
     taps = len(info.get("taps") or [])
     click.echo(

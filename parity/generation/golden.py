@@ -145,7 +145,7 @@ def source_identity(source: dict) -> dict:
     return {
         "kind": "torch",
         "reference": source["torch"],
-        "weights_sha256": weights_digest(_torch_arrays(model)),
+        "weights_sha256": weights_digest(_torch_arrays(model), ordered=True),
         # what the weights do not say: the config the modules read, the classes they are (a factory may swap one
         # in), and the user code of the factory and of those classes
         "config_sha256": hashlib.sha256(model.config.to_json_string(use_diff=False).encode()).hexdigest(),

@@ -24,7 +24,7 @@ from parity.golden.shapes import build_shapes
 from parity.model import batch_axes, feeds, values
 from parity.model import user as usermodel
 from parity.model.user import InputData, UserModelError
-from parity.platform.errors import ParityError, TaskFailed, one_line
+from parity.platform.errors import NotEnoughMemory, ParityError, TaskFailed, one_line
 from parity.platform.safefs import read_npz
 
 FLOAT32_TOLERANCE_FACTOR = usermodel.FLOAT32_TOLERANCE_FACTOR  # derived by usermodel.tolerance_factor
@@ -167,6 +167,9 @@ def _float32_floor(workspace, spec, pool, scratch: Path, shapes: dict, params: d
         if error.kind != "raised":
             raise
         progress(f"{spec.name}: no float32 noise floor, the float32 run failed ({one_line(str(error), 200)})")
+        return None
+    except NotEnoughMemory as error:  # a model held from its weight files whose float32 copy does not fit
+        progress(f"{spec.name}: no float32 noise floor, the float32 run does not fit ({one_line(str(error), 300)})")
         return None
 
 

@@ -23,16 +23,15 @@ def describe_weights(workspace: str, model: str) -> dict:
     is refused: golden data is never built from one."""
     spec = Workspace(workspace).load_spec(model, attach_golden=False)
     weights, trainable = golden_weights.own(spec)
-    for name, value in weights.items():
+    described = {}
+    for name, value in weights.items():  # one weight read at a time
         nan = int(np.count_nonzero(np.isnan(np.asarray(value, dtype=np.float32))))
         if nan:
             raise UserModelError(
                 f"weight {name!r} has {nan} NaN value(s) of {np.size(value)}; golden data is never built from a NaN weight"
             )
-    return {
-        name: {"trainable": name in trainable, "dtype": str(np.asarray(v).dtype), "shape": list(np.shape(v))}
-        for name, v in weights.items()
-    }
+        described[name] = {"trainable": name in trainable, "dtype": str(value.dtype), "shape": list(np.shape(value))}
+    return described
 
 
 def reference(
@@ -90,9 +89,9 @@ def _digesting(builder, digests: list[str]):
     as ``parity.model.identity:model_identity`` digests the model it builds."""
     from parity.model import identity
 
-    def torch_module():
-        module = builder()
-        digests.append(identity.weights_digest(identity._torch_arrays(module)))
+    def torch_module(**kwargs):
+        module = builder(**kwargs)
+        digests.append(identity.weights_digest(identity._torch_arrays(module), ordered=True))
         return module
 
     torch_module.__dict__.update(getattr(builder, "__dict__", {}))  # what the builder says of itself (its source)

@@ -44,7 +44,7 @@ def described(manifest: dict) -> dict[str, dict]:
     }
 
 
-def own(spec) -> tuple[dict[str, np.ndarray], set[str]]:
+def own(spec) -> tuple[Mapping[str, np.ndarray], set[str]]:
     """Worker: the model's own floating-point weights by framework name, each in its own dtype, and the names of the
     trainable ones, as its builder makes it (seeded as a source builds it: a factory with random initial weights
     gives the same ones every time)."""
@@ -104,21 +104,29 @@ class ModelWeights(Mapping):
 
 class ModuleWeights(Mapping):
     """A torch module's floating weights by ``state_dict`` name, as ``canonical`` names them, each read when asked for
-    (no copy of the module's other weights)."""
+    (no copy of the module's other weights); one a model maps from its weight files in the file's dtype is read in
+    the architecture's (``parity.model.weight_files.built_dtypes``)."""
 
     def __init__(self, module):
         from parity.model.identity import SKIPPED_TORCH_STATE
+        from parity.model.weight_files import built_dtypes
 
         self._state = {
             k: v
             for k, v in module.state_dict().items()
             if not k.endswith(SKIPPED_TORCH_STATE) and v.is_floating_point()
         }
+        self._cast = built_dtypes(module) or {}
 
     def __getitem__(self, name: str) -> Any:
         from parity.model.identity import torch_array
 
-        return torch_array(self._state[name])
+        tensor = self._state[name]
+        if name in self._cast:
+            import torch
+
+            tensor = tensor.to(getattr(torch, self._cast[name]))
+        return torch_array(tensor)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._state)
@@ -150,9 +158,11 @@ def _torch_weights(spec):
     import torch
 
     torch.manual_seed(spec.training.seed)
-    module = spec.torch_module()
+    from parity.model.weight_files import build_mapped
+
+    module = build_mapped(spec)  # each weight read in the model's dtype as it is asked for
     trainable = {name for name, p in module.named_parameters() if p.requires_grad}
-    return dict(ModuleWeights(module)), trainable
+    return ModuleWeights(module), trainable
 
 
 def _keras_weights(spec):

@@ -101,10 +101,11 @@ def _shown(path: str, workspace: Path) -> str:
         return str(real)
 
 
-def weights_digest(arrays) -> str:
-    """sha256 over ``(name, dtype, shape, bytes)`` of every array, by name: the same weights, the same digest."""
+def weights_digest(arrays, ordered: bool = False) -> str:
+    """sha256 over ``(name, dtype, shape, bytes)`` of every array, by name: the same weights, the same digest
+    (``ordered``: ``arrays`` come by name already, each read as it comes)."""
     digest = hashlib.sha256()
-    for name, dtype, shape, data in sorted(arrays, key=lambda item: item[0]):
+    for name, dtype, shape, data in arrays if ordered else sorted(arrays, key=lambda item: item[0]):
         digest.update(f"{name}\0{dtype}\0{list(shape)}\0".encode())
         digest.update(data)
         digest.update(b"\0")
@@ -112,12 +113,22 @@ def weights_digest(arrays) -> str:
 
 
 def _torch_arrays(module):
-    """Every parameter and buffer (non-persistent ones too, which a forward reads all the same), as bytes."""
+    """Every parameter and buffer (non-persistent ones too, which a forward reads all the same), as bytes, by name
+    (for ``weights_digest(..., ordered=True)``). A tensor a model memory-mapped from its weight files holds in the
+    file's dtype is read as the model is, in the architecture's (``weight_files.built_dtypes``): one at a time."""
     import numpy as np
+
+    from parity.model.weight_files import built_dtypes
 
     state = dict(module.named_buffers(remove_duplicate=False))
     state.update(module.state_dict())
-    for name, tensor in state.items():
+    cast = built_dtypes(module) or {}
+    for name in sorted(state):
+        tensor = state[name]
+        if name in cast:
+            import torch
+
+            tensor = tensor.to(getattr(torch, cast[name]))
         dtype = "torch.float32" if tensor.is_quantized else str(tensor.dtype)  # a quantized one dequantized
         array = np.ascontiguousarray(torch_array(tensor))
         yield name, dtype, tuple(tensor.shape), array.reshape(-1).view(np.uint8)
@@ -180,7 +191,9 @@ def model_identity(workspace: str, model: str) -> dict | None:
         import torch
 
         torch.manual_seed(spec.training.seed)  # as a source builds it: random initial weights, the same every time
-        built = spec.torch_module()
+        from parity.model.weight_files import build_mapped
+
+        built = build_mapped(spec)  # a model mapped from its weight files: read a tensor at a time
         arrays = _torch_arrays(built)
         classes = [type(m) for m in built.modules()]
         builder = spec.torch_module
@@ -199,7 +212,8 @@ def model_identity(workspace: str, model: str) -> dict | None:
         builder = spec.jax_apply
         arrays = numpy_arrays(read_npz(builder.params_path, UserModelError, ".npz").items())
         classes = []
-    return {"weights_sha256": weights_digest(arrays), "code": code_files([_factory(builder), *classes], ws.root)}
+    digest = weights_digest(arrays, ordered=framework == "torch")
+    return {"weights_sha256": digest, "code": code_files([_factory(builder), *classes], ws.root)}
 
 
 def changes(model: str, recorded: dict | None, now: dict | None) -> dict | None:

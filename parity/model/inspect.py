@@ -78,12 +78,12 @@ def inspect_model(
     return inspector(reference, root, inputs, params_file, names_from)
 
 
-def _inspect_torch(reference, root, inputs, _params_file, names_from=None):
+def _inspect_torch(reference, root, inputs, weights, names_from=None):
     import torch
 
     from parity.model.feeds import call_torch as call
 
-    module = torch_factory(reference, root)().eval()
+    module = torch_factory(reference, root, weights)().eval()  # ``weights``: its safetensors files, mapped
     order = _file_names_fit(reference, "forward", module.forward, [d["name"] for d in inputs], names_from)
     _check_takes(reference, module.forward, [d["name"] for d in inputs])
     tensors = {d["name"]: torch.from_numpy(_sample(d)) for d in inputs}

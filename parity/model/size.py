@@ -21,9 +21,11 @@ def _zip_bytes(path: Path) -> int:
 def _torch_bytes(spec) -> int | None:
     import torch
 
+    from parity.model.weight_files import build_mapped
+
     try:
         with torch.device("meta"):
-            module = spec.torch_module()
+            module = build_mapped(spec)  # a model mapped from its files: their tensors, not read
     except Exception:  # noqa: BLE001 - a factory that cannot build on the meta device: its size is not known before
         return None
     return torch_weight_bytes(module)

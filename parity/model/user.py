@@ -151,19 +151,38 @@ def _call_factory(reference: str, factory, *args):
         raise UserModelError(f"{reference} raised {one_line(f'{type(error).__name__}: {error}', 300)}") from None
 
 
-def torch_factory(reference: str, root: str | Path):
-    """A ``torch_module`` builder: calls the user's factory, which returns the ``nn.Module`` (trained or loaded)."""
+def torch_factory(reference: str, root: str | Path, weights: str | None = None):
+    """A ``torch_module`` builder: calls the user's factory, which returns the ``nn.Module`` (trained or loaded).
+    With ``weights`` (safetensors files: a file or a folder, relative to the workspace) the factory builds the
+    architecture only, its parameters on the meta device, and the files' tensors are memory-mapped into it
+    (``parity.model.weight_files``; ``keep_dtypes``: tensors stay in the files' dtypes, for the streamed reference)."""
+    weight_path = Path(root) / weights if weights else None
 
-    def torch_module():
+    def torch_module(keep_dtypes: bool = False):
         import torch
 
-        model = _call_factory(reference, resolve(reference, root))
-        if not isinstance(model, torch.nn.Module):
-            raise UserModelError(f"{reference} returned {type(model).__name__}, not a torch.nn.Module")
-        return model
+        factory = resolve(reference, root)
 
-    # the user's factory, for parity.model.identity
-    return _identified(torch_module, source_files=_reference_files(reference, root), reference=reference, root=root)
+        def built():
+            model = _call_factory(reference, factory)
+            if not isinstance(model, torch.nn.Module):
+                raise UserModelError(f"{reference} returned {type(model).__name__}, not a torch.nn.Module")
+            return model
+
+        if weight_path is None:
+            return built()
+        from parity.model import weight_files
+
+        return weight_files.build(torch, built, weight_path, keep_dtypes)
+
+    # the user's factory, for parity.model.identity; the weight files, for the reference and the memory estimates
+    return _identified(
+        torch_module,
+        source_files=_reference_files(reference, root),
+        reference=reference,
+        root=root,
+        weight_files=weight_path,
+    )
 
 
 def keras_file(path: str, root: str | Path):

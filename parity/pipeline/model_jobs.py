@@ -57,6 +57,7 @@ def build_goldens(
     from parity.generation import golden as generation_golden
     from parity.golden import build as golden_build
     from parity.golden import shapes
+    from parity.model import weight_files
     from parity.pipeline import generation
     from parity.platform.cache_dir import cache_root
     from parity.platform.env import default_threads
@@ -82,7 +83,8 @@ def build_goldens(
                     continue
                 step = shapes.upgrade if upgrade else golden_build.build
                 pool.peaks.clear()
-                with pool.for_model(_weights_bytes(pool, ws, spec)):  # each step's memory said before it starts
+                mapped = weight_files.declared(spec) is not None
+                with pool.for_model(_weights_bytes(pool, ws, spec), mapped=mapped):  # each step's memory, said first
                     manifest = step(ws, spec, pool, progress=progress)
             except (ParityError, TaskFailed) as error:
                 yield GoldenOutcome(name, ws.golden_dir(name), error=str(error))
@@ -222,10 +224,11 @@ def init_model(
     force: bool,
     workspace: str | None,
     opset: int | None = None,
+    weights: str | None = None,
 ) -> tuple[Path, dict, str]:
     """``parity init``: ``sources`` maps torch/tf/jax/onnx to what was given (exactly one), ``files`` the data
-    files (inputs_file, test_data, polygraphy_inputs, polygraphy_outputs). Returns the spec written, what the
-    model said about itself, and the source kind."""
+    files (inputs_file, test_data, polygraphy_inputs, polygraphy_outputs), ``weights`` a torch model's safetensors
+    file or folder. Returns the spec written, what the model said about itself, and the source kind."""
     from parity.pipeline import scaffold
     from parity.platform.env import default_threads
 
@@ -240,6 +243,10 @@ def init_model(
         if not params_file:
             raise UsageError("--jax takes MODULE:FUNCTION,PARAMS.npz (the apply function and its weights)")
         params_file = scaffold.workspace_reference(params_file, root)
+    if weights:
+        if kind != "torch":
+            raise UsageError("--weights takes --torch MODULE:FUNCTION (the architecture its safetensors fill)")
+        params_file = scaffold.workspace_reference(weights, root)
     request = scaffold.Request(
         name=name,
         kind=kind,

@@ -121,7 +121,7 @@ def workspace_reference(reference: str, root: Path) -> str:
         reference.rpartition(":") if reference.count(":") and ".py:" in reference else (reference, "", "")
     )
     path = Path(file_part)
-    if not (file_part.endswith((".py", ".keras", ".onnx", ".npz", ".h5")) or path.is_dir()):
+    if not (file_part.endswith((".py", ".keras", ".onnx", ".npz", ".h5", ".safetensors")) or path.is_dir()):
         return reference  # package.module:function
     absolute = path.resolve()
     if not absolute.exists():

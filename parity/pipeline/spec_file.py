@@ -49,7 +49,7 @@ class Request:
     name: str
     kind: str  # torch, tf, jax, onnx
     reference: str  # module:function, file.py:function, a .keras file or an .onnx file
-    params_file: str | None = None  # jax: the weights .npz
+    params_file: str | None = None  # jax: the weights .npz; torch: the safetensors file or folder (--weights)
     inputs: tuple[InputDecl, ...] = ()
     axes: tuple[tuple[str, int], ...] = ()  # golden sizes of named axes
     inputs_file: str | None = None
@@ -117,7 +117,11 @@ def render(request: Request, info: dict) -> str:
     elif kind == "jax":
         source = f"jax_apply=jax_function({_py(request.reference)}, {_py(request.params_file)}, root=WORKSPACE)"
     else:
-        source = f"{ {'torch': 'torch_module', 'tf': 'keras_model'}[kind] }={builder}({_py(request.reference)}, root=WORKSPACE)"
+        weights = f", weights={_py(request.params_file)}" if kind == "torch" and request.params_file else ""
+        source = (
+            f"{ {'torch': 'torch_module', 'tf': 'keras_model'}[kind] }="
+            f"{builder}({_py(request.reference)}, root=WORKSPACE{weights})"
+        )
     width = info["output_shapes"][0][-1] if info.get("output_shapes") else 0
     specs = [_input_spec(d) for d in request.inputs]
     spec_imports = ["InputSpec", "ModelSpec", "Tolerance", "Tolerances"] + (

@@ -55,6 +55,18 @@ DERIVED = {
         COSTS["reference"].activations,
         COSTS["reference"].seconds_per_gb,
     ),
+    # a model mapped from its safetensors files (``parity.model.weight_files``): its float32 weights are pages of the
+    # files, which the kernel reads as they are touched and drops again under pressure, so they need no memory of
+    # their own; what a step holds is the rest (one unit in float64, ``peak``; a tensor at a time as it is read)
+    "load_files": Cost(
+        "model mapped from its weight files, read a tensor at a time", 0.0, 0.0, COSTS["load"].seconds_per_gb
+    ),
+    "streamed_files": Cost(
+        "float64 reference, streamed module by module from the weight files",
+        COSTS["streamed"].copies - 1.0,
+        COSTS["streamed"].activations,
+        COSTS["streamed"].seconds_per_gb,
+    ),
     **{
         key: Cost(
             f"diagnosis beside an {COSTS[session].label}",
@@ -129,12 +141,21 @@ def peak(step: str, weights: int, activations: int = 0) -> int:
     bytes of outputs and taps at the batch (float64)."""
     cost = COSTS[step]
     copies = cost.copies
-    if step in ("streamed", "diagnose", "diagnose_onnxref"):  # one unit in float64 beside the float32 model
+    if step in ("streamed", "streamed_files", "diagnose", "diagnose_onnxref"):  # one unit in float64 (beside the model)
         from parity.sources import torch_streamed  # (``parity.sources.torch_streamed``)
 
         unit = 2.0 * max(torch_streamed.MIN_UNIT, weights / 16) / max(weights, 1)
         copies = max(copies, 1.0 + unit) if step == "streamed" else copies + unit
     return int(WORKER_BYTES + weights * copies + activations * cost.activations)
+
+
+def mapped_step(step: str, weights: int) -> str:
+    """The ``COSTS`` key of torch step ``step`` of a model of ``weights`` bytes mapped from its weight files."""
+    if step == "load":
+        return "load_files"
+    if step == "reference" and reference_mode(weights) == "streamed":
+        return "streamed_files"
+    return step
 
 
 def label(step: str) -> str:

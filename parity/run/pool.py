@@ -56,6 +56,7 @@ class WorkerPool:
         watch.stall_seconds()  # a bad PARITY_STALL_TIMEOUT or PARITY_MEMORY_LIMIT is said before anything starts
         limit_from_environment()
         self.weights_bytes: int | None = None  # of the model the caller works on (for_model)
+        self.mapped = False  # that model is a torch model mapped from its weight files (for_model)
         self.on_progress = None  # hears tasks' progress lines (``reporting``)
         self.activation_bytes: int | None = None  # its reference's outputs and taps at the batch, float64 (for_model)
         self.last_peak_bytes: int | None = None  # the memory peak of the last task (``call``)
@@ -187,19 +188,21 @@ class WorkerPool:
         return watch.limits(timeout_s or self.timeout_s, self.weights_bytes)
 
     @contextmanager
-    def for_model(self, weights_bytes: int | None, activation_bytes: int | None = None):
+    def for_model(self, weights_bytes: int | None, activation_bytes: int | None = None, mapped: bool = False):
         """Tasks in this block work on a model with ``weights_bytes`` of weights (and ``activation_bytes`` of float64
-        outputs and taps at its batch): where no timeout was given, their wall-clock limit grows with it, and a step
-        whose estimated memory does not fit is refused before it starts (None: the size already set stands)."""
-        before = self.weights_bytes, self.activation_bytes
+        outputs and taps at its batch; ``mapped``: a torch model mapped from its weight files): where no timeout was
+        given, their wall-clock limit grows with it, and a step whose estimated memory does not fit is refused before
+        it starts (None: the size already set stands)."""
+        before = self.weights_bytes, self.activation_bytes, self.mapped
         if weights_bytes is not None:
             self.weights_bytes = weights_bytes
         if activation_bytes is not None:
             self.activation_bytes = activation_bytes
+        self.mapped = mapped
         try:
             yield self
         finally:
-            self.weights_bytes, self.activation_bytes = before
+            self.weights_bytes, self.activation_bytes, self.mapped = before
 
     def check_memory(self, group: str, task: str, kwargs: dict) -> None:
         """Refuse (``NotEnoughMemory``, one line) a task whose estimated peak (``parity.run.estimate``) for the model
@@ -210,7 +213,9 @@ class WorkerPool:
         step = estimate.step_of(task, kwargs)
         if step is None or not self.weights_bytes:
             return
-        if step == "reference" and group == "torch" and estimate.reference_mode(self.weights_bytes) == "streamed":
+        if group == "torch" and self.mapped:
+            step = estimate.mapped_step(step, self.weights_bytes)
+        elif step == "reference" and group == "torch" and estimate.reference_mode(self.weights_bytes) == "streamed":
             step = "streamed"
         need = estimate.peak(step, self.weights_bytes, self.activation_bytes or 0)
         here = available()

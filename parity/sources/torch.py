@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from parity.model import layouts, outputs
+from parity.model import layouts, outputs, weight_files
 from parity.model.feeds import call_torch as call
 from parity.model.identity import SKIPPED_TORCH_STATE
 from parity.model.size import torch_weight_bytes
@@ -19,12 +19,14 @@ from parity.sources import torch_streamed
 _TORCH_DTYPES = {"float32": "float32", "float64": "float64"}
 
 
-def build_module(spec, weights: dict[str, np.ndarray] | None, dtype: str = "float32"):
-    """The spec's torch module in eval mode, holding ``weights`` (canonical) if given."""
+def build_module(spec, weights: dict[str, np.ndarray] | None, dtype: str = "float32", mapped: bool = False):
+    """The spec's torch module in eval mode, holding ``weights`` (canonical) if given; ``mapped``: a model mapped from
+    its weight files keeps their tensors in the files' dtypes (``parity.model.weight_files``)."""
     import torch
 
     torch.manual_seed(spec.training.seed)
-    module = hold_in(torch, spec.torch_module(), getattr(torch, _TORCH_DTYPES[dtype]))
+    built = weight_files.build_mapped(spec) if mapped else spec.torch_module()
+    module = hold_in(torch, built, getattr(torch, _TORCH_DTYPES[dtype]))
     by_torch_name = {layouts.torch_param_name(name): name for name in spec.params}
     state = {
         k: v for k, v in module.state_dict().items() if not k.endswith(SKIPPED_TORCH_STATE) and v.is_floating_point()
@@ -105,8 +107,11 @@ class TorchSource(Runner):
 
     def _build_reference(self, spec, weights) -> None:
         """The float64 reference's module: held in float32 and streamed, or cast whole, as ``choose`` says."""
-        module = build_module(spec, weights, "float32")
+        module = build_module(spec, weights, "float32", mapped=True)
         mode, why = torch_streamed.choose(torch_weight_bytes(module))
+        files = weight_files.declared(spec)
+        if files is not None:
+            why = f"{why}; its weights memory-mapped from {files}"
         if mode == "streamed":
             self.module, self._stream = module, torch_streamed.Streamer(self.torch, module)
         else:
