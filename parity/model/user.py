@@ -173,7 +173,10 @@ def torch_factory(reference: str, root: str | Path, weights: str | None = None):
             return built()
         from parity.model import weight_files
 
-        return weight_files.build(torch, built, weight_path, keep_dtypes)
+        try:
+            return weight_files.build(torch, built, weight_path, keep_dtypes)
+        except weight_files.WeightFilesError as error:
+            raise UserModelError(str(error)) from None
 
     # the user's factory, for parity.model.identity; the weight files, for the reference and the memory estimates
     return _identified(

@@ -26,14 +26,15 @@ import json
 import weakref
 from pathlib import Path
 
-from parity.model.user import UserModelError
+from parity.platform.errors import ParityError
 
 INDEX = "model.safetensors.index.json"
 _BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> {name: dtype it was built in}
 
 
-class WeightFilesError(UserModelError):
-    """Weight files that cannot be read, or that do not match the model built."""
+class WeightFilesError(ParityError):
+    """Weight files that cannot be read, or that do not match the model built (a ``UserModelError`` once
+    ``torch_factory`` raises it)."""
 
 
 def files(path: Path) -> list[Path]:
@@ -135,7 +136,8 @@ def load(torch, module, tensors: dict, where: str, keep_dtypes: bool, groups: li
     unexpected = sorted(set(tensors) - {name for group in groups for name in group})
     if unexpected:
         raise WeightFilesError(f"{where} holds {_listed(unexpected)}, which the model does not have")
-    missing, kept = [], {}
+    missing: list[str] = []
+    kept: dict[str, str] = {}
     for names in groups:
         slots = [_slot(module, name) for name in names]
         owner, kind, attribute = slots[0]

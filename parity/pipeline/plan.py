@@ -58,14 +58,23 @@ def _time(seconds: float) -> str:
 
 
 def plan(
-    workspace: str | None, model: str | None, params: float | None, batch: int | None, seq: int | None, notice
+    workspace: str | None,
+    model: str | None,
+    params: float | None,
+    batch: int | None,
+    seq: int | None,
+    notice,
+    mapped: bool = False,
 ) -> Plan:
     """The plan of ``model`` (its golden data's size, else its weights as its builder makes them) or of a Llama-shaped
-    model of ``params`` parameters at ``batch`` x ``seq`` tokens."""
+    model of ``params`` parameters at ``batch`` x ``seq`` tokens (``mapped``: its weights mapped from its files; a
+    model of the workspace is when it declares them)."""
     from parity.run import estimate
 
     if (model is None) == (params is None):
         raise UsageError("give --model NAME or --params COUNT (e.g. --params 7e9)")
+    if mapped and model is not None:
+        raise UsageError("--mapped is for --params; a model of the workspace is mapped when its spec declares weights")
     here = available()
     if params is not None:
         if not math.isfinite(params) or not 0 < params <= MAX_PARAMS:
@@ -80,25 +89,30 @@ def plan(
         if seq is not None:
             raise UsageError("--seq is for --params; a model's inputs are its spec's")
         assert model is not None  # one of the two, as checked above
-        weights, activations, what = _model_size(workspace, model, batch, notice)
-    return Plan(what, weights, here, estimate.plan(weights, activations, here))
+        weights, activations, what, mapped = _model_size(workspace, model, batch, notice)
+    if mapped:
+        what = f"{what}, its weights mapped from its files"
+    return Plan(what, weights, here, estimate.plan(weights, activations, here, mapped))
 
 
-def _model_size(workspace: str | None, model: str, batch: int | None, notice) -> tuple[int, int, str]:
-    """Bytes of ``model``'s weights and float64 activations: its golden manifest's, else its builder's weights."""
+def _model_size(workspace: str | None, model: str, batch: int | None, notice) -> tuple[int, int, str, bool]:
+    """Bytes of ``model``'s weights and float64 activations: its golden manifest's, else its builder's weights; and
+    whether it maps them from its weight files."""
     from parity.golden import store
+    from parity.model import weight_files
     from parity.pipeline.jobs import open_workspace
     from parity.run import estimate, watch
 
     ws = open_workspace(workspace, notice)
     spec = ws.load_spec(model, attach_golden=False)
+    mapped = weight_files.declared(spec) is not None
     scale = batch / spec.batch_size if batch else 1.0
     golden_dir = ws.golden_dir(model)
     if (golden_dir / store.MANIFEST).exists():
         manifest = store.verified_manifest(golden_dir)
         weights = watch.weights_bytes(manifest)
         activations = int(estimate.activation_bytes(manifest) * scale)
-        return weights, activations, f"{model} (its golden data, batch {batch or spec.batch_size})"
+        return weights, activations, f"{model} (its golden data, batch {batch or spec.batch_size})", mapped
     from parity.platform.cache_dir import cache_root
     from parity.platform.env import default_threads
     from parity.run.pool import WorkerPool
@@ -107,4 +121,4 @@ def _model_size(workspace: str | None, model: str, batch: int | None, notice) ->
         weights = pool.call(spec.frameworks[0], "parity.model.size:weights_bytes", workspace=str(ws.root), model=model)
     if weights is None:
         raise UsageError(f"{model}: its size is not known before its golden build; give --params COUNT instead")
-    return weights, 0, f"{model} (no golden data yet: activations not counted)"
+    return weights, 0, f"{model} (no golden data yet: activations not counted)", mapped

@@ -199,6 +199,12 @@ def test_plan_of_a_7b_model_says_what_does_not_fit_and_the_ray_node_it_would(mon
     assert small.exit_code == 0 and "no:" not in small.output
     bad = CliRunner().invoke(cli, ["plan", "--params", "7e9", "--model", "mlp"])
     assert bad.exit_code == 2 and "give --model NAME or --params COUNT" in bad.output
+    mapped = CliRunner().invoke(cli, ["plan", "--params", "7e9", "--mapped"]).output.splitlines()
+    assert mapped[0].startswith("a Llama-shaped model of 7e+09 parameters at 2 x 64 tokens, its weights mapped from")
+    golden = [line for line in mapped if line.startswith("golden build")]
+    assert "model mapped from its weight files" in golden[0] and golden[0].endswith("yes")
+    assert "float64 reference streamed from the weight files" in golden[1] and golden[1].endswith("yes")
+    assert "float32 run" in golden[2] and "no: a Ray node" in golden[2]  # the float32 noise floor: left out
 
 
 def test_the_table_holds_every_measured_factor_and_measures_every_row_it_does_not_derive():
@@ -245,3 +251,30 @@ def test_each_step_of_a_reference_with_gradients_a_check_and_a_diagnosis_is_esti
         estimate.refuse("llama", "gradients", estimate.peak("gradients", weights), memory.Available(weights, "x"))
     assert "gradients" in str(refused.value) and "loss=None" in str(refused.value)
     assert "PARITY_REFERENCE=streamed" not in str(refused.value)  # a streamed reference has no gradients
+
+
+def test_a_model_mapped_from_its_weight_files_is_estimated_without_its_float32_copy(tmp_path, monkeypatch):
+    """The float32 weights of a model mapped from its safetensors files are pages of the files: its load and its
+    streamed float64 reference fit where the same model held in memory is refused; a float32 run still needs it."""
+    monkeypatch.setenv(memory.LIMIT_VARIABLE, "8G")
+    weights = 10 * 10**9
+    reference = ("parity.golden.user_tasks:reference", {"model": "big", "gradients": False})
+    load = ("parity.golden.user_tasks:describe_weights", {"model": "big"})
+    floor = ("parity.golden.floor:float32_floor", {"model": "big"})
+    with WorkerPool(1, tmp_path, timeout_s=60) as pool:
+        with pool.for_model(weights):
+            for task, kwargs in (reference, load, floor):
+                with pytest.raises(NotEnoughMemory, match=r"^big: the "):
+                    pool.check_memory("torch", task, kwargs)
+        with pool.for_model(weights, mapped=True):
+            pool.check_memory("torch", *reference)  # one unit in float64 (and the activations): no refusal
+            pool.check_memory("torch", *load)
+            with pytest.raises(NotEnoughMemory, match=r"^big: the float32 run needs about 20\.5 GB"):
+                pool.check_memory("torch", *floor)
+        assert not pool.mapped  # the block's model only
+    unit = 2 * weights // 16
+    assert estimate.peak("streamed_files", weights) == pytest.approx(
+        estimate.WORKER_BYTES + weights * 0.4 + unit, abs=2
+    )
+    assert estimate.mapped_step("reference", weights) == "streamed_files"
+    assert estimate.mapped_step("reference", 10**8) == "reference"  # a small model is still cast whole
