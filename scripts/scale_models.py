@@ -12,7 +12,13 @@ faulty layer, and the seconds of each stage. The worker service is off (``PARITY
 every worker is a child of the command it measures (the tree's sum counts pages a forked worker shares with its
 template twice). Sizes: 20M (hidden 256, 8 layers, 8/4 heads), 135M (SmolLM-135M's shape), 1.1B (TinyLlama-1.1B's).
 
-    python scripts/scale_models.py [--sizes 20M,135M] [--timeout S] [--out table.json] [--keep DIR]
+``--mapped``: the model's weights are saved first (``save_pretrained``, float32 safetensors, in a process of its own)
+and declared with ``init --weights``: they are memory-mapped into the architecture, and the float64 reference streams
+from them (``parity.model.weight_files``). Resident memory then counts the files' pages a process touched, which the
+kernel may drop again; the anonymous memory (``RssAnon``, what cannot be dropped) is measured beside it.
+``--memory-limit SIZE`` runs every command under ``PARITY_MEMORY_LIMIT=SIZE`` (a machine with that much memory).
+
+    python scripts/scale_models.py [--sizes 20M,135M] [--timeout S] [--out table.json] [--keep DIR] [--mapped]
 """
 
 from __future__ import annotations
@@ -91,6 +97,7 @@ class Peak:
     def __init__(self, pid: int, period: float = 0.5):
         self.root, self.period = psutil.Process(pid), period
         self.per_process: dict[int, int] = {}
+        self.anonymous: dict[int, int] = {}
         self.tree = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -110,20 +117,33 @@ class Peak:
                     continue
                 total += rss
                 self.per_process[process.pid] = max(self.per_process.get(process.pid, 0), rss)
+                self.anonymous[process.pid] = max(self.anonymous.get(process.pid, 0), _anonymous(process.pid))
             self.tree = max(self.tree, total)
             self._stop.wait(self.period)
 
-    def stop(self) -> tuple[float, float]:
-        """(largest process GB, tree GB)."""
+    def stop(self) -> tuple[float, float, float]:
+        """(largest process GB, tree GB, largest process's anonymous GB)."""
         self._stop.set()
         self._thread.join()
-        return max(self.per_process.values(), default=0) / GB, self.tree / GB
+        largest = max(self.per_process.values(), default=0) / GB
+        return largest, self.tree / GB, max(self.anonymous.values(), default=0) / GB
 
 
-def parity(root: Path, log, *args: str) -> dict:
+def _anonymous(pid: int) -> int:
+    """A process's anonymous resident bytes (``RssAnon``: not pages of a file), 0 where it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next((int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon:")), 0)
+    except OSError:
+        return 0
+
+
+def parity(root: Path, log, *args: str, limit: str | None = None) -> dict:
     """``parity ARGS`` in ``root`` with its output to ``log``: seconds, peak memory, exit code."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     env["PARITY_WORKER_SERVICE"] = "off"  # workers are the command's own children, not a shared service's
+    if limit:
+        env["PARITY_MEMORY_LIMIT"] = limit
     log.write(f"$ parity {' '.join(args)}\n")
     log.flush()
     started = time.perf_counter()
@@ -132,8 +152,14 @@ def parity(root: Path, log, *args: str) -> dict:
     )
     peak = Peak(process.pid)
     code = process.wait()
-    largest, tree = peak.stop()
-    return {"seconds": time.perf_counter() - started, "peak_process_gb": largest, "peak_tree_gb": tree, "exit": code}
+    largest, tree, anonymous = peak.stop()
+    return {
+        "seconds": time.perf_counter() - started,
+        "peak_process_gb": largest,
+        "peak_anonymous_gb": anonymous,
+        "peak_tree_gb": tree,
+        "exit": code,
+    }
 
 
 def planned(root: Path) -> dict:
@@ -181,16 +207,25 @@ def check_result(path: Path, faulty: str) -> str:
     return "; ".join(parts)
 
 
-def one(size: str, root: Path, timeout: float | None) -> list[dict]:
+def save_weights(root: Path) -> None:
+    """The factory's model saved to ``root/weights`` (float32 safetensors), in a process of its own."""
+    code = "import llama; llama.make_model().save_pretrained('weights')"
+    subprocess.run([sys.executable, "-c", code], cwd=root, check=True, capture_output=True)
+
+
+def one(size: str, root: Path, timeout: float | None, mapped: bool = False, memory: str | None = None) -> list[dict]:
     """The three steps of one size in workspace ``root``: a row per step."""
     config = SIZES[size]
     layer = config["num_hidden_layers"] // 2
     faulty = f"model.layers.{layer}.post_attention_layernorm"
     (root / "llama.py").write_text(FACTORY.format(config=config, layer=layer))
+    if mapped:
+        save_weights(root)
     limit = ["--timeout", str(timeout)] if timeout else []
     steps = {
         "init": ["init", "llama", "--torch", "llama.py:make_model", "--input"]
-        + [f"input_ids=2x64:int64:{config['vocab_size']}"],
+        + [f"input_ids=2x64:int64:{config['vocab_size']}"]
+        + (["--weights", "weights"] if mapped else []),
         "golden build": ["golden", "build", "--model", "llama"],
         "check": ["check", "--model", "llama", "--path", "torch", "--path", "torch/onnx/ort", "--json", "check.json"]
         + limit,
@@ -200,7 +235,8 @@ def one(size: str, root: Path, timeout: float | None) -> list[dict]:
     plan: dict = {}
     with open(root / "parity.log", "w") as log:
         for step, args in steps.items():
-            row = {**base, "step": step, **parity(root, log, *args), "golden_mb": folder_mb(root / "golden")}
+            measured = parity(root, log, *args, limit=memory)
+            row = {**base, "step": step, **measured, "golden_mb": folder_mb(root / "golden")}
             if step == "init":
                 plan = planned(root)
             row["planned_gb"], row["planned_s"] = plan.get(step, (None, None))
@@ -217,14 +253,15 @@ def one(size: str, root: Path, timeout: float | None) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    heads = ("size", "params", "step", "seconds", "planned s", "peak largest process GB", "planned GB", "peak tree GB")
-    heads += ("golden MB", "result")
+    heads = ("size", "params", "step", "seconds", "planned s", "peak largest process GB", "its anonymous GB")
+    heads += ("planned GB", "peak tree GB", "golden MB", "result")
     lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     for r in rows:
         cells = (r["size"], f"{r['params'] / 1e6:.1f}M", r["step"], f"{r['seconds']:.0f}")
         cells += (
             _or_dash(r.get("planned_s"), ".0f"),
             f"{r['peak_process_gb']:.2f}",
+            f"{r.get('peak_anonymous_gb', 0):.2f}",
             _or_dash(r.get("planned_gb"), ".2f"),
         )
         cells += (f"{r['peak_tree_gb']:.2f}", f"{r['golden_mb']:.0f}", r["result"])
@@ -242,6 +279,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, help="passed to parity check (seconds one export or check may take)")
     parser.add_argument("--out", type=Path, help="write the rows as JSON here")
     parser.add_argument("--keep", type=Path, help="keep the workspaces under this folder (created if missing)")
+    parser.add_argument("--mapped", action="store_true", help="declare the weights' safetensors files (init --weights)")
+    parser.add_argument("--memory-limit", help="PARITY_MEMORY_LIMIT for every command, e.g. 4G")
     args = parser.parse_args()
     sizes = [s for s in args.sizes.split(",") if s]
     unknown = sorted(set(sizes) - set(SIZES))
@@ -253,7 +292,10 @@ def main() -> None:
     for size in sizes:
         root = Path(tempfile.mkdtemp(prefix=f"parity-scale-{size}-", dir=args.keep))
         try:
-            rows += [{**row, "workspace": str(root)} if args.keep else row for row in one(size, root, args.timeout)]
+            rows += [
+                {**row, "workspace": str(root)} if args.keep else row
+                for row in one(size, root, args.timeout, args.mapped, args.memory_limit)
+            ]
         finally:
             if args.keep is None:
                 shutil.rmtree(root, ignore_errors=True)
