@@ -166,12 +166,21 @@ def tree_members(process) -> list:
 
 def members_rss(members: list) -> int:
     """The resident memory of ``members`` (``psutil.Process``) still running, in bytes."""
+    return members_memory(members)[0]
+
+
+def members_memory(members: list) -> tuple[int, int]:
+    """``(resident, own)`` bytes of ``members`` (``psutil.Process``) still running: ``own`` leaves out the resident
+    pages of files (``shared``: a library's code, a model's weights mapped from its safetensors files), which the
+    kernel drops again under memory pressure rather than run out of memory."""
     import psutil
 
-    total = 0
+    resident = own = 0
     for member in members:
         try:
-            total += member.memory_info().rss
+            info = member.memory_info()
         except psutil.Error:
-            pass
-    return total
+            continue
+        resident += info.rss
+        own += info.rss - getattr(info, "shared", 0)
+    return resident, own

@@ -139,15 +139,16 @@ class Progress:
 
 
 class MemoryWatch:
-    """The memory of worker ``pid`` (its children included) while one task runs: ``peak`` bytes seen, and whether it
-    passed ``ceiling`` (``exceeded``): what the worker held at the task's start (``start``) and what was ``available``
-    then (``PARITY_MEMORY_LIMIT`` where it is set, else less a margin, so that parity stops it before the kernel
-    does)."""
+    """The memory of worker ``pid`` (its children included) while one task runs: ``peak`` resident bytes seen, and
+    whether its own memory (``held``: resident less the pages of files, which the kernel drops again under pressure,
+    such as weights mapped from their safetensors files) passed ``ceiling`` (``exceeded``): what the worker held at the
+    task's start (``start``) and what was ``available`` then (``PARITY_MEMORY_LIMIT`` where it is set, else less a
+    margin, so that parity stops it before the kernel does)."""
 
     def __init__(self, pid: int, available, group: str | None = None):
         import psutil
 
-        from parity.platform.memory import LIMIT_VARIABLE, members_rss, tree_members
+        from parity.platform.memory import LIMIT_VARIABLE, members_memory, tree_members
 
         self.pid, self.available, self.group, self.exceeded = pid, available, group or "", False
         try:
@@ -156,24 +157,26 @@ class MemoryWatch:
             self.process = None
         self.members = tree_members(self.process) if self.process is not None else []
         self.members_read = time.monotonic()
-        self.start = self.peak = members_rss(self.members)
+        self.start, self.held_start = members_memory(self.members)
+        self.peak, self.held = self.start, self.held_start
         margin = (
             0 if available.source == LIMIT_VARIABLE else max(int(available.nbytes * MEMORY_MARGIN), MIN_MARGIN_BYTES)
         )
-        self.ceiling = self.start + max(available.nbytes - margin, 0)
+        self.ceiling = self.held_start + max(available.nbytes - margin, 0)
         _reset_high_water_mark(pid)
 
     def sample(self) -> bool:
-        """Read the worker's memory now (the processes below it found again every ``MEMBERS_S``); True once it
-        is past the ceiling."""
-        from parity.platform.memory import members_rss, tree_members
+        """Read the worker's memory now (the processes below it found again every ``MEMBERS_S``); True once its own
+        memory is past the ceiling."""
+        from parity.platform.memory import members_memory, tree_members
 
         if self.process is None:
             return False
         if time.monotonic() - self.members_read >= MEMBERS_S:
             self.members, self.members_read = tree_members(self.process), time.monotonic()
-        self.peak = max(self.peak, members_rss(self.members))
-        self.exceeded = self.exceeded or self.peak > self.ceiling
+        resident, held = members_memory(self.members)
+        self.peak, self.held = max(self.peak, resident), max(self.held, held)
+        self.exceeded = self.exceeded or self.held > self.ceiling
         return self.exceeded
 
     def finish(self) -> int:
@@ -187,8 +190,8 @@ class MemoryWatch:
         from parity.platform.memory import LIMIT_VARIABLE, gb
 
         reason = (
-            f"out of memory: the {self.group} worker reached {gb(self.peak)}, {gb(self.peak - self.start)} more than "
-            f"at its task's start, past the {self.available.describe()}"
+            f"out of memory: the {self.group} worker reached {gb(self.held)}, {gb(self.held - self.held_start)} more "
+            f"than at its task's start, past the {self.available.describe()}"
         )
         return reason, f"a smaller batch, the streamed reference or more memory; {LIMIT_VARIABLE}=SIZE overrides"
 

@@ -44,6 +44,15 @@ def hold(mb: int, seconds: float) -> None:
     del held
 
 
+def read_pages(path: str) -> int:
+    """A worker task that reads every page of the file ``path`` through a memory map, as a model mapped from its
+    weight files does: resident pages of a file, which the kernel may drop, not memory of the worker's own."""
+    import numpy as np
+
+    mapped = np.memmap(path, dtype=np.uint8, mode="r")
+    return int(mapped[::4096].sum())
+
+
 _KEPT: list = []
 
 
@@ -155,6 +164,20 @@ def test_a_worker_past_the_memory_available_is_stopped_by_parity_and_said_out_of
         assert pool.last_peak_bytes is not None and pool.last_peak_bytes - 300e6 < 1.5e9  # stopped well before 3 GB
         monkeypatch.delenv(memory.LIMIT_VARIABLE)
         assert pool.call("onnx", "parity.check.metrics:accuracy", **ACCURACY) == 1.0  # a fresh worker goes on
+
+
+def test_the_pages_of_a_mapped_file_are_not_memory_a_worker_is_stopped_for(tmp_path, monkeypatch):
+    big = tmp_path / "weights.bin"
+    with open(big, "wb") as f:
+        f.truncate(600 << 20)  # read through a map, each page is resident and the file's
+    with WorkerPool(1, tmp_path, timeout_s=120) as pool:
+        pool.call("onnx", "parity.check.metrics:accuracy", **ACCURACY)
+        monkeypatch.setenv(memory.LIMIT_VARIABLE, "200M")
+        assert pool.call("onnx", "tests.run.test_memory:read_pages", path=str(big)) == 0
+        assert pool.last_peak_bytes is not None and pool.last_peak_bytes > 500e6  # resident, said as such
+        with pytest.raises(TaskFailed) as stopped:  # memory of its own past the limit is stopped as before
+            pool.call("onnx", "tests.run.test_memory:hog", step_mb=20, most_mb=3000)
+        assert stopped.value.kind == "oom"
 
 
 def test_a_worker_killed_from_outside_is_said_killed_by_the_kernel_with_its_peak(tmp_path):
