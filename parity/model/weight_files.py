@@ -17,7 +17,9 @@ reference, which casts each unit to float64 itself); ``built_dtypes`` then says 
 The files are a ``.safetensors`` file or a folder: its ``model.safetensors.index.json`` shards where it has one, else
 every ``*.safetensors`` in it. Tied parameters (one tensor under several names, an LM head tied to its embedding)
 take the file's tensor under any of their names, and stay tied. A name the model does not have, one the files lack,
-a shape that differs or two files holding one name stop the build with a ``WeightFilesError`` naming them.
+a shape that differs or two files holding one name stop the build with a ``WeightFilesError`` naming them; a
+non-persistent buffer the files hold (a rotary table an older checkpoint saved) is left as the architecture computes
+it.
 """
 
 from __future__ import annotations
@@ -104,6 +106,11 @@ def declared(spec) -> Path | None:
     return getattr(spec.torch_module, "weight_files", None)
 
 
+def mapped(spec) -> bool:
+    """Whether ``spec``'s model is mapped from its weight files (what its steps' memory is estimated for)."""
+    return declared(spec) is not None
+
+
 def build_mapped(spec):
     """``spec``'s torch module, a declared model's tensors left in their files' dtypes (``keep_dtypes``): for a step
     that reads each weight once, or casts each unit itself, with no copy of the model in memory."""
@@ -133,7 +140,8 @@ def _groups(module) -> list[list[str]]:
 def load(torch, module, tensors: dict, where: str, keep_dtypes: bool, groups: list[list[str]]) -> None:
     """``module``'s parameters and persistent buffers set to ``tensors`` (by ``state_dict`` name), the names of each
     of ``groups`` one tensor; every name checked both ways and every shape."""
-    unexpected = sorted(set(tensors) - {name for group in groups for name in group})
+    computed = {name for name, _ in module.named_buffers()}  # a non-persistent buffer an older checkpoint holds
+    unexpected = sorted(set(tensors) - {name for group in groups for name in group} - computed)
     if unexpected:
         raise WeightFilesError(f"{where} holds {_listed(unexpected)}, which the model does not have")
     missing: list[str] = []

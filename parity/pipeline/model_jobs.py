@@ -83,8 +83,8 @@ def build_goldens(
                     continue
                 step = shapes.upgrade if upgrade else golden_build.build
                 pool.peaks.clear()
-                mapped = weight_files.declared(spec) is not None
-                with pool.for_model(_weights_bytes(pool, ws, spec), mapped=mapped):  # each step's memory, said first
+                sized = pool.for_model(_weights_bytes(pool, ws, spec), mapped=weight_files.mapped(spec))
+                with sized:  # each step's memory said before it starts
                     manifest = step(ws, spec, pool, progress=progress)
             except (ParityError, TaskFailed) as error:
                 yield GoldenOutcome(name, ws.golden_dir(name), error=str(error))
@@ -297,6 +297,7 @@ def repro(
     the definition). A non-empty ``out_dir`` needs ``force``; the reduction runs on the CPU runtimes only (``device`` other than cpu is a usage error)."""
     from parity.diagnose.repro import trusted_for
     from parity.golden import store as golden
+    from parity.model import weight_files
     from parity.pipeline import orchestrate
     from parity.platform.cache_dir import cache_root
     from parity.platform.env import environment
@@ -355,7 +356,8 @@ def repro(
         )
     spec = ws.load_spec(model)
     manifest = golden.verify(ws.golden_dir(model), spec)
-    with WorkerPool(threads, cache_root() / "logs", timeout_s) as pool, pool.for_model(watch.weights_bytes(manifest)):
+    sized = {"weights_bytes": watch.weights_bytes(manifest), "mapped": weight_files.mapped(spec)}
+    with WorkerPool(threads, cache_root() / "logs", timeout_s) as pool, pool.for_model(**sized):
         run = orchestrate.Run(ws, options)
         run._identify(pool, [(spec, manifest, path, None)])  # the export is keyed on the weights, as check keys it
         artifact = run._export(pool, spec, manifest, path, len(path.exports) - 1)

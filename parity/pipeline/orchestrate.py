@@ -302,7 +302,11 @@ class Run(PathSteps):
     def sized(self, pool, spec):
         """``pool``'s tasks, in this block, work on ``spec``'s model: where no timeout was given, their wall-clock
         limit grows with its weights."""
-        return pool.for_model(self.weights.get(spec.name), self.activations.get(spec.name))
+        from parity.model import weight_files
+
+        return pool.for_model(
+            self.weights.get(spec.name), self.activations.get(spec.name), mapped=weight_files.mapped(spec)
+        )
 
     def _guarded(self, spec, call, pool, *args, **kwargs) -> None:
         """``call(pool, *args, **kwargs)`` unless a worker has refused ``spec``'s golden arrays; a refusal now (a

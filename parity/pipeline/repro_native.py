@@ -33,6 +33,7 @@ def refusal(where: str, path, diagnosis: dict) -> str:
 def repro(ws, spec, manifest, path, options, diagnosis: dict, out: Path, out_dir: str, command: str, progress):
     """``(exit code, one line)``: 0 with the one-layer reproducer written; 2 with today's refusal and why no
     reproducer could be made (no leaf named, the layer alone does not fail as the path does)."""
+    from parity.model import weight_files
     from parity.platform.cache_dir import cache_root
     from parity.platform.env import environment
     from parity.platform.errors import TaskFailed
@@ -52,7 +53,7 @@ def repro(ws, spec, manifest, path, options, diagnosis: dict, out: Path, out_dir
     progress(f"{spec.name}: {layer} alone on {path.id}")
     with (
         WorkerPool(options.threads, cache_root() / "logs", options.timeout_s) as pool,
-        pool.for_model(watch.weights_bytes(manifest)),
+        pool.for_model(watch.weights_bytes(manifest), mapped=weight_files.mapped(spec)),
     ):
         try:
             outcome = pool.call(

@@ -139,6 +139,16 @@ def test_files_that_do_not_match_the_model_are_one_line_naming_what_differs(tmp_
     assert "\n" not in str(raised.value)
 
 
+def test_a_non_persistent_buffer_an_older_checkpoint_saved_is_left_as_the_architecture_computes_it(workspace):
+    from safetensors.torch import save_file
+
+    root, model = workspace
+    state = {k: v.clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    save_file({**state, "model.rotary_emb.inv_freq": torch.zeros(4)}, root / "old.safetensors")
+    mapped = weight_files.build(torch, _factory(root), root / "old.safetensors")
+    assert torch.equal(mapped.model.rotary_emb.inv_freq, model.model.rotary_emb.inv_freq)
+
+
 def invoke(*args, env=None):
     return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False, env=env)
 
