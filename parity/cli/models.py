@@ -34,7 +34,9 @@ from parity.cli.common import EXISTING_FILE, EXISTING_FOLDER, FOLDER, fail, hand
     "--hf",
     "hf_folder",
     type=EXISTING_FOLDER,
-    help="A transformers save_pretrained folder (config and safetensors; nothing is downloaded), with --task.",
+    help="A transformers save_pretrained folder (config and safetensors; nothing is downloaded): its architecture "
+    "from config.json, its weights memory-mapped; default input input_ids=2x64. With --task text-generation: checked "
+    "as it generates.",
 )
 @click.option(
     "--task",
@@ -119,13 +121,12 @@ def init(
             --input attention_mask=2,sequence:int64:mask --axis sequence=16
         parity init llama --torch mymodels.py:make_llama --weights ./tiny-llama \
             --input input_ids=2x64:int64:32000
+        parity init llama --hf ./tiny-llama
         parity init llama --hf ./tiny-llama --task text-generation
     """
     from parity.pipeline import model_jobs
 
-    if task or hf_folder:
-        if task is None:
-            fail("--hf takes --task text-generation (a causal LM checked as it generates)")
+    if task:
         if keras_ref or jax_ref or onnx_ref or input_decls or test_data or polygraphy_inputs or weights:
             fail("--task text-generation takes --hf FOLDER or --torch MODULE:FUNCTION, and prompts with --inputs")
         written = model_jobs.init_generation(name, hf_folder, torch_ref, force, workspace, inputs_file)
@@ -134,7 +135,7 @@ def init(
         return
     written, info, kind = model_jobs.init_model(
         name,
-        {"torch": torch_ref, "tf": keras_ref, "jax": jax_ref, "onnx": onnx_ref},
+        {"torch": torch_ref, "tf": keras_ref, "jax": jax_ref, "onnx": onnx_ref, "hf": hf_folder},
         input_decls,
         axes,
         {

@@ -213,7 +213,10 @@ def model_identity(workspace: str, model: str) -> dict | None:
         arrays = numpy_arrays(read_npz(builder.params_path, UserModelError, ".npz").items())
         classes = []
     digest = weights_digest(arrays, ordered=framework == "torch")
-    return {"weights_sha256": digest, "code": code_files([_factory(builder), *classes], ws.root)}
+    code = code_files([_factory(builder), *classes], ws.root)
+    for path in getattr(builder, "config_files", ()):  # what the architecture is built from (``hf_model``)
+        code[_shown(str(path), ws.root)] = sha256_file(Path(path))
+    return {"weights_sha256": digest, "code": dict(sorted(code.items()))}
 
 
 def changes(model: str, recorded: dict | None, now: dict | None) -> dict | None:

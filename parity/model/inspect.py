@@ -11,7 +11,15 @@ import numpy as np
 from parity.interop import onnx_file as onnx_source
 from parity.interop import onnx_test_data as interop
 from parity.interop.given import given_feeds
-from parity.model.user import UserModelError, check_data_size, jax_function, keras_factory, keras_file, torch_factory
+from parity.model.user import (
+    UserModelError,
+    check_data_size,
+    hf_model,
+    jax_function,
+    keras_factory,
+    keras_file,
+    torch_factory,
+)
 from parity.model.values import ONNX_ELEMENT_TYPES
 from parity.platform.errors import one_line
 from parity.platform.safefs import read_npz
@@ -62,6 +70,7 @@ def inspect_model(
     params_file: str | None = None,
     given: dict | None = None,
     names_from: str | None = None,
+    builder: str | None = None,
 ) -> dict:
     """Build the model, run it once on a sample of each declared input (``{"name", "shape", "dtype", "values"}``,
     batch first), and report what a spec needs: output names and shapes, default taps (top-level layers whose
@@ -69,21 +78,27 @@ def inspect_model(
     An ONNX file is only read (its graph says it all); ``given`` data (test data, Polygraphy inputs) gives
     its input shapes. ``names_from``: the file the inputs were named after (``--inputs data.npz`` alone), so the names
     must be the model's own (``forward``'s parameters, the Keras inputs, the JAX function's arguments); the
-    model's order of them comes back as ``input_names``."""
+    model's order of them comes back as ``input_names``. ``builder``: ``hf_model`` for a torch model that is a
+    transformers folder (``reference``), else the kind's own."""
     if kind == "onnx":
         return _inspect_onnx(reference, root, given or {})
     for decl in inputs:
         check_data_size(f"input {decl['name']!r}", decl["shape"], decl["dtype"])  # before _sample draws it
-    inspector = {"torch": _inspect_torch, "tf": _inspect_keras, "jax": _inspect_jax}[kind]
+    if kind == "torch":
+        return _inspect_torch(reference, root, inputs, params_file, names_from, builder)
+    inspector = {"tf": _inspect_keras, "jax": _inspect_jax}[kind]
     return inspector(reference, root, inputs, params_file, names_from)
 
 
-def _inspect_torch(reference, root, inputs, weights, names_from=None):
+def _inspect_torch(reference, root, inputs, weights, names_from=None, builder=None):
     import torch
 
     from parity.model.feeds import call_torch as call
 
-    module = torch_factory(reference, root, weights)().eval()  # ``weights``: its safetensors files, mapped
+    if builder == "hf_model":  # a transformers folder: its architecture from its config, its weights mapped
+        module = hf_model(reference, root)().eval()
+    else:
+        module = torch_factory(reference, root, weights)().eval()  # ``weights``: its safetensors files, mapped
     order = _file_names_fit(reference, "forward", module.forward, [d["name"] for d in inputs], names_from)
     _check_takes(reference, module.forward, [d["name"] for d in inputs])
     tensors = {d["name"]: torch.from_numpy(_sample(d)) for d in inputs}

@@ -157,16 +157,58 @@ def torch_factory(reference: str, root: str | Path, weights: str | None = None):
     architecture only, its parameters on the meta device, and the files' tensors are memory-mapped into it
     (``parity.model.weight_files``; ``keep_dtypes``: tensors stay in the files' dtypes, for the streamed reference)."""
     weight_path = Path(root) / weights if weights else None
+    builder = _torch_builder(lambda: _call_factory(reference, resolve(reference, root)), reference, weight_path)
+    # the user's factory, for parity.model.identity; the weight files, for the reference and the memory estimates
+    return _identified(
+        builder,
+        source_files=_reference_files(reference, root),
+        reference=reference,
+        root=root,
+        weight_files=weight_path,
+    )
+
+
+def hf_model(folder: str, root: str | Path):
+    """A ``torch_module`` builder of a transformers ``save_pretrained`` folder (relative to the workspace): the
+    architecture its ``config.json`` names (``architectures``; its key/value cache off: the model's outputs are
+    tensors), its weights memory-mapped from the folder's safetensors as ``torch_factory(..., weights=)`` maps them.
+    Nothing is downloaded. The config is part of the model's identity, as a factory's code is."""
+    path = Path(root) / folder
+    config_file = path / "config.json"
+
+    def make():
+        import transformers
+
+        try:
+            config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
+        except Exception as error:  # noqa: BLE001 - a folder transformers cannot read is the folder's problem
+            said = one_line(f"{type(error).__name__}: {error}", 200)
+            raise UserModelError(f"{path}: no transformers config ({said})") from None
+        name = next(iter(getattr(config, "architectures", None) or ()), None)
+        architecture = getattr(transformers, name, None) if name else None
+        if architecture is None:
+            raise UserModelError(
+                f"{config_file} names no transformers architecture ({name or 'no architectures'}); give --torch "
+                "FILE.py:FUNCTION building it, with --weights"
+            )
+        config.use_cache = False
+        return architecture(config).eval()
+
+    builder = _torch_builder(make, str(path), path)
+    return _identified(builder, source_files=(config_file,), config_files=(config_file,), root=root, weight_files=path)
+
+
+def _torch_builder(make: Callable[[], Any], what: str, weight_path: Path | None):
+    """A ``torch_module(keep_dtypes=False)`` builder of the module ``make()`` returns, its weights mapped from
+    ``weight_path``'s safetensors files where given."""
 
     def torch_module(keep_dtypes: bool = False):
         import torch
 
-        factory = resolve(reference, root)
-
         def built():
-            model = _call_factory(reference, factory)
+            model = make()
             if not isinstance(model, torch.nn.Module):
-                raise UserModelError(f"{reference} returned {type(model).__name__}, not a torch.nn.Module")
+                raise UserModelError(f"{what} returned {type(model).__name__}, not a torch.nn.Module")
             return model
 
         if weight_path is None:
@@ -178,14 +220,7 @@ def torch_factory(reference: str, root: str | Path, weights: str | None = None):
         except weight_files.WeightFilesError as error:
             raise UserModelError(str(error)) from None
 
-    # the user's factory, for parity.model.identity; the weight files, for the reference and the memory estimates
-    return _identified(
-        torch_module,
-        source_files=_reference_files(reference, root),
-        reference=reference,
-        root=root,
-        weight_files=weight_path,
-    )
+    return torch_module
 
 
 def keras_file(path: str, root: str | Path):

@@ -89,7 +89,6 @@ def build(torch, factory, path: Path, keep_dtypes: bool = False):
     then under ``init_empty_weights``, for the module itself."""
     from accelerate import init_empty_weights
 
-    tensors = read(files(path))
     try:
         with torch.device("meta"):
             groups = _groups(factory())
@@ -97,7 +96,7 @@ def build(torch, factory, path: Path, keep_dtypes: bool = False):
         groups = None
     with init_empty_weights(include_buffers=False):
         module = factory()
-    load(torch, module, tensors, str(path), keep_dtypes, groups or _groups(module))
+    load(torch, module, read(files(path)), str(path), keep_dtypes, groups or _groups(module))
     return module
 
 

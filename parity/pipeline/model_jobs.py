@@ -226,18 +226,25 @@ def init_model(
     opset: int | None = None,
     weights: str | None = None,
 ) -> tuple[Path, dict, str]:
-    """``parity init``: ``sources`` maps torch/tf/jax/onnx to what was given (exactly one), ``files`` the data
-    files (inputs_file, test_data, polygraphy_inputs, polygraphy_outputs), ``weights`` a torch model's safetensors
-    file or folder. Returns the spec written, what the model said about itself, and the source kind."""
+    """``parity init``: ``sources`` maps torch/tf/jax/onnx/hf to what was given (exactly one; ``hf``: a transformers
+    folder, a torch model), ``files`` the data files (inputs_file, test_data, polygraphy_inputs, polygraphy_outputs),
+    ``weights`` a torch model's safetensors file or folder. Returns the spec written, what the model said about
+    itself, and the source kind."""
     from parity.pipeline import scaffold
     from parity.platform.env import default_threads
 
     chosen = [(kind, ref) for kind, ref in sources.items() if ref]
     if len(chosen) != 1:
-        raise UsageError("give exactly one of --torch, --keras, --jax, --onnx")
+        raise UsageError("give exactly one of --torch, --keras, --jax, --onnx, --hf")
     kind, reference = chosen[0]
     root = Path(workspace or ".").resolve()
-    params_file = None
+    params_file, builder = None, None
+    if kind == "hf":
+        if weights:
+            raise UsageError("--hf maps the folder's own safetensors; --weights is for --torch")
+        kind, builder = "torch", "hf_model"
+        if not input_decls and not any(files.values()):
+            input_decls = (f"input_ids=2x64:int64:{_vocabulary(Path(reference))}",)
     if kind == "jax":
         reference, _, params_file = reference.partition(",")
         if not params_file:
@@ -256,11 +263,27 @@ def init_model(
         axes=tuple(scaffold.parse_axis(text) for text in axes),
         seed=seed,
         opset=opset,
+        builder=builder,
         # the file options only: mypy reads every field's type into the ** expansion
         **{key: value and scaffold.workspace_reference(value, root) for key, value in files.items()},  # type: ignore[arg-type]
     )
     written, info = scaffold.init(root, request, force, default_threads())
     return written, info, kind
+
+
+def _vocabulary(folder: Path) -> int:
+    """The vocabulary size a transformers folder's ``config.json`` gives (its own, or its text model's): the ids of
+    the default input, 2 x 64 tokens."""
+    import json
+
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as error:
+        raise UsageError(f"{folder}: no readable config.json ({error})") from None
+    size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    if not isinstance(size, int) or size < 2:
+        raise UsageError(f"{folder}/config.json gives no vocab_size: declare the model's inputs with --input")
+    return size
 
 
 def init_generation(

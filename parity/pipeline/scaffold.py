@@ -200,6 +200,7 @@ def init(
                     inputs=request.worker_inputs(),
                     params_file=request.params_file,
                     names_from=names_from,
+                    builder=request.builder,
                 )
             )
         except TaskFailed as error:

@@ -60,9 +60,10 @@ def test_a_changed_folder_or_bad_request_is_said_in_one_line(workspace, tmp_path
     assert made.exit_code == 0, made.output
     listed = _cli("paths", "--model", "listed", "-w", tmp_path)  # its generation paths, not the torch matrix
     assert "torch/onnx/openvino" in listed.output and "torch/compile" not in listed.output, listed.output
-    assert "--hf takes --task" in _cli("init", "x", "--hf", workspace / "tiny_llama", "-w", tmp_path).output
     bare = tmp_path / "bare"
     bare.mkdir()
+    forward = _cli("init", "x", "--hf", bare, "-w", tmp_path)  # without --task: a forward check, from config.json
+    assert forward.exit_code == 2 and "no readable config.json" in forward.output
     refused = _cli("init", "x", "--hf", bare, "--task", "text-generation", "-w", tmp_path)
     assert refused.exit_code == 2 and "no config.json" in refused.output
 

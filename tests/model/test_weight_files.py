@@ -187,6 +187,31 @@ def test_a_golden_build_streams_the_reference_from_the_files_and_a_check_refuses
     assert refused.exit_code == 2 and "the model's weights changed since its golden data was built" in refused.output
 
 
+def test_a_transformers_folder_is_checked_from_its_config_and_its_mapped_weights(workspace):
+    root, model = workspace
+    made = invoke("init", "hf", "--workspace", root, "--hf", root / "weights")
+    assert made.exit_code == 0, made.output
+    spec = (root / "models" / "hf.py").read_text()
+    assert 'torch_module=hf_model("weights", root=WORKSPACE)' in spec and '"input_ids", (64,)' in spec, spec
+    assert invoke("golden", "build", "--workspace", root, "--model", "hf").exit_code == 0
+    with np.load(root / "golden/hf/inputs.npz") as inputs, np.load(root / "golden/hf/reference.npz") as reference:
+        assert np.array_equal(reference["logits"], _logits(model.double(), torch.from_numpy(inputs["x"])).numpy())
+    checked = invoke("check", "--workspace", root, "--model", "hf", "--path", "torch")  # exported: the test above
+    assert checked.exit_code == 0 and "hf: 1 pass" in checked.output, checked.output
+    config = root / "weights" / "config.json"
+    config.write_text(config.read_text().replace('"rms_norm_eps": 1e-06', '"rms_norm_eps": 1e-05'))
+    changed = invoke("check", "--workspace", root, "--model", "hf", "--path", "torch")
+    assert "the model's code changed since its golden data was built (weights/config.json)" in changed.output
+    (root / "bad").mkdir()
+    (root / "bad" / "config.json").write_text('{"vocab_size": 300}')
+    refused = invoke("init", "bad", "--workspace", root, "--hf", root / "bad")
+    assert refused.exit_code == 2 and "bad: no transformers config (ValueError: " in refused.output
+    odd = json.loads(config.read_text()) | {"architectures": ["NoSuchForCausalLM"]}
+    (root / "bad" / "config.json").write_text(json.dumps(odd))
+    refused = invoke("init", "bad", "--workspace", root, "--hf", root / "bad")
+    assert refused.exit_code == 2 and "names no transformers architecture (NoSuchForCausalLM)" in refused.output
+
+
 def test_weights_are_declared_with_a_torch_factory_only(tmp_path):
     (tmp_path / "w.safetensors").write_bytes(b"")
     result = invoke("init", "m", "--workspace", tmp_path, "--onnx", "m.onnx", "--weights", tmp_path / "w.safetensors")
