@@ -102,7 +102,7 @@ def build(torch, factory, path: Path, keep_dtypes: bool = False):
 
 def declared(spec) -> Path | None:
     """The safetensors file or folder a torch spec maps its weights from (``torch_factory(..., weights=)``), or None."""
-    return getattr(spec.torch_module, "weight_files", None)
+    return getattr(getattr(spec, "torch_module", None), "weight_files", None)  # a generation spec has none
 
 
 def mapped(spec) -> bool:
