@@ -120,13 +120,9 @@ class ModuleWeights(Mapping):
 
     def __getitem__(self, name: str) -> Any:
         from parity.model.identity import torch_array
+        from parity.model.weight_files import as_built
 
-        tensor = self._state[name]
-        if name in self._cast:
-            import torch
-
-            tensor = tensor.to(getattr(torch, self._cast[name]))
-        return torch_array(tensor)
+        return torch_array(as_built(self._state[name], self._cast.get(name)))
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._state)

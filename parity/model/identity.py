@@ -118,17 +118,13 @@ def _torch_arrays(module):
     file's dtype is read as the model is, in the architecture's (``weight_files.built_dtypes``): one at a time."""
     import numpy as np
 
-    from parity.model.weight_files import built_dtypes
+    from parity.model.weight_files import as_built, built_dtypes
 
     state = dict(module.named_buffers(remove_duplicate=False))
     state.update(module.state_dict())
     cast = built_dtypes(module) or {}
     for name in sorted(state):
-        tensor = state[name]
-        if name in cast:
-            import torch
-
-            tensor = tensor.to(getattr(torch, cast[name]))
+        tensor = as_built(state[name], cast.get(name))
         dtype = "torch.float32" if tensor.is_quantized else str(tensor.dtype)  # a quantized one dequantized
         array = np.ascontiguousarray(torch_array(tensor))
         yield name, dtype, tuple(tensor.shape), array.reshape(-1).view(np.uint8)

@@ -122,6 +122,15 @@ def built_dtypes(module) -> dict[str, str] | None:
     return _BUILT.get(module)
 
 
+def as_built(tensor, dtype: str | None):
+    """``tensor`` as the architecture holds it: cast to ``dtype`` (its ``built_dtypes`` entry: a copy), else itself."""
+    if dtype is None:
+        return tensor
+    import torch
+
+    return tensor.to(getattr(torch, dtype))
+
+
 def _groups(module) -> list[list[str]]:
     """The ``state_dict`` names of each parameter and persistent buffer of ``module``, grouped by tensor (tied names
     together)."""

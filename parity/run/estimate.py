@@ -148,12 +148,14 @@ def peak(step: str, weights: int, activations: int = 0) -> int:
     return int(WORKER_BYTES + weights * copies + activations * cost.activations)
 
 
-def mapped_step(step: str, weights: int) -> str:
-    """The ``COSTS`` key of torch step ``step`` of a model of ``weights`` bytes mapped from its weight files."""
-    if step == "load":
+def torch_step(step: str, weights: int, mapped: bool = False) -> str:
+    """The ``COSTS`` key of ``step`` of a torch model of ``weights`` bytes: its float64 reference streamed where
+    ``reference_mode`` says so; ``mapped``: the model mapped from its weight files (its load and its streamed
+    reference hold no float32 copy)."""
+    if step == "load" and mapped:
         return "load_files"
     if step == "reference" and reference_mode(weights) == "streamed":
-        return "streamed_files"
+        return "streamed_files" if mapped else "streamed"
     return step
 
 
@@ -200,13 +202,10 @@ def plan(weights: int, activations: int, available: Available, mapped: bool = Fa
     ``torch/onnx/ort``: its estimated peak and time, whether it fits in ``available``, and where it does not, the Ray
     resources of a node it would fit on (``mapped``: a model mapped from its weight files, whose load and
     reference are estimated so)."""
-    reference = "streamed" if reference_mode(weights) == "streamed" else "reference"
     rows = []
     for stage, steps in (("golden build", GOLDEN_STEPS), ("check", CHECK_STEPS), ("diagnosis", DIAGNOSIS_STEPS)):
         for step in steps:
-            if mapped:
-                step = mapped_step(step, weights)
-            step = reference if step == "reference" else step
+            step = torch_step(step, weights, mapped)
             need = peak(step, weights, activations)
             rows.append(
                 {

@@ -213,10 +213,8 @@ class WorkerPool:
         step = estimate.step_of(task, kwargs)
         if step is None or not self.weights_bytes:
             return
-        if group == "torch" and self.mapped:
-            step = estimate.mapped_step(step, self.weights_bytes)
-        elif step == "reference" and group == "torch" and estimate.reference_mode(self.weights_bytes) == "streamed":
-            step = "streamed"
+        if group == "torch":
+            step = estimate.torch_step(step, self.weights_bytes, self.mapped)
         need = estimate.peak(step, self.weights_bytes, self.activation_bytes or 0)
         here = available()
         if need > here.nbytes and self.current is not None and self.current.alive:

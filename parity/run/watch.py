@@ -142,7 +142,7 @@ class MemoryWatch:
     """The memory of worker ``pid`` (its children included) while one task runs: ``peak`` resident bytes seen, and
     whether its own memory (``held``: resident less the pages of files, which the kernel drops again under pressure,
     such as weights mapped from their safetensors files) passed ``ceiling`` (``exceeded``): what the worker held at the
-    task's start (``start``) and what was ``available`` then (``PARITY_MEMORY_LIMIT`` where it is set, else less a
+    task's start (``held_start``) and what was ``available`` then (``PARITY_MEMORY_LIMIT`` where it is set, else less a
     margin, so that parity stops it before the kernel does)."""
 
     def __init__(self, pid: int, available, group: str | None = None):
@@ -157,8 +157,8 @@ class MemoryWatch:
             self.process = None
         self.members = tree_members(self.process) if self.process is not None else []
         self.members_read = time.monotonic()
-        self.start, self.held_start = members_memory(self.members)
-        self.peak, self.held = self.start, self.held_start
+        self.peak, self.held_start = members_memory(self.members)
+        self.held = self.held_start
         margin = (
             0 if available.source == LIMIT_VARIABLE else max(int(available.nbytes * MEMORY_MARGIN), MIN_MARGIN_BYTES)
         )

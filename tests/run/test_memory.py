@@ -299,5 +299,5 @@ def test_a_model_mapped_from_its_weight_files_is_estimated_without_its_float32_c
     assert estimate.peak("streamed_files", weights) == pytest.approx(
         estimate.WORKER_BYTES + weights * 0.4 + unit, abs=2
     )
-    assert estimate.mapped_step("reference", weights) == "streamed_files"
-    assert estimate.mapped_step("reference", 10**8) == "reference"  # a small model is still cast whole
+    assert estimate.torch_step("reference", weights, mapped=True) == "streamed_files"
+    assert estimate.torch_step("reference", 10**8, mapped=True) == "reference"  # a small model is still cast whole
